@@ -1,0 +1,330 @@
+//! Arrays: a global shape and dtype, a sharding, and one buffer per device.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::buffer::Buffer;
+use crate::client::Client;
+use crate::dtype::{checked_byte_size, checked_num_elements, DType};
+use crate::error::{Error, Result};
+use crate::future::Event;
+use crate::sharding::Sharding;
+
+/// The spec of an array: shape, dtype and sharding (JAX's `ShapeDtypeStruct`).
+#[derive(Clone, Debug)]
+pub struct ArraySpec {
+    /// Global shape.
+    pub shape: Vec<i64>,
+    /// Element type.
+    pub dtype: DType,
+    /// Layout over devices.
+    pub sharding: Sharding,
+}
+
+impl ArraySpec {
+    /// Validates the shape against the sharding.
+    pub fn new(shape: Vec<i64>, dtype: DType, sharding: Sharding) -> Result<ArraySpec> {
+        checked_byte_size(dtype, &shape)?;
+        sharding.shard_shape(&shape)?;
+        Ok(ArraySpec {
+            shape,
+            dtype,
+            sharding,
+        })
+    }
+
+    /// True when `other` has the same shape, dtype and an equivalent sharding.
+    pub fn matches(&self, other: &ArraySpec) -> bool {
+        self.dtype == other.dtype
+            && self.shape == other.shape
+            && self.sharding.equivalent(&other.sharding, self.shape.len())
+    }
+
+    /// `float32[8,2]` (shape and dtype, for messages).
+    pub fn describe(&self) -> String {
+        format!("{}{:?}", self.dtype.name(), self.shape)
+    }
+}
+
+struct Inner {
+    spec: ArraySpec,
+    buffers: Vec<Buffer>,
+}
+
+/// A sharded array. Cheap to clone.
+///
+/// Thread-safety: every method may be called from any thread.
+#[derive(Clone)]
+pub struct Array(Arc<Inner>);
+
+impl std::fmt::Debug for Array {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Array({} {:?})",
+            self.0.spec.describe(),
+            self.0.spec.sharding
+        )
+    }
+}
+
+impl Array {
+    /// Assembles an array from one buffer per device of `spec.sharding`, in the
+    /// sharding's device order; each must hold that device's shard.
+    pub fn assemble(spec: ArraySpec, buffers: Vec<Buffer>) -> Result<Array> {
+        let devices = spec.sharding.devices();
+        if buffers.len() != devices.len() {
+            return Err(Error::invalid_argument(format!(
+                "the sharding has {} devices but {} buffers were given",
+                devices.len(),
+                buffers.len()
+            )));
+        }
+        let shard = spec.sharding.shard_shape(&spec.shape)?;
+        for (i, (b, d)) in buffers.iter().zip(devices).enumerate() {
+            b.check_live()?;
+            if b.device() != d {
+                return Err(Error::invalid_argument(format!(
+                    "buffer {i} is on {} but the sharding puts shard {i} on {d}",
+                    b.device()
+                )));
+            }
+            if b.dtype() != spec.dtype || b.dims() != shard.as_slice() {
+                return Err(Error::invalid_argument(format!(
+                    "buffer {i} is {}{:?} but shard {i} of {} is {}{shard:?}",
+                    b.dtype().name(),
+                    b.dims(),
+                    spec.describe(),
+                    spec.dtype.name()
+                )));
+            }
+        }
+        Ok(Array(Arc::new(Inner { spec, buffers })))
+    }
+
+    /// Splits row-major host bytes of the global array into per-device copies.
+    pub fn from_host_bytes(client: &Client, data: &[u8], spec: ArraySpec) -> Result<Array> {
+        let elem = spec
+            .dtype
+            .byte_size()
+            .ok_or_else(|| Error::invalid_argument("use from_host_strings for string arrays"))?;
+        let expected = checked_byte_size(spec.dtype, &spec.shape)?;
+        if data.len() != expected {
+            return Err(Error::invalid_argument(format!(
+                "data is {} bytes but {} needs {expected}",
+                data.len(),
+                spec.describe()
+            )));
+        }
+        let shard = spec.sharding.shard_shape(&spec.shape)?;
+        let shard_bytes = checked_byte_size(spec.dtype, &shard)?;
+        let mut buffers = Vec::with_capacity(spec.sharding.devices().len());
+        for (pos, device) in spec.sharding.devices().iter().enumerate() {
+            let index = spec.sharding.shard_index(pos, &spec.shape)?;
+            let mut bytes = vec![0u8; shard_bytes];
+            copy_block(
+                data,
+                &spec.shape,
+                &index,
+                &mut bytes,
+                elem,
+                Direction::GlobalToShard,
+            );
+            buffers.push(Buffer::from_bytes(
+                client, &bytes, spec.dtype, &shard, device,
+            )?);
+        }
+        Array::assemble(spec, buffers)
+    }
+
+    /// Splits row-major strings of the global array into per-device string buffers.
+    pub fn from_host_strings<S: AsRef<str>>(
+        client: &Client,
+        strings: &[S],
+        spec: ArraySpec,
+    ) -> Result<Array> {
+        if spec.dtype != DType::String {
+            return Err(Error::invalid_argument(
+                "from_host_strings needs dtype string",
+            ));
+        }
+        let n = checked_num_elements(&spec.shape)?;
+        if strings.len() != n {
+            return Err(Error::invalid_argument(format!(
+                "{} strings given but {} needs {n}",
+                strings.len(),
+                spec.describe()
+            )));
+        }
+        let shard = spec.sharding.shard_shape(&spec.shape)?;
+        let mut buffers = Vec::new();
+        for (pos, device) in spec.sharding.devices().iter().enumerate() {
+            let index = spec.sharding.shard_index(pos, &spec.shape)?;
+            let picked: Vec<&str> = element_indices(&spec.shape, &index)
+                .map(|i| strings[i].as_ref())
+                .collect();
+            buffers.push(Buffer::from_strings(client, &picked, &shard, device, None)?);
+        }
+        Array::assemble(spec, buffers)
+    }
+
+    /// The spec (shape, dtype, sharding).
+    pub fn spec(&self) -> &ArraySpec {
+        &self.0.spec
+    }
+    /// Global shape.
+    pub fn shape(&self) -> &[i64] {
+        &self.0.spec.shape
+    }
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.0.spec.dtype
+    }
+    /// Layout over devices.
+    pub fn sharding(&self) -> &Sharding {
+        &self.0.spec.sharding
+    }
+    /// One buffer per device, in the sharding's device order.
+    pub fn buffers(&self) -> &[Buffer] {
+        &self.0.buffers
+    }
+    /// The slice of the global array that buffer `i` holds.
+    pub fn shard_index(&self, i: usize) -> Result<Vec<Range<i64>>> {
+        self.0.spec.sharding.shard_index(i, &self.0.spec.shape)
+    }
+    /// Ready when every buffer is.
+    pub fn ready_event(&self) -> Event {
+        let events: Vec<Event> = self
+            .0
+            .buffers
+            .iter()
+            .map(|b| b.ready_event().clone())
+            .collect();
+        Event::join(&events)
+    }
+    /// Deletes every buffer.
+    pub fn delete(&self) {
+        self.0.buffers.iter().for_each(Buffer::delete);
+    }
+    /// True when any buffer was deleted.
+    pub fn is_deleted(&self) -> bool {
+        self.0.buffers.iter().any(Buffer::is_deleted)
+    }
+
+    /// Waits for the array and gathers it into row-major host bytes.
+    pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        let spec = &self.0.spec;
+        let elem = spec
+            .dtype
+            .byte_size()
+            .ok_or_else(|| Error::invalid_argument("use to_host_strings for string arrays"))?;
+        let mut out = vec![0u8; checked_byte_size(spec.dtype, &spec.shape)?];
+        for (pos, b) in self.0.buffers.iter().enumerate() {
+            let index = self.shard_index(pos)?;
+            let shard = b.to_host_vec()?;
+            copy_block(
+                &shard,
+                &spec.shape,
+                &index,
+                &mut out,
+                elem,
+                Direction::ShardToGlobal,
+            );
+            if spec.sharding.is_fully_replicated() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits for a string array and gathers its elements in row-major order.
+    pub fn to_host_strings(&self) -> Result<Vec<String>> {
+        let spec = &self.0.spec;
+        let mut out = vec![String::new(); checked_num_elements(&spec.shape)?];
+        for (pos, b) in self.0.buffers.iter().enumerate() {
+            let index = self.shard_index(pos)?;
+            for (i, s) in element_indices(&spec.shape, &index).zip(b.to_strings()?) {
+                out[i] = s;
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    GlobalToShard,
+    ShardToGlobal,
+}
+
+/// Copies the block `index` of a row-major global array (of `shape`) between the
+/// global bytes and a dense shard, one contiguous innermost run at a time.
+fn copy_block(
+    src: &[u8],
+    shape: &[i64],
+    index: &[Range<i64>],
+    dst: &mut [u8],
+    elem: usize,
+    dir: Direction,
+) {
+    let rank = shape.len();
+    if rank == 0 {
+        let n = elem.min(src.len()).min(dst.len());
+        dst[..n].copy_from_slice(&src[..n]);
+        return;
+    }
+    let run = (index[rank - 1].end - index[rank - 1].start) as usize * elem;
+    if run == 0 {
+        return;
+    }
+    let mut shard_at = 0usize;
+    for start in element_indices(&shape[..rank], &block_rows(index)) {
+        let global_at = (start + index[rank - 1].start as usize) * elem;
+        match dir {
+            Direction::GlobalToShard => {
+                dst[shard_at..shard_at + run].copy_from_slice(&src[global_at..global_at + run])
+            }
+            Direction::ShardToGlobal => {
+                dst[global_at..global_at + run].copy_from_slice(&src[shard_at..shard_at + run])
+            }
+        }
+        shard_at += run;
+    }
+}
+
+/// The block's rows: the same ranges with the innermost reduced to its first column.
+fn block_rows(index: &[Range<i64>]) -> Vec<Range<i64>> {
+    let mut rows = index.to_vec();
+    if let Some(last) = rows.last_mut() {
+        *last = 0..1;
+    }
+    rows
+}
+
+/// Row-major flat indices of the elements of block `index` in an array of `shape`.
+fn element_indices<'a>(
+    shape: &'a [i64],
+    index: &'a [Range<i64>],
+) -> impl Iterator<Item = usize> + 'a {
+    let total: usize = index
+        .iter()
+        .map(|r| (r.end - r.start).max(0) as usize)
+        .product();
+    let mut counter: Vec<i64> = index.iter().map(|r| r.start).collect();
+    (0..total).map(move |k| {
+        let flat = counter
+            .iter()
+            .zip(shape)
+            .fold(0usize, |acc, (&c, &n)| acc * n as usize + c as usize);
+        if k + 1 < total {
+            for d in (0..counter.len()).rev() {
+                counter[d] += 1;
+                if counter[d] < index[d].end {
+                    break;
+                }
+                counter[d] = index[d].start;
+            }
+        }
+        flat
+    })
+}

@@ -1,0 +1,520 @@
+//! Buffers: one device's data, with PJRT's host-buffer semantics, asynchronous
+//! transfers, deletion and external references.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::client::Client;
+use crate::device::{Device, MemorySpace};
+use crate::dispatch::Task;
+use crate::dtype::{checked_byte_size, checked_num_elements, DType};
+use crate::error::{Error, Result};
+use crate::future::Event;
+use crate::storage::{DenseBytes, Storage};
+
+/// How `buffer_from_host` may use the caller's memory (PJRT's semantics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum HostBufferSemantics {
+    /// The data is copied during the call; the caller may reuse it on return.
+    ImmutableOnlyDuringCall = 1,
+    /// The caller keeps the data unchanged until the "done with host buffer" event.
+    ImmutableUntilTransferCompletes = 2,
+    /// The buffer aliases the caller's memory, which must stay valid and unchanged
+    /// until the "done with host buffer" event (the buffer and every user are gone).
+    ImmutableZeroCopy = 3,
+}
+
+impl HostBufferSemantics {
+    /// Converts the ABI value, or fails with `invalid_argument`.
+    pub fn from_u32(v: u32) -> Result<Self> {
+        match v {
+            1 => Ok(Self::ImmutableOnlyDuringCall),
+            2 => Ok(Self::ImmutableUntilTransferCompletes),
+            3 => Ok(Self::ImmutableZeroCopy),
+            _ => Err(Error::invalid_argument(format!(
+                "unknown host buffer semantics {v}"
+            ))),
+        }
+    }
+}
+
+enum Slot {
+    Pending,
+    Ready(Arc<Storage>),
+    Deleted,
+}
+
+pub(crate) struct BufferInner {
+    client: Client,
+    device: Device,
+    memory_space: MemorySpace,
+    dtype: DType,
+    dims: Box<[i64]>,
+    ready: Event,
+    slot: Mutex<Slot>,
+    deleted: AtomicBool,
+}
+
+/// One device's data. Cheap to clone (clones share the data and its state).
+///
+/// Thread-safety: every method may be called from any thread.
+#[derive(Clone)]
+pub struct Buffer(pub(crate) Arc<BufferInner>);
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Buffer({}{:?} on {})",
+            self.0.dtype.name(),
+            self.0.dims,
+            self.0.device
+        )
+    }
+}
+
+/// A pinned view of a ready buffer's bytes on this host. The bytes stay valid (even
+/// if the buffer is deleted) until this reference is dropped.
+pub struct ExternalReference {
+    storage: Arc<Storage>,
+}
+
+impl ExternalReference {
+    /// Pointer to the first byte (dense buffers), valid while `self` lives.
+    pub fn data_ptr(&self) -> *mut u8 {
+        match &*self.storage {
+            Storage::Dense(b) => b.as_ptr(),
+            Storage::Strings(_) => std::ptr::null_mut(),
+        }
+    }
+    /// Byte length (dense buffers).
+    pub fn len(&self) -> usize {
+        match &*self.storage {
+            Storage::Dense(b) => b.as_slice().len(),
+            Storage::Strings(_) => 0,
+        }
+    }
+    /// True when the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A raw destination that outlives the call (the caller's promise in `to_host`).
+struct HostDst(*mut u8, usize);
+// SAFETY: the caller of `to_host_raw` guarantees the memory stays valid and is not
+// accessed until the returned event is ready; we write it from one thread only.
+unsafe impl Send for HostDst {}
+
+impl Buffer {
+    /// Creates a buffer from dense host bytes on `memory_space` (of `device`).
+    ///
+    /// Returns the buffer and the "done with host buffer" event: after it is ready,
+    /// the caller may free or reuse `data`.
+    ///
+    /// # Safety
+    /// `data` must be valid for reads of `len` bytes: during the call for
+    /// `ImmutableOnlyDuringCall`, else until the returned done event is ready.
+    pub unsafe fn from_host_raw(
+        client: &Client,
+        data: *const u8,
+        len: usize,
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+        memory_space: Option<&MemorySpace>,
+        semantics: HostBufferSemantics,
+    ) -> Result<(Buffer, Event)> {
+        if dtype == DType::String {
+            return Err(Error::invalid_argument(
+                "string buffers are made from strings, not bytes",
+            ));
+        }
+        let expected = checked_byte_size(dtype, dims)?;
+        if len != expected {
+            return Err(Error::invalid_argument(format!(
+                "data is {len} bytes but {}{dims:?} needs {expected}",
+                dtype.name()
+            )));
+        }
+        if data.is_null() && len > 0 {
+            return Err(Error::invalid_argument("data is NULL"));
+        }
+        let memory_space = placement(client, device, memory_space)?;
+        let _span =
+            tracing::trace_span!("buffer_from_host", bytes = len, semantics = ?semantics).entered();
+        let (bytes, done) = match semantics {
+            HostBufferSemantics::ImmutableOnlyDuringCall
+            | HostBufferSemantics::ImmutableUntilTransferCompletes => {
+                let src = if len == 0 {
+                    &[][..]
+                } else {
+                    std::slice::from_raw_parts(data, len)
+                };
+                (DenseBytes::copy_of(src)?, Event::ready(Ok(())))
+            }
+            HostBufferSemantics::ImmutableZeroCopy => {
+                let done = Event::new();
+                let on_release = done.clone();
+                let release: Box<dyn FnOnce() + Send> =
+                    Box::new(move || on_release.set_if_pending(Ok(())));
+                (DenseBytes::borrowed(data, len, Some(release)), done)
+            }
+        };
+        let buffer = Buffer::new(
+            client,
+            device.clone(),
+            memory_space,
+            dtype,
+            dims,
+            Event::ready(Ok(())),
+        );
+        buffer.fill(Storage::Dense(bytes));
+        Ok((buffer, done))
+    }
+
+    /// Creates a buffer from a copy of `data` on `device`'s default memory space.
+    pub fn from_bytes(
+        client: &Client,
+        data: &[u8],
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+    ) -> Result<Buffer> {
+        // SAFETY: `data` is a valid slice for the duration of the call, and the
+        // semantics copy it during the call.
+        unsafe {
+            Buffer::from_host_raw(
+                client,
+                data.as_ptr(),
+                data.len(),
+                dtype,
+                dims,
+                device,
+                None,
+                HostBufferSemantics::ImmutableOnlyDuringCall,
+            )
+        }
+        .map(|(b, _)| b)
+    }
+
+    /// Creates a string buffer (UTF-8 elements, row-major) on `device`, in
+    /// `memory_space` (default: the device's default memory space).
+    pub fn from_strings<S: AsRef<str>>(
+        client: &Client,
+        strings: &[S],
+        dims: &[i64],
+        device: &Device,
+        memory_space: Option<&MemorySpace>,
+    ) -> Result<Buffer> {
+        let n = checked_num_elements(dims)?;
+        if strings.len() != n {
+            return Err(Error::invalid_argument(format!(
+                "{} strings given but dims {dims:?} need {n}",
+                strings.len()
+            )));
+        }
+        let memory_space = placement(client, device, memory_space)?;
+        let storage = Storage::Strings(strings.iter().map(|s| Box::from(s.as_ref())).collect());
+        let buffer = Buffer::new(
+            client,
+            device.clone(),
+            memory_space,
+            DType::String,
+            dims,
+            Event::ready(Ok(())),
+        );
+        buffer.fill(storage);
+        Ok(buffer)
+    }
+
+    /// A buffer whose data arrives later: `fill` it, then set `ready`.
+    pub(crate) fn new(
+        client: &Client,
+        device: Device,
+        memory_space: MemorySpace,
+        dtype: DType,
+        dims: &[i64],
+        ready: Event,
+    ) -> Buffer {
+        Buffer(Arc::new(BufferInner {
+            client: client.clone(),
+            device,
+            memory_space,
+            dtype,
+            dims: dims.into(),
+            ready,
+            slot: Mutex::new(Slot::Pending),
+            deleted: AtomicBool::new(false),
+        }))
+    }
+
+    /// Stores the data of a pending buffer (ignored if the buffer was deleted).
+    pub(crate) fn fill(&self, storage: Storage) {
+        self.fill_shared(Arc::new(storage));
+    }
+
+    pub(crate) fn fill_shared(&self, storage: Arc<Storage>) {
+        let mut slot = self.slot();
+        if matches!(*slot, Slot::Pending) {
+            *slot = Slot::Ready(storage);
+        }
+    }
+
+    /// The client that owns the buffer.
+    pub fn client(&self) -> &Client {
+        &self.0.client
+    }
+    /// The device the buffer is on.
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+    /// The memory space the buffer is in.
+    pub fn memory_space(&self) -> &MemorySpace {
+        &self.0.memory_space
+    }
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    /// Dimensions (empty for a scalar).
+    pub fn dims(&self) -> &[i64] {
+        &self.0.dims
+    }
+    /// Ready when the data is there (or failed with the producer's error).
+    pub fn ready_event(&self) -> &Event {
+        &self.0.ready
+    }
+    /// True after [`Buffer::delete`].
+    pub fn is_deleted(&self) -> bool {
+        self.0.deleted.load(Ordering::Acquire)
+    }
+    /// True when both handles refer to the same buffer.
+    pub fn same_as(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Frees the data once in-flight users and external references are done with
+    /// it. Later uses fail with `failed_precondition`. Deleting twice is allowed.
+    pub fn delete(&self) {
+        self.0.deleted.store(true, Ordering::Release);
+        *self.slot() = Slot::Deleted;
+    }
+
+    /// `failed_precondition` if deleted.
+    pub fn check_live(&self) -> Result<()> {
+        if self.is_deleted() {
+            return Err(Error::failed_precondition(format!("{self:?} was deleted")));
+        }
+        Ok(())
+    }
+
+    /// The data of a ready buffer on this host.
+    pub(crate) fn storage(&self) -> Result<Arc<Storage>> {
+        match &*self.slot() {
+            Slot::Ready(s) => Ok(s.clone()),
+            Slot::Deleted => Err(Error::failed_precondition(format!("{self:?} was deleted"))),
+            Slot::Pending => match self.0.ready.status() {
+                Some(Err(e)) => Err(e),
+                _ => Err(Error::failed_precondition(format!("{self:?} is not ready"))),
+            },
+        }
+    }
+
+    /// Bytes `to_host` writes. Blocks until the buffer is ready (string sizes are
+    /// known only then).
+    pub fn on_host_size(&self) -> Result<usize> {
+        self.check_live()?;
+        if let Some(size) = self.0.dtype.byte_size() {
+            return checked_byte_size(self.0.dtype, &self.0.dims)
+                .map(|_| size * self.num_elements());
+        }
+        self.0.ready.wait()?;
+        Ok(self.storage()?.on_host_size())
+    }
+
+    fn num_elements(&self) -> usize {
+        self.0.dims.iter().map(|d| *d as usize).product()
+    }
+
+    /// Copies the data into `dst` once the buffer is ready; the event reports the
+    /// outcome. `len` must equal [`Buffer::on_host_size`] (dense buffers are checked
+    /// now, string buffers when the data is there).
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes and untouched by the caller
+    /// until the returned event is ready.
+    pub unsafe fn to_host_raw(&self, dst: *mut u8, len: usize) -> Result<Event> {
+        self.check_live()?;
+        if let Some(size) = self.0.dtype.byte_size() {
+            let expected = size * self.num_elements();
+            if len != expected {
+                return Err(Error::invalid_argument(format!(
+                    "destination is {len} bytes but {self:?} needs {expected}"
+                )));
+            }
+        }
+        if dst.is_null() && len > 0 {
+            return Err(Error::invalid_argument("destination is NULL"));
+        }
+        let dst = HostDst(dst, len);
+        if self.0.ready.is_ready() {
+            return Ok(Event::ready(self.copy_out(dst)));
+        }
+        let done = Event::new();
+        let (me, out) = (self.clone(), done.clone());
+        self.0.ready.on_ready(move |status| {
+            out.set_if_pending(status.and_then(|()| me.copy_out(dst)));
+        });
+        Ok(done)
+    }
+
+    fn copy_out(&self, dst: HostDst) -> Result<()> {
+        let _span = tracing::trace_span!("to_host", bytes = dst.1).entered();
+        self.0.ready.status().unwrap_or(Ok(()))?;
+        let storage = self.storage()?;
+        let needed = storage.on_host_size();
+        if needed != dst.1 {
+            return Err(Error::invalid_argument(format!(
+                "destination is {} bytes but {self:?} needs {needed}",
+                dst.1
+            )));
+        }
+        if needed > 0 {
+            // SAFETY: the caller of `to_host_raw` guarantees `dst` is valid for
+            // `dst.1` bytes until the event is ready.
+            storage.write_to(unsafe { std::slice::from_raw_parts_mut(dst.0, dst.1) });
+        }
+        Ok(())
+    }
+
+    /// Waits for the buffer and returns a copy of its on-host form.
+    pub fn to_host_vec(&self) -> Result<Vec<u8>> {
+        self.0.ready.wait()?;
+        let mut out = vec![0u8; self.on_host_size()?];
+        // SAFETY: `out` is exactly that long and outlives the wait below.
+        unsafe { self.to_host_raw(out.as_mut_ptr(), out.len())? }.wait()?;
+        Ok(out)
+    }
+
+    /// Waits for a string buffer and returns its elements.
+    pub fn to_strings(&self) -> Result<Vec<String>> {
+        self.0.ready.wait()?;
+        match &*self.storage()? {
+            Storage::Strings(s) => Ok(s.iter().map(|x| x.to_string()).collect()),
+            Storage::Dense(_) => Err(Error::invalid_argument(format!(
+                "{self:?} is not a string buffer"
+            ))),
+        }
+    }
+
+    /// Waits until ready, then pins the data (see [`ExternalReference`]).
+    pub fn acquire_external_reference(&self) -> Result<ExternalReference> {
+        self.check_live()?;
+        self.0.ready.wait()?;
+        Ok(ExternalReference {
+            storage: self.storage()?,
+        })
+    }
+
+    /// Copies the buffer to `device`'s default memory space. Returns at once; the
+    /// copy runs in program order on the calling thread's stream.
+    pub fn copy_to_device(&self, device: &Device) -> Result<Buffer> {
+        self.0.client.check_device(device)?;
+        self.copy_to(device.clone(), device.default_memory_space().clone())
+    }
+
+    /// Copies the buffer to `memory_space` (of this buffer's device when that device
+    /// can address it, else of the memory space's first device).
+    pub fn copy_to_memory_space(&self, memory_space: &MemorySpace) -> Result<Buffer> {
+        self.0.client.check_memory_space(memory_space)?;
+        let device = if memory_space.device_ids().contains(&self.0.device.id()) {
+            self.0.device.clone()
+        } else {
+            device_of(&self.0.client, memory_space)?
+        };
+        self.copy_to(device, memory_space.clone())
+    }
+
+    fn copy_to(&self, device: Device, memory_space: MemorySpace) -> Result<Buffer> {
+        self.check_live()?;
+        if self.0.dtype == DType::String && device.kind() != "cpu" {
+            return Err(Error::invalid_argument(
+                "string buffers live in CPU memory only",
+            ));
+        }
+        let client = &self.0.client;
+        let ready = Event::new();
+        let out = Buffer::new(
+            client,
+            device,
+            memory_space,
+            self.0.dtype,
+            &self.0.dims,
+            ready.clone(),
+        );
+        let (src, dst) = (self.clone(), out.clone());
+        let task = Task {
+            deps: vec![self.0.ready.clone()],
+            completion: ready.clone(),
+            run: Box::new(move |status| {
+                let _span = tracing::debug_span!(
+                    "copy_to_device",
+                    from = src.0.device.id(),
+                    to = dst.0.device.id()
+                )
+                .entered();
+                let result = status
+                    .and_then(|()| src.storage())
+                    .and_then(|s| s.deep_copy());
+                match result {
+                    Ok(storage) => {
+                        dst.fill(storage);
+                        dst.0.ready.set_if_pending(Ok(()));
+                    }
+                    Err(e) => dst.0.ready.set_if_pending(Err(e)),
+                }
+            }),
+        };
+        let stream = client.current_stream();
+        client.0.local.dispatcher.submit(&stream, task, &[&ready]);
+        Ok(out)
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.0.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Checks that `device` belongs to `client` and can address `memory_space`
+/// (default: the device's default memory space), and returns the memory space.
+fn placement(
+    client: &Client,
+    device: &Device,
+    memory_space: Option<&MemorySpace>,
+) -> Result<MemorySpace> {
+    client.check_device(device)?;
+    match memory_space {
+        None => Ok(device.default_memory_space().clone()),
+        Some(m) => {
+            client.check_memory_space(m)?;
+            if !m.device_ids().contains(&device.id()) {
+                return Err(Error::invalid_argument(format!(
+                    "{device} cannot address {m:?}"
+                )));
+            }
+            Ok(m.clone())
+        }
+    }
+}
+
+/// The device a new buffer in `memory_space` goes to: its first device.
+fn device_of(client: &Client, memory_space: &MemorySpace) -> Result<Device> {
+    client.check_memory_space(memory_space)?;
+    let id = memory_space
+        .device_ids()
+        .first()
+        .ok_or_else(|| Error::internal(format!("{memory_space:?} has no device")))?;
+    client.lookup_device(*id)
+}

@@ -1,0 +1,298 @@
+//! The client: topology (hosts, devices, memory spaces) and the local host runtime.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::device::{
+    CpuBackend, Device, DeviceBackend, DeviceInner, MemoryKind, MemorySpace, MemorySpaceInner,
+};
+use crate::dispatch::{thread_stream, Dispatcher, Stream};
+use crate::error::{Error, Result};
+use crate::executor::NativeRegistry;
+
+/// The platform name every client reports.
+pub const PLATFORM_NAME: &str = "colocated";
+
+static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Options of a local client.
+#[derive(Clone, Debug, Default)]
+pub struct ClientOptions {
+    /// Number of CPU devices of the local host (default: the number of cores).
+    pub num_cpu_devices: Option<usize>,
+    /// Executor threads of the local host (default: the number of cores, at least 2).
+    pub executor_threads: Option<usize>,
+}
+
+/// A host: a process that owns devices and runs programs on them.
+#[derive(Clone, Debug)]
+pub struct Host {
+    pub(crate) index: usize,
+    pub(crate) process_index: u32,
+    pub(crate) name: String,
+    pub(crate) device_ids: Vec<u32>,
+    pub(crate) languages: Vec<&'static str>,
+}
+
+impl Host {
+    /// Index in [`Client::hosts`].
+    pub fn index(&self) -> usize {
+        self.index
+    }
+    /// Process index that the host's devices report.
+    pub fn process_index(&self) -> u32 {
+        self.process_index
+    }
+    /// A name for people: `"local"` or the worker's address.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Ids of the devices the host owns.
+    pub fn device_ids(&self) -> &[u32] {
+        &self.device_ids
+    }
+    /// Program languages the host can run (`"native"`, …).
+    pub fn languages(&self) -> &[&'static str] {
+        &self.languages
+    }
+}
+
+/// The in-process host: its dispatcher and its registry of native functions.
+pub(crate) struct LocalHost {
+    pub dispatcher: Dispatcher,
+    pub natives: NativeRegistry,
+}
+
+pub(crate) struct ClientInner {
+    pub id: u64,
+    pub devices: Vec<Device>,
+    pub memory_spaces: Vec<MemorySpace>,
+    pub hosts: Vec<Host>,
+    pub local: LocalHost,
+}
+
+/// Entry point of the object model. Cheap to clone; every object made from a
+/// client keeps it alive.
+///
+/// Thread-safety: every method may be called from any thread.
+#[derive(Clone)]
+pub struct Client(pub(crate) Arc<ClientInner>);
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Client(id={}, devices={})",
+            self.0.id,
+            self.0.devices.len()
+        )
+    }
+}
+
+impl Client {
+    /// A client whose only host is this process, with CPU devices.
+    pub fn new_local(options: ClientOptions) -> Result<Client> {
+        crate::trace::init_from_env();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let num_devices = options.num_cpu_devices.unwrap_or(cores);
+        if num_devices == 0 || num_devices > 4096 {
+            return Err(Error::invalid_argument(format!(
+                "num_cpu_devices must be between 1 and 4096, got {num_devices}"
+            )));
+        }
+        let threads = options.executor_threads.unwrap_or(cores.max(2));
+        if threads == 0 || threads > 1024 {
+            return Err(Error::invalid_argument(format!(
+                "executor_threads must be between 1 and 1024, got {threads}"
+            )));
+        }
+        let id = NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed);
+        let backend = CpuBackend;
+        let host_index = 0;
+        let device_ids: Vec<u32> = (0..num_devices as u32).collect();
+        let mut memory_spaces = Vec::with_capacity(num_devices + 2);
+        let pinned = MemorySpace(Arc::new(MemorySpaceInner {
+            id: num_devices as u32,
+            kind: MemoryKind::PinnedHost,
+            device_ids: device_ids.clone(),
+            client_id: id,
+            host_index,
+        }));
+        let unpinned = MemorySpace(Arc::new(MemorySpaceInner {
+            id: num_devices as u32 + 1,
+            kind: MemoryKind::UnpinnedHost,
+            device_ids: device_ids.clone(),
+            client_id: id,
+            host_index,
+        }));
+        let mut devices = Vec::with_capacity(num_devices);
+        for local in 0..num_devices as u32 {
+            let own = MemorySpace(Arc::new(MemorySpaceInner {
+                id: local,
+                kind: MemoryKind::Device,
+                device_ids: vec![local],
+                client_id: id,
+                host_index,
+            }));
+            memory_spaces.push(own.clone());
+            devices.push(Device(Arc::new(DeviceInner {
+                id: local,
+                kind: backend.kind(),
+                process_index: 0,
+                host_index,
+                local_hardware_id: local,
+                attributes: backend.attributes(local as usize),
+                memory_spaces: vec![own, pinned.clone(), unpinned.clone()],
+                client_id: id,
+            })));
+        }
+        memory_spaces.push(pinned);
+        memory_spaces.push(unpinned);
+        let host = Host {
+            index: host_index,
+            process_index: 0,
+            name: "local".to_string(),
+            device_ids,
+            languages: vec!["native"],
+        };
+        let dispatcher = Dispatcher::new(threads, id, "local")?;
+        tracing::debug!(
+            client = id,
+            devices = num_devices,
+            threads,
+            "created a local client"
+        );
+        Ok(Client(Arc::new(ClientInner {
+            id,
+            devices,
+            memory_spaces,
+            hosts: vec![host],
+            local: LocalHost {
+                dispatcher,
+                natives: NativeRegistry::default(),
+            },
+        })))
+    }
+
+    /// Process-unique id of this client.
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+    /// `"colocated"`.
+    pub fn platform_name(&self) -> &'static str {
+        PLATFORM_NAME
+    }
+    /// The runtime version (`CARGO_PKG_VERSION`).
+    pub fn platform_version(&self) -> &'static str {
+        env!("CARGO_PKG_VERSION")
+    }
+    /// Process index of the controller (always 0: the controller is process 0).
+    pub fn process_index(&self) -> u32 {
+        0
+    }
+    /// Every device of every host, ordered by id.
+    pub fn devices(&self) -> &[Device] {
+        &self.0.devices
+    }
+    /// Devices this client can place buffers on and run programs on.
+    pub fn addressable_devices(&self) -> &[Device] {
+        &self.0.devices
+    }
+    /// Every memory space of every host.
+    pub fn memory_spaces(&self) -> &[MemorySpace] {
+        &self.0.memory_spaces
+    }
+    /// The hosts, in process-index order.
+    pub fn hosts(&self) -> &[Host] {
+        &self.0.hosts
+    }
+
+    /// The device with global `id`, or `not_found`.
+    pub fn lookup_device(&self, id: u32) -> Result<Device> {
+        self.0
+            .devices
+            .get(id as usize)
+            .filter(|d| d.id() == id)
+            .or_else(|| self.0.devices.iter().find(|d| d.id() == id))
+            .cloned()
+            .ok_or_else(|| Error::not_found(format!("no device with id {id} in this client")))
+    }
+
+    /// The memory space with `id`, or `not_found`.
+    pub fn lookup_memory_space(&self, id: u32) -> Result<MemorySpace> {
+        self.0
+            .memory_spaces
+            .iter()
+            .find(|m| m.id() == id)
+            .cloned()
+            .ok_or_else(|| Error::not_found(format!("no memory space with id {id} in this client")))
+    }
+
+    /// Maps each device to the CPU device of the same host, in order: a CPU device
+    /// maps to itself, the k-th other device of a host to its k-th CPU device.
+    pub fn colocated_cpu_devices(&self, devices: &[Device]) -> Result<Vec<Device>> {
+        devices
+            .iter()
+            .map(|d| {
+                self.check_device(d)?;
+                if d.kind() == "cpu" {
+                    return Ok(d.clone());
+                }
+                let host = &self.0.hosts[d.host_index()];
+                let host_devices: Vec<&Device> = host
+                    .device_ids
+                    .iter()
+                    .filter_map(|id| self.0.devices.iter().find(|x| x.id() == *id))
+                    .collect();
+                let cpus: Vec<&&Device> =
+                    host_devices.iter().filter(|x| x.kind() == "cpu").collect();
+                let position = host_devices
+                    .iter()
+                    .filter(|x| x.kind() == d.kind())
+                    .position(|x| *x == d)
+                    .unwrap_or(0);
+                cpus.get(position % cpus.len().max(1))
+                    .map(|x| (**x).clone())
+                    .ok_or_else(|| {
+                        Error::not_found(format!(
+                            "host {} of {} has no CPU device",
+                            host.name,
+                            d.debug_string()
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// A new stream: an ordering domain for executions and transfers.
+    pub fn create_stream(&self) -> Stream {
+        Stream::new()
+    }
+
+    /// The calling thread's default stream for this client.
+    pub fn current_stream(&self) -> Stream {
+        thread_stream(self.0.local.dispatcher.id())
+    }
+
+    /// `invalid_argument` unless `device` belongs to this client.
+    pub fn check_device(&self, device: &Device) -> Result<()> {
+        if device.client_id() != self.0.id {
+            return Err(Error::invalid_argument(format!(
+                "{} belongs to another client",
+                device.to_string_short()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `invalid_argument` unless `memory` belongs to this client.
+    pub fn check_memory_space(&self, memory: &MemorySpace) -> Result<()> {
+        if memory.client_id() != self.0.id {
+            return Err(Error::invalid_argument(format!(
+                "memory space {} belongs to another client",
+                memory.id()
+            )));
+        }
+        Ok(())
+    }
+}

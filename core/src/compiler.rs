@@ -1,0 +1,260 @@
+//! The compiler: validates a program against the client's hosts and resolves it
+//! into a loaded executable; also loads serialized executables.
+
+use std::sync::Arc;
+
+use crate::array::ArraySpec;
+use crate::client::Client;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::executable::{ExecutableInner, HostPlan, LoadedExecutable};
+use crate::executor::OutputShard;
+use crate::format::{self, pb};
+use crate::host_callback::LoadedHostCallback;
+use crate::program::{Program, LANGUAGE_NATIVE};
+use crate::sharding::{same_device_set, Sharding};
+
+/// Options of [`Client::compile`] and [`Client::deserialize_and_load`].
+#[derive(Clone, Debug, Default)]
+pub struct CompileOptions {
+    /// Host callbacks the program may call, by index. The executable keeps them
+    /// alive.
+    pub host_callbacks: Vec<LoadedHostCallback>,
+}
+
+impl Client {
+    /// Compiles `program` for this client's hosts.
+    ///
+    /// Errors (`invalid_argument` unless noted): no devices; a device of another
+    /// client; a spec whose sharding uses other devices than the program; a shape
+    /// that does not split evenly; a language some host lacks (`unimplemented`); a
+    /// native function some host does not know (`not_found`).
+    pub fn compile(&self, program: Program, options: CompileOptions) -> Result<LoadedExecutable> {
+        let _span =
+            tracing::debug_span!("compile", program = %program.name, language = %program.language)
+                .entered();
+        if program.devices.is_empty() {
+            return Err(Error::invalid_argument(
+                "a program needs at least one device",
+            ));
+        }
+        for d in &program.devices {
+            self.check_device(d)?;
+        }
+        for (i, d) in program.devices.iter().enumerate() {
+            if program.devices[..i].contains(d) {
+                return Err(Error::invalid_argument(format!(
+                    "{d} appears twice in the program's devices"
+                )));
+            }
+        }
+        let check_specs = |kind: &str, specs: &[ArraySpec]| -> Result<()> {
+            for (i, spec) in specs.iter().enumerate() {
+                spec.sharding
+                    .shard_shape(&spec.shape)
+                    .map_err(|e| e.context(format!("{kind} {i}")))?;
+                if !same_device_set(spec.sharding.devices(), &program.devices) {
+                    return Err(Error::invalid_argument(format!(
+                        "{kind} {i} is sharded over devices {:?} but the program runs on {:?}; inputs and outputs must use the program's device set",
+                        ids(spec.sharding.devices()),
+                        ids(&program.devices)
+                    )));
+                }
+            }
+            Ok(())
+        };
+        check_specs("input", &program.input_specs)?;
+        check_specs("output", &program.output_specs)?;
+
+        let mut host_indices: Vec<usize> = Vec::new();
+        for d in &program.devices {
+            if !host_indices.contains(&d.host_index()) {
+                host_indices.push(d.host_index());
+            }
+        }
+        let mut hosts = Vec::with_capacity(host_indices.len());
+        for &h in &host_indices {
+            let host = &self.hosts()[h];
+            if !host.languages().contains(&program.language.as_str()) {
+                return Err(Error::unimplemented(format!(
+                    "host {} cannot run '{}' programs (it runs {:?})",
+                    host.name(),
+                    program.language,
+                    host.languages()
+                )));
+            }
+            let native = if program.language == LANGUAGE_NATIVE {
+                let name = std::str::from_utf8(&program.payload).map_err(|_| {
+                    Error::invalid_argument(
+                        "a native program's payload must be a UTF-8 function name",
+                    )
+                })?;
+                self.0.local.natives.resolve(name)?
+            } else {
+                return Err(Error::internal(format!(
+                    "no executor for language '{}'",
+                    program.language
+                )));
+            };
+            hosts.push(plan_host(h, native, &program)?);
+        }
+        let fingerprint = format::fingerprint(&format::encode(&to_proto(
+            &program,
+            options.host_callbacks.len(),
+        )));
+        Ok(LoadedExecutable(Arc::new(ExecutableInner {
+            client: self.clone(),
+            program,
+            hosts,
+            callbacks: options.host_callbacks,
+            fingerprint,
+        })))
+    }
+
+    /// Loads bytes from [`LoadedExecutable::serialize`]. Fails with
+    /// `invalid_argument` (and the precise reason) if they are truncated,
+    /// corrupted, of an unsupported format version, name devices this client lacks,
+    /// or expect another number of host callbacks than `options` gives.
+    pub fn deserialize_and_load(
+        &self,
+        bytes: &[u8],
+        options: CompileOptions,
+    ) -> Result<LoadedExecutable> {
+        let exe = format::decode(bytes)?;
+        if exe.num_host_callbacks as usize != options.host_callbacks.len() {
+            return Err(Error::invalid_argument(format!(
+                "the executable was compiled with {} host callbacks but {} were given",
+                exe.num_host_callbacks,
+                options.host_callbacks.len()
+            )));
+        }
+        let devices = self.devices_by_id(&exe.device_ids)?;
+        let specs = |specs: &[pb::ArraySpec]| -> Result<Vec<ArraySpec>> {
+            specs.iter().map(|s| self.spec_from_proto(s)).collect()
+        };
+        let program = Program {
+            name: exe.name.clone(),
+            language: exe.language.clone(),
+            payload: exe.payload.clone(),
+            input_specs: specs(&exe.input_specs)?,
+            output_specs: specs(&exe.output_specs)?,
+            devices,
+        };
+        self.compile(program, options)
+    }
+
+    fn devices_by_id(&self, ids: &[u32]) -> Result<Vec<Device>> {
+        ids.iter()
+            .map(|id| {
+                self.lookup_device(*id)
+                    .map_err(|e| Error::invalid_argument(e.message()))
+            })
+            .collect()
+    }
+
+    fn spec_from_proto(&self, spec: &pb::ArraySpec) -> Result<ArraySpec> {
+        let s = spec
+            .sharding
+            .as_ref()
+            .ok_or_else(|| Error::invalid_argument("an array spec has no sharding"))?;
+        let mesh_shape = s
+            .mesh_shape
+            .iter()
+            .map(|n| {
+                usize::try_from(*n).map_err(|_| Error::invalid_argument("mesh dimension overflows"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let partition = s
+            .partition
+            .iter()
+            .map(|p| p.mesh_axes.iter().map(|a| *a as usize).collect())
+            .collect();
+        let sharding = Sharding::named(
+            self.devices_by_id(&s.device_ids)?,
+            mesh_shape,
+            s.axis_names.clone(),
+            partition,
+        )?;
+        ArraySpec::new(spec.shape.clone(), DType::from_u32(spec.dtype)?, sharding)
+    }
+}
+
+fn ids(devices: &[Device]) -> Vec<u32> {
+    devices.iter().map(Device::id).collect()
+}
+
+/// Which shards of each input and output live on host `host`.
+fn plan_host(
+    host: usize,
+    native: Arc<crate::executor::NativeFn>,
+    program: &Program,
+) -> Result<HostPlan> {
+    let positions = |spec: &ArraySpec| -> Vec<usize> {
+        spec.sharding
+            .devices()
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.host_index() == host)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let input_positions: Vec<Vec<usize>> = program.input_specs.iter().map(positions).collect();
+    let mut output_shards = Vec::new();
+    let mut output_positions = Vec::new();
+    for (o, spec) in program.output_specs.iter().enumerate() {
+        let shard = spec.sharding.shard_shape(&spec.shape)?;
+        let pos = positions(spec);
+        for &p in &pos {
+            output_shards.push(OutputShard {
+                output: o,
+                dtype: spec.dtype,
+                dims: shard.clone(),
+                device: spec.sharding.devices()[p].clone(),
+            });
+        }
+        output_positions.push(pos);
+    }
+    Ok(HostPlan {
+        host,
+        native,
+        input_counts: input_positions
+            .iter()
+            .map(Vec::len)
+            .collect::<Vec<_>>()
+            .into(),
+        input_positions,
+        output_positions,
+        output_shards: output_shards.into(),
+    })
+}
+
+pub(crate) fn to_proto(program: &Program, num_host_callbacks: usize) -> pb::Executable {
+    let spec = |s: &ArraySpec| pb::ArraySpec {
+        dtype: s.dtype as u32,
+        shape: s.shape.clone(),
+        sharding: Some(pb::Sharding {
+            device_ids: ids(s.sharding.devices()),
+            mesh_shape: s.sharding.mesh_shape().iter().map(|n| *n as u64).collect(),
+            axis_names: s.sharding.axis_names().to_vec(),
+            partition: s
+                .sharding
+                .partition()
+                .iter()
+                .map(|axes| pb::DimPartition {
+                    mesh_axes: axes.iter().map(|a| *a as u32).collect(),
+                })
+                .collect(),
+        }),
+    };
+    pb::Executable {
+        name: program.name.clone(),
+        language: program.language.clone(),
+        payload: program.payload.clone(),
+        input_specs: program.input_specs.iter().map(spec).collect(),
+        output_specs: program.output_specs.iter().map(spec).collect(),
+        device_ids: ids(&program.devices),
+        num_host_callbacks: num_host_callbacks as u32,
+        platform_name: crate::client::PLATFORM_NAME.to_string(),
+    }
+}

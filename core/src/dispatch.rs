@@ -1,0 +1,481 @@
+//! The dispatcher: per-stream FIFO queues served by a pool of executor threads.
+//!
+//! Submission is lock-free: a task goes into its stream's `SegQueue`, and a stream
+//! that was idle is pushed onto the shared run queue with one CAS. A stream is run by
+//! one thread at a time, so its tasks run in submission order; different streams run
+//! concurrently. A task whose dependencies are not ready parks its stream (later
+//! tasks of that stream wait behind it) until they are.
+//!
+//! A thread that waits on an event produced by a task that has not started yet runs
+//! the head of that stream itself, in order, instead of waiting for a handoff to an
+//! executor thread (which costs a context switch per call).
+
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::SegQueue;
+
+use crate::error::{Error, Result};
+use crate::future::{Event, Helper};
+
+const IDLE: u8 = 0;
+const QUEUED: u8 = 1;
+const RUNNING: u8 = 2;
+const BLOCKED: u8 = 3;
+
+/// Tasks one turn of a stream may run before other streams get the executor.
+const BUDGET: usize = 256;
+/// How long an idle executor keeps looking for work before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// A unit of work: runs after its dependencies are ready, with their combined status
+/// (the first error among them, if any). `completion` is failed with `internal` if
+/// `run` panics, so nothing waits forever on a task that died.
+pub(crate) struct Task {
+    pub deps: Vec<Event>,
+    pub completion: Event,
+    pub run: Box<dyn FnOnce(Result<()>) + Send>,
+}
+
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An ordering domain: executions submitted on one stream run in submission order on
+/// each host. By default every OS thread has its own stream per client.
+///
+/// Thread-safety: a stream may be shared and used from any thread; submissions made
+/// concurrently from several threads are ordered by the queue, not by the caller.
+#[derive(Clone)]
+pub struct Stream(Arc<StreamInner>);
+
+struct StreamInner {
+    id: u64,
+    local: std::sync::OnceLock<Arc<StreamQueue>>,
+}
+
+impl Stream {
+    /// A new stream with a fresh id.
+    pub fn new() -> Stream {
+        Stream(Arc::new(StreamInner {
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            local: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// The stream's process-unique id (also the track id in traces).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    pub(crate) fn local_queue(&self, dispatcher: &Dispatcher) -> &Arc<StreamQueue> {
+        self.0.local.get_or_init(|| {
+            Arc::new(StreamQueue {
+                tasks: SegQueue::new(),
+                state: AtomicU8::new(IDLE),
+                head: Mutex::new(None),
+                shared: dispatcher.shared.clone(),
+                stream_id: self.0.id,
+            })
+        })
+    }
+}
+
+impl Default for Stream {
+    fn default() -> Self {
+        Stream::new()
+    }
+}
+
+thread_local! {
+    static THREAD_STREAMS: RefCell<Vec<(u64, Stream)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's default stream for the dispatcher `owner_id`.
+pub(crate) fn thread_stream(owner_id: u64) -> Stream {
+    THREAD_STREAMS.with(|streams| {
+        let mut streams = streams.borrow_mut();
+        if let Some((_, s)) = streams.iter().find(|(id, _)| *id == owner_id) {
+            return s.clone();
+        }
+        let s = Stream::new();
+        streams.push((owner_id, s.clone()));
+        s
+    })
+}
+
+/// Forgets this thread's default stream for `owner_id` (when a client goes away).
+pub(crate) fn forget_thread_stream(owner_id: u64) {
+    let _ = THREAD_STREAMS.try_with(|streams| {
+        if let Ok(mut streams) = streams.try_borrow_mut() {
+            streams.retain(|(id, _)| *id != owner_id);
+        }
+    });
+}
+
+struct Shared {
+    run_queue: SegQueue<Arc<StreamQueue>>,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+    shutdown: AtomicBool,
+}
+
+impl Shared {
+    fn schedule(&self, queue: Arc<StreamQueue>) {
+        self.run_queue.push(queue);
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// One stream's queue on one host's dispatcher.
+pub(crate) struct StreamQueue {
+    tasks: SegQueue<Task>,
+    state: AtomicU8,
+    /// A task whose dependencies were not ready; touched only by the thread that
+    /// holds the stream (state RUNNING).
+    head: Mutex<Option<Task>>,
+    shared: Arc<Shared>,
+    stream_id: u64,
+}
+
+impl StreamQueue {
+    fn push(self: &Arc<Self>, task: Task) {
+        self.tasks.push(task);
+        fence(Ordering::SeqCst);
+        if self.state.load(Ordering::SeqCst) == IDLE
+            && self
+                .state
+                .compare_exchange(IDLE, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            self.shared.schedule(self.clone());
+        }
+    }
+
+    /// Called by an executor that popped this stream off the run queue.
+    fn run_from_queue(self: &Arc<Self>) {
+        if self
+            .state
+            .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.run_claimed(None);
+        }
+    }
+
+    /// Runs tasks in order while this thread holds the stream; stops when `until` is
+    /// ready (inline help), after `BUDGET` tasks, when blocked, or when empty.
+    fn run_claimed(self: &Arc<Self>, until: Option<&Event>) {
+        let mut ran = 0usize;
+        loop {
+            let stop = match until {
+                Some(target) => target.is_ready(),
+                None => ran >= BUDGET,
+            };
+            if stop {
+                self.release();
+                return;
+            }
+            let next = self.take_head().or_else(|| self.tasks.pop());
+            let Some(task) = next else {
+                self.state.store(IDLE, Ordering::SeqCst);
+                if !self.tasks.is_empty()
+                    && self
+                        .state
+                        .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                {
+                    continue;
+                }
+                return;
+            };
+            if let Some(dep) = task.deps.iter().find(|d| !d.is_ready()).cloned() {
+                *self.head.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+                self.state.store(BLOCKED, Ordering::SeqCst);
+                let me = self.clone();
+                dep.on_ready(move |_| me.unblock());
+                return;
+            }
+            run_task(task, self.stream_id);
+            ran += 1;
+        }
+    }
+
+    fn take_head(&self) -> Option<Task> {
+        self.head.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    fn unblock(self: Arc<Self>) {
+        if self
+            .state
+            .compare_exchange(BLOCKED, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let shared = self.shared.clone();
+            shared.schedule(self);
+        }
+    }
+
+    /// Gives the stream back: to the run queue if work remains, else idle.
+    fn release(self: &Arc<Self>) {
+        let has_head = self
+            .head
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if has_head || !self.tasks.is_empty() {
+            self.state.store(QUEUED, Ordering::SeqCst);
+            self.shared.schedule(self.clone());
+            return;
+        }
+        self.state.store(IDLE, Ordering::SeqCst);
+        if !self.tasks.is_empty()
+            && self
+                .state
+                .compare_exchange(IDLE, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            self.shared.schedule(self.clone());
+        }
+    }
+}
+
+impl Helper for StreamQueue {
+    fn help(self: Arc<Self>, target: &Event) {
+        if self
+            .state
+            .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.run_claimed(Some(target));
+        }
+    }
+}
+
+fn run_task(task: Task, stream_id: u64) {
+    let Task {
+        deps,
+        completion,
+        run,
+    } = task;
+    let status = deps.iter().find_map(Event::error).map_or(Ok(()), Err);
+    drop(deps);
+    if catch_unwind(AssertUnwindSafe(move || run(status))).is_err() {
+        tracing::error!(
+            stream = stream_id,
+            "a task panicked; its outputs fail with `internal`"
+        );
+        completion.set_if_pending(Err(Error::internal("the execution panicked")));
+    }
+}
+
+/// A pool of executor threads serving per-stream queues (one per host).
+pub(crate) struct Dispatcher {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    id: u64,
+}
+
+thread_local! {
+    static EXECUTOR_OF: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+impl Dispatcher {
+    /// Starts `num_threads` executor threads named `colocated-exec-{host}-{i}`.
+    pub fn new(num_threads: usize, id: u64, host_label: &str) -> Result<Dispatcher> {
+        let shared = Arc::new(Shared {
+            run_queue: SegQueue::new(),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+        });
+        let mut threads = Vec::with_capacity(num_threads);
+        for i in 0..num_threads.max(1) {
+            let shared = shared.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("colocated-exec-{host_label}-{i}"))
+                .spawn(move || executor_loop(&shared, id))
+                .map_err(|e| {
+                    Error::resource_exhausted(format!("cannot start an executor thread: {e}"))
+                })?;
+            threads.push(handle);
+        }
+        Ok(Dispatcher {
+            shared,
+            threads,
+            id,
+        })
+    }
+
+    /// Submits `task` on `stream`. `outputs` are the events the task fulfils; a
+    /// thread waiting on one of them may run the task inline.
+    pub fn submit(&self, stream: &Stream, task: Task, outputs: &[&Event]) {
+        let queue = stream.local_queue(self);
+        let helper: Weak<dyn Helper> = Arc::downgrade(queue) as Weak<dyn Helper>;
+        for event in outputs {
+            event.set_helper(helper.clone());
+        }
+        queue.push(task);
+    }
+
+    /// The dispatcher id that keys the default per-thread streams.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        let on_executor = EXECUTOR_OF.with(|c| c.get()) == self.id;
+        for handle in self.threads.drain(..) {
+            // The last reference may be dropped by a task on one of our own threads:
+            // that thread finishes by itself once it sees the shutdown flag.
+            if !on_executor {
+                let _ = handle.join();
+            }
+        }
+        forget_thread_stream(self.id);
+    }
+}
+
+fn executor_loop(shared: &Shared, id: u64) {
+    EXECUTOR_OF.with(|c| c.set(id));
+    loop {
+        if let Some(queue) = shared.run_queue.pop() {
+            queue.run_from_queue();
+            continue;
+        }
+        if shared.shutdown.load(Ordering::SeqCst) {
+            drain_after_shutdown(shared);
+            return;
+        }
+        let spin_until = Instant::now() + SPIN;
+        let mut found = false;
+        while Instant::now() < spin_until {
+            if !shared.run_queue.is_empty() || shared.shutdown.load(Ordering::Relaxed) {
+                found = true;
+                break;
+            }
+            std::hint::spin_loop();
+            std::thread::yield_now();
+        }
+        if found {
+            continue;
+        }
+        let guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+        shared.sleepers.fetch_add(1, Ordering::SeqCst);
+        if shared.run_queue.is_empty() && !shared.shutdown.load(Ordering::SeqCst) {
+            let _unused = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        shared.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// After shutdown, queued work is failed rather than dropped silently.
+fn drain_after_shutdown(shared: &Shared) {
+    while let Some(queue) = shared.run_queue.pop() {
+        let head = queue.take_head();
+        for task in head
+            .into_iter()
+            .chain(std::iter::from_fn(|| queue.tasks.pop()))
+        {
+            task.completion.set_if_pending(Err(Error::cancelled(
+                "the client was destroyed before the execution ran",
+            )));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(completion: &Event, f: impl FnOnce() + Send + 'static) -> Task {
+        let done = completion.clone();
+        Task {
+            deps: vec![],
+            completion: completion.clone(),
+            run: Box::new(move |status| {
+                f();
+                done.set_if_pending(status);
+            }),
+        }
+    }
+
+    #[test]
+    fn tasks_of_one_stream_run_in_submission_order() {
+        let d = Dispatcher::new(2, 9001, "t").unwrap();
+        let s = Stream::new();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut last = Event::new();
+        for i in 0..1000 {
+            let ev = Event::new();
+            let log = log.clone();
+            d.submit(&s, task(&ev, move || log.lock().unwrap().push(i)), &[&ev]);
+            last = ev;
+        }
+        last.wait().unwrap();
+        assert_eq!(*log.lock().unwrap(), (0..1000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_blocked_task_waits_for_its_dependency_and_keeps_order() {
+        let d = Dispatcher::new(2, 9002, "t").unwrap();
+        let s = Stream::new();
+        let gate = Event::new();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let first = Event::new();
+        let l = log.clone();
+        let mut t = task(&first, move || l.lock().unwrap().push(1));
+        t.deps.push(gate.clone());
+        d.submit(&s, t, &[&first]);
+        let second = Event::new();
+        let l = log.clone();
+        d.submit(
+            &s,
+            task(&second, move || l.lock().unwrap().push(2)),
+            &[&second],
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(log.lock().unwrap().is_empty());
+        gate.set(Ok(())).unwrap();
+        second.wait().unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_failed_dependency_reaches_the_task_status() {
+        let d = Dispatcher::new(1, 9003, "t").unwrap();
+        let s = Stream::new();
+        let ev = Event::new();
+        let mut t = task(&ev, || {});
+        t.deps.push(Event::ready(Err(Error::not_found("upstream"))));
+        d.submit(&s, t, &[&ev]);
+        assert_eq!(ev.wait().unwrap_err().message(), "upstream");
+    }
+
+    #[test]
+    fn a_panicking_task_fails_its_completion_with_internal() {
+        let d = Dispatcher::new(1, 9004, "t").unwrap();
+        let s = Stream::new();
+        let ev = Event::new();
+        d.submit(&s, task(&ev, || panic!("boom")), &[&ev]);
+        assert_eq!(
+            ev.wait().unwrap_err().code(),
+            crate::error::ErrorCode::Internal
+        );
+    }
+}

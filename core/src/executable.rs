@@ -1,0 +1,416 @@
+//! Loaded executables and their execution: once per host, with that host's shards,
+//! in program order on the caller's stream.
+
+use std::sync::Arc;
+
+use crate::array::{Array, ArraySpec};
+use crate::buffer::Buffer;
+use crate::client::Client;
+use crate::device::Device;
+use crate::dispatch::{Stream, Task};
+use crate::error::{Error, Result};
+use crate::executor::{ExecutionContext, NativeFn, OutputShard};
+use crate::format;
+use crate::future::Event;
+use crate::host_callback::LoadedHostCallback;
+use crate::program::Program;
+
+/// The part of an executable that runs on one host.
+pub(crate) struct HostPlan {
+    pub host: usize,
+    pub native: Arc<NativeFn>,
+    /// Per input: positions (in the input's sharding) of the shards on this host.
+    pub input_positions: Vec<Vec<usize>>,
+    pub input_counts: Arc<[usize]>,
+    /// Per output: positions of the shards this host produces.
+    pub output_positions: Vec<Vec<usize>>,
+    pub output_shards: Arc<[OutputShard]>,
+}
+
+pub(crate) struct ExecutableInner {
+    pub client: Client,
+    pub program: Program,
+    pub hosts: Vec<HostPlan>,
+    pub callbacks: Vec<LoadedHostCallback>,
+    pub fingerprint: String,
+}
+
+/// A compiled program, ready to execute on its devices. Cheap to clone; it keeps
+/// its host callbacks alive, and so does every execution in flight.
+///
+/// Thread-safety: every method may be called from any thread.
+#[derive(Clone)]
+pub struct LoadedExecutable(pub(crate) Arc<ExecutableInner>);
+
+/// Options of an execution.
+#[derive(Clone, Default)]
+pub struct ExecuteOptions {
+    /// The stream that orders this execution (default: the calling thread's).
+    pub stream: Option<Stream>,
+}
+
+/// The result of [`LoadedExecutable::execute`]: outputs, returned at once and ready
+/// later, and the status of the whole execution.
+pub struct Execution {
+    /// One array per output spec.
+    pub outputs: Vec<Array>,
+    /// Ready when every host finished; carries the first failure.
+    pub status: Event,
+}
+
+impl std::fmt::Debug for LoadedExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "LoadedExecutable({}, {})",
+            self.0.program.name, self.0.program.language
+        )
+    }
+}
+
+impl LoadedExecutable {
+    /// The program's name.
+    pub fn name(&self) -> &str {
+        &self.0.program.name
+    }
+    /// The devices it runs on.
+    pub fn devices(&self) -> &[Device] {
+        &self.0.program.devices
+    }
+    /// A stable hash of the serialized program (16 hex digits).
+    pub fn fingerprint(&self) -> &str {
+        &self.0.fingerprint
+    }
+    /// The program it was compiled from.
+    pub fn program(&self) -> &Program {
+        &self.0.program
+    }
+    /// The host callbacks it was compiled with.
+    pub fn host_callbacks(&self) -> &[LoadedHostCallback] {
+        &self.0.callbacks
+    }
+    /// Versioned bytes for [`Client::deserialize_and_load`].
+    pub fn serialize(&self) -> Vec<u8> {
+        format::encode(&crate::compiler::to_proto(
+            &self.0.program,
+            self.0.callbacks.len(),
+        ))
+    }
+
+    /// Runs the program once per host with that host's shards of `args`.
+    ///
+    /// Returns at once. Misuse fails here (`invalid_argument`: argument count or
+    /// specs; `failed_precondition`: a deleted argument); a failure while running —
+    /// including a failed input producer — is delivered on the outputs' ready events
+    /// and on `status`.
+    pub fn execute(&self, args: &[Array], options: &ExecuteOptions) -> Result<Execution> {
+        let specs = &self.0.program.input_specs;
+        if args.len() != specs.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} takes {} arguments, {} were given",
+                self.name(),
+                specs.len(),
+                args.len()
+            )));
+        }
+        for (i, (arg, spec)) in args.iter().zip(specs).enumerate() {
+            check_arg(i, arg.spec(), spec)?;
+            for b in arg.buffers() {
+                b.check_live()
+                    .map_err(|e| e.context(format!("argument {i}")))?;
+            }
+        }
+        let client = &self.0.client;
+        let stream = options
+            .stream
+            .clone()
+            .unwrap_or_else(|| client.current_stream());
+        let outputs_spec = &self.0.program.output_specs;
+        let mut out_buffers: Vec<Vec<Option<Buffer>>> = outputs_spec
+            .iter()
+            .map(|s| vec![None; s.sharding.devices().len()])
+            .collect();
+        let mut statuses = Vec::with_capacity(self.0.hosts.len());
+        for (h, plan) in self.0.hosts.iter().enumerate() {
+            let inputs: Vec<Buffer> = plan
+                .input_positions
+                .iter()
+                .zip(args)
+                .flat_map(|(positions, arg)| positions.iter().map(|&p| arg.buffers()[p].clone()))
+                .collect();
+            let (outs, status) = self.submit(
+                h,
+                inputs,
+                plan.input_counts.clone(),
+                plan.output_shards.clone(),
+                &stream,
+            );
+            let mut outs = outs.into_iter();
+            for (o, positions) in plan.output_positions.iter().enumerate() {
+                for &p in positions {
+                    out_buffers[o][p] = outs.next();
+                }
+            }
+            statuses.push(status);
+        }
+        let outputs = outputs_spec
+            .iter()
+            .zip(out_buffers)
+            .map(|(spec, buffers)| {
+                let buffers = buffers
+                    .into_iter()
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        Error::internal("an output shard has no host that produces it")
+                    })?;
+                Array::assemble(spec.clone(), buffers)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Execution {
+            outputs,
+            status: Event::join(&statuses),
+        })
+    }
+
+    /// Runs the part of the program that `device` owns, with that device's shard of
+    /// each input (`args`, one buffer per input); returns that device's shard of
+    /// each output and the status.
+    pub fn execute_sharded(
+        &self,
+        args: &[Buffer],
+        device: &Device,
+        options: &ExecuteOptions,
+    ) -> Result<(Vec<Buffer>, Event)> {
+        let program = &self.0.program;
+        let position = |spec: &ArraySpec| spec.sharding.devices().iter().position(|d| d == device);
+        if !program.devices.contains(device) {
+            return Err(Error::invalid_argument(format!(
+                "{} does not run on {device}",
+                self.name()
+            )));
+        }
+        self.check_buffer_args(args, device, |spec| {
+            let shape = spec.sharding.shard_shape(&spec.shape)?;
+            Ok(shape)
+        })?;
+        let shards: Vec<OutputShard> = program
+            .output_specs
+            .iter()
+            .enumerate()
+            .map(|(o, spec)| {
+                let dims = spec.sharding.shard_shape(&spec.shape)?;
+                position(spec)
+                    .ok_or_else(|| Error::internal("output sharding lacks the device"))?;
+                Ok(OutputShard {
+                    output: o,
+                    dtype: spec.dtype,
+                    dims,
+                    device: device.clone(),
+                })
+            })
+            .collect::<Result<_>>()?;
+        let h = self.host_plan_index(device.host_index())?;
+        let stream = options
+            .stream
+            .clone()
+            .unwrap_or_else(|| self.0.client.current_stream());
+        Ok(self.submit(
+            h,
+            args.to_vec(),
+            vec![1; args.len()].into(),
+            shards.into(),
+            &stream,
+        ))
+    }
+
+    /// Runs a single-device executable on any `device` of the client, with whole
+    /// arrays as buffers on that device.
+    pub fn execute_portable(
+        &self,
+        args: &[Buffer],
+        device: &Device,
+        options: &ExecuteOptions,
+    ) -> Result<(Vec<Buffer>, Event)> {
+        let program = &self.0.program;
+        self.0.client.check_device(device)?;
+        if program.devices.len() != 1 {
+            return Err(Error::invalid_argument(format!(
+                "execute_portable needs a single-device executable; {} runs on {} devices",
+                self.name(),
+                program.devices.len()
+            )));
+        }
+        self.check_buffer_args(args, device, |spec| Ok(spec.shape.clone()))?;
+        let shards: Vec<OutputShard> = program
+            .output_specs
+            .iter()
+            .enumerate()
+            .map(|(o, spec)| OutputShard {
+                output: o,
+                dtype: spec.dtype,
+                dims: spec.shape.clone(),
+                device: device.clone(),
+            })
+            .collect();
+        let h = self.host_plan_index(program.devices[0].host_index())?;
+        let stream = options
+            .stream
+            .clone()
+            .unwrap_or_else(|| self.0.client.current_stream());
+        Ok(self.submit(
+            h,
+            args.to_vec(),
+            vec![1; args.len()].into(),
+            shards.into(),
+            &stream,
+        ))
+    }
+
+    fn host_plan_index(&self, host: usize) -> Result<usize> {
+        self.0
+            .hosts
+            .iter()
+            .position(|p| p.host == host)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!("{} has no part on host {host}", self.name()))
+            })
+    }
+
+    fn check_buffer_args(
+        &self,
+        args: &[Buffer],
+        device: &Device,
+        expected_dims: impl Fn(&ArraySpec) -> Result<Vec<i64>>,
+    ) -> Result<()> {
+        let specs = &self.0.program.input_specs;
+        if args.len() != specs.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} takes {} arguments, {} were given",
+                self.name(),
+                specs.len(),
+                args.len()
+            )));
+        }
+        for (i, (b, spec)) in args.iter().zip(specs).enumerate() {
+            b.check_live()
+                .map_err(|e| e.context(format!("argument {i}")))?;
+            let dims = expected_dims(spec)?;
+            if b.device() != device || b.dtype() != spec.dtype || b.dims() != dims.as_slice() {
+                return Err(Error::invalid_argument(format!(
+                    "argument {i} must be {}{dims:?} on {device}, got {}{:?} on {}",
+                    spec.dtype.name(),
+                    b.dtype().name(),
+                    b.dims(),
+                    b.device()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues one host's part: makes its pending output buffers and the task that
+    /// fills them.
+    fn submit(
+        &self,
+        plan_index: usize,
+        inputs: Vec<Buffer>,
+        input_counts: Arc<[usize]>,
+        shards: Arc<[OutputShard]>,
+        stream: &Stream,
+    ) -> (Vec<Buffer>, Event) {
+        let client = &self.0.client;
+        let completion = Event::new();
+        let outputs: Vec<Buffer> = shards
+            .iter()
+            .map(|s| {
+                Buffer::new(
+                    client,
+                    s.device.clone(),
+                    s.device.default_memory_space().clone(),
+                    s.dtype,
+                    &s.dims,
+                    completion.clone(),
+                )
+            })
+            .collect();
+        let deps: Vec<Event> = inputs
+            .iter()
+            .map(|b| b.ready_event())
+            .filter(|e| !e.is_ready())
+            .cloned()
+            .collect();
+        let exe = self.clone();
+        let done = completion.clone();
+        let filled = outputs.clone();
+        let stream_id = stream.id();
+        let run = Box::new(move |status: Result<()>| {
+            let plan = &exe.0.hosts[plan_index];
+            let _span = tracing::debug_span!("execute", program = %exe.0.program.name, host = plan.host as u64, stream = stream_id).entered();
+            let result = status
+                .and_then(|()| exe.run_native(plan, &inputs, &input_counts, &shards, &filled));
+            done.set_if_pending(result);
+        });
+        let task = Task {
+            deps,
+            completion: completion.clone(),
+            run,
+        };
+        client
+            .0
+            .local
+            .dispatcher
+            .submit(stream, task, &[&completion]);
+        (outputs, completion)
+    }
+
+    fn run_native(
+        &self,
+        plan: &HostPlan,
+        inputs: &[Buffer],
+        input_counts: &[usize],
+        shards: &[OutputShard],
+        outputs: &[Buffer],
+    ) -> Result<()> {
+        for (i, b) in inputs.iter().enumerate() {
+            b.storage()
+                .map_err(|e| e.context(format!("input shard {i}")))?;
+        }
+        let mut ctx = ExecutionContext {
+            client: &self.0.client,
+            inputs,
+            input_counts,
+            output_shards: shards,
+            outputs: vec![None; shards.len()],
+            callbacks: &self.0.callbacks,
+        };
+        (plan.native)(&mut ctx)
+            .map_err(|e| e.context(format!("native function '{}'", self.name())))?;
+        for (i, (produced, out)) in ctx.outputs.into_iter().zip(outputs).enumerate() {
+            let produced = produced.ok_or_else(|| {
+                Error::internal(format!(
+                    "native function '{}' did not set output shard {i}",
+                    self.name()
+                ))
+            })?;
+            produced.ready_event().wait()?;
+            out.fill_shared(produced.storage()?);
+        }
+        Ok(())
+    }
+}
+
+fn check_arg(i: usize, got: &ArraySpec, want: &ArraySpec) -> Result<()> {
+    if got.sharding.same_as(&want.sharding) && got.dtype == want.dtype && got.shape == want.shape {
+        return Ok(());
+    }
+    if !got.matches(want) {
+        return Err(Error::invalid_argument(format!(
+            "argument {i} is {} with {:?} but the program expects {} with {:?}",
+            got.describe(),
+            got.sharding,
+            want.describe(),
+            want.sharding
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! What runs programs on a host: the registry of native functions and the context a
+//! running program sees.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use crate::buffer::Buffer;
+use crate::client::Client;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::host_callback::LoadedHostCallback;
+
+/// A native function: reads its inputs from the context and sets every output.
+pub type NativeFn = dyn Fn(&mut ExecutionContext<'_>) -> Result<()> + Send + Sync;
+
+/// A host's registry of native functions, resolved by name at compile time.
+#[derive(Default)]
+pub(crate) struct NativeRegistry {
+    functions: RwLock<HashMap<String, Arc<NativeFn>>>,
+}
+
+impl NativeRegistry {
+    pub fn register(&self, name: &str, func: Arc<NativeFn>) -> Result<()> {
+        if name.is_empty() {
+            return Err(Error::invalid_argument("a native function needs a name"));
+        }
+        let mut map = self.functions.write().unwrap_or_else(|e| e.into_inner());
+        if map.contains_key(name) {
+            return Err(Error::already_exists(format!(
+                "native function '{name}' is already registered"
+            )));
+        }
+        map.insert(name.to_string(), func);
+        Ok(())
+    }
+
+    pub fn resolve(&self, name: &str) -> Result<Arc<NativeFn>> {
+        let map = self.functions.read().unwrap_or_else(|e| e.into_inner());
+        map.get(name).cloned().ok_or_else(|| {
+            let mut known: Vec<&String> = map.keys().collect();
+            known.sort();
+            Error::not_found(format!(
+                "no native function '{name}' on this host (registered: {known:?})"
+            ))
+        })
+    }
+}
+
+impl Client {
+    /// Adds `func` to the local host's registry of native functions under `name`.
+    /// Fails with `already_exists` if the name is taken.
+    pub fn register_native_function(
+        &self,
+        name: &str,
+        func: impl Fn(&mut ExecutionContext<'_>) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
+        self.0.local.natives.register(name, Arc::new(func))
+    }
+}
+
+/// One output shard a host must produce: which output, and its dtype, dims, device.
+#[derive(Clone, Debug)]
+pub struct OutputShard {
+    /// Index of the output in the program's results.
+    pub output: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// Shard dimensions.
+    pub dims: Vec<i64>,
+    /// The device the shard lives on.
+    pub device: Device,
+}
+
+/// What a running program sees on its host: its input shards, the output shards it
+/// must produce, and the host callbacks it may call.
+pub struct ExecutionContext<'a> {
+    pub(crate) client: &'a Client,
+    pub(crate) inputs: &'a [Buffer],
+    pub(crate) input_counts: &'a [usize],
+    pub(crate) output_shards: &'a [OutputShard],
+    pub(crate) outputs: Vec<Option<Buffer>>,
+    pub(crate) callbacks: &'a [LoadedHostCallback],
+}
+
+impl<'a> ExecutionContext<'a> {
+    /// The client (to create output buffers).
+    pub fn client(&self) -> &Client {
+        self.client
+    }
+    /// Input shards on this host, argument-major: argument 0's shards in its
+    /// sharding's device order, then argument 1's, …
+    pub fn inputs(&self) -> &[Buffer] {
+        self.inputs
+    }
+    /// For each argument, how many of [`ExecutionContext::inputs`] belong to it.
+    pub fn input_shard_counts(&self) -> &[usize] {
+        self.input_counts
+    }
+    /// The output shards to set, in the order of [`ExecutionContext::set_output`].
+    pub fn output_shards(&self) -> &[OutputShard] {
+        self.output_shards
+    }
+    /// Sets output shard `index`; `invalid_argument` if out of range, already set, or
+    /// if the buffer's dtype, dims or device differ from the shard's.
+    pub fn set_output(&mut self, index: usize, buffer: Buffer) -> Result<()> {
+        let spec = self.output_shards.get(index).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "output shard {index} is out of range ({} shards)",
+                self.output_shards.len()
+            ))
+        })?;
+        if buffer.dtype() != spec.dtype
+            || buffer.dims() != spec.dims.as_slice()
+            || buffer.device() != &spec.device
+        {
+            return Err(Error::invalid_argument(format!(
+                "output shard {index} must be {}{:?} on {}, got {}{:?} on {}",
+                spec.dtype.name(),
+                spec.dims,
+                spec.device,
+                buffer.dtype().name(),
+                buffer.dims(),
+                buffer.device()
+            )));
+        }
+        buffer.check_live()?;
+        let slot = &mut self.outputs[index];
+        if slot.is_some() {
+            return Err(Error::invalid_argument(format!(
+                "output shard {index} was already set"
+            )));
+        }
+        *slot = Some(buffer);
+        Ok(())
+    }
+    /// Number of host callbacks the executable was compiled with.
+    pub fn num_host_callbacks(&self) -> usize {
+        self.callbacks.len()
+    }
+    /// Calls host callback `index` with `input` and returns its answer.
+    pub fn call_host_callback(&self, index: usize, input: &[u8]) -> Result<Vec<u8>> {
+        let cb = self.callbacks.get(index).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "host callback {index} is out of range (the executable has {})",
+                self.callbacks.len()
+            ))
+        })?;
+        cb.call(input)
+    }
+}

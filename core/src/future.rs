@@ -1,0 +1,348 @@
+//! Events: one-shot completion signals that carry `Ok` or an [`Error`].
+//!
+//! An [`Event`] is what PJRT calls a future: `is_ready`, a blocking `wait` (with or
+//! without a deadline), `on_ready` callbacks that run exactly once, and `.await` from
+//! Rust async code. Events made by the runtime are fulfilled by it; [`Event::new`]
+//! gives one the caller fulfils with [`Event::set`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+
+use crate::error::{Error, Result};
+
+const PENDING: u8 = 0;
+const SETTING: u8 = 1;
+const OK: u8 = 2;
+const FAILED: u8 = 3;
+
+type Callback = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// Something that can make progress on the work that fulfils an event, on the
+/// waiting thread (the dispatcher runs a not-yet-started call inline, in order).
+pub(crate) trait Helper: Send + Sync {
+    fn help(self: Arc<Self>, target: &Event);
+}
+
+struct Inner {
+    state: AtomicU8,
+    has_waiters: AtomicBool,
+    error: OnceLock<Error>,
+    callbacks: Mutex<Vec<Callback>>,
+    cond: Condvar,
+    helper: OnceLock<Weak<dyn Helper>>,
+}
+
+/// A one-shot completion signal. Cloning gives another handle to the same event.
+///
+/// Thread-safety: every method may be called from any thread.
+#[derive(Clone)]
+pub struct Event(Arc<Inner>);
+
+impl Default for Event {
+    fn default() -> Self {
+        Event::new()
+    }
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status() {
+            None => f.write_str("Event(pending)"),
+            Some(Ok(())) => f.write_str("Event(ok)"),
+            Some(Err(e)) => write!(f, "Event({e})"),
+        }
+    }
+}
+
+impl Event {
+    /// A pending event, to be fulfilled with [`Event::set`].
+    pub fn new() -> Event {
+        Event(Arc::new(Inner {
+            state: AtomicU8::new(PENDING),
+            has_waiters: AtomicBool::new(false),
+            error: OnceLock::new(),
+            callbacks: Mutex::new(Vec::new()),
+            cond: Condvar::new(),
+            helper: OnceLock::new(),
+        }))
+    }
+
+    /// An event that is already complete with `result`.
+    pub fn ready(result: Result<()>) -> Event {
+        let event = Event::new();
+        // A fresh event cannot have been set before.
+        let _ = event.set(result);
+        event
+    }
+
+    /// True once the event carries a result.
+    pub fn is_ready(&self) -> bool {
+        self.0.state.load(Ordering::Acquire) >= OK
+    }
+
+    /// The result, if ready.
+    pub fn status(&self) -> Option<Result<()>> {
+        match self.0.state.load(Ordering::Acquire) {
+            OK => Some(Ok(())),
+            FAILED => {
+                Some(Err(self.0.error.get().cloned().unwrap_or_else(|| {
+                    Error::internal("event failed without an error")
+                })))
+            }
+            _ => None,
+        }
+    }
+
+    /// The error, if the event is ready and failed.
+    pub fn error(&self) -> Option<Error> {
+        self.status().and_then(|r| r.err())
+    }
+
+    /// True when both handles refer to the same event.
+    pub fn same_as(&self, other: &Event) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Fulfils the event. Fails with `failed_precondition` if it was already set.
+    /// Callbacks registered with [`Event::on_ready`] run on this thread.
+    pub fn set(&self, result: Result<()>) -> Result<()> {
+        if self
+            .0
+            .state
+            .compare_exchange(PENDING, SETTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(Error::failed_precondition("the event was already set"));
+        }
+        let state = match result {
+            Ok(()) => OK,
+            Err(e) => {
+                let _ = self.0.error.set(e);
+                FAILED
+            }
+        };
+        self.0.state.store(state, Ordering::SeqCst);
+        if self.0.has_waiters.load(Ordering::SeqCst) {
+            let callbacks = std::mem::take(&mut *self.lock());
+            self.0.cond.notify_all();
+            if !callbacks.is_empty() {
+                let status = self.status().unwrap_or(Ok(()));
+                for cb in callbacks {
+                    cb(status.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the event unless it is already set (used where several paths may
+    /// complete the same work, e.g. a failure after a partial success).
+    pub(crate) fn set_if_pending(&self, result: Result<()>) {
+        let _ = self.set(result);
+    }
+
+    /// Runs `callback` exactly once with the result: now, on this thread, if the
+    /// event is ready, else on the thread that fulfils it.
+    pub fn on_ready(&self, callback: impl FnOnce(Result<()>) + Send + 'static) {
+        if let Some(status) = self.status() {
+            callback(status);
+            return;
+        }
+        let mut callbacks = self.lock();
+        self.0.has_waiters.store(true, Ordering::SeqCst);
+        if self.0.state.load(Ordering::SeqCst) < OK {
+            callbacks.push(Box::new(callback));
+            return;
+        }
+        drop(callbacks);
+        callback(self.status().unwrap_or(Ok(())));
+    }
+
+    /// Blocks until the event is ready and returns its result.
+    pub fn wait(&self) -> Result<()> {
+        self.wait_until(None)
+    }
+
+    /// Blocks at most `timeout`; fails with `deadline_exceeded` if the event is still
+    /// pending then (the event itself is unaffected).
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<()> {
+        self.wait_until(Some(Instant::now() + timeout))
+    }
+
+    fn wait_until(&self, deadline: Option<Instant>) -> Result<()> {
+        if let Some(status) = self.status() {
+            return status;
+        }
+        if let Some(helper) = self.0.helper.get().and_then(Weak::upgrade) {
+            helper.help(self);
+            if let Some(status) = self.status() {
+                return status;
+            }
+        }
+        // The producer is running on another thread: spin briefly, since most
+        // programs finish in microseconds and parking costs more than that.
+        let backoff = Backoff::new();
+        while !backoff.is_completed() {
+            if let Some(status) = self.status() {
+                return status;
+            }
+            backoff.snooze();
+        }
+        let mut guard = self.lock();
+        self.0.has_waiters.store(true, Ordering::SeqCst);
+        while self.0.state.load(Ordering::SeqCst) < OK {
+            match deadline {
+                None => guard = self.0.cond.wait(guard).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(Error::deadline_exceeded(
+                            "the event was not ready before the deadline",
+                        ));
+                    }
+                    guard = self
+                        .0
+                        .cond
+                        .wait_timeout(guard, deadline - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+        }
+        drop(guard);
+        self.status().unwrap_or(Ok(()))
+    }
+
+    /// An event that is ready when all `events` are; it fails with the first error
+    /// (in argument order) among them.
+    pub fn join(events: &[Event]) -> Event {
+        match events {
+            [] => Event::ready(Ok(())),
+            [one] => one.clone(),
+            many => {
+                let joined = Event::new();
+                let all: Arc<[Event]> = many.into();
+                let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(many.len()));
+                for e in many {
+                    let (joined, all, remaining) = (joined.clone(), all.clone(), remaining.clone());
+                    e.on_ready(move |_| {
+                        if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            let first_error = all.iter().find_map(Event::error);
+                            joined.set_if_pending(first_error.map_or(Ok(()), Err));
+                        }
+                    });
+                }
+                joined
+            }
+        }
+    }
+
+    pub(crate) fn set_helper(&self, helper: Weak<dyn Helper>) {
+        let _ = self.0.helper.set(helper);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Callback>> {
+        self.0.callbacks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// `.await` support: resolves to the event's result.
+impl Future for Event {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if let Some(status) = self.status() {
+            return Poll::Ready(status);
+        }
+        let waker: Waker = cx.waker().clone();
+        self.on_ready(move |_| waker.wake());
+        match self.status() {
+            Some(status) => Poll::Ready(status),
+            None => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn on_ready_runs_exactly_once_before_and_after_completion() {
+        let e = Event::new();
+        let count = Arc::new(AtomicUsize::new(0));
+        let c = count.clone();
+        e.on_ready(move |r| {
+            assert!(r.is_ok());
+            c.fetch_add(1, Ordering::SeqCst);
+        });
+        e.set(Ok(())).unwrap();
+        let c = count.clone();
+        e.on_ready(move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn setting_twice_is_a_failed_precondition() {
+        let e = Event::new();
+        e.set(Err(Error::cancelled("stop"))).unwrap();
+        assert_eq!(
+            e.set(Ok(())).unwrap_err().code(),
+            ErrorCode::FailedPrecondition
+        );
+        assert_eq!(e.wait().unwrap_err().code(), ErrorCode::Cancelled);
+    }
+
+    #[test]
+    fn wait_timeout_reports_deadline_exceeded_and_then_completes() {
+        let e = Event::new();
+        let err = e.wait_timeout(Duration::from_millis(5)).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+        let e2 = e.clone();
+        let t = std::thread::spawn(move || e2.set(Ok(())).unwrap());
+        e.wait_timeout(Duration::from_secs(10)).unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn join_fails_with_the_first_error_in_order() {
+        let (a, b, c) = (Event::new(), Event::new(), Event::new());
+        let j = Event::join(&[a.clone(), b.clone(), c.clone()]);
+        c.set(Err(Error::internal("c"))).unwrap();
+        a.set(Ok(())).unwrap();
+        assert!(!j.is_ready());
+        b.set(Err(Error::not_found("b"))).unwrap();
+        assert_eq!(j.wait().unwrap_err().code(), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn many_threads_racing_on_ready_and_set_each_run_once() {
+        for _ in 0..200 {
+            let e = Event::new();
+            let count = Arc::new(AtomicUsize::new(0));
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let (e, count) = (e.clone(), count.clone());
+                    std::thread::spawn(move || {
+                        e.on_ready(move |_| {
+                            count.fetch_add(1, Ordering::SeqCst);
+                        })
+                    })
+                })
+                .collect();
+            e.set(Ok(())).unwrap();
+            threads.into_iter().for_each(|t| t.join().unwrap());
+            assert_eq!(count.load(Ordering::SeqCst), 4);
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! `colocated-core`: the object model and runtime of `colocated`.
+//!
+//! A [`Client`] owns hosts, each with devices and memory spaces. [`Buffer`]s hold
+//! one device's data; [`Array`]s are sharded over devices. The compiler turns a
+//! [`Program`] into a [`LoadedExecutable`], which runs once per host with that
+//! host's shards, in program order per [`Stream`], and reports through [`Event`]s.
+//!
+//! ```
+//! use colocated_core::*;
+//!
+//! let client = Client::new_local(ClientOptions { num_cpu_devices: Some(2), ..Default::default() })?;
+//! client.register_native_function("add_one", |ctx| {
+//!     let x = ctx.inputs()[0].to_host_vec()?;
+//!     let y: Vec<u8> = x.iter().map(|b| b + 1).collect();
+//!     let shard = ctx.output_shards()[0].clone();
+//!     let out = Buffer::from_bytes(ctx.client(), &y, shard.dtype, &shard.dims, &shard.device)?;
+//!     ctx.set_output(0, out)
+//! })?;
+//! let device = client.devices()[0].clone();
+//! let spec = ArraySpec::new(vec![4], DType::U8, Sharding::single_device(device.clone()))?;
+//! let program = Program::native("add_one", vec![spec.clone()], vec![spec.clone()], vec![device]);
+//! let exe = client.compile(program, CompileOptions::default())?;
+//! let x = Array::from_host_bytes(&client, &[1, 2, 3, 4], spec)?;
+//! let run = exe.execute(&[x], &ExecuteOptions::default())?;
+//! assert_eq!(run.outputs[0].to_host_bytes()?, vec![2, 3, 4, 5]);
+//! # Ok::<(), colocated_core::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod array;
+mod buffer;
+mod client;
+mod compiler;
+mod device;
+mod dispatch;
+mod dtype;
+mod error;
+mod executable;
+mod executor;
+mod format;
+mod future;
+mod host_callback;
+mod program;
+mod sharding;
+mod storage;
+pub mod trace;
+
+pub use array::{Array, ArraySpec};
+pub use buffer::{Buffer, ExternalReference, HostBufferSemantics};
+pub use client::{Client, ClientOptions, Host, PLATFORM_NAME};
+pub use compiler::CompileOptions;
+pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
+pub use dispatch::Stream;
+pub use dtype::DType;
+pub use error::{Error, ErrorCode, Result};
+pub use executable::{ExecuteOptions, Execution, LoadedExecutable};
+pub use executor::{ExecutionContext, NativeFn, OutputShard};
+pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
+pub use future::Event;
+pub use host_callback::{HostCallbackFn, LoadedHostCallback};
+pub use program::{Program, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
+pub use sharding::Sharding;

@@ -1,0 +1,49 @@
+//! Programs: what the compiler takes.
+
+use crate::array::ArraySpec;
+use crate::device::Device;
+
+/// Language tag of programs whose payload names a function in each host's registry
+/// of native functions.
+pub const LANGUAGE_NATIVE: &str = "native";
+/// Language tag of colocated Python programs (payload: cloudpickle bytes).
+pub const LANGUAGE_PYTHON: &str = "python";
+/// Language tag of colocated Node programs (payload: source plus captured JSON).
+pub const LANGUAGE_NODE: &str = "node";
+
+/// A colocated program: it runs once on each host that owns some of `devices`, with
+/// that host's shards of the inputs, and returns that host's shards of the outputs.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// A name for people and traces.
+    pub name: String,
+    /// The language tag (`"native"`, `"python"`, `"node"`).
+    pub language: String,
+    /// Language-specific payload (for `native`: the function's registered name).
+    pub payload: Vec<u8>,
+    /// Specs of the inputs, in argument order.
+    pub input_specs: Vec<ArraySpec>,
+    /// Specs of the outputs, in result order.
+    pub output_specs: Vec<ArraySpec>,
+    /// The devices the program runs on; every spec's sharding uses exactly these.
+    pub devices: Vec<Device>,
+}
+
+impl Program {
+    /// A native program calling the registered function `function`.
+    pub fn native(
+        function: &str,
+        input_specs: Vec<ArraySpec>,
+        output_specs: Vec<ArraySpec>,
+        devices: Vec<Device>,
+    ) -> Program {
+        Program {
+            name: function.to_string(),
+            language: LANGUAGE_NATIVE.to_string(),
+            payload: function.as_bytes().to_vec(),
+            input_specs,
+            output_specs,
+            devices,
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Bytes that back a buffer on this host: owned (aligned allocation), borrowed from
+//! the caller (zero-copy, released through a callback), or a list of strings.
+
+use std::alloc::{alloc, dealloc, Layout};
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result};
+
+/// Alignment of buffers the runtime allocates (a cache line; enough for any dtype).
+pub const ALIGNMENT: usize = 64;
+
+enum Owner {
+    Allocated(Layout),
+    Borrowed(Option<Box<dyn FnOnce() + Send>>),
+}
+
+/// Dense bytes. Immutable once shared, except through an external reference whose
+/// holder takes responsibility for races (as PJRT's external references do).
+pub(crate) struct DenseBytes {
+    ptr: NonNull<u8>,
+    len: usize,
+    owner: Owner,
+}
+
+// SAFETY: the bytes are only read after construction (writes go through raw pointers
+// handed out explicitly by external references), and the release callback is `Send`.
+unsafe impl Send for DenseBytes {}
+// SAFETY: see above; shared access is read-only.
+unsafe impl Sync for DenseBytes {}
+
+impl DenseBytes {
+    /// A fresh allocation of `len` bytes; `fill` must write every byte through the
+    /// pointer it is given before returning.
+    pub fn allocate_with(len: usize, fill: impl FnOnce(*mut u8)) -> Result<DenseBytes> {
+        if len == 0 {
+            return Ok(DenseBytes {
+                ptr: NonNull::dangling(),
+                len: 0,
+                owner: Owner::Borrowed(None),
+            });
+        }
+        let layout = Layout::from_size_align(len, ALIGNMENT).map_err(|_| {
+            Error::invalid_argument(format!("a buffer of {len} bytes is too large"))
+        })?;
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { alloc(layout) };
+        let ptr = NonNull::new(raw)
+            .ok_or_else(|| Error::resource_exhausted(format!("cannot allocate {len} bytes")))?;
+        let bytes = DenseBytes {
+            ptr,
+            len,
+            owner: Owner::Allocated(layout),
+        };
+        fill(bytes.ptr.as_ptr());
+        Ok(bytes)
+    }
+
+    /// A copy of `src`.
+    pub fn copy_of(src: &[u8]) -> Result<DenseBytes> {
+        // SAFETY: `dst` is a fresh allocation of `src.len()` bytes.
+        DenseBytes::allocate_with(src.len(), |dst| unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
+        })
+    }
+
+    /// Borrows caller memory (zero-copy). `release` runs once, when the last user
+    /// of the bytes is gone.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads of `len` bytes until `release` runs.
+    pub unsafe fn borrowed(
+        ptr: *const u8,
+        len: usize,
+        release: Option<Box<dyn FnOnce() + Send>>,
+    ) -> DenseBytes {
+        let ptr = NonNull::new(ptr as *mut u8).unwrap_or(NonNull::dangling());
+        DenseBytes {
+            ptr,
+            len,
+            owner: Owner::Borrowed(release),
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes for the lifetime of self (owned, or the
+        // borrow contract of `borrowed`); a dangling pointer only with len 0.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for DenseBytes {
+    fn drop(&mut self) {
+        match &mut self.owner {
+            // SAFETY: allocated in `allocate_with` with this layout.
+            Owner::Allocated(layout) => unsafe { dealloc(self.ptr.as_ptr(), *layout) },
+            Owner::Borrowed(release) => {
+                if let Some(release) = release.take() {
+                    release();
+                }
+            }
+        }
+    }
+}
+
+/// What a buffer on this host holds.
+pub(crate) enum Storage {
+    Dense(DenseBytes),
+    Strings(Box<[Box<str>]>),
+}
+
+impl Storage {
+    /// Bytes that `to_host` writes: the dense bytes, or for strings `(n + 1)`
+    /// little-endian `u64` offsets followed by the concatenated UTF-8 bytes.
+    pub fn on_host_size(&self) -> usize {
+        match self {
+            Storage::Dense(b) => b.len,
+            Storage::Strings(s) => (s.len() + 1) * 8 + s.iter().map(|x| x.len()).sum::<usize>(),
+        }
+    }
+
+    /// Writes the on-host form into `dst`, which is exactly `on_host_size()` long.
+    pub fn write_to(&self, dst: &mut [u8]) {
+        match self {
+            Storage::Dense(b) => dst.copy_from_slice(b.as_slice()),
+            Storage::Strings(strings) => {
+                let (offsets, bytes) = dst.split_at_mut((strings.len() + 1) * 8);
+                let mut at = 0usize;
+                for (i, s) in strings.iter().enumerate() {
+                    offsets[i * 8..i * 8 + 8].copy_from_slice(&(at as u64).to_le_bytes());
+                    bytes[at..at + s.len()].copy_from_slice(s.as_bytes());
+                    at += s.len();
+                }
+                let n = strings.len();
+                offsets[n * 8..n * 8 + 8].copy_from_slice(&(at as u64).to_le_bytes());
+            }
+        }
+    }
+
+    /// A deep copy (used by device-to-device copies).
+    pub fn deep_copy(&self) -> Result<Storage> {
+        Ok(match self {
+            Storage::Dense(b) => Storage::Dense(DenseBytes::copy_of(b.as_slice())?),
+            Storage::Strings(s) => Storage::Strings(s.clone()),
+        })
+    }
+}
