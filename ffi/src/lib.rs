@@ -1,1 +1,75 @@
-//! C ABI
+//! `libcolocated`: the stable C ABI of colocated (`include/colocated.h`).
+//!
+//! Every function validates its arguments, calls `colocated-core`, and converts the
+//! result; semantics live in core. Fallible functions return `colocated_error*`
+//! (NULL on success) and write results through out-parameters. No panic crosses the
+//! boundary: each export runs inside [`boundary`], which turns a panic into an
+//! `internal` error.
+
+#![allow(non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)]
+
+mod array;
+mod buffer;
+mod client;
+mod error;
+mod event;
+mod executable;
+mod handle;
+
+pub use array::*;
+pub use buffer::*;
+pub use client::*;
+pub use error::*;
+pub use event::*;
+pub use executable::*;
+pub use handle::colocated_string_view;
+
+/// Major version of the C API. Bumped only for incompatible changes (never so far).
+pub const COLOCATED_API_VERSION_MAJOR: u32 = 1;
+/// Minor version of the C API. Bumped for every additive change.
+pub const COLOCATED_API_VERSION_MINOR: u32 = 0;
+/// `(major << 16) | minor`, as [`colocated_api_version`] returns it.
+pub const COLOCATED_API_VERSION: u32 = (COLOCATED_API_VERSION_MAJOR << 16) | COLOCATED_API_VERSION_MINOR;
+
+/// The version of the library that is loaded, as `(major << 16) | minor`. A caller
+/// built against header version `H` works with any library whose major equals
+/// `H`'s and whose minor is at least `H`'s.
+///
+/// Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn colocated_api_version() -> u32 {
+    COLOCATED_API_VERSION
+}
+
+use colocated_core::{Error, Result};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Runs an export's body, converting its `Result` and any panic into the C error
+/// convention.
+pub(crate) fn boundary(body: impl FnOnce() -> Result<()>) -> *mut colocated_error {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => std::ptr::null_mut(),
+        Ok(Err(e)) => colocated_error::into_raw(e),
+        Err(payload) => colocated_error::into_raw(Error::internal(format!(
+            "colocated panicked: {}",
+            panic_message(&payload)
+        ))),
+    }
+}
+
+/// Like [`boundary`] for functions that return nothing (destroy functions): a
+/// panic is logged and swallowed.
+pub(crate) fn boundary_void(body: impl FnOnce()) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(body)) {
+        eprintln!("colocated: a panic was stopped at the C boundary: {}", panic_message(&payload));
+    }
+}
+
+fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}

@@ -1,0 +1,67 @@
+# colocated — build, demo, test, bench, lint.
+#   make demo   builds everything and runs the demo
+#   make test   runs every test
+CARGO ?= cargo
+CC ?= cc
+PYTHON ?= python3
+TARGET_DIR := $(CURDIR)/target
+DEBUG_DIR := $(TARGET_DIR)/debug
+BUILD := $(CURDIR)/build
+CBINDGEN_VERSION := 0.29.4
+export CARGO_TARGET_DIR := $(TARGET_DIR)
+
+CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
+LDLIBS := -lpthread -ldl -lm
+
+.PHONY: all build demo test test-rust test-c test-abi check-header header abi-manifest bench lint tools clean
+
+all: build
+
+build:
+	$(CARGO) build --workspace
+
+tools:
+	@command -v cbindgen >/dev/null 2>&1 && cbindgen --version | grep -q $(CBINDGEN_VERSION) || \
+	  $(CARGO) install cbindgen --locked --version $(CBINDGEN_VERSION)
+
+$(BUILD):
+	mkdir -p $(BUILD)
+
+demo: build | $(BUILD)
+	$(CC) $(CFLAGS_COMMON) examples/demo.c -o $(BUILD)/demo -L$(DEBUG_DIR) -lcolocated -Wl,-rpath,$(DEBUG_DIR) $(LDLIBS)
+	$(BUILD)/demo
+
+header: tools
+	cd ffi && cbindgen --config cbindgen.toml --crate colocated-ffi --quiet --output ../include/colocated.h
+
+check-header: tools | $(BUILD)
+	cd ffi && cbindgen --config cbindgen.toml --crate colocated-ffi --quiet --output $(BUILD)/colocated.h
+	@diff -u include/colocated.h $(BUILD)/colocated.h || \
+	  (echo "include/colocated.h is stale: run 'make header' and commit it" && exit 1)
+
+test: check-header test-rust test-c test-abi
+
+test-rust:
+	$(CARGO) test --workspace
+
+test-c: build | $(BUILD)
+	$(MAKE) -C tests/c run LIBDIR=$(DEBUG_DIR) BUILD=$(BUILD)/c
+
+test-abi: build | $(BUILD)
+	$(PYTHON) tests/abi/abi_manifest.py check --header include/colocated.h --lib $(DEBUG_DIR)/libcolocated.so --manifest tests/abi/manifest.json --build $(BUILD)/abi
+	$(MAKE) -C tests/abi run LIBDIR=$(DEBUG_DIR) BUILD=$(BUILD)/abi
+
+abi-manifest: build | $(BUILD)
+	$(PYTHON) tests/abi/abi_manifest.py generate --header include/colocated.h --lib $(DEBUG_DIR)/libcolocated.so --manifest tests/abi/manifest.json --build $(BUILD)/abi
+
+bench:
+	$(CARGO) bench --workspace
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	ruff check tests examples
+
+clean:
+	$(CARGO) clean
+	rm -rf $(BUILD)

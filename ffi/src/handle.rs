@@ -1,0 +1,215 @@
+//! Handle tags, argument checks and the versioned-struct reader shared by every
+//! export.
+
+use std::ffi::CStr;
+
+use colocated_core::{Error, Result};
+
+/// A borrowed UTF-8 string: pointer and byte length. Strings the library returns
+/// are also NUL-terminated (the NUL is not counted in `size`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct colocated_string_view {
+    /// First byte; may be NULL when `size` is 0.
+    pub data: *const std::os::raw::c_char,
+    /// Length in bytes.
+    pub size: usize,
+}
+
+impl colocated_string_view {
+    pub(crate) fn empty() -> Self {
+        colocated_string_view { data: c"".as_ptr(), size: 0 }
+    }
+
+    pub(crate) fn of_cstr(s: &CStr) -> Self {
+        colocated_string_view { data: s.as_ptr(), size: s.to_bytes().len() }
+    }
+
+    /// Reads a caller's view as UTF-8.
+    ///
+    /// # Safety
+    /// `data` is valid for `size` bytes (or NULL with size 0).
+    pub(crate) unsafe fn to_str<'a>(self, what: &str) -> Result<&'a str> {
+        if self.size == 0 {
+            return Ok("");
+        }
+        if self.data.is_null() {
+            return Err(Error::invalid_argument(format!("{what} is NULL with size {}", self.size)));
+        }
+        std::str::from_utf8(std::slice::from_raw_parts(self.data.cast::<u8>(), self.size))
+            .map_err(|e| Error::invalid_argument(format!("{what} is not UTF-8: {e}")))
+    }
+}
+
+/// Implemented by every handle type: a `#[repr(C)]` struct whose first field is a
+/// `u64` tag, so a handle of the wrong type (or one already destroyed, while its
+/// memory has not been reused) is detected before use.
+pub(crate) trait Tagged {
+    const TAG: u64;
+    const NAME: &'static str;
+}
+
+pub(crate) const DEAD_TAG: u64 = 0xdead_dead_dead_dead;
+
+macro_rules! tagged {
+    ($($t:ty => $tag:expr),* $(,)?) => {
+        $(impl crate::handle::Tagged for $t {
+            const TAG: u64 = $tag;
+            const NAME: &'static str = stringify!($t);
+        })*
+    };
+}
+pub(crate) use tagged;
+
+/// Borrows a handle after checking it is non-NULL and of type `T`.
+///
+/// # Safety
+/// `ptr` is NULL or points to at least 8 readable bytes.
+pub(crate) unsafe fn handle<'a, T: Tagged>(ptr: *const T, what: &str) -> Result<&'a T> {
+    if ptr.is_null() {
+        return Err(Error::invalid_argument(format!("{what} ({}) is NULL", T::NAME)));
+    }
+    let tag = std::ptr::read(ptr.cast::<u64>());
+    if tag != T::TAG {
+        return Err(Error::invalid_argument(format!(
+            "{what} is not a live {} (wrong handle type, or destroyed)",
+            T::NAME
+        )));
+    }
+    Ok(&*ptr)
+}
+
+/// Takes back a boxed handle for destruction (NULL and wrong types are ignored).
+///
+/// # Safety
+/// `ptr` is NULL or a handle made by `Box::into_raw` and not used afterwards.
+pub(crate) unsafe fn take<T: Tagged>(ptr: *mut T) -> Option<Box<T>> {
+    if ptr.is_null() || std::ptr::read(ptr.cast::<u64>()) != T::TAG {
+        return None;
+    }
+    std::ptr::write(ptr.cast::<u64>(), DEAD_TAG);
+    Some(Box::from_raw(ptr))
+}
+
+/// Writes an out-parameter, or fails with `invalid_argument` if it is NULL.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of `T`.
+pub(crate) unsafe fn put<T>(out: *mut T, value: T, what: &str) -> Result<()> {
+    if out.is_null() {
+        return Err(Error::invalid_argument(format!("out-parameter {what} is NULL")));
+    }
+    std::ptr::write(out, value);
+    Ok(())
+}
+
+/// Borrows `len` items at `ptr` (NULL allowed when `len` is 0).
+///
+/// # Safety
+/// `ptr` is valid for `len` reads of `T`.
+pub(crate) unsafe fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Error::invalid_argument(format!("{what} is NULL but its count is {len}")));
+    }
+    Ok(std::slice::from_raw_parts(ptr, len))
+}
+
+/// An extensible argument struct: it begins with `size_t struct_size`; every field
+/// may be zero to mean "default".
+///
+/// # Safety
+/// Implementors are `#[repr(C)]` structs of integers, pointers and optional function
+/// pointers, for which all-zero bytes are a valid value.
+pub(crate) unsafe trait Versioned: Copy {
+    const NAME: &'static str;
+    /// Bytes through the last required field.
+    fn min_size() -> usize;
+    /// End offset of every field, in declaration order.
+    fn field_ends() -> Vec<usize>;
+}
+
+pub(crate) fn size_of_pointee<F>(_: *const F) -> usize {
+    std::mem::size_of::<F>()
+}
+
+macro_rules! field_end {
+    ($t:ty, $f:ident) => {{
+        let probe = std::mem::MaybeUninit::<$t>::uninit();
+        let base = probe.as_ptr();
+        // SAFETY: only the address of the field is taken; nothing is read.
+        let field = unsafe { std::ptr::addr_of!((*base).$f) };
+        std::mem::offset_of!($t, $f) + crate::handle::size_of_pointee(field)
+    }};
+}
+pub(crate) use field_end;
+
+/// Declares a versioned struct: its required prefix ends with field `$req`.
+macro_rules! versioned {
+    ($t:ty, required: $req:ident, fields: [$($f:ident),* $(,)?]) => {
+        unsafe impl crate::handle::Versioned for $t {
+            const NAME: &'static str = stringify!($t);
+            fn min_size() -> usize {
+                crate::handle::field_end!($t, $req)
+            }
+            fn field_ends() -> Vec<usize> {
+                vec![$(crate::handle::field_end!($t, $f)),*]
+            }
+        }
+    };
+}
+pub(crate) use versioned;
+
+/// Reads a caller's versioned struct (the one helper every export uses).
+///
+/// Smaller (older) callers get defaults (zero) for the fields they lack, provided
+/// `struct_size` covers every required field and ends on a field boundary. Larger
+/// (newer) callers are accepted when every byte this library does not know is zero.
+/// Anything else is `invalid_argument`. A NULL pointer gives the all-default value
+/// when `optional`.
+///
+/// # Safety
+/// `ptr` is NULL or points to `struct_size` readable bytes.
+pub(crate) unsafe fn read_versioned<T: Versioned>(ptr: *const T, optional: bool) -> Result<T> {
+    let mut value: T = std::mem::zeroed();
+    if ptr.is_null() {
+        if optional {
+            std::ptr::write(value_struct_size(&mut value), std::mem::size_of::<T>());
+            return Ok(value);
+        }
+        return Err(Error::invalid_argument(format!("{} is NULL", T::NAME)));
+    }
+    let size = std::ptr::read_unaligned(ptr.cast::<usize>());
+    let full = std::mem::size_of::<T>();
+    let min = T::min_size();
+    if size < min {
+        return Err(Error::invalid_argument(format!(
+            "{}.struct_size is {size}, smaller than the {min} bytes of its required fields",
+            T::NAME
+        )));
+    }
+    if size > full {
+        let tail = std::slice::from_raw_parts(ptr.cast::<u8>().add(full), size - full);
+        if let Some(at) = tail.iter().position(|b| *b != 0) {
+            return Err(Error::invalid_argument(format!(
+                "{}.struct_size is {size}, larger than the {full} bytes this library knows, and byte {} of the unknown tail is not zero (a newer field this library cannot honour)",
+                T::NAME,
+                full + at
+            )));
+        }
+    } else if size < full && !T::field_ends().contains(&size) {
+        return Err(Error::invalid_argument(format!(
+            "{}.struct_size is {size}, which does not end on a field boundary",
+            T::NAME
+        )));
+    }
+    std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&mut value as *mut T).cast::<u8>(), size.min(full));
+    Ok(value)
+}
+
+/// The `struct_size` field, always the first.
+fn value_struct_size<T>(value: &mut T) -> *mut usize {
+    (value as *mut T).cast::<usize>()
+}
