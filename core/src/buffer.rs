@@ -45,6 +45,27 @@ enum Slot {
     Deleted,
 }
 
+/// The data slot and the work in flight that still needs it: `delete` frees the
+/// data only once `holds` drops to zero.
+struct Data {
+    slot: Slot,
+    holds: usize,
+}
+
+/// Keeps a buffer's data alive for one piece of in-flight work (an execution, a
+/// copy, a `to_host`), even if the buffer is deleted meanwhile.
+pub(crate) struct UsageHold(Buffer);
+
+impl Drop for UsageHold {
+    fn drop(&mut self) {
+        let mut data = self.0.data();
+        data.holds -= 1;
+        if data.holds == 0 && self.0.is_deleted() {
+            data.slot = Slot::Deleted;
+        }
+    }
+}
+
 pub(crate) struct BufferInner {
     client: Client,
     device: Device,
@@ -52,7 +73,7 @@ pub(crate) struct BufferInner {
     dtype: DType,
     dims: Box<[i64]>,
     ready: Event,
-    slot: Mutex<Slot>,
+    data: Mutex<Data>,
     deleted: AtomicBool,
 }
 
@@ -116,6 +137,8 @@ impl Buffer {
     /// # Safety
     /// `data` must be valid for reads of `len` bytes: during the call for
     /// `ImmutableOnlyDuringCall`, else until the returned done event is ready.
+    // The argument list mirrors PJRT's BufferFromHostBuffer, which users know.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn from_host_raw(
         client: &Client,
         data: *const u8,
@@ -245,7 +268,10 @@ impl Buffer {
             dtype,
             dims: dims.into(),
             ready,
-            slot: Mutex::new(Slot::Pending),
+            data: Mutex::new(Data {
+                slot: Slot::Pending,
+                holds: 0,
+            }),
             deleted: AtomicBool::new(false),
         }))
     }
@@ -256,9 +282,9 @@ impl Buffer {
     }
 
     pub(crate) fn fill_shared(&self, storage: Arc<Storage>) {
-        let mut slot = self.slot();
-        if matches!(*slot, Slot::Pending) {
-            *slot = Slot::Ready(storage);
+        let mut data = self.data();
+        if matches!(data.slot, Slot::Pending) {
+            data.slot = Slot::Ready(storage);
         }
     }
 
@@ -298,8 +324,21 @@ impl Buffer {
     /// Frees the data once in-flight users and external references are done with
     /// it. Later uses fail with `failed_precondition`. Deleting twice is allowed.
     pub fn delete(&self) {
+        let mut data = self.data();
         self.0.deleted.store(true, Ordering::Release);
-        *self.slot() = Slot::Deleted;
+        if data.holds == 0 {
+            data.slot = Slot::Deleted;
+        }
+    }
+
+    /// Registers in-flight work on the buffer; `failed_precondition` if deleted.
+    pub(crate) fn hold(&self) -> Result<UsageHold> {
+        let mut data = self.data();
+        if self.is_deleted() {
+            return Err(Error::failed_precondition(format!("{self:?} was deleted")));
+        }
+        data.holds += 1;
+        Ok(UsageHold(self.clone()))
     }
 
     /// `failed_precondition` if deleted.
@@ -312,7 +351,7 @@ impl Buffer {
 
     /// The data of a ready buffer on this host.
     pub(crate) fn storage(&self) -> Result<Arc<Storage>> {
-        match &*self.slot() {
+        match &self.data().slot {
             Slot::Ready(s) => Ok(s.clone()),
             Slot::Deleted => Err(Error::failed_precondition(format!("{self:?} was deleted"))),
             Slot::Pending => match self.0.ready.status() {
@@ -320,6 +359,22 @@ impl Buffer {
                 _ => Err(Error::failed_precondition(format!("{self:?} is not ready"))),
             },
         }
+    }
+
+    /// A new buffer sharing this ready buffer's data, with its own deletion state.
+    pub(crate) fn view(&self) -> Result<Buffer> {
+        let storage = self.storage()?;
+        let inner = &self.0;
+        let view = Buffer::new(
+            &inner.client,
+            inner.device.clone(),
+            inner.memory_space.clone(),
+            inner.dtype,
+            &inner.dims,
+            inner.ready.clone(),
+        );
+        view.fill_shared(storage);
+        Ok(view)
     }
 
     /// Bytes `to_host` writes. Blocks until the buffer is ready (string sizes are
@@ -359,6 +414,7 @@ impl Buffer {
             return Err(Error::invalid_argument("destination is NULL"));
         }
         let dst = HostDst(dst, len);
+        let hold = self.hold()?;
         if self.0.ready.is_ready() {
             return Ok(Event::ready(self.copy_out(dst)));
         }
@@ -366,6 +422,7 @@ impl Buffer {
         let (me, out) = (self.clone(), done.clone());
         self.0.ready.on_ready(move |status| {
             out.set_if_pending(status.and_then(|()| me.copy_out(dst)));
+            drop(hold);
         });
         Ok(done)
     }
@@ -438,7 +495,7 @@ impl Buffer {
     }
 
     fn copy_to(&self, device: Device, memory_space: MemorySpace) -> Result<Buffer> {
-        self.check_live()?;
+        let hold = self.hold()?;
         if self.0.dtype == DType::String && device.kind() != "cpu" {
             return Err(Error::invalid_argument(
                 "string buffers live in CPU memory only",
@@ -468,6 +525,8 @@ impl Buffer {
                 let result = status
                     .and_then(|()| src.storage())
                     .and_then(|s| s.deep_copy());
+                drop(hold);
+                drop(_span);
                 match result {
                     Ok(storage) => {
                         dst.fill(storage);
@@ -482,8 +541,8 @@ impl Buffer {
         Ok(out)
     }
 
-    fn slot(&self) -> MutexGuard<'_, Slot> {
-        self.0.slot.lock().unwrap_or_else(|e| e.into_inner())
+    fn data(&self) -> MutexGuard<'_, Data> {
+        self.0.data.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

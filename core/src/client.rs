@@ -266,7 +266,18 @@ impl Client {
 
     /// A new stream: an ordering domain for executions and transfers.
     pub fn create_stream(&self) -> Stream {
-        Stream::new()
+        Stream::new(self.0.local.dispatcher.id())
+    }
+
+    /// `invalid_argument` unless `stream` was made by this client.
+    pub fn check_stream(&self, stream: &Stream) -> Result<()> {
+        if stream.owner() != self.0.local.dispatcher.id() {
+            return Err(Error::invalid_argument(format!(
+                "stream {} belongs to another client",
+                stream.id()
+            )));
+        }
+        Ok(())
     }
 
     /// The calling thread's default stream for this client.

@@ -53,16 +53,24 @@ pub struct Stream(Arc<StreamInner>);
 
 struct StreamInner {
     id: u64,
+    /// The dispatcher (client) the stream belongs to.
+    owner: u64,
     local: std::sync::OnceLock<Arc<StreamQueue>>,
 }
 
 impl Stream {
-    /// A new stream with a fresh id.
-    pub fn new() -> Stream {
+    /// A new stream with a fresh id, for the dispatcher `owner`.
+    pub(crate) fn new(owner: u64) -> Stream {
         Stream(Arc::new(StreamInner {
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            owner,
             local: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The id of the dispatcher (client) the stream belongs to.
+    pub(crate) fn owner(&self) -> u64 {
+        self.0.owner
     }
 
     /// The stream's process-unique id (also the track id in traces).
@@ -83,12 +91,6 @@ impl Stream {
     }
 }
 
-impl Default for Stream {
-    fn default() -> Self {
-        Stream::new()
-    }
-}
-
 thread_local! {
     static THREAD_STREAMS: RefCell<Vec<(u64, Stream)>> = const { RefCell::new(Vec::new()) };
 }
@@ -100,7 +102,7 @@ pub(crate) fn thread_stream(owner_id: u64) -> Stream {
         if let Some((_, s)) = streams.iter().find(|(id, _)| *id == owner_id) {
             return s.clone();
         }
-        let s = Stream::new();
+        let s = Stream::new(owner_id);
         streams.push((owner_id, s.clone()));
         s
     })
@@ -318,6 +320,14 @@ impl Dispatcher {
     /// Submits `task` on `stream`. `outputs` are the events the task fulfils; a
     /// thread waiting on one of them may run the task inline.
     pub fn submit(&self, stream: &Stream, task: Task, outputs: &[&Event]) {
+        if stream.owner() != self.id {
+            // Callers check this first (`Client::check_stream`); never queue work
+            // where no executor of this stream's client would run it.
+            task.completion.set_if_pending(Err(Error::invalid_argument(
+                "the stream belongs to another client",
+            )));
+            return;
+        }
         let queue = stream.local_queue(self);
         let helper: Weak<dyn Helper> = Arc::downgrade(queue) as Weak<dyn Helper>;
         for event in outputs {
@@ -418,7 +428,7 @@ mod tests {
     #[test]
     fn tasks_of_one_stream_run_in_submission_order() {
         let d = Dispatcher::new(2, 9001, "t").unwrap();
-        let s = Stream::new();
+        let s = Stream::new(9001);
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut last = Event::new();
         for i in 0..1000 {
@@ -434,7 +444,7 @@ mod tests {
     #[test]
     fn a_blocked_task_waits_for_its_dependency_and_keeps_order() {
         let d = Dispatcher::new(2, 9002, "t").unwrap();
-        let s = Stream::new();
+        let s = Stream::new(9002);
         let gate = Event::new();
         let log = Arc::new(Mutex::new(Vec::new()));
         let first = Event::new();
@@ -459,7 +469,7 @@ mod tests {
     #[test]
     fn a_failed_dependency_reaches_the_task_status() {
         let d = Dispatcher::new(1, 9003, "t").unwrap();
-        let s = Stream::new();
+        let s = Stream::new(9003);
         let ev = Event::new();
         let mut t = task(&ev, || {});
         t.deps.push(Event::ready(Err(Error::not_found("upstream"))));
@@ -470,7 +480,7 @@ mod tests {
     #[test]
     fn a_panicking_task_fails_its_completion_with_internal() {
         let d = Dispatcher::new(1, 9004, "t").unwrap();
-        let s = Stream::new();
+        let s = Stream::new(9004);
         let ev = Event::new();
         d.submit(&s, task(&ev, || panic!("boom")), &[&ev]);
         assert_eq!(

@@ -125,6 +125,7 @@ impl LoadedExecutable {
             .stream
             .clone()
             .unwrap_or_else(|| client.current_stream());
+        client.check_stream(&stream)?;
         let outputs_spec = &self.0.program.output_specs;
         let mut out_buffers: Vec<Vec<Option<Buffer>>> = outputs_spec
             .iter()
@@ -214,6 +215,7 @@ impl LoadedExecutable {
             .stream
             .clone()
             .unwrap_or_else(|| self.0.client.current_stream());
+        self.0.client.check_stream(&stream)?;
         Ok(self.submit(
             h,
             args.to_vec(),
@@ -257,6 +259,7 @@ impl LoadedExecutable {
             .stream
             .clone()
             .unwrap_or_else(|| self.0.client.current_stream());
+        self.0.client.check_stream(&stream)?;
         Ok(self.submit(
             h,
             args.to_vec(),
@@ -339,15 +342,32 @@ impl LoadedExecutable {
             .filter(|e| !e.is_ready())
             .cloned()
             .collect();
+        let holds = match inputs.iter().map(Buffer::hold).collect::<Result<Vec<_>>>() {
+            Ok(holds) => holds,
+            Err(e) => {
+                completion.set_if_pending(Err(e));
+                return (outputs, completion);
+            }
+        };
         let exe = self.clone();
         let done = completion.clone();
         let filled = outputs.clone();
         let stream_id = stream.id();
         let run = Box::new(move |status: Result<()>| {
             let plan = &exe.0.hosts[plan_index];
-            let _span = tracing::debug_span!("execute", program = %exe.0.program.name, host = plan.host as u64, stream = stream_id).entered();
+            let span = tracing::debug_span!(
+                "execute",
+                program = %exe.0.program.name,
+                host = plan.host as u64,
+                stream = stream_id
+            )
+            .entered();
             let result = status
                 .and_then(|()| exe.run_native(plan, &inputs, &input_counts, &shards, &filled));
+            drop(holds);
+            // Close the span before waking waiters: a finished wait implies a
+            // recorded span.
+            drop(span);
             done.set_if_pending(result);
         });
         let task = Task {
@@ -371,13 +391,16 @@ impl LoadedExecutable {
         shards: &[OutputShard],
         outputs: &[Buffer],
     ) -> Result<()> {
-        for (i, b) in inputs.iter().enumerate() {
-            b.storage()
-                .map_err(|e| e.context(format!("input shard {i}")))?;
-        }
+        // The program sees views that share the data: a caller deleting an input
+        // after submission does not take it away from the running program.
+        let views = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b.view().map_err(|e| e.context(format!("input shard {i}"))))
+            .collect::<Result<Vec<_>>>()?;
         let mut ctx = ExecutionContext {
             client: &self.0.client,
-            inputs,
+            inputs: &views,
             input_counts,
             output_shards: shards,
             outputs: vec![None; shards.len()],

@@ -179,7 +179,12 @@ impl Event {
         if let Some(status) = self.status() {
             return status;
         }
-        if let Some(helper) = self.0.helper.get().and_then(Weak::upgrade) {
+        // Running queued work inline has no deadline, so only unbounded waits help.
+        if let Some(helper) = deadline
+            .is_none()
+            .then(|| self.0.helper.get().and_then(Weak::upgrade))
+            .flatten()
+        {
             helper.help(self);
             if let Some(status) = self.status() {
                 return status;

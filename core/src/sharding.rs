@@ -230,6 +230,11 @@ impl Sharding {
             .iter()
             .enumerate()
             .map(|(d, &n)| {
+                if n < 0 {
+                    return Err(Error::invalid_argument(format!(
+                        "dimension {d} is negative ({n})"
+                    )));
+                }
                 let parts = self.dim_split(d) as i64;
                 if n % parts != 0 {
                     return Err(Error::invalid_argument(format!(

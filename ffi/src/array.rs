@@ -8,7 +8,9 @@ use crate::buffer::{colocated_buffer, colocated_dtype, dtype_of};
 use crate::client::{colocated_client, colocated_device, device_list, ClientShell};
 use crate::error::colocated_error;
 use crate::event::colocated_event;
-use crate::handle::{colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned};
+use crate::handle::{
+    colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned,
+};
 use crate::{boundary, boundary_void};
 
 /// A sharding: a device list plus a layout. Owned by the caller; destroy with
@@ -46,9 +48,18 @@ unsafe impl Sync for colocated_sharding {}
 
 impl colocated_sharding {
     pub(crate) fn new_raw(sharding: Sharding, shell: Arc<ClientShell>) -> *mut colocated_sharding {
-        let devices = sharding.devices().iter().map(|d| shell.device_handle(d)).collect();
+        let devices = sharding
+            .devices()
+            .iter()
+            .map(|d| shell.device_handle(d))
+            .collect();
         let tag = <colocated_sharding as crate::handle::Tagged>::TAG;
-        Box::into_raw(Box::new(colocated_sharding { tag, sharding, shell, devices }))
+        Box::into_raw(Box::new(colocated_sharding {
+            tag,
+            sharding,
+            shell,
+            devices,
+        }))
     }
 }
 
@@ -60,7 +71,11 @@ impl colocated_array {
 }
 
 /// The shell of the client that `devices` belong to.
-unsafe fn shell_of(devices: *const *const colocated_device, n: usize, client: *const colocated_client) -> Result<Arc<ClientShell>> {
+unsafe fn shell_of(
+    devices: *const *const colocated_device,
+    n: usize,
+    client: *const colocated_client,
+) -> Result<Arc<ClientShell>> {
     let c = handle(client, "client")?;
     for d in device_list(devices, n)? {
         c.shell.client.check_device(&d)?;
@@ -187,7 +202,10 @@ pub unsafe extern "C" fn colocated_sharding_devices(
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_sharding_is_fully_replicated(handle_: *const colocated_sharding, out: *mut bool) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_sharding_is_fully_replicated(
+    handle_: *const colocated_sharding,
+    out: *mut bool,
+) -> *mut colocated_error {
     boundary(|| {
         let s = handle(handle_, "colocated_sharding")?;
         put(out, s.sharding.is_fully_replicated(), "out")
@@ -259,7 +277,10 @@ unsafe fn spec_of(a: &colocated_array_args) -> Result<(Arc<ClientShell>, ArraySp
         c.shell.client.check_device(d)?;
     }
     let dims = slice(a.dims, a.num_dims, "dims")?.to_vec();
-    Ok((c.shell.clone(), ArraySpec::new(dims, dtype_of(a.dtype)?, s.sharding.clone())?))
+    Ok((
+        c.shell.clone(),
+        ArraySpec::new(dims, dtype_of(a.dtype)?, s.sharding.clone())?,
+    ))
 }
 
 /// Assembles an array from per-device buffers (`buffers`, `num_buffers`). `*out`
@@ -298,8 +319,15 @@ pub unsafe extern "C" fn colocated_array_from_host(
         let (shell, spec) = spec_of(&a)?;
         let array = if spec.dtype == colocated_core::DType::String {
             let stride = std::mem::size_of::<colocated_string_view>();
-            let views = slice(a.data.cast::<colocated_string_view>(), a.data_size / stride, "data")?;
-            let strings = views.iter().map(|v| v.to_str("string element")).collect::<Result<Vec<&str>>>()?;
+            let views = slice(
+                a.data.cast::<colocated_string_view>(),
+                a.data_size / stride,
+                "data",
+            )?;
+            let strings = views
+                .iter()
+                .map(|v| v.to_str("string element"))
+                .collect::<Result<Vec<&str>>>()?;
             Array::from_host_strings(&shell.client, &strings, spec)?
         } else {
             let data = slice(a.data.cast::<u8>(), a.data_size, "data")?;
@@ -323,7 +351,10 @@ pub unsafe extern "C" fn colocated_array_to_host(
         let a = handle(array, "array")?;
         let bytes = a.array.to_host_bytes()?;
         if bytes.len() != dst_size {
-            return Err(Error::invalid_argument(format!("dst is {dst_size} bytes but the array is {}", bytes.len())));
+            return Err(Error::invalid_argument(format!(
+                "dst is {dst_size} bytes but the array is {}",
+                bytes.len()
+            )));
         }
         if dst_size > 0 {
             if dst.is_null() {
@@ -346,7 +377,9 @@ pub unsafe extern "C" fn colocated_array_destroy(array: *mut colocated_array) {
 /// Deletes every buffer of the array (see `colocated_buffer_delete`).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_array_delete(array: *const colocated_array) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_array_delete(
+    array: *const colocated_array,
+) -> *mut colocated_error {
     boundary(|| {
         handle(array, "array")?.array.delete();
         Ok(())
@@ -357,7 +390,10 @@ pub unsafe extern "C" fn colocated_array_delete(array: *const colocated_array) -
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_array_is_deleted(handle_: *const colocated_array, out: *mut bool) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_array_is_deleted(
+    handle_: *const colocated_array,
+    out: *mut bool,
+) -> *mut colocated_error {
     boundary(|| {
         let a = handle(handle_, "colocated_array")?;
         put(out, a.array.is_deleted(), "out")
@@ -367,7 +403,10 @@ pub unsafe extern "C" fn colocated_array_is_deleted(handle_: *const colocated_ar
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_array_dtype(handle_: *const colocated_array, out: *mut colocated_dtype) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_array_dtype(
+    handle_: *const colocated_array,
+    out: *mut colocated_dtype,
+) -> *mut colocated_error {
     boundary(|| {
         let a = handle(handle_, "colocated_array")?;
         put(out, colocated_dtype::from_core(a.array.dtype()), "out")
@@ -377,7 +416,10 @@ pub unsafe extern "C" fn colocated_array_dtype(handle_: *const colocated_array, 
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_array_num_buffers(handle_: *const colocated_array, out: *mut usize) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_array_num_buffers(
+    handle_: *const colocated_array,
+    out: *mut usize,
+) -> *mut colocated_error {
     boundary(|| {
         let a = handle(handle_, "colocated_array")?;
         put(out, a.array.buffers().len(), "out")
@@ -408,7 +450,11 @@ pub unsafe extern "C" fn colocated_array_sharding(
 ) -> *mut colocated_error {
     boundary(|| {
         let a = handle(array, "array")?;
-        put(out, colocated_sharding::new_raw(a.array.sharding().clone(), a.shell.clone()), "out")
+        put(
+            out,
+            colocated_sharding::new_raw(a.array.sharding().clone(), a.shell.clone()),
+            "out",
+        )
     })
 }
 
@@ -424,9 +470,16 @@ pub unsafe extern "C" fn colocated_array_buffer(
     boundary(|| {
         let a = handle(array, "array")?;
         let b = a.array.buffers().get(index).ok_or_else(|| {
-            Error::invalid_argument(format!("buffer {index} is out of range ({} buffers)", a.array.buffers().len()))
+            Error::invalid_argument(format!(
+                "buffer {index} is out of range ({} buffers)",
+                a.array.buffers().len()
+            ))
         })?;
-        put(out, colocated_buffer::new_raw(b.clone(), a.shell.clone()), "out")
+        put(
+            out,
+            colocated_buffer::new_raw(b.clone(), a.shell.clone()),
+            "out",
+        )
     })
 }
 

@@ -7,7 +7,9 @@ use colocated_core::{Buffer, DType, Error, ExternalReference, HostBufferSemantic
 use crate::client::{colocated_client, colocated_device, colocated_memory_space, ClientShell};
 use crate::error::colocated_error;
 use crate::event::colocated_event;
-use crate::handle::{colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned};
+use crate::handle::{
+    colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned,
+};
 use crate::{boundary, boundary_void};
 
 /// Element types (values never change).
@@ -105,7 +107,12 @@ tagged! { colocated_buffer => 0xC010_CA7E_0000_0010 }
 
 impl colocated_buffer {
     pub(crate) fn new(buffer: Buffer, shell: Arc<ClientShell>) -> colocated_buffer {
-        colocated_buffer { tag: <colocated_buffer as crate::handle::Tagged>::TAG, buffer, shell, pins: Mutex::new(Vec::new()) }
+        colocated_buffer {
+            tag: <colocated_buffer as crate::handle::Tagged>::TAG,
+            buffer,
+            shell,
+            pins: Mutex::new(Vec::new()),
+        }
     }
 
     pub(crate) fn new_raw(buffer: Buffer, shell: Arc<ClientShell>) -> *mut colocated_buffer {
@@ -163,7 +170,11 @@ pub unsafe extern "C" fn colocated_buffer_from_host(
         let a = read_versioned(args, false)?;
         let client = handle(a.client, "client")?;
         let device = handle(a.device, "device")?;
-        let memory = if a.memory_space.is_null() { None } else { Some(&handle(a.memory_space, "memory_space")?.memory) };
+        let memory = if a.memory_space.is_null() {
+            None
+        } else {
+            Some(&handle(a.memory_space, "memory_space")?.memory)
+        };
         let dtype = dtype_of(a.dtype)?;
         let dims = slice(a.dims, a.num_dims, "dims")?;
         if out.is_null() {
@@ -178,7 +189,11 @@ pub unsafe extern "C" fn colocated_buffer_from_host(
                     a.data_size
                 )));
             }
-            let views = slice(a.data.cast::<colocated_string_view>(), a.data_size / stride, "data")?;
+            let views = slice(
+                a.data.cast::<colocated_string_view>(),
+                a.data_size / stride,
+                "data",
+            )?;
             let strings = views
                 .iter()
                 .enumerate()
@@ -191,12 +206,25 @@ pub unsafe extern "C" fn colocated_buffer_from_host(
                 0 => HostBufferSemantics::ImmutableOnlyDuringCall,
                 v => HostBufferSemantics::from_u32(v)?,
             };
-            Buffer::from_host_raw(core, a.data.cast(), a.data_size, dtype, dims, &device.device, memory, semantics)?
+            Buffer::from_host_raw(
+                core,
+                a.data.cast(),
+                a.data_size,
+                dtype,
+                dims,
+                &device.device,
+                memory,
+                semantics,
+            )?
         };
         if !done_with_host_buffer.is_null() {
             *done_with_host_buffer = colocated_event::new_raw(done);
         }
-        put(out, colocated_buffer::new_raw(buffer, client.shell.clone()), "out")
+        put(
+            out,
+            colocated_buffer::new_raw(buffer, client.shell.clone()),
+            "out",
+        )
     })
 }
 
@@ -213,7 +241,9 @@ pub unsafe extern "C" fn colocated_buffer_destroy(buffer: *mut colocated_buffer)
 /// `failed_precondition`. Deleting twice is allowed.
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_buffer_delete(buffer: *const colocated_buffer) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_buffer_delete(
+    buffer: *const colocated_buffer,
+) -> *mut colocated_error {
     boundary(|| {
         handle(buffer, "buffer")?.buffer.delete();
         Ok(())
@@ -224,7 +254,10 @@ pub unsafe extern "C" fn colocated_buffer_delete(buffer: *const colocated_buffer
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_buffer_is_deleted(handle_: *const colocated_buffer, out: *mut bool) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_buffer_is_deleted(
+    handle_: *const colocated_buffer,
+    out: *mut bool,
+) -> *mut colocated_error {
     boundary(|| {
         let b = handle(handle_, "colocated_buffer")?;
         put(out, b.buffer.is_deleted(), "out")
@@ -234,7 +267,10 @@ pub unsafe extern "C" fn colocated_buffer_is_deleted(handle_: *const colocated_b
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_buffer_dtype(handle_: *const colocated_buffer, out: *mut colocated_dtype) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_buffer_dtype(
+    handle_: *const colocated_buffer,
+    out: *mut colocated_dtype,
+) -> *mut colocated_error {
     boundary(|| {
         let b = handle(handle_, "colocated_buffer")?;
         put(out, colocated_dtype::from_core(b.buffer.dtype()), "out")
@@ -244,7 +280,10 @@ pub unsafe extern "C" fn colocated_buffer_dtype(handle_: *const colocated_buffer
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_buffer_device(handle_: *const colocated_buffer, out: *mut *const colocated_device) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_buffer_device(
+    handle_: *const colocated_buffer,
+    out: *mut *const colocated_device,
+) -> *mut colocated_error {
     boundary(|| {
         let b = handle(handle_, "colocated_buffer")?;
         put(out, b.shell.device_handle(b.buffer.device()), "out")
@@ -254,7 +293,10 @@ pub unsafe extern "C" fn colocated_buffer_device(handle_: *const colocated_buffe
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_buffer_memory_space(handle_: *const colocated_buffer, out: *mut *const colocated_memory_space) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_buffer_memory_space(
+    handle_: *const colocated_buffer,
+    out: *mut *const colocated_memory_space,
+) -> *mut colocated_error {
     boundary(|| {
         let b = handle(handle_, "colocated_buffer")?;
         put(out, b.shell.memory_handle(b.buffer.memory_space()), "out")
@@ -298,7 +340,11 @@ pub unsafe extern "C" fn colocated_buffer_ready_event(
 ) -> *mut colocated_error {
     boundary(|| {
         let b = handle(buffer, "buffer")?;
-        put(out, colocated_event::new_raw(b.buffer.ready_event().clone()), "out")
+        put(
+            out,
+            colocated_event::new_raw(b.buffer.ready_event().clone()),
+            "out",
+        )
     })
 }
 
@@ -341,7 +387,9 @@ pub unsafe extern "C" fn colocated_buffer_pin(
     boundary(|| {
         let b = handle(buffer, "buffer")?;
         if b.buffer.dtype() == DType::String {
-            return Err(Error::invalid_argument("string buffers have no raw pointer; use colocated_buffer_to_host"));
+            return Err(Error::invalid_argument(
+                "string buffers have no raw pointer; use colocated_buffer_to_host",
+            ));
         }
         let pin = b.buffer.acquire_external_reference()?;
         put(data, pin.data_ptr().cast(), "data")?;
@@ -357,11 +405,14 @@ pub unsafe extern "C" fn colocated_buffer_pin(
 /// `failed_precondition` when the handle holds no pin.
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_buffer_unpin(buffer: *const colocated_buffer) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_buffer_unpin(
+    buffer: *const colocated_buffer,
+) -> *mut colocated_error {
     boundary(|| {
         let b = handle(buffer, "buffer")?;
         let pin = b.pins.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        pin.map(drop).ok_or_else(|| Error::failed_precondition("the buffer handle holds no pin"))
+        pin.map(drop)
+            .ok_or_else(|| Error::failed_precondition("the buffer handle holds no pin"))
     })
 }
 

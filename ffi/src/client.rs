@@ -4,12 +4,17 @@
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Weak};
 
-use colocated_core::{AttributeValue, Client, ClientOptions, Device, Error, ExecutionContext, MemoryKind, Result, Stream};
+use colocated_core::{
+    AttributeValue, Client, ClientOptions, Device, Error, ExecutionContext, MemoryKind, Result,
+    Stream,
+};
 
 use crate::buffer::colocated_buffer;
 use crate::error::colocated_error;
 use crate::executable::colocated_bytes;
-use crate::handle::{handle, put, read_versioned, slice, tagged, take, versioned, colocated_string_view};
+use crate::handle::{
+    colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned,
+};
 use crate::{boundary, boundary_void};
 
 /// The type of a device attribute's value.
@@ -92,13 +97,13 @@ pub(crate) struct ClientShell {
     pub client: Client,
     platform_name: CString,
     platform_version: CString,
-    devices: Vec<Box<colocated_device>>,
+    devices: Vec<colocated_device>,
     device_ptrs: Vec<*const colocated_device>,
-    memory_spaces: Vec<Box<colocated_memory_space>>,
+    memory_spaces: Vec<colocated_memory_space>,
     memory_ptrs: Vec<*const colocated_memory_space>,
     /// Owns the boxes `host_ptrs` points into.
     #[allow(dead_code)]
-    hosts: Vec<Box<colocated_host>>,
+    hosts: Vec<colocated_host>,
     host_ptrs: Vec<*const colocated_host>,
 }
 
@@ -111,19 +116,17 @@ unsafe impl Sync for ClientShell {}
 impl ClientShell {
     fn new(client: Client) -> Arc<ClientShell> {
         let cstr = |s: &str| CString::new(s).unwrap_or_default();
-        let mut memory_spaces: Vec<Box<colocated_memory_space>> = client
+        let mut memory_spaces: Vec<colocated_memory_space> = client
             .memory_spaces()
             .iter()
-            .map(|m| {
-                Box::new(colocated_memory_space {
-                    tag: <colocated_memory_space as crate::handle::Tagged>::TAG,
-                    memory: m.clone(),
-                    kind_name: cstr(m.kind().name()),
-                    devices: Vec::new(),
-                })
+            .map(|m| colocated_memory_space {
+                tag: <colocated_memory_space as crate::handle::Tagged>::TAG,
+                memory: m.clone(),
+                kind_name: cstr(m.kind().name()),
+                devices: Vec::new(),
             })
             .collect();
-        let mut devices: Vec<Box<colocated_device>> = client
+        let devices: Vec<colocated_device> = client
             .devices()
             .iter()
             .map(|d| {
@@ -144,9 +147,17 @@ impl ClientShell {
                     .enumerate()
                     .map(|(i, (_, v))| {
                         let (type_, int_value, bool_value) = match v {
-                            AttributeValue::Int(n) => (colocated_attribute_type::COLOCATED_ATTRIBUTE_INT, *n, false),
-                            AttributeValue::String(_) => (colocated_attribute_type::COLOCATED_ATTRIBUTE_STRING, 0, false),
-                            AttributeValue::Bool(b) => (colocated_attribute_type::COLOCATED_ATTRIBUTE_BOOL, 0, *b),
+                            AttributeValue::Int(n) => {
+                                (colocated_attribute_type::COLOCATED_ATTRIBUTE_INT, *n, false)
+                            }
+                            AttributeValue::String(_) => (
+                                colocated_attribute_type::COLOCATED_ATTRIBUTE_STRING,
+                                0,
+                                false,
+                            ),
+                            AttributeValue::Bool(b) => {
+                                (colocated_attribute_type::COLOCATED_ATTRIBUTE_BOOL, 0, *b)
+                            }
                         };
                         colocated_device_attribute {
                             name: colocated_string_view::of_cstr(&strings[2 * i]),
@@ -161,9 +172,9 @@ impl ClientShell {
                     .memory_spaces()
                     .iter()
                     .filter_map(|m| memory_spaces.iter().find(|x| x.memory == *m))
-                    .map(|b| &**b as *const colocated_memory_space)
+                    .map(|b| b as *const colocated_memory_space)
                     .collect();
-                Box::new(colocated_device {
+                colocated_device {
                     tag: <colocated_device as crate::handle::Tagged>::TAG,
                     device: d.clone(),
                     kind: cstr(d.kind()),
@@ -172,10 +183,11 @@ impl ClientShell {
                     strings,
                     attributes,
                     memory_spaces: memory,
-                })
+                }
             })
             .collect();
-        let device_ptrs: Vec<*const colocated_device> = devices.iter_mut().map(|d| &**d as *const _).collect();
+        let device_ptrs: Vec<*const colocated_device> =
+            devices.iter().map(|d| d as *const _).collect();
         for m in &mut memory_spaces {
             m.devices = m
                 .memory
@@ -185,26 +197,24 @@ impl ClientShell {
                 .map(|i| device_ptrs[i])
                 .collect();
         }
-        let memory_ptrs = memory_spaces.iter().map(|m| &**m as *const _).collect();
-        let hosts: Vec<Box<colocated_host>> = client
+        let memory_ptrs = memory_spaces.iter().map(|m| m as *const _).collect();
+        let hosts: Vec<colocated_host> = client
             .hosts()
             .iter()
-            .map(|h| {
-                Box::new(colocated_host {
-                    tag: <colocated_host as crate::handle::Tagged>::TAG,
-                    index: h.index(),
-                    process_index: h.process_index(),
-                    name: cstr(h.name()),
-                    devices: h
-                        .device_ids()
-                        .iter()
-                        .filter_map(|id| devices.iter().position(|d| d.device.id() == *id))
-                        .map(|i| device_ptrs[i])
-                        .collect(),
-                })
+            .map(|h| colocated_host {
+                tag: <colocated_host as crate::handle::Tagged>::TAG,
+                index: h.index(),
+                process_index: h.process_index(),
+                name: cstr(h.name()),
+                devices: h
+                    .device_ids()
+                    .iter()
+                    .filter_map(|id| devices.iter().position(|d| d.device.id() == *id))
+                    .map(|i| device_ptrs[i])
+                    .collect(),
             })
             .collect();
-        let host_ptrs = hosts.iter().map(|h| &**h as *const _).collect();
+        let host_ptrs = hosts.iter().map(|h| h as *const _).collect();
         Arc::new(ClientShell {
             platform_name: cstr(client.platform_name()),
             platform_version: cstr(client.platform_version()),
@@ -223,15 +233,18 @@ impl ClientShell {
         self.devices
             .iter()
             .find(|d| d.device == *device)
-            .map_or(std::ptr::null(), |d| &**d as *const _)
+            .map_or(std::ptr::null(), |d| d as *const _)
     }
 
     /// The borrowed handle of `memory`.
-    pub fn memory_handle(&self, memory: &colocated_core::MemorySpace) -> *const colocated_memory_space {
+    pub fn memory_handle(
+        &self,
+        memory: &colocated_core::MemorySpace,
+    ) -> *const colocated_memory_space {
         self.memory_spaces
             .iter()
             .find(|m| m.memory == *memory)
-            .map_or(std::ptr::null(), |m| &**m as *const _)
+            .map_or(std::ptr::null(), |m| m as *const _)
     }
 }
 
@@ -247,7 +260,10 @@ pub struct colocated_client {
 
 impl colocated_client {
     pub(crate) fn new(shell: Arc<ClientShell>) -> colocated_client {
-        colocated_client { tag: <colocated_client as crate::handle::Tagged>::TAG, shell }
+        colocated_client {
+            tag: <colocated_client as crate::handle::Tagged>::TAG,
+            shell,
+        }
     }
 }
 
@@ -302,7 +318,11 @@ pub unsafe extern "C" fn colocated_client_create_local(
             num_cpu_devices: (o.num_cpu_devices != 0).then_some(o.num_cpu_devices as usize),
             executor_threads: (o.executor_threads != 0).then_some(o.executor_threads as usize),
         })?;
-        put(out, Box::into_raw(Box::new(colocated_client::new(ClientShell::new(client)))), "out")
+        put(
+            out,
+            Box::into_raw(Box::new(colocated_client::new(ClientShell::new(client)))),
+            "out",
+        )
     })
 }
 
@@ -315,17 +335,22 @@ pub unsafe extern "C" fn colocated_client_destroy(client: *mut colocated_client)
     boundary_void(|| drop(take(client)));
 }
 
-
-
 /// The platform name (`"colocated"`).
 ///
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_client_platform_name(handle_: *const colocated_client, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_client_platform_name(
+    handle_: *const colocated_client,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let c = handle(handle_, "colocated_client")?;
-        put(out, colocated_string_view::of_cstr(&c.shell.platform_name), "out")
+        put(
+            out,
+            colocated_string_view::of_cstr(&c.shell.platform_name),
+            "out",
+        )
     })
 }
 /// The runtime version (`"0.1.0"`).
@@ -333,17 +358,27 @@ pub unsafe extern "C" fn colocated_client_platform_name(handle_: *const colocate
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_client_platform_version(handle_: *const colocated_client, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_client_platform_version(
+    handle_: *const colocated_client,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let c = handle(handle_, "colocated_client")?;
-        put(out, colocated_string_view::of_cstr(&c.shell.platform_version), "out")
+        put(
+            out,
+            colocated_string_view::of_cstr(&c.shell.platform_version),
+            "out",
+        )
     })
 }
 /// The controller's process index (0).
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_client_process_index(handle_: *const colocated_client, out: *mut u32) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_client_process_index(
+    handle_: *const colocated_client,
+    out: *mut u32,
+) -> *mut colocated_error {
     boundary(|| {
         let c = handle(handle_, "colocated_client")?;
         put(out, c.shell.client.process_index(), "out")
@@ -460,7 +495,10 @@ pub unsafe extern "C" fn colocated_client_cpu_devices(
 }
 
 /// Reads a C array of device handles.
-pub(crate) unsafe fn device_list(devices: *const *const colocated_device, n: usize) -> Result<Vec<Device>> {
+pub(crate) unsafe fn device_list(
+    devices: *const *const colocated_device,
+    n: usize,
+) -> Result<Vec<Device>> {
     slice(devices, n, "devices")?
         .iter()
         .enumerate()
@@ -472,7 +510,10 @@ pub(crate) unsafe fn device_list(devices: *const *const colocated_device, n: usi
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_device_id(handle_: *const colocated_device, out: *mut u32) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_device_id(
+    handle_: *const colocated_device,
+    out: *mut u32,
+) -> *mut colocated_error {
     boundary(|| {
         let d = handle(handle_, "colocated_device")?;
         put(out, d.device.id(), "out")
@@ -483,7 +524,10 @@ pub unsafe extern "C" fn colocated_device_id(handle_: *const colocated_device, o
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_device_kind(handle_: *const colocated_device, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_device_kind(
+    handle_: *const colocated_device,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let d = handle(handle_, "colocated_device")?;
         put(out, colocated_string_view::of_cstr(&d.kind), "out")
@@ -493,7 +537,10 @@ pub unsafe extern "C" fn colocated_device_kind(handle_: *const colocated_device,
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_device_process_index(handle_: *const colocated_device, out: *mut u32) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_device_process_index(
+    handle_: *const colocated_device,
+    out: *mut u32,
+) -> *mut colocated_error {
     boundary(|| {
         let d = handle(handle_, "colocated_device")?;
         put(out, d.device.process_index(), "out")
@@ -503,7 +550,10 @@ pub unsafe extern "C" fn colocated_device_process_index(handle_: *const colocate
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_device_local_hardware_id(handle_: *const colocated_device, out: *mut u32) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_device_local_hardware_id(
+    handle_: *const colocated_device,
+    out: *mut u32,
+) -> *mut colocated_error {
     boundary(|| {
         let d = handle(handle_, "colocated_device")?;
         put(out, d.device.local_hardware_id(), "out")
@@ -514,7 +564,10 @@ pub unsafe extern "C" fn colocated_device_local_hardware_id(handle_: *const colo
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_device_to_string(handle_: *const colocated_device, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_device_to_string(
+    handle_: *const colocated_device,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let d = handle(handle_, "colocated_device")?;
         put(out, colocated_string_view::of_cstr(&d.to_string), "out")
@@ -525,7 +578,10 @@ pub unsafe extern "C" fn colocated_device_to_string(handle_: *const colocated_de
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_device_debug_string(handle_: *const colocated_device, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_device_debug_string(
+    handle_: *const colocated_device,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let d = handle(handle_, "colocated_device")?;
         put(out, colocated_string_view::of_cstr(&d.debug_string), "out")
@@ -552,7 +608,10 @@ pub unsafe extern "C" fn colocated_device_memory_spaces(
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_device_default_memory_space(handle_: *const colocated_device, out: *mut *const colocated_memory_space) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_device_default_memory_space(
+    handle_: *const colocated_device,
+    out: *mut *const colocated_memory_space,
+) -> *mut colocated_error {
     boundary(|| {
         let d = handle(handle_, "colocated_device")?;
         put(out, d.memory_spaces[0], "out")
@@ -578,7 +637,10 @@ pub unsafe extern "C" fn colocated_device_attributes(
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_memory_space_id(handle_: *const colocated_memory_space, out: *mut u32) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_memory_space_id(
+    handle_: *const colocated_memory_space,
+    out: *mut u32,
+) -> *mut colocated_error {
     boundary(|| {
         let m = handle(handle_, "colocated_memory_space")?;
         put(out, m.memory.id(), "out")
@@ -588,14 +650,21 @@ pub unsafe extern "C" fn colocated_memory_space_id(handle_: *const colocated_mem
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_memory_space_kind(handle_: *const colocated_memory_space, out: *mut colocated_memory_kind) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_memory_space_kind(
+    handle_: *const colocated_memory_space,
+    out: *mut colocated_memory_kind,
+) -> *mut colocated_error {
     boundary(|| {
         let m = handle(handle_, "colocated_memory_space")?;
-        put(out, match m.memory.kind() {
-        MemoryKind::Device => colocated_memory_kind::COLOCATED_MEMORY_DEVICE,
-        MemoryKind::PinnedHost => colocated_memory_kind::COLOCATED_MEMORY_PINNED_HOST,
-        MemoryKind::UnpinnedHost => colocated_memory_kind::COLOCATED_MEMORY_UNPINNED_HOST,
-    }, "out")
+        put(
+            out,
+            match m.memory.kind() {
+                MemoryKind::Device => colocated_memory_kind::COLOCATED_MEMORY_DEVICE,
+                MemoryKind::PinnedHost => colocated_memory_kind::COLOCATED_MEMORY_PINNED_HOST,
+                MemoryKind::UnpinnedHost => colocated_memory_kind::COLOCATED_MEMORY_UNPINNED_HOST,
+            },
+            "out",
+        )
     })
 }
 /// The kind's name (`"device"`, `"pinned_host"`, `"unpinned_host"`).
@@ -603,7 +672,10 @@ pub unsafe extern "C" fn colocated_memory_space_kind(handle_: *const colocated_m
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_memory_space_kind_name(handle_: *const colocated_memory_space, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_memory_space_kind_name(
+    handle_: *const colocated_memory_space,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let m = handle(handle_, "colocated_memory_space")?;
         put(out, colocated_string_view::of_cstr(&m.kind_name), "out")
@@ -631,7 +703,10 @@ pub unsafe extern "C" fn colocated_memory_space_devices(
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_host_index(handle_: *const colocated_host, out: *mut usize) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_host_index(
+    handle_: *const colocated_host,
+    out: *mut usize,
+) -> *mut colocated_error {
     boundary(|| {
         let h = handle(handle_, "colocated_host")?;
         put(out, h.index, "out")
@@ -641,7 +716,10 @@ pub unsafe extern "C" fn colocated_host_index(handle_: *const colocated_host, ou
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_host_process_index(handle_: *const colocated_host, out: *mut u32) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_host_process_index(
+    handle_: *const colocated_host,
+    out: *mut u32,
+) -> *mut colocated_error {
     boundary(|| {
         let h = handle(handle_, "colocated_host")?;
         put(out, h.process_index, "out")
@@ -652,7 +730,10 @@ pub unsafe extern "C" fn colocated_host_process_index(handle_: *const colocated_
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_host_name(handle_: *const colocated_host, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_host_name(
+    handle_: *const colocated_host,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let h = handle(handle_, "colocated_host")?;
         put(out, colocated_string_view::of_cstr(&h.name), "out")
@@ -687,7 +768,11 @@ pub unsafe extern "C" fn colocated_client_create_stream(
         let c = handle(client, "client")?;
         let stream = c.shell.client.create_stream();
         let tag = <colocated_stream as crate::handle::Tagged>::TAG;
-        put(out, Box::into_raw(Box::new(colocated_stream { tag, stream })), "out")
+        put(
+            out,
+            Box::into_raw(Box::new(colocated_stream { tag, stream })),
+            "out",
+        )
     })
 }
 
@@ -695,7 +780,10 @@ pub unsafe extern "C" fn colocated_client_create_stream(
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_stream_id(handle_: *const colocated_stream, out: *mut u64) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_stream_id(
+    handle_: *const colocated_stream,
+    out: *mut u64,
+) -> *mut colocated_error {
     boundary(|| {
         let s = handle(handle_, "colocated_stream")?;
         put(out, s.stream.id(), "out")
@@ -777,29 +865,48 @@ pub unsafe extern "C" fn colocated_client_register_native_function(
         let c = handle(client, "client")?;
         let a = read_versioned(args, false)?;
         let name = a.name.to_str("name")?.to_string();
-        let data = UserData { ptr: a.user_data, destructor: a.destructor };
+        let data = UserData {
+            ptr: a.user_data,
+            destructor: a.destructor,
+        };
         let Some(function) = a.function else {
-            return Err(Error::invalid_argument("colocated_native_function_args.function is NULL"));
+            return Err(Error::invalid_argument(
+                "colocated_native_function_args.function is NULL",
+            ));
         };
         let shell = Arc::downgrade(&c.shell);
-        c.shell.client.register_native_function(&name, move |ctx| {
-            call_native(function, &data, &shell, ctx)
-        })
+        c.shell
+            .client
+            .register_native_function(&name, move |ctx| call_native(function, &data, &shell, ctx))
     })
 }
 
 fn call_native(
-    function: unsafe extern "C" fn(*mut c_void, *mut colocated_execution_context, *const *const colocated_buffer, usize) -> *mut colocated_error,
+    function: unsafe extern "C" fn(
+        *mut c_void,
+        *mut colocated_execution_context,
+        *const *const colocated_buffer,
+        usize,
+    ) -> *mut colocated_error,
     data: &UserData,
     shell: &Weak<ClientShell>,
     ctx: &mut ExecutionContext<'_>,
 ) -> Result<()> {
-    let shell = shell.upgrade().ok_or_else(|| Error::cancelled("the client is gone"))?;
+    let shell = shell
+        .upgrade()
+        .ok_or_else(|| Error::cancelled("the client is gone"))?;
     let client = colocated_client::new(shell.clone());
-    let inputs: Vec<colocated_buffer> =
-        ctx.inputs().iter().map(|b| colocated_buffer::new(b.clone(), shell.clone())).collect();
+    let inputs: Vec<colocated_buffer> = ctx
+        .inputs()
+        .iter()
+        .map(|b| colocated_buffer::new(b.clone(), shell.clone()))
+        .collect();
     let input_ptrs: Vec<*const colocated_buffer> = inputs.iter().map(|b| b as *const _).collect();
-    let output_devices = ctx.output_shards().iter().map(|s| shell.device_handle(&s.device)).collect();
+    let output_devices = ctx
+        .output_shards()
+        .iter()
+        .map(|s| shell.device_handle(&s.device))
+        .collect();
     let mut c_ctx = colocated_execution_context {
         tag: <colocated_execution_context as crate::handle::Tagged>::TAG,
         ctx: (ctx as *mut ExecutionContext<'_>).cast(),
@@ -826,9 +933,14 @@ pub struct colocated_execution_context {
 }
 
 impl colocated_execution_context {
-    fn core(&self) -> &mut ExecutionContext<'static> {
+    fn core(&self) -> &ExecutionContext<'static> {
         // SAFETY: `ctx` points to the ExecutionContext of the running call, which
         // outlives this struct (created and dropped inside `call_native`).
+        unsafe { &*self.ctx.cast::<ExecutionContext<'static>>() }
+    }
+
+    fn core_mut(&mut self) -> &mut ExecutionContext<'static> {
+        // SAFETY: as in `core`; `&mut self` makes the access exclusive.
         unsafe { &mut *self.ctx.cast::<ExecutionContext<'static>>() }
     }
 }
@@ -837,7 +949,10 @@ impl colocated_execution_context {
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_execution_context_client(handle_: *const colocated_execution_context, out: *mut *const colocated_client) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_execution_context_client(
+    handle_: *const colocated_execution_context,
+    out: *mut *const colocated_client,
+) -> *mut colocated_error {
     boundary(|| {
         let c = handle(handle_, "colocated_execution_context")?;
         put(out, c.client, "out")
@@ -847,7 +962,10 @@ pub unsafe extern "C" fn colocated_execution_context_client(handle_: *const colo
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_execution_context_num_outputs(handle_: *const colocated_execution_context, out: *mut usize) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_execution_context_num_outputs(
+    handle_: *const colocated_execution_context,
+    out: *mut usize,
+) -> *mut colocated_error {
     boundary(|| {
         let c = handle(handle_, "colocated_execution_context")?;
         put(out, c.core().output_shards().len(), "out")
@@ -888,7 +1006,10 @@ pub unsafe extern "C" fn colocated_execution_context_output_spec(
         let c = handle(context, "context")?;
         let shards = c.core().output_shards();
         let s = shards.get(index).ok_or_else(|| {
-            Error::invalid_argument(format!("output shard {index} is out of range ({} shards)", shards.len()))
+            Error::invalid_argument(format!(
+                "output shard {index} is out of range ({} shards)",
+                shards.len()
+            ))
         })?;
         if !dtype.is_null() {
             *dtype = crate::buffer::colocated_dtype::from_core(s.dtype);
@@ -918,9 +1039,11 @@ pub unsafe extern "C" fn colocated_execution_context_set_output(
     buffer: *const colocated_buffer,
 ) -> *mut colocated_error {
     boundary(|| {
-        let c = handle(context, "context")?;
+        handle(context, "context")?;
         let b = handle(buffer, "buffer")?;
-        c.core().set_output(index, b.buffer.clone())
+        // SAFETY: checked non-NULL and of the right type just above.
+        let c = unsafe { &mut *context };
+        c.core_mut().set_output(index, b.buffer.clone())
     })
 }
 

@@ -96,7 +96,11 @@ impl colocated_error {
     pub(crate) fn into_raw(error: Error) -> *mut colocated_error {
         let message = c_string(error.message());
         let traceback = error.remote_traceback().map(c_string);
-        Box::into_raw(Box::new(colocated_error { error, message, traceback }))
+        Box::into_raw(Box::new(colocated_error {
+            error,
+            message,
+            traceback,
+        }))
     }
 
     /// Takes back an error returned by C code (e.g. a native function).
@@ -115,7 +119,9 @@ impl colocated_error {
 ///
 /// Thread-safety: any thread; the error is not modified.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_error_get_code(error: *const colocated_error) -> colocated_error_code {
+pub unsafe extern "C" fn colocated_error_get_code(
+    error: *const colocated_error,
+) -> colocated_error_code {
     match error.as_ref() {
         Some(e) => colocated_error_code::from_core(e.error.code()),
         None => colocated_error_code::COLOCATED_INVALID_ARGUMENT,
@@ -127,7 +133,9 @@ pub unsafe extern "C" fn colocated_error_get_code(error: *const colocated_error)
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_error_message(error: *const colocated_error) -> colocated_string_view {
+pub unsafe extern "C" fn colocated_error_message(
+    error: *const colocated_error,
+) -> colocated_string_view {
     match error.as_ref() {
         Some(e) => colocated_string_view::of_cstr(&e.message),
         None => colocated_string_view::empty(),
@@ -139,7 +147,9 @@ pub unsafe extern "C" fn colocated_error_message(error: *const colocated_error) 
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_error_remote_traceback(error: *const colocated_error) -> colocated_string_view {
+pub unsafe extern "C" fn colocated_error_remote_traceback(
+    error: *const colocated_error,
+) -> colocated_string_view {
     match error.as_ref().and_then(|e| e.traceback.as_ref()) {
         Some(t) => colocated_string_view::of_cstr(t),
         None => colocated_string_view::empty(),
@@ -172,7 +182,10 @@ pub extern "C" fn colocated_error_code_name(code: u32) -> colocated_string_view 
             None => "unknown\0",
         },
     };
-    colocated_string_view { data: name.as_ptr().cast(), size: name.len() - 1 }
+    colocated_string_view {
+        data: name.as_ptr().cast(),
+        size: name.len() - 1,
+    }
 }
 
 /// Creates an error (for native functions and host callbacks to return). Copies

@@ -24,7 +24,10 @@ tagged! { colocated_event => 0xC010_CA7E_0000_0020 }
 
 impl colocated_event {
     pub(crate) fn new_raw(event: Event) -> *mut colocated_event {
-        Box::into_raw(Box::new(colocated_event { tag: <colocated_event as crate::handle::Tagged>::TAG, event }))
+        Box::into_raw(Box::new(colocated_event {
+            tag: <colocated_event as crate::handle::Tagged>::TAG,
+            event,
+        }))
     }
 }
 
@@ -32,12 +35,15 @@ impl colocated_event {
 /// the callback owns (destroy it). Runs on the thread that completes the event, or
 /// at once on the registering thread if it is already ready; it must not block
 /// for long.
-pub type colocated_event_callback = Option<unsafe extern "C" fn(error: *mut colocated_error, user_data: *mut c_void)>;
+pub type colocated_event_callback =
+    Option<unsafe extern "C" fn(error: *mut colocated_error, user_data: *mut c_void)>;
 
 /// Creates an event that the caller fulfils with `colocated_event_set`.
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_event_create(out: *mut *mut colocated_event) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_event_create(
+    out: *mut *mut colocated_event,
+) -> *mut colocated_error {
     boundary(|| put(out, colocated_event::new_raw(Event::new()), "out"))
 }
 
@@ -70,7 +76,10 @@ pub unsafe extern "C" fn colocated_event_set(
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_event_is_ready(handle_: *const colocated_event, out: *mut bool) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_event_is_ready(
+    handle_: *const colocated_event,
+    out: *mut bool,
+) -> *mut colocated_error {
     boundary(|| {
         let e = handle(handle_, "colocated_event")?;
         put(out, e.event.is_ready(), "out")
@@ -82,7 +91,9 @@ pub unsafe extern "C" fn colocated_event_is_ready(handle_: *const colocated_even
 /// Thread-safety: any thread; blocks (it may run the not-yet-started work that
 /// fulfils the event on this thread, in program order).
 #[no_mangle]
-pub unsafe extern "C" fn colocated_event_await(event: *const colocated_event) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_event_await(
+    event: *const colocated_event,
+) -> *mut colocated_error {
     boundary(|| handle(event, "event")?.event.wait())
 }
 
@@ -94,7 +105,11 @@ pub unsafe extern "C" fn colocated_event_await_timeout(
     event: *const colocated_event,
     timeout_ns: u64,
 ) -> *mut colocated_error {
-    boundary(|| handle(event, "event")?.event.wait_timeout(Duration::from_nanos(timeout_ns)))
+    boundary(|| {
+        handle(event, "event")?
+            .event
+            .wait_timeout(Duration::from_nanos(timeout_ns))
+    })
 }
 
 /// The outcome of a ready event: `*out` is NULL on success or a new error. Errors:
@@ -107,8 +122,17 @@ pub unsafe extern "C" fn colocated_event_error(
 ) -> *mut colocated_error {
     boundary(|| {
         let e = handle(event, "event")?;
-        let status = e.event.status().ok_or_else(|| Error::failed_precondition("the event is not ready"))?;
-        put(out, status.err().map_or(std::ptr::null_mut(), colocated_error::into_raw), "out")
+        let status = e
+            .event
+            .status()
+            .ok_or_else(|| Error::failed_precondition("the event is not ready"))?;
+        put(
+            out,
+            status
+                .err()
+                .map_or(std::ptr::null_mut(), colocated_error::into_raw),
+            "out",
+        )
     })
 }
 
@@ -133,7 +157,9 @@ pub unsafe extern "C" fn colocated_event_on_ready(
         let data = CallbackData(user_data);
         e.event.on_ready(move |status| {
             let data = data;
-            let error = status.err().map_or(std::ptr::null_mut(), colocated_error::into_raw);
+            let error = status
+                .err()
+                .map_or(std::ptr::null_mut(), colocated_error::into_raw);
             // SAFETY: the caller's callback contract.
             unsafe { callback(error, data.0) };
         });

@@ -4,15 +4,21 @@ use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
 use colocated_core::{
-    ArraySpec, CompileOptions, Error, ExecuteOptions, LoadedExecutable, LoadedHostCallback, Program, Result,
+    ArraySpec, CompileOptions, Error, ExecuteOptions, LoadedExecutable, LoadedHostCallback,
+    Program, Result,
 };
 
 use crate::array::{colocated_array, colocated_sharding};
 use crate::buffer::{colocated_buffer, dtype_of};
-use crate::client::{colocated_client, colocated_destructor, colocated_device, colocated_stream, device_list, ClientShell, UserData};
+use crate::client::{
+    colocated_client, colocated_destructor, colocated_device, colocated_stream, device_list,
+    ClientShell, UserData,
+};
 use crate::error::colocated_error;
 use crate::event::colocated_event;
-use crate::handle::{colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned};
+use crate::handle::{
+    colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned,
+};
 use crate::{boundary, boundary_void};
 
 /// Bytes the library hands over (a serialized executable, a host callback's
@@ -67,7 +73,10 @@ tagged! {
 
 impl colocated_bytes {
     pub(crate) fn new_raw(bytes: Vec<u8>) -> *mut colocated_bytes {
-        Box::into_raw(Box::new(colocated_bytes { tag: <colocated_bytes as crate::handle::Tagged>::TAG, bytes }))
+        Box::into_raw(Box::new(colocated_bytes {
+            tag: <colocated_bytes as crate::handle::Tagged>::TAG,
+            bytes,
+        }))
     }
 }
 
@@ -152,9 +161,14 @@ pub unsafe extern "C" fn colocated_client_make_loaded_host_callback(
         handle(client, "client")?;
         let a = read_versioned(args, false)?;
         let name = a.name.to_str("name")?.to_string();
-        let data = UserData { ptr: a.user_data, destructor: a.destructor };
+        let data = UserData {
+            ptr: a.user_data,
+            destructor: a.destructor,
+        };
         let Some(function) = a.function else {
-            return Err(Error::invalid_argument("colocated_host_callback_args.function is NULL"));
+            return Err(Error::invalid_argument(
+                "colocated_host_callback_args.function is NULL",
+            ));
         };
         if out.is_null() {
             return Err(Error::invalid_argument("out-parameter out is NULL"));
@@ -172,14 +186,20 @@ pub unsafe extern "C" fn colocated_client_make_loaded_host_callback(
             Ok(result.bytes.unwrap_or_default())
         });
         let tag = <colocated_loaded_host_callback as crate::handle::Tagged>::TAG;
-        put(out, Box::into_raw(Box::new(colocated_loaded_host_callback { tag, callback })), "out")
+        put(
+            out,
+            Box::into_raw(Box::new(colocated_loaded_host_callback { tag, callback })),
+            "out",
+        )
     })
 }
 
 /// Releases the caller's reference. Accepts NULL.
 /// Thread-safety: any thread, once per handle.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_loaded_host_callback_destroy(callback: *mut colocated_loaded_host_callback) {
+pub unsafe extern "C" fn colocated_loaded_host_callback_destroy(
+    callback: *mut colocated_loaded_host_callback,
+) {
     boundary_void(|| drop(take(callback)));
 }
 
@@ -254,7 +274,11 @@ unsafe fn compile_options(options: *const colocated_compile_options) -> Result<C
     Ok(CompileOptions { host_callbacks })
 }
 
-unsafe fn specs(list: *const *const colocated_array_spec, n: usize, what: &str) -> Result<Vec<ArraySpec>> {
+unsafe fn specs(
+    list: *const *const colocated_array_spec,
+    n: usize,
+    what: &str,
+) -> Result<Vec<ArraySpec>> {
     slice(list, n, what)?
         .iter()
         .enumerate()
@@ -262,14 +286,22 @@ unsafe fn specs(list: *const *const colocated_array_spec, n: usize, what: &str) 
             let s = read_versioned(*s, false).map_err(|e| e.context(format!("{what}[{i}]")))?;
             let sharding = handle(s.sharding, "sharding")?;
             let dims = slice(s.dims, s.num_dims, "dims")?.to_vec();
-            ArraySpec::new(dims, dtype_of(s.dtype)?, sharding.sharding.clone()).map_err(|e| e.context(format!("{what}[{i}]")))
+            ArraySpec::new(dims, dtype_of(s.dtype)?, sharding.sharding.clone())
+                .map_err(|e| e.context(format!("{what}[{i}]")))
         })
         .collect()
 }
 
-fn executable_handle(executable: LoadedExecutable, shell: Arc<ClientShell>) -> *mut colocated_loaded_executable {
+fn executable_handle(
+    executable: LoadedExecutable,
+    shell: Arc<ClientShell>,
+) -> *mut colocated_loaded_executable {
     let cstr = |s: &str| CString::new(s).unwrap_or_default();
-    let devices = executable.devices().iter().map(|d| shell.device_handle(d)).collect();
+    let devices = executable
+        .devices()
+        .iter()
+        .map(|d| shell.device_handle(d))
+        .collect();
     Box::into_raw(Box::new(colocated_loaded_executable {
         tag: <colocated_loaded_executable as crate::handle::Tagged>::TAG,
         name: cstr(executable.name()),
@@ -317,7 +349,10 @@ pub unsafe extern "C" fn colocated_client_compile(
 /// precise reason (truncated, corrupted, format version, magic).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_executable_is_compatible(data: *const u8, size: usize) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_executable_is_compatible(
+    data: *const u8,
+    size: usize,
+) -> *mut colocated_error {
     boundary(|| colocated_core::check_compatible(slice(data, size, "data")?))
 }
 
@@ -348,7 +383,9 @@ pub unsafe extern "C" fn colocated_client_deserialize_and_load(
 /// Releases the caller's handle; executions in flight finish. Accepts NULL.
 /// Thread-safety: any thread, once per handle.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_loaded_executable_destroy(executable: *mut colocated_loaded_executable) {
+pub unsafe extern "C" fn colocated_loaded_executable_destroy(
+    executable: *mut colocated_loaded_executable,
+) {
     boundary_void(|| drop(take(executable)));
 }
 
@@ -357,7 +394,10 @@ pub unsafe extern "C" fn colocated_loaded_executable_destroy(executable: *mut co
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_loaded_executable_name(handle_: *const colocated_loaded_executable, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_loaded_executable_name(
+    handle_: *const colocated_loaded_executable,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let e = handle(handle_, "colocated_loaded_executable")?;
         put(out, colocated_string_view::of_cstr(&e.name), "out")
@@ -368,7 +408,10 @@ pub unsafe extern "C" fn colocated_loaded_executable_name(handle_: *const coloca
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_loaded_executable_fingerprint(handle_: *const colocated_loaded_executable, out: *mut colocated_string_view) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_loaded_executable_fingerprint(
+    handle_: *const colocated_loaded_executable,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
     boundary(|| {
         let e = handle(handle_, "colocated_loaded_executable")?;
         put(out, colocated_string_view::of_cstr(&e.fingerprint), "out")
@@ -395,7 +438,10 @@ pub unsafe extern "C" fn colocated_loaded_executable_devices(
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_loaded_executable_num_inputs(handle_: *const colocated_loaded_executable, out: *mut usize) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_loaded_executable_num_inputs(
+    handle_: *const colocated_loaded_executable,
+    out: *mut usize,
+) -> *mut colocated_error {
     boundary(|| {
         let e = handle(handle_, "colocated_loaded_executable")?;
         put(out, e.executable.program().input_specs.len(), "out")
@@ -405,7 +451,10 @@ pub unsafe extern "C" fn colocated_loaded_executable_num_inputs(handle_: *const 
 ///
 /// Thread-safety: any thread.
 #[no_mangle]
-pub unsafe extern "C" fn colocated_loaded_executable_num_outputs(handle_: *const colocated_loaded_executable, out: *mut usize) -> *mut colocated_error {
+pub unsafe extern "C" fn colocated_loaded_executable_num_outputs(
+    handle_: *const colocated_loaded_executable,
+    out: *mut usize,
+) -> *mut colocated_error {
     boundary(|| {
         let e = handle(handle_, "colocated_loaded_executable")?;
         put(out, e.executable.program().output_specs.len(), "out")
@@ -421,7 +470,11 @@ pub unsafe extern "C" fn colocated_loaded_executable_serialize(
 ) -> *mut colocated_error {
     boundary(|| {
         let e = handle(executable, "executable")?;
-        put(out, colocated_bytes::new_raw(e.executable.serialize()), "out")
+        put(
+            out,
+            colocated_bytes::new_raw(e.executable.serialize()),
+            "out",
+        )
     })
 }
 
@@ -438,11 +491,19 @@ versioned!(colocated_execute_options, required: struct_size, fields: [struct_siz
 
 unsafe fn execute_options(options: *const colocated_execute_options) -> Result<ExecuteOptions> {
     let o = read_versioned(options, true)?;
-    let stream = if o.stream.is_null() { None } else { Some(handle(o.stream, "stream")?.stream.clone()) };
+    let stream = if o.stream.is_null() {
+        None
+    } else {
+        Some(handle(o.stream, "stream")?.stream.clone())
+    };
     Ok(ExecuteOptions { stream })
 }
 
-unsafe fn check_outputs<T>(outputs: *mut *mut T, num_outputs: usize, expected: usize) -> Result<()> {
+unsafe fn check_outputs<T>(
+    outputs: *mut *mut T,
+    num_outputs: usize,
+    expected: usize,
+) -> Result<()> {
     if num_outputs != expected {
         return Err(Error::invalid_argument(format!(
             "the executable has {expected} outputs but num_outputs is {num_outputs}"
@@ -482,7 +543,11 @@ pub unsafe extern "C" fn colocated_loaded_executable_execute(
             .map(|(i, a)| handle(*a, &format!("args[{i}]")).map(|a| a.array.clone()))
             .collect::<Result<Vec<_>>>()?;
         let options = execute_options(options)?;
-        check_outputs(outputs, num_outputs, e.executable.program().output_specs.len())?;
+        check_outputs(
+            outputs,
+            num_outputs,
+            e.executable.program().output_specs.len(),
+        )?;
         let run = e.executable.execute(&arrays, &options)?;
         for (i, array) in run.outputs.into_iter().enumerate() {
             *outputs.add(i) = colocated_array::new_raw(array, e.shell.clone());
@@ -494,7 +559,10 @@ pub unsafe extern "C" fn colocated_loaded_executable_execute(
     })
 }
 
-unsafe fn buffer_args(args: *const *const colocated_buffer, n: usize) -> Result<Vec<colocated_core::Buffer>> {
+unsafe fn buffer_args(
+    args: *const *const colocated_buffer,
+    n: usize,
+) -> Result<Vec<colocated_core::Buffer>> {
     slice(args, n, "args")?
         .iter()
         .enumerate()
@@ -502,7 +570,12 @@ unsafe fn buffer_args(args: *const *const colocated_buffer, n: usize) -> Result<
         .collect()
 }
 
-type ShardedRun = fn(&LoadedExecutable, &[colocated_core::Buffer], &colocated_core::Device, &ExecuteOptions) -> Result<(Vec<colocated_core::Buffer>, colocated_core::Event)>;
+type ShardedRun = fn(
+    &LoadedExecutable,
+    &[colocated_core::Buffer],
+    &colocated_core::Device,
+    &ExecuteOptions,
+) -> Result<(Vec<colocated_core::Buffer>, colocated_core::Event)>;
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_on_device(
@@ -520,7 +593,11 @@ unsafe fn run_on_device(
     let d = handle(device, "device")?;
     let buffers = buffer_args(args, num_args)?;
     let options = execute_options(options)?;
-    check_outputs(outputs, num_outputs, e.executable.program().output_specs.len())?;
+    check_outputs(
+        outputs,
+        num_outputs,
+        e.executable.program().output_specs.len(),
+    )?;
     let (outs, event) = run(&e.executable, &buffers, &d.device, &options)?;
     for (i, b) in outs.into_iter().enumerate() {
         *outputs.add(i) = colocated_buffer::new_raw(b, e.shell.clone());

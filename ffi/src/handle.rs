@@ -18,11 +18,17 @@ pub struct colocated_string_view {
 
 impl colocated_string_view {
     pub(crate) fn empty() -> Self {
-        colocated_string_view { data: c"".as_ptr(), size: 0 }
+        colocated_string_view {
+            data: c"".as_ptr(),
+            size: 0,
+        }
     }
 
     pub(crate) fn of_cstr(s: &CStr) -> Self {
-        colocated_string_view { data: s.as_ptr(), size: s.to_bytes().len() }
+        colocated_string_view {
+            data: s.as_ptr(),
+            size: s.to_bytes().len(),
+        }
     }
 
     /// Reads a caller's view as UTF-8.
@@ -34,10 +40,16 @@ impl colocated_string_view {
             return Ok("");
         }
         if self.data.is_null() {
-            return Err(Error::invalid_argument(format!("{what} is NULL with size {}", self.size)));
+            return Err(Error::invalid_argument(format!(
+                "{what} is NULL with size {}",
+                self.size
+            )));
         }
-        std::str::from_utf8(std::slice::from_raw_parts(self.data.cast::<u8>(), self.size))
-            .map_err(|e| Error::invalid_argument(format!("{what} is not UTF-8: {e}")))
+        std::str::from_utf8(std::slice::from_raw_parts(
+            self.data.cast::<u8>(),
+            self.size,
+        ))
+        .map_err(|e| Error::invalid_argument(format!("{what} is not UTF-8: {e}")))
     }
 }
 
@@ -67,7 +79,10 @@ pub(crate) use tagged;
 /// `ptr` is NULL or points to at least 8 readable bytes.
 pub(crate) unsafe fn handle<'a, T: Tagged>(ptr: *const T, what: &str) -> Result<&'a T> {
     if ptr.is_null() {
-        return Err(Error::invalid_argument(format!("{what} ({}) is NULL", T::NAME)));
+        return Err(Error::invalid_argument(format!(
+            "{what} ({}) is NULL",
+            T::NAME
+        )));
     }
     let tag = std::ptr::read(ptr.cast::<u64>());
     if tag != T::TAG {
@@ -97,7 +112,9 @@ pub(crate) unsafe fn take<T: Tagged>(ptr: *mut T) -> Option<Box<T>> {
 /// `out` is NULL or valid for a write of `T`.
 pub(crate) unsafe fn put<T>(out: *mut T, value: T, what: &str) -> Result<()> {
     if out.is_null() {
-        return Err(Error::invalid_argument(format!("out-parameter {what} is NULL")));
+        return Err(Error::invalid_argument(format!(
+            "out-parameter {what} is NULL"
+        )));
     }
     std::ptr::write(out, value);
     Ok(())
@@ -112,7 +129,9 @@ pub(crate) unsafe fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Resu
         return Ok(&[]);
     }
     if ptr.is_null() {
-        return Err(Error::invalid_argument(format!("{what} is NULL but its count is {len}")));
+        return Err(Error::invalid_argument(format!(
+            "{what} is NULL but its count is {len}"
+        )));
     }
     Ok(std::slice::from_raw_parts(ptr, len))
 }
@@ -205,7 +224,11 @@ pub(crate) unsafe fn read_versioned<T: Versioned>(ptr: *const T, optional: bool)
             T::NAME
         )));
     }
-    std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&mut value as *mut T).cast::<u8>(), size.min(full));
+    std::ptr::copy_nonoverlapping(
+        ptr.cast::<u8>(),
+        (&mut value as *mut T).cast::<u8>(),
+        size.min(full),
+    );
     Ok(value)
 }
 

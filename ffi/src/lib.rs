@@ -30,7 +30,8 @@ pub const COLOCATED_API_VERSION_MAJOR: u32 = 1;
 /// Minor version of the C API. Bumped for every additive change.
 pub const COLOCATED_API_VERSION_MINOR: u32 = 0;
 /// `(major << 16) | minor`, as [`colocated_api_version`] returns it.
-pub const COLOCATED_API_VERSION: u32 = (COLOCATED_API_VERSION_MAJOR << 16) | COLOCATED_API_VERSION_MINOR;
+pub const COLOCATED_API_VERSION: u32 =
+    (COLOCATED_API_VERSION_MAJOR << 16) | COLOCATED_API_VERSION_MINOR;
 
 /// The version of the library that is loaded, as `(major << 16) | minor`. A caller
 /// built against header version `H` works with any library whose major equals
@@ -62,7 +63,10 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<()>) -> *mut colocated_erro
 /// panic is logged and swallowed.
 pub(crate) fn boundary_void(body: impl FnOnce()) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(body)) {
-        eprintln!("colocated: a panic was stopped at the C boundary: {}", panic_message(&payload));
+        eprintln!(
+            "colocated: a panic was stopped at the C boundary: {}",
+            panic_message(&payload)
+        );
     }
 }
 
