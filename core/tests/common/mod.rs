@@ -1,0 +1,143 @@
+//! Helpers shared by the integration tests (each test file uses a subset).
+#![allow(dead_code)]
+
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use colocated_core::*;
+
+/// How long a test waits for something that should happen promptly.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A local client with `devices` CPU devices and four executor threads.
+pub fn client(devices: usize) -> Client {
+    Client::new_local(ClientOptions {
+        num_cpu_devices: Some(devices),
+        executor_threads: Some(4),
+    })
+    .expect("a local client")
+}
+
+/// Asserts that `result` failed with `code` and a message containing `fragment`.
+#[track_caller]
+pub fn assert_error<T: Debug>(result: Result<T>, code: ErrorCode, fragment: &str) -> Error {
+    match result {
+        Ok(v) => panic!("expected {code} containing {fragment:?}, got Ok({v:?})"),
+        Err(e) => {
+            assert_eq!(e.code(), code, "unexpected code in {e}");
+            assert!(
+                e.message().contains(fragment),
+                "message of {e} lacks {fragment:?}"
+            );
+            e
+        }
+    }
+}
+
+/// Little-endian bytes of `values`.
+pub fn i32_bytes(values: &[i32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// `values` decoded from little-endian bytes.
+pub fn i32_values(bytes: &[u8]) -> Vec<i32> {
+    assert_eq!(bytes.len() % 4, 0, "not a whole number of int32");
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Little-endian bytes of `values`.
+pub fn u64_bytes(values: &[u64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Names as owned strings.
+pub fn names(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// A sharding over a mesh of the first `prod(mesh)` devices of `client`.
+pub fn mesh_sharding(
+    client: &Client,
+    mesh: &[usize],
+    axis_names: &[&str],
+    partition: Vec<Vec<usize>>,
+) -> Sharding {
+    let n: usize = mesh.iter().product();
+    Sharding::named(
+        client.devices()[..n].to_vec(),
+        mesh.to_vec(),
+        names(axis_names),
+        partition,
+    )
+    .expect("a valid named sharding")
+}
+
+/// Polls `condition` until it holds or `PATIENCE` passes.
+#[track_caller]
+pub fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Something that counts how many times it was dropped.
+pub struct DropCounter(pub Arc<AtomicUsize>);
+
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Registers the native function `name`: it produces nothing and returns only when
+/// `gate` is set (with the gate's result). Executions queued behind it on the same
+/// stream stay in flight until then.
+///
+/// Never wait on an event of work queued behind the gate before setting it: the
+/// waiting thread may run the gate inline and block.
+pub fn register_gate(client: &Client, name: &str, gate: &Event) {
+    let gate = gate.clone();
+    client
+        .register_native_function(name, move |_ctx| gate.wait())
+        .expect("register the gate");
+}
+
+/// Compiles a program with no inputs or outputs calling `name` on `device`.
+pub fn compile_nullary(client: &Client, name: &str, device: &Device) -> LoadedExecutable {
+    client
+        .compile(
+            Program::native(name, vec![], vec![], vec![device.clone()]),
+            CompileOptions::default(),
+        )
+        .expect("compile a nullary program")
+}
+
+/// Registers `add_one_i32`: every output shard is its input shard plus one (int32),
+/// with one input and one output of the same sharding.
+pub fn register_add_one(client: &Client) {
+    client
+        .register_native_function("add_one_i32", |ctx| {
+            let shards = ctx.output_shards().to_vec();
+            for (i, shard) in shards.iter().enumerate() {
+                let x = i32_values(&ctx.inputs()[i].to_host_vec()?);
+                let y: Vec<i32> = x.iter().map(|v| v + 1).collect();
+                let out = Buffer::from_bytes(
+                    ctx.client(),
+                    &i32_bytes(&y),
+                    shard.dtype,
+                    &shard.dims,
+                    &shard.device,
+                )?;
+                ctx.set_output(i, out)?;
+            }
+            Ok(())
+        })
+        .expect("register add_one_i32");
+}
