@@ -225,7 +225,7 @@ fn plan_host(
             .into(),
         input_positions,
         output_positions,
-        output_shards: output_shards.into(),
+        output_shards,
     })
 }
 

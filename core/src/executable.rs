@@ -15,16 +15,19 @@ use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
 
+/// Input shard counts and output shards of a single-device run.
+type Layout = (Vec<usize>, Vec<OutputShard>);
+
 /// The part of an executable that runs on one host.
 pub(crate) struct HostPlan {
     pub host: usize,
     pub native: Arc<NativeFn>,
     /// Per input: positions (in the input's sharding) of the shards on this host.
     pub input_positions: Vec<Vec<usize>>,
-    pub input_counts: Arc<[usize]>,
+    pub input_counts: Vec<usize>,
     /// Per output: positions of the shards this host produces.
     pub output_positions: Vec<Vec<usize>>,
-    pub output_shards: Arc<[OutputShard]>,
+    pub output_shards: Vec<OutputShard>,
 }
 
 pub(crate) struct ExecutableInner {
@@ -131,7 +134,8 @@ impl LoadedExecutable {
             .iter()
             .map(|s| vec![None; s.sharding.devices().len()])
             .collect();
-        let mut statuses = Vec::with_capacity(self.0.hosts.len());
+        // One status per host; no allocation for the common single-host case.
+        let mut statuses: (Option<Event>, Vec<Event>) = (None, Vec::new());
         for (h, plan) in self.0.hosts.iter().enumerate() {
             let inputs: Vec<Buffer> = plan
                 .input_positions
@@ -139,20 +143,17 @@ impl LoadedExecutable {
                 .zip(args)
                 .flat_map(|(positions, arg)| positions.iter().map(|&p| arg.buffers()[p].clone()))
                 .collect();
-            let (outs, status) = self.submit(
-                h,
-                inputs,
-                plan.input_counts.clone(),
-                plan.output_shards.clone(),
-                &stream,
-            );
+            let (outs, status) = self.submit(h, inputs, None, &stream);
             let mut outs = outs.into_iter();
             for (o, positions) in plan.output_positions.iter().enumerate() {
                 for &p in positions {
                     out_buffers[o][p] = outs.next();
                 }
             }
-            statuses.push(status);
+            match statuses.0 {
+                None => statuses.0 = Some(status),
+                Some(_) => statuses.1.push(status),
+            }
         }
         let outputs = outputs_spec
             .iter()
@@ -167,10 +168,14 @@ impl LoadedExecutable {
                 Array::assemble(spec.clone(), buffers)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Execution {
-            outputs,
-            status: Event::join(&statuses),
-        })
+        let status = match statuses {
+            (Some(only), rest) if rest.is_empty() => only,
+            (first, mut rest) => {
+                rest.splice(0..0, first);
+                Event::join(&rest)
+            }
+        };
+        Ok(Execution { outputs, status })
     }
 
     /// Runs the part of the program that `device` owns, with that device's shard of
@@ -216,13 +221,8 @@ impl LoadedExecutable {
             .clone()
             .unwrap_or_else(|| self.0.client.current_stream());
         self.0.client.check_stream(&stream)?;
-        Ok(self.submit(
-            h,
-            args.to_vec(),
-            vec![1; args.len()].into(),
-            shards.into(),
-            &stream,
-        ))
+        let layout = Box::new((vec![1; args.len()], shards));
+        Ok(self.submit(h, args.to_vec(), Some(layout), &stream))
     }
 
     /// Runs a single-device executable on any `device` of the client, with whole
@@ -260,13 +260,8 @@ impl LoadedExecutable {
             .clone()
             .unwrap_or_else(|| self.0.client.current_stream());
         self.0.client.check_stream(&stream)?;
-        Ok(self.submit(
-            h,
-            args.to_vec(),
-            vec![1; args.len()].into(),
-            shards.into(),
-            &stream,
-        ))
+        let layout = Box::new((vec![1; args.len()], shards));
+        Ok(self.submit(h, args.to_vec(), Some(layout), &stream))
     }
 
     fn host_plan_index(&self, host: usize) -> Result<usize> {
@@ -312,17 +307,20 @@ impl LoadedExecutable {
     }
 
     /// Queues one host's part: makes its pending output buffers and the task that
-    /// fills them.
+    /// fills them. `layout` overrides the plan's input counts and output shards
+    /// (single-device runs); the common path shares the plan's, so submitting
+    /// touches no reference count the executor threads also touch.
     fn submit(
         &self,
         plan_index: usize,
         inputs: Vec<Buffer>,
-        input_counts: Arc<[usize]>,
-        shards: Arc<[OutputShard]>,
+        layout: Option<Box<Layout>>,
         stream: &Stream,
     ) -> (Vec<Buffer>, Event) {
         let client = &self.0.client;
         let completion = Event::new();
+        let plan = &self.0.hosts[plan_index];
+        let shards = layout.as_ref().map_or(&plan.output_shards[..], |l| &l.1[..]);
         let outputs: Vec<Buffer> = shards
             .iter()
             .map(|s| {
@@ -362,8 +360,12 @@ impl LoadedExecutable {
                 stream = stream_id
             )
             .entered();
-            let result = status
-                .and_then(|()| exe.run_native(plan, &inputs, &input_counts, &shards, &filled));
+            let (counts, shards) = match &layout {
+                Some(l) => (&l.0[..], &l.1[..]),
+                None => (&plan.input_counts[..], &plan.output_shards[..]),
+            };
+            let result =
+                status.and_then(|()| exe.run_native(plan, &inputs, counts, shards, &filled));
             drop(holds);
             // Close the span before waking waiters: a finished wait implies a
             // recorded span.
