@@ -71,6 +71,14 @@ pub(crate) struct ClientInner {
     pub local: LocalHost,
 }
 
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // Whatever the trace writer still holds reaches the file before the
+        // runtime of this client is gone (a no-op when tracing is off).
+        crate::trace::flush();
+    }
+}
+
 /// Entry point of the object model. Cheap to clone; every object made from a
 /// client keeps it alive.
 ///
