@@ -218,11 +218,7 @@ fn plan_host(
     Ok(HostPlan {
         host,
         native,
-        input_counts: input_positions
-            .iter()
-            .map(Vec::len)
-            .collect::<Vec<_>>()
-            .into(),
+        input_counts: input_positions.iter().map(Vec::len).collect(),
         input_positions,
         output_positions,
         output_shards,

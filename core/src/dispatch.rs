@@ -84,6 +84,7 @@ impl Stream {
                 tasks: SegQueue::new(),
                 state: AtomicU8::new(IDLE),
                 head: Mutex::new(None),
+                has_head: AtomicBool::new(false),
                 shared: dispatcher.shared.clone(),
                 stream_id: self.0.id,
             })
@@ -143,6 +144,7 @@ pub(crate) struct StreamQueue {
     /// A task whose dependencies were not ready; touched only by the thread that
     /// holds the stream (state RUNNING).
     head: Mutex<Option<Task>>,
+    has_head: AtomicBool,
     shared: Arc<Shared>,
     stream_id: u64,
 }
@@ -199,7 +201,7 @@ impl StreamQueue {
                 return;
             };
             if let Some(dep) = task.deps.iter().find(|d| !d.is_ready()).cloned() {
-                *self.head.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+                self.set_head(task);
                 self.state.store(BLOCKED, Ordering::SeqCst);
                 let me = self.clone();
                 dep.on_ready(move |_| me.unblock());
@@ -211,7 +213,16 @@ impl StreamQueue {
     }
 
     fn take_head(&self) -> Option<Task> {
+        if !self.has_head.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.has_head.store(false, Ordering::Relaxed);
         self.head.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    fn set_head(&self, task: Task) {
+        *self.head.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        self.has_head.store(true, Ordering::Relaxed);
     }
 
     fn unblock(self: Arc<Self>) {
@@ -227,12 +238,7 @@ impl StreamQueue {
 
     /// Gives the stream back: to the run queue if work remains, else idle.
     fn release(self: &Arc<Self>) {
-        let has_head = self
-            .head
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        if has_head || !self.tasks.is_empty() {
+        if self.has_head.load(Ordering::Relaxed) || !self.tasks.is_empty() {
             self.state.store(QUEUED, Ordering::SeqCst);
             self.shared.schedule(self.clone());
             return;

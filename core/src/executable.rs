@@ -320,7 +320,9 @@ impl LoadedExecutable {
         let client = &self.0.client;
         let completion = Event::new();
         let plan = &self.0.hosts[plan_index];
-        let shards = layout.as_ref().map_or(&plan.output_shards[..], |l| &l.1[..]);
+        let shards = layout
+            .as_ref()
+            .map_or(&plan.output_shards[..], |l| &l.1[..]);
         let outputs: Vec<Buffer> = shards
             .iter()
             .map(|s| {

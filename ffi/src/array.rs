@@ -9,7 +9,8 @@ use crate::client::{colocated_client, colocated_device, device_list, ClientShell
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
-    colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned,
+    colocated_string_view, get, get_list, handle, put, read_versioned, slice, tagged, take,
+    versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -191,12 +192,7 @@ pub unsafe extern "C" fn colocated_sharding_devices(
     items: *mut *const *const colocated_device,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let s = handle(handle_, "colocated_sharding")?;
-        let list: &[*const colocated_device] = &s.devices;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |s| &s.devices)
 }
 /// Whether every device holds the whole array.
 ///
@@ -206,10 +202,7 @@ pub unsafe extern "C" fn colocated_sharding_is_fully_replicated(
     handle_: *const colocated_sharding,
     out: *mut bool,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let s = handle(handle_, "colocated_sharding")?;
-        put(out, s.sharding.is_fully_replicated(), "out")
-    })
+    get(handle_, out, |s| s.sharding.is_fully_replicated())
 }
 
 /// The slice of a global array of shape `dims` that the device at `device_index`
@@ -394,10 +387,7 @@ pub unsafe extern "C" fn colocated_array_is_deleted(
     handle_: *const colocated_array,
     out: *mut bool,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let a = handle(handle_, "colocated_array")?;
-        put(out, a.array.is_deleted(), "out")
-    })
+    get(handle_, out, |a| a.array.is_deleted())
 }
 /// The element type.
 ///
@@ -407,9 +397,8 @@ pub unsafe extern "C" fn colocated_array_dtype(
     handle_: *const colocated_array,
     out: *mut colocated_dtype,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let a = handle(handle_, "colocated_array")?;
-        put(out, colocated_dtype::from_core(a.array.dtype()), "out")
+    get(handle_, out, |a| {
+        colocated_dtype::from_core(a.array.dtype())
     })
 }
 /// The number of per-device buffers.
@@ -420,10 +409,7 @@ pub unsafe extern "C" fn colocated_array_num_buffers(
     handle_: *const colocated_array,
     out: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let a = handle(handle_, "colocated_array")?;
-        put(out, a.array.buffers().len(), "out")
-    })
+    get(handle_, out, |a| a.array.buffers().len())
 }
 
 /// The global dimensions: `*dims` is borrowed from the array.

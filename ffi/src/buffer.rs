@@ -8,7 +8,7 @@ use crate::client::{colocated_client, colocated_device, colocated_memory_space, 
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
-    colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned,
+    colocated_string_view, get, handle, put, read_versioned, slice, tagged, take, versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -258,10 +258,7 @@ pub unsafe extern "C" fn colocated_buffer_is_deleted(
     handle_: *const colocated_buffer,
     out: *mut bool,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let b = handle(handle_, "colocated_buffer")?;
-        put(out, b.buffer.is_deleted(), "out")
-    })
+    get(handle_, out, |b| b.buffer.is_deleted())
 }
 /// The element type.
 ///
@@ -271,9 +268,8 @@ pub unsafe extern "C" fn colocated_buffer_dtype(
     handle_: *const colocated_buffer,
     out: *mut colocated_dtype,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let b = handle(handle_, "colocated_buffer")?;
-        put(out, colocated_dtype::from_core(b.buffer.dtype()), "out")
+    get(handle_, out, |b| {
+        colocated_dtype::from_core(b.buffer.dtype())
     })
 }
 /// The device (borrowed).
@@ -284,10 +280,7 @@ pub unsafe extern "C" fn colocated_buffer_device(
     handle_: *const colocated_buffer,
     out: *mut *const colocated_device,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let b = handle(handle_, "colocated_buffer")?;
-        put(out, b.shell.device_handle(b.buffer.device()), "out")
-    })
+    get(handle_, out, |b| b.shell.device_handle(b.buffer.device()))
 }
 /// The memory space (borrowed).
 ///
@@ -297,9 +290,8 @@ pub unsafe extern "C" fn colocated_buffer_memory_space(
     handle_: *const colocated_buffer,
     out: *mut *const colocated_memory_space,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let b = handle(handle_, "colocated_buffer")?;
-        put(out, b.shell.memory_handle(b.buffer.memory_space()), "out")
+    get(handle_, out, |b| {
+        b.shell.memory_handle(b.buffer.memory_space())
     })
 }
 

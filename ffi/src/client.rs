@@ -13,7 +13,8 @@ use crate::buffer::colocated_buffer;
 use crate::error::colocated_error;
 use crate::executable::colocated_bytes;
 use crate::handle::{
-    colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned,
+    colocated_string_view, get, get_list, get_str, handle, put, read_versioned, slice, tagged,
+    take, versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -379,10 +380,7 @@ pub unsafe extern "C" fn colocated_client_process_index(
     handle_: *const colocated_client,
     out: *mut u32,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let c = handle(handle_, "colocated_client")?;
-        put(out, c.shell.client.process_index(), "out")
-    })
+    get(handle_, out, |c| c.shell.client.process_index())
 }
 /// Every device of every host, ordered by id.
 ///
@@ -394,12 +392,7 @@ pub unsafe extern "C" fn colocated_client_devices(
     items: *mut *const *const colocated_device,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let c = handle(handle_, "colocated_client")?;
-        let list: &[*const colocated_device] = &c.shell.device_ptrs;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |c| &c.shell.device_ptrs)
 }
 /// The devices this client can place data on and run programs on.
 ///
@@ -411,12 +404,7 @@ pub unsafe extern "C" fn colocated_client_addressable_devices(
     items: *mut *const *const colocated_device,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let c = handle(handle_, "colocated_client")?;
-        let list: &[*const colocated_device] = &c.shell.device_ptrs;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |c| &c.shell.device_ptrs)
 }
 /// Every memory space of every host.
 ///
@@ -428,12 +416,7 @@ pub unsafe extern "C" fn colocated_client_memory_spaces(
     items: *mut *const *const colocated_memory_space,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let c = handle(handle_, "colocated_client")?;
-        let list: &[*const colocated_memory_space] = &c.shell.memory_ptrs;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |c| &c.shell.memory_ptrs)
 }
 /// The hosts, in process-index order.
 ///
@@ -445,12 +428,7 @@ pub unsafe extern "C" fn colocated_client_hosts(
     items: *mut *const *const colocated_host,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let c = handle(handle_, "colocated_client")?;
-        let list: &[*const colocated_host] = &c.shell.host_ptrs;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |c| &c.shell.host_ptrs)
 }
 
 /// The device with global `id` (borrowed). Errors: `not_found`.
@@ -514,10 +492,7 @@ pub unsafe extern "C" fn colocated_device_id(
     handle_: *const colocated_device,
     out: *mut u32,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let d = handle(handle_, "colocated_device")?;
-        put(out, d.device.id(), "out")
-    })
+    get(handle_, out, |d| d.device.id())
 }
 /// The device kind (`"cpu"`).
 ///
@@ -528,10 +503,7 @@ pub unsafe extern "C" fn colocated_device_kind(
     handle_: *const colocated_device,
     out: *mut colocated_string_view,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let d = handle(handle_, "colocated_device")?;
-        put(out, colocated_string_view::of_cstr(&d.kind), "out")
-    })
+    get_str(handle_, out, |d| &d.kind)
 }
 /// The process index of the host that owns the device.
 ///
@@ -541,10 +513,7 @@ pub unsafe extern "C" fn colocated_device_process_index(
     handle_: *const colocated_device,
     out: *mut u32,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let d = handle(handle_, "colocated_device")?;
-        put(out, d.device.process_index(), "out")
-    })
+    get(handle_, out, |d| d.device.process_index())
 }
 /// The device's index among its host's devices of its kind.
 ///
@@ -554,10 +523,7 @@ pub unsafe extern "C" fn colocated_device_local_hardware_id(
     handle_: *const colocated_device,
     out: *mut u32,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let d = handle(handle_, "colocated_device")?;
-        put(out, d.device.local_hardware_id(), "out")
-    })
+    get(handle_, out, |d| d.device.local_hardware_id())
 }
 /// Short description, as JAX prints devices (`"CpuDevice(id=0)"`).
 ///
@@ -568,10 +534,7 @@ pub unsafe extern "C" fn colocated_device_to_string(
     handle_: *const colocated_device,
     out: *mut colocated_string_view,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let d = handle(handle_, "colocated_device")?;
-        put(out, colocated_string_view::of_cstr(&d.to_string), "out")
-    })
+    get_str(handle_, out, |d| &d.to_string)
 }
 /// Long description with placement.
 ///
@@ -582,10 +545,7 @@ pub unsafe extern "C" fn colocated_device_debug_string(
     handle_: *const colocated_device,
     out: *mut colocated_string_view,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let d = handle(handle_, "colocated_device")?;
-        put(out, colocated_string_view::of_cstr(&d.debug_string), "out")
-    })
+    get_str(handle_, out, |d| &d.debug_string)
 }
 /// Memory spaces the device can address; the first is its default.
 ///
@@ -597,12 +557,7 @@ pub unsafe extern "C" fn colocated_device_memory_spaces(
     items: *mut *const *const colocated_memory_space,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let d = handle(handle_, "colocated_device")?;
-        let list: &[*const colocated_memory_space] = &d.memory_spaces;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |d| &d.memory_spaces)
 }
 /// The device's default memory space (borrowed).
 ///
@@ -612,10 +567,7 @@ pub unsafe extern "C" fn colocated_device_default_memory_space(
     handle_: *const colocated_device,
     out: *mut *const colocated_memory_space,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let d = handle(handle_, "colocated_device")?;
-        put(out, d.memory_spaces[0], "out")
-    })
+    get(handle_, out, |d| d.memory_spaces[0])
 }
 
 /// The device's attributes: `*attributes` is a borrowed array of `*count` entries.
@@ -641,10 +593,7 @@ pub unsafe extern "C" fn colocated_memory_space_id(
     handle_: *const colocated_memory_space,
     out: *mut u32,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let m = handle(handle_, "colocated_memory_space")?;
-        put(out, m.memory.id(), "out")
-    })
+    get(handle_, out, |m| m.memory.id())
 }
 /// The memory space's kind.
 ///
@@ -676,10 +625,7 @@ pub unsafe extern "C" fn colocated_memory_space_kind_name(
     handle_: *const colocated_memory_space,
     out: *mut colocated_string_view,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let m = handle(handle_, "colocated_memory_space")?;
-        put(out, colocated_string_view::of_cstr(&m.kind_name), "out")
-    })
+    get_str(handle_, out, |m| &m.kind_name)
 }
 /// The devices that can address this memory space.
 ///
@@ -691,12 +637,7 @@ pub unsafe extern "C" fn colocated_memory_space_devices(
     items: *mut *const *const colocated_device,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let m = handle(handle_, "colocated_memory_space")?;
-        let list: &[*const colocated_device] = &m.devices;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |m| &m.devices)
 }
 
 /// The host's index in `colocated_client_hosts`.
@@ -707,10 +648,7 @@ pub unsafe extern "C" fn colocated_host_index(
     handle_: *const colocated_host,
     out: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let h = handle(handle_, "colocated_host")?;
-        put(out, h.index, "out")
-    })
+    get(handle_, out, |h| h.index)
 }
 /// The process index the host's devices report.
 ///
@@ -720,10 +658,7 @@ pub unsafe extern "C" fn colocated_host_process_index(
     handle_: *const colocated_host,
     out: *mut u32,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let h = handle(handle_, "colocated_host")?;
-        put(out, h.process_index, "out")
-    })
+    get(handle_, out, |h| h.process_index)
 }
 /// The host's name (`"local"` or a worker's address).
 ///
@@ -734,10 +669,7 @@ pub unsafe extern "C" fn colocated_host_name(
     handle_: *const colocated_host,
     out: *mut colocated_string_view,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let h = handle(handle_, "colocated_host")?;
-        put(out, colocated_string_view::of_cstr(&h.name), "out")
-    })
+    get_str(handle_, out, |h| &h.name)
 }
 /// The devices the host owns.
 ///
@@ -749,12 +681,7 @@ pub unsafe extern "C" fn colocated_host_devices(
     items: *mut *const *const colocated_device,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let h = handle(handle_, "colocated_host")?;
-        let list: &[*const colocated_device] = &h.devices;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |h| &h.devices)
 }
 
 /// Creates a stream (an ordering domain) for `client`. The caller owns `*out`.
@@ -784,10 +711,7 @@ pub unsafe extern "C" fn colocated_stream_id(
     handle_: *const colocated_stream,
     out: *mut u64,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let s = handle(handle_, "colocated_stream")?;
-        put(out, s.stream.id(), "out")
-    })
+    get(handle_, out, |s| s.stream.id())
 }
 
 /// Destroys a stream handle; work already submitted on it still runs. Accepts NULL.
@@ -953,10 +877,7 @@ pub unsafe extern "C" fn colocated_execution_context_client(
     handle_: *const colocated_execution_context,
     out: *mut *const colocated_client,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let c = handle(handle_, "colocated_execution_context")?;
-        put(out, c.client, "out")
-    })
+    get(handle_, out, |c| c.client)
 }
 /// How many output shards the function must set.
 ///
@@ -966,10 +887,7 @@ pub unsafe extern "C" fn colocated_execution_context_num_outputs(
     handle_: *const colocated_execution_context,
     out: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let c = handle(handle_, "colocated_execution_context")?;
-        put(out, c.core().output_shards().len(), "out")
-    })
+    get(handle_, out, |c| c.core().output_shards().len())
 }
 
 /// For each argument, how many of the function's `inputs` belong to it

@@ -6,7 +6,7 @@ use std::time::Duration;
 use colocated_core::{Error, Event};
 
 use crate::error::{colocated_error, colocated_error_code};
-use crate::handle::{handle, put, tagged, take};
+use crate::handle::{get, handle, put, tagged, take};
 use crate::{boundary, boundary_void};
 
 /// An event handle: ready once, with success or an error. Owned by the caller;
@@ -80,10 +80,7 @@ pub unsafe extern "C" fn colocated_event_is_ready(
     handle_: *const colocated_event,
     out: *mut bool,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let e = handle(handle_, "colocated_event")?;
-        put(out, e.event.is_ready(), "out")
-    })
+    get(handle_, out, |e| e.event.is_ready())
 }
 
 /// Blocks until the event is ready; returns NULL on success or a new error (the

@@ -17,7 +17,8 @@ use crate::client::{
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
-    colocated_string_view, handle, put, read_versioned, slice, tagged, take, versioned,
+    colocated_string_view, get, get_list, get_str, handle, put, read_versioned, slice, tagged,
+    take, versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -398,10 +399,7 @@ pub unsafe extern "C" fn colocated_loaded_executable_name(
     handle_: *const colocated_loaded_executable,
     out: *mut colocated_string_view,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let e = handle(handle_, "colocated_loaded_executable")?;
-        put(out, colocated_string_view::of_cstr(&e.name), "out")
-    })
+    get_str(handle_, out, |e| &e.name)
 }
 /// A stable hash of the serialized program (16 hex digits).
 ///
@@ -412,10 +410,7 @@ pub unsafe extern "C" fn colocated_loaded_executable_fingerprint(
     handle_: *const colocated_loaded_executable,
     out: *mut colocated_string_view,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let e = handle(handle_, "colocated_loaded_executable")?;
-        put(out, colocated_string_view::of_cstr(&e.fingerprint), "out")
-    })
+    get_str(handle_, out, |e| &e.fingerprint)
 }
 /// The devices the executable runs on.
 ///
@@ -427,12 +422,7 @@ pub unsafe extern "C" fn colocated_loaded_executable_devices(
     items: *mut *const *const colocated_device,
     count: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let e = handle(handle_, "colocated_loaded_executable")?;
-        let list: &[*const colocated_device] = &e.devices;
-        put(items, list.as_ptr(), "items")?;
-        put(count, list.len(), "count")
-    })
+    get_list(handle_, items, count, |e| &e.devices)
 }
 /// Number of arguments.
 ///
@@ -442,10 +432,7 @@ pub unsafe extern "C" fn colocated_loaded_executable_num_inputs(
     handle_: *const colocated_loaded_executable,
     out: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let e = handle(handle_, "colocated_loaded_executable")?;
-        put(out, e.executable.program().input_specs.len(), "out")
-    })
+    get(handle_, out, |e| e.executable.program().input_specs.len())
 }
 /// Number of results.
 ///
@@ -455,10 +442,7 @@ pub unsafe extern "C" fn colocated_loaded_executable_num_outputs(
     handle_: *const colocated_loaded_executable,
     out: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let e = handle(handle_, "colocated_loaded_executable")?;
-        put(out, e.executable.program().output_specs.len(), "out")
-    })
+    get(handle_, out, |e| e.executable.program().output_specs.len())
 }
 
 /// Serializes the executable (versioned header + payload). `*out` is caller owned.

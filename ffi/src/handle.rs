@@ -236,3 +236,50 @@ pub(crate) unsafe fn read_versioned<T: Versioned>(ptr: *const T, optional: bool)
 fn value_struct_size<T>(value: &mut T) -> *mut usize {
     (value as *mut T).cast::<usize>()
 }
+
+/// The body of a getter export: checks the handle and writes `f(handle)` to `out`.
+///
+/// # Safety
+/// As [`handle`] and [`put`].
+pub(crate) unsafe fn get<T: Tagged, V>(
+    ptr: *const T,
+    out: *mut V,
+    f: impl FnOnce(&T) -> V,
+) -> *mut crate::error::colocated_error {
+    crate::boundary(|| put(out, f(handle(ptr, T::NAME)?), "out"))
+}
+
+/// A getter export returning a string borrowed from the object.
+///
+/// # Safety
+/// As [`handle`] and [`put`].
+pub(crate) unsafe fn get_str<T: Tagged>(
+    ptr: *const T,
+    out: *mut colocated_string_view,
+    f: impl for<'a> FnOnce(&'a T) -> &'a CStr,
+) -> *mut crate::error::colocated_error {
+    crate::boundary(|| {
+        put(
+            out,
+            colocated_string_view::of_cstr(f(handle(ptr, T::NAME)?)),
+            "out",
+        )
+    })
+}
+
+/// A getter export returning a borrowed array of borrowed handles.
+///
+/// # Safety
+/// As [`handle`] and [`put`].
+pub(crate) unsafe fn get_list<T: Tagged, I>(
+    ptr: *const T,
+    items: *mut *const *const I,
+    count: *mut usize,
+    f: impl for<'a> FnOnce(&'a T) -> &'a [*const I],
+) -> *mut crate::error::colocated_error {
+    crate::boundary(|| {
+        let list = f(handle(ptr, T::NAME)?);
+        put(items, list.as_ptr(), "items")?;
+        put(count, list.len(), "count")
+    })
+}
