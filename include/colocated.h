@@ -268,10 +268,6 @@ enum colocated_error_code
    */
   COLOCATED_CANCELLED = 1,
   /**
-   * Reserved for errors of no known code.
-   */
-  COLOCATED_UNKNOWN = 2,
-  /**
    * An argument is invalid.
    */
   COLOCATED_INVALID_ARGUMENT = 3,
@@ -321,6 +317,39 @@ enum colocated_error_code
 typedef enum colocated_error_code colocated_error_code;
 #else
 typedef uint32_t colocated_error_code;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Host-buffer semantics (PJRT's).
+ */
+enum colocated_host_buffer_semantics
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Default: same as IMMUTABLE_ONLY_DURING_CALL.
+   */
+  COLOCATED_HOST_BUFFER_DEFAULT = 0,
+  /**
+   * Copied during the call.
+   */
+  COLOCATED_HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL = 1,
+  /**
+   * Unchanged by the caller until the done event is ready.
+   */
+  COLOCATED_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES = 2,
+  /**
+   * Aliased, not copied: valid and unchanged until the done event is ready.
+   */
+  COLOCATED_HOST_BUFFER_IMMUTABLE_ZERO_COPY = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum colocated_host_buffer_semantics colocated_host_buffer_semantics;
+#else
+typedef uint32_t colocated_host_buffer_semantics;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -1281,9 +1310,10 @@ void colocated_stream_destroy(colocated_stream *stream);
 
 /**
  * Adds a native function to the local host's registry. `user_data` must be
- * usable from any thread; `destructor` runs once when the client and everything
- * made from it are gone. Errors: `invalid_argument` (no function, bad name),
- * `already_exists`.
+ * usable from any thread; on success the library owns it and `destructor` runs
+ * once when the client and everything made from it are gone. On error the
+ * caller keeps ownership (the destructor is not called). Errors:
+ * `invalid_argument` (no function, bad name), `already_exists`.
  * Thread-safety: any thread.
  */
 colocated_error *colocated_client_register_native_function(const colocated_client *client,
@@ -1484,8 +1514,10 @@ colocated_error *colocated_callback_result_set(colocated_callback_result *result
                                                size_t size);
 
 /**
- * Makes a loaded host callback. `*out` is caller owned. Errors:
- * `invalid_argument` (NULL function, bad struct).
+ * Makes a loaded host callback. `*out` is caller owned. On success the library
+ * owns `user_data` (see `destructor`); on error the caller keeps it and the
+ * destructor is not called. Errors: `invalid_argument` (NULL function, bad
+ * struct or name, NULL `out`).
  * Thread-safety: any thread.
  */
 colocated_error *colocated_client_make_loaded_host_callback(const colocated_client *client,

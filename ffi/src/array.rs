@@ -9,8 +9,8 @@ use crate::client::{colocated_client, colocated_device, device_list, ClientShell
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
-    colocated_string_view, get, get_list, handle, put, read_versioned, slice, tagged, take,
-    versioned,
+    colocated_string_view, get, get_list, handle, put, put_box, read_versioned, slice, tagged,
+    take, versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -48,26 +48,26 @@ unsafe impl Send for colocated_sharding {}
 unsafe impl Sync for colocated_sharding {}
 
 impl colocated_sharding {
-    pub(crate) fn new_raw(sharding: Sharding, shell: Arc<ClientShell>) -> *mut colocated_sharding {
+    pub(crate) fn make(sharding: Sharding, shell: Arc<ClientShell>) -> colocated_sharding {
         let devices = sharding
             .devices()
             .iter()
             .map(|d| shell.device_handle(d))
             .collect();
         let tag = <colocated_sharding as crate::handle::Tagged>::TAG;
-        Box::into_raw(Box::new(colocated_sharding {
+        colocated_sharding {
             tag,
             sharding,
             shell,
             devices,
-        }))
+        }
     }
 }
 
 impl colocated_array {
-    pub(crate) fn new_raw(array: Array, shell: Arc<ClientShell>) -> *mut colocated_array {
+    pub(crate) fn make(array: Array, shell: Arc<ClientShell>) -> colocated_array {
         let tag = <colocated_array as crate::handle::Tagged>::TAG;
-        Box::into_raw(Box::new(colocated_array { tag, array, shell }))
+        colocated_array { tag, array, shell }
     }
 }
 
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn colocated_sharding_create_replicated(
         if out.is_null() {
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
-        put(out, colocated_sharding::new_raw(sharding, shell), "out")
+        put_box(out, colocated_sharding::make(sharding, shell), "out")
     })
 }
 
@@ -171,7 +171,7 @@ pub unsafe extern "C" fn colocated_sharding_create_named(
         if out.is_null() {
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
-        put(out, colocated_sharding::new_raw(sharding, shell), "out")
+        put_box(out, colocated_sharding::make(sharding, shell), "out")
     })
 }
 
@@ -295,7 +295,7 @@ pub unsafe extern "C" fn colocated_array_assemble(
             .map(|(i, b)| handle(*b, &format!("buffers[{i}]")).map(|b| b.buffer.clone()))
             .collect::<Result<Vec<_>>>()?;
         let array = Array::assemble(spec, buffers)?;
-        put(out, colocated_array::new_raw(array, shell), "out")
+        put_box(out, colocated_array::make(array, shell), "out")
     })
 }
 
@@ -326,7 +326,7 @@ pub unsafe extern "C" fn colocated_array_from_host(
             let data = slice(a.data.cast::<u8>(), a.data_size, "data")?;
             Array::from_host_bytes(&shell.client, data, spec)?
         };
-        put(out, colocated_array::new_raw(array, shell), "out")
+        put_box(out, colocated_array::make(array, shell), "out")
     })
 }
 
@@ -436,9 +436,9 @@ pub unsafe extern "C" fn colocated_array_sharding(
 ) -> *mut colocated_error {
     boundary(|| {
         let a = handle(array, "array")?;
-        put(
+        put_box(
             out,
-            colocated_sharding::new_raw(a.array.sharding().clone(), a.shell.clone()),
+            colocated_sharding::make(a.array.sharding().clone(), a.shell.clone()),
             "out",
         )
     })
@@ -461,9 +461,9 @@ pub unsafe extern "C" fn colocated_array_buffer(
                 a.array.buffers().len()
             ))
         })?;
-        put(
+        put_box(
             out,
-            colocated_buffer::new_raw(b.clone(), a.shell.clone()),
+            colocated_buffer::make(b.clone(), a.shell.clone()),
             "out",
         )
     })
@@ -478,6 +478,6 @@ pub unsafe extern "C" fn colocated_array_ready_event(
 ) -> *mut colocated_error {
     boundary(|| {
         let a = handle(array, "array")?;
-        put(out, colocated_event::new_raw(a.array.ready_event()), "out")
+        put_box(out, colocated_event::make(a.array.ready_event()), "out")
     })
 }

@@ -8,7 +8,8 @@ use crate::client::{colocated_client, colocated_device, colocated_memory_space, 
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
-    colocated_string_view, get, handle, put, read_versioned, slice, tagged, take, versioned,
+    colocated_string_view, get, handle, put, put_box, read_versioned, slice, tagged, take,
+    versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -115,8 +116,8 @@ impl colocated_buffer {
         }
     }
 
-    pub(crate) fn new_raw(buffer: Buffer, shell: Arc<ClientShell>) -> *mut colocated_buffer {
-        Box::into_raw(Box::new(colocated_buffer::new(buffer, shell)))
+    pub(crate) fn make(buffer: Buffer, shell: Arc<ClientShell>) -> colocated_buffer {
+        colocated_buffer::new(buffer, shell)
     }
 }
 
@@ -177,6 +178,10 @@ pub unsafe extern "C" fn colocated_buffer_from_host(
         };
         let dtype = dtype_of(a.dtype)?;
         let dims = slice(a.dims, a.num_dims, "dims")?;
+        let semantics = match a.semantics {
+            0 => HostBufferSemantics::ImmutableOnlyDuringCall,
+            v => HostBufferSemantics::from_u32(v)?,
+        };
         if out.is_null() {
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
@@ -202,10 +207,6 @@ pub unsafe extern "C" fn colocated_buffer_from_host(
             let buffer = Buffer::from_strings(core, &strings, dims, &device.device, memory)?;
             (buffer, colocated_core::Event::ready(Ok(())))
         } else {
-            let semantics = match a.semantics {
-                0 => HostBufferSemantics::ImmutableOnlyDuringCall,
-                v => HostBufferSemantics::from_u32(v)?,
-            };
             Buffer::from_host_raw(
                 core,
                 a.data.cast(),
@@ -220,9 +221,9 @@ pub unsafe extern "C" fn colocated_buffer_from_host(
         if !done_with_host_buffer.is_null() {
             *done_with_host_buffer = colocated_event::new_raw(done);
         }
-        put(
+        put_box(
             out,
-            colocated_buffer::new_raw(buffer, client.shell.clone()),
+            colocated_buffer::make(buffer, client.shell.clone()),
             "out",
         )
     })
@@ -332,9 +333,9 @@ pub unsafe extern "C" fn colocated_buffer_ready_event(
 ) -> *mut colocated_error {
     boundary(|| {
         let b = handle(buffer, "buffer")?;
-        put(
+        put_box(
             out,
-            colocated_event::new_raw(b.buffer.ready_event().clone()),
+            colocated_event::make(b.buffer.ready_event().clone()),
             "out",
         )
     })
@@ -359,7 +360,7 @@ pub unsafe extern "C" fn colocated_buffer_to_host(
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
         let event = b.buffer.to_host_raw(dst.cast(), dst_size)?;
-        put(out, colocated_event::new_raw(event), "out")
+        put_box(out, colocated_event::make(event), "out")
     })
 }
 
@@ -426,7 +427,7 @@ pub unsafe extern "C" fn colocated_buffer_copy_to_device(
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
         let copy = b.buffer.copy_to_device(&d.device)?;
-        put(out, colocated_buffer::new_raw(copy, b.shell.clone()), "out")
+        put_box(out, colocated_buffer::make(copy, b.shell.clone()), "out")
     })
 }
 
@@ -445,7 +446,7 @@ pub unsafe extern "C" fn colocated_buffer_copy_to_memory_space(
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
         let copy = b.buffer.copy_to_memory_space(&m.memory)?;
-        put(out, colocated_buffer::new_raw(copy, b.shell.clone()), "out")
+        put_box(out, colocated_buffer::make(copy, b.shell.clone()), "out")
     })
 }
 

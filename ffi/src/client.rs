@@ -13,8 +13,8 @@ use crate::buffer::colocated_buffer;
 use crate::error::colocated_error;
 use crate::executable::colocated_bytes;
 use crate::handle::{
-    colocated_string_view, get, get_list, get_str, handle, put, read_versioned, slice, tagged,
-    take, versioned,
+    colocated_string_view, get, get_list, get_str, handle, put, put_box, read_versioned, slice,
+    tagged, take, versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -319,11 +319,7 @@ pub unsafe extern "C" fn colocated_client_create_local(
             num_cpu_devices: (o.num_cpu_devices != 0).then_some(o.num_cpu_devices as usize),
             executor_threads: (o.executor_threads != 0).then_some(o.executor_threads as usize),
         })?;
-        put(
-            out,
-            Box::into_raw(Box::new(colocated_client::new(ClientShell::new(client)))),
-            "out",
-        )
+        put_box(out, colocated_client::new(ClientShell::new(client)), "out")
     })
 }
 
@@ -695,11 +691,7 @@ pub unsafe extern "C" fn colocated_client_create_stream(
         let c = handle(client, "client")?;
         let stream = c.shell.client.create_stream();
         let tag = <colocated_stream as crate::handle::Tagged>::TAG;
-        put(
-            out,
-            Box::into_raw(Box::new(colocated_stream { tag, stream })),
-            "out",
-        )
+        put_box(out, colocated_stream { tag, stream }, "out")
     })
 }
 
@@ -756,10 +748,27 @@ pub struct colocated_native_function_args {
 }
 versioned!(colocated_native_function_args, required: function, fields: [struct_size, name, function, user_data, destructor]);
 
-/// Owns user data and runs its destructor exactly once.
+/// Owns user data and runs its destructor exactly once — unless disarmed because
+/// the call that was to take ownership failed (the caller still owns it then).
 pub(crate) struct UserData {
     pub ptr: *mut c_void,
     pub destructor: colocated_destructor,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl UserData {
+    pub fn new(ptr: *mut c_void, destructor: colocated_destructor) -> UserData {
+        UserData {
+            ptr,
+            destructor,
+            armed: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// The registration failed: ownership stays with the caller.
+    pub fn disarm(&self) {
+        self.armed.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 // SAFETY: the C contract of every registration says user data is used from any
 // thread (documented on each registering function).
@@ -768,6 +777,9 @@ unsafe impl Send for UserData {}
 unsafe impl Sync for UserData {}
 impl Drop for UserData {
     fn drop(&mut self) {
+        if !self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         if let Some(d) = self.destructor {
             // SAFETY: the caller gave this destructor for this pointer.
             unsafe { d(self.ptr) };
@@ -776,9 +788,10 @@ impl Drop for UserData {
 }
 
 /// Adds a native function to the local host's registry. `user_data` must be
-/// usable from any thread; `destructor` runs once when the client and everything
-/// made from it are gone. Errors: `invalid_argument` (no function, bad name),
-/// `already_exists`.
+/// usable from any thread; on success the library owns it and `destructor` runs
+/// once when the client and everything made from it are gone. On error the
+/// caller keeps ownership (the destructor is not called). Errors:
+/// `invalid_argument` (no function, bad name), `already_exists`.
 /// Thread-safety: any thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_client_register_native_function(
@@ -789,19 +802,21 @@ pub unsafe extern "C" fn colocated_client_register_native_function(
         let c = handle(client, "client")?;
         let a = read_versioned(args, false)?;
         let name = a.name.to_str("name")?.to_string();
-        let data = UserData {
-            ptr: a.user_data,
-            destructor: a.destructor,
-        };
         let Some(function) = a.function else {
             return Err(Error::invalid_argument(
                 "colocated_native_function_args.function is NULL",
             ));
         };
+        let data = Arc::new(UserData::new(a.user_data, a.destructor));
+        let captured = data.clone();
         let shell = Arc::downgrade(&c.shell);
-        c.shell
-            .client
-            .register_native_function(&name, move |ctx| call_native(function, &data, &shell, ctx))
+        let registered = c.shell.client.register_native_function(&name, move |ctx| {
+            call_native(function, &captured, &shell, ctx)
+        });
+        if registered.is_err() {
+            data.disarm();
+        }
+        registered
     })
 }
 
@@ -985,6 +1000,6 @@ pub unsafe extern "C" fn colocated_execution_context_call_host_callback(
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
         let answer = c.core().call_host_callback(index, input)?;
-        put(out, colocated_bytes::new_raw(answer), "out")
+        put_box(out, colocated_bytes::make(answer), "out")
     })
 }

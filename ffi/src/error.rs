@@ -14,8 +14,6 @@ pub enum colocated_error_code {
     COLOCATED_OK = 0,
     /// The operation was cancelled.
     COLOCATED_CANCELLED = 1,
-    /// Reserved for errors of no known code.
-    COLOCATED_UNKNOWN = 2,
     /// An argument is invalid.
     COLOCATED_INVALID_ARGUMENT = 3,
     /// A deadline passed.

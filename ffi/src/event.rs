@@ -6,7 +6,7 @@ use std::time::Duration;
 use colocated_core::{Error, Event};
 
 use crate::error::{colocated_error, colocated_error_code};
-use crate::handle::{get, handle, put, tagged, take};
+use crate::handle::{get, handle, put, put_box, tagged, take};
 use crate::{boundary, boundary_void};
 
 /// An event handle: ready once, with success or an error. Owned by the caller;
@@ -23,11 +23,15 @@ pub struct colocated_event {
 tagged! { colocated_event => 0xC010_CA7E_0000_0020 }
 
 impl colocated_event {
-    pub(crate) fn new_raw(event: Event) -> *mut colocated_event {
-        Box::into_raw(Box::new(colocated_event {
+    pub(crate) fn make(event: Event) -> colocated_event {
+        colocated_event {
             tag: <colocated_event as crate::handle::Tagged>::TAG,
             event,
-        }))
+        }
+    }
+
+    pub(crate) fn new_raw(event: Event) -> *mut colocated_event {
+        Box::into_raw(Box::new(colocated_event::make(event)))
     }
 }
 
@@ -44,7 +48,7 @@ pub type colocated_event_callback =
 pub unsafe extern "C" fn colocated_event_create(
     out: *mut *mut colocated_event,
 ) -> *mut colocated_error {
-    boundary(|| put(out, colocated_event::new_raw(Event::new()), "out"))
+    boundary(|| put_box(out, colocated_event::make(Event::new()), "out"))
 }
 
 /// Fulfils an event: success when `code` is `COLOCATED_OK`, else an error with
@@ -119,6 +123,9 @@ pub unsafe extern "C" fn colocated_event_error(
 ) -> *mut colocated_error {
     boundary(|| {
         let e = handle(event, "event")?;
+        if out.is_null() {
+            return Err(Error::invalid_argument("out-parameter out is NULL"));
+        }
         let status = e
             .event
             .status()

@@ -17,8 +17,8 @@ use crate::client::{
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
-    colocated_string_view, get, get_list, get_str, handle, put, read_versioned, slice, tagged,
-    take, versioned,
+    colocated_string_view, get, get_list, get_str, handle, put, put_box, read_versioned, slice,
+    tagged, take, versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -73,11 +73,11 @@ tagged! {
 }
 
 impl colocated_bytes {
-    pub(crate) fn new_raw(bytes: Vec<u8>) -> *mut colocated_bytes {
-        Box::into_raw(Box::new(colocated_bytes {
+    pub(crate) fn make(bytes: Vec<u8>) -> colocated_bytes {
+        colocated_bytes {
             tag: <colocated_bytes as crate::handle::Tagged>::TAG,
             bytes,
-        }))
+        }
     }
 }
 
@@ -149,8 +149,10 @@ pub struct colocated_host_callback_args {
 }
 versioned!(colocated_host_callback_args, required: function, fields: [struct_size, function, user_data, destructor, name]);
 
-/// Makes a loaded host callback. `*out` is caller owned. Errors:
-/// `invalid_argument` (NULL function, bad struct).
+/// Makes a loaded host callback. `*out` is caller owned. On success the library
+/// owns `user_data` (see `destructor`); on error the caller keeps it and the
+/// destructor is not called. Errors: `invalid_argument` (NULL function, bad
+/// struct or name, NULL `out`).
 /// Thread-safety: any thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_client_make_loaded_host_callback(
@@ -162,10 +164,6 @@ pub unsafe extern "C" fn colocated_client_make_loaded_host_callback(
         handle(client, "client")?;
         let a = read_versioned(args, false)?;
         let name = a.name.to_str("name")?.to_string();
-        let data = UserData {
-            ptr: a.user_data,
-            destructor: a.destructor,
-        };
         let Some(function) = a.function else {
             return Err(Error::invalid_argument(
                 "colocated_host_callback_args.function is NULL",
@@ -174,6 +172,8 @@ pub unsafe extern "C" fn colocated_client_make_loaded_host_callback(
         if out.is_null() {
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
+        // Every check is done: from here the library owns `user_data`.
+        let data = UserData::new(a.user_data, a.destructor);
         let callback = LoadedHostCallback::new(name, move |input: &[u8]| {
             let data = &data;
             let tag = <colocated_callback_result as crate::handle::Tagged>::TAG;
@@ -187,11 +187,7 @@ pub unsafe extern "C" fn colocated_client_make_loaded_host_callback(
             Ok(result.bytes.unwrap_or_default())
         });
         let tag = <colocated_loaded_host_callback as crate::handle::Tagged>::TAG;
-        put(
-            out,
-            Box::into_raw(Box::new(colocated_loaded_host_callback { tag, callback })),
-            "out",
-        )
+        put_box(out, colocated_loaded_host_callback { tag, callback }, "out")
     })
 }
 
@@ -296,21 +292,21 @@ unsafe fn specs(
 fn executable_handle(
     executable: LoadedExecutable,
     shell: Arc<ClientShell>,
-) -> *mut colocated_loaded_executable {
+) -> colocated_loaded_executable {
     let cstr = |s: &str| CString::new(s).unwrap_or_default();
     let devices = executable
         .devices()
         .iter()
         .map(|d| shell.device_handle(d))
         .collect();
-    Box::into_raw(Box::new(colocated_loaded_executable {
+    colocated_loaded_executable {
         tag: <colocated_loaded_executable as crate::handle::Tagged>::TAG,
         name: cstr(executable.name()),
         fingerprint: cstr(executable.fingerprint()),
         executable,
         shell,
         devices,
-    }))
+    }
 }
 
 /// Compiles `program` (`options` may be NULL). `*out` is caller owned.
@@ -341,7 +337,7 @@ pub unsafe extern "C" fn colocated_client_compile(
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
         let exe = c.shell.client.compile(program, options)?;
-        put(out, executable_handle(exe, c.shell.clone()), "out")
+        put_box(out, executable_handle(exe, c.shell.clone()), "out")
     })
 }
 
@@ -377,7 +373,7 @@ pub unsafe extern "C" fn colocated_client_deserialize_and_load(
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
         let exe = c.shell.client.deserialize_and_load(bytes, options)?;
-        put(out, executable_handle(exe, c.shell.clone()), "out")
+        put_box(out, executable_handle(exe, c.shell.clone()), "out")
     })
 }
 
@@ -454,11 +450,7 @@ pub unsafe extern "C" fn colocated_loaded_executable_serialize(
 ) -> *mut colocated_error {
     boundary(|| {
         let e = handle(executable, "executable")?;
-        put(
-            out,
-            colocated_bytes::new_raw(e.executable.serialize()),
-            "out",
-        )
+        put_box(out, colocated_bytes::make(e.executable.serialize()), "out")
     })
 }
 
@@ -534,7 +526,8 @@ pub unsafe extern "C" fn colocated_loaded_executable_execute(
         )?;
         let run = e.executable.execute(&arrays, &options)?;
         for (i, array) in run.outputs.into_iter().enumerate() {
-            *outputs.add(i) = colocated_array::new_raw(array, e.shell.clone());
+            *outputs.add(i) =
+                Box::into_raw(Box::new(colocated_array::make(array, e.shell.clone())));
         }
         if !status.is_null() {
             *status = colocated_event::new_raw(run.status);
@@ -584,7 +577,7 @@ unsafe fn run_on_device(
     )?;
     let (outs, event) = run(&e.executable, &buffers, &d.device, &options)?;
     for (i, b) in outs.into_iter().enumerate() {
-        *outputs.add(i) = colocated_buffer::new_raw(b, e.shell.clone());
+        *outputs.add(i) = Box::into_raw(Box::new(colocated_buffer::make(b, e.shell.clone())));
     }
     if !status.is_null() {
         *status = colocated_event::new_raw(event);

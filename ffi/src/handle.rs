@@ -120,6 +120,21 @@ pub(crate) unsafe fn put<T>(out: *mut T, value: T, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Boxes `value` into `*out` (the caller then owns it), or fails and drops
+/// `value` when `out` is NULL: nothing leaks either way.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of a pointer.
+pub(crate) unsafe fn put_box<T>(out: *mut *mut T, value: T, what: &str) -> Result<()> {
+    if out.is_null() {
+        return Err(Error::invalid_argument(format!(
+            "out-parameter {what} is NULL"
+        )));
+    }
+    std::ptr::write(out, Box::into_raw(Box::new(value)));
+    Ok(())
+}
+
 /// Borrows `len` items at `ptr` (NULL allowed when `len` is 0).
 ///
 /// # Safety

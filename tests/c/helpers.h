@@ -1,0 +1,272 @@
+/*
+ * helpers.h — shared fixtures of the C tests: clients, buffers, shardings,
+ * programs and a few native functions. Include after harness.h.
+ *
+ * Helpers that run on the test thread use CHECK (they abandon the test on
+ * failure). Native functions and callbacks run on executor threads: they never
+ * use CHECK, they return errors or use EXPECT.
+ */
+#ifndef COLOCATED_TEST_HELPERS_H
+#define COLOCATED_TEST_HELPERS_H
+
+#include "harness.h"
+
+/* Threads of this process (/proc/self/status), or -1. Tests that count threads
+ * call quiet_runtime() first: a trace writer (COLOCATED_TRACE) is one more. */
+static inline int thread_count(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f == NULL) return -1;
+  char line[256];
+  int n = -1;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "Threads:", 8) == 0) n = atoi(line + 8);
+  fclose(f);
+  return n;
+}
+
+/* Keeps the runtime from starting log or trace threads in this test process. */
+static inline void quiet_runtime(void) {
+  unsetenv("COLOCATED_TRACE");
+  unsetenv("COLOCATED_LOG");
+}
+
+static inline colocated_string_view sv(const char *s) {
+  colocated_string_view v = {s, s ? strlen(s) : 0};
+  return v;
+}
+
+/* An error with `code` and `message`, as native functions return them. */
+static inline colocated_error *make_error(uint32_t code, const char *message) {
+  return colocated_error_create(code, (const uint8_t *)message, strlen(message));
+}
+
+static inline colocated_client *make_client(uint32_t num_devices, uint32_t executor_threads) {
+  colocated_client_options options = {sizeof options};
+  options.num_cpu_devices = num_devices;
+  options.executor_threads = executor_threads;
+  colocated_client *client = NULL;
+  CHECK_OK(colocated_client_create_local(&options, &client));
+  CHECK(client != NULL);
+  return client;
+}
+
+static inline const colocated_device *const *client_devices(const colocated_client *client, size_t *count) {
+  const colocated_device *const *devices = NULL;
+  CHECK_OK(colocated_client_devices(client, &devices, count));
+  CHECK(devices != NULL);
+  return devices;
+}
+
+static inline const colocated_device *device_at(const colocated_client *client, size_t index) {
+  size_t n;
+  const colocated_device *const *devices = client_devices(client, &n);
+  CHECK(index < n);
+  return devices[index];
+}
+
+/* A memory space of `device` of the given kind. */
+static inline const colocated_memory_space *memory_of_kind(const colocated_device *device, colocated_memory_kind kind) {
+  const colocated_memory_space *const *spaces;
+  size_t n;
+  CHECK_OK(colocated_device_memory_spaces(device, &spaces, &n));
+  for (size_t i = 0; i < n; ++i) {
+    colocated_memory_kind k;
+    CHECK_OK(colocated_memory_space_kind(spaces[i], &k));
+    if (k == kind) return spaces[i];
+  }
+  FAIL("device has no memory space of kind %u", (unsigned)kind);
+  return NULL;
+}
+
+static inline colocated_buffer *make_buffer(const colocated_client *client, const colocated_device *device,
+                                            uint32_t dtype, const int64_t *dims, size_t num_dims, const void *data,
+                                            size_t data_size) {
+  colocated_buffer_from_host_args args = {sizeof args};
+  args.client = client;
+  args.device = device;
+  args.dtype = dtype;
+  args.dims = dims;
+  args.num_dims = num_dims;
+  args.data = data;
+  args.data_size = data_size;
+  colocated_buffer *buffer = NULL;
+  CHECK_OK(colocated_buffer_from_host(&args, &buffer, NULL));
+  CHECK(buffer != NULL);
+  return buffer;
+}
+
+/* A rank-1 float32 buffer of `n` values. */
+static inline colocated_buffer *make_f32(const colocated_client *client, const colocated_device *device,
+                                         const float *values, size_t n) {
+  int64_t dims[1] = {(int64_t)n};
+  return make_buffer(client, device, COLOCATED_DTYPE_F32, dims, 1, values, n * sizeof(float));
+}
+
+/* Awaits and destroys `event`, returning its outcome. */
+static inline colocated_error *await_and_destroy(colocated_event *event) {
+  colocated_error *err = colocated_event_await(event);
+  colocated_event_destroy(event);
+  return err;
+}
+
+static inline bool event_is_ready(const colocated_event *event) {
+  bool ready = false;
+  CHECK_OK(colocated_event_is_ready(event, &ready));
+  return ready;
+}
+
+/* Copies a buffer to host memory (waits). */
+static inline void read_buffer(const colocated_buffer *buffer, void *dst, size_t size) {
+  colocated_event *done = NULL;
+  CHECK_OK(colocated_buffer_to_host(buffer, dst, size, &done));
+  CHECK_OK(await_and_destroy(done));
+}
+
+static inline colocated_sharding *make_replicated(const colocated_client *client,
+                                                  const colocated_device *const *devices, size_t n) {
+  colocated_sharding *sharding = NULL;
+  CHECK_OK(colocated_sharding_create_replicated(client, devices, n, &sharding));
+  CHECK(sharding != NULL);
+  return sharding;
+}
+
+/* Dimension 0 split over a 1-D mesh of `n` devices (axis "x"). */
+static inline colocated_sharding *make_split(const colocated_client *client, const colocated_device *const *devices,
+                                             size_t n) {
+  size_t mesh_shape[1] = {n};
+  colocated_string_view axis = {"x", 1};
+  size_t counts[1] = {1};
+  uint32_t axes[1] = {0};
+  colocated_named_sharding_args args = {sizeof args};
+  args.client = client;
+  args.devices = devices;
+  args.num_devices = n;
+  args.mesh_shape = mesh_shape;
+  args.num_mesh_axes = 1;
+  args.axis_names = &axis;
+  args.partition_counts = counts;
+  args.num_partition_dims = 1;
+  args.partition_axes = axes;
+  colocated_sharding *sharding = NULL;
+  CHECK_OK(colocated_sharding_create_named(&args, &sharding));
+  CHECK(sharding != NULL);
+  return sharding;
+}
+
+static inline colocated_array_spec make_spec(uint32_t dtype, const int64_t *dims, size_t num_dims,
+                                             const colocated_sharding *sharding) {
+  colocated_array_spec spec = {sizeof spec};
+  spec.dtype = dtype;
+  spec.dims = dims;
+  spec.num_dims = num_dims;
+  spec.sharding = sharding;
+  return spec;
+}
+
+/* A program of `language` whose payload is `function`. */
+static inline colocated_program make_program(const char *language, const char *function,
+                                             const colocated_array_spec *const *inputs, size_t num_inputs,
+                                             const colocated_array_spec *const *outputs, size_t num_outputs,
+                                             const colocated_device *const *devices, size_t num_devices) {
+  colocated_program program = {sizeof program};
+  program.name = sv(function);
+  program.language = sv(language);
+  program.payload = (const uint8_t *)function;
+  program.payload_size = strlen(function);
+  program.input_specs = inputs;
+  program.num_input_specs = num_inputs;
+  program.output_specs = outputs;
+  program.num_output_specs = num_outputs;
+  program.devices = devices;
+  program.num_devices = num_devices;
+  return program;
+}
+
+/* Compiles the native program `function` taking one array of `spec` and
+ * returning one of the same spec, on `devices`. */
+static inline colocated_loaded_executable *compile_unary(const colocated_client *client, const char *function,
+                                                         const colocated_array_spec *spec,
+                                                         const colocated_device *const *devices, size_t num_devices,
+                                                         const colocated_compile_options *options) {
+  const colocated_array_spec *specs[1] = {spec};
+  colocated_program program = make_program("native", function, specs, 1, specs, 1, devices, num_devices);
+  colocated_loaded_executable *exe = NULL;
+  CHECK_OK(colocated_client_compile(client, &program, options, &exe));
+  CHECK(exe != NULL);
+  return exe;
+}
+
+static inline void register_native(const colocated_client *client, const char *name, colocated_native_fn fn,
+                                   void *user_data, colocated_destructor destructor) {
+  colocated_native_function_args args = {sizeof args};
+  args.name = sv(name);
+  args.function = fn;
+  args.user_data = user_data;
+  args.destructor = destructor;
+  CHECK_OK(colocated_client_register_native_function(client, &args));
+}
+
+/* Builds output shard `index` of `ctx` from `size` bytes at `data`. */
+static inline colocated_error *set_output_from(colocated_execution_context *ctx, size_t index, const void *data,
+                                               size_t size) {
+  const colocated_client *client;
+  colocated_error *err = colocated_execution_context_client(ctx, &client);
+  if (err) return err;
+  colocated_dtype dtype;
+  const int64_t *dims;
+  size_t num_dims;
+  const colocated_device *device;
+  if ((err = colocated_execution_context_output_spec(ctx, index, &dtype, &dims, &num_dims, &device))) return err;
+  colocated_buffer_from_host_args args = {sizeof args};
+  args.client = client;
+  args.device = device;
+  args.dtype = dtype;
+  args.dims = dims;
+  args.num_dims = num_dims;
+  args.data = data;
+  args.data_size = size;
+  colocated_buffer *out;
+  if ((err = colocated_buffer_from_host(&args, &out, NULL))) return err;
+  err = colocated_execution_context_set_output(ctx, index, out);
+  colocated_buffer_destroy(out);
+  return err;
+}
+
+/* Reads a dense buffer inside a native function into a malloc'ed block. */
+static inline colocated_error *read_shard(const colocated_buffer *buffer, void **data, size_t *size) {
+  colocated_error *err = colocated_buffer_on_host_size(buffer, size);
+  if (err) return err;
+  *data = malloc(*size ? *size : 1);
+  colocated_event *done;
+  if ((err = colocated_buffer_to_host(buffer, *data, *size, &done))) {
+    free(*data);
+    return err;
+  }
+  err = await_and_destroy(done);
+  if (err) free(*data);
+  return err;
+}
+
+/* Native function "add_one": each float32 output shard is its input shard + 1
+ * (one argument, sharded like the result). */
+static inline colocated_error *native_add_one(void *user_data, colocated_execution_context *ctx,
+                                              const colocated_buffer *const *inputs, size_t num_inputs) {
+  (void)user_data;
+  size_t num_outputs;
+  colocated_error *err = colocated_execution_context_num_outputs(ctx, &num_outputs);
+  if (err) return err;
+  if (num_outputs != num_inputs) return make_error(COLOCATED_INVALID_ARGUMENT, "add_one: shard counts differ");
+  for (size_t i = 0; i < num_inputs; ++i) {
+    void *data;
+    size_t size;
+    if ((err = read_shard(inputs[i], &data, &size))) return err;
+    float *values = data;
+    for (size_t k = 0; k < size / sizeof(float); ++k) values[k] += 1.0f;
+    err = set_output_from(ctx, i, data, size);
+    free(data);
+    if (err) return err;
+  }
+  return NULL;
+}
+
+#endif /* COLOCATED_TEST_HELPERS_H */
