@@ -44,7 +44,9 @@ test: check-header test-rust test-c test-abi
 test-rust:
 	$(CARGO) test --workspace
 
-test-c: build | $(BUILD)
+# Without the mimalloc feature, so LeakSanitizer sees every allocation.
+test-c: | $(BUILD)
+	$(CARGO) build -p colocated-ffi --no-default-features
 	$(MAKE) -C tests/c run LIBDIR=$(DEBUG_DIR) BUILD=$(BUILD)/c
 
 test-abi: build | $(BUILD)

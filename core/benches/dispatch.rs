@@ -12,6 +12,10 @@ use colocated_core::{
 };
 use criterion::{criterion_group, Criterion, Throughput};
 
+// Measured with the allocator libcolocated ships with.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn noop_executable() -> LoadedExecutable {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),

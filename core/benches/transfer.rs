@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 use colocated_core::{Buffer, Client, ClientOptions, DType, HostBufferSemantics};
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 
+// Measured with the allocator libcolocated ships with.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SIZES: [(usize, &str); 3] = [(4 << 10, "4KiB"), (1 << 20, "1MiB"), (256 << 20, "256MiB")];
 
 fn client() -> Client {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::client::Client;
 use crate::device::{Device, MemorySpace};
-use crate::dispatch::Task;
+use crate::dispatch::{Job, Task};
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
@@ -515,7 +515,7 @@ impl Buffer {
         let task = Task {
             deps: vec![self.0.ready.clone()],
             completion: ready.clone(),
-            run: Box::new(move |status| {
+            run: Job::Call(Box::new(move |status| {
                 let _span = tracing::debug_span!(
                     "copy_to_device",
                     from = src.0.device.id(),
@@ -534,7 +534,7 @@ impl Buffer {
                     }
                     Err(e) => dst.0.ready.set_if_pending(Err(e)),
                 }
-            }),
+            })),
         };
         let stream = client.current_stream();
         client.0.local.dispatcher.submit(&stream, task, &[&ready]);

@@ -38,7 +38,14 @@ const SPIN: Duration = Duration::from_micros(50);
 pub(crate) struct Task {
     pub deps: Vec<Event>,
     pub completion: Event,
-    pub run: Box<dyn FnOnce(Result<()>) + Send>,
+    pub run: Job,
+}
+
+/// What a task runs. Executions, the hot path, are stored inline in the queue
+/// slot; anything else is a boxed closure.
+pub(crate) enum Job {
+    Execute(crate::executable::ExecJob),
+    Call(Box<dyn FnOnce(Result<()>) + Send>),
 }
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
@@ -275,7 +282,12 @@ fn run_task(task: Task, stream_id: u64) {
     } = task;
     let status = deps.iter().find_map(Event::error).map_or(Ok(()), Err);
     drop(deps);
-    if catch_unwind(AssertUnwindSafe(move || run(status))).is_err() {
+    let done = &completion;
+    let outcome = catch_unwind(AssertUnwindSafe(move || match run {
+        Job::Execute(job) => job.run(status, done),
+        Job::Call(f) => f(status),
+    }));
+    if outcome.is_err() {
         tracing::error!(
             stream = stream_id,
             "a task panicked; its outputs fail with `internal`"
@@ -424,10 +436,10 @@ mod tests {
         Task {
             deps: vec![],
             completion: completion.clone(),
-            run: Box::new(move |status| {
+            run: Job::Call(Box::new(move |status| {
                 f();
                 done.set_if_pending(status);
-            }),
+            })),
         }
     }
 

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use crate::array::{Array, ArraySpec};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, UsageHold};
 use crate::client::Client;
 use crate::device::Device;
-use crate::dispatch::{Stream, Task};
+use crate::dispatch::{Job, Stream, Task};
 use crate::error::{Error, Result};
 use crate::executor::{ExecutionContext, NativeFn, OutputShard};
 use crate::format;
@@ -68,6 +68,52 @@ impl std::fmt::Debug for LoadedExecutable {
             "LoadedExecutable({}, {})",
             self.0.program.name, self.0.program.language
         )
+    }
+}
+
+/// One host's part of an execution, queued on its stream (inline in the queue
+/// slot: submitting allocates nothing for it).
+pub(crate) struct ExecJob {
+    exe: LoadedExecutable,
+    plan_index: usize,
+    inputs: Vec<Buffer>,
+    /// Keep the inputs' data alive even if the caller deletes them meanwhile.
+    holds: Vec<UsageHold>,
+    layout: Option<Box<Layout>>,
+    outputs: Vec<Buffer>,
+    stream_id: u64,
+}
+
+impl ExecJob {
+    /// Runs the program (unless a dependency failed) and completes `done`.
+    pub(crate) fn run(self, status: Result<()>, done: &Event) {
+        let ExecJob {
+            exe,
+            plan_index,
+            inputs,
+            holds,
+            layout,
+            outputs,
+            stream_id,
+        } = self;
+        let plan = &exe.0.hosts[plan_index];
+        let span = tracing::debug_span!(
+            "execute",
+            program = %exe.0.program.name,
+            host = plan.host as u64,
+            stream = stream_id
+        )
+        .entered();
+        let (counts, shards) = match &layout {
+            Some(l) => (&l.0[..], &l.1[..]),
+            None => (&plan.input_counts[..], &plan.output_shards[..]),
+        };
+        let result = status.and_then(|()| exe.run_native(plan, &inputs, counts, shards, &outputs));
+        drop(holds);
+        // Close the span before waking waiters: a finished wait implies a recorded
+        // span.
+        drop(span);
+        done.set_if_pending(result);
     }
 }
 
@@ -349,35 +395,19 @@ impl LoadedExecutable {
                 return (outputs, completion);
             }
         };
-        let exe = self.clone();
-        let done = completion.clone();
-        let filled = outputs.clone();
-        let stream_id = stream.id();
-        let run = Box::new(move |status: Result<()>| {
-            let plan = &exe.0.hosts[plan_index];
-            let span = tracing::debug_span!(
-                "execute",
-                program = %exe.0.program.name,
-                host = plan.host as u64,
-                stream = stream_id
-            )
-            .entered();
-            let (counts, shards) = match &layout {
-                Some(l) => (&l.0[..], &l.1[..]),
-                None => (&plan.input_counts[..], &plan.output_shards[..]),
-            };
-            let result =
-                status.and_then(|()| exe.run_native(plan, &inputs, counts, shards, &filled));
-            drop(holds);
-            // Close the span before waking waiters: a finished wait implies a
-            // recorded span.
-            drop(span);
-            done.set_if_pending(result);
-        });
+        let job = ExecJob {
+            exe: self.clone(),
+            plan_index,
+            inputs,
+            holds,
+            layout,
+            outputs: outputs.clone(),
+            stream_id: stream.id(),
+        };
         let task = Task {
             deps,
             completion: completion.clone(),
-            run,
+            run: Job::Execute(job),
         };
         client
             .0
