@@ -175,7 +175,7 @@ impl Buffer {
                 } else {
                     std::slice::from_raw_parts(data, len)
                 };
-                (DenseBytes::copy_of(src)?, Event::ready(Ok(())))
+                (DenseBytes::copy_of(src)?, Event::ready_ok())
             }
             HostBufferSemantics::ImmutableZeroCopy => {
                 let done = Event::new();
@@ -191,7 +191,7 @@ impl Buffer {
             memory_space,
             dtype,
             dims,
-            Event::ready(Ok(())),
+            Event::ready_ok(),
         );
         buffer.fill(Storage::Dense(bytes));
         Ok((buffer, done))
@@ -246,7 +246,7 @@ impl Buffer {
             memory_space,
             DType::String,
             dims,
-            Event::ready(Ok(())),
+            Event::ready_ok(),
         );
         buffer.fill(storage);
         Ok(buffer)
@@ -414,10 +414,15 @@ impl Buffer {
             return Err(Error::invalid_argument("destination is NULL"));
         }
         let dst = HostDst(dst, len);
-        let hold = self.hold()?;
         if self.0.ready.is_ready() {
-            return Ok(Event::ready(self.copy_out(dst)));
+            // Copied during the call: the storage handle taken by `copy_out` keeps
+            // the data alive even if another thread deletes the buffer meanwhile.
+            return self
+                .copy_out(dst)
+                .map(|()| Event::ready_ok())
+                .or_else(|e| Ok(Event::ready(Err(e))));
         }
+        let hold = self.hold()?;
         let done = Event::new();
         let (me, out) = (self.clone(), done.clone());
         self.0.ready.on_ready(move |status| {
