@@ -5,7 +5,8 @@ use std::sync::Arc;
 use colocated_core::{Array, ArraySpec, Error, Result, Sharding};
 
 use crate::buffer::{colocated_buffer, colocated_dtype, dtype_of};
-use crate::client::{colocated_client, colocated_device, device_list, ClientShell};
+use crate::client::{colocated_client, device_list, ClientShell};
+use crate::device::colocated_device;
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{

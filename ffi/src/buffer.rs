@@ -4,7 +4,8 @@ use std::sync::{Arc, Mutex};
 
 use colocated_core::{Buffer, DType, Error, ExternalReference, HostBufferSemantics};
 
-use crate::client::{colocated_client, colocated_device, colocated_memory_space, ClientShell};
+use crate::client::{colocated_client, ClientShell};
+use crate::device::{colocated_device, colocated_memory_space};
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{

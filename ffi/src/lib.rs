@@ -16,18 +16,24 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod array;
 mod buffer;
 mod client;
+mod device;
 mod error;
 mod event;
 mod executable;
 mod handle;
+mod host_callback;
+mod native;
 
 pub use array::*;
 pub use buffer::*;
 pub use client::*;
+pub use device::*;
 pub use error::*;
 pub use event::*;
 pub use executable::*;
 pub use handle::colocated_string_view;
+pub use host_callback::*;
+pub use native::*;
 
 /// Major version of the C API. Bumped only for incompatible changes (never so far).
 pub const COLOCATED_API_VERSION_MAJOR: u32 = 1;
