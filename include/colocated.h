@@ -489,6 +489,10 @@ typedef struct {
    */
   uint32_t dtype;
   /**
+   * `colocated_host_buffer_semantics` (0: copy during the call).
+   */
+  uint32_t semantics;
+  /**
    * Dimensions (may be NULL for a scalar).
    */
   const int64_t *dims;
@@ -504,10 +508,6 @@ typedef struct {
    * Target memory space (NULL: the device's default).
    */
   const colocated_memory_space *memory_space;
-  /**
-   * `colocated_host_buffer_semantics` (0: copy during the call).
-   */
-  uint32_t semantics;
 } colocated_buffer_from_host_args;
 
 /**
@@ -1603,7 +1603,10 @@ void colocated_loaded_host_callback_destroy(colocated_loaded_host_callback *call
  * Adds a native function to the local host's registry. `user_data` must be
  * usable from any thread; on success the library owns it and `destructor` runs
  * once when the client and everything made from it are gone. On error the
- * caller keeps ownership (the destructor is not called). Errors:
+ * caller keeps ownership (the destructor is not called). User data that holds a
+ * handle of this client (or of anything made from it) keeps the client alive
+ * through the registry, so its destructor would never run: keep such handles
+ * elsewhere. Errors:
  * `invalid_argument` (no function, bad name), `already_exists`.
  * Thread-safety: any thread.
  */

@@ -213,12 +213,36 @@ impl Array {
 
     /// Waits for the array and gathers it into row-major host bytes.
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.on_host_size()?];
+        self.to_host_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Bytes of the gathered row-major array (dense dtypes; `invalid_argument`
+    /// for strings).
+    pub fn on_host_size(&self) -> Result<usize> {
         let spec = &self.0.spec;
-        let elem = spec
-            .dtype
-            .byte_size()
-            .ok_or_else(|| Error::invalid_argument("use to_host_strings for string arrays"))?;
-        let mut out = vec![0u8; checked_byte_size(spec.dtype, &spec.shape)?];
+        if spec.dtype == DType::String {
+            return Err(Error::invalid_argument(
+                "use to_host_strings for string arrays",
+            ));
+        }
+        checked_byte_size(spec.dtype, &spec.shape)
+    }
+
+    /// Waits for the array and gathers it into `out`, which must be exactly
+    /// [`Array::on_host_size`] bytes (checked before waiting).
+    pub fn to_host_into(&self, out: &mut [u8]) -> Result<()> {
+        let spec = &self.0.spec;
+        let expected = self.on_host_size()?;
+        if out.len() != expected {
+            return Err(Error::invalid_argument(format!(
+                "destination is {} bytes but {} needs {expected}",
+                out.len(),
+                spec.describe()
+            )));
+        }
+        let elem = spec.dtype.byte_size().unwrap_or(1);
         for (pos, b) in self.0.buffers.iter().enumerate() {
             let index = self.shard_index(pos)?;
             let shard = b.to_host_vec()?;
@@ -226,7 +250,7 @@ impl Array {
                 &shard,
                 &spec.shape,
                 &index,
-                &mut out,
+                out,
                 elem,
                 Direction::ShardToGlobal,
             );
@@ -234,7 +258,7 @@ impl Array {
                 break;
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Waits for a string array and gathers its elements in row-major order.

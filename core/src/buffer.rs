@@ -58,11 +58,15 @@ pub(crate) struct UsageHold(Buffer);
 
 impl Drop for UsageHold {
     fn drop(&mut self) {
-        let mut data = self.0.data();
-        data.holds -= 1;
-        if data.holds == 0 && self.0.is_deleted() {
-            data.slot = Slot::Deleted;
-        }
+        let freed = {
+            let mut data = self.0.data();
+            data.holds -= 1;
+            (data.holds == 0 && self.0.is_deleted())
+                .then(|| std::mem::replace(&mut data.slot, Slot::Deleted))
+        };
+        // Dropped after unlocking: releasing zero-copy memory runs user callbacks,
+        // which may use this buffer again.
+        drop(freed);
     }
 }
 
@@ -324,11 +328,13 @@ impl Buffer {
     /// Frees the data once in-flight users and external references are done with
     /// it. Later uses fail with `failed_precondition`. Deleting twice is allowed.
     pub fn delete(&self) {
-        let mut data = self.data();
-        self.0.deleted.store(true, Ordering::Release);
-        if data.holds == 0 {
-            data.slot = Slot::Deleted;
-        }
+        let freed = {
+            let mut data = self.data();
+            self.0.deleted.store(true, Ordering::Release);
+            (data.holds == 0).then(|| std::mem::replace(&mut data.slot, Slot::Deleted))
+        };
+        // Dropped after unlocking (see `UsageHold::drop`).
+        drop(freed);
     }
 
     /// Registers in-flight work on the buffer; `failed_precondition` if deleted.

@@ -75,6 +75,14 @@ impl Stream {
         }))
     }
 
+    /// True once the stream's dispatcher has shut down (its client is gone).
+    fn is_defunct(&self) -> bool {
+        self.0
+            .local
+            .get()
+            .is_some_and(|q| q.shared.shutdown.load(Ordering::Relaxed))
+    }
+
     /// The id of the dispatcher (client) the stream belongs to.
     pub(crate) fn owner(&self) -> u64 {
         self.0.owner
@@ -100,27 +108,46 @@ impl Stream {
 }
 
 thread_local! {
-    static THREAD_STREAMS: RefCell<Vec<(u64, Stream)>> = const { RefCell::new(Vec::new()) };
+    /// Default streams of this thread, keyed by (dispatcher, task depth).
+    static THREAD_STREAMS: RefCell<Vec<(u64, usize, Stream)>> = const { RefCell::new(Vec::new()) };
+    /// The streams whose tasks this thread is running now, innermost last.
+    static RUNNING_HERE: RefCell<Vec<*const StreamQueue>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The calling thread's default stream for the dispatcher `owner_id`.
+///
+/// Code running inside a task (a native function, on an executor thread or inline
+/// in a waiter) gets a stream of its own per nesting depth: its nested calls must
+/// not queue behind the very task that makes them.
 pub(crate) fn thread_stream(owner_id: u64) -> Stream {
+    let depth = RUNNING_HERE.with(|r| r.borrow().len());
     THREAD_STREAMS.with(|streams| {
         let mut streams = streams.borrow_mut();
-        if let Some((_, s)) = streams.iter().find(|(id, _)| *id == owner_id) {
+        if let Some((_, _, s)) = streams
+            .iter()
+            .find(|(id, d, _)| *id == owner_id && *d == depth)
+        {
             return s.clone();
         }
+        // A miss is rare (first use per client and depth): drop the streams of
+        // clients that are gone, so long-lived threads do not accumulate them.
+        streams.retain(|(_, _, s)| !s.is_defunct());
         let s = Stream::new(owner_id);
-        streams.push((owner_id, s.clone()));
+        streams.push((owner_id, depth, s.clone()));
         s
     })
+}
+
+/// True when this thread is running a task of `queue` right now.
+fn running_here(queue: *const StreamQueue) -> bool {
+    RUNNING_HERE.with(|r| r.borrow().contains(&queue))
 }
 
 /// Forgets this thread's default stream for `owner_id` (when a client goes away).
 pub(crate) fn forget_thread_stream(owner_id: u64) {
     let _ = THREAD_STREAMS.try_with(|streams| {
         if let Ok(mut streams) = streams.try_borrow_mut() {
-            streams.retain(|(id, _)| *id != owner_id);
+            streams.retain(|(id, _, _)| *id != owner_id);
         }
     });
 }
@@ -214,7 +241,10 @@ impl StreamQueue {
                 dep.on_ready(move |_| me.unblock());
                 return;
             }
+            let me: *const StreamQueue = Arc::as_ptr(self);
+            RUNNING_HERE.with(|r| r.borrow_mut().push(me));
             run_task(task, self.stream_id);
+            RUNNING_HERE.with(|r| r.borrow_mut().pop());
             ran += 1;
         }
     }
@@ -263,6 +293,10 @@ impl StreamQueue {
 }
 
 impl Helper for StreamQueue {
+    fn blocks_on_caller(&self) -> bool {
+        running_here(self)
+    }
+
     fn help(self: Arc<Self>, target: &Event) {
         if self
             .state

@@ -26,6 +26,9 @@ type Callback = Box<dyn FnOnce(Result<()>) + Send>;
 /// Something that can make progress on the work that fulfils an event, on the
 /// waiting thread (the dispatcher runs a not-yet-started call inline, in order).
 pub(crate) trait Helper: Send + Sync {
+    /// True when the work behind this helper waits for a task the calling thread
+    /// is running (waiting would never end).
+    fn blocks_on_caller(&self) -> bool;
     fn help(self: Arc<Self>, target: &Event);
 }
 
@@ -36,6 +39,8 @@ struct Inner {
     callbacks: Mutex<Vec<Callback>>,
     cond: Condvar,
     helper: OnceLock<Weak<dyn Helper>>,
+    /// The waker of the task polling this event (`.await`), registered once.
+    waker: OnceLock<Arc<Mutex<Option<Waker>>>>,
 }
 
 /// A one-shot completion signal. Cloning gives another handle to the same event.
@@ -70,6 +75,7 @@ impl Event {
             callbacks: Mutex::new(Vec::new()),
             cond: Condvar::new(),
             helper: OnceLock::new(),
+            waker: OnceLock::new(),
         }))
     }
 
@@ -141,7 +147,16 @@ impl Event {
             if !callbacks.is_empty() {
                 let status = self.status().unwrap_or(Ok(()));
                 for cb in callbacks {
-                    cb(status.clone());
+                    // One callback's panic must not strand the others (a
+                    // dependent stream's wake-up among them).
+                    let status = status.clone();
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || cb(status)))
+                        .is_err()
+                    {
+                        tracing::error!(
+                            "an on_ready callback panicked; the other callbacks still ran"
+                        );
+                    }
                 }
             }
         }
@@ -185,6 +200,13 @@ impl Event {
     fn wait_until(&self, deadline: Option<Instant>) -> Result<()> {
         if let Some(status) = self.status() {
             return status;
+        }
+        if let Some(helper) = self.0.helper.get().and_then(Weak::upgrade) {
+            if helper.blocks_on_caller() {
+                return Err(Error::failed_precondition(
+                    "waiting for work queued behind the task this thread is running, on the same stream, would never end",
+                ));
+            }
         }
         // Running queued work inline has no deadline, so only unbounded waits help.
         if let Some(helper) = deadline
@@ -272,8 +294,20 @@ impl Future for Event {
         if let Some(status) = self.status() {
             return Poll::Ready(status);
         }
-        let waker: Waker = cx.waker().clone();
-        self.on_ready(move |_| waker.wake());
+        // One callback per event, whatever the number of polls; each poll only
+        // replaces the waker it will wake.
+        let slot = self.0.waker.get_or_init(|| {
+            let slot: Arc<Mutex<Option<Waker>>> = Arc::default();
+            let on_ready = slot.clone();
+            self.on_ready(move |_| {
+                let waker = on_ready.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+            });
+            slot
+        });
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
         match self.status() {
             Some(status) => Poll::Ready(status),
             None => Poll::Pending,

@@ -343,20 +343,20 @@ pub unsafe extern "C" fn colocated_array_to_host(
 ) -> *mut colocated_error {
     boundary(|| {
         let a = handle(array, "array")?;
-        let bytes = a.array.to_host_bytes()?;
-        if bytes.len() != dst_size {
+        let expected = a.array.on_host_size()?;
+        if expected != dst_size {
             return Err(Error::invalid_argument(format!(
-                "dst is {dst_size} bytes but the array is {}",
-                bytes.len()
+                "dst is {dst_size} bytes but the array is {expected}"
             )));
         }
-        if dst_size > 0 {
-            if dst.is_null() {
-                return Err(Error::invalid_argument("dst is NULL"));
-            }
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.cast::<u8>(), dst_size);
+        if dst_size == 0 {
+            return Ok(());
         }
-        Ok(())
+        if dst.is_null() {
+            return Err(Error::invalid_argument("dst is NULL"));
+        }
+        a.array
+            .to_host_into(std::slice::from_raw_parts_mut(dst.cast::<u8>(), dst_size))
     })
 }
 

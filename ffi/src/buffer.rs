@@ -99,7 +99,7 @@ pub enum colocated_host_buffer_semantics {
 /// Thread-safety: every buffer function may be called from any thread.
 #[repr(C)]
 pub struct colocated_buffer {
-    tag: u64,
+    pub(crate) tag: u64,
     pub(crate) buffer: Buffer,
     pub(crate) shell: Arc<ClientShell>,
     pins: Mutex<Vec<ExternalReference>>,
@@ -138,6 +138,8 @@ pub struct colocated_buffer_from_host_args {
     pub data_size: usize,
     /// Element type (`colocated_dtype`).
     pub dtype: u32,
+    /// `colocated_host_buffer_semantics` (0: copy during the call).
+    pub semantics: u32,
     /// Dimensions (may be NULL for a scalar).
     pub dims: *const i64,
     /// Number of dimensions.
@@ -146,11 +148,9 @@ pub struct colocated_buffer_from_host_args {
     pub device: *const colocated_device,
     /// Target memory space (NULL: the device's default).
     pub memory_space: *const colocated_memory_space,
-    /// `colocated_host_buffer_semantics` (0: copy during the call).
-    pub semantics: u32,
 }
 versioned!(colocated_buffer_from_host_args, required: device,
-    fields: [struct_size, client, data, data_size, dtype, dims, num_dims, device, memory_space, semantics]);
+    fields: [struct_size, client, data, data_size, dtype, semantics, dims, num_dims, device, memory_space]);
 
 /// Creates a buffer from host data. `*out` is a new buffer the caller owns.
 /// `done_with_host_buffer` may be NULL; otherwise it receives a new event (caller

@@ -39,7 +39,7 @@ unsafe impl Send for ClientShell {}
 unsafe impl Sync for ClientShell {}
 
 impl ClientShell {
-    fn new(client: Client) -> Arc<ClientShell> {
+    pub(crate) fn new(client: Client) -> Arc<ClientShell> {
         let cstr = |s: &str| CString::new(s).unwrap_or_default();
         let mut memory_spaces: Vec<colocated_memory_space> = client
             .memory_spaces()
@@ -179,7 +179,7 @@ impl ClientShell {
 /// Thread-safety: every client function may be called from any thread.
 #[repr(C)]
 pub struct colocated_client {
-    tag: u64,
+    pub(crate) tag: u64,
     pub(crate) shell: Arc<ClientShell>,
 }
 

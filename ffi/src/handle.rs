@@ -85,13 +85,23 @@ pub(crate) unsafe fn handle<'a, T: Tagged>(ptr: *const T, what: &str) -> Result<
         )));
     }
     let tag = std::ptr::read(ptr.cast::<u64>());
-    if tag != T::TAG {
+    if tag != T::TAG && tag != T::TAG ^ BORROWED {
         return Err(Error::invalid_argument(format!(
             "{what} is not a live {} (wrong handle type, or destroyed)",
             T::NAME
         )));
     }
     Ok(&*ptr)
+}
+
+/// Flips a tag into its "borrowed" form: handles the library lends for the duration
+/// of a call (a native function's inputs and client) work everywhere, but their
+/// `*_destroy` is a no-op instead of freeing memory the caller does not own.
+pub(crate) const BORROWED: u64 = 0xff;
+
+/// Marks a handle as lent (see [`BORROWED`]).
+pub(crate) fn lend<T: Tagged>(tag: &mut u64) {
+    *tag = T::TAG ^ BORROWED;
 }
 
 /// Takes back a boxed handle for destruction (NULL and wrong types are ignored).
@@ -146,6 +156,16 @@ pub(crate) unsafe fn slice<'a, T>(ptr: *const T, len: usize, what: &str) -> Resu
     if ptr.is_null() {
         return Err(Error::invalid_argument(format!(
             "{what} is NULL but its count is {len}"
+        )));
+    }
+    if len > isize::MAX as usize / std::mem::size_of::<T>().max(1) {
+        return Err(Error::invalid_argument(format!(
+            "{what} has an impossible count ({len})"
+        )));
+    }
+    if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        return Err(Error::invalid_argument(format!(
+            "{what} is not aligned for its element type"
         )));
     }
     Ok(std::slice::from_raw_parts(ptr, len))
@@ -217,6 +237,10 @@ pub(crate) unsafe fn read_versioned<T: Versioned>(ptr: *const T, optional: bool)
     }
     let size = std::ptr::read_unaligned(ptr.cast::<usize>());
     let full = std::mem::size_of::<T>();
+    let ends = T::field_ends();
+    // Bytes this library knows: through its last field (trailing padding is
+    // unknown, so a newer field placed there is not silently ignored).
+    let known = ends.last().copied().unwrap_or(full);
     let min = T::min_size();
     if size < min {
         return Err(Error::invalid_argument(format!(
@@ -224,16 +248,16 @@ pub(crate) unsafe fn read_versioned<T: Versioned>(ptr: *const T, optional: bool)
             T::NAME
         )));
     }
-    if size > full {
-        let tail = std::slice::from_raw_parts(ptr.cast::<u8>().add(full), size - full);
+    if size > known {
+        let tail = std::slice::from_raw_parts(ptr.cast::<u8>().add(known), size - known);
         if let Some(at) = tail.iter().position(|b| *b != 0) {
             return Err(Error::invalid_argument(format!(
-                "{}.struct_size is {size}, larger than the {full} bytes this library knows, and byte {} of the unknown tail is not zero (a newer field this library cannot honour)",
+                "{}.struct_size is {size}, larger than the {known} bytes this library knows, and byte {} of the unknown tail is not zero (a newer field this library cannot honour)",
                 T::NAME,
-                full + at
+                known + at
             )));
         }
-    } else if size < full && !T::field_ends().contains(&size) {
+    } else if size < known && !ends.contains(&size) {
         return Err(Error::invalid_argument(format!(
             "{}.struct_size is {size}, which does not end on a field boundary",
             T::NAME
@@ -242,7 +266,7 @@ pub(crate) unsafe fn read_versioned<T: Versioned>(ptr: *const T, optional: bool)
     std::ptr::copy_nonoverlapping(
         ptr.cast::<u8>(),
         (&mut value as *mut T).cast::<u8>(),
-        size.min(full),
+        size.min(known),
     );
     Ok(value)
 }
@@ -297,4 +321,33 @@ pub(crate) unsafe fn get_list<T: Tagged, I>(
         put(items, list.as_ptr(), "items")?;
         put(count, list.len(), "count")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_trailing_padding<T: Versioned>() {
+        let last = *T::field_ends().last().expect("fields");
+        assert_eq!(
+            std::mem::size_of::<T>(),
+            last,
+            "{}: trailing padding would be bytes an older library cannot check",
+            T::NAME
+        );
+    }
+
+    #[test]
+    fn versioned_structs_have_no_trailing_padding() {
+        no_trailing_padding::<crate::client::colocated_client_options>();
+        no_trailing_padding::<crate::buffer::colocated_buffer_from_host_args>();
+        no_trailing_padding::<crate::array::colocated_named_sharding_args>();
+        no_trailing_padding::<crate::array::colocated_array_args>();
+        no_trailing_padding::<crate::native::colocated_native_function_args>();
+        no_trailing_padding::<crate::host_callback::colocated_host_callback_args>();
+        no_trailing_padding::<crate::executable::colocated_array_spec>();
+        no_trailing_padding::<crate::executable::colocated_program>();
+        no_trailing_padding::<crate::executable::colocated_compile_options>();
+        no_trailing_padding::<crate::executable::colocated_execute_options>();
+    }
 }

@@ -88,9 +88,11 @@ pub unsafe extern "C" fn colocated_callback_result_set(
     size: usize,
 ) -> *mut colocated_error {
     boundary(|| {
-        let r = handle(result, "result")?;
+        handle(result.cast_const(), "result")?;
         let bytes = slice(data, size, "data")?.to_vec();
-        (*(r as *const colocated_callback_result).cast_mut()).bytes = Some(bytes);
+        // SAFETY: checked non-NULL and of this type above; the callback's caller
+        // owns it exclusively for the duration of the call.
+        (*result).bytes = Some(bytes);
         Ok(())
     })
 }

@@ -12,7 +12,8 @@ use crate::client::{colocated_client, ClientShell};
 use crate::device::colocated_device;
 use crate::error::colocated_error;
 use crate::handle::{
-    colocated_string_view, get, handle, put, put_box, read_versioned, slice, tagged, versioned,
+    colocated_string_view, get, handle, lend, put, put_box, read_versioned, slice, tagged,
+    versioned,
 };
 use crate::host_callback::colocated_bytes;
 
@@ -93,7 +94,10 @@ impl Drop for UserData {
 /// Adds a native function to the local host's registry. `user_data` must be
 /// usable from any thread; on success the library owns it and `destructor` runs
 /// once when the client and everything made from it are gone. On error the
-/// caller keeps ownership (the destructor is not called). Errors:
+/// caller keeps ownership (the destructor is not called). User data that holds a
+/// handle of this client (or of anything made from it) keeps the client alive
+/// through the registry, so its destructor would never run: keep such handles
+/// elsewhere. Errors:
 /// `invalid_argument` (no function, bad name), `already_exists`.
 /// Thread-safety: any thread.
 #[no_mangle]
@@ -134,14 +138,22 @@ fn call_native(
     shell: &Weak<ClientShell>,
     ctx: &mut ExecutionContext<'_>,
 ) -> Result<()> {
+    // Work in flight keeps the core client alive; if every C handle of it is gone
+    // meanwhile, the program still runs, with a fresh C view of that client.
     let shell = shell
         .upgrade()
-        .ok_or_else(|| Error::cancelled("the client is gone"))?;
-    let client = colocated_client::new(shell.clone());
+        .unwrap_or_else(|| ClientShell::new(ctx.client().clone()));
+    // Lent handles: valid during the call; destroying one by mistake is a no-op.
+    let mut client = colocated_client::new(shell.clone());
+    lend::<colocated_client>(&mut client.tag);
     let inputs: Vec<colocated_buffer> = ctx
         .inputs()
         .iter()
-        .map(|b| colocated_buffer::new(b.clone(), shell.clone()))
+        .map(|b| {
+            let mut lent = colocated_buffer::new(b.clone(), shell.clone());
+            lend::<colocated_buffer>(&mut lent.tag);
+            lent
+        })
         .collect();
     let input_ptrs: Vec<*const colocated_buffer> = inputs.iter().map(|b| b as *const _).collect();
     let output_devices = ctx

@@ -489,6 +489,10 @@ typedef struct {
    */
   uint32_t dtype;
   /**
+   * `colocated_host_buffer_semantics` (0: copy during the call).
+   */
+  uint32_t semantics;
+  /**
    * Dimensions (may be NULL for a scalar).
    */
   const int64_t *dims;
@@ -504,10 +508,6 @@ typedef struct {
    * Target memory space (NULL: the device's default).
    */
   const colocated_memory_space *memory_space;
-  /**
-   * `colocated_host_buffer_semantics` (0: copy during the call).
-   */
-  uint32_t semantics;
 } colocated_buffer_from_host_args;
 
 /**
@@ -555,93 +555,12 @@ typedef struct {
 } colocated_device_attribute;
 
 /**
- * A native function. It runs on an executor thread of the host (possibly several
- * at once, for different streams): it reads its host's input shards (`inputs`,
- * `num_inputs` borrowed buffers, argument-major), sets every output shard with
- * `colocated_execution_context_set_output`, and returns NULL, or an error it owns
- * no longer (the runtime takes it). `context` and the input handles are valid only
- * during the call.
- */
-typedef colocated_error *(*colocated_native_fn)(void *user_data,
-                                                colocated_execution_context *context,
-                                                const colocated_buffer *const *inputs,
-                                                size_t num_inputs);
-
-/**
- * Destructor of user data, called exactly once.
- */
-typedef void (*colocated_destructor)(void *user_data);
-
-/**
- * Arguments of `colocated_client_register_native_function`.
- */
-typedef struct {
-  /**
-   * Size of the caller's struct.
-   */
-  size_t struct_size;
-  /**
-   * The name programs use (`payload` of a `native` program). Copied.
-   */
-  colocated_string_view name;
-  /**
-   * The function (required).
-   */
-  colocated_native_fn function;
-  /**
-   * Passed to every call.
-   */
-  void *user_data;
-  /**
-   * Called once with `user_data` when the client is gone (may be NULL).
-   */
-  colocated_destructor destructor;
-} colocated_native_function_args;
-
-/**
  * Called once when an event is ready. `error` is NULL on success, else an error
  * the callback owns (destroy it). Runs on the thread that completes the event, or
  * at once on the registering thread if it is already ready; it must not block
  * for long.
  */
 typedef void (*colocated_event_callback)(colocated_error *error, void *user_data);
-
-/**
- * A host callback function: reads `input` (`input_size` bytes, borrowed for the
- * call), writes its answer with `colocated_callback_result_set`, and returns NULL or
- * an error it hands over. It may run on any thread, several at once.
- */
-typedef colocated_error *(*colocated_host_callback_fn)(void *user_data,
-                                                       const uint8_t *input,
-                                                       size_t input_size,
-                                                       colocated_callback_result *result);
-
-/**
- * Arguments of `colocated_client_make_loaded_host_callback`.
- */
-typedef struct {
-  /**
-   * Size of the caller's struct.
-   */
-  size_t struct_size;
-  /**
-   * The function (required).
-   */
-  colocated_host_callback_fn function;
-  /**
-   * Passed to every call; must be usable from any thread.
-   */
-  void *user_data;
-  /**
-   * Called exactly once with `user_data` after the last reference is gone (NULL:
-   * none).
-   */
-  colocated_destructor destructor;
-  /**
-   * A name for messages and traces (may be empty).
-   */
-  colocated_string_view name;
-} colocated_host_callback_args;
 
 /**
  * The spec of an array: dtype, global dims and sharding.
@@ -751,6 +670,87 @@ typedef struct {
    */
   const colocated_stream *stream;
 } colocated_execute_options;
+
+/**
+ * A host callback function: reads `input` (`input_size` bytes, borrowed for the
+ * call), writes its answer with `colocated_callback_result_set`, and returns NULL or
+ * an error it hands over. It may run on any thread, several at once.
+ */
+typedef colocated_error *(*colocated_host_callback_fn)(void *user_data,
+                                                       const uint8_t *input,
+                                                       size_t input_size,
+                                                       colocated_callback_result *result);
+
+/**
+ * Destructor of user data, called exactly once.
+ */
+typedef void (*colocated_destructor)(void *user_data);
+
+/**
+ * Arguments of `colocated_client_make_loaded_host_callback`.
+ */
+typedef struct {
+  /**
+   * Size of the caller's struct.
+   */
+  size_t struct_size;
+  /**
+   * The function (required).
+   */
+  colocated_host_callback_fn function;
+  /**
+   * Passed to every call; must be usable from any thread.
+   */
+  void *user_data;
+  /**
+   * Called exactly once with `user_data` after the last reference is gone (NULL:
+   * none).
+   */
+  colocated_destructor destructor;
+  /**
+   * A name for messages and traces (may be empty).
+   */
+  colocated_string_view name;
+} colocated_host_callback_args;
+
+/**
+ * A native function. It runs on an executor thread of the host (possibly several
+ * at once, for different streams): it reads its host's input shards (`inputs`,
+ * `num_inputs` borrowed buffers, argument-major), sets every output shard with
+ * `colocated_execution_context_set_output`, and returns NULL, or an error it owns
+ * no longer (the runtime takes it). `context` and the input handles are valid only
+ * during the call.
+ */
+typedef colocated_error *(*colocated_native_fn)(void *user_data,
+                                                colocated_execution_context *context,
+                                                const colocated_buffer *const *inputs,
+                                                size_t num_inputs);
+
+/**
+ * Arguments of `colocated_client_register_native_function`.
+ */
+typedef struct {
+  /**
+   * Size of the caller's struct.
+   */
+  size_t struct_size;
+  /**
+   * The name programs use (`payload` of a `native` program). Copied.
+   */
+  colocated_string_view name;
+  /**
+   * The function (required).
+   */
+  colocated_native_fn function;
+  /**
+   * Passed to every call.
+   */
+  void *user_data;
+  /**
+   * Called once with `user_data` when the client is gone (may be NULL).
+   */
+  colocated_destructor destructor;
+} colocated_native_function_args;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1150,6 +1150,26 @@ colocated_error *colocated_client_cpu_devices(const colocated_client *client,
                                               const colocated_device **out);
 
 /**
+ * Creates a stream (an ordering domain) for `client`. The caller owns `*out`.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_create_stream(const colocated_client *client,
+                                                colocated_stream **out);
+
+/**
+ * The stream's id (also its track id in traces).
+ *
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_stream_id(const colocated_stream *handle_, uint64_t *out);
+
+/**
+ * Destroys a stream handle; work already submitted on it still runs. Accepts NULL.
+ * Thread-safety: any thread, once per handle.
+ */
+void colocated_stream_destroy(colocated_stream *stream);
+
+/**
  * The device's global id.
  *
  * Thread-safety: any thread.
@@ -1289,99 +1309,6 @@ colocated_error *colocated_host_devices(const colocated_host *handle_,
                                         size_t *count);
 
 /**
- * Creates a stream (an ordering domain) for `client`. The caller owns `*out`.
- * Thread-safety: any thread.
- */
-colocated_error *colocated_client_create_stream(const colocated_client *client,
-                                                colocated_stream **out);
-
-/**
- * The stream's id (also its track id in traces).
- *
- * Thread-safety: any thread.
- */
-colocated_error *colocated_stream_id(const colocated_stream *handle_, uint64_t *out);
-
-/**
- * Destroys a stream handle; work already submitted on it still runs. Accepts NULL.
- * Thread-safety: any thread, once per handle.
- */
-void colocated_stream_destroy(colocated_stream *stream);
-
-/**
- * Adds a native function to the local host's registry. `user_data` must be
- * usable from any thread; on success the library owns it and `destructor` runs
- * once when the client and everything made from it are gone. On error the
- * caller keeps ownership (the destructor is not called). Errors:
- * `invalid_argument` (no function, bad name), `already_exists`.
- * Thread-safety: any thread.
- */
-colocated_error *colocated_client_register_native_function(const colocated_client *client,
-                                                           const colocated_native_function_args *args);
-
-/**
- * The client (borrowed, valid during the call) — to create output buffers.
- *
- * Thread-safety: any thread.
- */
-colocated_error *colocated_execution_context_client(const colocated_execution_context *handle_,
-                                                    const colocated_client **out);
-
-/**
- * How many output shards the function must set.
- *
- * Thread-safety: any thread.
- */
-colocated_error *colocated_execution_context_num_outputs(const colocated_execution_context *handle_,
-                                                         size_t *out);
-
-/**
- * For each argument, how many of the function's `inputs` belong to it
- * (`*counts` is borrowed, `*num_args` entries).
- * Thread-safety: the calling native function's thread.
- */
-colocated_error *colocated_execution_context_input_shard_counts(const colocated_execution_context *context,
-                                                                const size_t **counts,
-                                                                size_t *num_args);
-
-/**
- * Describes output shard `index`: its dtype, dims (borrowed), and device
- * (borrowed). Any out-parameter may be NULL. Errors: `invalid_argument` for an
- * index out of range.
- * Thread-safety: the calling native function's thread.
- */
-colocated_error *colocated_execution_context_output_spec(const colocated_execution_context *context,
-                                                         size_t index,
-                                                         colocated_dtype *dtype,
-                                                         const int64_t **dims,
-                                                         size_t *num_dims,
-                                                         const colocated_device **device);
-
-/**
- * Sets output shard `index` to `buffer`. The runtime takes its own reference;
- * the caller still destroys its handle. Errors: `invalid_argument` for an index
- * out of range, a shard already set, or a buffer whose dtype, dims or device
- * differ from `colocated_execution_context_output_spec`.
- * Thread-safety: the calling native function's thread.
- */
-colocated_error *colocated_execution_context_set_output(colocated_execution_context *context,
-                                                        size_t index,
-                                                        const colocated_buffer *buffer);
-
-/**
- * Calls host callback `index` (of the executable's compile options) with `input`
- * and returns its answer in `*out` (owned by the caller; destroy with
- * `colocated_bytes_destroy`). Errors: `invalid_argument` for an index out of
- * range; whatever the callback returned.
- * Thread-safety: the calling native function's thread.
- */
-colocated_error *colocated_execution_context_call_host_callback(const colocated_execution_context *context,
-                                                                size_t index,
-                                                                const uint8_t *input,
-                                                                size_t input_size,
-                                                                colocated_bytes **out);
-
-/**
  * The error's code. Returns `COLOCATED_INVALID_ARGUMENT` for NULL.
  *
  * Thread-safety: any thread; the error is not modified.
@@ -1490,45 +1417,6 @@ colocated_error *colocated_event_on_ready(const colocated_event *event,
  * Thread-safety: any thread, once per handle.
  */
 void colocated_event_destroy(colocated_event *event);
-
-/**
- * The bytes: `*data` is borrowed (valid until destroyed), `*size` long.
- * Thread-safety: any thread.
- */
-colocated_error *colocated_bytes_data(const colocated_bytes *bytes,
-                                      const uint8_t **data,
-                                      size_t *size);
-
-/**
- * Frees bytes. Accepts NULL.
- * Thread-safety: any thread, once per handle.
- */
-void colocated_bytes_destroy(colocated_bytes *bytes);
-
-/**
- * Sets a host callback's answer (copies `size` bytes). Setting again replaces it.
- * Thread-safety: the callback's thread.
- */
-colocated_error *colocated_callback_result_set(colocated_callback_result *result,
-                                               const uint8_t *data,
-                                               size_t size);
-
-/**
- * Makes a loaded host callback. `*out` is caller owned. On success the library
- * owns `user_data` (see `destructor`); on error the caller keeps it and the
- * destructor is not called. Errors: `invalid_argument` (NULL function, bad
- * struct or name, NULL `out`).
- * Thread-safety: any thread.
- */
-colocated_error *colocated_client_make_loaded_host_callback(const colocated_client *client,
-                                                            const colocated_host_callback_args *args,
-                                                            colocated_loaded_host_callback **out);
-
-/**
- * Releases the caller's reference. Accepts NULL.
- * Thread-safety: any thread, once per handle.
- */
-void colocated_loaded_host_callback_destroy(colocated_loaded_host_callback *callback);
 
 /**
  * Compiles `program` (`options` may be NULL). `*out` is caller owned.
@@ -1671,6 +1559,121 @@ colocated_error *colocated_loaded_executable_execute_portable(const colocated_lo
                                                               colocated_buffer **outputs,
                                                               size_t num_outputs,
                                                               colocated_event **status);
+
+/**
+ * The bytes: `*data` is borrowed (valid until destroyed), `*size` long.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_bytes_data(const colocated_bytes *bytes,
+                                      const uint8_t **data,
+                                      size_t *size);
+
+/**
+ * Frees bytes. Accepts NULL.
+ * Thread-safety: any thread, once per handle.
+ */
+void colocated_bytes_destroy(colocated_bytes *bytes);
+
+/**
+ * Sets a host callback's answer (copies `size` bytes). Setting again replaces it.
+ * Thread-safety: the callback's thread.
+ */
+colocated_error *colocated_callback_result_set(colocated_callback_result *result,
+                                               const uint8_t *data,
+                                               size_t size);
+
+/**
+ * Makes a loaded host callback. `*out` is caller owned. On success the library
+ * owns `user_data` (see `destructor`); on error the caller keeps it and the
+ * destructor is not called. Errors: `invalid_argument` (NULL function, bad
+ * struct or name, NULL `out`).
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_make_loaded_host_callback(const colocated_client *client,
+                                                            const colocated_host_callback_args *args,
+                                                            colocated_loaded_host_callback **out);
+
+/**
+ * Releases the caller's reference. Accepts NULL.
+ * Thread-safety: any thread, once per handle.
+ */
+void colocated_loaded_host_callback_destroy(colocated_loaded_host_callback *callback);
+
+/**
+ * Adds a native function to the local host's registry. `user_data` must be
+ * usable from any thread; on success the library owns it and `destructor` runs
+ * once when the client and everything made from it are gone. On error the
+ * caller keeps ownership (the destructor is not called). User data that holds a
+ * handle of this client (or of anything made from it) keeps the client alive
+ * through the registry, so its destructor would never run: keep such handles
+ * elsewhere. Errors:
+ * `invalid_argument` (no function, bad name), `already_exists`.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_register_native_function(const colocated_client *client,
+                                                           const colocated_native_function_args *args);
+
+/**
+ * The client (borrowed, valid during the call) — to create output buffers.
+ *
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_execution_context_client(const colocated_execution_context *handle_,
+                                                    const colocated_client **out);
+
+/**
+ * How many output shards the function must set.
+ *
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_execution_context_num_outputs(const colocated_execution_context *handle_,
+                                                         size_t *out);
+
+/**
+ * For each argument, how many of the function's `inputs` belong to it
+ * (`*counts` is borrowed, `*num_args` entries).
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_input_shard_counts(const colocated_execution_context *context,
+                                                                const size_t **counts,
+                                                                size_t *num_args);
+
+/**
+ * Describes output shard `index`: its dtype, dims (borrowed), and device
+ * (borrowed). Any out-parameter may be NULL. Errors: `invalid_argument` for an
+ * index out of range.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_output_spec(const colocated_execution_context *context,
+                                                         size_t index,
+                                                         colocated_dtype *dtype,
+                                                         const int64_t **dims,
+                                                         size_t *num_dims,
+                                                         const colocated_device **device);
+
+/**
+ * Sets output shard `index` to `buffer`. The runtime takes its own reference;
+ * the caller still destroys its handle. Errors: `invalid_argument` for an index
+ * out of range, a shard already set, or a buffer whose dtype, dims or device
+ * differ from `colocated_execution_context_output_spec`.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_set_output(colocated_execution_context *context,
+                                                        size_t index,
+                                                        const colocated_buffer *buffer);
+
+/**
+ * Calls host callback `index` (of the executable's compile options) with `input`
+ * and returns its answer in `*out` (owned by the caller; destroy with
+ * `colocated_bytes_destroy`). Errors: `invalid_argument` for an index out of
+ * range; whatever the callback returned.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_call_host_callback(const colocated_execution_context *context,
+                                                                size_t index,
+                                                                const uint8_t *input,
+                                                                size_t input_size,
+                                                                colocated_bytes **out);
 
 #ifdef __cplusplus
 }  // extern "C"

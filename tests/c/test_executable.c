@@ -638,6 +638,12 @@ TEST(several_outputs_come_back_in_program_order) {
   colocated_client_destroy(client);
 }
 
+/* Counts successful completions only. */
+static void count_successes(colocated_error *error, void *user_data) {
+  if (error == NULL) atomic_fetch_add((atomic_int *)user_data, 1);
+  colocated_error_destroy(error);
+}
+
 TEST(dropping_every_handle_while_work_is_in_flight_finishes_it_and_stops_the_executors) {
   quiet_runtime();
   int before = thread_count();
@@ -657,7 +663,7 @@ TEST(dropping_every_handle_while_work_is_in_flight_finishes_it_and_stops_the_exe
   CHECK_OK(colocated_loaded_executable_execute(gate_exe, NULL, 0, NULL, &x, 1, NULL));
   colocated_event *status;
   colocated_array *y = run1(add, x, NULL, &status);
-  CHECK_OK(colocated_event_on_ready(status, count_calls, &done));
+  CHECK_OK(colocated_event_on_ready(status, count_successes, &done)); /* ran, and succeeded */
   colocated_buffer *y0;
   CHECK_OK(colocated_array_buffer(y, 0, &y0));
   colocated_buffer *moved;
@@ -1523,6 +1529,46 @@ TEST(serialize_with_null_out_is_invalid_and_leaks_nothing) {
   colocated_array_spec spec = make_spec(COLOCATED_DTYPE_F32, dims, 1, s);
   colocated_loaded_executable *exe = compile_unary(client, "add_one", &spec, &d, 1, NULL);
   CHECK_CODE_MSG(colocated_loaded_executable_serialize(exe, NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  colocated_loaded_executable_destroy(exe);
+  colocated_sharding_destroy(s);
+  colocated_client_destroy(client);
+}
+
+/* Destroys the handles it is lent (a caller mistake), then still uses them. */
+static colocated_error *native_destroys_what_it_is_lent(void *user_data, colocated_execution_context *ctx,
+                                                        const colocated_buffer *const *inputs, size_t num_inputs) {
+  (void)user_data;
+  const colocated_client *client;
+  colocated_error *err = colocated_execution_context_client(ctx, &client);
+  if (err) return err;
+  colocated_client_destroy((colocated_client *)client);
+  for (size_t i = 0; i < num_inputs; ++i) colocated_buffer_destroy((colocated_buffer *)inputs[i]);
+  void *data;
+  size_t size;
+  if ((err = read_shard(inputs[0], &data, &size))) return err;
+  err = set_output_from(ctx, 0, data, size);
+  free(data);
+  return err;
+}
+
+TEST(destroying_a_lent_handle_inside_a_native_function_is_a_no_op) {
+  colocated_client *client = make_client(1, 2);
+  register_native(client, "destroys_what_it_is_lent", native_destroys_what_it_is_lent, NULL, NULL);
+  const colocated_device *d = device_at(client, 0);
+  colocated_sharding *s = make_replicated(client, &d, 1);
+  const int64_t dims[1] = {2};
+  colocated_array_spec spec = make_spec(COLOCATED_DTYPE_F32, dims, 1, s);
+  colocated_loaded_executable *exe = compile_unary(client, "destroys_what_it_is_lent", &spec, &d, 1, NULL);
+  const float x[2] = {4.0f, 5.0f};
+  colocated_array *in = f32_array(client, s, x, 2);
+  colocated_event *status;
+  colocated_array *out = run1(exe, in, NULL, &status);
+  CHECK_OK(await_and_destroy(status));
+  float y[2] = {0, 0};
+  CHECK_OK(colocated_array_to_host(out, y, sizeof y));
+  CHECK(y[0] == 4.0f && y[1] == 5.0f);
+  colocated_array_destroy(out);
+  colocated_array_destroy(in);
   colocated_loaded_executable_destroy(exe);
   colocated_sharding_destroy(s);
   colocated_client_destroy(client);

@@ -1,0 +1,198 @@
+//! Code that runs inside the runtime and calls back into it: nested executions,
+//! waits from inside a task, callbacks that use what completed them.
+
+mod common;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use colocated_core::*;
+use common::*;
+
+/// Runs `f` on a thread and fails (instead of hanging) if it does not finish.
+fn within_patience(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| panic!("{what}: hung"));
+}
+
+#[test]
+fn a_native_function_can_run_and_await_a_nested_execution_on_its_default_stream() {
+    within_patience("nested execution", || {
+        let client = client(1);
+        let device = client.devices()[0].clone();
+        let inner_ran = Arc::new(AtomicUsize::new(0));
+        let counter = inner_ran.clone();
+        client
+            .register_native_function("inner", move |_| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .unwrap();
+        let inner: Arc<OnceLock<LoadedExecutable>> = Arc::default();
+        let nested = inner.clone();
+        client
+            .register_native_function("outer", move |_| {
+                let exe = nested.get().expect("inner compiled");
+                exe.execute(&[], &ExecuteOptions::default())?.status.wait()
+            })
+            .unwrap();
+        inner
+            .set(compile_nullary(&client, "inner", &device))
+            .unwrap();
+        let outer = compile_nullary(&client, "outer", &device);
+        // Awaited at once, the outer call runs inline on this thread; its nested
+        // call must not queue behind it on this thread's stream.
+        for _ in 0..50 {
+            outer
+                .execute(&[], &ExecuteOptions::default())
+                .unwrap()
+                .status
+                .wait()
+                .unwrap();
+        }
+        assert_eq!(inner_ran.load(Ordering::SeqCst), 50);
+    });
+}
+
+#[test]
+fn waiting_inside_a_task_for_later_work_of_its_own_stream_is_a_failed_precondition() {
+    within_patience("self wait", || {
+        let client = client(1);
+        let device = client.devices()[0].clone();
+        let stream = client.create_stream();
+        client.register_native_function("noop", |_| Ok(())).unwrap();
+        let noop: Arc<OnceLock<LoadedExecutable>> = Arc::default();
+        let (nested, on) = (noop.clone(), stream.clone());
+        client
+            .register_native_function("waits_on_itself", move |_| {
+                let exe = nested.get().expect("noop compiled");
+                let later = exe.execute(
+                    &[],
+                    &ExecuteOptions {
+                        stream: Some(on.clone()),
+                    },
+                )?;
+                later.status.wait()
+            })
+            .unwrap();
+        noop.set(compile_nullary(&client, "noop", &device)).unwrap();
+        let exe = compile_nullary(&client, "waits_on_itself", &device);
+        let run = exe
+            .execute(
+                &[],
+                &ExecuteOptions {
+                    stream: Some(stream),
+                },
+            )
+            .unwrap();
+        assert_error(
+            run.status.wait(),
+            ErrorCode::FailedPrecondition,
+            "would never end",
+        );
+    });
+}
+
+#[test]
+fn a_panicking_on_ready_callback_does_not_strand_the_others() {
+    let event = Event::new();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let before = ran.clone();
+    event.on_ready(move |_| {
+        before.fetch_add(1, Ordering::SeqCst);
+    });
+    event.on_ready(|_| panic!("a buggy callback"));
+    let after = ran.clone();
+    event.on_ready(move |_| {
+        after.fetch_add(1, Ordering::SeqCst);
+    });
+    event.set(Ok(())).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+    assert!(event.wait().is_ok());
+}
+
+struct CountingWaker(AtomicUsize);
+
+impl Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn polling_an_event_again_replaces_the_waker_instead_of_adding_one() {
+    let event = Event::new();
+    let (first, last) = (
+        Arc::new(CountingWaker(AtomicUsize::new(0))),
+        Arc::new(CountingWaker(AtomicUsize::new(0))),
+    );
+    let mut pinned = std::pin::pin!(event.clone());
+    for _ in 0..1000 {
+        let waker = Waker::from(first.clone());
+        assert!(pinned
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
+    }
+    let waker = Waker::from(last.clone());
+    assert!(pinned
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    event.set(Ok(())).unwrap();
+    assert_eq!(
+        first.0.load(Ordering::SeqCst),
+        0,
+        "stale wakers are not woken"
+    );
+    assert_eq!(last.0.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        pinned.as_mut().poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(Ok(()))
+    ));
+}
+
+#[test]
+fn a_done_with_host_buffer_callback_may_use_the_buffer_that_released_it() {
+    within_patience("release callback", || {
+        let client = client(1);
+        let device = client.devices()[0].clone();
+        let data: &'static [u8] = Box::leak(vec![1u8; 64].into_boxed_slice());
+        // SAFETY: `data` is leaked, so valid for the whole test.
+        let (buffer, done) = unsafe {
+            Buffer::from_host_raw(
+                &client,
+                data.as_ptr(),
+                data.len(),
+                DType::U8,
+                &[64],
+                &device,
+                None,
+                HostBufferSemantics::ImmutableZeroCopy,
+            )
+        }
+        .unwrap();
+        let again = buffer.clone();
+        let called = Arc::new(AtomicUsize::new(0));
+        let seen = called.clone();
+        done.on_ready(move |_| {
+            // Runs when the data is released by `delete` below, and uses the buffer.
+            again.delete();
+            assert!(again.check_live().is_err());
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        buffer.delete();
+        assert_eq!(called.load(Ordering::SeqCst), 1);
+        std::thread::sleep(Duration::from_millis(1));
+    });
+}
