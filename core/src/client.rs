@@ -8,7 +8,7 @@ use crate::device::{
 };
 use crate::dispatch::{thread_stream, Dispatcher, Stream};
 use crate::error::{Error, Result};
-use crate::executor::NativeRegistry;
+use crate::executor::{Executors, NativeRegistry};
 
 /// The platform name every client reports.
 pub const PLATFORM_NAME: &str = "colocated";
@@ -31,7 +31,6 @@ pub struct Host {
     pub(crate) process_index: u32,
     pub(crate) name: String,
     pub(crate) device_ids: Vec<u32>,
-    pub(crate) languages: Vec<&'static str>,
 }
 
 impl Host {
@@ -51,16 +50,13 @@ impl Host {
     pub fn device_ids(&self) -> &[u32] {
         &self.device_ids
     }
-    /// Program languages the host can run (`"native"`, …).
-    pub fn languages(&self) -> &[&'static str] {
-        &self.languages
-    }
 }
 
 /// The in-process host: its dispatcher and its registry of native functions.
 pub(crate) struct LocalHost {
     pub dispatcher: Dispatcher,
-    pub natives: NativeRegistry,
+    pub natives: Arc<NativeRegistry>,
+    pub executors: Executors,
 }
 
 pub(crate) struct ClientInner {
@@ -161,9 +157,9 @@ impl Client {
             process_index: 0,
             name: "local".to_string(),
             device_ids,
-            languages: vec!["native"],
         };
         let dispatcher = Dispatcher::new(threads, id, "local")?;
+        let natives = Arc::new(NativeRegistry::default());
         tracing::debug!(
             client = id,
             devices = num_devices,
@@ -177,7 +173,8 @@ impl Client {
             hosts: vec![host],
             local: LocalHost {
                 dispatcher,
-                natives: NativeRegistry::default(),
+                executors: Executors::new(natives.clone()),
+                natives,
             },
         })))
     }

@@ -12,7 +12,7 @@ use crate::executable::{ExecutableInner, HostPlan, LoadedExecutable};
 use crate::executor::OutputShard;
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
-use crate::program::{Program, LANGUAGE_NATIVE};
+use crate::program::Program;
 use crate::sharding::{same_device_set, Sharding};
 
 /// Options of [`Client::compile`] and [`Client::deserialize_and_load`].
@@ -76,28 +76,21 @@ impl Client {
         let mut hosts = Vec::with_capacity(host_indices.len());
         for &h in &host_indices {
             let host = &self.hosts()[h];
-            if !host.languages().contains(&program.language.as_str()) {
-                return Err(Error::unimplemented(format!(
-                    "host {} cannot run '{}' programs (it runs {:?})",
-                    host.name(),
-                    program.language,
-                    host.languages()
-                )));
-            }
-            let native = if program.language == LANGUAGE_NATIVE {
-                let name = std::str::from_utf8(&program.payload).map_err(|_| {
-                    Error::invalid_argument(
-                        "a native program's payload must be a UTF-8 function name",
-                    )
+            let executor = self
+                .0
+                .local
+                .executors
+                .get(&program.language)
+                .ok_or_else(|| {
+                    Error::unimplemented(format!(
+                        "host {} cannot run '{}' programs (it runs {:?})",
+                        host.name(),
+                        program.language,
+                        self.0.local.executors.languages()
+                    ))
                 })?;
-                self.0.local.natives.resolve(name)?
-            } else {
-                return Err(Error::internal(format!(
-                    "no executor for language '{}'",
-                    program.language
-                )));
-            };
-            hosts.push(plan_host(h, native, &program)?);
+            let loaded = executor.load(&program)?;
+            hosts.push(plan_host(h, loaded, &program)?);
         }
         let fingerprint = format::fingerprint(&format::encode(&to_proto(
             &program,
@@ -187,7 +180,7 @@ fn ids(devices: &[Device]) -> Vec<u32> {
 /// Which shards of each input and output live on host `host`.
 fn plan_host(
     host: usize,
-    native: Arc<crate::executor::NativeFn>,
+    program_on_host: Arc<dyn crate::executor::LoadedProgram>,
     program: &Program,
 ) -> Result<HostPlan> {
     let positions = |spec: &ArraySpec| -> Vec<usize> {
@@ -217,7 +210,7 @@ fn plan_host(
     }
     Ok(HostPlan {
         host,
-        native,
+        program: program_on_host,
         input_counts: input_positions.iter().map(Vec::len).collect(),
         input_positions,
         output_positions,

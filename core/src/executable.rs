@@ -9,7 +9,7 @@ use crate::client::Client;
 use crate::device::Device;
 use crate::dispatch::{Job, Stream, Task};
 use crate::error::{Error, Result};
-use crate::executor::{ExecutionContext, NativeFn, OutputShard};
+use crate::executor::{ExecutionContext, LoadedProgram, OutputShard};
 use crate::format;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
@@ -21,7 +21,8 @@ type Layout = (Vec<usize>, Vec<OutputShard>);
 /// The part of an executable that runs on one host.
 pub(crate) struct HostPlan {
     pub host: usize,
-    pub native: Arc<NativeFn>,
+    /// The program as this host's language executor prepared it.
+    pub program: Arc<dyn LoadedProgram>,
     /// Per input: positions (in the input's sharding) of the shards on this host.
     pub input_positions: Vec<Vec<usize>>,
     pub input_counts: Vec<usize>,
@@ -108,7 +109,7 @@ impl ExecJob {
             Some(l) => (&l.0[..], &l.1[..]),
             None => (&plan.input_counts[..], &plan.output_shards[..]),
         };
-        let result = status.and_then(|()| exe.run_native(plan, &inputs, counts, shards, &outputs));
+        let result = status.and_then(|()| exe.run_program(plan, &inputs, counts, shards, &outputs));
         drop(holds);
         // Close the span before waking waiters: a finished wait implies a recorded
         // span.
@@ -417,7 +418,7 @@ impl LoadedExecutable {
         (outputs, completion)
     }
 
-    fn run_native(
+    fn run_program(
         &self,
         plan: &HostPlan,
         inputs: &[Buffer],
@@ -440,12 +441,18 @@ impl LoadedExecutable {
             outputs: vec![None; shards.len()],
             callbacks: &self.0.callbacks,
         };
-        (plan.native)(&mut ctx)
-            .map_err(|e| e.context(format!("native function '{}'", self.name())))?;
+        plan.program.run(&mut ctx).map_err(|e| {
+            e.context(format!(
+                "{} program '{}'",
+                self.0.program.language,
+                self.name()
+            ))
+        })?;
         for (i, (produced, out)) in ctx.outputs.into_iter().zip(outputs).enumerate() {
             let produced = produced.ok_or_else(|| {
                 Error::internal(format!(
-                    "native function '{}' did not set output shard {i}",
+                    "{} program '{}' did not set output shard {i}",
+                    self.0.program.language,
                     self.name()
                 ))
             })?;

@@ -1,5 +1,6 @@
-//! What runs programs on a host: the registry of native functions and the context a
-//! running program sees.
+//! What runs programs on a host: language executors (one per program language;
+//! `native` is built in, SDKs add `python` and `node`), the registry of native
+//! functions, and the context a running program sees.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -13,6 +14,109 @@ use crate::host_callback::LoadedHostCallback;
 
 /// A native function: reads its inputs from the context and sets every output.
 pub type NativeFn = dyn Fn(&mut ExecutionContext<'_>) -> Result<()> + Send + Sync;
+
+/// Runs the programs of one language on a host.
+///
+/// `load` runs once per host at compile (and load) time: it validates the payload
+/// and prepares what runs (resolves a native name, deserializes code). Errors there
+/// are the caller's misuse (`invalid_argument`, `not_found`, …).
+pub trait LanguageExecutor: Send + Sync + 'static {
+    /// Prepares `program` for this host.
+    fn load(&self, program: &crate::program::Program) -> Result<Arc<dyn LoadedProgram>>;
+}
+
+/// A program prepared by a [`LanguageExecutor`], run once per execution on the
+/// host's executor threads (several at once, for different streams).
+pub trait LoadedProgram: Send + Sync + 'static {
+    /// Runs the program: reads the context's inputs and sets every output shard.
+    fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()>;
+}
+
+impl<F> LoadedProgram for F
+where
+    F: Fn(&mut ExecutionContext<'_>) -> Result<()> + Send + Sync + 'static,
+{
+    fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()> {
+        self(ctx)
+    }
+}
+
+/// The built-in `native` executor: the payload names a function of the host's
+/// registry.
+struct NativeExecutor(Arc<NativeRegistry>);
+
+struct NativeProgram(Arc<NativeFn>);
+
+impl LoadedProgram for NativeProgram {
+    fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()> {
+        (self.0)(ctx)
+    }
+}
+
+impl LanguageExecutor for NativeExecutor {
+    fn load(&self, program: &crate::program::Program) -> Result<Arc<dyn LoadedProgram>> {
+        let name = std::str::from_utf8(&program.payload).map_err(|_| {
+            Error::invalid_argument("a native program's payload must be a UTF-8 function name")
+        })?;
+        Ok(Arc::new(NativeProgram(self.0.resolve(name)?)))
+    }
+}
+
+/// A host's language executors, by language tag.
+pub(crate) struct Executors {
+    by_language: RwLock<HashMap<String, Arc<dyn LanguageExecutor>>>,
+}
+
+impl Executors {
+    /// The built-in executors (`native`, over `natives`).
+    pub fn new(natives: Arc<NativeRegistry>) -> Executors {
+        let mut by_language: HashMap<String, Arc<dyn LanguageExecutor>> = HashMap::new();
+        by_language.insert(
+            crate::program::LANGUAGE_NATIVE.to_string(),
+            Arc::new(NativeExecutor(natives)),
+        );
+        Executors {
+            by_language: RwLock::new(by_language),
+        }
+    }
+
+    pub fn register(&self, language: &str, executor: Arc<dyn LanguageExecutor>) -> Result<()> {
+        if language.is_empty() {
+            return Err(Error::invalid_argument(
+                "a language executor needs a language tag",
+            ));
+        }
+        let mut map = self.by_language.write().unwrap_or_else(|e| e.into_inner());
+        if map.contains_key(language) {
+            return Err(Error::already_exists(format!(
+                "an executor for '{language}' programs is already registered"
+            )));
+        }
+        map.insert(language.to_string(), executor);
+        Ok(())
+    }
+
+    pub fn get(&self, language: &str) -> Option<Arc<dyn LanguageExecutor>> {
+        self.by_language
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(language)
+            .cloned()
+    }
+
+    /// The languages, sorted.
+    pub fn languages(&self) -> Vec<String> {
+        let mut languages: Vec<String> = self
+            .by_language
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        languages.sort();
+        languages
+    }
+}
 
 /// A host's registry of native functions, resolved by name at compile time.
 #[derive(Default)]
@@ -56,6 +160,26 @@ impl Client {
         func: impl Fn(&mut ExecutionContext<'_>) -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
         self.0.local.natives.register(name, Arc::new(func))
+    }
+
+    /// Lets the local host run programs of `language` (an SDK registers `python`).
+    /// Fails with `already_exists` if the language has an executor.
+    pub fn register_executor(&self, language: &str, executor: impl LanguageExecutor) -> Result<()> {
+        self.0
+            .local
+            .executors
+            .register(language, Arc::new(executor))
+    }
+
+    /// The program languages host `host` runs (sorted), e.g. `["native"]`.
+    pub fn languages(&self, host: usize) -> Result<Vec<String>> {
+        if host >= self.hosts().len() {
+            return Err(Error::invalid_argument(format!(
+                "host {host} is out of range ({} hosts)",
+                self.hosts().len()
+            )));
+        }
+        Ok(self.0.local.executors.languages())
     }
 }
 

@@ -55,7 +55,7 @@ pub use dispatch::Stream;
 pub use dtype::DType;
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{ExecuteOptions, Execution, LoadedExecutable};
-pub use executor::{ExecutionContext, NativeFn, OutputShard};
+pub use executor::{ExecutionContext, LanguageExecutor, LoadedProgram, NativeFn, OutputShard};
 pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
 pub use future::Event;
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};

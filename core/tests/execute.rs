@@ -759,7 +759,10 @@ fn compile_fails_with_not_found_for_an_unknown_native_function() {
 fn compile_fails_with_unimplemented_for_a_language_the_host_lacks() {
     let client = client(1);
     let device = client.devices()[0].clone();
-    assert_eq!(client.hosts()[0].languages(), &[LANGUAGE_NATIVE]);
+    assert_eq!(
+        client.languages(0).unwrap(),
+        vec![LANGUAGE_NATIVE.to_string()]
+    );
     for language in [LANGUAGE_PYTHON, LANGUAGE_NODE] {
         let program = Program {
             name: "f".to_string(),
@@ -1346,5 +1349,79 @@ fn client_options_out_of_range_are_invalid_argument() {
         }),
         ErrorCode::InvalidArgument,
         "executor_threads must be between 1 and 1024, got 0",
+    );
+}
+
+/// A language executor as an SDK registers one: here, programs whose payload is
+/// a byte to add to every element.
+struct AddPayloadByte;
+
+impl LanguageExecutor for AddPayloadByte {
+    fn load(&self, program: &Program) -> Result<std::sync::Arc<dyn LoadedProgram>> {
+        let [delta] = program.payload[..] else {
+            return Err(Error::invalid_argument("the payload must be one byte"));
+        };
+        Ok(std::sync::Arc::new(
+            move |ctx: &mut ExecutionContext<'_>| {
+                for i in 0..ctx.inputs().len() {
+                    let bytes: Vec<u8> = ctx.inputs()[i]
+                        .to_host_vec()?
+                        .iter()
+                        .map(|b| b + delta)
+                        .collect();
+                    let shard = ctx.output_shards()[i].clone();
+                    let out = Buffer::from_bytes(
+                        ctx.client(),
+                        &bytes,
+                        shard.dtype,
+                        &shard.dims,
+                        &shard.device,
+                    )?;
+                    ctx.set_output(i, out)?;
+                }
+                Ok(())
+            },
+        ))
+    }
+}
+
+#[test]
+fn a_registered_language_executor_loads_at_compile_and_runs_per_host() {
+    let client = client(2);
+    assert_error(
+        client.register_executor("native", AddPayloadByte),
+        ErrorCode::AlreadyExists,
+        "'native' programs",
+    );
+    client.register_executor("bytes", AddPayloadByte).unwrap();
+    assert_eq!(
+        client.languages(0).unwrap(),
+        vec!["bytes".to_string(), LANGUAGE_NATIVE.to_string()]
+    );
+    let devices = client.devices().to_vec();
+    let sharding =
+        Sharding::named(devices.clone(), vec![2], vec!["x".into()], vec![vec![0]]).unwrap();
+    let spec = ArraySpec::new(vec![4], DType::U8, sharding).unwrap();
+    let program = |payload: Vec<u8>| Program {
+        name: "add".into(),
+        language: "bytes".into(),
+        payload,
+        input_specs: vec![spec.clone()],
+        output_specs: vec![spec.clone()],
+        devices: devices.clone(),
+    };
+    assert_error(
+        client.compile(program(vec![1, 2]), CompileOptions::default()),
+        ErrorCode::InvalidArgument,
+        "one byte",
+    );
+    let exe = client
+        .compile(program(vec![10]), CompileOptions::default())
+        .unwrap();
+    let x = Array::from_host_bytes(&client, &[1, 2, 3, 4], spec.clone()).unwrap();
+    let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
+    assert_eq!(
+        run.outputs[0].to_host_bytes().unwrap(),
+        vec![11, 12, 13, 14]
     );
 }
