@@ -1,7 +1,7 @@
 //! Buffers: one device's data, with PJRT's host-buffer semantics, asynchronous
 //! transfers, deletion and external references.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::client::Client;
@@ -45,12 +45,11 @@ enum Slot {
     Deleted,
 }
 
-/// The data slot and the work in flight that still needs it: `delete` frees the
-/// data only once `holds` drops to zero.
-struct Data {
-    slot: Slot,
-    holds: usize,
-}
+/// In `BufferInner::life`: set once the buffer is deleted. The bits below count
+/// the usage holds (work in flight). Whoever moves `life` to exactly `DELETED`
+/// (deleted, no holds) frees the data — `delete` or the last hold — so taking and
+/// releasing holds, the submission path, is lock-free.
+const DELETED: usize = 1 << (usize::BITS - 1);
 
 /// Keeps a buffer's data alive for one piece of in-flight work (an execution, a
 /// copy, a `to_host`), even if the buffer is deleted meanwhile.
@@ -58,15 +57,9 @@ pub(crate) struct UsageHold(Buffer);
 
 impl Drop for UsageHold {
     fn drop(&mut self) {
-        let freed = {
-            let mut data = self.0.data();
-            data.holds -= 1;
-            (data.holds == 0 && self.0.is_deleted())
-                .then(|| std::mem::replace(&mut data.slot, Slot::Deleted))
-        };
-        // Dropped after unlocking: releasing zero-copy memory runs user callbacks,
-        // which may use this buffer again.
-        drop(freed);
+        if self.0 .0.life.fetch_sub(1, Ordering::AcqRel) == DELETED | 1 {
+            self.0.free();
+        }
     }
 }
 
@@ -77,8 +70,8 @@ pub(crate) struct BufferInner {
     dtype: DType,
     dims: Box<[i64]>,
     ready: Event,
-    data: Mutex<Data>,
-    deleted: AtomicBool,
+    data: Mutex<Slot>,
+    life: AtomicUsize,
 }
 
 /// One device's data. Cheap to clone (clones share the data and its state).
@@ -272,11 +265,8 @@ impl Buffer {
             dtype,
             dims: dims.into(),
             ready,
-            data: Mutex::new(Data {
-                slot: Slot::Pending,
-                holds: 0,
-            }),
-            deleted: AtomicBool::new(false),
+            data: Mutex::new(Slot::Pending),
+            life: AtomicUsize::new(0),
         }))
     }
 
@@ -287,8 +277,8 @@ impl Buffer {
 
     pub(crate) fn fill_shared(&self, storage: Arc<Storage>) {
         let mut data = self.data();
-        if matches!(data.slot, Slot::Pending) {
-            data.slot = Slot::Ready(storage);
+        if matches!(*data, Slot::Pending) {
+            *data = Slot::Ready(storage);
         }
     }
 
@@ -318,7 +308,7 @@ impl Buffer {
     }
     /// True after [`Buffer::delete`].
     pub fn is_deleted(&self) -> bool {
-        self.0.deleted.load(Ordering::Acquire)
+        self.0.life.load(Ordering::Acquire) & DELETED != 0
     }
     /// True when both handles refer to the same buffer.
     pub fn same_as(&self, other: &Buffer) -> bool {
@@ -328,23 +318,36 @@ impl Buffer {
     /// Frees the data once in-flight users and external references are done with
     /// it. Later uses fail with `failed_precondition`. Deleting twice is allowed.
     pub fn delete(&self) {
-        let freed = {
-            let mut data = self.data();
-            self.0.deleted.store(true, Ordering::Release);
-            (data.holds == 0).then(|| std::mem::replace(&mut data.slot, Slot::Deleted))
-        };
-        // Dropped after unlocking (see `UsageHold::drop`).
+        if self.0.life.fetch_or(DELETED, Ordering::AcqRel) == 0 {
+            self.free();
+        }
+    }
+
+    /// Drops the data (once deleted and no work holds it).
+    fn free(&self) {
+        let freed = std::mem::replace(&mut *self.data(), Slot::Deleted);
+        // Dropped after unlocking: releasing zero-copy memory runs user callbacks,
+        // which may use this buffer again.
         drop(freed);
     }
 
     /// Registers in-flight work on the buffer; `failed_precondition` if deleted.
     pub(crate) fn hold(&self) -> Result<UsageHold> {
-        let mut data = self.data();
-        if self.is_deleted() {
-            return Err(Error::failed_precondition(format!("{self:?} was deleted")));
+        let mut life = self.0.life.load(Ordering::Acquire);
+        loop {
+            if life & DELETED != 0 {
+                return Err(Error::failed_precondition(format!("{self:?} was deleted")));
+            }
+            match self.0.life.compare_exchange_weak(
+                life,
+                life + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(UsageHold(self.clone())),
+                Err(now) => life = now,
+            }
         }
-        data.holds += 1;
-        Ok(UsageHold(self.clone()))
     }
 
     /// `failed_precondition` if deleted.
@@ -357,7 +360,7 @@ impl Buffer {
 
     /// The data of a ready buffer on this host.
     pub(crate) fn storage(&self) -> Result<Arc<Storage>> {
-        match &self.data().slot {
+        match &*self.data() {
             Slot::Ready(s) => Ok(s.clone()),
             Slot::Deleted => Err(Error::failed_precondition(format!("{self:?} was deleted"))),
             Slot::Pending => match self.0.ready.status() {
@@ -552,7 +555,7 @@ impl Buffer {
         Ok(out)
     }
 
-    fn data(&self) -> MutexGuard<'_, Data> {
+    fn data(&self) -> MutexGuard<'_, Slot> {
         self.0.data.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
