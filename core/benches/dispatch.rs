@@ -8,7 +8,8 @@
 use std::time::{Duration, Instant};
 
 use colocated_core::{
-    Client, ClientOptions, CompileOptions, Event, ExecuteOptions, LoadedExecutable, Program,
+    Array, ArraySpec, Client, ClientOptions, CompileOptions, DType, Event, ExecuteOptions,
+    LoadedExecutable, Program, Sharding,
 };
 use criterion::{criterion_group, Criterion, Throughput};
 
@@ -32,6 +33,42 @@ fn noop_executable() -> LoadedExecutable {
             CompileOptions::default(),
         )
         .expect("compile")
+}
+
+/// An identity program over one f32 scalar on device 0, and an input for it.
+fn identity_executable() -> (LoadedExecutable, Array) {
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        executor_threads: Some(2),
+    })
+    .expect("client");
+    client
+        .register_native_function("identity", |ctx| {
+            let x = ctx.inputs()[0].clone();
+            ctx.set_output(0, x)
+        })
+        .expect("register");
+    let device = client.devices()[0].clone();
+    let spec =
+        ArraySpec::new(vec![], DType::F32, Sharding::single_device(device.clone())).expect("spec");
+    let program = Program::native(
+        "identity",
+        vec![spec.clone()],
+        vec![spec.clone()],
+        vec![device],
+    );
+    let exe = client
+        .compile(program, CompileOptions::default())
+        .expect("compile");
+    let x = Array::from_host_bytes(&client, &1.0f32.to_le_bytes(), spec).expect("x");
+    (exe, x)
+}
+
+fn round_trip_with_array(exe: &LoadedExecutable, x: &Array) {
+    let run = exe
+        .execute(std::slice::from_ref(x), &ExecuteOptions::default())
+        .expect("execute");
+    run.outputs[0].ready_event().wait().expect("output");
 }
 
 fn round_trip(exe: &LoadedExecutable) {
@@ -93,6 +130,10 @@ fn bench_dispatch(c: &mut Criterion) {
     group.bench_function("noop execute+await round trip", |b| {
         b.iter(|| round_trip(&exe))
     });
+    let (identity, x) = identity_executable();
+    group.bench_function("identity(f32 scalar) execute+await round trip", |b| {
+        b.iter(|| round_trip_with_array(&identity, &x))
+    });
     group.bench_function("noop async submit, 1 thread", |b| {
         b.iter_custom(|iters| submit_burst(&exe, iters))
     });
@@ -121,6 +162,16 @@ fn summary() {
             })
             .collect(),
     );
+    let (identity, x) = identity_executable();
+    let rt_array = median(
+        (0..20_001)
+            .map(|_| {
+                let t = Instant::now();
+                round_trip_with_array(&identity, &x);
+                t.elapsed().as_nanos() as f64
+            })
+            .collect(),
+    );
     let n = 200_000u64;
     let one = median(
         (0..5)
@@ -144,6 +195,13 @@ fn summary() {
         rt / 1e3,
         "≤ 2.00",
         met(rt <= 2000.0)
+    );
+    println!(
+        "{:<40} {:>11.2} µs {:>16} {:>6}",
+        "identity(f32 scalar) round trip",
+        rt_array / 1e3,
+        "(no target)",
+        "-"
     );
     println!(
         "{:<40} {:>12.2} M/s {:>12} M/s {:>6}",
