@@ -551,7 +551,7 @@ impl Buffer {
             })),
         };
         let stream = client.current_stream();
-        client.0.local.dispatcher.submit(&stream, task, &[&ready]);
+        client.0.local.dispatcher.submit(&stream, task);
         Ok(out)
     }
 

@@ -369,9 +369,9 @@ impl Dispatcher {
         })
     }
 
-    /// Submits `task` on `stream`. `outputs` are the events the task fulfils; a
-    /// thread waiting on one of them may run the task inline.
-    pub fn submit(&self, stream: &Stream, task: Task, outputs: &[&Event]) {
+    /// Submits `task` on `stream`. A thread waiting on the task's completion may
+    /// run it inline.
+    pub fn submit(&self, stream: &Stream, task: Task) {
         if stream.owner() != self.id {
             // Callers check this first (`Client::check_stream`); never queue work
             // where no executor of this stream's client would run it.
@@ -382,9 +382,7 @@ impl Dispatcher {
         }
         let queue = stream.local_queue(self);
         let helper: Weak<dyn Helper> = Arc::downgrade(queue) as Weak<dyn Helper>;
-        for event in outputs {
-            event.set_helper(helper.clone());
-        }
+        task.completion.set_helper(helper);
         queue.push(task);
     }
 
@@ -486,7 +484,7 @@ mod tests {
         for i in 0..1000 {
             let ev = Event::new();
             let log = log.clone();
-            d.submit(&s, task(&ev, move || log.lock().unwrap().push(i)), &[&ev]);
+            d.submit(&s, task(&ev, move || log.lock().unwrap().push(i)));
             last = ev;
         }
         last.wait().unwrap();
@@ -503,14 +501,10 @@ mod tests {
         let l = log.clone();
         let mut t = task(&first, move || l.lock().unwrap().push(1));
         t.deps.push(gate.clone());
-        d.submit(&s, t, &[&first]);
+        d.submit(&s, t);
         let second = Event::new();
         let l = log.clone();
-        d.submit(
-            &s,
-            task(&second, move || l.lock().unwrap().push(2)),
-            &[&second],
-        );
+        d.submit(&s, task(&second, move || l.lock().unwrap().push(2)));
         std::thread::sleep(Duration::from_millis(20));
         assert!(log.lock().unwrap().is_empty());
         gate.set(Ok(())).unwrap();
@@ -525,7 +519,7 @@ mod tests {
         let ev = Event::new();
         let mut t = task(&ev, || {});
         t.deps.push(Event::ready(Err(Error::not_found("upstream"))));
-        d.submit(&s, t, &[&ev]);
+        d.submit(&s, t);
         assert_eq!(ev.wait().unwrap_err().message(), "upstream");
     }
 
@@ -534,7 +528,7 @@ mod tests {
         let d = Dispatcher::new(1, 9004, "t").unwrap();
         let s = Stream::new(9004);
         let ev = Event::new();
-        d.submit(&s, task(&ev, || panic!("boom")), &[&ev]);
+        d.submit(&s, task(&ev, || panic!("boom")));
         assert_eq!(
             ev.wait().unwrap_err().code(),
             crate::error::ErrorCode::Internal

@@ -181,8 +181,11 @@ impl LoadedExecutable {
             .iter()
             .map(|s| vec![None; s.sharding.devices().len()])
             .collect();
-        // One status per host; no allocation for the common single-host case.
+        // One status and task per host; no allocation for the common single-host
+        // case. Tasks are queued last, after the bookkeeping: the caller then
+        // reaches its wait (and runs the task inline) before an executor takes it.
         let mut statuses: (Option<Event>, Vec<Event>) = (None, Vec::new());
+        let mut tasks: (Option<Task>, Vec<Task>) = (None, Vec::new());
         for (h, plan) in self.0.hosts.iter().enumerate() {
             let inputs: Vec<Buffer> = plan
                 .input_positions
@@ -190,7 +193,12 @@ impl LoadedExecutable {
                 .zip(args)
                 .flat_map(|(positions, arg)| positions.iter().map(|&p| arg.buffers()[p].clone()))
                 .collect();
-            let (outs, status) = self.submit(h, inputs, None, &stream);
+            let (outs, status, task) = self.prepare(h, inputs, None, &stream);
+            match (&tasks.0, task) {
+                (_, None) => {}
+                (None, Some(task)) => tasks.0 = Some(task),
+                (Some(_), Some(task)) => tasks.1.push(task),
+            }
             let mut outs = outs.into_iter();
             for (o, positions) in plan.output_positions.iter().enumerate() {
                 for &p in positions {
@@ -212,9 +220,12 @@ impl LoadedExecutable {
                     .ok_or_else(|| {
                         Error::internal("an output shard has no host that produces it")
                     })?;
-                Array::assemble(spec.clone(), buffers)
+                Ok(Array::from_parts(spec.clone(), buffers))
             })
             .collect::<Result<Vec<_>>>()?;
+        for task in tasks.0.into_iter().chain(tasks.1) {
+            self.enqueue(&stream, task);
+        }
         let status = match statuses {
             (Some(only), rest) if rest.is_empty() => only,
             (first, mut rest) => {
@@ -269,7 +280,11 @@ impl LoadedExecutable {
             .unwrap_or_else(|| self.0.client.current_stream());
         self.0.client.check_stream(&stream)?;
         let layout = Box::new((vec![1; args.len()], shards));
-        Ok(self.submit(h, args.to_vec(), Some(layout), &stream))
+        let (outputs, status, task) = self.prepare(h, args.to_vec(), Some(layout), &stream);
+        if let Some(task) = task {
+            self.enqueue(&stream, task);
+        }
+        Ok((outputs, status))
     }
 
     /// Runs a single-device executable on any `device` of the client, with whole
@@ -308,7 +323,11 @@ impl LoadedExecutable {
             .unwrap_or_else(|| self.0.client.current_stream());
         self.0.client.check_stream(&stream)?;
         let layout = Box::new((vec![1; args.len()], shards));
-        Ok(self.submit(h, args.to_vec(), Some(layout), &stream))
+        let (outputs, status, task) = self.prepare(h, args.to_vec(), Some(layout), &stream);
+        if let Some(task) = task {
+            self.enqueue(&stream, task);
+        }
+        Ok((outputs, status))
     }
 
     fn host_plan_index(&self, host: usize) -> Result<usize> {
@@ -353,17 +372,18 @@ impl LoadedExecutable {
         Ok(())
     }
 
-    /// Queues one host's part: makes its pending output buffers and the task that
-    /// fills them. `layout` overrides the plan's input counts and output shards
+    /// Prepares one host's part: its pending output buffers, its completion, and
+    /// the task that fills them (`None` when it failed already, e.g. a deleted
+    /// input). `layout` overrides the plan's input counts and output shards
     /// (single-device runs); the common path shares the plan's, so submitting
     /// touches no reference count the executor threads also touch.
-    fn submit(
+    fn prepare(
         &self,
         plan_index: usize,
         inputs: Vec<Buffer>,
         layout: Option<Box<Layout>>,
         stream: &Stream,
-    ) -> (Vec<Buffer>, Event) {
+    ) -> (Vec<Buffer>, Event, Option<Task>) {
         let client = &self.0.client;
         let completion = Event::new();
         let plan = &self.0.hosts[plan_index];
@@ -393,7 +413,7 @@ impl LoadedExecutable {
             Ok(holds) => holds,
             Err(e) => {
                 completion.set_if_pending(Err(e));
-                return (outputs, completion);
+                return (outputs, completion, None);
             }
         };
         let job = ExecJob {
@@ -410,12 +430,12 @@ impl LoadedExecutable {
             completion: completion.clone(),
             run: Job::Execute(job),
         };
-        client
-            .0
-            .local
-            .dispatcher
-            .submit(stream, task, &[&completion]);
-        (outputs, completion)
+        (outputs, completion, Some(task))
+    }
+
+    /// Queues a prepared task on `stream`.
+    fn enqueue(&self, stream: &Stream, task: Task) {
+        self.0.client.0.local.dispatcher.submit(stream, task);
     }
 
     fn run_program(
