@@ -1,0 +1,123 @@
+"""The default client: created lazily on first use, configured before that.
+
+After ``os.fork()`` the child gets a fresh default client on first use; objects
+of the parent's runtime raise ``FailedPreconditionError`` there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from . import _colocated
+from ._errors import FailedPreconditionError, InvalidArgumentError
+
+_ENV_NUM_CPU_DEVICES = "COLOCATED_NUM_CPU_DEVICES"
+
+_lock = threading.Lock()
+_client: _colocated.Client | None = None
+_num_cpu_devices: int | None = None
+
+
+def configure(*, num_cpu_devices: int | None = None) -> None:
+    """Sets options of the default client. Must be called before first use.
+
+    ``num_cpu_devices``: number of CPU devices of the local host (default: the
+    environment variable ``COLOCATED_NUM_CPU_DEVICES``, else the number of cores).
+
+    Raises ``FailedPreconditionError`` once the default client exists, and
+    ``InvalidArgumentError`` for a count that is not a positive integer.
+    """
+    global _num_cpu_devices
+    if num_cpu_devices is not None and (
+        isinstance(num_cpu_devices, bool) or not isinstance(num_cpu_devices, int) or num_cpu_devices < 1
+    ):
+        raise InvalidArgumentError(f"num_cpu_devices must be a positive integer, got {num_cpu_devices!r}")
+    with _lock:
+        if _client is not None:
+            raise FailedPreconditionError(
+                "colocated.configure() must be called before the first use of colocated; "
+                f"the default client already exists with {len(_client.devices())} devices"
+            )
+        _num_cpu_devices = num_cpu_devices
+
+
+def _env_num_cpu_devices() -> int | None:
+    text = os.environ.get(_ENV_NUM_CPU_DEVICES)
+    if text is None or text.strip() == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidArgumentError(f"{_ENV_NUM_CPU_DEVICES} must be a positive integer, got {text!r}")
+    return value
+
+
+def client() -> _colocated.Client:
+    """The default client (the local host with CPU devices), created on first use."""
+    global _client
+    c = _client
+    if c is not None:
+        return c
+    with _lock:
+        if _client is None:
+            n = _num_cpu_devices if _num_cpu_devices is not None else _env_num_cpu_devices()
+            _client = _colocated.Client(n)
+        return _client
+
+
+def devices() -> list[_colocated.Device]:
+    """Every device of the default client, in id order (as ``jax.devices()``)."""
+    return client().devices()
+
+
+def local_devices() -> list[_colocated.Device]:
+    """The devices this process can address, in id order (``jax.local_devices()``)."""
+    return client().local_devices()
+
+
+def _device_by_id(device_id: int) -> _colocated.Device:
+    """The default client's device with this global id (used to unpickle devices)."""
+    return client().device(device_id)
+
+
+def colocated_cpu_devices(devices_or_mesh):
+    """Maps devices to the CPU devices of the same hosts, in order.
+
+    Takes a sequence of devices (returns a list) or a ``Mesh`` (returns a ``Mesh``
+    of the same shape and axis names), as ``jax.experimental.colocated_python``.
+    """
+    from ._sharding import Mesh
+
+    if isinstance(devices_or_mesh, Mesh):
+        mesh = devices_or_mesh
+        flat = client().colocated_cpu_devices(list(mesh.devices.flat))
+        return Mesh(_reshape(flat, mesh.devices.shape), mesh.axis_names)
+    devices = list(devices_or_mesh)
+    for d in devices:
+        if not isinstance(d, _colocated.Device):
+            raise InvalidArgumentError(f"colocated_cpu_devices expects devices or a Mesh, got {type(d).__name__}")
+    return client().colocated_cpu_devices(devices)
+
+
+def _reshape(flat, shape):
+    import numpy as np
+
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(shape)
+
+
+def _after_fork_in_child() -> None:
+    global _client, _lock
+    _colocated.after_fork_in_child()
+    # The parent's client is leaked by the native module (dropping it would touch
+    # threads that do not exist in the child); the next use creates a fresh one.
+    _client = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

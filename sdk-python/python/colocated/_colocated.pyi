@@ -1,0 +1,176 @@
+"""Type stubs of the native module ``colocated._colocated`` (private)."""
+
+from collections.abc import Callable
+from typing import Any
+
+PLATFORM_NAME: str
+__version__: str
+
+def after_fork_in_child() -> None:
+    """Marks every runtime object made so far as belonging to the parent process."""
+
+class Client:
+    """A local client (the in-process host with CPU devices)."""
+
+    def __init__(self, num_cpu_devices: int | None = None) -> None: ...
+    @property
+    def platform_name(self) -> str:
+        """Platform name of the runtime (``"colocated"``)."""
+    @property
+    def platform_version(self) -> str:
+        """Version of the runtime."""
+    @property
+    def process_index(self) -> int:
+        """Index of this (controller) process."""
+    def devices(self) -> list[Device]:
+        """Every device, in id order."""
+    def local_devices(self) -> list[Device]:
+        """The devices this process can address, in id order."""
+    def device(self, id: int) -> Device:
+        """The device with global id ``id``; ``NotFoundError`` if there is none."""
+    def colocated_cpu_devices(self, devices: list[Device]) -> list[Device]:
+        """Maps each device to the CPU device of the same host, in order."""
+
+class Device:
+    """One device, as JAX shows it (``CpuDevice(id=0)``). Equal and hashed by id."""
+
+    @property
+    def id(self) -> int:
+        """Global device id."""
+    @property
+    def platform(self) -> str:
+        """Platform of the device (``"cpu"``)."""
+    @property
+    def device_kind(self) -> str:
+        """Kind of the device (``"cpu"``)."""
+    @property
+    def process_index(self) -> int:
+        """Index of the process (host) that owns the device."""
+    @property
+    def local_hardware_id(self) -> int:
+        """Index of the device among its host's devices of the same kind."""
+    @property
+    def host_index(self) -> int:
+        """Index of the owning host in the client's host list."""
+    @property
+    def attributes(self) -> dict[str, int | str | bool]:
+        """Backend-defined attributes."""
+    def debug_string(self) -> str:
+        """Placement in words: ``cpu:3 (process 0, host 0, local 3)``."""
+    def __hash__(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+
+class Sharding:
+    """A core sharding plus the client its devices belong to."""
+
+    @staticmethod
+    def named(
+        devices: list[Device], mesh_shape: list[int], axis_names: list[str], partition: list[list[int]]
+    ) -> Sharding:
+        """A mesh of devices (row-major) and, per dimension, the mesh axes it is split over."""
+    @staticmethod
+    def single_device(device: Device) -> Sharding:
+        """The whole array on one device."""
+    @property
+    def device_ids(self) -> list[int]:
+        """Device ids in shard order."""
+    @property
+    def mesh_shape(self) -> list[int]:
+        """Mesh shape."""
+    @property
+    def axis_names(self) -> list[str]:
+        """Mesh axis names."""
+    @property
+    def partition(self) -> list[list[int]]:
+        """Per array dimension, the mesh axes it is split over."""
+    @property
+    def is_fully_replicated(self) -> bool:
+        """True when every device holds the whole array."""
+    def shard_shape(self, shape: list[int]) -> list[int]:
+        """The shape each device holds; ``InvalidArgumentError`` for an uneven split."""
+    def shard_indices(self, shape: list[int]) -> list[list[tuple[int, int]]]:
+        """Per device, the ``(start, stop)`` range per dimension it holds."""
+    def equivalent(self, other: Sharding, rank: int) -> bool:
+        """Same devices in the same order and the same split of every dimension."""
+
+class Event:
+    """A one-shot future of the runtime."""
+
+    def __init__(self) -> None:
+        """A pending event that the caller fulfils with ``set``."""
+    def set(self, code: str | None = None, message: str = "") -> None:
+        """Fulfils the event with success, or with an error of ``code`` and ``message``."""
+    @staticmethod
+    def join(events: list[Event]) -> Event:
+        """Ready when all are; fails with the first error in argument order."""
+    def is_ready(self) -> bool:
+        """True once the event has its result."""
+    def wait(self) -> None:
+        """Blocks (without the GIL) until ready; raises the event's error."""
+    def wait_timeout(self, timeout: float) -> None:
+        """Blocks at most ``timeout`` seconds; ``DeadlineExceededError`` if still pending."""
+    def error(self) -> BaseException | None:
+        """The error as an exception instance, or None."""
+    def on_ready(self, callback: Callable[[BaseException | None], Any]) -> None:
+        """Calls ``callback(None | exception)`` exactly once, possibly on a runtime thread."""
+
+class HostView:
+    """A pinned read-only view of one buffer's bytes (numpy array interface)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """A read-only uint8 vector over the pinned bytes."""
+
+class ArrayImpl:
+    """The native half of ``colocated.Array``."""
+
+    @staticmethod
+    def from_host_bytes(sharding: Sharding, dtype: str, shape: list[int], ptr: int, nbytes: int) -> ArrayImpl:
+        """Splits row-major host bytes of the global array over the sharding's devices."""
+    @staticmethod
+    def from_host_strings(sharding: Sharding, shape: list[int], strings: list[str]) -> ArrayImpl:
+        """Splits row-major strings of the global array over the sharding's devices."""
+    @staticmethod
+    def from_host_shards(
+        sharding: Sharding, dtype: str, shape: list[int], shards: list[tuple[int, int]]
+    ) -> ArrayImpl:
+        """One dense host shard ``(ptr, nbytes)`` per device, in the sharding's order."""
+    @staticmethod
+    def from_string_shards(sharding: Sharding, shape: list[int], shards: list[list[str]]) -> ArrayImpl:
+        """One row-major list of strings per device, in the sharding's order."""
+    @staticmethod
+    def assemble(sharding: Sharding, dtype: str, shape: list[int], arrays: list[ArrayImpl]) -> ArrayImpl:
+        """Assembles single-device arrays, one per device in the sharding's order."""
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Global shape."""
+    @property
+    def dtype(self) -> str:
+        """Element type name."""
+    @property
+    def sharding(self) -> Sharding:
+        """The core sharding."""
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+    def shard(self, i: int) -> ArrayImpl:
+        """Shard ``i`` as a single-device array sharing its buffer."""
+    def shard_index(self, i: int) -> list[tuple[int, int]]:
+        """The ``(start, stop)`` range per dimension that shard ``i`` holds."""
+    def ready_event(self) -> Event:
+        """Ready when every shard is."""
+    def is_ready(self) -> bool:
+        """True when every shard is ready."""
+    def block_until_ready(self) -> None:
+        """Blocks (without the GIL) until every shard is ready."""
+    def delete(self) -> None:
+        """Deletes every shard."""
+    def is_deleted(self) -> bool:
+        """True when any shard was deleted."""
+    def host_view(self, i: int) -> HostView:
+        """Waits for shard ``i`` and pins its bytes."""
+    def to_host_into(self, ptr: int, nbytes: int) -> None:
+        """Gathers the array row-major into ``nbytes`` at ``ptr``."""
+    def to_host_strings(self) -> list[str]:
+        """Gathers a string array's elements row-major."""

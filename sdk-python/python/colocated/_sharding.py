@@ -1,0 +1,392 @@
+"""Meshes and shardings, as in JAX: ``Mesh``, ``PartitionSpec`` (``P``),
+``NamedSharding``, ``SingleDeviceSharding`` and ``ShapeDtypeStruct``.
+
+Each sharding maps to one core sharding (built on first use and cached, so equal
+shardings share it); the layout rules (even splits, device uniqueness, ...) are
+the core's.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from . import _colocated
+from ._dtypes import canonicalize
+from ._errors import InvalidArgumentError
+
+Device = _colocated.Device
+
+_cache_lock = threading.Lock()
+# Python sharding -> core sharding; equal shardings share one core object, whose
+# identity is the cheap check of later fast paths.
+_core_shardings: dict = {}
+# (sharding, shape) -> {device: index}.
+_indices_maps: dict = {}
+
+
+def _clear_sharding_caches() -> None:
+    with _cache_lock:
+        _core_shardings.clear()
+        _indices_maps.clear()
+
+
+def _core_sharding(sharding) -> _colocated.Sharding:
+    core = _core_shardings.get(sharding)
+    if core is None:
+        core = sharding._make_core()
+        with _cache_lock:
+            core = _core_shardings.setdefault(sharding, core)
+    return core
+
+
+class Mesh:
+    """A named grid of devices: ``Mesh(devices, axis_names)``.
+
+    ``devices`` is an array-like (nested lists or a numpy array) of devices whose
+    rank equals the number of axis names. ``.shape`` maps each axis name to its
+    size, ``.devices`` is the numpy array of devices.
+    """
+
+    __slots__ = ("_hash", "axis_names", "devices")
+
+    def __init__(self, devices, axis_names) -> None:
+        if isinstance(axis_names, str):
+            axis_names = (axis_names,)
+        axis_names = tuple(axis_names)
+        for name in axis_names:
+            if not isinstance(name, str):
+                raise InvalidArgumentError(f"mesh axis names must be strings, got {name!r}")
+        grid = np.array(devices, dtype=object)
+        if grid.ndim != len(axis_names):
+            raise InvalidArgumentError(
+                f"the mesh devices have rank {grid.ndim} but {len(axis_names)} axis names were given"
+            )
+        if len(set(axis_names)) != len(axis_names):
+            raise InvalidArgumentError(f"mesh axis names must be unique, got {axis_names}")
+        if grid.size == 0:
+            raise InvalidArgumentError("a mesh needs at least one device")
+        for d in grid.flat:
+            if not isinstance(d, Device):
+                raise InvalidArgumentError(f"mesh entries must be devices, got {type(d).__name__}")
+        ids = [d.id for d in grid.flat]
+        if len(set(ids)) != len(ids):
+            raise InvalidArgumentError(f"a device appears twice in the mesh: {ids}")
+        grid.flags.writeable = False
+        self.devices = grid
+        self.axis_names = axis_names
+        self._hash = hash((tuple(ids), grid.shape, axis_names))
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """Axis name -> axis size, in axis order."""
+        return dict(zip(self.axis_names, self.devices.shape))
+
+    @property
+    def axis_sizes(self) -> tuple[int, ...]:
+        """Axis sizes, in axis order."""
+        return self.devices.shape
+
+    @property
+    def size(self) -> int:
+        """Number of devices."""
+        return self.devices.size
+
+    @property
+    def device_ids(self) -> np.ndarray:
+        """The device ids, in the mesh's shape."""
+        return np.vectorize(lambda d: d.id, otypes=[int])(self.devices)
+
+    @property
+    def local_devices(self) -> list:
+        """The mesh's devices in row-major order."""
+        return list(self.devices.flat)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Mesh):
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.axis_names == other.axis_names
+            and self.devices.shape == other.devices.shape
+            and all(a == b for a, b in zip(self.devices.flat, other.devices.flat))
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        shape = ", ".join(f"'{k}': {v}" for k, v in self.shape.items())
+        return f"Mesh(device_ids={self.device_ids.tolist()!r}, axis_names={self.axis_names!r}, shape={{{shape}}})"
+
+
+class PartitionSpec(tuple):
+    """How each array dimension is split over mesh axes (a tuple, as in JAX).
+
+    Entries: ``None`` (not split), an axis name, or a tuple of axis names (split
+    over their product, major first). Missing trailing entries mean ``None``.
+    """
+
+    def __new__(cls, *partitions):
+        for p in partitions:
+            ok = p is None or isinstance(p, str) or (
+                isinstance(p, tuple) and all(isinstance(a, str) for a in p)
+            )
+            if not ok:
+                raise InvalidArgumentError(
+                    f"PartitionSpec entries must be None, an axis name or a tuple of axis names, got {p!r}"
+                )
+        return super().__new__(cls, partitions)
+
+    def _normalized(self) -> tuple:
+        parts = [(p,) if isinstance(p, str) else (p or ()) for p in self]
+        while parts and parts[-1] == ():
+            parts.pop()
+        return tuple(parts)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, PartitionSpec):
+            return self._normalized() == other._normalized()
+        if isinstance(other, tuple):
+            return self._normalized() == PartitionSpec(*other)._normalized()
+        return NotImplemented
+
+    def __ne__(self, other) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return hash(self._normalized())
+
+    def __repr__(self) -> str:
+        return "PartitionSpec(" + ", ".join(repr(p) for p in self) + ")"
+
+    def __reduce__(self):
+        return (PartitionSpec, tuple(self))
+
+
+#: Short alias of :class:`PartitionSpec`, as ``jax.sharding.PartitionSpec as P``.
+P = PartitionSpec
+
+
+class Sharding:
+    """Base class of shardings: a device assignment plus a layout."""
+
+    __slots__ = ("__weakref__", "_core")
+
+    def _make_core(self) -> _colocated.Sharding:
+        raise NotImplementedError
+
+    def _core_sharding(self) -> _colocated.Sharding:
+        core = self._core
+        if core is None:
+            core = _core_sharding(self)
+            self._core = core
+        return core
+
+    @property
+    def _device_assignment(self) -> tuple:
+        """Devices in shard order: shard ``i`` of an array lives on device ``i``."""
+        raise NotImplementedError
+
+    @property
+    def devices(self) -> tuple:
+        """Devices in shard order (same as ``_device_assignment``)."""
+        return self._device_assignment
+
+    @property
+    def device_set(self) -> set:
+        """The set of devices."""
+        return set(self._device_assignment)
+
+    @property
+    def addressable_devices(self) -> set:
+        """The devices this process can address."""
+        return self.device_set
+
+    @property
+    def num_devices(self) -> int:
+        """Number of devices."""
+        return len(self._device_assignment)
+
+    @property
+    def is_fully_replicated(self) -> bool:
+        """True when every device holds the whole array."""
+        return self._core_sharding().is_fully_replicated
+
+    @property
+    def is_fully_addressable(self) -> bool:
+        """True when this process can address every device (always, for now)."""
+        return True
+
+    @property
+    def memory_kind(self) -> str:
+        """Memory kind of the shards (``"device"``)."""
+        return "device"
+
+    def shard_shape(self, global_shape) -> tuple:
+        """The shape each device holds; ``InvalidArgumentError`` if the split is uneven."""
+        return tuple(self._core_sharding().shard_shape(list(global_shape)))
+
+    def devices_indices_map(self, global_shape) -> dict:
+        """Device -> the tuple of slices of ``global_shape`` it holds."""
+        key = (self, tuple(global_shape))
+        found = _indices_maps.get(key)
+        if found is None:
+            ranges = self._core_sharding().shard_indices(list(global_shape))
+            found = {
+                d: tuple(slice(start, stop) for start, stop in r)
+                for d, r in zip(self._device_assignment, ranges)
+            }
+            with _cache_lock:
+                _indices_maps[key] = found
+        return dict(found)
+
+    def is_equivalent_to(self, other, ndim: int) -> bool:
+        """Same devices in the same order and the same split of every dimension."""
+        return self._core_sharding().equivalent(other._core_sharding(), ndim)
+
+
+class NamedSharding(Sharding):
+    """An array split over a ``Mesh`` by a ``PartitionSpec``, as in JAX."""
+
+    __slots__ = ("_hash", "_partition", "mesh", "spec")
+
+    def __init__(self, mesh: Mesh, spec: PartitionSpec | None = None) -> None:
+        if not isinstance(mesh, Mesh):
+            raise InvalidArgumentError(f"NamedSharding needs a Mesh, got {type(mesh).__name__}")
+        if spec is None:
+            spec = PartitionSpec()
+        elif not isinstance(spec, PartitionSpec):
+            spec = PartitionSpec(*spec) if isinstance(spec, tuple) else PartitionSpec(spec)
+        partition = []
+        for entry in spec._normalized():
+            axes = []
+            for name in entry:
+                if name not in mesh.axis_names:
+                    raise InvalidArgumentError(
+                        f"PartitionSpec {spec!r} names axis '{name}', which is not a mesh axis "
+                        f"(the mesh has {mesh.axis_names})"
+                    )
+                axes.append(mesh.axis_names.index(name))
+            partition.append(axes)
+        self.mesh = mesh
+        self.spec = spec
+        self._partition = partition
+        self._core = None
+        self._hash = hash((mesh, spec))
+
+    def _make_core(self) -> _colocated.Sharding:
+        return _colocated.Sharding.named(
+            list(self.mesh.devices.flat), list(self.mesh.devices.shape), list(self.mesh.axis_names), self._partition
+        )
+
+    @property
+    def _device_assignment(self) -> tuple:
+        return tuple(self.mesh.devices.flat)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, NamedSharding):
+            return NotImplemented
+        return self is other or (self._hash == other._hash and self.mesh == other.mesh and self.spec == other.spec)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r})"
+
+    def __reduce__(self):
+        return (NamedSharding, (self.mesh, self.spec))
+
+
+class SingleDeviceSharding(Sharding):
+    """The whole array on one device."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, device) -> None:
+        if not isinstance(device, Device):
+            raise InvalidArgumentError(f"SingleDeviceSharding needs a device, got {type(device).__name__}")
+        self._device = device
+        self._core = None
+
+    def _make_core(self) -> _colocated.Sharding:
+        return _colocated.Sharding.single_device(self._device)
+
+    @property
+    def _device_assignment(self) -> tuple:
+        return (self._device,)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, SingleDeviceSharding):
+            return NotImplemented
+        return self._device == other._device
+
+    def __hash__(self) -> int:
+        return hash(("single", self._device))
+
+    def __repr__(self) -> str:
+        return f"SingleDeviceSharding(device={self._device!r})"
+
+    def __reduce__(self):
+        return (SingleDeviceSharding, (self._device,))
+
+
+def _sharding_from_core(core: _colocated.Sharding, device_by_id) -> Sharding:
+    """The Python sharding for a core one (e.g. of an array the runtime made)."""
+    ids = core.device_ids
+    devices = [device_by_id(i) for i in ids]
+    if len(devices) == 1 and core.is_fully_replicated:
+        sharding = SingleDeviceSharding(devices[0])
+    else:
+        names = core.axis_names
+        grid = np.empty(len(devices), dtype=object)
+        grid[:] = devices
+        mesh = Mesh(grid.reshape(core.mesh_shape), names)
+        spec = PartitionSpec(
+            *(None if not axes else names[axes[0]] if len(axes) == 1 else tuple(names[a] for a in axes)
+              for axes in core.partition)
+        )
+        sharding = NamedSharding(mesh, spec)
+    sharding._core = core
+    return sharding
+
+
+class ShapeDtypeStruct:
+    """The spec of an array: shape, dtype and (optionally) sharding."""
+
+    __slots__ = ("dtype", "shape", "sharding")
+
+    def __init__(self, shape, dtype, sharding: Sharding | None = None) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = canonicalize(dtype)
+        if sharding is not None and not isinstance(sharding, Sharding):
+            raise InvalidArgumentError(f"sharding must be a Sharding, got {type(sharding).__name__}")
+        self.sharding = sharding
+
+    @property
+    def ndim(self) -> int:
+        """Rank."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, ShapeDtypeStruct):
+            return NotImplemented
+        return (self.shape, self.dtype, self.sharding) == (other.shape, other.dtype, other.sharding)
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype, self.sharding))
+
+    def __repr__(self) -> str:
+        s = f"ShapeDtypeStruct(shape={self.shape}, dtype={self.dtype}"
+        if self.sharding is not None:
+            s += f", sharding={self.sharding!r}"
+        return s + ")"

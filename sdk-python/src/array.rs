@@ -1,0 +1,375 @@
+//! `ArrayImpl`: a core array (shape, dtype, core sharding, one buffer per device)
+//! behind the Python `colocated.Array`, and `HostView`, a pinned view of one
+//! buffer's bytes that numpy arrays can alias without a copy.
+
+use colocated_core as core;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::{py_err, to_py};
+use crate::event::Event;
+use crate::fork::ForkSafe;
+use crate::sharding::{ranges, Sharding};
+
+/// Host memory handed over by the Python side: the address and length of a
+/// C-contiguous numpy array that the caller keeps alive and unchanged during the
+/// call (the data is copied before the call returns).
+#[derive(Clone, Copy)]
+struct HostBytes {
+    ptr: usize,
+    len: usize,
+}
+
+impl HostBytes {
+    /// # Safety
+    /// `ptr` must be valid for reads of `len` bytes for the lifetime `'a`.
+    unsafe fn slice<'a>(self) -> &'a [u8] {
+        if self.len == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(self.ptr as *const u8, self.len)
+        }
+    }
+}
+
+fn dtype_from_name(name: &str) -> PyResult<core::DType> {
+    core::DType::ALL
+        .iter()
+        .copied()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| {
+            py_err(core::Error::invalid_argument(format!(
+                "unsupported dtype {name}"
+            )))
+        })
+}
+
+/// The native half of `colocated.Array`.
+#[pyclass(module = "colocated._colocated", frozen)]
+pub struct ArrayImpl {
+    client: ForkSafe<core::Client>,
+    pub(crate) inner: ForkSafe<core::Array>,
+}
+
+impl ArrayImpl {
+    pub(crate) fn wrap(client: core::Client, array: core::Array) -> Self {
+        ArrayImpl {
+            client: ForkSafe::new(client),
+            inner: ForkSafe::new(array),
+        }
+    }
+
+    fn array(&self) -> PyResult<&core::Array> {
+        self.inner.get().map_err(py_err)
+    }
+
+    fn buffer(&self, i: usize) -> PyResult<&core::Buffer> {
+        let buffers = self.array()?.buffers();
+        buffers.get(i).ok_or_else(|| {
+            py_err(core::Error::invalid_argument(format!(
+                "shard {i} is out of range for {} shards",
+                buffers.len()
+            )))
+        })
+    }
+}
+
+#[pymethods]
+impl ArrayImpl {
+    /// Splits row-major host bytes of the global array (`nbytes` at address `ptr`,
+    /// kept alive by the caller) over `sharding`'s devices. Copies before returning;
+    /// the GIL is released during the copy.
+    #[staticmethod]
+    fn from_host_bytes(
+        py: Python<'_>,
+        sharding: PyRef<'_, Sharding>,
+        dtype: &str,
+        shape: Vec<i64>,
+        ptr: usize,
+        nbytes: usize,
+    ) -> PyResult<Self> {
+        let (client, core_sharding) = sharding.get()?;
+        let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
+            .map_err(py_err)?;
+        let data = HostBytes { ptr, len: nbytes };
+        // SAFETY: the Python caller passes the address and size of an array it keeps
+        // referenced (hence alive) for the duration of this call.
+        let array = py
+            .detach(|| core::Array::from_host_bytes(client, unsafe { data.slice() }, spec))
+            .map_err(py_err)?;
+        Ok(ArrayImpl::wrap(client.clone(), array))
+    }
+
+    /// Splits row-major strings of the global array over `sharding`'s devices.
+    #[staticmethod]
+    fn from_host_strings(
+        sharding: PyRef<'_, Sharding>,
+        shape: Vec<i64>,
+        strings: Vec<String>,
+    ) -> PyResult<Self> {
+        let (client, core_sharding) = sharding.get()?;
+        let spec = core::ArraySpec::new(shape, core::DType::String, core_sharding.clone())
+            .map_err(py_err)?;
+        let array = core::Array::from_host_strings(client, &strings, spec).map_err(py_err)?;
+        Ok(ArrayImpl::wrap(client.clone(), array))
+    }
+
+    /// Builds an array from one dense host shard per device of `sharding`, in its
+    /// device order: `shards[i]` is `(ptr, nbytes)` of a C-contiguous array the
+    /// caller keeps alive during the call, holding shard `i`.
+    #[staticmethod]
+    fn from_host_shards(
+        py: Python<'_>,
+        sharding: PyRef<'_, Sharding>,
+        dtype: &str,
+        shape: Vec<i64>,
+        shards: Vec<(usize, usize)>,
+    ) -> PyResult<Self> {
+        let (client, core_sharding) = sharding.get()?;
+        let dtype = dtype_from_name(dtype)?;
+        let spec = core::ArraySpec::new(shape, dtype, core_sharding.clone()).map_err(py_err)?;
+        check_shard_count(&spec, shards.len())?;
+        let dims = core_sharding.shard_shape(&spec.shape).map_err(py_err)?;
+        let build = || -> core::Result<core::Array> {
+            let buffers = shards
+                .iter()
+                .zip(spec.sharding.devices())
+                .map(|(&(ptr, len), device)| {
+                    // SAFETY: as in `from_host_bytes`, each shard is kept alive by
+                    // the caller for the duration of the call.
+                    let data = unsafe { HostBytes { ptr, len }.slice() };
+                    core::Buffer::from_bytes(client, data, dtype, &dims, device)
+                })
+                .collect::<core::Result<Vec<_>>>()?;
+            core::Array::assemble(spec.clone(), buffers)
+        };
+        let array = py.detach(build).map_err(py_err)?;
+        Ok(ArrayImpl::wrap(client.clone(), array))
+    }
+
+    /// Builds a string array from one row-major list of strings per device of
+    /// `sharding`, in its device order.
+    #[staticmethod]
+    fn from_string_shards(
+        sharding: PyRef<'_, Sharding>,
+        shape: Vec<i64>,
+        shards: Vec<Vec<String>>,
+    ) -> PyResult<Self> {
+        let (client, core_sharding) = sharding.get()?;
+        let spec = core::ArraySpec::new(shape, core::DType::String, core_sharding.clone())
+            .map_err(py_err)?;
+        check_shard_count(&spec, shards.len())?;
+        let dims = core_sharding.shard_shape(&spec.shape).map_err(py_err)?;
+        let buffers = shards
+            .iter()
+            .zip(spec.sharding.devices())
+            .map(|(strings, device)| {
+                core::Buffer::from_strings(client, strings, &dims, device, None)
+            })
+            .collect::<core::Result<Vec<_>>>()
+            .map_err(py_err)?;
+        let array = core::Array::assemble(spec, buffers).map_err(py_err)?;
+        Ok(ArrayImpl::wrap(client.clone(), array))
+    }
+
+    /// Assembles an array of `shape` and `sharding` from single-device arrays, one
+    /// per device of the sharding, in its device order.
+    #[staticmethod]
+    fn assemble(
+        sharding: PyRef<'_, Sharding>,
+        dtype: &str,
+        shape: Vec<i64>,
+        arrays: Vec<PyRef<'_, ArrayImpl>>,
+    ) -> PyResult<Self> {
+        let (client, core_sharding) = sharding.get()?;
+        let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
+            .map_err(py_err)?;
+        let mut buffers = Vec::with_capacity(arrays.len());
+        for (i, a) in arrays.iter().enumerate() {
+            match a.array()?.buffers() {
+                [one] => buffers.push(one.clone()),
+                many => {
+                    return Err(py_err(core::Error::invalid_argument(format!(
+                        "array {i} is on {} devices; each must be on one device",
+                        many.len()
+                    ))))
+                }
+            }
+        }
+        let array = core::Array::assemble(spec, buffers).map_err(py_err)?;
+        Ok(ArrayImpl::wrap(client.clone(), array))
+    }
+
+    /// Global shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.inner.metadata().shape())
+    }
+
+    /// Element type name (`"float32"`, `"bfloat16"`, `"string"`).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.inner.metadata().dtype().name()
+    }
+
+    /// The core sharding.
+    #[getter]
+    fn sharding(&self) -> Sharding {
+        Sharding::wrap(
+            self.client.metadata().clone(),
+            self.inner.metadata().sharding().clone(),
+        )
+    }
+
+    /// Number of shards (one per device of the sharding).
+    #[getter]
+    fn num_shards(&self) -> usize {
+        self.inner.metadata().buffers().len()
+    }
+
+    /// Shard `i` as a single-device array sharing its buffer.
+    fn shard(&self, i: usize) -> PyResult<Self> {
+        let buffer = self.buffer(i)?.clone();
+        let sharding = core::Sharding::single_device(buffer.device().clone());
+        let spec = core::ArraySpec::new(buffer.dims().to_vec(), buffer.dtype(), sharding)
+            .map_err(py_err)?;
+        let array = core::Array::assemble(spec, vec![buffer]).map_err(py_err)?;
+        Ok(ArrayImpl::wrap(self.client.metadata().clone(), array))
+    }
+
+    /// The `(start, stop)` range per dimension that shard `i` holds.
+    fn shard_index(&self, i: usize) -> PyResult<Vec<(i64, i64)>> {
+        let index = self.inner.metadata().shard_index(i).map_err(py_err)?;
+        Ok(ranges(&index))
+    }
+
+    /// Ready when every shard is.
+    fn ready_event(&self) -> PyResult<Event> {
+        Ok(Event::wrap(self.array()?.ready_event()))
+    }
+
+    /// True when every shard is ready.
+    fn is_ready(&self) -> PyResult<bool> {
+        Ok(self
+            .array()?
+            .buffers()
+            .iter()
+            .all(|b| b.ready_event().is_ready()))
+    }
+
+    /// Blocks (without the GIL) until every shard is ready; raises the error of a
+    /// failed producer.
+    fn block_until_ready(&self, py: Python<'_>) -> PyResult<()> {
+        let array = self.array()?;
+        for buffer in array.buffers() {
+            let event = buffer.ready_event();
+            if let Some(status) = event.status() {
+                status.map_err(|e| to_py(py, &e))?;
+                continue;
+            }
+            py.detach(|| event.wait()).map_err(|e| to_py(py, &e))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every shard (in-flight work keeps the data until it finishes).
+    fn delete(&self) -> PyResult<()> {
+        self.array()?.delete();
+        Ok(())
+    }
+
+    /// True when any shard was deleted.
+    fn is_deleted(&self) -> PyResult<bool> {
+        Ok(self.array()?.is_deleted())
+    }
+
+    /// Waits (without the GIL) for shard `i` and pins its bytes.
+    fn host_view(&self, py: Python<'_>, i: usize) -> PyResult<HostView> {
+        let buffer = self.buffer(i)?;
+        if buffer.dtype() == core::DType::String {
+            return Err(py_err(core::Error::invalid_argument(
+                "string shards have no byte view; use to_host_strings",
+            )));
+        }
+        let pin = py
+            .detach(|| buffer.acquire_external_reference())
+            .map_err(py_err)?;
+        Ok(HostView {
+            pin: ForkSafe::new(pin),
+        })
+    }
+
+    /// Waits (without the GIL) and gathers the array row-major into `nbytes` at
+    /// address `ptr` (a writable C-contiguous array the caller keeps alive).
+    fn to_host_into(&self, py: Python<'_>, ptr: usize, nbytes: usize) -> PyResult<()> {
+        let array = self.array()?;
+        let out = HostBytes { ptr, len: nbytes };
+        py.detach(|| {
+            // SAFETY: the caller keeps a writable array of `nbytes` at `ptr` alive
+            // and does not touch it during the call.
+            let dst = unsafe {
+                if out.len == 0 {
+                    &mut [][..]
+                } else {
+                    std::slice::from_raw_parts_mut(out.ptr as *mut u8, out.len)
+                }
+            };
+            array.to_host_into(dst)
+        })
+        .map_err(py_err)
+    }
+
+    /// Waits (without the GIL) and gathers a string array's elements row-major.
+    fn to_host_strings(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let array = self.array()?;
+        py.detach(|| array.to_host_strings()).map_err(py_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner.metadata())
+    }
+}
+
+fn check_shard_count(spec: &core::ArraySpec, given: usize) -> PyResult<()> {
+    let devices = spec.sharding.devices().len();
+    if given != devices {
+        return Err(py_err(core::Error::invalid_argument(format!(
+            "the sharding has {devices} devices but {given} shards were given"
+        ))));
+    }
+    Ok(())
+}
+
+/// A pinned, read-only view of one buffer's bytes. numpy arrays made from it (via
+/// `__array_interface__`) keep it, and so the pin, alive; the bytes stay valid
+/// even if the array is deleted meanwhile.
+#[pyclass(module = "colocated._colocated", frozen)]
+pub struct HostView {
+    pin: ForkSafe<core::ExternalReference>,
+}
+
+#[pymethods]
+impl HostView {
+    /// Byte length.
+    fn __len__(&self) -> usize {
+        self.pin.metadata().len()
+    }
+
+    /// The numpy array interface: a read-only uint8 vector over the pinned bytes.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let pin = self.pin.get().map_err(py_err)?;
+        let out = PyDict::new(py);
+        out.set_item("version", 3)?;
+        out.set_item("shape", (pin.len(),))?;
+        out.set_item("typestr", "|u1")?;
+        // A zero-length view still needs a non-null address.
+        let ptr = if pin.is_empty() {
+            1
+        } else {
+            pin.data_ptr() as usize
+        };
+        out.set_item("data", (ptr, true))?;
+        Ok(out)
+    }
+}

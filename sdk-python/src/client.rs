@@ -1,0 +1,207 @@
+//! `Client` and `Device`: the default client's topology, as Python objects.
+
+use colocated_core as core;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::py_err;
+use crate::fork::ForkSafe;
+
+/// A local client (the in-process host with CPU devices). Private: the package
+/// keeps one default client and hands out its devices.
+#[pyclass(module = "colocated._colocated", frozen)]
+pub struct Client {
+    pub(crate) inner: ForkSafe<core::Client>,
+    devices: Vec<Py<Device>>,
+}
+
+#[pymethods]
+impl Client {
+    /// Creates a local client with `num_cpu_devices` CPU devices (default: the
+    /// number of cores). Raises `InvalidArgumentError` for an impossible count.
+    #[new]
+    #[pyo3(signature = (num_cpu_devices=None))]
+    fn new(py: Python<'_>, num_cpu_devices: Option<usize>) -> PyResult<Self> {
+        let client = core::Client::new_local(core::ClientOptions {
+            num_cpu_devices,
+            ..Default::default()
+        })
+        .map_err(py_err)?;
+        let devices = client
+            .devices()
+            .iter()
+            .map(|d| Py::new(py, Device::new(client.clone(), d.clone())))
+            .collect::<PyResult<_>>()?;
+        Ok(Client {
+            inner: ForkSafe::new(client),
+            devices,
+        })
+    }
+
+    /// Platform name of the runtime (`"colocated"`).
+    #[getter]
+    fn platform_name(&self) -> &'static str {
+        self.inner.metadata().platform_name()
+    }
+
+    /// Version of the runtime.
+    #[getter]
+    fn platform_version(&self) -> &'static str {
+        self.inner.metadata().platform_version()
+    }
+
+    /// Index of this (controller) process.
+    #[getter]
+    fn process_index(&self) -> u32 {
+        self.inner.metadata().process_index()
+    }
+
+    /// Every device, in id order.
+    fn devices(&self, py: Python<'_>) -> Vec<Py<Device>> {
+        self.devices.iter().map(|d| d.clone_ref(py)).collect()
+    }
+
+    /// The devices this process can address, in id order.
+    fn local_devices(&self, py: Python<'_>) -> Vec<Py<Device>> {
+        let local = self.inner.metadata().addressable_devices();
+        self.devices
+            .iter()
+            .filter(|d| local.contains(d.get().inner.metadata()))
+            .map(|d| d.clone_ref(py))
+            .collect()
+    }
+
+    /// The device with global id `id`; `NotFoundError` if there is none.
+    fn device(&self, py: Python<'_>, id: u32) -> PyResult<Py<Device>> {
+        let client = self.inner.get().map_err(py_err)?;
+        let device = client.lookup_device(id).map_err(py_err)?;
+        Ok(self.device_object(py, &device))
+    }
+
+    /// Maps each device to the CPU device of the same host, in order.
+    fn colocated_cpu_devices(
+        &self,
+        py: Python<'_>,
+        devices: Vec<PyRef<'_, Device>>,
+    ) -> PyResult<Vec<Py<Device>>> {
+        let client = self.inner.get().map_err(py_err)?;
+        let devices: Vec<core::Device> = devices
+            .iter()
+            .map(|d| d.inner.get().cloned())
+            .collect::<Result<_, _>>()
+            .map_err(py_err)?;
+        let cpus = client.colocated_cpu_devices(&devices).map_err(py_err)?;
+        Ok(cpus.iter().map(|d| self.device_object(py, d)).collect())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner.metadata())
+    }
+}
+
+impl Client {
+    fn device_object(&self, py: Python<'_>, device: &core::Device) -> Py<Device> {
+        self.devices
+            .iter()
+            .find(|d| d.get().inner.metadata() == device)
+            .map(|d| d.clone_ref(py))
+            .expect("a client's devices are all in its table")
+    }
+}
+
+/// One device, as JAX shows it (`CpuDevice(id=0)`). Equal and hashed by id.
+#[pyclass(module = "colocated", frozen)]
+pub struct Device {
+    pub(crate) client: ForkSafe<core::Client>,
+    pub(crate) inner: ForkSafe<core::Device>,
+}
+
+impl Device {
+    fn new(client: core::Client, device: core::Device) -> Self {
+        Device {
+            client: ForkSafe::new(client),
+            inner: ForkSafe::new(device),
+        }
+    }
+}
+
+#[pymethods]
+impl Device {
+    /// Global device id.
+    #[getter]
+    fn id(&self) -> u32 {
+        self.inner.metadata().id()
+    }
+
+    /// Platform of the device (`"cpu"`).
+    #[getter]
+    fn platform(&self) -> String {
+        self.inner.metadata().kind().to_string()
+    }
+
+    /// Kind of the device (`"cpu"`).
+    #[getter]
+    fn device_kind(&self) -> String {
+        self.inner.metadata().kind().to_string()
+    }
+
+    /// Index of the process (host) that owns the device.
+    #[getter]
+    fn process_index(&self) -> u32 {
+        self.inner.metadata().process_index()
+    }
+
+    /// Index of the device among its host's devices of the same kind.
+    #[getter]
+    fn local_hardware_id(&self) -> u32 {
+        self.inner.metadata().local_hardware_id()
+    }
+
+    /// Index of the owning host in the client's host list.
+    #[getter]
+    fn host_index(&self) -> usize {
+        self.inner.metadata().host_index()
+    }
+
+    /// Backend-defined attributes (str -> int | str | bool).
+    #[getter]
+    fn attributes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (key, value) in self.inner.metadata().attributes() {
+            match value {
+                core::AttributeValue::Int(v) => out.set_item(key, v)?,
+                core::AttributeValue::String(v) => out.set_item(key, v)?,
+                core::AttributeValue::Bool(v) => out.set_item(key, v)?,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Placement in words: `cpu:3 (process 0, host 0, local 3)`.
+    fn debug_string(&self) -> String {
+        self.inner.metadata().debug_string()
+    }
+
+    fn __repr__(&self) -> String {
+        self.inner.metadata().to_string_short()
+    }
+
+    fn __hash__(&self) -> u64 {
+        u64::from(self.inner.metadata().id())
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<Device>()
+            .is_ok_and(|o| o.get().inner.metadata() == self.inner.metadata())
+    }
+
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        // Pickled devices are stable global ids, resolved in the default client.
+        let lookup = py.import("colocated._client")?.getattr("_device_by_id")?;
+        PyTuple::new(
+            py,
+            [lookup.into_any(), PyTuple::new(py, [self.id()])?.into_any()],
+        )
+    }
+}

@@ -1,0 +1,31 @@
+//! `colocated._colocated`: the native half of the Python SDK.
+//!
+//! A translation layer over `colocated-core`: it converts types, errors, ownership
+//! and futures, and decides nothing itself. The public API (`colocated`) is the
+//! Python package around it; this module is private to that package.
+//!
+//! Threading: every blocking wait releases the GIL; runtime threads take it only to
+//! run Python callbacks (`Event.on_ready`).
+
+mod array;
+mod client;
+mod errors;
+mod event;
+mod fork;
+mod sharding;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<client::Client>()?;
+    m.add_class::<client::Device>()?;
+    m.add_class::<sharding::Sharding>()?;
+    m.add_class::<array::ArrayImpl>()?;
+    m.add_class::<array::HostView>()?;
+    m.add_class::<event::Event>()?;
+    m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
+    m.add("PLATFORM_NAME", colocated_core::PLATFORM_NAME)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

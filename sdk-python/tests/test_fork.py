@@ -1,0 +1,69 @@
+import os
+import time
+import warnings
+
+import numpy as np
+
+import colocated
+
+
+def wait_child(pid: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child hung")
+
+
+def fork_and_run(body) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = body()
+        finally:
+            os._exit(code)
+    return wait_child(pid)
+
+
+def test_forked_child_gets_a_fresh_runtime():
+    parent_devices = colocated.devices()
+    colocated.device_put(np.arange(4)).block_until_ready()
+
+    def child():
+        devices = colocated.devices()
+        if [d.id for d in devices] != [d.id for d in parent_devices]:
+            return 2
+        y = colocated.device_put(np.arange(3) * 2, devices[1])
+        return 0 if (np.asarray(y + 1) == [1, 3, 5]).all() else 3
+
+    assert fork_and_run(child) == 0
+    # The parent's runtime is untouched.
+    assert np.asarray(colocated.device_put(np.arange(2)) + 1).tolist() == [1, 2]
+
+
+def test_parent_objects_fail_clearly_in_the_child():
+    x = colocated.device_put(np.arange(4.0))
+
+    def child():
+        try:
+            np.asarray(x)
+        except colocated.FailedPreconditionError as e:
+            if "created before os.fork()" not in str(e):
+                return 4
+        else:
+            return 5
+        try:
+            x.block_until_ready()
+        except colocated.FailedPreconditionError:
+            return 0
+        return 6
+
+    assert fork_and_run(child) == 0
+    assert np.asarray(x).tolist() == [0.0, 1.0, 2.0, 3.0]
