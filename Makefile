@@ -1,6 +1,7 @@
 # colocated — build, demo, test, bench, lint.
 #   make demo   builds everything and runs the demo
 #   make test   runs every test
+#   make python builds the Python SDK into build/venv (make test-python tests it)
 CARGO ?= cargo
 CC ?= cc
 PYTHON ?= python3
@@ -9,11 +10,14 @@ DEBUG_DIR := $(TARGET_DIR)/debug
 BUILD := $(CURDIR)/build
 CBINDGEN_VERSION := 0.29.4
 export CARGO_TARGET_DIR := $(TARGET_DIR)
+VENV := $(BUILD)/venv
+VENV_PY := $(VENV)/bin/python
+PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest
 
 CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
 LDLIBS := -lpthread -ldl -lm
 
-.PHONY: all build demo test test-rust test-c test-abi check-header header abi-manifest bench lint tools clean
+.PHONY: all build demo test test-rust test-c test-abi test-python python check-header header abi-manifest bench lint tools clean
 
 all: build
 
@@ -39,7 +43,7 @@ check-header: tools | $(BUILD)
 	@diff -u include/colocated.h $(BUILD)/colocated.h || \
 	  (echo "include/colocated.h is stale: run 'make header' and commit it" && exit 1)
 
-test: check-header test-rust test-c test-abi
+test: check-header test-rust test-c test-abi test-python
 
 test-rust:
 	$(CARGO) test --workspace
@@ -56,13 +60,25 @@ test-abi: build | $(BUILD)
 abi-manifest: build | $(BUILD)
 	$(PYTHON) tests/abi/abi_manifest.py generate --header include/colocated.h --lib $(DEBUG_DIR)/libcolocated.so --manifest tests/abi/manifest.json --build $(BUILD)/abi
 
+$(VENV_PY): | $(BUILD)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV_PY) -m pip install --quiet --disable-pip-version-check $(PY_DEPS)
+
+# An editable debug build of sdk-python into the venv, sharing target/ (maturin
+# develop: no wheel round trip and no release build).
+python: $(VENV_PY)
+	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet -m sdk-python/Cargo.toml
+
+test-python: python
+	$(VENV_PY) -m pytest sdk-python/tests -q
+
 bench:
 	$(CARGO) bench --workspace
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	ruff check tests examples
+	ruff check tests examples sdk-python
 
 clean:
 	$(CARGO) clean
