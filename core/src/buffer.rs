@@ -549,6 +549,7 @@ impl Buffer {
                     Err(e) => dst.0.ready.set_if_pending(Err(e)),
                 }
             })),
+            waiter_first: false,
         };
         let stream = client.current_stream();
         client.0.local.dispatcher.submit(&stream, task);

@@ -39,6 +39,19 @@ pub(crate) struct Task {
     pub deps: Vec<Event>,
     pub completion: Event,
     pub run: Job,
+    /// Leave the task to a waiting thread while its stream is being fed (see
+    /// `LoadedProgram::waiter_first`).
+    pub waiter_first: bool,
+}
+
+/// How long executor threads leave a stream to its waiter after the last
+/// `waiter_first` submission.
+const WAITER_HEAD_START: Duration = Duration::from_micros(100);
+
+/// Nanoseconds since the first call (a process-wide monotonic clock).
+fn now_nanos() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// What a task runs. Executions, the hot path, are stored inline in the queue
@@ -100,6 +113,7 @@ impl Stream {
                 state: AtomicU8::new(IDLE),
                 head: Mutex::new(None),
                 has_head: AtomicBool::new(false),
+                defer_until: AtomicU64::new(0),
                 shared: dispatcher.shared.clone(),
                 stream_id: self.0.id,
             })
@@ -158,9 +172,24 @@ struct Shared {
     lock: Mutex<()>,
     wake: Condvar,
     shutdown: AtomicBool,
+    /// Streams whose executions wait for their waiter first (`Task::waiter_first`):
+    /// the deferrer thread hands them to the executors after a pause in
+    /// submissions, unless a waiter took them before.
+    deferred: SegQueue<Arc<StreamQueue>>,
+    deferrer_idle: AtomicBool,
+    defer_wake: Condvar,
 }
 
 impl Shared {
+    fn defer(&self, queue: Arc<StreamQueue>) {
+        self.deferred.push(queue);
+        fence(Ordering::SeqCst);
+        if self.deferrer_idle.load(Ordering::SeqCst) {
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.defer_wake.notify_all();
+        }
+    }
+
     fn schedule(&self, queue: Arc<StreamQueue>) {
         self.run_queue.push(queue);
         fence(Ordering::SeqCst);
@@ -179,12 +208,21 @@ pub(crate) struct StreamQueue {
     /// holds the stream (state RUNNING).
     head: Mutex<Option<Task>>,
     has_head: AtomicBool,
+    /// Executors leave the stream alone until then (see `Task::waiter_first`).
+    defer_until: AtomicU64,
     shared: Arc<Shared>,
     stream_id: u64,
 }
 
 impl StreamQueue {
     fn push(self: &Arc<Self>, task: Task) {
+        let waiter_first = task.waiter_first;
+        if waiter_first {
+            self.defer_until.store(
+                now_nanos() + WAITER_HEAD_START.as_nanos() as u64,
+                Ordering::Relaxed,
+            );
+        }
         self.tasks.push(task);
         fence(Ordering::SeqCst);
         if self.state.load(Ordering::SeqCst) == IDLE
@@ -193,7 +231,11 @@ impl StreamQueue {
                 .compare_exchange(IDLE, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
         {
-            self.shared.schedule(self.clone());
+            if waiter_first {
+                self.shared.defer(self.clone());
+            } else {
+                self.shared.schedule(self.clone());
+            }
         }
     }
 
@@ -313,6 +355,7 @@ fn run_task(task: Task, stream_id: u64) {
         deps,
         completion,
         run,
+        ..
     } = task;
     let status = deps.iter().find_map(Event::error).map_or(Ok(()), Err);
     drop(deps);
@@ -350,8 +393,20 @@ impl Dispatcher {
             lock: Mutex::new(()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            deferred: SegQueue::new(),
+            deferrer_idle: AtomicBool::new(false),
+            defer_wake: Condvar::new(),
         });
-        let mut threads = Vec::with_capacity(num_threads);
+        let mut threads = Vec::with_capacity(num_threads + 1);
+        let deferrer = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("colocated-defer-{host_label}"))
+                .spawn(move || deferrer_loop(&deferrer, id))
+                .map_err(|e| {
+                    Error::resource_exhausted(format!("cannot start the deferrer thread: {e}"))
+                })?,
+        );
         for i in 0..num_threads.max(1) {
             let shared = shared.clone();
             let handle = std::thread::Builder::new()
@@ -398,6 +453,7 @@ impl Drop for Dispatcher {
         {
             let _guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
+            self.shared.defer_wake.notify_all();
         }
         let on_executor = EXECUTOR_OF.with(|c| c.get()) == self.id;
         for handle in self.threads.drain(..) {
@@ -444,6 +500,59 @@ fn executor_loop(shared: &Shared, id: u64) {
     }
 }
 
+/// How often the deferrer looks at its streams, and how long it keeps doing so
+/// without any before it sleeps until the next one arrives.
+const DEFER_TICK: Duration = Duration::from_micros(50);
+const DEFER_LINGER: Duration = Duration::from_millis(20);
+
+/// Hands deferred streams to the executors once their submissions pause (or
+/// drops them when a waiter ran them). Ticks while streams come and go, so that a
+/// busy caller never pays a wake-up; sleeps when there has been nothing for a while.
+fn deferrer_loop(shared: &Shared, id: u64) {
+    EXECUTOR_OF.with(|c| c.set(id));
+    let mut pending: Vec<Arc<StreamQueue>> = Vec::new();
+    let mut last_seen = Instant::now();
+    loop {
+        while let Some(queue) = shared.deferred.pop() {
+            pending.push(queue);
+        }
+        if shared.shutdown.load(Ordering::SeqCst) {
+            for queue in pending.drain(..) {
+                shared.run_queue.push(queue);
+            }
+            return;
+        }
+        if !pending.is_empty() {
+            last_seen = Instant::now();
+        }
+        let now = now_nanos();
+        pending.retain(|queue| {
+            if queue.state.load(Ordering::SeqCst) != QUEUED {
+                return false; // a waiter took it
+            }
+            if queue.defer_until.load(Ordering::Relaxed) > now {
+                return true; // still being fed
+            }
+            shared.schedule(queue.clone());
+            false
+        });
+        if pending.is_empty() && last_seen.elapsed() > DEFER_LINGER {
+            let guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            shared.deferrer_idle.store(true, Ordering::SeqCst);
+            if shared.deferred.is_empty() && !shared.shutdown.load(Ordering::SeqCst) {
+                let _unused = shared
+                    .defer_wake
+                    .wait(guard)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            shared.deferrer_idle.store(false, Ordering::SeqCst);
+            last_seen = Instant::now();
+            continue;
+        }
+        std::thread::sleep(DEFER_TICK);
+    }
+}
+
 /// After shutdown, queued work is failed rather than dropped silently.
 fn drain_after_shutdown(shared: &Shared) {
     while let Some(queue) = shared.run_queue.pop() {
@@ -472,6 +581,7 @@ mod tests {
                 f();
                 done.set_if_pending(status);
             })),
+            waiter_first: false,
         }
     }
 

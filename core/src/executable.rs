@@ -119,6 +119,11 @@ impl ExecJob {
 }
 
 impl LoadedExecutable {
+    /// The client it runs on.
+    pub fn client(&self) -> &Client {
+        &self.0.client
+    }
+
     /// The program's name.
     pub fn name(&self) -> &str {
         &self.0.program.name
@@ -429,6 +434,7 @@ impl LoadedExecutable {
             deps,
             completion: completion.clone(),
             run: Job::Execute(job),
+            waiter_first: plan.program.waiter_first(),
         };
         (outputs, completion, Some(task))
     }
@@ -455,6 +461,7 @@ impl LoadedExecutable {
             .collect::<Result<Vec<_>>>()?;
         let mut ctx = ExecutionContext {
             client: &self.0.client,
+            program: &self.0.program,
             inputs: &views,
             input_counts,
             output_shards: shards,

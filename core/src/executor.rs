@@ -30,6 +30,14 @@ pub trait LanguageExecutor: Send + Sync + 'static {
 pub trait LoadedProgram: Send + Sync + 'static {
     /// Runs the program: reads the context's inputs and sets every output shard.
     fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()>;
+
+    /// True when the program runs best on the thread that waits for it (it needs
+    /// something that thread holds, such as Python's GIL): executor threads then
+    /// leave a stream's executions to its waiter while the stream is being fed,
+    /// and take them only after a short pause in submissions.
+    fn waiter_first(&self) -> bool {
+        false
+    }
 }
 
 impl<F> LoadedProgram for F
@@ -200,6 +208,7 @@ pub struct OutputShard {
 /// must produce, and the host callbacks it may call.
 pub struct ExecutionContext<'a> {
     pub(crate) client: &'a Client,
+    pub(crate) program: &'a crate::program::Program,
     pub(crate) inputs: &'a [Buffer],
     pub(crate) input_counts: &'a [usize],
     pub(crate) output_shards: &'a [OutputShard],
@@ -208,6 +217,12 @@ pub struct ExecutionContext<'a> {
 }
 
 impl<'a> ExecutionContext<'a> {
+    /// The program being run (its specs give the global arrays the shards belong
+    /// to).
+    pub fn program(&self) -> &crate::program::Program {
+        self.program
+    }
+
     /// The client (to create output buffers).
     pub fn client(&self) -> &Client {
         self.client

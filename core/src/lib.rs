@@ -31,6 +31,7 @@
 mod array;
 mod buffer;
 mod client;
+mod colocated;
 mod compiler;
 mod device;
 mod dispatch;
@@ -49,6 +50,7 @@ pub mod trace;
 pub use array::{Array, ArraySpec};
 pub use buffer::{Buffer, ExternalReference, HostBufferSemantics};
 pub use client::{Client, ClientOptions, Host, PLATFORM_NAME};
+pub use colocated::{CacheInfo, CallSpec, SpecCache};
 pub use compiler::CompileOptions;
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
 pub use dispatch::Stream;

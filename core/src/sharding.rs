@@ -170,6 +170,11 @@ impl Sharding {
             .iter()
             .all(|axes| axes.iter().all(|&a| self.0.mesh_shape[a] == 1))
     }
+    /// An address that identifies this sharding object while it lives.
+    pub fn identity(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
     /// True when both handles are the same object (the cheap check of fast paths).
     pub fn same_as(&self, other: &Sharding) -> bool {
         Arc::ptr_eq(&self.0, &other.0)

@@ -196,3 +196,86 @@ fn a_done_with_host_buffer_callback_may_use_the_buffer_that_released_it() {
         std::thread::sleep(Duration::from_millis(1));
     });
 }
+
+/// A program that runs best on its waiter (as Python's, which needs the GIL),
+/// recording the thread it ran on.
+struct OnWaiter(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
+
+impl LanguageExecutor for OnWaiter {
+    fn load(&self, _: &Program) -> Result<Arc<dyn LoadedProgram>> {
+        Ok(Arc::new(RecordThread(self.0.clone())))
+    }
+}
+
+struct RecordThread(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
+
+impl LoadedProgram for RecordThread {
+    fn run(&self, _: &mut ExecutionContext<'_>) -> Result<()> {
+        self.0.lock().unwrap().push(std::thread::current().id());
+        Ok(())
+    }
+
+    fn waiter_first(&self) -> bool {
+        true
+    }
+}
+
+fn waiter_first_executable(
+    client: &Client,
+) -> (
+    LoadedExecutable,
+    Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
+) {
+    let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
+    client
+        .register_executor("waiter-first", OnWaiter(ran.clone()))
+        .unwrap();
+    let device = client.devices()[0].clone();
+    let program = Program {
+        name: "record".into(),
+        language: "waiter-first".into(),
+        payload: vec![],
+        input_specs: vec![],
+        output_specs: vec![],
+        devices: vec![device],
+    };
+    (
+        client.compile(program, CompileOptions::default()).unwrap(),
+        ran,
+    )
+}
+
+#[test]
+fn a_waiter_first_call_that_is_awaited_runs_on_the_waiting_thread() {
+    let client = client(1);
+    let (exe, ran) = waiter_first_executable(&client);
+    for _ in 0..20 {
+        exe.execute(&[], &ExecuteOptions::default())
+            .unwrap()
+            .status
+            .wait()
+            .unwrap();
+    }
+    let me = std::thread::current().id();
+    assert!(
+        ran.lock().unwrap().iter().all(|t| *t == me),
+        "every awaited call ran on the caller"
+    );
+}
+
+#[test]
+fn a_waiter_first_call_nobody_waits_on_still_runs_on_an_executor() {
+    let client = client(1);
+    let (exe, ran) = waiter_first_executable(&client);
+    let status = exe.execute(&[], &ExecuteOptions::default()).unwrap().status;
+    let done = Arc::new(AtomicUsize::new(0));
+    let seen = done.clone();
+    status.on_ready(move |r| {
+        assert!(r.is_ok());
+        seen.fetch_add(1, Ordering::SeqCst);
+    });
+    eventually("the deferred call runs", || {
+        done.load(Ordering::SeqCst) == 1
+    });
+    assert_ne!(ran.lock().unwrap()[0], std::thread::current().id());
+}

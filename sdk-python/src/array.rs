@@ -59,7 +59,7 @@ impl ArrayImpl {
         }
     }
 
-    fn array(&self) -> PyResult<&core::Array> {
+    pub(crate) fn array(&self) -> PyResult<&core::Array> {
         self.inner.get().map_err(py_err)
     }
 

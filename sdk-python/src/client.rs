@@ -27,6 +27,9 @@ impl Client {
             ..Default::default()
         })
         .map_err(py_err)?;
+        client
+            .register_executor(crate::colocated::LANGUAGE, crate::colocated::PythonExecutor)
+            .map_err(py_err)?;
         let devices = client
             .devices()
             .iter()

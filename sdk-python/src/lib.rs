@@ -9,6 +9,7 @@
 
 mod array;
 mod client;
+mod colocated;
 mod errors;
 mod event;
 mod fork;
@@ -24,6 +25,8 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array::ArrayImpl>()?;
     m.add_class::<array::HostView>()?;
     m.add_class::<event::Event>()?;
+    m.add_class::<colocated::FunctionState>()?;
+    m.add_class::<colocated::Executable>()?;
     m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
     m.add("PLATFORM_NAME", colocated_core::PLATFORM_NAME)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -15,13 +15,13 @@ from ._array import (
     Array,
     Shard,
     block_until_ready,
-    clear_caches,
     device_put,
     make_array_from_callback,
     make_array_from_single_device_arrays,
     wait,
 )
 from ._client import client, colocated_cpu_devices, configure, devices, local_devices
+from ._colocated_python import ColocatedFunction, clear_caches, colocated_python
 from ._colocated import Device, __version__
 from ._errors import (
     AlreadyExistsError,
@@ -53,6 +53,7 @@ __all__ = [
     "AlreadyExistsError",
     "Array",
     "CancelledError",
+    "ColocatedFunction",
     "ColocatedError",
     "DeadlineExceededError",
     "Device",
@@ -79,6 +80,7 @@ __all__ = [
     "clear_caches",
     "client",
     "colocated_cpu_devices",
+    "colocated_python",
     "configure",
     "device_put",
     "devices",

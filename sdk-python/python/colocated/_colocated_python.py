@@ -1,0 +1,249 @@
+"""``colocated_python``: run a Python function on the hosts that own its inputs.
+
+A drop-in for ``jax.experimental.colocated_python.colocated_python``. The wrapped
+function is shipped (cloudpickle) to every host of its inputs' devices and runs
+there once per host, with that host's arrays, in program order per calling
+thread. Semantics that every SDK shares live in the runtime: the device rules of
+a call, the ``in_specs`` check and the cache of compiled programs per input spec
+(``_colocated.FunctionState``).
+
+Without ``out_specs_fn`` the first call for an input spec runs synchronously to
+discover the output specs (the outputs of that run are the call's result); later
+calls with that spec, and every call with ``out_specs_fn``, are asynchronous.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import threading
+import weakref
+
+import cloudpickle
+import optree
+
+from . import _colocated
+from ._array import Array, _wrap
+from ._array import clear_caches as _array_clear_caches
+from ._client import _device_by_id
+from ._dtypes import core_name
+from ._errors import InvalidArgumentError
+from ._sharding import ShapeDtypeStruct
+
+CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
+
+#: Results of discovery runs, parked by the host until the controller takes them.
+_RESULTS: dict[int, tuple] = {}
+_RESULTS_LOCK = threading.Lock()
+_NEXT_RESULT = itertools.count()
+
+#: Host callables handed to the local host by reference while it loads them (it
+#: runs the very function object, as JAX does for local devices; remote hosts get
+#: cloudpickle bytes).
+_LOCAL_PROGRAMS: dict[int, object] = {}
+_LOCAL_PREFIX = b"colocated-local:"
+
+#: Every live function state, so that ``clear_caches`` reaches them.
+_STATES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _flatten(tree):
+    return optree.tree_flatten(tree, none_is_leaf=False)
+
+
+def _tree_hash(treedef) -> int:
+    """The tree structure's hash as the runtime's unsigned 64-bit key."""
+    return hash(treedef) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _spec_leaf(x) -> tuple:
+    """(dtype name, shape, core sharding) of an Array or a ShapeDtypeStruct."""
+    if isinstance(x, Array):
+        return (x._impl.dtype, list(x.shape), x._impl.sharding)
+    if isinstance(x, ShapeDtypeStruct):
+        if x.sharding is None:
+            raise InvalidArgumentError(f"{x!r} has no sharding; colocated specs need one")
+        return (core_name(x.dtype), list(x.shape), x.sharding._core_sharding())
+    raise InvalidArgumentError(
+        f"expected colocated.ShapeDtypeStruct or colocated.Array, got {type(x).__name__}"
+    )
+
+
+def _spec_of(x: Array) -> ShapeDtypeStruct:
+    return ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
+
+
+def _check_arrays(leaves: list, what: str) -> None:
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, Array):
+            raise InvalidArgumentError(
+                f"colocated Python {what} must be colocated Arrays; leaf {i} is a {type(leaf).__name__}"
+            )
+
+
+class _HostCall:
+    """What runs on each host: unflattens the arguments, calls the function, and
+    flattens the outputs (or, when discovering, parks them for the controller)."""
+
+    def __init__(self, fn, in_treedef, out_treedef=None, result_key=None) -> None:
+        self.fn = fn
+        self.in_treedef = in_treedef
+        self.out_treedef = out_treedef
+        self.result_key = result_key
+
+    def __call__(self, impls: list) -> list:
+        args, kwargs = optree.tree_unflatten(self.in_treedef, [_wrap(i, None) for i in impls])
+        out = self.fn(*args, **kwargs)
+        leaves, treedef = _flatten(out)
+        _check_arrays(leaves, "function outputs")
+        if self.result_key is not None:
+            with _RESULTS_LOCK:
+                _RESULTS[self.result_key] = (leaves, treedef)
+            return []
+        if treedef != self.out_treedef:
+            raise InvalidArgumentError(
+                f"the function returned {treedef} but its output specs say {self.out_treedef}"
+            )
+        return [leaf._impl for leaf in leaves]
+
+
+class _Entry:
+    """A compiled program for one input spec."""
+
+    __slots__ = ("executable", "in_treedef", "out_treedef")
+
+    def __init__(self, executable, in_treedef, out_treedef) -> None:
+        self.executable = executable
+        self.in_treedef = in_treedef
+        self.out_treedef = out_treedef
+
+
+class ColocatedFunction:
+    """A function wrapped by :func:`colocated_python`. Call it like the function;
+    :meth:`specialize` gives a copy with more information about its calls."""
+
+    def __init__(self, fn, *, in_specs=None, out_specs_fn=None, devices=None) -> None:
+        self._fn = fn
+        self._in_specs = in_specs
+        self._out_specs_fn = out_specs_fn
+        self._devices = None if devices is None else list(devices)
+        in_spec_key = None
+        if in_specs is not None:
+            leaves, treedef = _flatten(in_specs)
+            in_spec_key = (_tree_hash(treedef), [_spec_leaf(leaf) for leaf in leaves])
+        self._state = _colocated.FunctionState(self._devices, in_spec_key)
+        _STATES.add(self._state)
+        functools.update_wrapper(self, fn)
+
+    def specialize(self, in_specs=None, out_specs_fn=None, devices=None) -> ColocatedFunction:
+        """A copy specialized with ``in_specs`` (a ``(args, kwargs)`` pytree of
+        ``ShapeDtypeStruct``), ``out_specs_fn`` (input specs -> output specs; makes
+        every call asynchronous) and/or ``devices`` (lets argument-less calls run).
+        Specializing a field twice raises ``InvalidArgumentError``."""
+        for name, value, current in (
+            ("in_specs", in_specs, self._in_specs),
+            ("out_specs_fn", out_specs_fn, self._out_specs_fn),
+            ("devices", devices, self._devices),
+        ):
+            if value is not None and current is not None:
+                raise InvalidArgumentError(f"{name} was already specialized")
+        return ColocatedFunction(
+            self._fn,
+            in_specs=self._in_specs if in_specs is None else in_specs,
+            out_specs_fn=self._out_specs_fn if out_specs_fn is None else out_specs_fn,
+            devices=self._devices if devices is None else devices,
+        )
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses and size of the cache of compiled programs per input spec."""
+        hits, misses, size = self._state.cache_info()
+        return CacheInfo(hits, misses, None, size)
+
+    def __call__(self, *args, **kwargs):
+        leaves, treedef = _flatten((args, kwargs))
+        _check_arrays(leaves, "function arguments")
+        impls = [leaf._impl for leaf in leaves]
+        tree = _tree_hash(treedef)
+        entry = self._state.lookup(tree, impls)
+        if entry is None or entry.in_treedef != treedef:
+            if self._out_specs_fn is None:
+                return self._discover(tree, treedef, leaves, impls)
+            entry = self._compile(tree, treedef, leaves, impls)
+        outputs, _status = entry.executable.execute(impls)
+        return optree.tree_unflatten(entry.out_treedef, [_wrap(o, None) for o in outputs])
+
+    def _call_devices(self, impls: list) -> list:
+        return [_device_by_id(i) for i in self._state.call_devices(impls)]
+
+    def _program(self, leaves, out_specs, host_call: _HostCall, impls: list):
+        devices = self._call_devices(impls)
+        local = all(d.process_index == 0 for d in devices)
+        key = next(_NEXT_RESULT)
+        if local:
+            _LOCAL_PROGRAMS[key] = host_call
+            payload = _LOCAL_PREFIX + str(key).encode()
+        else:
+            payload = cloudpickle.dumps(host_call)
+        try:
+            return _colocated.Executable.compile(
+                getattr(self._fn, "__qualname__", "colocated_python"),
+                payload,
+                [_spec_leaf(leaf) for leaf in leaves],
+                [_spec_leaf(spec) for spec in out_specs],
+                devices,
+            )
+        finally:
+            # Loading took its reference; the executable keeps the callable alive.
+            _LOCAL_PROGRAMS.pop(key, None)
+
+    def _compile(self, tree, treedef, leaves, impls) -> _Entry:
+        args, kwargs = optree.tree_unflatten(treedef, [_spec_of(leaf) for leaf in leaves])
+        out_specs, out_treedef = _flatten(self._out_specs_fn(*args, **kwargs))
+        for spec in out_specs:
+            if not isinstance(spec, ShapeDtypeStruct):
+                raise InvalidArgumentError(
+                    f"out_specs_fn must return ShapeDtypeStructs, got {type(spec).__name__}"
+                )
+        host_call = _HostCall(self._fn, treedef, out_treedef)
+        entry = _Entry(self._program(leaves, out_specs, host_call, impls), treedef, out_treedef)
+        self._state.insert(tree, impls, entry)
+        return entry
+
+    def _discover(self, tree, treedef, leaves, impls):
+        """Runs the function once, synchronously, to learn its output specs; its
+        outputs are this call's result, and the compiled program is cached."""
+        key = next(_NEXT_RESULT)
+        probe = self._program(leaves, [], _HostCall(self._fn, treedef, result_key=key), impls)
+        try:
+            _outputs, status = probe.execute(impls)
+            status.wait()
+        finally:
+            with _RESULTS_LOCK:
+                parked = _RESULTS.pop(key, None)
+        if parked is None:
+            raise InvalidArgumentError("the colocated function produced no result")
+        out_leaves, out_treedef = parked
+        host_call = _HostCall(self._fn, treedef, out_treedef)
+        executable = self._program(leaves, [_spec_of(o) for o in out_leaves], host_call, impls)
+        self._state.insert(tree, impls, _Entry(executable, treedef, out_treedef))
+        return optree.tree_unflatten(out_treedef, out_leaves)
+
+    def __repr__(self) -> str:
+        return f"colocated_python({getattr(self._fn, '__qualname__', self._fn)!r})"
+
+
+def colocated_python(fn) -> ColocatedFunction:
+    """Wraps ``fn`` to run on the hosts that own its input arrays' devices (as
+    ``jax.experimental.colocated_python.colocated_python``)."""
+    return ColocatedFunction(fn)
+
+
+def clear_caches() -> None:
+    """Clears every cache of the SDK: the compiled programs of every colocated
+    function (their ``cache_info`` restarts at zero) and the sharding caches. Works
+    every time; live arrays, functions and objects keep working (they recompile or
+    rebuild what they need)."""
+    _array_clear_caches()
+    for state in list(_STATES):
+        state.clear()
