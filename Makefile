@@ -17,7 +17,8 @@ PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest
 CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
 LDLIBS := -lpthread -ldl -lm
 
-.PHONY: all build demo test test-rust test-c test-abi test-python python check-header header abi-manifest bench lint tools clean
+PHONY_EXTRA := bench-rust bench-python
+.PHONY: all build demo test test-rust test-c test-abi test-python python $(PHONY_EXTRA) check-header header abi-manifest bench lint tools clean
 
 all: build
 
@@ -72,8 +73,18 @@ python: $(VENV_PY)
 test-python: python
 	$(VENV_PY) -m pytest sdk-python/tests -q
 
-bench:
+BENCH_VENV := $(BUILD)/bench-venv
+
+bench: bench-rust bench-python
+
+bench-rust:
 	$(CARGO) bench --workspace
+
+# A release build of the SDK beside jax[cpu], the baseline it is measured against.
+bench-python: | $(BUILD)
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "jax[cpu]" pytest ./sdk-python
+	cd $(BUILD) && COLOCATED_NUM_CPU_DEVICES=2 $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_colocated.py
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -86,14 +86,18 @@ class _HostCall:
     """What runs on each host: unflattens the arguments, calls the function, and
     flattens the outputs (or, when discovering, parks them for the controller)."""
 
-    def __init__(self, fn, in_treedef, out_treedef=None, result_key=None) -> None:
+    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, result_key=None) -> None:
         self.fn = fn
         self.in_treedef = in_treedef
+        # The callers' sharding objects: the function sees its inputs as it was
+        # given them (`x.sharding == y.sharding` holds across the call).
+        self.in_shardings = in_shardings
         self.out_treedef = out_treedef
         self.result_key = result_key
 
     def __call__(self, impls: list) -> list:
-        args, kwargs = optree.tree_unflatten(self.in_treedef, [_wrap(i, None) for i in impls])
+        leaves = [_wrap(i, s) for i, s in zip(impls, self.in_shardings)]
+        args, kwargs = optree.tree_unflatten(self.in_treedef, leaves)
         out = self.fn(*args, **kwargs)
         leaves, treedef = _flatten(out)
         _check_arrays(leaves, "function outputs")
@@ -111,12 +115,13 @@ class _HostCall:
 class _Entry:
     """A compiled program for one input spec."""
 
-    __slots__ = ("executable", "in_treedef", "out_treedef")
+    __slots__ = ("executable", "in_treedef", "out_shardings", "out_treedef")
 
-    def __init__(self, executable, in_treedef, out_treedef) -> None:
+    def __init__(self, executable, in_treedef, out_treedef, out_shardings) -> None:
         self.executable = executable
         self.in_treedef = in_treedef
         self.out_treedef = out_treedef
+        self.out_shardings = out_shardings
 
 
 class ColocatedFunction:
@@ -171,7 +176,8 @@ class ColocatedFunction:
                 return self._discover(tree, treedef, leaves, impls)
             entry = self._compile(tree, treedef, leaves, impls)
         outputs, _status = entry.executable.execute(impls)
-        return optree.tree_unflatten(entry.out_treedef, [_wrap(o, None) for o in outputs])
+        wrapped = [_wrap(o, s) for o, s in zip(outputs, entry.out_shardings)]
+        return optree.tree_unflatten(entry.out_treedef, wrapped)
 
     def _call_devices(self, impls: list) -> list:
         return [_device_by_id(i) for i in self._state.call_devices(impls)]
@@ -205,8 +211,9 @@ class ColocatedFunction:
                 raise InvalidArgumentError(
                     f"out_specs_fn must return ShapeDtypeStructs, got {type(spec).__name__}"
                 )
-        host_call = _HostCall(self._fn, treedef, out_treedef)
-        entry = _Entry(self._program(leaves, out_specs, host_call, impls), treedef, out_treedef)
+        host_call = _HostCall(self._fn, treedef, [leaf.sharding for leaf in leaves], out_treedef)
+        executable = self._program(leaves, out_specs, host_call, impls)
+        entry = _Entry(executable, treedef, out_treedef, [spec.sharding for spec in out_specs])
         self._state.insert(tree, impls, entry)
         return entry
 
@@ -214,7 +221,8 @@ class ColocatedFunction:
         """Runs the function once, synchronously, to learn its output specs; its
         outputs are this call's result, and the compiled program is cached."""
         key = next(_NEXT_RESULT)
-        probe = self._program(leaves, [], _HostCall(self._fn, treedef, result_key=key), impls)
+        in_shardings = [leaf.sharding for leaf in leaves]
+        probe = self._program(leaves, [], _HostCall(self._fn, treedef, in_shardings, result_key=key), impls)
         try:
             _outputs, status = probe.execute(impls)
             status.wait()
@@ -224,9 +232,10 @@ class ColocatedFunction:
         if parked is None:
             raise InvalidArgumentError("the colocated function produced no result")
         out_leaves, out_treedef = parked
-        host_call = _HostCall(self._fn, treedef, out_treedef)
+        host_call = _HostCall(self._fn, treedef, in_shardings, out_treedef)
         executable = self._program(leaves, [_spec_of(o) for o in out_leaves], host_call, impls)
-        self._state.insert(tree, impls, _Entry(executable, treedef, out_treedef))
+        out_shardings = [o.sharding for o in out_leaves]
+        self._state.insert(tree, impls, _Entry(executable, treedef, out_treedef, out_shardings))
         return optree.tree_unflatten(out_treedef, out_leaves)
 
     def __repr__(self) -> str:
