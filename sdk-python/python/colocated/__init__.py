@@ -21,8 +21,8 @@ from ._array import (
     wait,
 )
 from ._client import client, colocated_cpu_devices, configure, devices, local_devices
-from ._colocated_python import ColocatedFunction, clear_caches, colocated_python
 from ._colocated import Device, __version__
+from ._colocated_python import ColocatedFunction, clear_caches, colocated_python
 from ._errors import (
     AlreadyExistsError,
     CancelledError,
@@ -53,8 +53,8 @@ __all__ = [
     "AlreadyExistsError",
     "Array",
     "CancelledError",
-    "ColocatedFunction",
     "ColocatedError",
+    "ColocatedFunction",
     "DeadlineExceededError",
     "Device",
     "FailedPreconditionError",
