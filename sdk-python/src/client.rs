@@ -15,16 +15,25 @@ pub struct Client {
     devices: Vec<Py<Device>>,
 }
 
+/// Executor threads of the default client's local host.
+const DEFAULT_EXECUTOR_THREADS: usize = 32;
+
 #[pymethods]
 impl Client {
     /// Creates a local client with `num_cpu_devices` CPU devices (default: the
     /// number of cores). Raises `InvalidArgumentError` for an impossible count.
     #[new]
-    #[pyo3(signature = (num_cpu_devices=None))]
-    fn new(py: Python<'_>, num_cpu_devices: Option<usize>) -> PyResult<Self> {
+    #[pyo3(signature = (num_cpu_devices=None, executor_threads=None))]
+    fn new(
+        py: Python<'_>,
+        num_cpu_devices: Option<usize>,
+        executor_threads: Option<usize>,
+    ) -> PyResult<Self> {
         let client = core::Client::new_local(core::ClientOptions {
             num_cpu_devices,
-            ..Default::default()
+            // Colocated Python functions often block (I/O, barriers): calls from
+            // different threads must run concurrently, so more threads than cores.
+            executor_threads: Some(executor_threads.unwrap_or(DEFAULT_EXECUTOR_THREADS)),
         })
         .map_err(py_err)?;
         client

@@ -22,6 +22,7 @@ from ._array import (
 )
 from ._client import client, colocated_cpu_devices, configure, devices, local_devices
 from ._colocated import Device, __version__
+from ._colocated_class import colocated_python_class
 from ._colocated_python import ColocatedFunction, clear_caches, colocated_python
 from ._errors import (
     AlreadyExistsError,
@@ -81,6 +82,7 @@ __all__ = [
     "client",
     "colocated_cpu_devices",
     "colocated_python",
+    "colocated_python_class",
     "configure",
     "device_put",
     "devices",

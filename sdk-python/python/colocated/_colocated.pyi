@@ -12,7 +12,7 @@ def after_fork_in_child() -> None:
 class Client:
     """A local client (the in-process host with CPU devices)."""
 
-    def __init__(self, num_cpu_devices: int | None = None) -> None: ...
+    def __init__(self, num_cpu_devices: int | None = None, executor_threads: int | None = None) -> None: ...
     @property
     def platform_name(self) -> str:
         """Platform name of the runtime (``"colocated"``)."""
@@ -174,3 +174,31 @@ class ArrayImpl:
         """Gathers the array row-major into ``nbytes`` at ``ptr``."""
     def to_host_strings(self) -> list[str]:
         """Gathers a string array's elements row-major."""
+
+class FunctionState:
+    """Controller-side state of a colocated function: specialization and the cache
+    of compiled programs per input spec (the rules live in the runtime)."""
+
+    def __init__(
+        self,
+        devices: list[Device] | None = None,
+        in_specs: tuple[int, list[tuple[str, list[int], Sharding]]] | None = None,
+    ) -> None: ...
+    def lookup(self, tree: int, arrays: list[ArrayImpl]) -> object | None: ...
+    def call_devices(self, arrays: list[ArrayImpl]) -> list[int]: ...
+    def insert(self, tree: int, arrays: list[ArrayImpl], entry: object) -> None: ...
+    def cache_info(self) -> tuple[int, int, int]: ...
+    def clear(self) -> None: ...
+
+class Executable:
+    """A compiled colocated Python program."""
+
+    @staticmethod
+    def compile(
+        name: str,
+        payload: bytes,
+        input_specs: list[tuple[str, list[int], Sharding]],
+        output_specs: list[tuple[str, list[int], Sharding]],
+        devices: list[Device],
+    ) -> Executable: ...
+    def execute(self, arrays: list[ArrayImpl]) -> tuple[list[ArrayImpl], Event]: ...

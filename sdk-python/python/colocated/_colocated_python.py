@@ -48,8 +48,13 @@ _LOCAL_PREFIX = b"colocated-local:"
 _STATES: weakref.WeakSet = weakref.WeakSet()
 
 
+#: The optree namespace where objects of colocated classes are registered (they
+#: flatten to no leaves, their reference kept in the tree structure).
+NAMESPACE = "colocated"
+
+
 def _flatten(tree):
-    return optree.tree_flatten(tree, none_is_leaf=False)
+    return optree.tree_flatten(tree, none_is_leaf=False, namespace=NAMESPACE)
 
 
 def _tree_hash(treedef) -> int:
@@ -166,6 +171,10 @@ class ColocatedFunction:
         return CacheInfo(hits, misses, None, size)
 
     def __call__(self, *args, **kwargs):
+        return self._call(args, kwargs)[0]
+
+    def _call(self, args, kwargs):
+        """The call's result and its status event (None when it already ran)."""
         leaves, treedef = _flatten((args, kwargs))
         _check_arrays(leaves, "function arguments")
         impls = [leaf._impl for leaf in leaves]
@@ -173,11 +182,11 @@ class ColocatedFunction:
         entry = self._state.lookup(tree, impls)
         if entry is None or entry.in_treedef != treedef:
             if self._out_specs_fn is None:
-                return self._discover(tree, treedef, leaves, impls)
+                return self._discover(tree, treedef, leaves, impls), None
             entry = self._compile(tree, treedef, leaves, impls)
-        outputs, _status = entry.executable.execute(impls)
+        outputs, status = entry.executable.execute(impls)
         wrapped = [_wrap(o, s) for o, s in zip(outputs, entry.out_shardings)]
-        return optree.tree_unflatten(entry.out_treedef, wrapped)
+        return optree.tree_unflatten(entry.out_treedef, wrapped), status
 
     def _call_devices(self, impls: list) -> list:
         return [_device_by_id(i) for i in self._state.call_devices(impls)]

@@ -1,0 +1,191 @@
+"""``colocated_python_class``: objects that live on the hosts of their calls.
+
+A drop-in for ``jax.experimental.colocated_python.colocated_python_class``. The
+wrapper captures the constructor arguments; the real object is built on a host
+when a method first runs there, and every method call is a colocated call. When
+the wrapper is garbage-collected, the real objects are destroyed (asynchronously,
+after the calls already made on them). Beyond JAX: methods can be specialized
+(``obj.method.specialize(...)``), methods without array arguments run once
+``devices`` are given, and an object can be an argument of another colocated
+call on the same host (it arrives there as the real object).
+
+A constructor that raised is remembered: every later call re-raises its error.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import weakref
+
+import optree
+
+from . import _colocated
+from ._colocated_python import NAMESPACE, ColocatedFunction
+
+#: The host's object store: object id -> the real object, or the constructor's error.
+_OBJECTS: dict[int, object] = {}
+_LOCKS: dict[int, threading.Lock] = {}
+_STORE_LOCK = threading.Lock()
+_NEXT_OBJECT = itertools.count(1)
+
+
+class _Failed:
+    """A constructor's error, re-raised to every call on that object."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _ObjectRef:
+    """Identifies one object of a colocated class: the class, an id, and the
+    captured constructor arguments (everything a host needs to build it)."""
+
+    __slots__ = ("cls", "init_args", "obj_id")
+
+    def __init__(self, cls, obj_id: int, init_args: tuple) -> None:
+        self.cls = cls
+        self.obj_id = obj_id
+        self.init_args = init_args
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ObjectRef) and other.obj_id == self.obj_id
+
+    def __hash__(self) -> int:
+        return hash(self.obj_id)
+
+    def __repr__(self) -> str:
+        return f"<{self.cls.__name__} object {self.obj_id}>"
+
+
+def _host_object(ref: _ObjectRef):
+    """The real object on this host: built on first use (once, even with calls
+    from several streams), or the constructor's error raised again."""
+    obj = _OBJECTS.get(ref.obj_id)
+    if obj is None:
+        with _STORE_LOCK:
+            lock = _LOCKS.setdefault(ref.obj_id, threading.Lock())
+        with lock:
+            obj = _OBJECTS.get(ref.obj_id)
+            if obj is None:
+                args, kwargs = ref.init_args
+                try:
+                    obj = ref.cls(*args, **kwargs)
+                except Exception as error:  # noqa: BLE001 - kept for every later call
+                    obj = _Failed(error)
+                _OBJECTS[ref.obj_id] = obj
+    if isinstance(obj, _Failed):
+        raise obj.error
+    return obj
+
+
+def _forget(obj_id: int) -> None:
+    """Drops the host's object (its ``__del__`` runs now, on this thread)."""
+    with _STORE_LOCK:
+        _LOCKS.pop(obj_id, None)
+        obj = _OBJECTS.pop(obj_id, None)
+    del obj
+
+
+def _destroy(obj_id: int, pending: list) -> None:
+    """Runs when a wrapper is collected: forgets the object once the calls made
+    on it are done."""
+    events = [e for e in pending if not e.is_ready()]
+    if not events:
+        _forget(obj_id)
+        return
+    _colocated.Event.join(events).on_ready(lambda _error=None: _forget(obj_id))
+
+
+def _invoke(ref: _ObjectRef, name: str, *args, **kwargs):
+    return getattr(_host_object(ref), name)(*args, **kwargs)
+
+
+class _Method:
+    """A bound method of a colocated object: a colocated function over it."""
+
+    def __init__(self, owner, name: str, function: ColocatedFunction) -> None:
+        self._owner = weakref.ref(owner)
+        self._name = name
+        self._function = function
+        self._pending = owner._pending
+
+    def __call__(self, *args, **kwargs):
+        result, status = self._function._call(args, kwargs)
+        if status is not None:
+            self._pending[:] = [e for e in self._pending if not e.is_ready()]
+            self._pending.append(status)
+        return result
+
+    def specialize(self, in_specs=None, out_specs_fn=None, devices=None) -> _Method:
+        """This method specialized as :meth:`ColocatedFunction.specialize` (beyond
+        JAX, whose methods cannot be specialized)."""
+        owner = self._owner()
+        if owner is None:
+            raise ReferenceError("the colocated object is gone")
+        specialized = self._function.specialize(in_specs=in_specs, out_specs_fn=out_specs_fn, devices=devices)
+        return _Method(owner, self._name, specialized)
+
+    def cache_info(self):
+        """The method's cache counts (see :meth:`ColocatedFunction.cache_info`)."""
+        return self._function.cache_info()
+
+    def __repr__(self) -> str:
+        return f"<colocated method {self._name} of {self._owner()!r}>"
+
+
+def colocated_python_class(cls):
+    """Wraps class ``cls`` so that its objects live on the hosts of their method
+    calls' devices (as ``jax.experimental.colocated_python.colocated_python_class``)."""
+
+    class Wrapper:
+        __slots__ = ("__weakref__", "_methods", "_pending", "_ref")
+
+        def __init__(self, *args, **kwargs) -> None:
+            self._ref = _ObjectRef(cls, next(_NEXT_OBJECT), (args, kwargs))
+            self._methods = {}
+            self._pending = []
+            weakref.finalize(self, _destroy, self._ref.obj_id, self._pending)
+
+        def __getattr__(self, name: str):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            methods = object.__getattribute__(self, "_methods")
+            method = methods.get(name)
+            if method is None:
+                if not callable(getattr(cls, name, None)):
+                    raise AttributeError(f"{cls.__name__} has no method {name!r}")
+                fn = functools.partial(_invoke, self._ref, name)
+                functools.update_wrapper(fn, getattr(cls, name))
+                method = _Method(self, name, ColocatedFunction(fn))
+                methods[name] = method
+            return method
+
+        def __setattr__(self, name: str, value) -> None:
+            if name in Wrapper.__slots__:
+                object.__setattr__(self, name, value)
+            elif isinstance(value, _Method):
+                # `obj.method = obj.method.specialize(...)`, as JAX's tests do.
+                self._methods[name] = value
+            else:
+                raise AttributeError(f"colocated objects take only specialized methods, not {name!r}")
+
+        def __repr__(self) -> str:
+            return f"colocated_python_class({cls.__qualname__}) object {self._ref.obj_id}"
+
+    Wrapper.__name__ = cls.__name__
+    Wrapper.__qualname__ = cls.__qualname__
+    Wrapper.__doc__ = cls.__doc__
+    Wrapper.__module__ = cls.__module__
+    # An object passed to another colocated call travels as its reference and
+    # arrives on the host as the real object.
+    optree.register_pytree_node(
+        Wrapper,
+        lambda w: ((), w._ref),
+        lambda ref, _children: _host_object(ref),
+        namespace=NAMESPACE,
+    )
+    return Wrapper
