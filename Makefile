@@ -32,9 +32,11 @@ tools:
 $(BUILD):
 	mkdir -p $(BUILD)
 
-demo: build | $(BUILD)
+demo: build python | $(BUILD)
 	$(CC) $(CFLAGS_COMMON) examples/demo.c -o $(BUILD)/demo -L$(DEBUG_DIR) -lcolocated -Wl,-rpath,$(DEBUG_DIR) $(LDLIBS)
 	$(BUILD)/demo
+	@echo
+	COLOCATED_NUM_CPU_DEVICES=4 $(VENV_PY) examples/demo.py
 
 header: tools
 	cd ffi && cbindgen --config cbindgen.toml --crate colocated-ffi --quiet --output ../include/colocated.h
