@@ -32,6 +32,9 @@ impl HostBytes {
     }
 }
 
+/// Copies at least this large release the GIL.
+const DETACH_BYTES: usize = 1 << 20;
+
 fn dtype_from_name(name: &str) -> PyResult<core::DType> {
     core::DType::ALL
         .iter()
@@ -94,9 +97,30 @@ impl ArrayImpl {
         let data = HostBytes { ptr, len: nbytes };
         // SAFETY: the Python caller passes the address and size of an array it keeps
         // referenced (hence alive) for the duration of this call.
-        let array = py
-            .detach(|| core::Array::from_host_bytes(client, unsafe { data.slice() }, spec))
+        let copy = || core::Array::from_host_bytes(client, unsafe { data.slice() }, spec);
+        // Releasing the GIL costs more than a small copy (and may hand it over).
+        let array = if nbytes >= DETACH_BYTES {
+            py.detach(copy)
+        } else {
+            copy()
+        }
+        .map_err(py_err)?;
+        Ok(ArrayImpl::wrap(client.clone(), array))
+    }
+
+    /// Like `from_host_bytes`, from a `bytes` object (for small values, where
+    /// reading a numpy array's address costs more than copying it).
+    #[staticmethod]
+    fn from_bytes(
+        sharding: PyRef<'_, Sharding>,
+        dtype: &str,
+        shape: Vec<i64>,
+        data: &[u8],
+    ) -> PyResult<Self> {
+        let (client, core_sharding) = sharding.get()?;
+        let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
             .map_err(py_err)?;
+        let array = core::Array::from_host_bytes(client, data, spec).map_err(py_err)?;
         Ok(ArrayImpl::wrap(client.clone(), array))
     }
 

@@ -222,6 +222,10 @@ class Array(NDArrayOperatorsMixin):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method != "__call__" or "out" in kwargs:
             return NotImplemented
+        if not kwargs and self._impl.num_shards == 1:
+            out = _single_buffer_ufunc(ufunc, inputs, self)
+            if out is not None:
+                return out
         return _apply_ufunc(ufunc, inputs, kwargs)
 
     def astype(self, dtype) -> Array:
@@ -322,6 +326,8 @@ def _put(x, sharding: Sharding) -> Array:
     shape = list(value.shape)
     if value.dtype == STRING:
         impl = _colocated.ArrayImpl.from_host_strings(core, shape, value.ravel().tolist())
+    elif value.nbytes <= _SMALL_BYTES:
+        impl = _colocated.ArrayImpl.from_bytes(core, core_name(value.dtype), shape, value.tobytes())
     else:
         if not value.flags.c_contiguous:
             value = value.copy(order="C")
@@ -329,6 +335,10 @@ def _put(x, sharding: Sharding) -> Array:
             core, core_name(value.dtype), shape, _address(value), value.nbytes
         )
     return _wrap(impl, sharding)
+
+
+#: Values up to this size go to the runtime as ``bytes`` (cheaper than an address).
+_SMALL_BYTES = 4096
 
 
 def _is_sharding_leaf(x) -> bool:
@@ -469,6 +479,26 @@ def _map_shards(fn, template: Array, *shard_args) -> Array | tuple:
             for k in range(len(results[0]))
         )
     return _from_shard_values(template.shape, sharding, results, canonicalize(np.asarray(results[0]).dtype))
+
+
+_SCALARS = (bool, int, float, complex, np.generic)
+
+
+def _single_buffer_ufunc(ufunc, inputs, template: Array):
+    """The common case made cheap: one buffer and scalar operands (``x + 1``).
+    None when the general path is needed."""
+    values = []
+    for x in inputs:
+        if x is template:
+            values.append(template._value())
+        elif isinstance(x, _SCALARS):
+            values.append(x)
+        else:
+            return None
+    out = ufunc(*values)
+    if not isinstance(out, (np.ndarray, np.generic)) or out.dtype.kind == "O":
+        return None
+    return _put(out, template.sharding)
 
 
 def _apply_ufunc(ufunc, inputs, kwargs):

@@ -129,6 +129,9 @@ class ArrayImpl:
     def from_host_bytes(sharding: Sharding, dtype: str, shape: list[int], ptr: int, nbytes: int) -> ArrayImpl:
         """Splits row-major host bytes of the global array over the sharding's devices."""
     @staticmethod
+    def from_bytes(sharding: Sharding, dtype: str, shape: list[int], data: bytes) -> ArrayImpl:
+        """Like ``from_host_bytes``, from a ``bytes`` object (small values)."""
+    @staticmethod
     def from_host_strings(sharding: Sharding, shape: list[int], strings: list[str]) -> ArrayImpl:
         """Splits row-major strings of the global array over the sharding's devices."""
     @staticmethod
