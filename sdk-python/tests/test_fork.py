@@ -67,3 +67,18 @@ def test_parent_objects_fail_clearly_in_the_child():
 
     assert fork_and_run(child) == 0
     assert np.asarray(x).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_colocated_function_keeps_working_in_a_forked_child():
+    @colocated.colocated_python
+    def add_one(x):
+        return x + 1
+
+    assert int(add_one(colocated.device_put(np.int32(1)))) == 2
+
+    def child():
+        y = add_one(colocated.device_put(np.int32(41)))
+        return 0 if int(y) == 42 else 7
+
+    assert fork_and_run(child) == 0
+    assert int(add_one(colocated.device_put(np.int32(2)))) == 3

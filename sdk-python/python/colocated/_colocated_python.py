@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import os
 import threading
 import weakref
 
@@ -138,13 +139,18 @@ class ColocatedFunction:
         self._in_specs = in_specs
         self._out_specs_fn = out_specs_fn
         self._devices = None if devices is None else list(devices)
-        in_spec_key = None
-        if in_specs is not None:
-            leaves, treedef = _flatten(in_specs)
-            in_spec_key = (_tree_hash(treedef), [_spec_leaf(leaf) for leaf in leaves])
-        self._state = _colocated.FunctionState(self._devices, in_spec_key)
-        _STATES.add(self._state)
+        self._state = self._new_state()
         functools.update_wrapper(self, fn)
+
+    def _new_state(self):
+        in_spec_key = None
+        if self._in_specs is not None:
+            leaves, treedef = _flatten(self._in_specs)
+            in_spec_key = (_tree_hash(treedef), [_spec_leaf(leaf) for leaf in leaves])
+        state = _colocated.FunctionState(self._devices, in_spec_key)
+        _STATES.add(state)
+        self._pid = os.getpid()
+        return state
 
     def specialize(self, in_specs=None, out_specs_fn=None, devices=None) -> ColocatedFunction:
         """A copy specialized with ``in_specs`` (a ``(args, kwargs)`` pytree of
@@ -175,6 +181,10 @@ class ColocatedFunction:
 
     def _call(self, args, kwargs):
         """The call's result and its status event (None when it already ran)."""
+        if self._pid != os.getpid():
+            # A forked child: the parent's compiled programs belong to the parent's
+            # runtime (and its locks may be held): start over with the child's.
+            self._state = self._new_state()
         leaves, treedef = _flatten((args, kwargs))
         _check_arrays(leaves, "function arguments")
         impls = [leaf._impl for leaf in leaves]
