@@ -4,6 +4,10 @@ import os
 
 os.environ.setdefault("COLOCATED_NUM_CPU_DEVICES", "8")
 
+import itertools
+import sys
+import types
+
 import numpy as np
 import pytest
 
@@ -20,3 +24,17 @@ def mesh():
 def mesh4():
     """A 1-D mesh over devices 0-3 with axis 'x'."""
     return colocated.Mesh(colocated.devices()[:4], ("x",))
+
+
+_state_ids = itertools.count()
+
+
+@pytest.fixture
+def state():
+    """A fresh module for state shared by a test and its host code (cloudpickle
+    sends a module by name, so host code sees this very object on the local host)."""
+    name = f"_colocated_test_state_{next(_state_ids)}"
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    # Left registered on purpose: a call or destruction still queued may look it up.
+    return module

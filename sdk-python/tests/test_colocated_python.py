@@ -15,90 +15,22 @@ waits that could hang run on a helper thread (``wait_bounded``).
 import base64
 import collections
 import concurrent.futures
-import itertools
 import struct
-import sys
 import tempfile
 import threading
 import time
-import traceback
-import types
 
 import numpy as np
 import optree
 import pytest
+from colocated_helpers import GATE_WAIT, WAIT, cpu, error_text, outcome, put, wait_bounded
 
 import colocated
 from colocated import Mesh, NamedSharding, P, ShapeDtypeStruct, SingleDeviceSharding
 
 STRING = np.dtypes.StringDType()
-WAIT = 10.0  # seconds: the bound of every wait in these tests
-GATE_WAIT = 5.0  # seconds a host function waits for a gate the test opens
 
 Pair = collections.namedtuple("Pair", ["left", "right"])
-
-_state_ids = itertools.count()
-
-
-@pytest.fixture
-def state():
-    """A fresh module for state shared by the test and the host functions."""
-    name = f"_colocated_python_test_state_{next(_state_ids)}"
-    module = types.ModuleType(name)
-    sys.modules[name] = module
-    # Left registered on purpose: a call still queued may look it up by name.
-    return module
-
-
-def cpu(n):
-    """The first ``n`` colocated CPU devices (skips the test if there are fewer)."""
-    devices = list(colocated.colocated_cpu_devices(colocated.devices()))
-    if len(devices) < n:
-        pytest.skip(f"needs {n} CPU devices, got {len(devices)}")
-    return devices[:n]
-
-
-def put(value, target=None, dtype=np.int32):
-    """``value`` as an array of ``dtype`` on ``target`` (default: the first CPU device)."""
-    return colocated.device_put(np.asarray(value, dtype=dtype), cpu(1)[0] if target is None else target)
-
-
-def wait_bounded(tree, timeout=3 * WAIT):
-    """``block_until_ready(tree)`` on a helper thread: fails instead of hanging."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = colocated.block_until_ready(tree)
-        except BaseException as err:  # noqa: BLE001 - re-raised on the test thread
-            box["error"] = err
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        pytest.fail(f"block_until_ready did not return within {timeout}s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def outcome(call):
-    """Runs ``call()`` and waits for its outputs; returns the exception raised
-    (by the call itself or by the wait), or None."""
-    try:
-        wait_bounded(call())
-    except Exception as err:  # noqa: BLE001 - the tests inspect it
-        return err
-    return None
-
-
-def error_text(err):
-    """Everything an exception tells: message, remote traceback, local traceback chain."""
-    parts = [str(err), getattr(err, "remote_traceback", "") or ""]
-    parts.extend(traceback.format_exception(type(err), err, err.__traceback__))
-    return "\n".join(parts)
-
 
 def add_one_to_leaves(tree):
     return optree.tree_map(lambda v: v + 1, tree)
