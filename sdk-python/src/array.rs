@@ -4,7 +4,7 @@
 
 use colocated_core as core;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::errors::{py_err, to_py};
 use crate::event::Event;
@@ -315,12 +315,29 @@ impl ArrayImpl {
                 "string shards have no byte view; use to_host_strings",
             )));
         }
-        let pin = py
-            .detach(|| buffer.acquire_external_reference())
-            .map_err(py_err)?;
+        // Only a buffer that is not ready yet is worth releasing the GIL for.
+        let pin = if buffer.ready_event().is_ready() {
+            buffer.acquire_external_reference()
+        } else {
+            py.detach(|| buffer.acquire_external_reference())
+        }
+        .map_err(py_err)?;
         Ok(HostView {
             pin: ForkSafe::new(pin),
         })
+    }
+
+    /// Shard `i`'s bytes, copied (cheaper than a pinned view for small shards).
+    /// Waits without the GIL if the shard is not ready.
+    fn shard_bytes<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let buffer = self.buffer(i)?;
+        let bytes = if buffer.ready_event().is_ready() {
+            buffer.to_host_vec()
+        } else {
+            py.detach(|| buffer.to_host_vec())
+        }
+        .map_err(py_err)?;
+        Ok(PyBytes::new(py, &bytes))
     }
 
     /// Waits (without the GIL) and gathers the array row-major into `nbytes` at

@@ -189,6 +189,14 @@ class Array(NDArrayOperatorsMixin):
             return out
         return np.asarray(self._impl.host_view(pos)).view(dtype).reshape(shard_shape)
 
+    def _operand(self) -> np.ndarray:
+        """The value of a one-buffer array as a ufunc operand: a copy when small
+        (cheaper than pinning a view; nobody else sees it), else the view."""
+        dtype = self.dtype
+        if dtype != STRING and self.size * dtype.itemsize <= _SMALL_BYTES:
+            return np.frombuffer(self._impl.shard_bytes(0), dtype).reshape(self.shape)
+        return self._value()
+
     def _value(self) -> np.ndarray:
         """The global value as a read-only numpy array; zero-copy when one buffer
         holds the whole array, else gathered."""
@@ -490,7 +498,7 @@ def _single_buffer_ufunc(ufunc, inputs, template: Array):
     values = []
     for x in inputs:
         if x is template:
-            values.append(template._value())
+            values.append(template._operand())
         elif isinstance(x, _SCALARS):
             values.append(x)
         else:
