@@ -48,6 +48,12 @@ pub(crate) struct Task {
 /// `waiter_first` submission.
 const WAITER_HEAD_START: Duration = Duration::from_micros(100);
 
+/// A thread that has this many `waiter_first` tasks queued on a stream nobody
+/// runs yet runs them itself when it submits the next one ("caller runs"): a
+/// thread that pipelines calls without waiting keeps them on its own thread (no
+/// GIL handoff), and its backlog stays bounded.
+const CALLER_RUNS_DEPTH: usize = 64;
+
 /// Nanoseconds since the first call (a process-wide monotonic clock).
 fn now_nanos() -> u64 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -246,18 +252,33 @@ impl StreamQueue {
             .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
-            self.run_claimed(None);
+            self.run_claimed(Until::Yielding(BUDGET));
+        }
+    }
+
+    /// Caller runs: the submitting thread runs the backlog of a stream nobody
+    /// has claimed yet (see `CALLER_RUNS_DEPTH`).
+    fn run_backlog(self: &Arc<Self>) {
+        let backlog = self.tasks.len();
+        if backlog >= CALLER_RUNS_DEPTH
+            && !running_here(Arc::as_ptr(self))
+            && self
+                .state
+                .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            self.run_claimed(Until::Budget(backlog + 1));
         }
     }
 
     /// Runs tasks in order while this thread holds the stream; stops when `until` is
     /// ready (inline help), after `BUDGET` tasks, when blocked, or when empty.
-    fn run_claimed(self: &Arc<Self>, until: Option<&Event>) {
+    fn run_claimed(self: &Arc<Self>, until: Until<'_>) {
         let mut ran = 0usize;
         loop {
             let stop = match until {
-                Some(target) => target.is_ready(),
-                None => ran >= BUDGET,
+                Until::Ready(target) => target.is_ready(),
+                Until::Budget(budget) | Until::Yielding(budget) => ran >= budget,
             };
             if stop {
                 self.release();
@@ -281,6 +302,17 @@ impl StreamQueue {
                 self.state.store(BLOCKED, Ordering::SeqCst);
                 let me = self.clone();
                 dep.on_ready(move |_| me.unblock());
+                return;
+            }
+            if matches!(until, Until::Yielding(_))
+                && task.waiter_first
+                && self.defer_until.load(Ordering::Relaxed) > now_nanos()
+            {
+                // Its thread is still feeding the stream: leave the task to that
+                // thread (caller runs, or its wait) until the feeding pauses.
+                self.set_head(task);
+                self.state.store(QUEUED, Ordering::SeqCst);
+                self.shared.defer(self.clone());
                 return;
             }
             let me: *const StreamQueue = Arc::as_ptr(self);
@@ -345,7 +377,7 @@ impl Helper for StreamQueue {
             .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
-            self.run_claimed(Some(target));
+            self.run_claimed(Until::Ready(target));
         }
     }
 }
@@ -371,6 +403,18 @@ fn run_task(task: Task, stream_id: u64) {
         );
         completion.set_if_pending(Err(Error::internal("the execution panicked")));
     }
+}
+
+/// When a thread that holds a stream gives it back.
+#[derive(Clone, Copy)]
+enum Until<'a> {
+    /// When the event is ready (a waiter's inline help).
+    Ready(&'a Event),
+    /// After this many tasks (caller runs).
+    Budget(usize),
+    /// After this many tasks, or earlier at a `waiter_first` task whose thread
+    /// is still feeding the stream (an executor's turn).
+    Yielding(usize),
 }
 
 /// A pool of executor threads serving per-stream queues (one per host).
@@ -438,7 +482,11 @@ impl Dispatcher {
         let queue = stream.local_queue(self);
         let helper: Weak<dyn Helper> = Arc::downgrade(queue) as Weak<dyn Helper>;
         task.completion.set_helper(helper);
+        let waiter_first = task.waiter_first;
         queue.push(task);
+        if waiter_first {
+            queue.run_backlog();
+        }
     }
 
     /// The dispatcher id that keys the default per-thread streams.

@@ -279,3 +279,30 @@ fn a_waiter_first_call_nobody_waits_on_still_runs_on_an_executor() {
     });
     assert_ne!(ran.lock().unwrap()[0], std::thread::current().id());
 }
+
+#[test]
+fn a_thread_that_pipelines_waiter_first_calls_runs_its_backlog_itself() {
+    // Caller runs: nobody waits on these calls, but the submitting thread keeps
+    // feeding the stream, so it runs the backlog itself (no hand-off to another
+    // thread, a bounded queue) and program order holds.
+    let client = client(1);
+    let (exe, ran) = waiter_first_executable(&client);
+    let mut last = None;
+    for _ in 0..2000 {
+        last = Some(exe.execute(&[], &ExecuteOptions::default()).unwrap().status);
+    }
+    let pending = 2000 - ran.lock().unwrap().len();
+    assert!(
+        pending <= 128,
+        "the backlog is bounded: {pending} calls were still queued"
+    );
+    last.unwrap().wait().unwrap();
+    let ran = ran.lock().unwrap();
+    assert_eq!(ran.len(), 2000, "every call ran once, the last one last");
+    let me = std::thread::current().id();
+    let on_caller = ran.iter().filter(|t| **t == me).count();
+    assert!(
+        on_caller >= 1000,
+        "only {on_caller} of 2000 pipelined calls ran on the submitting thread"
+    );
+}
