@@ -125,6 +125,13 @@ impl Array {
         let shard_bytes = checked_byte_size(spec.dtype, &shard)?;
         let mut buffers = Vec::with_capacity(spec.sharding.devices().len());
         for (pos, device) in spec.sharding.devices().iter().enumerate() {
+            if shard_bytes == data.len() {
+                // The shard is the whole array (one device, or replicated).
+                buffers.push(Buffer::from_bytes(
+                    client, data, spec.dtype, &shard, device,
+                )?);
+                continue;
+            }
             let index = spec.sharding.shard_index(pos, &spec.shape)?;
             let mut bytes = vec![0u8; shard_bytes];
             copy_block(
@@ -139,7 +146,8 @@ impl Array {
                 client, &bytes, spec.dtype, &shard, device,
             )?);
         }
-        Array::assemble(spec, buffers)
+        // Made here to fit `spec`: one buffer per device, of the shard's shape.
+        Ok(Array::from_parts(spec, buffers))
     }
 
     /// Splits row-major strings of the global array into per-device string buffers.

@@ -176,6 +176,16 @@ impl<V: Clone> Default for SpecCache<V> {
 impl<V: Clone> SpecCache<V> {
     /// The entry for `spec`, counting a hit or a miss.
     pub fn get(&self, spec: &CallSpec) -> Option<V> {
+        self.lookup(spec, true)
+    }
+
+    /// Like [`get`](Self::get), but a miss is not counted: for a fast path whose
+    /// miss falls back to a slower path that looks again (and counts it).
+    pub fn get_hit(&self, spec: &CallSpec) -> Option<V> {
+        self.lookup(spec, false)
+    }
+
+    fn lookup(&self, spec: &CallSpec, count_miss: bool) -> Option<V> {
         let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         let key = ByIdentity(spec.clone());
         if let Some(v) = maps.by_identity.get(&key) {
@@ -184,13 +194,14 @@ impl<V: Clone> SpecCache<V> {
         }
         match maps.by_value.get(&ByValue(spec.clone())).cloned() {
             Some(v) => {
-                // Remember this identity too: the next call takes the fast path.
                 maps.by_identity.insert(key, v.clone());
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 Some(v)
             }
             None => {
-                self.misses.fetch_add(1, Ordering::Relaxed);
+                if count_miss {
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                }
                 None
             }
         }
@@ -287,6 +298,30 @@ mod tests {
                 hits: 0,
                 misses: 0,
                 currsize: 0
+            }
+        );
+    }
+
+    #[test]
+    fn get_hit_counts_hits_but_leaves_misses_to_the_slower_path() {
+        let c = client();
+        let sharding = Sharding::replicated(c.devices()[..1].to_vec()).unwrap();
+        let call = CallSpec {
+            tree: 1,
+            leaves: vec![spec(&sharding, vec![2])],
+        };
+        let cache: SpecCache<u32> = SpecCache::default();
+        assert_eq!(cache.get_hit(&call), None);
+        assert_eq!(cache.info().misses, 0, "a fast-path miss is not counted");
+        assert_eq!(cache.get(&call), None);
+        cache.insert(&call, 5);
+        assert_eq!(cache.get_hit(&call), Some(5));
+        assert_eq!(
+            cache.info(),
+            CacheInfo {
+                hits: 1,
+                misses: 1,
+                currsize: 1
             }
         );
     }

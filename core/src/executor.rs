@@ -219,25 +219,25 @@ pub struct ExecutionContext<'a> {
 impl<'a> ExecutionContext<'a> {
     /// The program being run (its specs give the global arrays the shards belong
     /// to).
-    pub fn program(&self) -> &crate::program::Program {
+    pub fn program(&self) -> &'a crate::program::Program {
         self.program
     }
 
     /// The client (to create output buffers).
-    pub fn client(&self) -> &Client {
+    pub fn client(&self) -> &'a Client {
         self.client
     }
     /// Input shards on this host, argument-major: argument 0's shards in its
     /// sharding's device order, then argument 1's, …
-    pub fn inputs(&self) -> &[Buffer] {
+    pub fn inputs(&self) -> &'a [Buffer] {
         self.inputs
     }
     /// For each argument, how many of [`ExecutionContext::inputs`] belong to it.
-    pub fn input_shard_counts(&self) -> &[usize] {
+    pub fn input_shard_counts(&self) -> &'a [usize] {
         self.input_counts
     }
     /// The output shards to set, in the order of [`ExecutionContext::set_output`].
-    pub fn output_shards(&self) -> &[OutputShard] {
+    pub fn output_shards(&self) -> &'a [OutputShard] {
         self.output_shards
     }
     /// Sets output shard `index`; `invalid_argument` if out of range, already set, or
