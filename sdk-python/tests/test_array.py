@@ -1,4 +1,5 @@
 import math
+import operator
 
 import ml_dtypes
 import numpy as np
@@ -210,6 +211,61 @@ def test_ufuncs_keep_the_sharding(mesh):
         assert result.sharding == s
         assert result.dtype == expected.dtype
         np.testing.assert_allclose(np.asarray(result), expected)
+
+
+OPERATORS = [operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow]
+
+
+def _numpy_outcome(op, args):
+    """numpy's result of ``op(*args)``, or the type of the exception it raises."""
+    with np.errstate(all="ignore"):
+        try:
+            return op(*args)
+        except (TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
+            return type(e)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(), (3,), (2, 2)], ids=str)
+def test_operators_with_python_scalars_follow_numpy(dtype, shape):
+    # Small one-buffer arrays take the native operator fast path (numpy scalar
+    # math for rank 0); the result must be what numpy gives for an ndarray.
+    value = sample(dtype, shape)
+    s = SingleDeviceSharding(colocated.devices()[0])
+    x = colocated.device_put(value, s)
+    for op in OPERATORS:
+        for other in (3, 1.5, True, -2):
+            for reflected in (False, True):
+                args = (other, value) if reflected else (value, other)
+                expected = _numpy_outcome(op, args)
+                got_args = (other, x) if reflected else (x, other)
+                if isinstance(expected, type):
+                    with pytest.raises(expected), np.errstate(all="ignore"):
+                        op(*got_args)
+                    continue
+                with np.errstate(all="ignore"):
+                    got = op(*got_args)
+                what = f"{op.__name__}{args[0]!r:.20}, {args[1]!r:.20}"
+                assert isinstance(got, colocated.Array), what
+                assert got.sharding is x.sharding, what
+                assert got.shape == np.shape(expected), what
+                assert got.dtype == np.asarray(expected).dtype, what
+                got_value, expected_value = np.asarray(got), np.asarray(expected)
+                if expected_value.dtype == ml_dtypes.bfloat16:  # (NaN compares unequal)
+                    got_value, expected_value = got_value.astype(np.float32), expected_value.astype(np.float32)
+                np.testing.assert_array_equal(got_value, expected_value, err_msg=what)
+
+
+def test_operator_fast_path_leaves_large_and_split_arrays_to_numpy(mesh):
+    big = np.arange(2048, dtype=np.float32)  # 8 KiB: above the small-value limit
+    x = colocated.device_put(big, SingleDeviceSharding(colocated.devices()[0]))
+    np.testing.assert_array_equal(np.asarray(x + 1), big + 1)
+    split = colocated.device_put(np.arange(8, dtype=np.int32), NamedSharding(mesh, P(("x", "y"))))
+    y = 2 - split
+    assert y.sharding == split.sharding
+    np.testing.assert_array_equal(np.asarray(y), 2 - np.arange(8, dtype=np.int32))
+    with pytest.raises(OverflowError):
+        split + 2**40
 
 
 def test_multi_output_ufunc(mesh):

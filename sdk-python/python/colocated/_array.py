@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import operator as _operator
 
 import numpy as np
 import optree
@@ -19,7 +20,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import _colocated
 from ._client import _device_by_id, devices
-from ._dtypes import STRING, canonicalize, core_name, from_core
+from ._dtypes import STRING, canonicalize, core_name
 from ._errors import InvalidArgumentError
 from ._sharding import (
     Device,
@@ -85,7 +86,7 @@ class Array(NDArrayOperatorsMixin):
     @property
     def dtype(self) -> np.dtype:
         """Element type, as a numpy dtype (``StringDType()`` for strings)."""
-        return from_core(self._impl.dtype)
+        return self._impl.np_dtype
 
     @property
     def ndim(self) -> int:
@@ -192,10 +193,8 @@ class Array(NDArrayOperatorsMixin):
     def _operand(self) -> np.ndarray:
         """The value of a one-buffer array as a ufunc operand: a copy when small
         (cheaper than pinning a view; nobody else sees it), else the view."""
-        dtype = self.dtype
-        if dtype != STRING and self.size * dtype.itemsize <= _SMALL_BYTES:
-            return np.frombuffer(self._impl.shard_bytes(0), dtype).reshape(self.shape)
-        return self._value()
+        value = self._impl.small_value()
+        return self._value() if value is None else value
 
     def _value(self) -> np.ndarray:
         """The global value as a read-only numpy array; zero-copy when one buffer
@@ -506,7 +505,40 @@ def _single_buffer_ufunc(ufunc, inputs, template: Array):
     out = ufunc(*values)
     if not isinstance(out, (np.ndarray, np.generic)) or out.dtype.kind == "O":
         return None
+    impl = template._impl.small_like(out)
+    if impl is not None:
+        return _wrap(impl, template._sharding)
     return _put(out, template.sharding)
+
+
+#: Operands of the operator fast path: Python scalars (numpy's "weak" scalars).
+_FAST_OPERANDS = frozenset((int, float, bool))
+
+
+def _fast_operator(name: str, op, reflected: bool):
+    """``Array.<name>`` with a fast path for ``x + 1`` on a small one-buffer array:
+    one native copy in, numpy's operator on the value (numpy scalar math for rank
+    0), one native copy out. Everything else takes numpy's dispatch
+    (``NDArrayOperatorsMixin``, then ``__array_ufunc__``)."""
+    general = getattr(NDArrayOperatorsMixin, name)
+
+    def operator(self, other):
+        if type(other) in _FAST_OPERANDS:
+            result = self._impl.scalar_op(op, other, reflected)
+            if result is not None:
+                return _wrap(result, self._sharding)
+        return general(self, other)
+
+    operator.__name__ = operator.__qualname__ = name
+    operator.__doc__ = general.__doc__
+    return operator
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow"):
+    _op = getattr(_operator, _name)
+    setattr(Array, f"__{_name}__", _fast_operator(f"__{_name}__", _op, reflected=False))
+    setattr(Array, f"__r{_name}__", _fast_operator(f"__r{_name}__", _op, reflected=True))
+del _name, _op
 
 
 def _apply_ufunc(ufunc, inputs, kwargs):
