@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use colocated_core as core;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use crate::array::ArrayImpl;
 use crate::client::Device;
@@ -49,7 +50,11 @@ impl core::LanguageExecutor for PythonExecutor {
                     .getattr("loads")?
                     .call1((PyBytes::new(py, &program.payload),))?,
             };
-            Ok(Arc::new(PythonProgram(callable.unbind())) as Arc<dyn core::LoadedProgram>)
+            let flat = FlatCall::of(&callable)?;
+            Ok(Arc::new(PythonProgram {
+                call: callable.unbind(),
+                flat,
+            }) as Arc<dyn core::LoadedProgram>)
         })
         .map_err(|e: PyErr| {
             core::Error::invalid_argument(format!("cannot load the colocated Python program: {e}"))
@@ -57,7 +62,110 @@ impl core::LanguageExecutor for PythonExecutor {
     }
 }
 
-struct PythonProgram(Py<PyAny>);
+/// A loaded colocated Python program: a host callable (`_HostCall`) that takes a
+/// list of `ArrayImpl`s and returns one per output spec.
+struct PythonProgram {
+    call: Py<PyAny>,
+    /// The fast path of flat programs (see `FlatCall`).
+    flat: Option<FlatCall>,
+}
+
+/// What a host needs to run a program that takes positional arrays and returns
+/// one array without Python glue: the user function and the callers' sharding
+/// objects of the inputs.
+struct FlatCall {
+    function: Py<PyAny>,
+    in_shardings: Vec<Py<PyAny>>,
+}
+
+impl FlatCall {
+    /// The fast path of a `_HostCall` whose `flat` and `out_leaf` hold (None for
+    /// other callables, which always take the general path).
+    fn of(call: &Bound<'_, PyAny>) -> PyResult<Option<FlatCall>> {
+        let flag = |name: &str| -> bool {
+            call.getattr(name)
+                .and_then(|v| v.extract::<bool>())
+                .unwrap_or(false)
+        };
+        if !flag("flat") || !flag("out_leaf") {
+            return Ok(None);
+        }
+        let in_shardings = call
+            .getattr("in_shardings")?
+            .try_iter()?
+            .map(|s| s.map(Bound::unbind))
+            .collect::<PyResult<_>>()?;
+        Ok(Some(FlatCall {
+            function: call.getattr("fn")?.unbind(),
+            in_shardings,
+        }))
+    }
+}
+
+impl PythonProgram {
+    /// Calls the program with `args` and returns its output arrays. Python errors
+    /// (user code, or the output checks of `_HostCall`) carry their traceback.
+    fn call(
+        &self,
+        py: Python<'_>,
+        client: &core::Client,
+        args: Vec<core::Array>,
+    ) -> core::Result<Vec<core::Array>> {
+        let impls = match &self.flat {
+            Some(flat) => match self.call_flat(py, flat, client, args) {
+                Ok(Ok(arrays)) => return Ok(arrays),
+                Ok(Err(impls)) => impls,
+                Err(e) => return Err(remote_error(py, e)),
+            },
+            None => args
+                .into_iter()
+                .map(|a| Py::new(py, ArrayImpl::wrap(client.clone(), a)))
+                .collect::<PyResult<Vec<_>>>()
+                .and_then(|arrays| self.call.bind(py).call1((PyList::new(py, arrays)?,)))
+                .map_err(|e| remote_error(py, e))?,
+        };
+        let impls = impls.extract::<Vec<PyRef<'_, ArrayImpl>>>().map_err(|_| {
+            core::Error::invalid_argument(
+                "a colocated Python function must return a pytree of colocated Arrays",
+            )
+        })?;
+        impls
+            .iter()
+            .map(|a| {
+                a.array()
+                    .cloned()
+                    .map_err(|e| core::Error::internal(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// The flat fast path: the output array, or (for a result that is not one
+    /// Array) what the general output checks of `_HostCall.outputs` return.
+    fn call_flat<'py>(
+        &self,
+        py: Python<'py>,
+        flat: &FlatCall,
+        client: &core::Client,
+        args: Vec<core::Array>,
+    ) -> PyResult<Result<Vec<core::Array>, Bound<'py, PyAny>>> {
+        let wrap = WRAP.import(py, "colocated._array", "_wrap")?;
+        let mut leaves = Vec::with_capacity(args.len());
+        for (array, sharding) in args.into_iter().zip(&flat.in_shardings) {
+            let impl_ = Bound::new(py, ArrayImpl::wrap(client.clone(), array))?;
+            leaves.push(wrap.call1((impl_, sharding.bind(py)))?);
+        }
+        let out = flat.function.bind(py).call1(PyTuple::new(py, leaves)?)?;
+        let array_type = ARRAY_TYPE.import(py, "colocated._array", "Array")?;
+        if out.get_type().is(array_type) {
+            let impl_ = out.getattr(pyo3::intern!(py, "_impl"))?;
+            return Ok(Ok(vec![impl_.cast::<ArrayImpl>()?.get().array()?.clone()]));
+        }
+        self.call
+            .bind(py)
+            .call_method1(pyo3::intern!(py, "outputs"), (out,))
+            .map(Err)
+    }
+}
 
 /// The text of a Python exception with its traceback, as the host saw it.
 fn remote_error(py: Python<'_>, err: PyErr) -> core::Error {
@@ -76,6 +184,34 @@ fn remote_error(py: Python<'_>, err: PyErr) -> core::Error {
     core::Error::internal(message).with_remote_traceback(traceback)
 }
 
+thread_local! {
+    static THREAD_STATE_KEPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Gives a runtime thread that runs Python one Python thread state for its whole
+/// life. Without it every `Python::attach` on such a thread creates and destroys
+/// a thread state, and with it the frame stack (an mmap and munmap per call).
+fn keep_python_thread_state() {
+    THREAD_STATE_KEPT.with(|kept| {
+        if kept.get() {
+            return;
+        }
+        // SAFETY: all three calls are part of the stable ABI. A thread with a
+        // thread state (a Python thread, or one inside `attach` further up its
+        // stack) needs nothing now. A thread without one does not hold the GIL:
+        // `PyGILState_Ensure` makes its state and takes the GIL, and
+        // `PyEval_SaveThread` releases the GIL while the state (whose count
+        // `Ensure` raised) stays for every later `attach` of this thread.
+        unsafe {
+            if pyo3::ffi::PyGILState_GetThisThreadState().is_null() {
+                let _state = pyo3::ffi::PyGILState_Ensure();
+                pyo3::ffi::PyEval_SaveThread();
+                kept.set(true);
+            }
+        }
+    });
+}
+
 impl core::LoadedProgram for PythonProgram {
     /// Python needs the GIL, which the calling thread holds until it waits: a
     /// call it waits on runs on that thread, with no GIL handoff.
@@ -84,7 +220,8 @@ impl core::LoadedProgram for PythonProgram {
     }
 
     fn run(&self, ctx: &mut core::ExecutionContext<'_>) -> core::Result<()> {
-        let program = ctx.program().clone();
+        keep_python_thread_state();
+        let program = ctx.program();
         let mut at = 0;
         let mut args = Vec::with_capacity(program.input_specs.len());
         for (spec, &count) in program.input_specs.iter().zip(ctx.input_shard_counts()) {
@@ -97,35 +234,8 @@ impl core::LoadedProgram for PythonProgram {
             at += count;
             args.push(core::Array::assemble(spec.clone(), buffers)?);
         }
-        let client = ctx.client().clone();
-        let outputs: Vec<core::Array> = Python::attach(|py| {
-            let arrays = args
-                .into_iter()
-                .map(|a| Py::new(py, ArrayImpl::wrap(client.clone(), a)))
-                .collect::<PyResult<Vec<_>>>()
-                .map_err(|e| remote_error(py, e))?;
-            let result = self
-                .0
-                .call1(
-                    py,
-                    (PyList::new(py, arrays).map_err(|e| remote_error(py, e))?,),
-                )
-                .map_err(|e| remote_error(py, e))?;
-            let result = result.bind(py);
-            let impls = result.extract::<Vec<PyRef<'_, ArrayImpl>>>().map_err(|_| {
-                core::Error::invalid_argument(
-                    "a colocated Python function must return a pytree of colocated Arrays",
-                )
-            })?;
-            impls
-                .iter()
-                .map(|a| {
-                    a.array()
-                        .cloned()
-                        .map_err(|e| core::Error::internal(e.to_string()))
-                })
-                .collect::<core::Result<Vec<_>>>()
-        })?;
+        let client = ctx.client();
+        let outputs = Python::attach(|py| self.call(py, client, args))?;
         if outputs.len() != program.output_specs.len() {
             return Err(core::Error::invalid_argument(format!(
                 "the function returned {} arrays but {} were expected",
@@ -144,18 +254,14 @@ impl core::LoadedProgram for PythonProgram {
                 )));
             }
         }
-        let shards: Vec<(usize, core::Device)> = ctx
-            .output_shards()
-            .iter()
-            .map(|s| (s.output, s.device.clone()))
-            .collect();
-        for (k, (o, device)) in shards.into_iter().enumerate() {
+        for (k, shard) in ctx.output_shards().iter().enumerate() {
+            let (o, device) = (shard.output, &shard.device);
             let array = &outputs[o];
             let pos = array
                 .sharding()
                 .devices()
                 .iter()
-                .position(|d| *d == device)
+                .position(|d| d == device)
                 .ok_or_else(|| {
                     core::Error::internal(format!("output {o} has no shard on {device}"))
                 })?;
@@ -191,19 +297,65 @@ fn call_spec(tree: u64, arrays: &[PyRef<'_, ArrayImpl>]) -> PyResult<core::CallS
     Ok(core::CallSpec { tree, leaves })
 }
 
+/// The tree key of a call whose arguments are `n` positional arrays and no
+/// keywords (`_FLAT_KEY` in `_colocated_python.py`); other calls use their tree
+/// structure's hash. Entries remember their arity, so a hash that collides with
+/// a flat key never takes the fast path.
+fn flat_key(n: usize) -> u64 {
+    FLAT_KEY | n as u64
+}
+
+/// High bits of every flat-call key.
+const FLAT_KEY: u64 = 0xF1A7_0000_0000_0000;
+
+static ARRAY_TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static WRAP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// A compiled program for one input spec, with what the fast path needs to call
+/// it without Python code.
+struct Entry {
+    /// The Python `_Entry` (what the general path uses).
+    py: Py<PyAny>,
+    executable: ForkSafe<core::LoadedExecutable>,
+    /// `Some(n)` when the program takes `n` positional arrays and no keywords.
+    flat_arity: Option<usize>,
+    /// The callers' sharding objects of the outputs.
+    out_shardings: Vec<Py<PyAny>>,
+    out_treedef: Py<PyAny>,
+    /// True when the output tree is one array (no unflatten needed).
+    out_leaf: bool,
+}
+
 /// Controller-side state of one colocated function: its specialization
 /// (`devices`, `in_specs`) and its cache of compiled programs per input spec.
 #[pyclass(module = "colocated._colocated", frozen, weakref)]
 pub struct FunctionState {
     devices: Option<Vec<core::Device>>,
     in_specs: Option<core::CallSpec>,
-    cache: core::SpecCache<Arc<Py<PyAny>>>,
+    cache: core::SpecCache<Arc<Entry>>,
+    /// Tags the state with the process that made it: a forked child takes the
+    /// general path, which starts over.
+    made_here: ForkSafe<()>,
+}
+
+impl FunctionState {
+    /// Applies the call rules to `spec`: one device set, `devices` for
+    /// argument-less calls, the specialized `in_specs`.
+    fn check(&self, py: Python<'_>, spec: &core::CallSpec) -> PyResult<Vec<core::Device>> {
+        let devices = spec
+            .devices(self.devices.as_deref())
+            .map_err(|e| to_py(py, &e))?;
+        if let Some(expected) = &self.in_specs {
+            spec.check_matches(expected).map_err(|e| to_py(py, &e))?;
+        }
+        Ok(devices)
+    }
 }
 
 #[pymethods]
 impl FunctionState {
     /// State for a function specialized with `devices` and/or `in_specs` (a tree
-    /// hash and one spec leaf per argument leaf).
+    /// key and one spec leaf per argument leaf).
     #[new]
     #[pyo3(signature = (devices=None, in_specs=None))]
     fn new(
@@ -229,10 +381,76 @@ impl FunctionState {
             devices,
             in_specs,
             cache: core::SpecCache::default(),
+            made_here: ForkSafe::new(()),
         })
     }
 
-    /// Checks a call (`tree` hash and argument arrays) against the rules — one
+    /// The whole call when it is the common case — positional colocated Arrays,
+    /// no keywords, a program already compiled for their spec — in one native
+    /// step: the call rules, the cache lookup, the (asynchronous) execution and
+    /// the wrapped outputs. Returns `NotImplemented` for anything else, which the
+    /// general path handles (and counts as the cache miss).
+    #[pyo3(signature = (args, kwargs=None))]
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let general = || Ok(py.NotImplemented().into_bound(py));
+        if self.made_here.get().is_err() || kwargs.is_some_and(|k| !k.is_empty()) {
+            return general();
+        }
+        let array_type = ARRAY_TYPE.import(py, "colocated._array", "Array")?;
+        let mut impls = Vec::with_capacity(args.len());
+        for arg in args.iter() {
+            if !arg.get_type().is(array_type) {
+                return general();
+            }
+            impls.push(
+                arg.getattr(pyo3::intern!(py, "_impl"))?
+                    .cast_into::<ArrayImpl>()?,
+            );
+        }
+        let arrays = impls
+            .iter()
+            .map(|i| i.get().array().cloned())
+            .collect::<PyResult<Vec<_>>>()?;
+        let spec = core::CallSpec {
+            tree: flat_key(arrays.len()),
+            leaves: arrays.iter().map(|a| a.spec().clone()).collect(),
+        };
+        self.check(py, &spec)?;
+        let Some(entry) = self.cache.get_hit(&spec) else {
+            return general();
+        };
+        let (Some(arity), Ok(exe)) = (entry.flat_arity, entry.executable.get()) else {
+            return general();
+        };
+        if arity != arrays.len() {
+            return general();
+        }
+        let run = exe
+            .execute(&arrays, &core::ExecuteOptions::default())
+            .map_err(py_err)?;
+        let wrap = WRAP.import(py, "colocated._array", "_wrap")?;
+        let mut outputs = Vec::with_capacity(run.outputs.len());
+        for (array, sharding) in run.outputs.into_iter().zip(&entry.out_shardings) {
+            let impl_ = Bound::new(py, ArrayImpl::wrap(exe.client().clone(), array))?;
+            outputs.push(wrap.call1((impl_, sharding.bind(py)))?);
+        }
+        if entry.out_leaf && outputs.len() == 1 {
+            if let Some(out) = outputs.pop() {
+                return Ok(out);
+            }
+        }
+        entry
+            .out_treedef
+            .bind(py)
+            .call_method1(pyo3::intern!(py, "unflatten"), (PyList::new(py, outputs)?,))
+    }
+
+    /// Checks a call (`tree` key and argument arrays) against the rules — one
     /// device set, `devices` for argument-less calls, the specialized in_specs —
     /// and returns the cached entry for its spec, or None.
     fn lookup(
@@ -242,12 +460,8 @@ impl FunctionState {
         arrays: Vec<PyRef<'_, ArrayImpl>>,
     ) -> PyResult<Option<Py<PyAny>>> {
         let spec = call_spec(tree, &arrays)?;
-        spec.devices(self.devices.as_deref())
-            .map_err(|e| to_py(py, &e))?;
-        if let Some(expected) = &self.in_specs {
-            spec.check_matches(expected).map_err(|e| to_py(py, &e))?;
-        }
-        Ok(self.cache.get(&spec).map(|entry| entry.clone_ref(py)))
+        self.check(py, &spec)?;
+        Ok(self.cache.get(&spec).map(|entry| entry.py.clone_ref(py)))
     }
 
     /// Ids of the devices a call with these arguments runs on.
@@ -263,15 +477,40 @@ impl FunctionState {
         Ok(devices.iter().map(core::Device::id).collect())
     }
 
-    /// Caches `entry` for calls shaped like `arrays` with tree hash `tree`.
+    /// Caches `entry` (a `_Entry`: `executable`, `out_treedef`, `out_shardings`)
+    /// for calls shaped like `arrays` with tree key `tree`. `flat_arity` is the
+    /// number of positional arrays of a flat call (None otherwise); `out_leaf`
+    /// says the output tree is one array.
     fn insert(
         &self,
         tree: u64,
         arrays: Vec<PyRef<'_, ArrayImpl>>,
-        entry: Py<PyAny>,
+        entry: Bound<'_, PyAny>,
+        flat_arity: Option<usize>,
+        out_leaf: bool,
     ) -> PyResult<()> {
         let spec = call_spec(tree, &arrays)?;
-        self.cache.insert(&spec, Arc::new(entry));
+        let executable = entry.getattr("executable")?;
+        let executable = executable
+            .cast::<Executable>()?
+            .get()
+            .inner
+            .get()
+            .map_err(py_err)?;
+        let out_shardings = entry
+            .getattr("out_shardings")?
+            .try_iter()?
+            .map(|s| s.map(Bound::unbind))
+            .collect::<PyResult<_>>()?;
+        let cached = Entry {
+            executable: ForkSafe::new(executable.clone()),
+            flat_arity,
+            out_shardings,
+            out_treedef: entry.getattr("out_treedef")?.unbind(),
+            out_leaf,
+            py: entry.unbind(),
+        };
+        self.cache.insert(&spec, Arc::new(cached));
         Ok(())
     }
 
@@ -284,6 +523,41 @@ impl FunctionState {
     /// Drops every cached program.
     fn clear(&self) {
         self.cache.clear();
+    }
+}
+
+/// The native base of `colocated.ColocatedFunction`: its `__call__`, so that a call
+/// that takes the fast path (see `FunctionState.call`) runs no Python code of the
+/// SDK. It reads the function's state from the `_state` attribute and leaves
+/// every other call to the `_call_general(args, kwargs)` method.
+#[pyclass(module = "colocated._colocated", subclass, dict, weakref, frozen)]
+pub struct FunctionBase;
+
+#[pymethods]
+impl FunctionBase {
+    /// Accepts (and ignores) the subclass's constructor arguments.
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        FunctionBase
+    }
+
+    #[pyo3(signature = (*args, **kwargs))]
+    fn __call__<'py>(
+        slf: &Bound<'py, Self>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let state = slf.getattr(pyo3::intern!(py, "_state"))?;
+        let out = state
+            .cast::<FunctionState>()?
+            .get()
+            .call(py, args, kwargs)?;
+        if !out.is(py.NotImplemented()) {
+            return Ok(out);
+        }
+        slf.call_method1(pyo3::intern!(py, "_call_general"), (args, kwargs))
     }
 }
 

@@ -26,6 +26,7 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array::HostView>()?;
     m.add_class::<event::Event>()?;
     m.add_class::<colocated::FunctionState>()?;
+    m.add_class::<colocated::FunctionBase>()?;
     m.add_class::<colocated::Executable>()?;
     m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
     m.add("PLATFORM_NAME", colocated_core::PLATFORM_NAME)?;

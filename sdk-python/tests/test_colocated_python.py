@@ -790,3 +790,58 @@ def test_failed_asynchronous_call_does_not_break_later_calls(state):
     assert err is not None and "refusing 2" in error_text(err)
     assert [int(y) for y in wait_bounded([outs[k] for k in (0, 1, 3, 4)])] == [0, 1, 3, 4]
     assert state.log == [0, 1, 3, 4]
+
+
+def test_flat_calls_check_what_the_function_returns_every_time(state):
+    # Positional-array calls of a compiled program take the native fast path,
+    # which must check the result as the general path does.
+    state.mode = "array"
+
+    def shifty(x):
+        if state.mode == "tuple":
+            return (x, x)
+        if state.mode == "numpy":
+            return np.asarray(x)
+        return x
+
+    f = colocated.colocated_python(shifty).specialize(out_specs_fn=lambda x: x)
+    assert int(wait_bounded(f(put(1)))) == 1
+    state.mode = "tuple"
+    err = outcome(lambda: f(put(2)))
+    assert isinstance(err, colocated.ColocatedError), repr(err)
+    assert "output specs say" in error_text(err)
+    state.mode = "numpy"
+    err = outcome(lambda: f(put(3)))
+    assert isinstance(err, colocated.ColocatedError), repr(err)
+    assert "ndarray" in error_text(err)
+    state.mode = "array"
+    assert int(wait_bounded(f(put(4)))) == 4
+
+
+def test_positional_keyword_and_pytree_calls_are_separate_cache_entries():
+    @colocated.colocated_python
+    def add(x, y=None):
+        return x if y is None else x + y
+
+    a, b = put(1), put(2)
+    assert int(wait_bounded(add(a, b))) == 3
+    assert int(wait_bounded(add(a, y=b))) == 3
+    assert int(wait_bounded(add(a))) == 1
+    for _ in range(3):
+        assert int(wait_bounded(add(a, b))) == 3
+        assert int(wait_bounded(add(a, y=b))) == 3
+    info = add.cache_info()
+    assert (info.hits, info.misses, info.currsize) == (6, 3, 3)
+
+
+def test_a_cached_flat_call_still_checks_the_device_rules():
+    d0, d1 = cpu(2)
+
+    @colocated.colocated_python
+    def add(x, y):
+        return x + y
+
+    assert int(wait_bounded(add(put(1, d0), put(2, d0)))) == 3
+    err = outcome(lambda: add(put(1, d0), put(2, d1)))
+    assert isinstance(err, colocated.InvalidArgumentError), repr(err)
+    assert "different device lists" in error_text(err)

@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 PLATFORM_NAME: str
 __version__: str
 
@@ -152,6 +154,18 @@ class ArrayImpl:
     def dtype(self) -> str:
         """Element type name."""
     @property
+    def np_dtype(self) -> np.dtype:
+        """Element type as a numpy dtype."""
+    def small_value(self) -> np.ndarray | np.generic | None:
+        """The value of a small one-buffer dense array as a fresh numpy value (a
+        scalar for rank 0), or None when the array is split, large or strings."""
+    def small_like(self, value: np.ndarray | np.generic) -> ArrayImpl | None:
+        """A small numpy result as an array laid out like this one-buffer array,
+        or None when it does not qualify."""
+    def scalar_op(self, op: Callable[[object, object], object], other: object, reflected: bool) -> ArrayImpl | None:
+        """``op(value, other)`` (``op(other, value)`` when ``reflected``) for a small
+        one-buffer array and a Python scalar, or None when it does not qualify."""
+    @property
     def sharding(self) -> Sharding:
         """The core sharding."""
     @property
@@ -187,11 +201,24 @@ class FunctionState:
         devices: list[Device] | None = None,
         in_specs: tuple[int, list[tuple[str, list[int], Sharding]]] | None = None,
     ) -> None: ...
+    def call(self, args: tuple[object, ...], kwargs: dict[str, object] | None = None) -> object:
+        """The whole call natively when its arguments are positional Arrays and a
+        program is cached for their spec; ``NotImplemented`` otherwise."""
     def lookup(self, tree: int, arrays: list[ArrayImpl]) -> object | None: ...
     def call_devices(self, arrays: list[ArrayImpl]) -> list[int]: ...
-    def insert(self, tree: int, arrays: list[ArrayImpl], entry: object) -> None: ...
+    def insert(
+        self, tree: int, arrays: list[ArrayImpl], entry: object, flat_arity: int | None, out_leaf: bool
+    ) -> None: ...
     def cache_info(self) -> tuple[int, int, int]: ...
     def clear(self) -> None: ...
+
+class FunctionBase:
+    """Native base of ``ColocatedFunction``: its ``__call__`` runs the fast path
+    of ``FunctionState.call`` (with the ``_state`` attribute) and leaves other
+    calls to ``_call_general(args, kwargs)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class Executable:
     """A compiled colocated Python program."""

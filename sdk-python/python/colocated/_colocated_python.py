@@ -58,9 +58,36 @@ def _flatten(tree):
     return optree.tree_flatten(tree, none_is_leaf=False, namespace=NAMESPACE)
 
 
-def _tree_hash(treedef) -> int:
-    """The tree structure's hash as the runtime's unsigned 64-bit key."""
-    return hash(treedef) & 0xFFFF_FFFF_FFFF_FFFF
+#: High bits of the tree key of a flat call: ``n`` positional arrays, no keywords
+#: (``flat_key`` in the native module, whose fast path handles such calls).
+_FLAT_KEY = 0xF1A7_0000_0000_0000
+
+#: The tree structure of a flat call with ``n`` arrays, by ``n``.
+_FLAT_TREEDEFS: dict[int, object] = {}
+
+
+def _flat_arity(treedef) -> int | None:
+    """``n`` when ``treedef`` is that of ``((a1, ..., an), {})``, else None."""
+    n = treedef.num_leaves
+    flat = _FLAT_TREEDEFS.get(n)
+    if flat is None:
+        flat = _FLAT_TREEDEFS.setdefault(n, _flatten((tuple(range(n)), {}))[1])
+    return n if treedef == flat else None
+
+
+def _tree_key(treedef) -> tuple[int, int | None]:
+    """The runtime's unsigned 64-bit key of a call's tree structure, and its flat
+    arity (see ``_flat_arity``). Flat calls share one key space with the native
+    fast path; other structures use their hash."""
+    n = _flat_arity(treedef)
+    if n is not None:
+        return _FLAT_KEY | n, n
+    return hash(treedef) & 0xFFFF_FFFF_FFFF_FFFF, None
+
+
+def _is_leaf(treedef) -> bool:
+    """True when the tree is a single leaf (one array, no containers)."""
+    return treedef.num_nodes == 1 and treedef.num_leaves == 1
 
 
 def _spec_leaf(x) -> tuple:
@@ -95,16 +122,31 @@ class _HostCall:
     def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, result_key=None) -> None:
         self.fn = fn
         self.in_treedef = in_treedef
+        self.flat = _flat_arity(in_treedef) is not None
         # The callers' sharding objects: the function sees its inputs as it was
         # given them (`x.sharding == y.sharding` holds across the call).
         self.in_shardings = in_shardings
         self.out_treedef = out_treedef
+        self.out_leaf = out_treedef is not None and _is_leaf(out_treedef)
         self.result_key = result_key
 
     def __call__(self, impls: list) -> list:
-        leaves = [_wrap(i, s) for i, s in zip(impls, self.in_shardings)]
-        args, kwargs = optree.tree_unflatten(self.in_treedef, leaves)
-        out = self.fn(*args, **kwargs)
+        # (The native executor runs flat programs with one output itself: it calls
+        # `fn` and takes `outputs` only for a result that is not one Array.)
+        leaves = list(map(_wrap, impls, self.in_shardings))
+        if self.flat:
+            out = self.fn(*leaves)
+        else:
+            args, kwargs = optree.tree_unflatten(self.in_treedef, leaves)
+            out = self.fn(*args, **kwargs)
+        return self.outputs(out)
+
+    def outputs(self, out) -> list:
+        """The ``ArrayImpl``s of the function's result ``out``, checked against the
+        output specs (or parked for the controller, when discovering)."""
+        if self.out_leaf and type(out) is Array:
+            # One array out, as the specs say (the runtime checks its spec).
+            return [out._impl]
         leaves, treedef = _flatten(out)
         _check_arrays(leaves, "function outputs")
         if self.result_key is not None:
@@ -130,9 +172,13 @@ class _Entry:
         self.out_shardings = out_shardings
 
 
-class ColocatedFunction:
+class ColocatedFunction(_colocated.FunctionBase):
     """A function wrapped by :func:`colocated_python`. Call it like the function;
-    :meth:`specialize` gives a copy with more information about its calls."""
+    :meth:`specialize` gives a copy with more information about its calls.
+
+    Calling it runs natively (the base class's ``__call__``) when the arguments
+    are positional Arrays and a program is compiled for their spec; every other
+    call takes :meth:`_call_general`."""
 
     def __init__(self, fn, *, in_specs=None, out_specs_fn=None, devices=None) -> None:
         self._fn = fn
@@ -146,7 +192,7 @@ class ColocatedFunction:
         in_spec_key = None
         if self._in_specs is not None:
             leaves, treedef = _flatten(self._in_specs)
-            in_spec_key = (_tree_hash(treedef), [_spec_leaf(leaf) for leaf in leaves])
+            in_spec_key = (_tree_key(treedef)[0], [_spec_leaf(leaf) for leaf in leaves])
         state = _colocated.FunctionState(self._devices, in_spec_key)
         _STATES.add(state)
         self._pid = os.getpid()
@@ -176,8 +222,10 @@ class ColocatedFunction:
         hits, misses, size = self._state.cache_info()
         return CacheInfo(hits, misses, None, size)
 
-    def __call__(self, *args, **kwargs):
-        return self._call(args, kwargs)[0]
+    def _call_general(self, args, kwargs):
+        """A call the native fast path left over: first calls, pytrees, keyword
+        arguments, non-Array arguments (an error), a forked child."""
+        return self._call(args, kwargs or {})[0]
 
     def _call(self, args, kwargs):
         """The call's result and its status event (None when it already ran)."""
@@ -188,12 +236,12 @@ class ColocatedFunction:
         leaves, treedef = _flatten((args, kwargs))
         _check_arrays(leaves, "function arguments")
         impls = [leaf._impl for leaf in leaves]
-        tree = _tree_hash(treedef)
+        tree, flat = _tree_key(treedef)
         entry = self._state.lookup(tree, impls)
         if entry is None or entry.in_treedef != treedef:
             if self._out_specs_fn is None:
-                return self._discover(tree, treedef, leaves, impls), None
-            entry = self._compile(tree, treedef, leaves, impls)
+                return self._discover(tree, flat, treedef, leaves, impls), None
+            entry = self._compile(tree, flat, treedef, leaves, impls)
         outputs, status = entry.executable.execute(impls)
         wrapped = [_wrap(o, s) for o, s in zip(outputs, entry.out_shardings)]
         return optree.tree_unflatten(entry.out_treedef, wrapped), status
@@ -222,7 +270,7 @@ class ColocatedFunction:
             # Loading took its reference; the executable keeps the callable alive.
             _LOCAL_PROGRAMS.pop(key, None)
 
-    def _compile(self, tree, treedef, leaves, impls) -> _Entry:
+    def _compile(self, tree, flat, treedef, leaves, impls) -> _Entry:
         args, kwargs = optree.tree_unflatten(treedef, [_spec_of(leaf) for leaf in leaves])
         out_specs, out_treedef = _flatten(self._out_specs_fn(*args, **kwargs))
         for spec in out_specs:
@@ -233,10 +281,10 @@ class ColocatedFunction:
         host_call = _HostCall(self._fn, treedef, [leaf.sharding for leaf in leaves], out_treedef)
         executable = self._program(leaves, out_specs, host_call, impls)
         entry = _Entry(executable, treedef, out_treedef, [spec.sharding for spec in out_specs])
-        self._state.insert(tree, impls, entry)
+        self._state.insert(tree, impls, entry, flat, _is_leaf(out_treedef))
         return entry
 
-    def _discover(self, tree, treedef, leaves, impls):
+    def _discover(self, tree, flat, treedef, leaves, impls):
         """Runs the function once, synchronously, to learn its output specs; its
         outputs are this call's result, and the compiled program is cached."""
         key = next(_NEXT_RESULT)
@@ -254,7 +302,8 @@ class ColocatedFunction:
         host_call = _HostCall(self._fn, treedef, in_shardings, out_treedef)
         executable = self._program(leaves, [_spec_of(o) for o in out_leaves], host_call, impls)
         out_shardings = [o.sharding for o in out_leaves]
-        self._state.insert(tree, impls, _Entry(executable, treedef, out_treedef, out_shardings))
+        entry = _Entry(executable, treedef, out_treedef, out_shardings)
+        self._state.insert(tree, impls, entry, flat, _is_leaf(out_treedef))
         return optree.tree_unflatten(out_treedef, out_leaves)
 
     def __repr__(self) -> str:
