@@ -1,8 +1,16 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A vendored protoc: nothing is downloaded or required on the machine.
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
     prost_build::Config::new()
-        .protoc_executable(protoc_bin_vendored::protoc_bin_path()?)
+        .protoc_executable(&protoc)
         .compile_protos(&["proto/executable.proto"], &["proto"])?;
+    let mut remote = prost_build::Config::new();
+    remote.protoc_executable(&protoc);
+    tonic_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos_with_config(remote, &["proto/remote.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/executable.proto");
+    println!("cargo:rerun-if-changed=proto/remote.proto");
     Ok(())
 }

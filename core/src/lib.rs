@@ -46,6 +46,7 @@ mod program;
 mod sharding;
 mod storage;
 pub mod trace;
+pub mod transport;
 
 pub use array::{Array, ArraySpec};
 pub use buffer::{Buffer, ExternalReference, HostBufferSemantics};

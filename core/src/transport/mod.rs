@@ -1,0 +1,299 @@
+//! Remote hosts: the protocol between a controller and its worker hosts (SPEC §6).
+//!
+//! A worker ([`worker::Worker`]) serves gRPC (tonic, HTTP/2) on a socket; a
+//! controller opens a session on it with [`session::RemoteSession::connect`].
+//! Messages are protobuf (`proto/remote.proto`), the protocol is versioned and
+//! negotiated at connect.
+//!
+//! Security: a worker runs code it is sent, so every request carries a bearer
+//! token that the worker compares in constant time ([`Token`]), and every request
+//! after `OpenSession` names its session by a 128-bit random id ([`SessionId`]) that
+//! only the token's holder learned. A worker without a token must be started
+//! explicitly as insecure.
+
+use std::fmt;
+use std::path::Path;
+
+use subtle::ConstantTimeEq;
+
+use crate::error::{Error, ErrorCode, Result};
+
+pub mod session;
+pub mod worker;
+
+/// The generated protobuf messages and gRPC stubs of `proto/remote.proto`.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("colocated.remote.v1");
+}
+
+/// The oldest protocol version this build speaks.
+pub const PROTOCOL_VERSION_MIN: u32 = 1;
+/// The newest protocol version this build speaks.
+pub const PROTOCOL_VERSION_MAX: u32 = 1;
+
+/// Metadata key of the bearer token (`Bearer <token>`).
+pub const AUTHORIZATION: &str = "authorization";
+/// Metadata key of the session id (32 lower-case hex digits).
+pub const SESSION: &str = "colocated-session";
+/// The environment variable a worker or controller reads its token from when no
+/// token file is given.
+pub const TOKEN_ENV: &str = "COLOCATED_TOKEN";
+
+/// Largest protobuf message either side decodes; bulk data moves in chunks
+/// below this size.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// A shared secret that authenticates a controller to a worker. Its `Debug`
+/// output never shows the secret; comparisons take constant time.
+#[derive(Clone)]
+pub struct Token(String);
+
+impl Token {
+    /// A token from its text; `invalid_argument` if empty or not visible ASCII
+    /// (it travels in an HTTP header).
+    pub fn new(text: impl Into<String>) -> Result<Token> {
+        let text = text.into();
+        if text.is_empty() {
+            return Err(Error::invalid_argument("the token is empty"));
+        }
+        if !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Error::invalid_argument(
+                "the token must be printable ASCII without spaces",
+            ));
+        }
+        Ok(Token(text))
+    }
+
+    /// The token in a file (surrounding whitespace, such as a final newline, is
+    /// ignored).
+    pub fn from_file(path: &Path) -> Result<Token> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::invalid_argument(format!(
+                "cannot read the token file {}: {e}",
+                path.display()
+            ))
+        })?;
+        Token::new(text.trim()).map_err(|e| e.context(format!("token file {}", path.display())))
+    }
+
+    /// The token in `COLOCATED_TOKEN`, if set.
+    pub fn from_env() -> Result<Option<Token>> {
+        match std::env::var(TOKEN_ENV) {
+            Ok(text) => Token::new(text.trim()).map(Some),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(e) => Err(Error::invalid_argument(format!("{TOKEN_ENV}: {e}"))),
+        }
+    }
+
+    /// 32 random bytes as 64 hex digits (for demos and tests that start workers).
+    pub fn generate() -> Result<Token> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| Error::internal(format!("no randomness for a token: {e}")))?;
+        Ok(Token(hex(&bytes)))
+    }
+
+    /// True when `presented` is this token; takes the same time wherever they
+    /// differ.
+    pub fn matches(&self, presented: &str) -> bool {
+        self.0.as_bytes().ct_eq(presented.as_bytes()).into()
+    }
+
+    /// The secret itself (to write it where a worker reads it).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// A 128-bit random session id.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionId([u8; 16]);
+
+impl SessionId {
+    /// A fresh random id.
+    pub fn random() -> Result<SessionId> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| Error::internal(format!("no randomness for a session id: {e}")))?;
+        Ok(SessionId(bytes))
+    }
+
+    /// The id of its 16 bytes; `invalid_argument` for any other length.
+    pub fn from_bytes(bytes: &[u8]) -> Result<SessionId> {
+        <[u8; 16]>::try_from(bytes)
+            .map(SessionId)
+            .map_err(|_| Error::invalid_argument("a session id has 16 bytes"))
+    }
+
+    /// The id of its 32 hex digits; `invalid_argument` for anything else.
+    pub fn parse(text: &str) -> Result<SessionId> {
+        let bad = || Error::invalid_argument("a session id is 32 hex digits");
+        if text.len() != 32 {
+            return Err(bad());
+        }
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            let pair = text.get(2 * i..2 * i + 2).ok_or_else(bad)?;
+            *byte = u8::from_str_radix(pair, 16).map_err(|_| bad())?;
+        }
+        Ok(SessionId(bytes))
+    }
+
+    /// The 16 bytes.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex(&self.0))
+    }
+}
+
+impl fmt::Debug for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SessionId({self})")
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The gRPC status of a core error (the codes are the same canonical set).
+pub fn to_status(err: &Error) -> tonic::Status {
+    let code = match err.code() {
+        ErrorCode::Cancelled => tonic::Code::Cancelled,
+        ErrorCode::InvalidArgument => tonic::Code::InvalidArgument,
+        ErrorCode::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        ErrorCode::NotFound => tonic::Code::NotFound,
+        ErrorCode::AlreadyExists => tonic::Code::AlreadyExists,
+        ErrorCode::PermissionDenied => tonic::Code::PermissionDenied,
+        ErrorCode::ResourceExhausted => tonic::Code::ResourceExhausted,
+        ErrorCode::FailedPrecondition => tonic::Code::FailedPrecondition,
+        ErrorCode::Unimplemented => tonic::Code::Unimplemented,
+        ErrorCode::Internal => tonic::Code::Internal,
+        ErrorCode::Unavailable => tonic::Code::Unavailable,
+        ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
+    };
+    tonic::Status::new(code, err.message())
+}
+
+/// The core error of a gRPC status. Codes without a core counterpart
+/// (`unknown`, `aborted`, `out_of_range`, `data_loss`, ...) become `internal`,
+/// except `ok`, which is no error and becomes `internal` too (a broken peer).
+pub fn from_status(status: &tonic::Status) -> Error {
+    let code = match status.code() {
+        tonic::Code::Cancelled => ErrorCode::Cancelled,
+        tonic::Code::InvalidArgument => ErrorCode::InvalidArgument,
+        tonic::Code::DeadlineExceeded => ErrorCode::DeadlineExceeded,
+        tonic::Code::NotFound => ErrorCode::NotFound,
+        tonic::Code::AlreadyExists => ErrorCode::AlreadyExists,
+        tonic::Code::PermissionDenied => ErrorCode::PermissionDenied,
+        tonic::Code::ResourceExhausted => ErrorCode::ResourceExhausted,
+        tonic::Code::FailedPrecondition => ErrorCode::FailedPrecondition,
+        tonic::Code::Unimplemented => ErrorCode::Unimplemented,
+        tonic::Code::Unavailable => ErrorCode::Unavailable,
+        tonic::Code::Unauthenticated => ErrorCode::Unauthenticated,
+        _ => ErrorCode::Internal,
+    };
+    Error::new(code, status.message())
+}
+
+/// The process-wide tokio runtime of the transport (two threads; built on first
+/// use).
+pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
+        std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("colocated-net")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Error::resource_exhausted(format!("cannot start the network runtime: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_exactly_and_never_print() {
+        let token = Token::new("s3cret-token").unwrap();
+        assert!(token.matches("s3cret-token"));
+        assert!(!token.matches("s3cret-tokeN"));
+        assert!(!token.matches("s3cret"));
+        assert!(!token.matches(""));
+        assert_eq!(format!("{token:?}"), "Token(<redacted>)");
+        assert_eq!(
+            Token::new("").unwrap_err().code(),
+            ErrorCode::InvalidArgument
+        );
+        assert_eq!(
+            Token::new("two words").unwrap_err().code(),
+            ErrorCode::InvalidArgument
+        );
+        let generated = Token::generate().unwrap();
+        assert_eq!(generated.expose().len(), 64);
+    }
+
+    #[test]
+    fn session_ids_round_trip_through_text_and_reject_junk() {
+        let id = SessionId::random().unwrap();
+        assert_ne!(id, SessionId::random().unwrap());
+        assert_eq!(SessionId::parse(&id.to_string()).unwrap(), id);
+        assert_eq!(SessionId::from_bytes(id.as_bytes()).unwrap(), id);
+        for junk in [
+            "",
+            "00",
+            &"g".repeat(32),
+            &"0".repeat(33),
+            "é".repeat(16).as_str(),
+        ] {
+            assert_eq!(
+                SessionId::parse(junk).unwrap_err().code(),
+                ErrorCode::InvalidArgument,
+                "{junk:?}"
+            );
+        }
+        assert!(SessionId::from_bytes(&[0; 15]).is_err());
+    }
+
+    #[test]
+    fn status_codes_map_one_to_one() {
+        for code in [
+            ErrorCode::Cancelled,
+            ErrorCode::InvalidArgument,
+            ErrorCode::DeadlineExceeded,
+            ErrorCode::NotFound,
+            ErrorCode::AlreadyExists,
+            ErrorCode::PermissionDenied,
+            ErrorCode::ResourceExhausted,
+            ErrorCode::FailedPrecondition,
+            ErrorCode::Unimplemented,
+            ErrorCode::Internal,
+            ErrorCode::Unavailable,
+            ErrorCode::Unauthenticated,
+        ] {
+            let back = from_status(&to_status(&Error::new(code, "m")));
+            assert_eq!((back.code(), back.message()), (code, "m"));
+        }
+        assert_eq!(
+            from_status(&tonic::Status::data_loss("x")).code(),
+            ErrorCode::Internal
+        );
+    }
+}

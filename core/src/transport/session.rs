@@ -1,0 +1,253 @@
+//! The controller side: a session on one worker host.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Request;
+
+use super::proto::worker_client::WorkerClient;
+use super::proto::{CloseSessionRequest, HeartbeatRequest, HostInfo, OpenSessionRequest};
+use super::{
+    from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
+    PROTOCOL_VERSION_MIN, SESSION,
+};
+use crate::error::{Error, Result};
+
+/// How to reach a worker.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// `HOST:PORT` of the worker.
+    pub address: String,
+    /// The worker's token (`None` only for an insecure worker).
+    pub token: Option<Token>,
+    /// Bound of connecting and of each request.
+    pub timeout: Duration,
+    /// Shown in the worker's logs.
+    pub client_name: String,
+}
+
+impl ConnectOptions {
+    /// Options for `address` with `token`, a 10 s timeout.
+    pub fn new(address: impl Into<String>, token: Option<Token>) -> ConnectOptions {
+        ConnectOptions {
+            address: address.into(),
+            token,
+            timeout: Duration::from_secs(10),
+            client_name: format!("controller pid {}", std::process::id()),
+        }
+    }
+}
+
+/// An open session on a worker host. Heartbeats keep it open while the value
+/// lives; dropping it (or [`RemoteSession::disconnect`]) closes it on the worker.
+pub struct RemoteSession {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rpc: WorkerClient<Channel>,
+    id: SessionId,
+    version: u32,
+    host: HostInfo,
+    address: String,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    session: MetadataValue<tonic::metadata::Ascii>,
+    timeout: Duration,
+    closed: AtomicBool,
+}
+
+/// Runs `future` on the transport runtime and waits for it; a caller already
+/// on a tokio runtime gets `failed_precondition` instead of a deadlock.
+fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Error::failed_precondition(
+            "blocking colocated call made from inside an async runtime; call it from a plain thread",
+        ));
+    }
+    Ok(runtime()?.block_on(future))
+}
+
+impl RemoteSession {
+    /// Connects to the worker, negotiates the protocol version and opens a
+    /// session. Blocks for at most `options.timeout`. A worker that cannot be
+    /// reached is `unavailable`; a refused token is `unauthenticated`; no common
+    /// protocol version is `failed_precondition`.
+    pub fn connect(options: &ConnectOptions) -> Result<RemoteSession> {
+        let endpoint = Endpoint::from_shared(format!("http://{}", options.address))
+            .map_err(|e| {
+                Error::invalid_argument(format!("bad worker address {:?}: {e}", options.address))
+            })?
+            .connect_timeout(options.timeout)
+            .timeout(options.timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .keep_alive_while_idle(true);
+        let authorization = options
+            .token
+            .as_ref()
+            .map(|t| {
+                MetadataValue::try_from(format!("Bearer {}", t.expose()))
+                    .map_err(|_| Error::invalid_argument("the token cannot travel in a header"))
+            })
+            .transpose()?;
+        let address = options.address.clone();
+        let timeout = options.timeout;
+        let request = OpenSessionRequest {
+            min_version: PROTOCOL_VERSION_MIN,
+            max_version: PROTOCOL_VERSION_MAX,
+            client_name: options.client_name.clone(),
+        };
+        let connect_authorization = authorization.clone();
+        let (rpc, response) = block_on(async move {
+            let channel = tokio::time::timeout(timeout, endpoint.connect())
+                .await
+                .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
+                .map_err(|e| Error::unavailable(format!("cannot connect to {address}: {e}")))?;
+            let mut rpc = WorkerClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            let mut request = Request::new(request);
+            if let Some(value) = connect_authorization {
+                request.metadata_mut().insert(AUTHORIZATION, value);
+            }
+            let response = rpc
+                .open_session(request)
+                .await
+                .map_err(|s| from_status(&s).context(format!("worker {address}")))?;
+            Ok::<_, Error>((rpc, response.into_inner()))
+        })??;
+        if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION_MAX).contains(&response.version) {
+            return Err(Error::failed_precondition(format!(
+                "worker {} chose protocol version {}, outside {}..={}",
+                options.address, response.version, PROTOCOL_VERSION_MIN, PROTOCOL_VERSION_MAX
+            )));
+        }
+        let id = SessionId::from_bytes(&response.session_id)
+            .map_err(|e| e.context(format!("worker {}", options.address)))?;
+        let host = response.host.ok_or_else(|| {
+            Error::internal(format!(
+                "worker {} did not describe itself",
+                options.address
+            ))
+        })?;
+        let session = MetadataValue::try_from(id.to_string())
+            .map_err(|_| Error::internal("a session id is not a header value"))?;
+        let inner = Arc::new(Inner {
+            rpc,
+            id,
+            version: response.version,
+            host,
+            address: options.address.clone(),
+            authorization,
+            session,
+            timeout: options.timeout,
+            closed: AtomicBool::new(false),
+        });
+        let interval = Duration::from_millis(u64::from(response.heartbeat_interval_ms.max(100)));
+        runtime()?.spawn(send_heartbeats(Arc::downgrade(&inner), interval));
+        Ok(RemoteSession { inner })
+    }
+
+    /// The session id the worker gave.
+    pub fn id(&self) -> SessionId {
+        self.inner.id
+    }
+
+    /// The negotiated protocol version.
+    pub fn version(&self) -> u32 {
+        self.inner.version
+    }
+
+    /// What the worker said about itself: platform, devices, languages.
+    pub fn host(&self) -> &HostInfo {
+        &self.inner.host
+    }
+
+    /// The worker's address.
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// One heartbeat, now: `Ok` while the worker holds the session.
+    pub fn heartbeat(&self) -> Result<()> {
+        let inner = self.inner.clone();
+        block_on(async move { inner.heartbeat().await })?
+    }
+
+    /// Closes the session on the worker (idempotent).
+    pub fn disconnect(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let inner = self.inner.clone();
+        block_on(async move {
+            let mut rpc = inner.rpc.clone();
+            rpc.close_session(inner.request(CloseSessionRequest {}))
+                .await
+                .map(|_| ())
+                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+        })?
+    }
+}
+
+impl Drop for RemoteSession {
+    fn drop(&mut self) {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Best effort, never blocking: the worker also frees the session once
+        // heartbeats stop.
+        let inner = self.inner.clone();
+        if let Ok(runtime) = runtime() {
+            runtime.spawn(async move {
+                let mut rpc = inner.rpc.clone();
+                let _ = tokio::time::timeout(
+                    inner.timeout,
+                    rpc.close_session(inner.request(CloseSessionRequest {})),
+                )
+                .await;
+            });
+        }
+    }
+}
+
+impl Inner {
+    /// A request carrying the token and the session id.
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(value) = &self.authorization {
+            request.metadata_mut().insert(AUTHORIZATION, value.clone());
+        }
+        request.metadata_mut().insert(SESSION, self.session.clone());
+        request.set_timeout(self.timeout);
+        request
+    }
+
+    async fn heartbeat(&self) -> Result<()> {
+        let mut rpc = self.rpc.clone();
+        rpc.heartbeat(self.request(HeartbeatRequest {}))
+            .await
+            .map(|_| ())
+            .map_err(|s| from_status(&s).context(format!("worker {}", self.address)))
+    }
+}
+
+/// Keeps a session open while its `RemoteSession` lives.
+async fn send_heartbeats(inner: Weak<Inner>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = inner.heartbeat().await {
+            tracing::warn!(worker = %inner.address, error = %e, "heartbeat failed");
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The worker side: a gRPC server that opens authenticated sessions for
+//! controllers and serves them with this process's local host.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
+use super::proto::{
+    CloseSessionRequest, CloseSessionResponse, DeviceInfo, HeartbeatRequest, HeartbeatResponse,
+    HostInfo, OpenSessionRequest, OpenSessionResponse,
+};
+use super::{
+    runtime, to_status, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
+    PROTOCOL_VERSION_MIN, SESSION,
+};
+use crate::client::Client;
+use crate::error::{Error, Result};
+
+/// How a worker serves.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// The address to listen on (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// The token every request must carry. `None` serves anyone: only for a
+    /// worker started explicitly as insecure.
+    pub token: Option<Token>,
+    /// How often controllers are asked to send heartbeats.
+    pub heartbeat_interval: Duration,
+    /// A session without a heartbeat for this long is closed and its resources
+    /// freed (its controller is gone).
+    pub session_timeout: Duration,
+}
+
+impl WorkerOptions {
+    /// Loopback, port 0, the given token, a heartbeat every second and sessions
+    /// closed after 10 s of silence.
+    pub fn new(token: Option<Token>) -> WorkerOptions {
+        WorkerOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            token,
+            heartbeat_interval: Duration::from_secs(1),
+            session_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A running worker. Dropping it (or [`Worker::shutdown`]) stops serving and
+/// closes every session.
+pub struct Worker {
+    local_addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    token: Option<Token>,
+    client: Client,
+    sessions: Mutex<HashMap<SessionId, Session>>,
+    heartbeat_interval: Duration,
+    session_timeout: Duration,
+}
+
+/// What the worker keeps per session.
+struct Session {
+    last_seen: Instant,
+    client_name: String,
+}
+
+impl Worker {
+    /// Binds `options.listen` and starts serving `client`'s devices (on the
+    /// transport's threads); returns once the socket accepts connections.
+    pub fn start(client: Client, options: WorkerOptions) -> Result<Worker> {
+        if options.token.is_none() {
+            tracing::warn!(
+                "this worker accepts requests without a token: anyone who can reach {} can run code here",
+                options.listen
+            );
+        }
+        let runtime = runtime()?;
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(options.listen))
+            .map_err(|e| Error::unavailable(format!("cannot listen on {}: {e}", options.listen)))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| Error::internal(format!("no local address: {e}")))?;
+        let shared = Arc::new(Shared {
+            token: options.token,
+            client,
+            sessions: Mutex::new(HashMap::new()),
+            heartbeat_interval: options.heartbeat_interval,
+            session_timeout: options.session_timeout,
+        });
+        let service = WorkerServer::new(Service(shared.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(options.heartbeat_interval))
+            .http2_keepalive_timeout(Some(options.heartbeat_interval * 2))
+            .add_service(service);
+        let served = runtime.spawn(server.serve_with_incoming_shutdown(incoming, async {
+            let _ = stop.await;
+        }));
+        runtime.spawn(reap_sessions(Arc::downgrade(&shared)));
+        tracing::info!(%local_addr, "worker serving");
+        Ok(Worker {
+            local_addr,
+            shutdown: Some(shutdown),
+            served: Some(served),
+            shared,
+        })
+    }
+
+    /// The address the worker listens on (with the port it picked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Number of open sessions.
+    pub fn session_count(&self) -> usize {
+        lock(&self.shared.sessions).len()
+    }
+
+    /// Stops serving, closes every session, and waits for the server to finish.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        lock(&self.shared.sessions).clear();
+        let Some(served) = self.served.take() else {
+            return Ok(());
+        };
+        match runtime()?.block_on(served) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::unavailable(format!(
+                "the worker's server failed: {e}"
+            ))),
+            Err(e) => Err(Error::internal(format!(
+                "the worker's server task failed: {e}"
+            ))),
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Inside the runtime (a task dropping it) blocking is not allowed: just
+        // signal; the server stops by itself.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            if let Some(shutdown) = self.shutdown.take() {
+                let _ = shutdown.send(());
+            }
+            return;
+        }
+        let _ = self.stop();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Closes sessions whose controller stopped sending heartbeats.
+async fn reap_sessions(shared: std::sync::Weak<Shared>) {
+    loop {
+        let Some(period) = shared.upgrade().map(|s| s.heartbeat_interval) else {
+            return;
+        };
+        tokio::time::sleep(period).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        lock(&shared.sessions).retain(|id, session| {
+            let alive = session.last_seen.elapsed() <= shared.session_timeout;
+            if !alive {
+                tracing::info!(session = %id, client = %session.client_name, "session timed out; freeing it");
+            }
+            alive
+        });
+    }
+}
+
+struct Service(Arc<Shared>);
+
+impl Service {
+    /// Refuses a request without the worker's token.
+    fn authenticate(&self, metadata: &MetadataMap, remote: Option<SocketAddr>) -> Result<()> {
+        let Some(token) = &self.0.token else {
+            return Ok(());
+        };
+        let presented = metadata
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match presented {
+            Some(presented) if token.matches(presented) => Ok(()),
+            Some(_) => {
+                tracing::warn!(peer = ?remote, "refused a request with a wrong token");
+                Err(Error::unauthenticated("the token is wrong"))
+            }
+            None => {
+                tracing::warn!(peer = ?remote, "refused a request without a token");
+                Err(Error::unauthenticated(
+                    "this worker requires a token (authorization: Bearer <token>)",
+                ))
+            }
+        }
+    }
+
+    /// The authenticated session a request belongs to, marked as alive.
+    fn session<T>(&self, request: &Request<T>) -> Result<SessionId> {
+        self.authenticate(request.metadata(), request.remote_addr())?;
+        let id = request
+            .metadata()
+            .get(SESSION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| Error::unauthenticated("the request names no session"))
+            .and_then(|text| {
+                SessionId::parse(text).map_err(|e| Error::unauthenticated(e.message().to_string()))
+            })?;
+        match lock(&self.0.sessions).get_mut(&id) {
+            Some(session) => {
+                session.last_seen = Instant::now();
+                Ok(id)
+            }
+            None => Err(Error::unauthenticated(
+                "unknown session (it was closed, timed out, or the worker restarted)",
+            )),
+        }
+    }
+
+    fn host_info(&self) -> HostInfo {
+        let client = &self.0.client;
+        HostInfo {
+            platform_name: crate::client::PLATFORM_NAME.to_string(),
+            platform_version: client.platform_version().to_string(),
+            devices: client
+                .devices()
+                .iter()
+                .map(|d| DeviceInfo {
+                    local_id: d.id(),
+                    kind: d.kind().to_string(),
+                    local_hardware_id: i32::try_from(d.local_hardware_id()).unwrap_or(-1),
+                })
+                .collect(),
+            languages: client.languages(0).unwrap_or_default(),
+        }
+    }
+}
+
+/// Clamps a duration to the protocol's u32 milliseconds.
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+#[tonic::async_trait]
+impl WorkerRpc for Service {
+    async fn open_session(
+        &self,
+        request: Request<OpenSessionRequest>,
+    ) -> std::result::Result<Response<OpenSessionResponse>, Status> {
+        self.authenticate(request.metadata(), request.remote_addr())
+            .map_err(|e| to_status(&e))?;
+        let req = request.into_inner();
+        let version = req.max_version.min(PROTOCOL_VERSION_MAX);
+        if req.min_version > req.max_version || version < req.min_version.max(PROTOCOL_VERSION_MIN)
+        {
+            return Err(Status::failed_precondition(format!(
+                "no common protocol version: the controller speaks {}..={}, this worker {}..={}",
+                req.min_version, req.max_version, PROTOCOL_VERSION_MIN, PROTOCOL_VERSION_MAX
+            )));
+        }
+        let id = SessionId::random().map_err(|e| to_status(&e))?;
+        let client_name: String = req.client_name.chars().take(256).collect();
+        tracing::info!(session = %id, client = %client_name, version, "session opened");
+        lock(&self.0.sessions).insert(
+            id,
+            Session {
+                last_seen: Instant::now(),
+                client_name,
+            },
+        );
+        Ok(Response::new(OpenSessionResponse {
+            version,
+            session_id: id.as_bytes().to_vec(),
+            host: Some(self.host_info()),
+            heartbeat_interval_ms: millis(self.0.heartbeat_interval),
+            session_timeout_ms: millis(self.0.session_timeout),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> std::result::Result<Response<HeartbeatResponse>, Status> {
+        self.session(&request).map_err(|e| to_status(&e))?;
+        Ok(Response::new(HeartbeatResponse {}))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<CloseSessionRequest>,
+    ) -> std::result::Result<Response<CloseSessionResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        if let Some(session) = lock(&self.0.sessions).remove(&id) {
+            tracing::info!(session = %id, client = %session.client_name, "session closed");
+        }
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+}
