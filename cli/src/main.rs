@@ -1,0 +1,128 @@
+//! `colocated`: the command line of the colocated runtime.
+//!
+//! `colocated worker` serves this machine's devices to a controller over gRPC
+//! (SPEC §6). It prints exactly one line, `listening on HOST:PORT`, to stdout
+//! once it accepts connections, logs to stderr (`COLOCATED_LOG`), and stops
+//! cleanly on SIGINT or SIGTERM.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::transport::Token;
+use colocated_core::{Client, ClientOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "colocated",
+    version,
+    about = "The colocated runtime's command line"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serves this machine's devices to a controller.
+    Worker(WorkerArgs),
+}
+
+#[derive(clap::Args)]
+struct WorkerArgs {
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Number of CPU devices to serve (default: the number of cores).
+    #[arg(long)]
+    cpu_devices: Option<usize>,
+    /// File holding the token every request must carry (default: the
+    /// COLOCATED_TOKEN environment variable).
+    #[arg(long, conflicts_with = "insecure")]
+    token_file: Option<PathBuf>,
+    /// Serve without a token: anyone who reaches the address can run code here.
+    #[arg(long)]
+    insecure: bool,
+    /// Seconds between the heartbeats controllers are asked to send.
+    #[arg(long, default_value_t = 1.0)]
+    heartbeat_interval: f64,
+    /// Seconds without a heartbeat after which a session is closed and its
+    /// resources freed.
+    #[arg(long, default_value_t = 10.0)]
+    session_timeout: f64,
+}
+
+fn main() -> ExitCode {
+    colocated_core::trace::init_from_env();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Worker(args) => run_worker(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("colocated: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn seconds(name: &str, value: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("--{name} must be a positive number of seconds"))
+}
+
+fn run_worker(args: WorkerArgs) -> Result<(), String> {
+    let token = match (&args.token_file, args.insecure) {
+        (Some(path), _) => Some(Token::from_file(path).map_err(|e| e.to_string())?),
+        (None, true) => None,
+        (None, false) => Some(Token::from_env().map_err(|e| e.to_string())?.ok_or(
+            "a worker requires a token: pass --token-file FILE or set COLOCATED_TOKEN \
+                        (--insecure serves anyone, which lets them run code on this machine)",
+        )?),
+    };
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: args.cpu_devices,
+        executor_threads: None,
+    })
+    .map_err(|e| e.to_string())?;
+    let mut options = WorkerOptions::new(token);
+    options.listen = args.listen;
+    options.heartbeat_interval = seconds("heartbeat-interval", args.heartbeat_interval)?;
+    options.session_timeout = seconds("session-timeout", args.session_timeout)?;
+    let worker = Worker::start(client, options).map_err(|e| e.to_string())?;
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening on {}", worker.local_addr())
+            .and_then(|()| stdout.flush())
+            .map_err(|e| format!("cannot write to stdout: {e}"))?;
+    }
+    wait_for_termination()?;
+    tracing::info!("stopping");
+    worker.shutdown().map_err(|e| e.to_string())
+}
+
+/// Blocks until SIGINT or SIGTERM.
+fn wait_for_termination() -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot wait for signals: {e}"))?;
+    runtime.block_on(async {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(|e| format!("cannot wait for SIGTERM: {e}"))?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,337 @@
+//! The worker binary, as a controller sees it: real processes, real sockets on
+//! 127.0.0.1.
+
+// The tests handle tonic::Status values, which are large by design.
+#![allow(clippy::result_large_err)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use colocated_core::transport::proto::worker_client::WorkerClient;
+use colocated_core::transport::proto::{HeartbeatRequest, OpenSessionRequest};
+use colocated_core::transport::session::{ConnectOptions, RemoteSession};
+use colocated_core::transport::{SessionId, Token, AUTHORIZATION, SESSION};
+use colocated_core::ErrorCode;
+
+/// A worker process, killed when dropped.
+struct Spawned {
+    child: Child,
+    address: String,
+    _stdout: BufReader<ChildStdout>,
+    _dir: TempDir,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        let path = std::env::temp_dir().join(format!(
+            "colocated-worker-test-{}-{}",
+            std::process::id(),
+            SessionId::random().unwrap()
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn worker_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_colocated"));
+    command.env_remove("COLOCATED_TOKEN").arg("worker");
+    command
+}
+
+/// Starts a worker with `token` (None: `--insecure`) and `extra` flags; waits
+/// for its `listening on` line.
+fn spawn(token: Option<&Token>, extra: &[&str]) -> Spawned {
+    let dir = TempDir::new();
+    let mut command = worker_command();
+    command.args(["--cpu-devices", "3"]).args(extra);
+    match token {
+        Some(token) => {
+            let file = dir.0.join("token");
+            std::fs::write(&file, format!("{}\n", token.expose())).unwrap();
+            command.arg("--token-file").arg(file);
+        }
+        None => {
+            command.arg("--insecure");
+        }
+    }
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let address = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .trim()
+        .to_string();
+    assert!(address.starts_with("127.0.0.1:"), "{address}");
+    Spawned {
+        child,
+        address,
+        _stdout: stdout,
+        _dir: dir,
+    }
+}
+
+fn connect(worker: &Spawned, token: Option<&Token>) -> colocated_core::Result<RemoteSession> {
+    let mut options = ConnectOptions::new(worker.address.clone(), token.cloned());
+    options.timeout = Duration::from_secs(5);
+    RemoteSession::connect(&options)
+}
+
+/// A raw gRPC call against the worker, for requests the controller never sends.
+fn raw<T>(
+    worker: &Spawned,
+    call: impl AsyncFnOnce(WorkerClient<tonic::transport::Channel>) -> Result<T, tonic::Status>,
+) -> Result<T, tonic::Status> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = WorkerClient::connect(format!("http://{}", worker.address))
+            .await
+            .unwrap();
+        call(client).await
+    })
+}
+
+fn with_metadata<T>(message: T, token: Option<&str>, session: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert(AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+    }
+    if let Some(session) = session {
+        request
+            .metadata_mut()
+            .insert(SESSION, session.parse().unwrap());
+    }
+    request
+}
+
+fn open_request(min: u32, max: u32) -> OpenSessionRequest {
+    OpenSessionRequest {
+        min_version: min,
+        max_version: max,
+        client_name: "test".into(),
+    }
+}
+
+#[test]
+fn a_worker_announces_its_address_and_serves_its_devices() {
+    let token = Token::generate().unwrap();
+    let worker = spawn(Some(&token), &[]);
+    let session = connect(&worker, Some(&token)).unwrap();
+    assert_eq!(session.version(), 1);
+    let host = session.host();
+    assert_eq!(host.devices.len(), 3);
+    assert!(host.devices.iter().all(|d| d.kind == "cpu"));
+    assert!(
+        host.languages.iter().any(|l| l == "native"),
+        "{:?}",
+        host.languages
+    );
+    session.heartbeat().unwrap();
+    session.disconnect().unwrap();
+    let err = session.heartbeat().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unauthenticated, "{err}");
+    assert!(err.message().contains("unknown session"), "{err}");
+}
+
+#[test]
+fn a_missing_or_wrong_token_is_refused_with_unauthenticated() {
+    let token = Token::generate().unwrap();
+    let worker = spawn(Some(&token), &[]);
+    let err = connect(&worker, None).err().unwrap();
+    assert_eq!(err.code(), ErrorCode::Unauthenticated, "{err}");
+    assert!(err.message().contains("requires a token"), "{err}");
+    let wrong = Token::new(format!("{}x", token.expose())).unwrap();
+    let err = connect(&worker, Some(&wrong)).err().unwrap();
+    assert_eq!(err.code(), ErrorCode::Unauthenticated, "{err}");
+    assert!(err.message().contains("token is wrong"), "{err}");
+    // The worker keeps serving the rightful controller.
+    connect(&worker, Some(&token)).unwrap();
+}
+
+#[test]
+fn requests_are_bound_to_an_authenticated_session() {
+    let token = Token::generate().unwrap();
+    let worker = spawn(Some(&token), &[]);
+    let session = connect(&worker, Some(&token)).unwrap();
+    let id = session.id().to_string();
+    let made_up = SessionId::random().unwrap().to_string();
+    for (what, token_text, session_text) in [
+        (
+            "a made-up session",
+            Some(token.expose()),
+            Some(made_up.as_str()),
+        ),
+        ("no session", Some(token.expose()), None),
+        ("a malformed session", Some(token.expose()), Some("zz")),
+        ("a real session without the token", None, Some(id.as_str())),
+        (
+            "a real session with a wrong token",
+            Some("wrong"),
+            Some(id.as_str()),
+        ),
+    ] {
+        let status = raw(&worker, async |mut rpc| {
+            rpc.heartbeat(with_metadata(HeartbeatRequest {}, token_text, session_text))
+                .await
+        })
+        .unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unauthenticated,
+            "{what}: {status:?}"
+        );
+    }
+    session.heartbeat().unwrap();
+}
+
+#[test]
+fn versions_without_overlap_are_refused() {
+    let token = Token::generate().unwrap();
+    let worker = spawn(Some(&token), &[]);
+    for (min, max) in [(2, 9), (0, 0), (3, 1)] {
+        let status = raw(&worker, async |mut rpc| {
+            rpc.open_session(with_metadata(
+                open_request(min, max),
+                Some(token.expose()),
+                None,
+            ))
+            .await
+        })
+        .unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::FailedPrecondition,
+            "{min}..={max}: {status:?}"
+        );
+        assert!(
+            status.message().contains("no common protocol version"),
+            "{status:?}"
+        );
+    }
+    let opened = raw(&worker, async |mut rpc| {
+        rpc.open_session(with_metadata(
+            open_request(0, 7),
+            Some(token.expose()),
+            None,
+        ))
+        .await
+    })
+    .unwrap()
+    .into_inner();
+    assert_eq!(opened.version, 1, "the highest common version");
+    assert_eq!(opened.session_id.len(), 16);
+}
+
+#[test]
+fn a_silent_controllers_session_is_freed_and_a_live_one_kept() {
+    let token = Token::generate().unwrap();
+    let worker = spawn(
+        Some(&token),
+        &["--heartbeat-interval", "0.1", "--session-timeout", "0.5"],
+    );
+    // A controller that opens a session and then goes silent.
+    let silent = raw(&worker, async |mut rpc| {
+        rpc.open_session(with_metadata(
+            open_request(1, 1),
+            Some(token.expose()),
+            None,
+        ))
+        .await
+    })
+    .unwrap()
+    .into_inner();
+    let silent = SessionId::from_bytes(&silent.session_id)
+        .unwrap()
+        .to_string();
+    // A live controller sends heartbeats by itself.
+    let live = connect(&worker, Some(&token)).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let status = raw(&worker, async |mut rpc| {
+        rpc.heartbeat(with_metadata(
+            HeartbeatRequest {},
+            Some(token.expose()),
+            Some(&silent),
+        ))
+        .await
+    })
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    live.heartbeat().unwrap();
+}
+
+#[test]
+fn a_worker_without_a_token_refuses_to_start_unless_insecure() {
+    let output = worker_command().output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("requires a token"), "{stderr}");
+    assert!(output.stdout.is_empty());
+
+    let dir = TempDir::new();
+    let empty = dir.0.join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let output = worker_command()
+        .arg("--token-file")
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("empty"));
+
+    let worker = spawn(None, &[]);
+    let session = connect(&worker, None).unwrap();
+    session.heartbeat().unwrap();
+}
+
+#[test]
+fn a_worker_stops_cleanly_on_sigterm() {
+    let token = Token::generate().unwrap();
+    let mut worker = spawn(Some(&token), &[]);
+    let _session = connect(&worker, Some(&token)).unwrap();
+    let killed = Command::new("kill")
+        .args(["-TERM", &worker.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = worker.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut rest = String::new();
+    worker._stdout.read_to_string(&mut rest).unwrap();
+    assert!(rest.is_empty(), "only one line on stdout, then {rest:?}");
+}
