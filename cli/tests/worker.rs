@@ -335,3 +335,37 @@ fn a_worker_stops_cleanly_on_sigterm() {
     worker._stdout.read_to_string(&mut rest).unwrap();
     assert!(rest.is_empty(), "only one line on stdout, then {rest:?}");
 }
+
+#[test]
+fn malformed_oversized_and_truncated_input_gets_an_error_and_the_worker_serves_on() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let token = Token::generate().unwrap();
+    let worker = spawn(Some(&token), &[]);
+    let session = connect(&worker, Some(&token)).unwrap();
+    let write_and_drop = |bytes: &[u8]| {
+        let mut socket = TcpStream::connect(&worker.address).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let _ = socket.write_all(bytes);
+        let mut reply = Vec::new();
+        let _ = socket.read_to_end(&mut reply);
+    };
+    // Not HTTP/2 at all.
+    write_and_drop(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\xfe garbage");
+    // The HTTP/2 preface, then a frame header that promises more than follows.
+    write_and_drop(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x10\x00\x01\x05\x00\x00\x00\x01abc");
+    // A gRPC message above the worker's limit.
+    let status = raw(&worker, async |mut rpc| {
+        let mut request = open_request(1, 1);
+        request.client_name = "x".repeat(5 << 20);
+        rpc.open_session(with_metadata(request, Some(token.expose()), None))
+            .await
+    })
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    // The worker still serves the session it had, and new ones.
+    session.heartbeat().unwrap();
+    connect(&worker, Some(&token)).unwrap().heartbeat().unwrap();
+}
