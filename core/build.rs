@@ -5,7 +5,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .protoc_executable(&protoc)
         .compile_protos(&["proto/executable.proto"], &["proto"])?;
     let mut remote = prost_build::Config::new();
-    remote.protoc_executable(&protoc);
+    // Bulk data as `bytes::Bytes`: decoded without a copy of the payload.
+    remote.protoc_executable(&protoc).bytes(["."]);
     tonic_build::configure()
         .build_client(true)
         .build_server(true)

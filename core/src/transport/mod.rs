@@ -18,8 +18,11 @@ use subtle::ConstantTimeEq;
 
 use crate::error::{Error, ErrorCode, Result};
 
+mod buffers;
 pub mod session;
 pub mod worker;
+
+pub use buffers::CHUNK_BYTES;
 
 /// The generated protobuf messages and gRPC stubs of `proto/remote.proto`.
 #[allow(missing_docs, clippy::all)]
@@ -43,6 +46,14 @@ pub const TOKEN_ENV: &str = "COLOCATED_TOKEN";
 /// Largest protobuf message either side decodes; bulk data moves in chunks
 /// below this size.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// HTTP/2 flow-control windows, sized for bulk transfers (the defaults of 64 KiB
+/// stall a fast link).
+pub(crate) const STREAM_WINDOW_BYTES: u32 = 8 << 20;
+pub(crate) const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
+/// Largest HTTP/2 frame a worker accepts (the default, 16 KiB, cuts a chunk
+/// into 64 frames).
+pub(crate) const MAX_FRAME_BYTES: u32 = 1 << 20;
 
 /// A shared secret that authenticates a controller to a worker. Its `Debug`
 /// output never shows the secret; comparisons take constant time.

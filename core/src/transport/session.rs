@@ -1,15 +1,20 @@
 //! The controller side: a session on one worker host.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
+use super::buffers::chunks;
 use super::proto::worker_client::WorkerClient;
-use super::proto::{CloseSessionRequest, HeartbeatRequest, HostInfo, OpenSessionRequest};
+use super::proto::{
+    BufferSpec, CloseSessionRequest, DeleteBuffersRequest, GetBufferRequest, HeartbeatRequest,
+    HostInfo, OpenSessionRequest, PutBufferChunk,
+};
 use super::{
     from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
     PROTOCOL_VERSION_MIN, SESSION,
@@ -57,6 +62,7 @@ struct Inner {
     session: MetadataValue<tonic::metadata::Ascii>,
     timeout: Duration,
     closed: AtomicBool,
+    next_handle: AtomicU64,
 }
 
 /// Runs `future` on the transport runtime and waits for it; a caller already
@@ -83,6 +89,8 @@ impl RemoteSession {
             .connect_timeout(options.timeout)
             .timeout(options.timeout)
             .tcp_nodelay(true)
+            .initial_stream_window_size(Some(super::STREAM_WINDOW_BYTES))
+            .initial_connection_window_size(Some(super::CONNECTION_WINDOW_BYTES))
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(2))
             .keep_alive_while_idle(true);
@@ -146,6 +154,7 @@ impl RemoteSession {
             session,
             timeout: options.timeout,
             closed: AtomicBool::new(false),
+            next_handle: AtomicU64::new(1),
         });
         let interval = Duration::from_millis(u64::from(response.heartbeat_interval_ms.max(100)));
         runtime()?.spawn(send_heartbeats(Arc::downgrade(&inner), interval));
@@ -176,6 +185,74 @@ impl RemoteSession {
     pub fn heartbeat(&self) -> Result<()> {
         let inner = self.inner.clone();
         block_on(async move { inner.heartbeat().await })?
+    }
+
+    /// A handle no buffer of this session has used yet.
+    pub fn new_handle(&self) -> u64 {
+        self.inner.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Uploads `data` as buffer `handle` of this session, shaped by `spec` (the
+    /// bytes, row-major, must be exactly the spec's size). Streams in chunks of
+    /// [`CHUNK_BYTES`](super::CHUNK_BYTES); the request has no deadline (bulk
+    /// data takes what it takes; a dead link fails through keepalive).
+    pub fn put_buffer(&self, handle: u64, spec: BufferSpec, data: Bytes) -> Result<()> {
+        let inner = self.inner.clone();
+        let mut first = Some(spec);
+        let messages: Vec<PutBufferChunk> = chunks(data)
+            .into_iter()
+            .map(|data| PutBufferChunk {
+                handle,
+                spec: first.take(),
+                data,
+            })
+            .collect();
+        block_on(async move {
+            let mut rpc = inner.rpc.clone();
+            rpc.put_buffer(inner.bulk_request(tokio_stream::iter(messages)))
+                .await
+                .map(|_| ())
+                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+        })?
+    }
+
+    /// Downloads buffer `handle` of this session (waits until it is ready).
+    pub fn get_buffer(&self, handle: u64) -> Result<Vec<u8>> {
+        let inner = self.inner.clone();
+        block_on(async move {
+            let context = || format!("worker {}", inner.address);
+            let mut rpc = inner.rpc.clone();
+            let mut stream = rpc
+                .get_buffer(inner.bulk_request(GetBufferRequest { handle }))
+                .await
+                .map_err(|s| from_status(&s).context(context()))?
+                .into_inner();
+            let mut data = Vec::new();
+            while let Some(chunk) = stream
+                .message()
+                .await
+                .map_err(|s| from_status(&s).context(context()))?
+            {
+                data.extend_from_slice(&chunk.data);
+            }
+            Ok(data)
+        })?
+    }
+
+    /// Deletes buffers of this session; `not_found` (and nothing deleted) if any
+    /// handle names no buffer.
+    pub fn delete_buffers(&self, handles: &[u64]) -> Result<()> {
+        let inner = self.inner.clone();
+        let request = DeleteBuffersRequest {
+            handles: handles.to_vec(),
+        };
+        block_on(async move {
+            let mut rpc = inner.rpc.clone();
+            rpc.delete_buffers(inner.request(request))
+                .await
+                .map(|_| ())
+                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+        })?
     }
 
     /// Closes the session on the worker (idempotent).
@@ -218,12 +295,18 @@ impl Drop for RemoteSession {
 impl Inner {
     /// A request carrying the token and the session id.
     fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = self.bulk_request(message);
+        request.set_timeout(self.timeout);
+        request
+    }
+
+    /// Like `request`, without a deadline (for bulk transfers).
+    fn bulk_request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
         if let Some(value) = &self.authorization {
             request.metadata_mut().insert(AUTHORIZATION, value.clone());
         }
         request.metadata_mut().insert(SESSION, self.session.clone());
-        request.set_timeout(self.timeout);
         request
     }
 

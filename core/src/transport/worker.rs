@@ -6,18 +6,22 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tonic::metadata::MetadataMap;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
+use super::buffers::{buffer_owning, check_spec, chunks};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
 use super::proto::{
-    CloseSessionRequest, CloseSessionResponse, DeviceInfo, HeartbeatRequest, HeartbeatResponse,
-    HostInfo, OpenSessionRequest, OpenSessionResponse,
+    BufferChunk, CloseSessionRequest, CloseSessionResponse, DeleteBuffersRequest,
+    DeleteBuffersResponse, DeviceInfo, GetBufferRequest, HeartbeatRequest, HeartbeatResponse,
+    HostInfo, OpenSessionRequest, OpenSessionResponse, PutBufferChunk, PutBufferResponse,
 };
 use super::{
     runtime, to_status, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
     PROTOCOL_VERSION_MIN, SESSION,
 };
+use crate::buffer::Buffer;
 use crate::client::Client;
 use crate::error::{Error, Result};
 
@@ -66,10 +70,13 @@ struct Shared {
     session_timeout: Duration,
 }
 
-/// What the worker keeps per session.
+/// What the worker keeps per session: everything in it is freed when the
+/// session closes.
 struct Session {
     last_seen: Instant,
     client_name: String,
+    /// The session's buffers, by the handles its controller gave them.
+    buffers: HashMap<u64, Buffer>,
 }
 
 impl Worker {
@@ -103,6 +110,9 @@ impl Worker {
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let server = tonic::transport::Server::builder()
+            .initial_stream_window_size(Some(super::STREAM_WINDOW_BYTES))
+            .initial_connection_window_size(Some(super::CONNECTION_WINDOW_BYTES))
+            .max_frame_size(Some(super::MAX_FRAME_BYTES))
             .http2_keepalive_interval(Some(options.heartbeat_interval))
             .http2_keepalive_timeout(Some(options.heartbeat_interval * 2))
             .add_service(service);
@@ -127,6 +137,14 @@ impl Worker {
     /// Number of open sessions.
     pub fn session_count(&self) -> usize {
         lock(&self.shared.sessions).len()
+    }
+
+    /// Number of buffers the open sessions hold.
+    pub fn buffer_count(&self) -> usize {
+        lock(&self.shared.sessions)
+            .values()
+            .map(|s| s.buffers.len())
+            .sum()
     }
 
     /// Stops serving, closes every session, and waits for the server to finish.
@@ -241,6 +259,74 @@ impl Service {
         }
     }
 
+    /// Runs `f` on the session `id` (which may have closed since the request
+    /// was checked: then `unauthenticated`).
+    fn with_session<T>(
+        &self,
+        id: SessionId,
+        f: impl FnOnce(&mut Session) -> Result<T>,
+    ) -> Result<T> {
+        match lock(&self.0.sessions).get_mut(&id) {
+            Some(session) => f(session),
+            None => Err(Error::unauthenticated("the session closed")),
+        }
+    }
+
+    async fn put(&self, id: SessionId, mut chunks: Streaming<PutBufferChunk>) -> Result<()> {
+        let first = chunks
+            .message()
+            .await
+            .map_err(|s| super::from_status(&s))?
+            .ok_or_else(|| Error::invalid_argument("an empty PutBuffer stream"))?;
+        let handle = first.handle;
+        let spec = first.spec.as_ref().ok_or_else(|| {
+            Error::invalid_argument("the first chunk must carry the buffer's spec")
+        })?;
+        let spec = check_spec(&self.0.client, spec)?;
+        self.with_session(id, |session| {
+            if session.buffers.contains_key(&handle) {
+                return Err(Error::already_exists(format!(
+                    "buffer {handle} exists in this session"
+                )));
+            }
+            Ok(())
+        })?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(spec.bytes).map_err(|_| {
+            Error::resource_exhausted(format!("cannot allocate {} bytes", spec.bytes))
+        })?;
+        let mut append = |bytes: &[u8]| {
+            if data.len() + bytes.len() > spec.bytes {
+                return Err(Error::invalid_argument(format!(
+                    "buffer {handle} got more than the {} bytes its spec needs",
+                    spec.bytes
+                )));
+            }
+            data.extend_from_slice(bytes);
+            Ok(())
+        };
+        append(&first.data)?;
+        while let Some(chunk) = chunks.message().await.map_err(|s| super::from_status(&s))? {
+            if chunk.spec.is_some() || (chunk.handle != 0 && chunk.handle != handle) {
+                return Err(Error::invalid_argument(
+                    "only the first chunk of a PutBuffer stream names the buffer",
+                ));
+            }
+            append(&chunk.data)?;
+        }
+        let buffer = buffer_owning(&self.0.client, &spec, data)
+            .map_err(|e| e.context(format!("buffer {handle}")))?;
+        self.with_session(id, |session| {
+            if session.buffers.contains_key(&handle) {
+                return Err(Error::already_exists(format!(
+                    "buffer {handle} exists in this session"
+                )));
+            }
+            session.buffers.insert(handle, buffer);
+            Ok(())
+        })
+    }
+
     fn host_info(&self) -> HostInfo {
         let client = &self.0.client;
         HostInfo {
@@ -265,8 +351,80 @@ fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
+type ChunkStream = tokio_stream::Iter<std::vec::IntoIter<std::result::Result<BufferChunk, Status>>>;
+
+/// A download's messages: `data` in chunks (views, no copies).
+// tonic's streaming item type is `Result<_, Status>`, large by design.
+#[allow(clippy::result_large_err)]
+fn chunk_stream(data: Bytes) -> ChunkStream {
+    let messages: Vec<_> = chunks(data)
+        .into_iter()
+        .map(|data| Ok(BufferChunk { data }))
+        .collect();
+    tokio_stream::iter(messages)
+}
+
 #[tonic::async_trait]
 impl WorkerRpc for Service {
+    type GetBufferStream = ChunkStream;
+
+    async fn put_buffer(
+        &self,
+        request: Request<Streaming<PutBufferChunk>>,
+    ) -> std::result::Result<Response<PutBufferResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        self.put(id, request.into_inner())
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(PutBufferResponse {}))
+    }
+
+    async fn get_buffer(
+        &self,
+        request: Request<GetBufferRequest>,
+    ) -> std::result::Result<Response<Self::GetBufferStream>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let handle = request.get_ref().handle;
+        let buffer = self
+            .with_session(id, |session| {
+                session
+                    .buffers
+                    .get(&handle)
+                    .cloned()
+                    .ok_or_else(|| Error::not_found(format!("no buffer {handle} in this session")))
+            })
+            .map_err(|e| to_status(&e))?;
+        // Waiting for the data blocks: not on the network threads.
+        let data = tokio::task::spawn_blocking(move || buffer.to_host_vec())
+            .await
+            .map_err(|e| Status::internal(format!("the copy task failed: {e}")))?
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(chunk_stream(Bytes::from(data))))
+    }
+
+    async fn delete_buffers(
+        &self,
+        request: Request<DeleteBuffersRequest>,
+    ) -> std::result::Result<Response<DeleteBuffersResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let handles = &request.get_ref().handles;
+        self.with_session(id, |session| {
+            if let Some(missing) = handles.iter().find(|h| !session.buffers.contains_key(h)) {
+                return Err(Error::not_found(format!(
+                    "no buffer {missing} in this session"
+                )));
+            }
+            for handle in handles {
+                if let Some(buffer) = session.buffers.remove(handle) {
+                    buffer.delete();
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| to_status(&e))?;
+        Ok(Response::new(DeleteBuffersResponse {}))
+    }
+
     async fn open_session(
         &self,
         request: Request<OpenSessionRequest>,
@@ -290,11 +448,12 @@ impl WorkerRpc for Service {
             Session {
                 last_seen: Instant::now(),
                 client_name,
+                buffers: HashMap::new(),
             },
         );
         Ok(Response::new(OpenSessionResponse {
             version,
-            session_id: id.as_bytes().to_vec(),
+            session_id: Bytes::copy_from_slice(id.as_bytes()),
             host: Some(self.host_info()),
             heartbeat_interval_ms: millis(self.0.heartbeat_interval),
             session_timeout_ms: millis(self.0.session_timeout),

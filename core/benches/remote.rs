@@ -1,0 +1,194 @@
+//! Remote-host benchmarks on loopback, each beside its raw-socket baseline in the
+//! same run:
+//! - a unary request round trip (`Heartbeat`: token and session checks
+//!   included) against a 1-byte TCP ping-pong;
+//! - a 256 MiB buffer upload (`put_buffer`) and download (`get_buffer`) against
+//!   raw TCP throughput of the same bytes.
+//!
+//! Target (issue: remote hosts): uploads ≥ 70% of raw TCP.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use colocated_core::transport::proto::BufferSpec;
+use colocated_core::transport::session::{ConnectOptions, RemoteSession};
+use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::transport::Token;
+use colocated_core::{Client, ClientOptions, DType};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const BULK: usize = 256 << 20;
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// Median seconds per call of `f`, over `runs` batches of `n` calls.
+fn time_per_call(runs: usize, n: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    median(
+        (0..runs)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..n {
+                    f();
+                }
+                start.elapsed().as_secs_f64() / n as f64
+            })
+            .collect(),
+    )
+}
+
+/// A TCP server on loopback that echoes single bytes, or swallows `BULK` bytes
+/// and answers one byte, per connection.
+fn raw_server() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let _ = stream.set_nodelay(true);
+                let mut mode = [0u8; 1];
+                if stream.read_exact(&mut mode).is_err() {
+                    return;
+                }
+                if mode[0] == b'p' {
+                    let mut byte = [0u8; 1];
+                    while stream.read_exact(&mut byte).is_ok() {
+                        if stream.write_all(&byte).is_err() {
+                            return;
+                        }
+                    }
+                } else {
+                    let mut sink = vec![0u8; 1 << 20];
+                    loop {
+                        let mut left = BULK;
+                        while left > 0 {
+                            match stream.read(&mut sink[..left.min(1 << 20)]) {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => left -= n,
+                            }
+                        }
+                        if stream.write_all(b"k").is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn main() {
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        executor_threads: Some(2),
+    })
+    .expect("client");
+    let token = Token::generate().expect("token");
+    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).expect("worker");
+    let session = RemoteSession::connect(&ConnectOptions::new(
+        worker.local_addr().to_string(),
+        Some(token),
+    ))
+    .expect("session");
+    let raw = raw_server();
+
+    // Round trips.
+    let rpc = time_per_call(5, 2000, || session.heartbeat().expect("heartbeat"));
+    let mut ping = TcpStream::connect(raw).expect("connect");
+    ping.set_nodelay(true).expect("nodelay");
+    ping.write_all(b"p").expect("mode");
+    let tcp = time_per_call(5, 2000, || {
+        let mut byte = [1u8; 1];
+        ping.write_all(&byte).expect("ping");
+        ping.read_exact(&mut byte).expect("pong");
+    });
+
+    // Bulk: 256 MiB.
+    let data = Bytes::from(vec![7u8; BULK]);
+    let spec = BufferSpec {
+        device: 0,
+        dtype: DType::U8 as u32,
+        dims: vec![BULK as i64],
+    };
+    let mut handles = Vec::new();
+    let put = median(
+        (0..3)
+            .map(|_| {
+                let handle = session.new_handle();
+                let start = Instant::now();
+                session
+                    .put_buffer(handle, spec.clone(), data.clone())
+                    .expect("put");
+                handles.push(handle);
+                start.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    let get = median(
+        (0..3)
+            .map(|_| {
+                let start = Instant::now();
+                let back = session.get_buffer(handles[0]).expect("get");
+                assert_eq!(back.len(), BULK);
+                start.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    session.delete_buffers(&handles).expect("delete");
+    let mut bulk = TcpStream::connect(raw).expect("connect");
+    bulk.write_all(b"b").expect("mode");
+    let tcp_bulk = median(
+        (0..3)
+            .map(|_| {
+                let start = Instant::now();
+                bulk.write_all(&data).expect("send");
+                let mut ack = [0u8; 1];
+                bulk.read_exact(&mut ack).expect("ack");
+                start.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    let gbps = |secs: f64| BULK as f64 / secs / 1e9;
+
+    println!("\n== remote host on loopback (median) ==");
+    println!(
+        "{:<44} {:>12} {:>16} {:>8} {:>10}",
+        "measure", "figure", "raw TCP", "ratio", "target"
+    );
+    println!(
+        "{:<44} {:>9.1} µs {:>13.1} µs {:>7.2}x {:>10}",
+        "unary request round trip (Heartbeat)",
+        rpc * 1e6,
+        tcp * 1e6,
+        rpc / tcp,
+        "-"
+    );
+    println!(
+        "{:<44} {:>7.2} GB/s {:>11.2} GB/s {:>7.0}% {:>10}",
+        "put_buffer, 256 MiB",
+        gbps(put),
+        gbps(tcp_bulk),
+        100.0 * tcp_bulk / put,
+        ">= 70%"
+    );
+    println!(
+        "{:<44} {:>7.2} GB/s {:>11.2} GB/s {:>7.0}% {:>10}",
+        "get_buffer, 256 MiB",
+        gbps(get),
+        gbps(tcp_bulk),
+        100.0 * tcp_bulk / get,
+        "-"
+    );
+    drop(session);
+    let _ = worker.shutdown();
+    std::thread::sleep(Duration::from_millis(10));
+}

@@ -1,0 +1,157 @@
+//! Buffers over the wire: spec validation, chunking, and buffers that own the
+//! bytes a transfer received.
+
+use bytes::Bytes;
+
+use super::proto::BufferSpec;
+use crate::buffer::{Buffer, HostBufferSemantics};
+use crate::client::Client;
+use crate::device::Device;
+use crate::dtype::{checked_byte_size, DType};
+use crate::error::{Error, Result};
+
+/// Bytes per chunk of a buffer transfer (well under the message limit).
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// A buffer spec checked against a worker's client: its device, element type,
+/// dimensions and byte size.
+pub(crate) struct CheckedSpec {
+    pub device: Device,
+    pub dtype: DType,
+    pub dims: Vec<i64>,
+    pub bytes: usize,
+}
+
+/// Checks a spec from the wire: a device of this host, a dense element type,
+/// valid dimensions whose byte size fits in memory.
+pub(crate) fn check_spec(client: &Client, spec: &BufferSpec) -> Result<CheckedSpec> {
+    let device = client
+        .devices()
+        .iter()
+        .find(|d| d.id() == spec.device)
+        .cloned()
+        .ok_or_else(|| {
+            Error::invalid_argument(format!("this host has no device {}", spec.device))
+        })?;
+    let dtype = DType::from_u32(spec.dtype)?;
+    if dtype == DType::String {
+        return Err(Error::unimplemented(
+            "string buffers do not travel to remote hosts yet",
+        ));
+    }
+    let bytes = checked_byte_size(dtype, &spec.dims)?;
+    Ok(CheckedSpec {
+        device,
+        dtype,
+        dims: spec.dims.clone(),
+        bytes,
+    })
+}
+
+/// `data` cut into chunks of at most `CHUNK_BYTES` (views, no copies); one empty
+/// chunk for empty data, so that a transfer always has a first message.
+pub(crate) fn chunks(data: Bytes) -> Vec<Bytes> {
+    if data.is_empty() {
+        return vec![data];
+    }
+    (0..data.len())
+        .step_by(CHUNK_BYTES)
+        .map(|start| data.slice(start..data.len().min(start + CHUNK_BYTES)))
+        .collect()
+}
+
+/// A buffer on `spec.device` that owns `data` (no copy): the bytes are freed
+/// when the buffer's last user lets go of them.
+pub(crate) fn buffer_owning(client: &Client, spec: &CheckedSpec, data: Vec<u8>) -> Result<Buffer> {
+    if data.len() != spec.bytes {
+        return Err(Error::invalid_argument(format!(
+            "got {} bytes but the spec needs {}",
+            data.len(),
+            spec.bytes
+        )));
+    }
+    let data = data.into_boxed_slice();
+    // SAFETY: the boxed bytes do not move when the box does; the box is kept by
+    // the "done with host buffer" callback, which runs once nothing reads them.
+    let (buffer, done) = unsafe {
+        Buffer::from_host_raw(
+            client,
+            data.as_ptr(),
+            data.len(),
+            spec.dtype,
+            &spec.dims,
+            &spec.device,
+            None,
+            HostBufferSemantics::ImmutableZeroCopy,
+        )
+    }?;
+    done.on_ready(move |_| drop(data));
+    Ok(buffer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::ClientOptions;
+    use crate::error::ErrorCode;
+
+    #[test]
+    fn chunks_cover_the_data_in_order() {
+        let data = Bytes::from(
+            (0..(2 * CHUNK_BYTES + 5))
+                .map(|i| i as u8)
+                .collect::<Vec<_>>(),
+        );
+        let parts = chunks(data.clone());
+        assert_eq!(
+            parts.iter().map(Bytes::len).collect::<Vec<_>>(),
+            [CHUNK_BYTES, CHUNK_BYTES, 5]
+        );
+        assert_eq!(parts.concat(), data.to_vec());
+        assert_eq!(chunks(Bytes::new()).len(), 1);
+    }
+
+    #[test]
+    fn specs_from_the_wire_are_checked() {
+        let client = Client::new_local(ClientOptions {
+            num_cpu_devices: Some(2),
+            executor_threads: Some(1),
+        })
+        .unwrap();
+        let spec = |device, dtype, dims: Vec<i64>| BufferSpec {
+            device,
+            dtype,
+            dims,
+        };
+        let ok = check_spec(&client, &spec(1, DType::F32 as u32, vec![2, 3])).unwrap();
+        assert_eq!((ok.device.id(), ok.bytes), (1, 24));
+        for (bad, code) in [
+            (
+                spec(2, DType::F32 as u32, vec![2]),
+                ErrorCode::InvalidArgument,
+            ),
+            (spec(0, 99, vec![2]), ErrorCode::InvalidArgument),
+            (
+                spec(0, DType::F32 as u32, vec![-1]),
+                ErrorCode::InvalidArgument,
+            ),
+            (
+                spec(0, DType::F64 as u32, vec![i64::MAX, i64::MAX]),
+                ErrorCode::InvalidArgument,
+            ),
+            (
+                spec(0, DType::String as u32, vec![1]),
+                ErrorCode::Unimplemented,
+            ),
+        ] {
+            assert_eq!(
+                check_spec(&client, &bad).err().map(|e| e.code()),
+                Some(code),
+                "{bad:?}"
+            );
+        }
+        let buffer = buffer_owning(&client, &ok, vec![7u8; 24]).unwrap();
+        assert_eq!(buffer.to_host_vec().unwrap(), vec![7u8; 24]);
+        assert!(buffer_owning(&client, &ok, vec![0u8; 23]).is_err());
+    }
+}
