@@ -208,3 +208,212 @@ fn closing_or_abandoning_a_session_frees_its_buffers() {
     }
     assert_eq!(worker.buffer_count(), 0);
 }
+
+// -- executions -------------------------------------------------------------------
+
+use std::sync::{Arc, Mutex};
+
+use colocated_core::{ArraySpec, Buffer, CompileOptions, Program, Sharding};
+
+fn i32_bytes(values: &[i32]) -> Bytes {
+    Bytes::from(
+        values
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn i32_values(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Adds one to every int32 shard; records the order of its runs in `log`.
+fn register_add_one(client: &Client, log: Arc<Mutex<Vec<i32>>>) {
+    client
+        .register_native_function("add_one", move |ctx| {
+            let shards = ctx.output_shards().to_vec();
+            for (i, shard) in shards.iter().enumerate() {
+                let x = i32_values(&ctx.inputs()[i].to_host_vec()?);
+                log.lock().unwrap().push(x[0]);
+                let y: Vec<i32> = x.iter().map(|v| v + 1).collect();
+                let out = Buffer::from_bytes(
+                    ctx.client(),
+                    &i32_bytes(&y),
+                    shard.dtype,
+                    &shard.dims,
+                    &shard.device,
+                )?;
+                ctx.set_output(i, out)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    client
+        .register_native_function("fail", |_ctx| {
+            Err(colocated_core::Error::failed_precondition(
+                "refusing on purpose",
+            ))
+        })
+        .unwrap();
+}
+
+/// The serialized `function` over an int32[4] on device `device` of a client
+/// shaped like the worker's (the controller compiles for the worker's devices).
+fn executable_for_worker(function: &str, device: usize) -> Vec<u8> {
+    let mirror = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(2),
+        executor_threads: Some(1),
+    })
+    .unwrap();
+    register_add_one(&mirror, Arc::default());
+    let d = mirror.devices()[device].clone();
+    let spec = ArraySpec::new(vec![4], DType::I32, Sharding::single_device(d.clone())).unwrap();
+    mirror
+        .compile(
+            Program::native(function, vec![spec.clone()], vec![spec], vec![d]),
+            CompileOptions::default(),
+        )
+        .unwrap()
+        .serialize()
+}
+
+fn worker_with_add_one() -> (Worker, Token, Arc<Mutex<Vec<i32>>>) {
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(2),
+        executor_threads: Some(2),
+    })
+    .unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    register_add_one(&client, log.clone());
+    let token = Token::generate().unwrap();
+    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    (worker, token, log)
+}
+
+#[test]
+fn executions_run_on_the_worker_in_stream_order() {
+    let (worker, token, log) = worker_with_add_one();
+    let session = connect(&worker, &token);
+    let exe = session.new_handle();
+    assert_eq!(
+        session
+            .load_executable(exe, executable_for_worker("add_one", 1))
+            .unwrap(),
+        (1, 1)
+    );
+    let mut last = 0;
+    for k in 0..20 {
+        let x = session.new_handle();
+        session
+            .put_buffer(x, spec(1, DType::I32, &[4]), i32_bytes(&[k, k, k, k]))
+            .unwrap();
+        let y = session.new_handle();
+        session.execute(exe, &[x], &[y], 7).unwrap();
+        last = y;
+    }
+    let back = i32_values(&session.get_buffer(last).unwrap());
+    assert_eq!(back, vec![20; 4]);
+    assert_eq!(
+        *log.lock().unwrap(),
+        (0..20).collect::<Vec<_>>(),
+        "one stream, program order"
+    );
+}
+
+#[test]
+fn a_failed_execution_shows_when_its_outputs_are_read() {
+    let (worker, token, _log) = worker_with_add_one();
+    let session = connect(&worker, &token);
+    let exe = session.new_handle();
+    session
+        .load_executable(exe, executable_for_worker("fail", 0))
+        .unwrap();
+    let x = session.new_handle();
+    session
+        .put_buffer(x, spec(0, DType::I32, &[4]), i32_bytes(&[1; 4]))
+        .unwrap();
+    let y = session.new_handle();
+    session.execute(exe, &[x], &[y], 1).unwrap();
+    let err = session.get_buffer(y).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FailedPrecondition, "{err}");
+    assert!(err.message().contains("refusing on purpose"), "{err}");
+}
+
+#[test]
+fn bad_executions_are_refused_before_anything_runs() {
+    let (worker, token, log) = worker_with_add_one();
+    let session = connect(&worker, &token);
+    let exe = session.new_handle();
+    session
+        .load_executable(exe, executable_for_worker("add_one", 0))
+        .unwrap();
+    let x = session.new_handle();
+    session
+        .put_buffer(x, spec(0, DType::I32, &[4]), i32_bytes(&[1; 4]))
+        .unwrap();
+    let on_device_1 = session.new_handle();
+    session
+        .put_buffer(on_device_1, spec(1, DType::I32, &[4]), i32_bytes(&[1; 4]))
+        .unwrap();
+    let cases = [
+        (
+            "unknown executable",
+            999,
+            vec![x],
+            vec![500],
+            ErrorCode::NotFound,
+        ),
+        (
+            "unknown input",
+            exe,
+            vec![998],
+            vec![501],
+            ErrorCode::NotFound,
+        ),
+        (
+            "too many inputs",
+            exe,
+            vec![x, x],
+            vec![502],
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "too few outputs",
+            exe,
+            vec![x],
+            vec![],
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "an output handle in use",
+            exe,
+            vec![x],
+            vec![x],
+            ErrorCode::AlreadyExists,
+        ),
+        (
+            "an input on the wrong device",
+            exe,
+            vec![on_device_1],
+            vec![503],
+            ErrorCode::InvalidArgument,
+        ),
+    ];
+    for (what, exe, inputs, outputs, code) in cases {
+        let err = session.execute(exe, &inputs, &outputs, 1).unwrap_err();
+        assert_eq!(err.code(), code, "{what}: {err}");
+    }
+    assert!(log.lock().unwrap().is_empty(), "nothing ran");
+    let err = session
+        .load_executable(session.new_handle(), b"not an executable".to_vec())
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    let err = session
+        .load_executable(exe, executable_for_worker("add_one", 0))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::AlreadyExists, "{err}");
+}

@@ -12,8 +12,8 @@ use tonic::Request;
 use super::buffers::chunks;
 use super::proto::worker_client::WorkerClient;
 use super::proto::{
-    BufferSpec, CloseSessionRequest, DeleteBuffersRequest, GetBufferRequest, HeartbeatRequest,
-    HostInfo, OpenSessionRequest, PutBufferChunk,
+    BufferSpec, CloseSessionRequest, DeleteBuffersRequest, ExecuteRequest, GetBufferRequest,
+    HeartbeatRequest, HostInfo, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
 };
 use super::{
     from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
@@ -249,6 +249,53 @@ impl RemoteSession {
         block_on(async move {
             let mut rpc = inner.rpc.clone();
             rpc.delete_buffers(inner.request(request))
+                .await
+                .map(|_| ())
+                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+        })?
+    }
+
+    /// Loads `executable` (bytes of [`LoadedExecutable::serialize`](crate::LoadedExecutable::serialize),
+    /// for the worker's devices) as `handle` of this session; returns how many
+    /// input buffers an execution takes and how many it makes.
+    pub fn load_executable(&self, handle: u64, executable: Vec<u8>) -> Result<(u32, u32)> {
+        let inner = self.inner.clone();
+        let request = LoadExecutableRequest {
+            handle,
+            executable: Bytes::from(executable),
+        };
+        block_on(async move {
+            let mut rpc = inner.rpc.clone();
+            rpc.load_executable(inner.bulk_request(request))
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    (r.num_input_buffers, r.num_output_buffers)
+                })
+                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+        })?
+    }
+
+    /// Queues executable `executable` on buffers `inputs` (argument-major),
+    /// naming its output buffers `outputs`, on the controller's `stream`
+    /// (executions on one stream run in order). Returns once queued.
+    pub fn execute(
+        &self,
+        executable: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+    ) -> Result<()> {
+        let inner = self.inner.clone();
+        let request = ExecuteRequest {
+            executable,
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            stream,
+        };
+        block_on(async move {
+            let mut rpc = inner.rpc.clone();
+            rpc.execute(inner.request(request))
                 .await
                 .map(|_| ())
                 .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))

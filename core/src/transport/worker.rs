@@ -14,16 +14,21 @@ use super::buffers::{buffer_owning, check_spec, chunks};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
 use super::proto::{
     BufferChunk, CloseSessionRequest, CloseSessionResponse, DeleteBuffersRequest,
-    DeleteBuffersResponse, DeviceInfo, GetBufferRequest, HeartbeatRequest, HeartbeatResponse,
-    HostInfo, OpenSessionRequest, OpenSessionResponse, PutBufferChunk, PutBufferResponse,
+    DeleteBuffersResponse, DeviceInfo, ExecuteRequest, ExecuteResponse, GetBufferRequest,
+    HeartbeatRequest, HeartbeatResponse, HostInfo, LoadExecutableRequest, LoadExecutableResponse,
+    OpenSessionRequest, OpenSessionResponse, PutBufferChunk, PutBufferResponse,
 };
 use super::{
     runtime, to_status, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
     PROTOCOL_VERSION_MIN, SESSION,
 };
+use crate::array::Array;
 use crate::buffer::Buffer;
 use crate::client::Client;
+use crate::compiler::CompileOptions;
+use crate::dispatch::Stream;
 use crate::error::{Error, Result};
+use crate::executable::{ExecuteOptions, LoadedExecutable};
 
 /// How a worker serves.
 #[derive(Clone, Debug)]
@@ -77,6 +82,10 @@ struct Session {
     client_name: String,
     /// The session's buffers, by the handles its controller gave them.
     buffers: HashMap<u64, Buffer>,
+    /// The session's loaded executables, by handle.
+    executables: HashMap<u64, LoadedExecutable>,
+    /// The worker's stream for each stream of the controller.
+    streams: HashMap<u64, Stream>,
 }
 
 impl Worker {
@@ -327,6 +336,112 @@ impl Service {
         })
     }
 
+    fn load(
+        &self,
+        id: SessionId,
+        request: &LoadExecutableRequest,
+    ) -> Result<LoadExecutableResponse> {
+        let exe = self
+            .0
+            .client
+            .deserialize_and_load(&request.executable, CompileOptions::default())?;
+        let count = |specs: &[crate::array::ArraySpec]| -> Result<u32> {
+            let n: usize = specs.iter().map(|s| s.sharding.devices().len()).sum();
+            u32::try_from(n).map_err(|_| Error::invalid_argument("too many shards"))
+        };
+        let response = LoadExecutableResponse {
+            num_input_buffers: count(&exe.program().input_specs)?,
+            num_output_buffers: count(&exe.program().output_specs)?,
+        };
+        self.with_session(id, |session| {
+            if session.executables.contains_key(&request.handle) {
+                return Err(Error::already_exists(format!(
+                    "executable {} exists in this session",
+                    request.handle
+                )));
+            }
+            session.executables.insert(request.handle, exe);
+            Ok(response)
+        })
+    }
+
+    fn execute(&self, id: SessionId, request: &ExecuteRequest) -> Result<()> {
+        let (exe, inputs, stream) = self.with_session(id, |session| {
+            let exe = session
+                .executables
+                .get(&request.executable)
+                .cloned()
+                .ok_or_else(|| {
+                    Error::not_found(format!(
+                        "no executable {} in this session",
+                        request.executable
+                    ))
+                })?;
+            let inputs =
+                request
+                    .inputs
+                    .iter()
+                    .map(|h| {
+                        session.buffers.get(h).cloned().ok_or_else(|| {
+                            Error::not_found(format!("no buffer {h} in this session"))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+            check_new_handles(session, &request.outputs)?;
+            let stream = session
+                .streams
+                .entry(request.stream)
+                .or_insert_with(|| self.0.client.create_stream())
+                .clone();
+            Ok((exe, inputs, stream))
+        })?;
+        let program = exe.program();
+        let mut args = Vec::with_capacity(program.input_specs.len());
+        let mut at = 0;
+        for spec in &program.input_specs {
+            let n = spec.sharding.devices().len();
+            let shards = inputs.get(at..at + n).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{} input buffers given but the executable takes more",
+                    inputs.len()
+                ))
+            })?;
+            args.push(Array::assemble(spec.clone(), shards.to_vec())?);
+            at += n;
+        }
+        if at != inputs.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} input buffers given but the executable takes {at}",
+                inputs.len()
+            )));
+        }
+        let made: usize = program
+            .output_specs
+            .iter()
+            .map(|s| s.sharding.devices().len())
+            .sum();
+        if made != request.outputs.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} output handles given but the executable makes {made} buffers",
+                request.outputs.len()
+            )));
+        }
+        let run = exe.execute(
+            &args,
+            &ExecuteOptions {
+                stream: Some(stream),
+            },
+        )?;
+        let buffers = run.outputs.iter().flat_map(|a| a.buffers().iter().cloned());
+        self.with_session(id, |session| {
+            check_new_handles(session, &request.outputs)?;
+            session
+                .buffers
+                .extend(request.outputs.iter().copied().zip(buffers));
+            Ok(())
+        })
+    }
+
     fn host_info(&self) -> HostInfo {
         let client = &self.0.client;
         HostInfo {
@@ -344,6 +459,24 @@ impl Service {
             languages: client.languages(0).unwrap_or_default(),
         }
     }
+}
+
+/// Refuses output handles that repeat or that a buffer of the session has.
+fn check_new_handles(session: &Session, handles: &[u64]) -> Result<()> {
+    let mut seen = std::collections::HashSet::with_capacity(handles.len());
+    for &h in handles {
+        if !seen.insert(h) {
+            return Err(Error::invalid_argument(format!(
+                "output handle {h} is given twice"
+            )));
+        }
+        if session.buffers.contains_key(&h) {
+            return Err(Error::already_exists(format!(
+                "buffer {h} exists in this session"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Clamps a duration to the protocol's u32 milliseconds.
@@ -402,6 +535,26 @@ impl WorkerRpc for Service {
         Ok(Response::new(chunk_stream(Bytes::from(data))))
     }
 
+    async fn load_executable(
+        &self,
+        request: Request<LoadExecutableRequest>,
+    ) -> std::result::Result<Response<LoadExecutableResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        self.load(id, request.get_ref())
+            .map(Response::new)
+            .map_err(|e| to_status(&e))
+    }
+
+    async fn execute(
+        &self,
+        request: Request<ExecuteRequest>,
+    ) -> std::result::Result<Response<ExecuteResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        self.execute(id, request.get_ref())
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(ExecuteResponse {}))
+    }
+
     async fn delete_buffers(
         &self,
         request: Request<DeleteBuffersRequest>,
@@ -449,6 +602,8 @@ impl WorkerRpc for Service {
                 last_seen: Instant::now(),
                 client_name,
                 buffers: HashMap::new(),
+                executables: HashMap::new(),
+                streams: HashMap::new(),
             },
         );
         Ok(Response::new(OpenSessionResponse {
