@@ -369,3 +369,58 @@ fn malformed_oversized_and_truncated_input_gets_an_error_and_the_worker_serves_o
     session.heartbeat().unwrap();
     connect(&worker, Some(&token)).unwrap().heartbeat().unwrap();
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_killed_worker_is_lost_within_two_seconds_and_a_restarted_one_serves_again() {
+    use bytes::Bytes;
+    use colocated_core::transport::proto::BufferSpec;
+    let token = Token::generate().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut worker = spawn(
+        Some(&token),
+        &["--listen", &listen, "--heartbeat-interval", "0.2"],
+    );
+    let session = connect(&worker, Some(&token)).unwrap();
+    let spec = BufferSpec {
+        device: 0,
+        dtype: colocated_core::DType::U8 as u32,
+        dims: vec![3],
+    };
+    let handle = session.new_handle();
+    session
+        .put_buffer(handle, spec.clone(), Bytes::from_static(b"abc"))
+        .unwrap();
+
+    worker.child.kill().unwrap(); // SIGKILL: no goodbye
+    worker.child.wait().unwrap();
+    let killed = Instant::now();
+    let lost = session.lost().wait_timeout(Duration::from_secs(2));
+    let err = lost.expect_err("the session notices within 2 s");
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert!(killed.elapsed() < Duration::from_secs(2));
+    // Every later call fails at once with that error.
+    let started = Instant::now();
+    let err = session.get_buffer(handle).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert!(started.elapsed() < Duration::from_millis(100));
+
+    // The worker comes back on the same address: a new session works.
+    let worker = spawn(Some(&token), &["--listen", &listen]);
+    assert_eq!(worker.address, listen);
+    let again = connect(&worker, Some(&token)).unwrap();
+    again
+        .put_buffer(again.new_handle(), spec, Bytes::from_static(b"xyz"))
+        .unwrap();
+    assert_eq!(
+        session.heartbeat().unwrap_err().code(),
+        ErrorCode::Unavailable
+    );
+}

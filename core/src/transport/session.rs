@@ -19,7 +19,14 @@ use super::{
     from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
     PROTOCOL_VERSION_MIN, SESSION,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
+use crate::future::Event;
+
+/// How long a heartbeat may take before the worker counts as lost: twice the
+/// interval the worker asked for, at least half a second.
+fn heartbeat_timeout(interval_ms: u32) -> Duration {
+    Duration::from_millis(u64::from(interval_ms).saturating_mul(2).max(500))
+}
 
 /// How to reach a worker.
 #[derive(Clone, Debug)]
@@ -63,6 +70,10 @@ struct Inner {
     timeout: Duration,
     closed: AtomicBool,
     next_handle: AtomicU64,
+    /// Set (with `unavailable`) once the worker is lost.
+    lost: Event,
+    /// Bound of a heartbeat: a worker silent for this long is lost.
+    heartbeat_timeout: Duration,
 }
 
 /// Runs `future` on the transport runtime and waits for it; a caller already
@@ -155,6 +166,8 @@ impl RemoteSession {
             timeout: options.timeout,
             closed: AtomicBool::new(false),
             next_handle: AtomicU64::new(1),
+            lost: Event::new(),
+            heartbeat_timeout: heartbeat_timeout(response.heartbeat_interval_ms),
         });
         let interval = Duration::from_millis(u64::from(response.heartbeat_interval_ms.max(100)));
         runtime()?.spawn(send_heartbeats(Arc::downgrade(&inner), interval));
@@ -187,6 +200,14 @@ impl RemoteSession {
         block_on(async move { inner.heartbeat().await })?
     }
 
+    /// Ready, with `unavailable`, once the worker is lost: a heartbeat or a
+    /// request failed to reach it (it died, or the link dropped). Every later
+    /// call of this session fails at once with that error; a new session
+    /// (`connect` again) is the way back once the worker is up.
+    pub fn lost(&self) -> &Event {
+        &self.inner.lost
+    }
+
     /// A handle no buffer of this session has used yet.
     pub fn new_handle(&self) -> u64 {
         self.inner.next_handle.fetch_add(1, Ordering::Relaxed)
@@ -208,11 +229,12 @@ impl RemoteSession {
             })
             .collect();
         block_on(async move {
+            inner.alive()?;
             let mut rpc = inner.rpc.clone();
             rpc.put_buffer(inner.bulk_request(tokio_stream::iter(messages)))
                 .await
                 .map(|_| ())
-                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+                .map_err(|s| inner.fail(&s))
         })?
     }
 
@@ -220,19 +242,15 @@ impl RemoteSession {
     pub fn get_buffer(&self, handle: u64) -> Result<Vec<u8>> {
         let inner = self.inner.clone();
         block_on(async move {
-            let context = || format!("worker {}", inner.address);
+            inner.alive()?;
             let mut rpc = inner.rpc.clone();
             let mut stream = rpc
                 .get_buffer(inner.bulk_request(GetBufferRequest { handle }))
                 .await
-                .map_err(|s| from_status(&s).context(context()))?
+                .map_err(|s| inner.fail(&s))?
                 .into_inner();
             let mut data = Vec::new();
-            while let Some(chunk) = stream
-                .message()
-                .await
-                .map_err(|s| from_status(&s).context(context()))?
-            {
+            while let Some(chunk) = stream.message().await.map_err(|s| inner.fail(&s))? {
                 data.extend_from_slice(&chunk.data);
             }
             Ok(data)
@@ -247,11 +265,12 @@ impl RemoteSession {
             handles: handles.to_vec(),
         };
         block_on(async move {
+            inner.alive()?;
             let mut rpc = inner.rpc.clone();
             rpc.delete_buffers(inner.request(request))
                 .await
                 .map(|_| ())
-                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+                .map_err(|s| inner.fail(&s))
         })?
     }
 
@@ -265,6 +284,7 @@ impl RemoteSession {
             executable: Bytes::from(executable),
         };
         block_on(async move {
+            inner.alive()?;
             let mut rpc = inner.rpc.clone();
             rpc.load_executable(inner.bulk_request(request))
                 .await
@@ -272,7 +292,7 @@ impl RemoteSession {
                     let r = r.into_inner();
                     (r.num_input_buffers, r.num_output_buffers)
                 })
-                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+                .map_err(|s| inner.fail(&s))
         })?
     }
 
@@ -294,11 +314,12 @@ impl RemoteSession {
             stream,
         };
         block_on(async move {
+            inner.alive()?;
             let mut rpc = inner.rpc.clone();
             rpc.execute(inner.request(request))
                 .await
                 .map(|_| ())
-                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+                .map_err(|s| inner.fail(&s))
         })?
     }
 
@@ -313,7 +334,7 @@ impl RemoteSession {
             rpc.close_session(inner.request(CloseSessionRequest {}))
                 .await
                 .map(|_| ())
-                .map_err(|s| from_status(&s).context(format!("worker {}", inner.address)))
+                .map_err(|s| inner.fail(&s))
         })?
     }
 }
@@ -357,12 +378,47 @@ impl Inner {
         request
     }
 
+    /// Fails at once when the worker is lost.
+    fn alive(&self) -> Result<()> {
+        match self.lost.error() {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// The error of a failed request; a worker that cannot be reached is lost.
+    fn fail(&self, status: &tonic::Status) -> Error {
+        let err = from_status(status).context(format!("worker {}", self.address));
+        if err.code() == ErrorCode::Unavailable {
+            self.lose(err.clone());
+        }
+        err
+    }
+
+    fn lose(&self, err: Error) {
+        if self.lost.error().is_none() {
+            tracing::warn!(worker = %self.address, error = %err, "worker lost");
+        }
+        self.lost.set_if_pending(Err(err));
+    }
+
     async fn heartbeat(&self) -> Result<()> {
+        self.alive()?;
         let mut rpc = self.rpc.clone();
-        rpc.heartbeat(self.request(HeartbeatRequest {}))
-            .await
-            .map(|_| ())
-            .map_err(|s| from_status(&s).context(format!("worker {}", self.address)))
+        let mut request = self.bulk_request(HeartbeatRequest {});
+        request.set_timeout(self.heartbeat_timeout);
+        match rpc.heartbeat(request).await {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
+                let err = Error::unavailable(format!(
+                    "worker {} did not answer a heartbeat within {:?}",
+                    self.address, self.heartbeat_timeout
+                ));
+                self.lose(err.clone());
+                Err(err)
+            }
+            Err(status) => Err(self.fail(&status)),
+        }
     }
 }
 
@@ -377,6 +433,9 @@ async fn send_heartbeats(inner: Weak<Inner>, interval: Duration) {
             return;
         }
         if let Err(e) = inner.heartbeat().await {
+            if inner.lost.is_ready() {
+                return;
+            }
             tracing::warn!(worker = %inner.address, error = %e, "heartbeat failed");
         }
     }
