@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::transport::worker::{TlsIdentity, Worker, WorkerOptions};
 use colocated_core::transport::Token;
 use colocated_core::{Client, ClientOptions};
 
@@ -48,6 +48,12 @@ struct WorkerArgs {
     /// Serve without a token: anyone who reaches the address can run code here.
     #[arg(long)]
     insecure: bool,
+    /// Serve TLS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Seconds between the heartbeats controllers are asked to send.
     #[arg(long, default_value_t = 1.0)]
     heartbeat_interval: f64,
@@ -97,6 +103,15 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
     options.listen = args.listen;
     options.heartbeat_interval = seconds("heartbeat-interval", args.heartbeat_interval)?;
     options.session_timeout = seconds("session-timeout", args.session_timeout)?;
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        options.tls = Some(TlsIdentity {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        });
+    }
     let worker = Worker::start(client, options).map_err(|e| e.to_string())?;
     {
         let mut stdout = std::io::stdout().lock();

@@ -424,3 +424,54 @@ fn a_killed_worker_is_lost_within_two_seconds_and_a_restarted_one_serves_again()
         ErrorCode::Unavailable
     );
 }
+
+/// A self-signed certificate for 127.0.0.1 and localhost: (cert PEM, key PEM).
+fn self_signed() -> (String, String) {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .unwrap();
+    (certified.cert.pem(), certified.key_pair.serialize_pem())
+}
+
+#[test]
+fn a_tls_worker_serves_controllers_that_trust_its_certificate_only() {
+    let token = Token::generate().unwrap();
+    let dir = TempDir::new();
+    let (cert, key) = self_signed();
+    let (cert_file, key_file) = (dir.0.join("cert.pem"), dir.0.join("key.pem"));
+    std::fs::write(&cert_file, &cert).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    let worker = spawn(
+        Some(&token),
+        &[
+            "--tls-cert",
+            cert_file.to_str().unwrap(),
+            "--tls-key",
+            key_file.to_str().unwrap(),
+        ],
+    );
+    let with_ca = |ca: Option<&str>| {
+        let mut options = ConnectOptions::new(worker.address.clone(), Some(token.clone()));
+        options.timeout = Duration::from_secs(5);
+        options.tls_ca = ca.map(|c| c.as_bytes().to_vec());
+        RemoteSession::connect(&options)
+    };
+    let session = with_ca(Some(&cert)).unwrap();
+    assert_eq!(session.host().devices.len(), 3);
+    session.heartbeat().unwrap();
+    // Plain TCP to a TLS worker, or TLS trusting another certificate: refused.
+    assert!(with_ca(None).is_err());
+    let (other, _) = self_signed();
+    let err = with_ca(Some(&other))
+        .err()
+        .expect("an untrusted certificate is refused");
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    // A certificate without its key is a usage error.
+    let output = worker_command()
+        .arg("--insecure")
+        .arg("--tls-cert")
+        .arg(&cert_file)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+}

@@ -22,6 +22,12 @@ use super::{
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
 
+/// `HOST` of `HOST:PORT` (without the brackets of an IPv6 address).
+fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
 /// How long a heartbeat may take before the worker counts as lost: twice the
 /// interval the worker asked for, at least half a second.
 fn heartbeat_timeout(interval_ms: u32) -> Duration {
@@ -39,6 +45,12 @@ pub struct ConnectOptions {
     pub timeout: Duration,
     /// Shown in the worker's logs.
     pub client_name: String,
+    /// Connect with TLS, trusting the CA certificate(s) in this PEM (the worker
+    /// must serve TLS). `None`: plain TCP.
+    pub tls_ca: Option<Vec<u8>>,
+    /// The name the worker's certificate must carry (default: the host part of
+    /// `address`).
+    pub tls_domain: Option<String>,
 }
 
 impl ConnectOptions {
@@ -49,6 +61,8 @@ impl ConnectOptions {
             token,
             timeout: Duration::from_secs(10),
             client_name: format!("controller pid {}", std::process::id()),
+            tls_ca: None,
+            tls_domain: None,
         }
     }
 }
@@ -93,7 +107,12 @@ impl RemoteSession {
     /// reached is `unavailable`; a refused token is `unauthenticated`; no common
     /// protocol version is `failed_precondition`.
     pub fn connect(options: &ConnectOptions) -> Result<RemoteSession> {
-        let endpoint = Endpoint::from_shared(format!("http://{}", options.address))
+        let scheme = if options.tls_ca.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", options.address))
             .map_err(|e| {
                 Error::invalid_argument(format!("bad worker address {:?}: {e}", options.address))
             })?
@@ -105,6 +124,18 @@ impl RemoteSession {
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(2))
             .keep_alive_while_idle(true);
+        if let Some(ca) = &options.tls_ca {
+            let domain = match &options.tls_domain {
+                Some(domain) => domain.clone(),
+                None => host_of(&options.address).to_string(),
+            };
+            let tls = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .domain_name(domain);
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| Error::invalid_argument(format!("bad TLS configuration: {e}")))?;
+        }
         let authorization = options
             .token
             .as_ref()

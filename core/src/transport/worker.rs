@@ -43,6 +43,23 @@ pub struct WorkerOptions {
     /// A session without a heartbeat for this long is closed and its resources
     /// freed (its controller is gone).
     pub session_timeout: Duration,
+    /// Serve TLS (rustls) with this certificate and key instead of plain TCP.
+    pub tls: Option<TlsIdentity>,
+}
+
+/// A worker's TLS certificate chain and private key, PEM-encoded.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    /// The certificate chain (leaf first).
+    pub cert_pem: Vec<u8>,
+    /// The private key of the leaf certificate.
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsIdentity(<redacted>)")
+    }
 }
 
 impl WorkerOptions {
@@ -54,6 +71,7 @@ impl WorkerOptions {
             token,
             heartbeat_interval: Duration::from_secs(1),
             session_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -118,7 +136,14 @@ impl Worker {
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &options.tls {
+            let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+            builder = builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|e| Error::invalid_argument(format!("bad TLS certificate or key: {e}")))?;
+        }
+        let server = builder
             .initial_stream_window_size(Some(super::STREAM_WINDOW_BYTES))
             .initial_connection_window_size(Some(super::CONNECTION_WINDOW_BYTES))
             .max_frame_size(Some(super::MAX_FRAME_BYTES))
@@ -129,7 +154,7 @@ impl Worker {
             let _ = stop.await;
         }));
         runtime.spawn(reap_sessions(Arc::downgrade(&shared)));
-        tracing::info!(%local_addr, "worker serving");
+        tracing::info!(%local_addr, tls = options.tls.is_some(), "worker serving");
         Ok(Worker {
             local_addr,
             shutdown: Some(shutdown),
