@@ -417,3 +417,44 @@ fn bad_executions_are_refused_before_anything_runs() {
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::AlreadyExists, "{err}");
 }
+
+#[test]
+fn bulk_transfers_report_progress_up_to_the_total() {
+    let (worker, token) = worker(|_| {});
+    let session = connect(&worker, &token);
+    let bytes = 5 * CHUNK_BYTES / 2;
+    let data = pattern(bytes);
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let sink = reports.clone();
+    let progress: colocated_core::transport::session::Progress =
+        Arc::new(move |done, total| sink.lock().unwrap().push((done, total)));
+    let handle = session.new_handle();
+    session
+        .put_buffer_with_progress(
+            handle,
+            spec(0, DType::U8, &[bytes as i64]),
+            data.clone(),
+            Some(progress.clone()),
+        )
+        .unwrap();
+    let put: Vec<(u64, u64)> = std::mem::take(&mut *reports.lock().unwrap());
+    assert!(put.len() >= 3, "{put:?}");
+    assert!(
+        put.windows(2).all(|w| w[0].0 <= w[1].0),
+        "monotonic: {put:?}"
+    );
+    assert!(put.iter().all(|&(_, total)| total == bytes as u64));
+    assert_eq!(
+        put.last(),
+        Some(&(bytes as u64, bytes as u64)),
+        "ends at the total"
+    );
+
+    let back = session
+        .get_buffer_with_progress(handle, Some(progress))
+        .unwrap();
+    assert_eq!(back, data.to_vec());
+    let got = reports.lock().unwrap().clone();
+    assert_eq!(got.len(), 3, "one report per chunk: {got:?}");
+    assert_eq!(got.last(), Some(&(bytes as u64, bytes as u64)));
+}

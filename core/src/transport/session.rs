@@ -34,6 +34,9 @@ fn heartbeat_timeout(interval_ms: u32) -> Duration {
     Duration::from_millis(u64::from(interval_ms).saturating_mul(2).max(500))
 }
 
+/// A progress report of a bulk transfer: `(bytes done, bytes in all)`.
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
 /// How to reach a worker.
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
@@ -249,28 +252,71 @@ impl RemoteSession {
     /// [`CHUNK_BYTES`](super::CHUNK_BYTES); the request has no deadline (bulk
     /// data takes what it takes; a dead link fails through keepalive).
     pub fn put_buffer(&self, handle: u64, spec: BufferSpec, data: Bytes) -> Result<()> {
+        self.put_buffer_with_progress(handle, spec, data, None)
+    }
+
+    /// [`put_buffer`](Self::put_buffer), calling `progress(sent, total)` (bytes)
+    /// as each chunk goes to the network, and `(total, total)` once the worker
+    /// has the buffer. Called on a network thread: keep it quick.
+    pub fn put_buffer_with_progress(
+        &self,
+        handle: u64,
+        spec: BufferSpec,
+        data: Bytes,
+        progress: Option<Progress>,
+    ) -> Result<()> {
         let inner = self.inner.clone();
+        let total = data.len() as u64;
         let mut first = Some(spec);
-        let messages: Vec<PutBufferChunk> = chunks(data)
+        let mut sent = 0u64;
+        let messages: Vec<(u64, PutBufferChunk)> = chunks(data)
             .into_iter()
-            .map(|data| PutBufferChunk {
-                handle,
-                spec: first.take(),
-                data,
+            .map(|data| {
+                sent += data.len() as u64;
+                let chunk = PutBufferChunk {
+                    handle,
+                    spec: first.take(),
+                    data,
+                };
+                (sent, chunk)
             })
             .collect();
+        let report = progress.clone();
+        let stream =
+            tokio_stream::StreamExt::map(tokio_stream::iter(messages), move |(sent, chunk)| {
+                if let Some(report) = &report {
+                    // Reported when the chunk is handed over; the last report
+                    // waits for the worker's answer.
+                    report(sent.min(total.saturating_sub(1)), total);
+                }
+                chunk
+            });
         block_on(async move {
             inner.alive()?;
             let mut rpc = inner.rpc.clone();
-            rpc.put_buffer(inner.bulk_request(tokio_stream::iter(messages)))
+            rpc.put_buffer(inner.bulk_request(stream))
                 .await
                 .map(|_| ())
                 .map_err(|s| inner.fail(&s))
-        })?
+        })??;
+        if let Some(progress) = progress {
+            progress(total, total);
+        }
+        Ok(())
     }
 
     /// Downloads buffer `handle` of this session (waits until it is ready).
     pub fn get_buffer(&self, handle: u64) -> Result<Vec<u8>> {
+        self.get_buffer_with_progress(handle, None)
+    }
+
+    /// [`get_buffer`](Self::get_buffer), calling `progress(received, total)`
+    /// (bytes) after each chunk arrives. Called on a network thread.
+    pub fn get_buffer_with_progress(
+        &self,
+        handle: u64,
+        progress: Option<Progress>,
+    ) -> Result<Vec<u8>> {
         let inner = self.inner.clone();
         block_on(async move {
             inner.alive()?;
@@ -281,8 +327,22 @@ impl RemoteSession {
                 .map_err(|s| inner.fail(&s))?
                 .into_inner();
             let mut data = Vec::new();
+            let mut total = 0u64;
             while let Some(chunk) = stream.message().await.map_err(|s| inner.fail(&s))? {
+                if data.is_empty() && chunk.total_bytes > 0 {
+                    total = chunk.total_bytes;
+                    // A hint from the peer: reserve no more than one message
+                    // ahead of the bytes that really arrive.
+                    data.reserve(
+                        usize::try_from(total)
+                            .unwrap_or(0)
+                            .min(super::MAX_MESSAGE_BYTES),
+                    );
+                }
                 data.extend_from_slice(&chunk.data);
+                if let Some(progress) = &progress {
+                    progress(data.len() as u64, total.max(data.len() as u64));
+                }
             }
             Ok(data)
         })?

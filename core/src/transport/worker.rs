@@ -515,9 +515,13 @@ type ChunkStream = tokio_stream::Iter<std::vec::IntoIter<std::result::Result<Buf
 // tonic's streaming item type is `Result<_, Status>`, large by design.
 #[allow(clippy::result_large_err)]
 fn chunk_stream(data: Bytes) -> ChunkStream {
+    let mut total_bytes = data.len() as u64;
     let messages: Vec<_> = chunks(data)
         .into_iter()
-        .map(|data| Ok(BufferChunk { data }))
+        .map(|data| {
+            let total_bytes = std::mem::take(&mut total_bytes);
+            Ok(BufferChunk { data, total_bytes })
+        })
         .collect();
     tokio_stream::iter(messages)
 }
