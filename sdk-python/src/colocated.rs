@@ -608,6 +608,13 @@ impl Executable {
         })
     }
 
+    /// The portable bytes of the executable (for a host with the same device
+    /// ids, e.g. a worker).
+    fn serialize<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let exe = self.inner.get().map_err(py_err)?;
+        Ok(PyBytes::new(py, &exe.serialize()))
+    }
+
     /// Runs the program on the calling thread's stream; returns the outputs at once
     /// (ready later) and the status event.
     fn execute(&self, arrays: Vec<PyRef<'_, ArrayImpl>>) -> PyResult<(Vec<ArrayImpl>, Event)> {

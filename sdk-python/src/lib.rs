@@ -13,6 +13,7 @@ mod colocated;
 mod errors;
 mod event;
 mod fork;
+mod remote;
 mod sharding;
 
 use pyo3::prelude::*;
@@ -29,6 +30,9 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<colocated::FunctionBase>()?;
     m.add_class::<colocated::Executable>()?;
     m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
+    m.add_class::<remote::WorkerHandle>()?;
+    m.add_class::<remote::RemoteSession>()?;
+    m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;
     m.add("PLATFORM_NAME", colocated_core::PLATFORM_NAME)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

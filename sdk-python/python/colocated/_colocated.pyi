@@ -232,3 +232,51 @@ class Executable:
         devices: list[Device],
     ) -> Executable: ...
     def execute(self, arrays: list[ArrayImpl]) -> tuple[list[ArrayImpl], Event]: ...
+    def serialize(self) -> bytes:
+        """The portable bytes of the executable."""
+
+class WorkerHandle:
+    """A worker serving this process's devices (see ``start_worker``)."""
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` the worker listens on."""
+    def shutdown(self) -> None:
+        """Stops serving and closes every session (idempotent)."""
+
+def start_worker(
+    client: Client,
+    listen: str,
+    *,
+    token: str | None,
+    insecure: bool = False,
+    heartbeat_interval: float = 1.0,
+    session_timeout: float = 10.0,
+    tls_cert: bytes | None = None,
+    tls_key: bytes | None = None,
+) -> WorkerHandle:
+    """Starts a worker on ``listen`` serving ``client`` (native and Python programs)."""
+
+class RemoteSession:
+    """A controller's session on one worker (low level): buffers by handle,
+    executables, executions. Network waits release the GIL."""
+
+    def __init__(
+        self, address: str, *, token: str | None = None, timeout: float = 10.0, tls_ca: bytes | None = None
+    ) -> None: ...
+    def devices(self) -> list[tuple[int, str]]:
+        """The worker's devices: ``(local id, kind)``."""
+    def languages(self) -> list[str]:
+        """The program languages the worker runs."""
+    def new_handle(self) -> int:
+        """A handle unused in this session."""
+    def put_buffer(self, handle: int, device: int, dtype: str, dims: list[int], data: bytes) -> None:
+        """Uploads row-major bytes as a buffer of the session."""
+    def get_buffer(self, handle: int) -> bytes:
+        """The bytes of a buffer of the session (waits until it is ready)."""
+    def load_executable(self, handle: int, executable: bytes) -> tuple[int, int]:
+        """Loads a serialized executable; returns (input buffers, output buffers)."""
+    def execute(self, executable: int, inputs: list[int], outputs: list[int], stream: int) -> None:
+        """Queues an execution on the worker."""
+    def close(self) -> None:
+        """Closes the session (idempotent)."""

@@ -1,0 +1,93 @@
+"""``python -m colocated.worker``: serve this machine's devices to a controller.
+
+The same flags as ``colocated worker`` (the Rust binary), and this worker also
+runs colocated Python programs. It prints exactly one line, ``listening on
+HOST:PORT``, once it accepts connections, and stops cleanly on SIGINT or SIGTERM.
+
+Security: a worker runs the code it is sent. It requires a token (``--token-file``
+or ``COLOCATED_TOKEN``) unless ``--insecure`` is given, and it unpickles programs
+only from requests of an authenticated session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import warnings
+
+from . import _client, _colocated
+
+TOKEN_ENV = "COLOCATED_TOKEN"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m colocated.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--listen", default="127.0.0.1:0", help="address to listen on; port 0 picks a free port")
+    parser.add_argument("--cpu-devices", type=int, default=None, help="number of CPU devices to serve")
+    parser.add_argument("--token-file", default=None, help="file holding the token every request must carry")
+    parser.add_argument("--insecure", action="store_true", help="serve without a token (anyone may run code here)")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats")
+    parser.add_argument("--session-timeout", type=float, default=10.0, help="seconds of silence that close a session")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain to serve TLS with")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    return parser
+
+
+def _token(args) -> str | None:
+    if args.token_file is not None:
+        if args.insecure:
+            raise SystemExit("colocated: --token-file and --insecure exclude each other")
+        with open(args.token_file, encoding="utf-8") as f:
+            return f.read().strip()
+    if args.insecure:
+        warnings.warn("this worker accepts requests without a token: anyone who reaches it can run code here",
+                      stacklevel=1)
+        return None
+    token = os.environ.get(TOKEN_ENV)
+    if token is None:
+        raise SystemExit(
+            "colocated: a worker requires a token: pass --token-file FILE or set COLOCATED_TOKEN "
+            "(--insecure serves anyone, which lets them run code on this machine)"
+        )
+    return token.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs a worker until SIGINT or SIGTERM; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise SystemExit("colocated: --tls-cert and --tls-key go together")
+    token = _token(args)
+    tls = {}
+    if args.tls_cert is not None:
+        with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
+            tls = {"tls_cert": cert.read(), "tls_key": key.read()}
+    if args.cpu_devices is not None:
+        _client.configure(num_cpu_devices=args.cpu_devices)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        worker = _colocated.start_worker(
+            _client.client(),
+            args.listen,
+            token=token,
+            insecure=args.insecure,
+            heartbeat_interval=args.heartbeat_interval,
+            session_timeout=args.session_timeout,
+            **tls,
+        )
+    except ValueError as e:  # InvalidArgumentError: bad flags or an empty token
+        raise SystemExit(f"colocated: {e}") from None
+    print(f"listening on {worker.address}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    worker.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
