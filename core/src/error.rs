@@ -35,6 +35,27 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in numeric order.
+    pub const ALL: [ErrorCode; 12] = [
+        ErrorCode::Cancelled,
+        ErrorCode::InvalidArgument,
+        ErrorCode::DeadlineExceeded,
+        ErrorCode::NotFound,
+        ErrorCode::AlreadyExists,
+        ErrorCode::PermissionDenied,
+        ErrorCode::ResourceExhausted,
+        ErrorCode::FailedPrecondition,
+        ErrorCode::Unimplemented,
+        ErrorCode::Internal,
+        ErrorCode::Unavailable,
+        ErrorCode::Unauthenticated,
+    ];
+
+    /// The code with this number; `None` for 0 (no error) and unknown numbers.
+    pub fn from_u32(value: u32) -> Option<ErrorCode> {
+        ErrorCode::ALL.iter().copied().find(|c| *c as u32 == value)
+    }
+
     /// The canonical lower-case name (`"invalid_argument"`).
     pub fn name(self) -> &'static str {
         match self {

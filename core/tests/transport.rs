@@ -458,3 +458,58 @@ fn bulk_transfers_report_progress_up_to_the_total() {
     assert_eq!(got.len(), 3, "one report per chunk: {got:?}");
     assert_eq!(got.last(), Some(&(bytes as u64, bytes as u64)));
 }
+
+#[test]
+fn pipelined_executions_on_the_control_stream_run_in_order() {
+    let (worker, token, log) = worker_with_add_one();
+    let session = connect(&worker, &token);
+    let exe = session.new_handle();
+    session
+        .load_executable(exe, executable_for_worker("add_one", 0))
+        .unwrap();
+    let inputs: Vec<u64> = (0..200)
+        .map(|k| {
+            let x = session.new_handle();
+            session
+                .put_buffer(x, spec(0, DType::I32, &[4]), i32_bytes(&[k; 4]))
+                .unwrap();
+            x
+        })
+        .collect();
+    let mut last = 0;
+    for &x in &inputs {
+        last = session.new_handle();
+        session.execute_async(exe, &[x], &[last], 3).unwrap();
+    }
+    // Reading an output waits for the control operations sent before it.
+    assert_eq!(i32_values(&session.get_buffer(last).unwrap()), vec![200; 4]);
+    session.flush().unwrap();
+    assert_eq!(*log.lock().unwrap(), (0..200).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_refused_control_operation_fails_its_outputs_and_flush_reports_it() {
+    let (worker, token, log) = worker_with_add_one();
+    let session = connect(&worker, &token);
+    let exe = session.new_handle();
+    session
+        .load_executable(exe, executable_for_worker("add_one", 0))
+        .unwrap();
+    let x = session.new_handle();
+    session
+        .put_buffer(x, spec(0, DType::I32, &[4]), i32_bytes(&[1; 4]))
+        .unwrap();
+    let refused = session.new_handle();
+    session.execute_async(999, &[x], &[refused], 1).unwrap();
+    let fine = session.new_handle();
+    session.execute_async(exe, &[x], &[fine], 1).unwrap();
+    let err = session.flush().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(err.message().contains("no executable 999"), "{err}");
+    session.flush().unwrap();
+    let err = session.get_buffer(refused).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(err.message().contains("no executable 999"), "{err}");
+    assert_eq!(i32_values(&session.get_buffer(fine).unwrap()), vec![2; 4]);
+    assert_eq!(log.lock().unwrap().len(), 1, "only the valid execution ran");
+}

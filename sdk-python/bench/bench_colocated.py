@@ -158,10 +158,11 @@ def remote() -> tuple[float, float, float] | None:
 
         rtt = _median_us(round_trip, n=500)
         start = time.perf_counter()
-        n = 5000
+        n = 20000
         last = None
         for _ in range(n):
-            last = call()
+            last = session.new_handle()
+            session.execute_async(exe_handle, [x_handle], [last], 1)
         session.get_buffer(last)
         pipelined = n / (time.perf_counter() - start)
         session.close()

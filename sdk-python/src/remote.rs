@@ -220,6 +220,29 @@ impl RemoteSession {
             .map_err(|e| to_py(py, &e))
     }
 
+    /// Queues an execution on the session's ordered control stream without
+    /// waiting for the worker (a refusal fails the outputs; `flush` reports it).
+    fn execute_async(
+        &self,
+        py: Python<'_>,
+        executable: u64,
+        inputs: Vec<u64>,
+        outputs: Vec<u64>,
+        stream: u64,
+    ) -> PyResult<()> {
+        py.detach(|| {
+            self.inner
+                .execute_async(executable, &inputs, &outputs, stream)
+        })
+        .map_err(|e| to_py(py, &e))
+    }
+
+    /// Waits until the worker took every queued operation; raises the first
+    /// refusal since the last flush.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.flush()).map_err(|e| to_py(py, &e))
+    }
+
     /// Closes the session (idempotent).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.inner.disconnect())

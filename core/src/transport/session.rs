@@ -12,8 +12,9 @@ use tonic::Request;
 use super::buffers::chunks;
 use super::proto::worker_client::WorkerClient;
 use super::proto::{
-    BufferSpec, CloseSessionRequest, DeleteBuffersRequest, ExecuteRequest, GetBufferRequest,
-    HeartbeatRequest, HostInfo, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
+    control_request, BufferSpec, CloseSessionRequest, ControlRequest, ControlResponse,
+    DeleteBuffersRequest, ExecuteRequest, GetBufferRequest, HeartbeatRequest, HostInfo,
+    LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
 };
 use super::{
     from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
@@ -32,6 +33,84 @@ fn host_of(address: &str) -> &str {
 /// interval the worker asked for, at least half a second.
 fn heartbeat_timeout(interval_ms: u32) -> Duration {
     Duration::from_millis(u64::from(interval_ms).saturating_mul(2).max(500))
+}
+
+/// The controller's end of a session's ordered control stream.
+struct Control {
+    /// Operations go out under this lock, so `seq` order is stream order.
+    sender: std::sync::Mutex<ControlSender>,
+    state: Arc<ControlState>,
+}
+
+struct ControlSender {
+    tx: tokio::sync::mpsc::UnboundedSender<ControlRequest>,
+    /// The `seq` of the last operation sent.
+    sent: u64,
+}
+
+/// What the worker has answered on the control stream.
+#[derive(Default)]
+struct ControlState {
+    /// The `seq` of the last answered operation.
+    acked: AtomicU64,
+    /// The first failure not yet reported by `flush`.
+    failed: std::sync::Mutex<Option<Error>>,
+    /// Set when the stream ended or broke before answering everything.
+    broken: std::sync::Mutex<Option<Error>>,
+    changed: tokio::sync::Notify,
+}
+
+impl ControlState {
+    /// Waits until the worker answered operation `seq`; the stream's error if it
+    /// broke first.
+    async fn settled(&self, seq: u64) -> Result<()> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.acked.load(Ordering::SeqCst) >= seq {
+                return Ok(());
+            }
+            if let Some(err) = lock(&self.broken).clone() {
+                return Err(err);
+            }
+            changed.await;
+        }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads the worker's answers of a control stream.
+async fn read_answers(
+    mut answers: tonic::Streaming<ControlResponse>,
+    state: Arc<ControlState>,
+    inner: Weak<Inner>,
+) {
+    let ended = loop {
+        match answers.message().await {
+            Ok(Some(answer)) => {
+                if let Some(code) = ErrorCode::from_u32(answer.code) {
+                    let err = Error::new(code, answer.message);
+                    tracing::debug!(seq = answer.seq, error = %err, "control operation failed");
+                    lock(&state.failed).get_or_insert(err);
+                }
+                state.acked.fetch_max(answer.seq, Ordering::SeqCst);
+                state.changed.notify_waiters();
+            }
+            Ok(None) => break Error::unavailable("the control stream ended"),
+            Err(status) => {
+                break match inner.upgrade() {
+                    Some(inner) => inner.fail(&status),
+                    None => from_status(&status),
+                }
+            }
+        }
+    };
+    lock(&state.broken).get_or_insert(ended);
+    state.changed.notify_waiters();
 }
 
 /// A progress report of a bulk transfer: `(bytes done, bytes in all)`.
@@ -89,6 +168,8 @@ struct Inner {
     next_handle: AtomicU64,
     /// Set (with `unavailable`) once the worker is lost.
     lost: Event,
+    /// The control stream, opened on first use.
+    control: std::sync::Mutex<Option<Arc<Control>>>,
     /// Bound of a heartbeat: a worker silent for this long is lost.
     heartbeat_timeout: Duration,
 }
@@ -201,6 +282,7 @@ impl RemoteSession {
             closed: AtomicBool::new(false),
             next_handle: AtomicU64::new(1),
             lost: Event::new(),
+            control: std::sync::Mutex::new(None),
             heartbeat_timeout: heartbeat_timeout(response.heartbeat_interval_ms),
         });
         let interval = Duration::from_millis(u64::from(response.heartbeat_interval_ms.max(100)));
@@ -317,6 +399,7 @@ impl RemoteSession {
         handle: u64,
         progress: Option<Progress>,
     ) -> Result<Vec<u8>> {
+        self.settle()?;
         let inner = self.inner.clone();
         block_on(async move {
             inner.alive()?;
@@ -351,6 +434,7 @@ impl RemoteSession {
     /// Deletes buffers of this session; `not_found` (and nothing deleted) if any
     /// handle names no buffer.
     pub fn delete_buffers(&self, handles: &[u64]) -> Result<()> {
+        self.settle()?;
         let inner = self.inner.clone();
         let request = DeleteBuffersRequest {
             handles: handles.to_vec(),
@@ -397,6 +481,7 @@ impl RemoteSession {
         outputs: &[u64],
         stream: u64,
     ) -> Result<()> {
+        self.settle()?;
         let inner = self.inner.clone();
         let request = ExecuteRequest {
             executable,
@@ -412,6 +497,93 @@ impl RemoteSession {
                 .map(|_| ())
                 .map_err(|s| inner.fail(&s))
         })?
+    }
+
+    /// Queues an execution like [`execute`](Self::execute), without waiting
+    /// for the worker: it goes on the session's ordered control stream, so
+    /// many can be in flight. An execution the worker refuses still makes its
+    /// outputs, failed with the reason (reading one raises it); [`flush`](Self::flush)
+    /// also reports the first refusal.
+    pub fn execute_async(
+        &self,
+        executable: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+    ) -> Result<()> {
+        self.inner.alive()?;
+        let control = self.control()?;
+        let mut sender = lock(&control.sender);
+        let seq = sender.sent + 1;
+        let request = ControlRequest {
+            seq,
+            op: Some(control_request::Op::Execute(ExecuteRequest {
+                executable,
+                inputs: inputs.to_vec(),
+                outputs: outputs.to_vec(),
+                stream,
+            })),
+        };
+        sender
+            .tx
+            .send(request)
+            .map_err(|_| Error::unavailable("the control stream is closed"))?;
+        sender.sent = seq;
+        Ok(())
+    }
+
+    /// Waits until the worker has taken every operation sent on the control
+    /// stream; returns the first refusal since the last `flush`, if any.
+    pub fn flush(&self) -> Result<()> {
+        self.settle()?;
+        let control = lock(&self.inner.control).clone();
+        match control.and_then(|c| lock(&c.state.failed).take()) {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until the worker has taken every control operation sent so far
+    /// (requests that read or delete buffers come after them).
+    fn settle(&self) -> Result<()> {
+        let Some(control) = lock(&self.inner.control).clone() else {
+            return Ok(());
+        };
+        let sent = lock(&control.sender).sent;
+        if control.state.acked.load(Ordering::SeqCst) >= sent {
+            return Ok(());
+        }
+        block_on(async move { control.state.settled(sent).await })?
+    }
+
+    /// The control stream, opened on first use.
+    fn control(&self) -> Result<Arc<Control>> {
+        let mut slot = lock(&self.inner.control);
+        if let Some(control) = &*slot {
+            return Ok(control.clone());
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let state = Arc::new(ControlState::default());
+        let inner = self.inner.clone();
+        let reader_state = state.clone();
+        block_on(async move {
+            let mut rpc = inner.rpc.clone();
+            let request =
+                inner.bulk_request(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+            let answers = rpc
+                .control(request)
+                .await
+                .map_err(|s| inner.fail(&s))?
+                .into_inner();
+            tokio::spawn(read_answers(answers, reader_state, Arc::downgrade(&inner)));
+            Ok::<_, Error>(())
+        })??;
+        let control = Arc::new(Control {
+            sender: std::sync::Mutex::new(ControlSender { tx, sent: 0 }),
+            state,
+        });
+        *slot = Some(control.clone());
+        Ok(control)
     }
 
     /// Closes the session on the worker (idempotent).

@@ -13,10 +13,11 @@ use tonic::{Request, Response, Status, Streaming};
 use super::buffers::{buffer_owning, check_spec, chunks};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
 use super::proto::{
-    BufferChunk, CloseSessionRequest, CloseSessionResponse, DeleteBuffersRequest,
-    DeleteBuffersResponse, DeviceInfo, ExecuteRequest, ExecuteResponse, GetBufferRequest,
-    HeartbeatRequest, HeartbeatResponse, HostInfo, LoadExecutableRequest, LoadExecutableResponse,
-    OpenSessionRequest, OpenSessionResponse, PutBufferChunk, PutBufferResponse,
+    control_request, BufferChunk, CloseSessionRequest, CloseSessionResponse, ControlRequest,
+    ControlResponse, DeleteBuffersRequest, DeleteBuffersResponse, DeviceInfo, ExecuteRequest,
+    ExecuteResponse, GetBufferRequest, HeartbeatRequest, HeartbeatResponse, HostInfo,
+    LoadExecutableRequest, LoadExecutableResponse, OpenSessionRequest, OpenSessionResponse,
+    PutBufferChunk, PutBufferResponse,
 };
 use super::{
     runtime, to_status, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
@@ -467,6 +468,50 @@ impl Service {
         })
     }
 
+    /// One operation of a control stream. A failed execution still makes its
+    /// output buffers, failed with its error, so that whoever reads them learns
+    /// why.
+    fn apply(&self, id: SessionId, op: Option<control_request::Op>) -> Result<()> {
+        match op {
+            Some(control_request::Op::Execute(request)) => self
+                .execute(id, &request)
+                .inspect_err(|e| self.fail_outputs(id, &request.outputs, e)),
+            Some(control_request::Op::DeleteBuffers(request)) => self.with_session(id, |session| {
+                for handle in &request.handles {
+                    if let Some(buffer) = session.buffers.remove(handle) {
+                        buffer.delete();
+                    }
+                }
+                Ok(())
+            }),
+            None => Err(Error::invalid_argument(
+                "a control request without an operation",
+            )),
+        }
+    }
+
+    /// Makes `handles` (those not in use) buffers failed with `err`.
+    fn fail_outputs(&self, id: SessionId, handles: &[u64], err: &Error) {
+        let Some(device) = self.0.client.devices().first().cloned() else {
+            return;
+        };
+        let _ = self.with_session(id, |session| {
+            for &handle in handles {
+                session.buffers.entry(handle).or_insert_with(|| {
+                    Buffer::new(
+                        &self.0.client,
+                        device.clone(),
+                        device.default_memory_space().clone(),
+                        crate::dtype::DType::U8,
+                        &[0],
+                        crate::future::Event::ready(Err(err.clone())),
+                    )
+                });
+            }
+            Ok(())
+        });
+    }
+
     fn host_info(&self) -> HostInfo {
         let client = &self.0.client;
         HostInfo {
@@ -529,6 +574,55 @@ fn chunk_stream(data: Bytes) -> ChunkStream {
 #[tonic::async_trait]
 impl WorkerRpc for Service {
     type GetBufferStream = ChunkStream;
+    type ControlStream =
+        tokio_stream::wrappers::ReceiverStream<std::result::Result<ControlResponse, Status>>;
+
+    async fn control(
+        &self,
+        request: Request<Streaming<ControlRequest>>,
+    ) -> std::result::Result<Response<Self::ControlStream>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let mut ops = request.into_inner();
+        let (answers, stream) = tokio::sync::mpsc::channel(1024);
+        let service = Service(self.0.clone());
+        tokio::spawn(async move {
+            let mut expected = 1u64;
+            loop {
+                let op = match ops.message().await {
+                    Ok(Some(op)) => op,
+                    Ok(None) => return,
+                    Err(status) => {
+                        tracing::warn!(session = %id, %status, "control stream broke");
+                        return;
+                    }
+                };
+                let result = if op.seq == expected {
+                    expected += 1;
+                    service.apply(id, op.op)
+                } else {
+                    Err(Error::invalid_argument(format!(
+                        "control operation {} out of order (expected {expected})",
+                        op.seq
+                    )))
+                };
+                let (code, message) = match result {
+                    Ok(()) => (0, String::new()),
+                    Err(e) => (e.code() as u32, e.message().to_string()),
+                };
+                let answer = ControlResponse {
+                    seq: op.seq,
+                    code,
+                    message,
+                };
+                if answers.send(Ok(answer)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            stream,
+        )))
+    }
 
     async fn put_buffer(
         &self,

@@ -278,5 +278,9 @@ class RemoteSession:
         """Loads a serialized executable; returns (input buffers, output buffers)."""
     def execute(self, executable: int, inputs: list[int], outputs: list[int], stream: int) -> None:
         """Queues an execution on the worker."""
+    def execute_async(self, executable: int, inputs: list[int], outputs: list[int], stream: int) -> None:
+        """Queues an execution on the ordered control stream, without waiting."""
+    def flush(self) -> None:
+        """Waits until the worker took every queued operation; raises the first refusal."""
     def close(self) -> None:
         """Closes the session (idempotent)."""
