@@ -1,7 +1,11 @@
 //! A worker and its controllers in one process, over a real loopback socket:
 //! buffers in sessions.
 
+mod common;
+
 use std::time::Duration;
+
+use common::i32_values;
 
 use bytes::Bytes;
 use colocated_core::transport::proto::BufferSpec;
@@ -216,19 +220,7 @@ use std::sync::{Arc, Mutex};
 use colocated_core::{ArraySpec, Buffer, CompileOptions, Program, Sharding};
 
 fn i32_bytes(values: &[i32]) -> Bytes {
-    Bytes::from(
-        values
-            .iter()
-            .flat_map(|v| v.to_ne_bytes())
-            .collect::<Vec<_>>(),
-    )
-}
-
-fn i32_values(bytes: &[u8]) -> Vec<i32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
-        .collect()
+    Bytes::from(common::i32_bytes(values))
 }
 
 /// Adds one to every int32 shard; records the order of its runs in `log`.
