@@ -285,20 +285,7 @@ mod tests {
 
     #[test]
     fn status_codes_map_one_to_one() {
-        for code in [
-            ErrorCode::Cancelled,
-            ErrorCode::InvalidArgument,
-            ErrorCode::DeadlineExceeded,
-            ErrorCode::NotFound,
-            ErrorCode::AlreadyExists,
-            ErrorCode::PermissionDenied,
-            ErrorCode::ResourceExhausted,
-            ErrorCode::FailedPrecondition,
-            ErrorCode::Unimplemented,
-            ErrorCode::Internal,
-            ErrorCode::Unavailable,
-            ErrorCode::Unauthenticated,
-        ] {
+        for code in ErrorCode::ALL {
             let back = from_status(&to_status(&Error::new(code, "m")));
             assert_eq!((back.code(), back.message()), (code, "m"));
         }
