@@ -256,20 +256,37 @@ impl Array {
             )));
         }
         let elem = spec.dtype.byte_size().unwrap_or(1);
-        for (pos, b) in self.0.buffers.iter().enumerate() {
+        let replicated = spec.sharding.is_fully_replicated();
+        let wanted = if replicated { 1 } else { self.0.buffers.len() };
+        // Every shard's read starts before the first wait: shards on workers
+        // download in parallel.
+        let mut reads = Vec::with_capacity(wanted);
+        for b in &self.0.buffers[..wanted] {
+            let mut shard = vec![0u8; b.on_host_size()?];
+            // SAFETY: `shard` is exactly that long, and is neither moved nor
+            // touched until its event is ready: every event is waited for
+            // below before `reads` is dropped, even on an error.
+            let done = unsafe { b.to_host_raw(shard.as_mut_ptr(), shard.len()) };
+            reads.push((shard, done));
+        }
+        let waited: Vec<Result<()>> = reads
+            .iter()
+            .map(|(_, done)| match done {
+                Ok(event) => event.wait(),
+                Err(e) => Err(e.clone()),
+            })
+            .collect();
+        for (pos, ((shard, _), status)) in reads.iter().zip(waited).enumerate() {
+            status?;
             let index = self.shard_index(pos)?;
-            let shard = b.to_host_vec()?;
             copy_block(
-                &shard,
+                shard,
                 &spec.shape,
                 &index,
                 out,
                 elem,
                 Direction::ShardToGlobal,
             );
-            if spec.sharding.is_fully_replicated() {
-                break;
-            }
         }
         Ok(())
     }

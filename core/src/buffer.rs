@@ -10,7 +10,10 @@ use crate::dispatch::{Job, Task};
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
+use crate::remote::check_remote_dtype;
 use crate::storage::{DenseBytes, Storage};
+use crate::transport::session::Progress;
+use bytes::Bytes;
 
 /// How `buffer_from_host` may use the caller's memory (PJRT's semantics).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,14 +106,14 @@ impl ExternalReference {
     pub fn data_ptr(&self) -> *mut u8 {
         match &*self.storage {
             Storage::Dense(b) => b.as_ptr(),
-            Storage::Strings(_) => std::ptr::null_mut(),
+            Storage::Strings(_) | Storage::Remote(_) => std::ptr::null_mut(),
         }
     }
     /// Byte length (dense buffers).
     pub fn len(&self) -> usize {
         match &*self.storage {
             Storage::Dense(b) => b.as_slice().len(),
-            Storage::Strings(_) => 0,
+            Storage::Strings(_) | Storage::Remote(_) => 0,
         }
     }
     /// True when the buffer has no bytes.
@@ -124,6 +127,21 @@ struct HostDst(*mut u8, usize);
 // SAFETY: the caller of `to_host_raw` guarantees the memory stays valid and is not
 // accessed until the returned event is ready; we write it from one thread only.
 unsafe impl Send for HostDst {}
+
+impl HostDst {
+    fn len(&self) -> usize {
+        self.1
+    }
+
+    /// Writes `chunk` at offset `at`; ignores what would not fit.
+    fn write_at(&self, at: usize, chunk: &[u8]) {
+        if at.checked_add(chunk.len()).is_some_and(|end| end <= self.1) {
+            // SAFETY: in bounds (checked above); the caller of `to_host_raw`
+            // keeps the memory valid and untouched until the event is ready.
+            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), self.0.add(at), chunk.len()) }
+        }
+    }
+}
 
 impl Buffer {
     /// Creates a buffer from dense host bytes on `memory_space` (of `device`).
@@ -164,6 +182,25 @@ impl Buffer {
         let memory_space = placement(client, device, memory_space)?;
         let _span =
             tracing::trace_span!("buffer_from_host", bytes = len, semantics = ?semantics).entered();
+        if let Some(host) = client.remote(device.host_index()) {
+            // One copy, during the call, whatever the semantics: the upload
+            // streams views of it.
+            let src = if len == 0 {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(data, len)
+            };
+            let buffer = Buffer::new(
+                client,
+                device.clone(),
+                memory_space,
+                dtype,
+                dims,
+                Event::new(),
+            );
+            host.upload(&buffer, Bytes::copy_from_slice(src), None);
+            return Ok((buffer, Event::ready_ok()));
+        }
         let (bytes, done) = match semantics {
             HostBufferSemantics::ImmutableOnlyDuringCall
             | HostBufferSemantics::ImmutableUntilTransferCompletes => {
@@ -236,6 +273,9 @@ impl Buffer {
             )));
         }
         let memory_space = placement(client, device, memory_space)?;
+        if client.remote(device.host_index()).is_some() {
+            check_remote_dtype(DType::String)?;
+        }
         let storage = Storage::Strings(strings.iter().map(|s| Box::from(s.as_ref())).collect());
         let buffer = Buffer::new(
             client,
@@ -423,6 +463,9 @@ impl Buffer {
             return Err(Error::invalid_argument("destination is NULL"));
         }
         let dst = HostDst(dst, len);
+        if self.is_remote() {
+            return self.download(dst, None);
+        }
         if self.0.ready.is_ready() {
             // Copied during the call: the storage handle taken by `copy_out` keeps
             // the data alive even if another thread deletes the buffer meanwhile.
@@ -441,6 +484,35 @@ impl Buffer {
         Ok(done)
     }
 
+    /// True when the data lives on a worker host.
+    fn is_remote(&self) -> bool {
+        self.0.client.remote(self.0.device.host_index()).is_some()
+    }
+
+    /// `to_host_raw` of a buffer on a worker: downloads straight into `dst`
+    /// once the buffer is ready, without blocking any thread.
+    fn download(&self, dst: HostDst, progress: Option<Progress>) -> Result<Event> {
+        let hold = self.hold()?;
+        let done = Event::new();
+        let (me, out) = (self.clone(), done.clone());
+        self.0.ready.on_ready(move |status| {
+            let storage = match status.and_then(|()| me.storage()) {
+                Ok(storage) => storage,
+                Err(e) => return out.set_if_pending(Err(e)),
+            };
+            let Storage::Remote(remote) = &*storage else {
+                return out.set_if_pending(Err(Error::internal(format!(
+                    "{me:?} is on a worker but its data is not"
+                ))));
+            };
+            let len = dst.len();
+            let write = move |at: usize, chunk: &[u8]| dst.write_at(at, chunk);
+            // The hold and the storage keep the worker's copy until the end.
+            remote.download(len, write, progress, (hold, storage.clone()), out);
+        });
+        Ok(done)
+    }
+
     fn copy_out(&self, dst: HostDst) -> Result<()> {
         let _span = tracing::trace_span!("to_host", bytes = dst.1).entered();
         self.0.ready.status().unwrap_or(Ok(()))?;
@@ -455,7 +527,7 @@ impl Buffer {
         if needed > 0 {
             // SAFETY: the caller of `to_host_raw` guarantees `dst` is valid for
             // `dst.1` bytes until the event is ready.
-            storage.write_to(unsafe { std::slice::from_raw_parts_mut(dst.0, dst.1) });
+            storage.write_to(unsafe { std::slice::from_raw_parts_mut(dst.0, dst.1) })?;
         }
         Ok(())
     }
@@ -474,7 +546,7 @@ impl Buffer {
         self.0.ready.wait()?;
         match &*self.storage()? {
             Storage::Strings(s) => Ok(s.iter().map(|x| x.to_string()).collect()),
-            Storage::Dense(_) => Err(Error::invalid_argument(format!(
+            Storage::Dense(_) | Storage::Remote(_) => Err(Error::invalid_argument(format!(
                 "{self:?} is not a string buffer"
             ))),
         }
@@ -483,6 +555,12 @@ impl Buffer {
     /// Waits until ready, then pins the data (see [`ExternalReference`]).
     pub fn acquire_external_reference(&self) -> Result<ExternalReference> {
         self.check_live()?;
+        if self.is_remote() {
+            return Err(Error::failed_precondition(format!(
+                "{self:?} lives on worker {}: copy it to a local device, or read it with to_host",
+                self.0.client.hosts()[self.0.device.host_index()].name()
+            )));
+        }
         self.0.ready.wait()?;
         Ok(ExternalReference {
             storage: self.storage()?,
@@ -492,8 +570,25 @@ impl Buffer {
     /// Copies the buffer to `device`'s default memory space. Returns at once; the
     /// copy runs in program order on the calling thread's stream.
     pub fn copy_to_device(&self, device: &Device) -> Result<Buffer> {
+        self.copy_to_device_with_progress(device, None)
+    }
+
+    /// [`copy_to_device`](Self::copy_to_device), reporting `progress(bytes
+    /// done, bytes in all)` on a network thread while the data crosses hosts:
+    /// the bytes sent to the destination worker, or received from the source
+    /// worker for a copy into this process. A copy within a host reports
+    /// nothing.
+    pub fn copy_to_device_with_progress(
+        &self,
+        device: &Device,
+        progress: Option<Progress>,
+    ) -> Result<Buffer> {
         self.0.client.check_device(device)?;
-        self.copy_to(device.clone(), device.default_memory_space().clone())
+        self.copy_to(
+            device.clone(),
+            device.default_memory_space().clone(),
+            progress,
+        )
     }
 
     /// Copies the buffer to `memory_space` (of this buffer's device when that device
@@ -505,17 +600,27 @@ impl Buffer {
         } else {
             device_of(&self.0.client, memory_space)?
         };
-        self.copy_to(device, memory_space.clone())
+        self.copy_to(device, memory_space.clone(), None)
     }
 
-    fn copy_to(&self, device: Device, memory_space: MemorySpace) -> Result<Buffer> {
+    fn copy_to(
+        &self,
+        device: Device,
+        memory_space: MemorySpace,
+        progress: Option<Progress>,
+    ) -> Result<Buffer> {
         let hold = self.hold()?;
+        let client = &self.0.client;
+        let dst_host = device.host_index();
+        let crosses = self.0.device.host_index() != dst_host;
+        if crosses || self.is_remote() {
+            check_remote_dtype(self.0.dtype)?;
+        }
         if self.0.dtype == DType::String && device.kind() != "cpu" {
             return Err(Error::invalid_argument(
                 "string buffers live in CPU memory only",
             ));
         }
-        let client = &self.0.client;
         let ready = Event::new();
         let out = Buffer::new(
             client,
@@ -526,6 +631,25 @@ impl Buffer {
             ready.clone(),
         );
         let (src, dst) = (self.clone(), out.clone());
+        if crosses || self.is_remote() {
+            // Not ordered by the stream's completion: the transfer runs on the
+            // network threads, and `out` is ready when it is there.
+            let task = Task {
+                deps: vec![self.0.ready.clone()],
+                completion: Event::ready_ok(),
+                run: Job::Call(Box::new(move |status| match status {
+                    Ok(()) => src.transfer(&dst, hold, progress),
+                    Err(e) => dst.0.ready.set_if_pending(Err(e)),
+                })),
+                waiter_first: false,
+            };
+            client
+                .0
+                .local
+                .dispatcher
+                .submit(&client.current_stream(), task);
+            return Ok(out);
+        }
         let task = Task {
             deps: vec![self.0.ready.clone()],
             completion: ready.clone(),
@@ -554,6 +678,67 @@ impl Buffer {
         let stream = client.current_stream();
         client.0.local.dispatcher.submit(&stream, task);
         Ok(out)
+    }
+
+    /// Copies this ready buffer's data into `dst` (pending) across hosts:
+    /// local to worker, worker to local, or worker to worker (through this
+    /// process). `dst` becomes ready, or fails, when the data is there.
+    fn transfer(&self, dst: &Buffer, hold: UsageHold, progress: Option<Progress>) {
+        let client = &self.0.client;
+        let storage = match self.storage() {
+            Ok(s) => s,
+            Err(e) => return dst.0.ready.set_if_pending(Err(e)),
+        };
+        let to = client.remote(dst.0.device.host_index()).cloned();
+        match &*storage {
+            Storage::Dense(bytes) => {
+                // Local to a worker.
+                let data = Bytes::copy_from_slice(bytes.as_slice());
+                drop(hold);
+                match to {
+                    Some(host) => host.upload(dst, data, progress),
+                    None => dst.0.ready.set_if_pending(Err(Error::internal(
+                        "a copy across hosts with neither end on a worker",
+                    ))),
+                }
+            }
+            Storage::Remote(remote) => {
+                let len = checked_byte_size(self.0.dtype, &self.0.dims).unwrap_or(0);
+                let received = Arc::new(Mutex::new(vec![0u8; len]));
+                let sink = received.clone();
+                let write = move |at: usize, chunk: &[u8]| {
+                    let mut data = sink.lock().unwrap_or_else(|e| e.into_inner());
+                    data[at..at + chunk.len()].copy_from_slice(chunk);
+                };
+                let done = Event::new();
+                let download_progress = if to.is_none() { progress.clone() } else { None };
+                remote.download(
+                    len,
+                    write,
+                    download_progress,
+                    (hold, storage.clone()),
+                    done.clone(),
+                );
+                let out = dst.clone();
+                done.on_ready(move |status| {
+                    if let Err(e) = status {
+                        return out.0.ready.set_if_pending(Err(e));
+                    }
+                    let data =
+                        std::mem::take(&mut *received.lock().unwrap_or_else(|e| e.into_inner()));
+                    match to {
+                        Some(host) => host.upload(&out, Bytes::from(data), progress),
+                        None => {
+                            out.fill(Storage::Dense(DenseBytes::owning(data)));
+                            out.0.ready.set_if_pending(Ok(()));
+                        }
+                    }
+                });
+            }
+            Storage::Strings(_) => dst.0.ready.set_if_pending(Err(Error::unimplemented(
+                "string buffers cannot live on worker hosts yet",
+            ))),
+        }
     }
 
     fn data(&self) -> MutexGuard<'_, Slot> {

@@ -9,6 +9,9 @@ use crate::device::{
 use crate::dispatch::{thread_stream, Dispatcher, Stream};
 use crate::error::{Error, Result};
 use crate::executor::{Executors, NativeRegistry};
+use crate::future::Event;
+use crate::remote::RemoteHost;
+use crate::transport::session::{ConnectOptions, RemoteSession};
 
 /// The platform name every client reports.
 pub const PLATFORM_NAME: &str = "colocated";
@@ -24,6 +27,18 @@ pub struct ClientOptions {
     pub executor_threads: Option<usize>,
 }
 
+/// Options of [`Client::connect`]: a controller driving worker hosts.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// The workers; worker `i` becomes process `i + 1`.
+    pub workers: Vec<ConnectOptions>,
+    /// Whether the controller's own process is a host too (process 0, first in
+    /// [`Client::hosts`]).
+    pub include_local: bool,
+    /// The local host's devices (when `include_local`) and executor threads.
+    pub local: ClientOptions,
+}
+
 /// A host: a process that owns devices and runs programs on them.
 #[derive(Clone, Debug)]
 pub struct Host {
@@ -31,6 +46,7 @@ pub struct Host {
     pub(crate) process_index: u32,
     pub(crate) name: String,
     pub(crate) device_ids: Vec<u32>,
+    pub(crate) remote: bool,
 }
 
 impl Host {
@@ -50,6 +66,11 @@ impl Host {
     pub fn device_ids(&self) -> &[u32] {
         &self.device_ids
     }
+    /// True for a worker host (reached over the network), false for the
+    /// controller's own process.
+    pub fn is_remote(&self) -> bool {
+        self.remote
+    }
 }
 
 /// The in-process host: its dispatcher and its registry of native functions.
@@ -65,6 +86,8 @@ pub(crate) struct ClientInner {
     pub memory_spaces: Vec<MemorySpace>,
     pub hosts: Vec<Host>,
     pub local: LocalHost,
+    /// The worker of each host index (`None` for the local host).
+    pub remotes: Vec<Option<Arc<RemoteHost>>>,
 }
 
 impl Drop for ClientInner {
@@ -96,12 +119,47 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// A client whose only host is this process, with CPU devices.
     pub fn new_local(options: ClientOptions) -> Result<Client> {
+        Client::build(&options, true, Vec::new())
+    }
+
+    /// A client of worker hosts (and of this process too, if
+    /// `options.include_local`): connects to every worker, in order, and opens
+    /// a session on each. Devices get global ids host after host; a worker's
+    /// devices report `process_index` `i + 1`.
+    ///
+    /// Errors: no host at all (`invalid_argument`); a worker that cannot be
+    /// reached (`unavailable`), refuses the token (`unauthenticated`) or speaks
+    /// no common protocol version (`failed_precondition`), each naming the
+    /// worker.
+    pub fn connect(options: &ClusterOptions) -> Result<Client> {
+        if options.workers.is_empty() && !options.include_local {
+            return Err(Error::invalid_argument(
+                "a client needs at least one host: name workers or include the local host",
+            ));
+        }
+        let sessions = options
+            .workers
+            .iter()
+            .map(RemoteSession::connect)
+            .collect::<Result<Vec<_>>>()?;
+        Client::build(&options.local, options.include_local, sessions)
+    }
+
+    fn build(
+        options: &ClientOptions,
+        include_local: bool,
+        sessions: Vec<RemoteSession>,
+    ) -> Result<Client> {
         crate::trace::init_from_env();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let num_devices = options.num_cpu_devices.unwrap_or(cores);
-        if num_devices == 0 || num_devices > 4096 {
+        let num_local = if include_local {
+            options.num_cpu_devices.unwrap_or(cores)
+        } else {
+            0
+        };
+        if include_local && (num_local == 0 || num_local > 4096) {
             return Err(Error::invalid_argument(format!(
-                "num_cpu_devices must be between 1 and 4096, got {num_devices}"
+                "num_cpu_devices must be between 1 and 4096, got {num_local}"
             )));
         }
         let threads = options.executor_threads.unwrap_or(cores.max(2));
@@ -112,71 +170,142 @@ impl Client {
         }
         let id = NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed);
         let backend = CpuBackend;
-        let host_index = 0;
-        let device_ids: Vec<u32> = (0..num_devices as u32).collect();
-        let mut memory_spaces = Vec::with_capacity(num_devices + 2);
-        let pinned = MemorySpace(Arc::new(MemorySpaceInner {
-            id: num_devices as u32,
-            kind: MemoryKind::PinnedHost,
-            device_ids: device_ids.clone(),
-            client_id: id,
-            host_index,
-        }));
-        let unpinned = MemorySpace(Arc::new(MemorySpaceInner {
-            id: num_devices as u32 + 1,
-            kind: MemoryKind::UnpinnedHost,
-            device_ids: device_ids.clone(),
-            client_id: id,
-            host_index,
-        }));
-        let mut devices = Vec::with_capacity(num_devices);
-        for local in 0..num_devices as u32 {
-            let own = MemorySpace(Arc::new(MemorySpaceInner {
-                id: local,
-                kind: MemoryKind::Device,
-                device_ids: vec![local],
-                client_id: id,
-                host_index,
-            }));
-            memory_spaces.push(own.clone());
-            devices.push(Device(Arc::new(DeviceInner {
-                id: local,
-                kind: backend.kind(),
-                process_index: 0,
-                host_index,
-                local_hardware_id: local,
-                attributes: backend.attributes(local as usize),
-                memory_spaces: vec![own, pinned.clone(), unpinned.clone()],
-                client_id: id,
-            })));
+
+        // (process index, name, devices as (local id, local hardware id), worker)
+        type HostSpec = (u32, String, Vec<(u32, u32)>, Option<RemoteSession>);
+        let mut specs: Vec<HostSpec> = Vec::new();
+        if include_local {
+            let devices = (0..num_local as u32).map(|i| (i, i)).collect();
+            specs.push((0, "local".to_string(), devices, None));
         }
-        memory_spaces.push(pinned);
-        memory_spaces.push(unpinned);
-        let host = Host {
-            index: host_index,
-            process_index: 0,
-            name: "local".to_string(),
-            device_ids,
-        };
+        for (i, session) in sessions.into_iter().enumerate() {
+            let info = session.host();
+            if info.devices.is_empty() {
+                return Err(Error::failed_precondition(format!(
+                    "worker {} has no devices",
+                    session.address()
+                )));
+            }
+            let mut devices = Vec::with_capacity(info.devices.len());
+            for d in &info.devices {
+                if d.kind != backend.kind() {
+                    return Err(Error::unimplemented(format!(
+                        "worker {} has a '{}' device; this build drives CPU devices only",
+                        session.address(),
+                        d.kind
+                    )));
+                }
+                devices.push((d.local_id, u32::try_from(d.local_hardware_id).unwrap_or(0)));
+            }
+            let name = session.address().to_string();
+            specs.push((i as u32 + 1, name, devices, Some(session)));
+        }
+        let total: usize = specs.iter().map(|s| s.2.len()).sum();
+        let total = u32::try_from(total)
+            .ok()
+            .filter(|n| *n <= 1 << 20)
+            .ok_or_else(|| Error::invalid_argument("too many devices"))?;
+
+        let mut devices = Vec::with_capacity(total as usize);
+        let mut memory_spaces = Vec::with_capacity(total as usize + 2 * specs.len());
+        let mut host_spaces = Vec::with_capacity(2 * specs.len());
+        let mut hosts = Vec::with_capacity(specs.len());
+        let mut remotes = Vec::with_capacity(specs.len());
+        for (host_index, (process_index, name, host_devices, session)) in
+            specs.into_iter().enumerate()
+        {
+            let first = devices.len() as u32;
+            let device_ids: Vec<u32> = (first..first + host_devices.len() as u32).collect();
+            let space = |offset: u32, kind: MemoryKind| {
+                MemorySpace(Arc::new(MemorySpaceInner {
+                    id: total + 2 * host_index as u32 + offset,
+                    kind,
+                    device_ids: device_ids.clone(),
+                    client_id: id,
+                    host_index,
+                }))
+            };
+            let pinned = space(0, MemoryKind::PinnedHost);
+            let unpinned = space(1, MemoryKind::UnpinnedHost);
+            for (global, (_, hardware)) in device_ids.iter().zip(&host_devices) {
+                let own = MemorySpace(Arc::new(MemorySpaceInner {
+                    id: *global,
+                    kind: MemoryKind::Device,
+                    device_ids: vec![*global],
+                    client_id: id,
+                    host_index,
+                }));
+                memory_spaces.push(own.clone());
+                devices.push(Device(Arc::new(DeviceInner {
+                    id: *global,
+                    kind: backend.kind(),
+                    process_index,
+                    host_index,
+                    local_hardware_id: *hardware,
+                    attributes: backend.attributes(*hardware as usize),
+                    memory_spaces: vec![own, pinned.clone(), unpinned.clone()],
+                    client_id: id,
+                })));
+            }
+            host_spaces.push(pinned);
+            host_spaces.push(unpinned);
+            remotes.push(session.map(|session| {
+                Arc::new(RemoteHost {
+                    session,
+                    local_ids: host_devices.iter().map(|d| d.0).collect(),
+                    first_device: first,
+                })
+            }));
+            hosts.push(Host {
+                index: host_index,
+                process_index,
+                name,
+                device_ids,
+                remote: remotes[host_index].is_some(),
+            });
+        }
+        memory_spaces.extend(host_spaces);
         let dispatcher = Dispatcher::new(threads, id, "local")?;
         let natives = Arc::new(NativeRegistry::default());
         tracing::debug!(
             client = id,
-            devices = num_devices,
+            devices = total,
+            hosts = hosts.len(),
             threads,
-            "created a local client"
+            "created a client"
         );
         Ok(Client(Arc::new(ClientInner {
             id,
             devices,
             memory_spaces,
-            hosts: vec![host],
+            hosts,
             local: LocalHost {
                 dispatcher,
                 executors: Executors::new(natives.clone()),
                 natives,
             },
+            remotes,
         })))
+    }
+
+    /// The worker of host `index` (`None` for the local host).
+    pub(crate) fn remote(&self, index: usize) -> Option<&Arc<RemoteHost>> {
+        self.0.remotes.get(index).and_then(Option::as_ref)
+    }
+
+    /// Ready, with `unavailable`, once host `index`'s worker is lost (see
+    /// [`RemoteSession::lost`]); never ready for the local host.
+    pub fn host_lost(&self, index: usize) -> Result<Event> {
+        if index >= self.0.hosts.len() {
+            return Err(Error::invalid_argument(format!(
+                "host {index} is out of range ({} hosts)",
+                self.0.hosts.len()
+            )));
+        }
+        Ok(match self.remote(index) {
+            Some(remote) => remote.session.lost().clone(),
+            None => Event::new(),
+        })
     }
 
     /// Process-unique id of this client.

@@ -8,11 +8,12 @@ use crate::client::Client;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::executable::{ExecutableInner, HostPlan, LoadedExecutable};
+use crate::executable::{ExecutableInner, HostPlan, HostRun, LoadedExecutable};
 use crate::executor::OutputShard;
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
+use crate::remote::{check_remote_dtype, host_local, RemoteHost};
 use crate::sharding::{same_device_set, Sharding};
 
 /// Options of [`Client::compile`] and [`Client::deserialize_and_load`].
@@ -76,6 +77,10 @@ impl Client {
         let mut hosts = Vec::with_capacity(host_indices.len());
         for &h in &host_indices {
             let host = &self.hosts()[h];
+            if let Some(remote) = self.remote(h) {
+                hosts.push(plan_remote(h, remote, &program, &options)?);
+                continue;
+            }
             let executor = self
                 .0
                 .local
@@ -90,7 +95,7 @@ impl Client {
                     ))
                 })?;
             let loaded = executor.load(&program)?;
-            hosts.push(plan_host(h, loaded, &program)?);
+            hosts.push(plan_host(h, HostRun::Local(loaded), &program)?);
         }
         let fingerprint = format::fingerprint(&format::encode(&to_proto(
             &program,
@@ -177,12 +182,66 @@ fn ids(devices: &[Device]) -> Vec<u32> {
     devices.iter().map(Device::id).collect()
 }
 
-/// Which shards of each input and output live on host `host`.
-fn plan_host(
+/// Loads the host-local form of `program` on worker `remote` (host `host`).
+fn plan_remote(
     host: usize,
-    program_on_host: Arc<dyn crate::executor::LoadedProgram>,
+    remote: &Arc<RemoteHost>,
     program: &Program,
+    options: &CompileOptions,
 ) -> Result<HostPlan> {
+    let address = remote.session.address();
+    if !remote.session.host().languages.contains(&program.language) {
+        return Err(Error::unimplemented(format!(
+            "worker {address} cannot run '{}' programs (it runs {:?})",
+            program.language,
+            remote.session.host().languages
+        )));
+    }
+    if !options.host_callbacks.is_empty() {
+        return Err(Error::unimplemented(format!(
+            "programs with host callbacks cannot run on worker {address} yet"
+        )));
+    }
+    for spec in program.input_specs.iter().chain(&program.output_specs) {
+        check_remote_dtype(spec.dtype)?;
+    }
+    let local = host_local(program, remote, host, options.host_callbacks.len())?;
+    let handle = remote.session.new_handle();
+    remote
+        .session
+        .load_executable(handle, format::encode(&local.executable))?;
+    let mut output_shards = Vec::new();
+    for (o, (spec, positions)) in program
+        .output_specs
+        .iter()
+        .zip(&local.output_positions)
+        .enumerate()
+    {
+        let dims = spec.sharding.shard_shape(&spec.shape)?;
+        for &p in positions {
+            output_shards.push(OutputShard {
+                output: o,
+                dtype: spec.dtype,
+                dims: dims.clone(),
+                device: spec.sharding.devices()[p].clone(),
+            });
+        }
+    }
+    Ok(HostPlan {
+        host,
+        run: HostRun::Remote {
+            host: remote.clone(),
+            executable: handle,
+        },
+        input_counts: local.input_positions.iter().map(Vec::len).collect(),
+        input_positions: local.input_positions,
+        output_positions: local.output_positions,
+        output_shards,
+    })
+}
+
+/// Which shards of each input and output live on host `host`.
+fn plan_host(host: usize, run: HostRun, program: &Program) -> Result<HostPlan> {
     let positions = |spec: &ArraySpec| -> Vec<usize> {
         spec.sharding
             .devices()
@@ -210,7 +269,7 @@ fn plan_host(
     }
     Ok(HostPlan {
         host,
-        program: program_on_host,
+        run,
         input_counts: input_positions.iter().map(Vec::len).collect(),
         input_positions,
         output_positions,

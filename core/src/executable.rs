@@ -14,15 +14,27 @@ use crate::format;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
+use crate::remote::{RemoteBuffer, RemoteHost};
+use crate::storage::Storage;
 
 /// Input shard counts and output shards of a single-device run.
 type Layout = (Vec<usize>, Vec<OutputShard>);
 
+/// How a host runs its part.
+pub(crate) enum HostRun {
+    /// In this process: the program as the language executor prepared it.
+    Local(Arc<dyn LoadedProgram>),
+    /// On a worker, which loaded the host-local program under `executable`.
+    Remote {
+        host: Arc<RemoteHost>,
+        executable: u64,
+    },
+}
+
 /// The part of an executable that runs on one host.
 pub(crate) struct HostPlan {
     pub host: usize,
-    /// The program as this host's language executor prepared it.
-    pub program: Arc<dyn LoadedProgram>,
+    pub run: HostRun,
     /// Per input: positions (in the input's sharding) of the shards on this host.
     pub input_positions: Vec<Vec<usize>>,
     pub input_counts: Vec<usize>,
@@ -109,7 +121,23 @@ impl ExecJob {
             Some(l) => (&l.0[..], &l.1[..]),
             None => (&plan.input_counts[..], &plan.output_shards[..]),
         };
-        let result = status.and_then(|()| exe.run_program(plan, &inputs, counts, shards, &outputs));
+        let result = match (&plan.run, status) {
+            (_, Err(e)) => Err(e),
+            (HostRun::Local(program), Ok(())) => {
+                exe.run_program(program, &inputs, counts, shards, &outputs)
+            }
+            (HostRun::Remote { host, executable }, Ok(())) => {
+                // Completes `done` when the worker reports; the worker keeps
+                // the inputs it needs.
+                let sent = remote_execute(host, *executable, &inputs, &outputs, stream_id, done);
+                drop(holds);
+                drop(span);
+                if let Err(e) = sent {
+                    done.set_if_pending(Err(e));
+                }
+                return;
+            }
+        };
         drop(holds);
         // Close the span before waking waiters: a finished wait implies a recorded
         // span.
@@ -335,14 +363,23 @@ impl LoadedExecutable {
         Ok((outputs, status))
     }
 
+    /// The plan of a single-device run on `host` (local hosts only).
     fn host_plan_index(&self, host: usize) -> Result<usize> {
-        self.0
+        let index = self
+            .0
             .hosts
             .iter()
             .position(|p| p.host == host)
             .ok_or_else(|| {
                 Error::invalid_argument(format!("{} has no part on host {host}", self.name()))
-            })
+            })?;
+        if let HostRun::Remote { host, .. } = &self.0.hosts[index].run {
+            return Err(Error::unimplemented(format!(
+                "single-device runs on worker {} are not supported yet; use execute",
+                host.session.address()
+            )));
+        }
+        Ok(index)
     }
 
     fn check_buffer_args(
@@ -434,7 +471,10 @@ impl LoadedExecutable {
             deps,
             completion: completion.clone(),
             run: Job::Execute(job),
-            waiter_first: plan.program.waiter_first(),
+            waiter_first: match &plan.run {
+                HostRun::Local(program) => program.waiter_first(),
+                HostRun::Remote { .. } => false,
+            },
         };
         (outputs, completion, Some(task))
     }
@@ -446,7 +486,7 @@ impl LoadedExecutable {
 
     fn run_program(
         &self,
-        plan: &HostPlan,
+        program: &Arc<dyn LoadedProgram>,
         inputs: &[Buffer],
         input_counts: &[usize],
         shards: &[OutputShard],
@@ -468,7 +508,7 @@ impl LoadedExecutable {
             outputs: vec![None; shards.len()],
             callbacks: &self.0.callbacks,
         };
-        plan.program.run(&mut ctx).map_err(|e| {
+        program.run(&mut ctx).map_err(|e| {
             e.context(format!(
                 "{} program '{}'",
                 self.0.program.language,
@@ -488,6 +528,53 @@ impl LoadedExecutable {
         }
         Ok(())
     }
+}
+
+/// Sends one host's part of an execution to its worker; `done` completes, and
+/// `outputs` fill, when the worker reports it ran.
+fn remote_execute(
+    host: &Arc<RemoteHost>,
+    executable: u64,
+    inputs: &[Buffer],
+    outputs: &[Buffer],
+    stream_id: u64,
+    done: &Event,
+) -> Result<()> {
+    let handles = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| match &*b.storage()? {
+            Storage::Remote(r) if Arc::ptr_eq(&r.host, host) => Ok(r.handle),
+            _ => Err(Error::internal(format!(
+                "input shard {i} is not on worker {}",
+                host.session.address()
+            ))),
+        })
+        .collect::<Result<Vec<u64>>>()?;
+    let made: Vec<u64> = outputs.iter().map(|_| host.session.new_handle()).collect();
+    let (host_out, outs, done) = (host.clone(), outputs.to_vec(), done.clone());
+    let handles_out = made.clone();
+    host.session.execute_then(
+        executable,
+        &handles,
+        &made,
+        stream_id,
+        Box::new(move |result| {
+            // Whatever happened, the worker's output buffers (failed ones
+            // too) are freed when these go.
+            let storages = handles_out.into_iter().map(|handle| RemoteBuffer {
+                host: host_out.clone(),
+                handle,
+            });
+            if result.is_ok() {
+                for (out, storage) in outs.iter().zip(storages) {
+                    out.fill(Storage::Remote(storage));
+                }
+            }
+            done.set_if_pending(result);
+        }),
+    );
+    Ok(())
 }
 
 fn check_arg(i: usize, got: &ArraySpec, want: &ArraySpec) -> Result<()> {

@@ -187,7 +187,10 @@ impl Client {
                 self.hosts().len()
             )));
         }
-        Ok(self.0.local.executors.languages())
+        Ok(match self.remote(host) {
+            Some(remote) => remote.session.host().languages.clone(),
+            None => self.0.local.executors.languages(),
+        })
     }
 }
 

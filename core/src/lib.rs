@@ -43,6 +43,7 @@ mod format;
 mod future;
 mod host_callback;
 mod program;
+mod remote;
 mod sharding;
 mod storage;
 pub mod trace;
@@ -50,7 +51,7 @@ pub mod transport;
 
 pub use array::{Array, ArraySpec};
 pub use buffer::{Buffer, ExternalReference, HostBufferSemantics};
-pub use client::{Client, ClientOptions, Host, PLATFORM_NAME};
+pub use client::{Client, ClientOptions, ClusterOptions, Host, PLATFORM_NAME};
 pub use colocated::{CacheInfo, CallSpec, SpecCache};
 pub use compiler::CompileOptions;
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};

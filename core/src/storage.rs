@@ -55,6 +55,15 @@ impl DenseBytes {
         Ok(bytes)
     }
 
+    /// Takes `data` over without copying it.
+    pub fn owning(data: Vec<u8>) -> DenseBytes {
+        let data = data.into_boxed_slice();
+        let (ptr, len) = (data.as_ptr(), data.len());
+        // SAFETY: the boxed bytes do not move when the box does, and the box
+        // lives until the release callback runs.
+        unsafe { DenseBytes::borrowed(ptr, len, Some(Box::new(move || drop(data)))) }
+    }
+
     /// A copy of `src`.
     pub fn copy_of(src: &[u8]) -> Result<DenseBytes> {
         // SAFETY: `dst` is a fresh allocation of `src.len()` bytes.
@@ -106,26 +115,34 @@ impl Drop for DenseBytes {
     }
 }
 
-/// What a buffer on this host holds.
+/// What a buffer holds: bytes or strings on this host, or a handle of the
+/// bytes a worker host holds.
 pub(crate) enum Storage {
     Dense(DenseBytes),
     Strings(Box<[Box<str>]>),
+    Remote(crate::remote::RemoteBuffer),
 }
 
 impl Storage {
     /// Bytes that `to_host` writes: the dense bytes, or for strings `(n + 1)`
     /// little-endian `u64` offsets followed by the concatenated UTF-8 bytes.
+    /// (0 for remote data: its size comes from the buffer's dims.)
     pub fn on_host_size(&self) -> usize {
         match self {
             Storage::Dense(b) => b.len,
             Storage::Strings(s) => (s.len() + 1) * 8 + s.iter().map(|x| x.len()).sum::<usize>(),
+            Storage::Remote(_) => 0,
         }
     }
 
-    /// Writes the on-host form into `dst`, which is exactly `on_host_size()` long.
-    pub fn write_to(&self, dst: &mut [u8]) {
+    /// Writes the on-host form into `dst`, which is exactly `on_host_size()` long
+    /// (remote data is downloaded instead; see `Buffer::to_host_raw`).
+    pub fn write_to(&self, dst: &mut [u8]) -> Result<()> {
         match self {
             Storage::Dense(b) => dst.copy_from_slice(b.as_slice()),
+            Storage::Remote(_) => {
+                return Err(Error::internal("remote data is downloaded, not copied"))
+            }
             Storage::Strings(strings) => {
                 let (offsets, bytes) = dst.split_at_mut((strings.len() + 1) * 8);
                 let mut at = 0usize;
@@ -138,6 +155,7 @@ impl Storage {
                 offsets[n * 8..n * 8 + 8].copy_from_slice(&(at as u64).to_le_bytes());
             }
         }
+        Ok(())
     }
 
     /// A deep copy (used by device-to-device copies).
@@ -145,6 +163,11 @@ impl Storage {
         Ok(match self {
             Storage::Dense(b) => Storage::Dense(DenseBytes::copy_of(b.as_slice())?),
             Storage::Strings(s) => Storage::Strings(s.clone()),
+            Storage::Remote(_) => {
+                return Err(Error::internal(
+                    "a copy of remote data goes through its worker",
+                ))
+            }
         })
     }
 }

@@ -1,5 +1,6 @@
 //! The controller side: a session on one worker host.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -58,7 +59,13 @@ struct ControlState {
     /// Set when the stream ended or broke before answering everything.
     broken: std::sync::Mutex<Option<Error>>,
     changed: tokio::sync::Notify,
+    /// What to run when an execution finishes, by `seq`.
+    pending: std::sync::Mutex<HashMap<u64, Completion>>,
 }
+
+/// Runs once with the outcome of an operation: on a network thread, so it must
+/// not block.
+pub type Completion = Box<dyn FnOnce(Result<()>) + Send>;
 
 impl ControlState {
     /// Waits until the worker answered operation `seq`; the stream's error if it
@@ -77,6 +84,37 @@ impl ControlState {
             changed.await;
         }
     }
+
+    /// Runs the completion of operation `seq`, if it is still waiting.
+    fn complete(&self, seq: u64, result: Result<()>) {
+        let completion = lock(&self.pending).remove(&seq);
+        if let Some(completion) = completion {
+            completion(result);
+        }
+    }
+
+    /// Fails every waiting completion with `err` (the stream broke, the worker
+    /// is lost).
+    fn fail_all(&self, err: &Error) {
+        let drained: Vec<Completion> = lock(&self.pending).drain().map(|(_, c)| c).collect();
+        for completion in drained {
+            completion(Err(err.clone()));
+        }
+    }
+
+    /// The error that ended the stream, if it ended.
+    fn broken(&self) -> Option<Error> {
+        lock(&self.broken).clone()
+    }
+}
+
+/// The outcome a control answer reports.
+fn answer_result(answer: &ControlResponse) -> Result<()> {
+    if answer.code == 0 {
+        return Ok(());
+    }
+    let code = ErrorCode::from_u32(answer.code).unwrap_or(ErrorCode::Internal);
+    Err(Error::new(code, answer.message.clone()))
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -92,10 +130,15 @@ async fn read_answers(
     let ended = loop {
         match answers.message().await {
             Ok(Some(answer)) => {
-                if let Some(code) = ErrorCode::from_u32(answer.code) {
-                    let err = Error::new(code, answer.message);
+                let result = answer_result(&answer);
+                if answer.finished {
+                    state.complete(answer.seq, result);
+                    continue;
+                }
+                if let Err(err) = &result {
                     tracing::debug!(seq = answer.seq, error = %err, "control operation failed");
-                    lock(&state.failed).get_or_insert(err);
+                    lock(&state.failed).get_or_insert(err.clone());
+                    state.complete(answer.seq, result);
                 }
                 state.acked.fetch_max(answer.seq, Ordering::SeqCst);
                 state.changed.notify_waiters();
@@ -109,8 +152,9 @@ async fn read_answers(
             }
         }
     };
-    lock(&state.broken).get_or_insert(ended);
+    lock(&state.broken).get_or_insert(ended.clone());
     state.changed.notify_waiters();
+    state.fail_all(&ended);
 }
 
 /// A progress report of a bulk transfer: `(bytes done, bytes in all)`.
@@ -347,44 +391,31 @@ impl RemoteSession {
         data: Bytes,
         progress: Option<Progress>,
     ) -> Result<()> {
+        block_on(put_future(self.inner.clone(), handle, spec, data, progress))?
+    }
+
+    /// [`put_buffer_with_progress`](Self::put_buffer_with_progress) without
+    /// blocking: `done` runs with the outcome on a network thread.
+    pub fn put_buffer_then(
+        &self,
+        handle: u64,
+        spec: BufferSpec,
+        data: Bytes,
+        progress: Option<Progress>,
+        done: Completion,
+    ) {
+        // On a thread of the blocking pool: the compiler cannot prove tonic's
+        // client-streaming future `Send`, so it cannot be spawned as a task.
         let inner = self.inner.clone();
-        let total = data.len() as u64;
-        let mut first = Some(spec);
-        let mut sent = 0u64;
-        let messages: Vec<(u64, PutBufferChunk)> = chunks(data)
-            .into_iter()
-            .map(|data| {
-                sent += data.len() as u64;
-                let chunk = PutBufferChunk {
-                    handle,
-                    spec: first.take(),
-                    data,
-                };
-                (sent, chunk)
-            })
-            .collect();
-        let report = progress.clone();
-        let stream =
-            tokio_stream::StreamExt::map(tokio_stream::iter(messages), move |(sent, chunk)| {
-                if let Some(report) = &report {
-                    // Reported when the chunk is handed over; the last report
-                    // waits for the worker's answer.
-                    report(sent.min(total.saturating_sub(1)), total);
-                }
-                chunk
-            });
-        block_on(async move {
-            inner.alive()?;
-            let mut rpc = inner.rpc.clone();
-            rpc.put_buffer(inner.bulk_request(stream))
-                .await
-                .map(|_| ())
-                .map_err(|s| inner.fail(&s))
-        })??;
-        if let Some(progress) = progress {
-            progress(total, total);
+        match runtime() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(move || {
+                    let upload = put_future(inner, handle, spec, data, progress);
+                    done(tokio::runtime::Handle::current().block_on(upload));
+                });
+            }
+            Err(err) => done(Err(err)),
         }
-        Ok(())
     }
 
     /// Downloads buffer `handle` of this session (waits until it is ready).
@@ -400,35 +431,40 @@ impl RemoteSession {
         progress: Option<Progress>,
     ) -> Result<Vec<u8>> {
         self.settle()?;
-        let inner = self.inner.clone();
-        block_on(async move {
-            inner.alive()?;
-            let mut rpc = inner.rpc.clone();
-            let mut stream = rpc
-                .get_buffer(inner.bulk_request(GetBufferRequest { handle }))
-                .await
-                .map_err(|s| inner.fail(&s))?
-                .into_inner();
-            let mut data = Vec::new();
-            let mut total = 0u64;
-            while let Some(chunk) = stream.message().await.map_err(|s| inner.fail(&s))? {
-                if data.is_empty() && chunk.total_bytes > 0 {
-                    total = chunk.total_bytes;
-                    // A hint from the peer: reserve no more than one message
-                    // ahead of the bytes that really arrive.
-                    data.reserve(
-                        usize::try_from(total)
-                            .unwrap_or(0)
-                            .min(super::MAX_MESSAGE_BYTES),
-                    );
-                }
-                data.extend_from_slice(&chunk.data);
-                if let Some(progress) = &progress {
-                    progress(data.len() as u64, total.max(data.len() as u64));
-                }
+        let mut data = Vec::new();
+        let sink = |total: u64, chunk: &[u8]| {
+            if data.is_empty() && total > 0 {
+                // A hint from the peer: reserve no more than one message ahead
+                // of the bytes that really arrive.
+                data.reserve(usize::try_from(total).unwrap_or(0).min(MAX_MESSAGE_BYTES));
             }
-            Ok(data)
-        })?
+            data.extend_from_slice(chunk);
+            if let Some(progress) = &progress {
+                progress(data.len() as u64, total.max(data.len() as u64));
+            }
+            Ok(())
+        };
+        block_on(get_future(self.inner.clone(), handle, sink))??;
+        Ok(data)
+    }
+
+    /// Downloads buffer `handle` without blocking: `sink(total, chunk)` gets
+    /// each chunk in order (`total` as the worker announced it), then `done`
+    /// the outcome; both run on a network thread. A sink error ends the
+    /// download with that error.
+    pub fn get_buffer_then(
+        &self,
+        handle: u64,
+        sink: impl FnMut(u64, &[u8]) -> Result<()> + Send + 'static,
+        done: Completion,
+    ) {
+        match runtime() {
+            Ok(runtime) => {
+                let download = get_future(self.inner.clone(), handle, sink);
+                runtime.spawn(async move { done(download.await) });
+            }
+            Err(err) => done(Err(err)),
+        }
     }
 
     /// Deletes buffers of this session; `not_found` (and nothing deleted) if any
@@ -511,24 +547,96 @@ impl RemoteSession {
         outputs: &[u64],
         stream: u64,
     ) -> Result<()> {
-        self.inner.alive()?;
-        let control = self.control()?;
-        let mut sender = lock(&control.sender);
-        let seq = sender.sent + 1;
-        let request = ControlRequest {
-            seq,
-            op: Some(control_request::Op::Execute(ExecuteRequest {
+        self.send_control(
+            control_request::Op::Execute(ExecuteRequest {
                 executable,
                 inputs: inputs.to_vec(),
                 outputs: outputs.to_vec(),
                 stream,
-            })),
+            }),
+            None,
+        )
+    }
+
+    /// [`execute_async`](Self::execute_async), then `done` with the outcome
+    /// once the execution has run on the worker (or was refused, or the
+    /// worker was lost). `done` always runs exactly once, on a network thread
+    /// or (when the session is already lost) on this one.
+    pub fn execute_then(
+        &self,
+        executable: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+        done: Completion,
+    ) {
+        let op = control_request::Op::Execute(ExecuteRequest {
+            executable,
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            stream,
+        });
+        // A failure to send has run `done` already.
+        let _ = self.send_control(op, Some(done));
+    }
+
+    /// Deletes buffers of this session after every operation sent before
+    /// (on the control stream), without waiting. Best effort: a lost worker
+    /// has freed them already.
+    pub fn delete_buffers_later(&self, handles: &[u64]) {
+        if self.inner.closed.load(Ordering::SeqCst) || self.inner.lost.is_ready() {
+            return;
+        }
+        let op = control_request::Op::DeleteBuffers(DeleteBuffersRequest {
+            handles: handles.to_vec(),
+        });
+        if let Err(err) = self.send_control(op, None) {
+            tracing::debug!(worker = %self.inner.address, error = %err, "buffers not deleted");
+        }
+    }
+
+    /// Sends one operation on the control stream; `completion` runs when it
+    /// has finished (executions), or at once with the error if it cannot be
+    /// sent (which is also returned).
+    fn send_control(&self, op: control_request::Op, completion: Option<Completion>) -> Result<()> {
+        let control = match self.inner.alive().and_then(|()| self.control()) {
+            Ok(control) => control,
+            Err(err) => {
+                if let Some(completion) = completion {
+                    completion(Err(err.clone()));
+                }
+                return Err(err);
+            }
         };
-        sender
-            .tx
-            .send(request)
-            .map_err(|_| Error::unavailable("the control stream is closed"))?;
+        let mut sender = lock(&control.sender);
+        if let Some(err) = control.state.broken() {
+            drop(sender);
+            if let Some(completion) = completion {
+                completion(Err(err.clone()));
+            }
+            return Err(err);
+        }
+        let seq = sender.sent + 1;
+        let has_completion = completion.is_some();
+        if let Some(completion) = completion {
+            lock(&control.state.pending).insert(seq, completion);
+        }
+        let request = ControlRequest { seq, op: Some(op) };
+        if sender.tx.send(request).is_err() {
+            drop(sender);
+            let err = Error::unavailable("the control stream is closed");
+            control.state.complete(seq, Err(err.clone()));
+            return Err(err);
+        }
         sender.sent = seq;
+        drop(sender);
+        if has_completion {
+            // The stream may have broken (or the worker been lost) between the
+            // check above and the insertion: then nobody else will run it.
+            if let Some(err) = control.state.broken().or_else(|| self.inner.lost.error()) {
+                control.state.complete(seq, Err(err));
+            }
+        }
         Ok(())
     }
 
@@ -556,7 +664,8 @@ impl RemoteSession {
         block_on(async move { control.state.settled(sent).await })?
     }
 
-    /// The control stream, opened on first use.
+    /// The control stream, opened on first use (without blocking: operations
+    /// queue until the worker answers).
     fn control(&self) -> Result<Arc<Control>> {
         let mut slot = lock(&self.inner.control);
         if let Some(control) = &*slot {
@@ -566,18 +675,25 @@ impl RemoteSession {
         let state = Arc::new(ControlState::default());
         let inner = self.inner.clone();
         let reader_state = state.clone();
-        block_on(async move {
+        runtime()?.spawn(async move {
             let mut rpc = inner.rpc.clone();
             let request =
                 inner.bulk_request(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
-            let answers = rpc
-                .control(request)
-                .await
-                .map_err(|s| inner.fail(&s))?
-                .into_inner();
-            tokio::spawn(read_answers(answers, reader_state, Arc::downgrade(&inner)));
-            Ok::<_, Error>(())
-        })??;
+            match rpc.control(request).await {
+                Ok(answers) => {
+                    // The reader must not keep the session alive.
+                    let weak = Arc::downgrade(&inner);
+                    drop(inner);
+                    read_answers(answers.into_inner(), reader_state, weak).await;
+                }
+                Err(status) => {
+                    let err = inner.fail(&status);
+                    lock(&reader_state.broken).get_or_insert(err.clone());
+                    reader_state.changed.notify_waiters();
+                    reader_state.fail_all(&err);
+                }
+            }
+        });
         let control = Arc::new(Control {
             sender: std::sync::Mutex::new(ControlSender { tx, sent: 0 }),
             state,
@@ -662,7 +778,12 @@ impl Inner {
         if self.lost.error().is_none() {
             tracing::warn!(worker = %self.address, error = %err, "worker lost");
         }
-        self.lost.set_if_pending(Err(err));
+        self.lost.set_if_pending(Err(err.clone()));
+        // Executions in flight there will never finish.
+        let control = lock(&self.control).clone();
+        if let Some(control) = control {
+            control.state.fail_all(&err);
+        }
     }
 
     async fn heartbeat(&self) -> Result<()> {
@@ -683,6 +804,73 @@ impl Inner {
             Err(status) => Err(self.fail(&status)),
         }
     }
+}
+
+/// Uploads `data` as buffer `handle`, in chunks, reporting progress.
+async fn put_future(
+    inner: Arc<Inner>,
+    handle: u64,
+    spec: BufferSpec,
+    data: Bytes,
+    progress: Option<Progress>,
+) -> Result<()> {
+    let total = data.len() as u64;
+    let mut first = Some(spec);
+    let mut sent = 0u64;
+    let messages: Vec<(u64, PutBufferChunk)> = chunks(data)
+        .into_iter()
+        .map(|data| {
+            sent += data.len() as u64;
+            let chunk = PutBufferChunk {
+                handle,
+                spec: first.take(),
+                data,
+            };
+            (sent, chunk)
+        })
+        .collect();
+    let report = progress.clone();
+    let stream =
+        tokio_stream::StreamExt::map(tokio_stream::iter(messages), move |(sent, chunk)| {
+            if let Some(report) = &report {
+                // Reported when the chunk is handed over; the last report waits
+                // for the worker's answer.
+                report(sent.min(total.saturating_sub(1)), total);
+            }
+            chunk
+        });
+    inner.alive()?;
+    let mut rpc = inner.rpc.clone();
+    rpc.put_buffer(inner.bulk_request(stream))
+        .await
+        .map_err(|s| inner.fail(&s))?;
+    if let Some(progress) = progress {
+        progress(total, total);
+    }
+    Ok(())
+}
+
+/// Streams buffer `handle` into `sink(total, chunk)`.
+async fn get_future(
+    inner: Arc<Inner>,
+    handle: u64,
+    mut sink: impl FnMut(u64, &[u8]) -> Result<()>,
+) -> Result<()> {
+    inner.alive()?;
+    let mut rpc = inner.rpc.clone();
+    let mut stream = rpc
+        .get_buffer(inner.bulk_request(GetBufferRequest { handle }))
+        .await
+        .map_err(|s| inner.fail(&s))?
+        .into_inner();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.message().await.map_err(|s| inner.fail(&s))? {
+        if chunk.total_bytes > 0 {
+            total = chunk.total_bytes;
+        }
+        sink(total, &chunk.data)?;
+    }
+    Ok(())
 }
 
 /// Keeps a session open while its `RemoteSession` lives.

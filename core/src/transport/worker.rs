@@ -30,6 +30,10 @@ use crate::compiler::CompileOptions;
 use crate::dispatch::Stream;
 use crate::error::{Error, Result};
 use crate::executable::{ExecuteOptions, LoadedExecutable};
+use crate::future::Event;
+
+/// How long a stopping worker waits for open connections to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// How a worker serves.
 #[derive(Clone, Debug)]
@@ -105,6 +109,8 @@ struct Session {
     executables: HashMap<u64, LoadedExecutable>,
     /// The worker's stream for each stream of the controller.
     streams: HashMap<u64, Stream>,
+    /// Dropped with the session: its control stream ends then.
+    ended: tokio::sync::watch::Sender<()>,
 }
 
 impl Worker {
@@ -195,7 +201,19 @@ impl Worker {
         let Some(served) = self.served.take() else {
             return Ok(());
         };
-        match runtime()?.block_on(served) {
+        // Open streams end with their sessions; a connection that still does
+        // not finish in time is cut.
+        let abort = served.abort_handle();
+        let served = runtime()?.block_on(async move {
+            match tokio::time::timeout(SHUTDOWN_GRACE, served).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    abort.abort();
+                    Ok(Ok(()))
+                }
+            }
+        });
+        match served {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(Error::unavailable(format!(
                 "the worker's server failed: {e}"
@@ -391,7 +409,8 @@ impl Service {
         })
     }
 
-    fn execute(&self, id: SessionId, request: &ExecuteRequest) -> Result<()> {
+    /// Queues an execution; returns its status (ready when it has run).
+    fn execute(&self, id: SessionId, request: &ExecuteRequest) -> Result<Event> {
         let (exe, inputs, stream) = self.with_session(id, |session| {
             let exe = session
                 .executables
@@ -465,16 +484,19 @@ impl Service {
                 .buffers
                 .extend(request.outputs.iter().copied().zip(buffers));
             Ok(())
-        })
+        })?;
+        Ok(run.status)
     }
 
     /// One operation of a control stream. A failed execution still makes its
     /// output buffers, failed with its error, so that whoever reads them learns
     /// why.
-    fn apply(&self, id: SessionId, op: Option<control_request::Op>) -> Result<()> {
+    /// Returns the status of a queued execution (`None` for other operations).
+    fn apply(&self, id: SessionId, op: Option<control_request::Op>) -> Result<Option<Event>> {
         match op {
             Some(control_request::Op::Execute(request)) => self
                 .execute(id, &request)
+                .map(Some)
                 .inspect_err(|e| self.fail_outputs(id, &request.outputs, e)),
             Some(control_request::Op::DeleteBuffers(request)) => self.with_session(id, |session| {
                 for handle in &request.handles {
@@ -482,7 +504,7 @@ impl Service {
                         buffer.delete();
                     }
                 }
-                Ok(())
+                Ok(None)
             }),
             None => Err(Error::invalid_argument(
                 "a control request without an operation",
@@ -549,6 +571,20 @@ fn check_new_handles(session: &Session, handles: &[u64]) -> Result<()> {
     Ok(())
 }
 
+/// The answer to control operation `seq`: applied (`finished` false) or run.
+fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlResponse {
+    let (code, message) = match result {
+        Ok(()) => (0, String::new()),
+        Err(e) => (e.code() as u32, e.message().to_string()),
+    };
+    ControlResponse {
+        seq,
+        code,
+        message,
+        finished,
+    }
+}
+
 /// Clamps a duration to the protocol's u32 milliseconds.
 fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
@@ -574,21 +610,33 @@ fn chunk_stream(data: Bytes) -> ChunkStream {
 #[tonic::async_trait]
 impl WorkerRpc for Service {
     type GetBufferStream = ChunkStream;
-    type ControlStream =
-        tokio_stream::wrappers::ReceiverStream<std::result::Result<ControlResponse, Status>>;
+    type ControlStream = tokio_stream::wrappers::UnboundedReceiverStream<
+        std::result::Result<ControlResponse, Status>,
+    >;
 
     async fn control(
         &self,
         request: Request<Streaming<ControlRequest>>,
     ) -> std::result::Result<Response<Self::ControlStream>, Status> {
         let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let mut ended = self
+            .with_session(id, |session| Ok(session.ended.subscribe()))
+            .map_err(|e| to_status(&e))?;
         let mut ops = request.into_inner();
-        let (answers, stream) = tokio::sync::mpsc::channel(1024);
+        // Unbounded: the second answer of an execution is sent from the thread
+        // that finishes it, which must not block. The controller bounds what is
+        // in flight by what it sends.
+        let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
         let service = Service(self.0.clone());
         tokio::spawn(async move {
             let mut expected = 1u64;
             loop {
-                let op = match ops.message().await {
+                let message = tokio::select! {
+                    message = ops.message() => message,
+                    // The session closed (or the worker stops): end the stream.
+                    _ = ended.changed() => return,
+                };
+                let op = match message {
                     Ok(Some(op)) => op,
                     Ok(None) => return,
                     Err(status) => {
@@ -596,32 +644,37 @@ impl WorkerRpc for Service {
                         return;
                     }
                 };
-                let result = if op.seq == expected {
+                let seq = op.seq;
+                let result = if seq == expected {
                     expected += 1;
                     service.apply(id, op.op)
                 } else {
                     Err(Error::invalid_argument(format!(
-                        "control operation {} out of order (expected {expected})",
-                        op.seq
+                        "control operation {seq} out of order (expected {expected})"
                     )))
                 };
-                let (code, message) = match result {
-                    Ok(()) => (0, String::new()),
-                    Err(e) => (e.code() as u32, e.message().to_string()),
+                let (status, applied) = match result {
+                    Ok(status) => (status, Ok(())),
+                    Err(e) => (None, Err(e)),
                 };
-                let answer = ControlResponse {
-                    seq: op.seq,
-                    code,
-                    message,
-                };
-                if answers.send(Ok(answer)).await.is_err() {
+                if answers
+                    .send(Ok(control_answer(seq, &applied, false)))
+                    .is_err()
+                {
                     return;
+                }
+                if let Some(status) = status {
+                    let answers = answers.clone();
+                    status.on_ready(move |result| {
+                        // The controller may be gone: nobody to tell.
+                        let _ = answers.send(Ok(control_answer(seq, &result, true)));
+                    });
                 }
             }
         });
-        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
-            stream,
-        )))
+        Ok(Response::new(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(stream),
+        ))
     }
 
     async fn put_buffer(
@@ -727,6 +780,7 @@ impl WorkerRpc for Service {
                 buffers: HashMap::new(),
                 executables: HashMap::new(),
                 streams: HashMap::new(),
+                ended: tokio::sync::watch::channel(()).0,
             },
         );
         Ok(Response::new(OpenSessionResponse {

@@ -1,0 +1,325 @@
+//! Worker hosts inside a [`Client`]: their sessions, the buffers they hold, and
+//! the part of an executable each of them runs (SPEC §6).
+//!
+//! A remote buffer's data lives on its worker under a handle of the client's
+//! session there; the controller keeps a [`RemoteBuffer`] in the buffer's storage,
+//! whose drop deletes the worker's copy (on the ordered control stream, after
+//! every execution sent before that reads it). A remote host runs the
+//! *host-local* form of a program: every input and output restricted to the
+//! shards on that host, with the shape of the block they cover, as JAX gives a
+//! colocated Python function its host's part of each array.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::array::ArraySpec;
+use crate::buffer::Buffer;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::format::pb;
+use crate::future::Event;
+use crate::program::Program;
+use crate::sharding::Sharding;
+use crate::storage::Storage;
+use crate::transport::proto::BufferSpec;
+use crate::transport::session::{Progress, RemoteSession};
+
+/// One worker host of a client.
+pub(crate) struct RemoteHost {
+    pub session: RemoteSession,
+    /// The worker's own id of each of its devices, by position among them.
+    pub local_ids: Vec<u32>,
+    /// Global id of the host's first device (the others follow in order).
+    pub first_device: u32,
+}
+
+impl RemoteHost {
+    /// The worker's id of `device` (a device of this host).
+    pub fn local_id(&self, device: &Device) -> Result<u32> {
+        device
+            .id()
+            .checked_sub(self.first_device)
+            .and_then(|i| self.local_ids.get(i as usize))
+            .copied()
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "{device} is not a device of worker {}",
+                    self.session.address()
+                ))
+            })
+    }
+
+    /// Uploads `data` into `buffer` (pending, of a device of this host): the
+    /// buffer becomes ready once the worker has it.
+    pub fn upload(self: &Arc<Self>, buffer: &Buffer, data: Bytes, progress: Option<Progress>) {
+        let spec = match self.local_id(buffer.device()) {
+            Ok(device) => BufferSpec {
+                device,
+                dtype: buffer.dtype() as u32,
+                dims: buffer.dims().to_vec(),
+            },
+            Err(e) => {
+                buffer.ready_event().set_if_pending(Err(e));
+                return;
+            }
+        };
+        let handle = self.session.new_handle();
+        let (host, out) = (self.clone(), buffer.clone());
+        self.session.put_buffer_then(
+            handle,
+            spec,
+            data,
+            progress,
+            Box::new(move |result| {
+                let storage = Storage::Remote(RemoteBuffer { host, handle });
+                match result {
+                    Ok(()) => {
+                        out.fill(storage);
+                        out.ready_event().set_if_pending(Ok(()));
+                    }
+                    // The worker may hold part of it: `storage` deletes it.
+                    Err(e) => out.ready_event().set_if_pending(Err(e)),
+                }
+            }),
+        );
+    }
+}
+
+/// A buffer held by a worker, under `handle` of the client's session there.
+/// Dropping it deletes the worker's copy.
+pub(crate) struct RemoteBuffer {
+    pub host: Arc<RemoteHost>,
+    pub handle: u64,
+}
+
+impl Drop for RemoteBuffer {
+    fn drop(&mut self) {
+        self.host.session.delete_buffers_later(&[self.handle]);
+    }
+}
+
+impl RemoteBuffer {
+    /// Downloads the buffer's bytes, which must be exactly `len`, into
+    /// `write(offset, chunk)`; `done` gets the outcome. `keep` lives until then
+    /// (it keeps the worker's copy, and the destination, alive).
+    pub fn download(
+        &self,
+        len: usize,
+        mut write: impl FnMut(usize, &[u8]) + Send + 'static,
+        progress: Option<Progress>,
+        keep: impl Send + 'static,
+        done: Event,
+    ) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let received = Arc::new(AtomicUsize::new(0));
+        let counter = received.clone();
+        let address = self.host.session.address().to_string();
+        let sink = move |_total: u64, chunk: &[u8]| {
+            let at = counter.load(Ordering::Relaxed);
+            let end = at
+                .checked_add(chunk.len())
+                .filter(|end| *end <= len)
+                .ok_or_else(|| {
+                    Error::internal(format!(
+                        "worker {address} sent more than the {len} bytes of the buffer"
+                    ))
+                })?;
+            write(at, chunk);
+            counter.store(end, Ordering::Relaxed);
+            if let Some(progress) = &progress {
+                progress(end as u64, len as u64);
+            }
+            Ok(())
+        };
+        let address = self.host.session.address().to_string();
+        self.host.session.get_buffer_then(
+            self.handle,
+            sink,
+            Box::new(move |result| {
+                let got = received.load(Ordering::Relaxed);
+                let result = result.and_then(|()| {
+                    if got == len {
+                        Ok(())
+                    } else {
+                        Err(Error::internal(format!(
+                            "worker {address} sent {got} bytes of a {len}-byte buffer"
+                        )))
+                    }
+                });
+                drop(keep);
+                done.set_if_pending(result);
+            }),
+        );
+    }
+}
+
+/// How one host's part of a program is laid out: for each input and output,
+/// the positions (in the global sharding's device order) of the host's shards,
+/// in the order of the host-local sharding's devices.
+pub(crate) struct HostLocal {
+    pub input_positions: Vec<Vec<usize>>,
+    pub output_positions: Vec<Vec<usize>>,
+    /// The serialized host-local program, in the worker's device ids.
+    pub executable: pb::Executable,
+}
+
+/// The host-local form of `program` for `host` (see the module docs).
+/// `unimplemented` when a spec's shards on the host do not form one block of
+/// the mesh and of the array.
+pub(crate) fn host_local(
+    program: &Program,
+    host: &RemoteHost,
+    host_index: usize,
+    num_host_callbacks: usize,
+) -> Result<HostLocal> {
+    let mut input_positions = Vec::new();
+    let mut input_specs = Vec::new();
+    for (i, spec) in program.input_specs.iter().enumerate() {
+        let (local, positions) = local_spec(spec, host, host_index)
+            .map_err(|e| e.context(format!("input {i} on {}", host.session.address())))?;
+        input_specs.push(local);
+        input_positions.push(positions);
+    }
+    let mut output_positions = Vec::new();
+    let mut output_specs = Vec::new();
+    for (i, spec) in program.output_specs.iter().enumerate() {
+        let (local, positions) = local_spec(spec, host, host_index)
+            .map_err(|e| e.context(format!("output {i} on {}", host.session.address())))?;
+        output_specs.push(local);
+        output_positions.push(positions);
+    }
+    let device_ids = program
+        .devices
+        .iter()
+        .filter(|d| d.host_index() == host_index)
+        .map(|d| host.local_id(d))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(HostLocal {
+        input_positions,
+        output_positions,
+        executable: pb::Executable {
+            name: program.name.clone(),
+            language: program.language.clone(),
+            payload: program.payload.clone(),
+            input_specs,
+            output_specs,
+            device_ids,
+            num_host_callbacks: num_host_callbacks as u32,
+            platform_name: crate::client::PLATFORM_NAME.to_string(),
+        },
+    })
+}
+
+fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut coords = vec![0; shape.len()];
+    for (c, n) in coords.iter_mut().zip(shape).rev() {
+        *c = i % n;
+        i /= n;
+    }
+    coords
+}
+
+fn ravel(coords: &[usize], shape: &[usize]) -> usize {
+    coords.iter().zip(shape).fold(0, |acc, (c, n)| acc * n + c)
+}
+
+/// The block index along one array dimension split over mesh axes `axes`.
+fn block(coords: &[usize], mesh: &[usize], axes: &[usize]) -> usize {
+    axes.iter().fold(0, |acc, &a| acc * mesh[a] + coords[a])
+}
+
+/// `spec` restricted to `host`'s shards, and their global positions in the
+/// local sharding's device order.
+fn local_spec(
+    spec: &ArraySpec,
+    host: &RemoteHost,
+    host_index: usize,
+) -> Result<(pb::ArraySpec, Vec<usize>)> {
+    let sharding: &Sharding = &spec.sharding;
+    let mesh = sharding.mesh_shape();
+    let devices = sharding.devices();
+    let mine: Vec<usize> = (0..devices.len())
+        .filter(|&i| devices[i].host_index() == host_index)
+        .collect();
+    if mine.is_empty() {
+        return Err(Error::internal("the host has no shard of the spec"));
+    }
+    // The box of mesh coordinates the host's devices cover.
+    let mut lo = vec![usize::MAX; mesh.len()];
+    let mut hi = vec![0usize; mesh.len()];
+    for &i in &mine {
+        for (a, c) in unravel(i, mesh).into_iter().enumerate() {
+            lo[a] = lo[a].min(c);
+            hi[a] = hi[a].max(c + 1);
+        }
+    }
+    let local_mesh: Vec<usize> = lo.iter().zip(&hi).map(|(l, h)| h - l).collect();
+    if local_mesh.iter().product::<usize>() != mine.len() {
+        return Err(Error::unimplemented(
+            "the host's devices do not form one block of the mesh",
+        ));
+    }
+    // Positions in local (row-major over the box) order.
+    let positions: Vec<usize> = (0..mine.len())
+        .map(|j| {
+            let local = unravel(j, &local_mesh);
+            let global: Vec<usize> = local.iter().zip(&lo).map(|(c, l)| c + l).collect();
+            ravel(&global, mesh)
+        })
+        .collect();
+    // Each dimension's blocks on the host must be a run of the global blocks,
+    // in the same order.
+    let partition = sharding.partition();
+    let shard = sharding.shard_shape(&spec.shape)?;
+    let mut shape = spec.shape.clone();
+    for (d, axes) in partition.iter().enumerate() {
+        let mut offset = None;
+        for (j, &p) in positions.iter().enumerate() {
+            let global = block(&unravel(p, mesh), mesh, axes);
+            let local = block(&unravel(j, &local_mesh), &local_mesh, axes);
+            match offset {
+                None => offset = Some(global as i64 - local as i64),
+                Some(o) if o == global as i64 - local as i64 => {}
+                Some(_) => {
+                    return Err(Error::unimplemented(format!(
+                        "the host's shards of dimension {d} are not one block of the array"
+                    )))
+                }
+            }
+        }
+        let blocks: usize = axes.iter().map(|&a| local_mesh[a]).product();
+        shape[d] = shard[d] * blocks as i64;
+    }
+    let device_ids = positions
+        .iter()
+        .map(|&p| host.local_id(&devices[p]))
+        .collect::<Result<Vec<_>>>()?;
+    let local = pb::ArraySpec {
+        dtype: spec.dtype as u32,
+        shape,
+        sharding: Some(pb::Sharding {
+            device_ids,
+            mesh_shape: local_mesh.iter().map(|n| *n as u64).collect(),
+            axis_names: sharding.axis_names().to_vec(),
+            partition: partition
+                .iter()
+                .map(|axes| pb::DimPartition {
+                    mesh_axes: axes.iter().map(|a| *a as u32).collect(),
+                })
+                .collect(),
+        }),
+    };
+    Ok((local, positions))
+}
+
+/// `unimplemented` for dtypes a worker cannot hold yet.
+pub(crate) fn check_remote_dtype(dtype: DType) -> Result<()> {
+    if dtype == DType::String {
+        return Err(Error::unimplemented(
+            "string buffers cannot live on worker hosts yet",
+        ));
+    }
+    Ok(())
+}

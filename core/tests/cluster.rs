@@ -1,0 +1,310 @@
+//! A client of several worker hosts (in this process, over real loopback
+//! sockets): global devices, arrays sharded across hosts, executions once per
+//! host, copies between hosts, deletion and lost workers.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{assert_error, eventually, i32_bytes, i32_values, register_add_one};
+
+use colocated_core::transport::session::ConnectOptions;
+use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::transport::Token;
+use colocated_core::{
+    Array, ArraySpec, Buffer, Client, ClientOptions, ClusterOptions, CompileOptions, DType,
+    ErrorCode, Event, ExecuteOptions, Program, Sharding,
+};
+
+/// A worker with `devices` CPU devices whose native `add_one_i32` also
+/// counts its runs, and `gate` that blocks until its event is set.
+struct TestWorker {
+    worker: Worker,
+    runs: Arc<AtomicU64>,
+    gate: Arc<Mutex<Event>>,
+}
+
+fn start_worker(token: &Token, devices: usize) -> TestWorker {
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(devices),
+        executor_threads: Some(2),
+    })
+    .unwrap();
+    register_add_one(&client);
+    let runs = Arc::new(AtomicU64::new(0));
+    let counter = runs.clone();
+    client
+        .register_native_function("count", move |_ctx| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+    let gate = Arc::new(Mutex::new(Event::new()));
+    let held = gate.clone();
+    client
+        .register_native_function("gate", move |_ctx| {
+            let event = held.lock().unwrap().clone();
+            event.wait()
+        })
+        .unwrap();
+    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    TestWorker { worker, runs, gate }
+}
+
+fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> ClusterOptions {
+    ClusterOptions {
+        workers: workers
+            .iter()
+            .map(|w| {
+                let mut o =
+                    ConnectOptions::new(w.worker.local_addr().to_string(), Some(token.clone()));
+                o.timeout = Duration::from_secs(5);
+                o
+            })
+            .collect(),
+        include_local,
+        local: ClientOptions {
+            num_cpu_devices: Some(1),
+            executor_threads: Some(2),
+        },
+    }
+}
+
+fn sharded_over(client: &Client, n: i64) -> ArraySpec {
+    let devices = client.devices().to_vec();
+    let mesh = vec![devices.len()];
+    let sharding = Sharding::named(devices, mesh, vec!["x".into()], vec![vec![0]]).unwrap();
+    ArraySpec::new(vec![n], DType::I32, sharding).unwrap()
+}
+
+#[test]
+fn devices_get_global_ids_and_their_hosts_process_index() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 2), start_worker(&token, 3));
+    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let ids: Vec<u32> = client.devices().iter().map(|d| d.id()).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3, 4, 5]);
+    let processes: Vec<u32> = client.devices().iter().map(|d| d.process_index()).collect();
+    assert_eq!(processes, vec![0, 1, 1, 2, 2, 2]);
+    let hosts = client.hosts();
+    assert_eq!(hosts.len(), 3);
+    assert!(!hosts[0].is_remote());
+    assert_eq!(hosts[1].name(), a.worker.local_addr().to_string());
+    assert_eq!(hosts[2].device_ids(), &[3, 4, 5]);
+    // Memory spaces are unique across hosts.
+    let mut spaces: Vec<u32> = client.memory_spaces().iter().map(|m| m.id()).collect();
+    spaces.sort();
+    spaces.dedup();
+    assert_eq!(spaces.len(), client.memory_spaces().len());
+}
+
+#[test]
+fn an_array_over_three_hosts_runs_once_per_host_and_gathers() {
+    let token = Token::generate().unwrap();
+    let workers: Vec<TestWorker> = (0..3).map(|_| start_worker(&token, 2)).collect();
+    let refs: Vec<&TestWorker> = workers.iter().collect();
+    let client = Client::connect(&options(&refs, &token, false)).unwrap();
+    assert_eq!(client.devices().len(), 6);
+    let spec = sharded_over(&client, 12);
+    let values: Vec<i32> = (0..12).collect();
+    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+    // Each shard really is on its worker.
+    for w in &workers {
+        eventually("the shards arrive", || w.worker.buffer_count() == 2);
+    }
+    let program = Program::native(
+        "add_one_i32",
+        vec![spec.clone()],
+        vec![spec.clone()],
+        client.devices().to_vec(),
+    );
+    let exe = client.compile(program, CompileOptions::default()).unwrap();
+    let run = exe
+        .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+        .unwrap();
+    run.status.wait().unwrap();
+    let y = i32_values(&run.outputs[0].to_host_bytes().unwrap());
+    assert_eq!(y, (1..13).collect::<Vec<i32>>());
+    // Once per host: a program that counts its runs.
+    let count = client
+        .compile(
+            Program::native(
+                "count",
+                vec![spec.clone()],
+                vec![],
+                client.devices().to_vec(),
+            ),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    count
+        .execute(&[x], &ExecuteOptions::default())
+        .unwrap()
+        .status
+        .wait()
+        .unwrap();
+    for w in &workers {
+        assert_eq!(w.runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+#[test]
+fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
+    // A 2x2 mesh over two hosts of two devices: each host has one row of the
+    // mesh, so its block is rows [2h, 2h+2) of a 4x2 array split on both axes.
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let sharding = Sharding::named(
+        client.devices().to_vec(),
+        vec![2, 2],
+        vec!["h".into(), "d".into()],
+        vec![vec![0], vec![1]],
+    )
+    .unwrap();
+    let spec = ArraySpec::new(vec![4, 2], DType::I32, sharding).unwrap();
+    let values: Vec<i32> = (0..8).collect();
+    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+    let exe = client
+        .compile(
+            Program::native(
+                "add_one_i32",
+                vec![spec.clone()],
+                vec![spec],
+                client.devices().to_vec(),
+            ),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
+    let y = i32_values(&run.outputs[0].to_host_bytes().unwrap());
+    assert_eq!(y, (1..9).collect::<Vec<i32>>());
+}
+
+#[test]
+fn buffers_copy_between_hosts_with_progress() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let [local, on_a, on_b] = [0, 1, 2].map(|i| client.devices()[i].clone());
+    let n = 3 << 20; // several chunks
+    let values: Vec<i32> = (0..n as i32).collect();
+    let bytes = i32_bytes(&values);
+    let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &local).unwrap();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let seen = reports.clone();
+    let progress: colocated_core::transport::session::Progress =
+        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
+    let on_a_copy = x
+        .copy_to_device_with_progress(&on_a, Some(progress))
+        .unwrap();
+    let on_b_copy = on_a_copy.copy_to_device(&on_b).unwrap();
+    let back = on_b_copy.copy_to_device(&local).unwrap();
+    assert_eq!(back.to_host_vec().unwrap(), bytes);
+    assert_eq!(on_a_copy.to_host_vec().unwrap(), bytes);
+    let reports = reports.lock().unwrap();
+    let total = bytes.len() as u64;
+    assert!(reports.len() > 1, "{reports:?}");
+    assert_eq!(reports.last(), Some(&(total, total)));
+    assert!(reports.windows(2).all(|w| w[0].0 <= w[1].0));
+}
+
+#[test]
+fn deleting_an_array_frees_its_shards_on_the_workers() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let spec = sharded_over(&client, 8);
+    let x = Array::from_host_bytes(&client, &i32_bytes(&[0; 8]), spec).unwrap();
+    x.ready_event().wait().unwrap();
+    assert_eq!(a.worker.buffer_count() + b.worker.buffer_count(), 4);
+    x.delete();
+    eventually("the workers free the shards", || {
+        a.worker.buffer_count() + b.worker.buffer_count() == 0
+    });
+    assert_error(x.to_host_bytes(), ErrorCode::FailedPrecondition, "deleted");
+}
+
+#[test]
+fn a_failing_program_on_a_worker_fails_the_outputs_with_its_error() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let device = client.devices()[0].clone();
+    let spec =
+        ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
+    let program = Program::native("missing", vec![spec.clone()], vec![spec], vec![device]);
+    // The worker resolves native functions when it loads the program.
+    assert_error(
+        client.compile(program, CompileOptions::default()),
+        ErrorCode::NotFound,
+        "missing",
+    );
+}
+
+#[test]
+fn a_lost_worker_fails_pending_work_and_the_others_keep_working() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
+    let gate = compile_on(&client, "gate", &on_a);
+    let pending = gate
+        .execute(&[], &ExecuteOptions::default())
+        .unwrap()
+        .status;
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!pending.is_ready());
+    let TestWorker {
+        worker, gate: held, ..
+    } = a;
+    worker.shutdown().unwrap();
+    // Nothing would ever finish it now: it fails, promptly.
+    let err = pending.wait_timeout(Duration::from_secs(2)).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    held.lock().unwrap().set(Ok(())).unwrap();
+    assert!(client.host_lost(0).unwrap().is_ready());
+    assert!(!client.host_lost(1).unwrap().is_ready());
+    // Later work on the lost host fails at once; the other host works.
+    assert_error(
+        Buffer::from_bytes(&client, &i32_bytes(&[1]), DType::I32, &[1], &on_a)
+            .and_then(|b| b.to_host_vec()),
+        ErrorCode::Unavailable,
+        "",
+    );
+    let y = Buffer::from_bytes(&client, &i32_bytes(&[7]), DType::I32, &[1], &on_b).unwrap();
+    assert_eq!(i32_values(&y.to_host_vec().unwrap()), vec![7]);
+}
+
+#[test]
+fn connecting_needs_a_host_and_a_valid_token() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    assert_error(
+        Client::connect(&options(&[], &token, false)),
+        ErrorCode::InvalidArgument,
+        "at least one host",
+    );
+    let wrong = Token::generate().unwrap();
+    assert_error(
+        Client::connect(&options(&[&a], &wrong, false)),
+        ErrorCode::Unauthenticated,
+        "",
+    );
+    assert_eq!(a.worker.session_count(), 0);
+}
+
+fn compile_on(
+    client: &Client,
+    name: &str,
+    device: &colocated_core::Device,
+) -> colocated_core::LoadedExecutable {
+    client
+        .compile(
+            Program::native(name, vec![], vec![], vec![device.clone()]),
+            CompileOptions::default(),
+        )
+        .unwrap()
+}
