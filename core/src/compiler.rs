@@ -119,7 +119,16 @@ impl Client {
         bytes: &[u8],
         options: CompileOptions,
     ) -> Result<LoadedExecutable> {
-        let exe = format::decode(bytes)?;
+        self.load_decoded(format::decode(bytes)?, options)
+    }
+
+    /// [`deserialize_and_load`](Self::deserialize_and_load) of a decoded
+    /// executable.
+    pub(crate) fn load_decoded(
+        &self,
+        exe: pb::Executable,
+        options: CompileOptions,
+    ) -> Result<LoadedExecutable> {
         if exe.num_host_callbacks as usize != options.host_callbacks.len() {
             return Err(Error::invalid_argument(format!(
                 "the executable was compiled with {} host callbacks but {} were given",
@@ -197,16 +206,15 @@ fn plan_remote(
             remote.session.host().languages
         )));
     }
-    if !options.host_callbacks.is_empty() {
-        return Err(Error::unimplemented(format!(
-            "programs with host callbacks cannot run on worker {address} yet"
-        )));
-    }
     for spec in program.input_specs.iter().chain(&program.output_specs) {
         check_remote_dtype(spec.dtype)?;
     }
     let local = host_local(program, remote, host, options.host_callbacks.len())?;
     let handle = remote.session.new_handle();
+    // Before the load: the worker's program may call them as soon as it runs.
+    remote
+        .session
+        .set_host_callbacks(handle, options.host_callbacks.clone());
     remote
         .session
         .load_executable(handle, format::encode(&local.executable))?;

@@ -41,6 +41,19 @@ fn start_worker(token: &Token, devices: usize) -> TestWorker {
             Ok(())
         })
         .unwrap();
+    client
+        .register_native_function("ask", |ctx| {
+            // Asks the controller, and fails with its answer unless it is "pong".
+            let answer = ctx.call_host_callback(0, b"ping")?;
+            if answer != b"pong" {
+                return Err(colocated_core::Error::invalid_argument(format!(
+                    "the controller answered {:?}",
+                    String::from_utf8_lossy(&answer)
+                )));
+            }
+            Ok(())
+        })
+        .unwrap();
     let gate = Arc::new(Mutex::new(Event::new()));
     let held = gate.clone();
     client
@@ -307,4 +320,47 @@ fn compile_on(
             CompileOptions::default(),
         )
         .unwrap()
+}
+
+#[test]
+fn programs_on_workers_call_host_callbacks_of_the_controller() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = calls.clone();
+    let callback = colocated_core::LoadedHostCallback::new("pong", move |input| {
+        seen.lock().unwrap().push(input.to_vec());
+        Ok(b"pong".to_vec())
+    });
+    let program = Program::native("ask", vec![], vec![], client.devices().to_vec());
+    let options = CompileOptions {
+        host_callbacks: vec![callback],
+    };
+    let exe = client.compile(program.clone(), options).unwrap();
+    for _ in 0..3 {
+        let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();
+        run.status.wait().unwrap();
+    }
+    // Once per host and run, with the worker's input.
+    assert_eq!(*calls.lock().unwrap(), vec![b"ping".to_vec(); 6]);
+
+    // The callback's error reaches the execution's status, with its code.
+    let failing = colocated_core::LoadedHostCallback::new("refuses", |_| {
+        Err(colocated_core::Error::permission_denied("not today"))
+    });
+    let exe = client
+        .compile(
+            program,
+            CompileOptions {
+                host_callbacks: vec![failing],
+            },
+        )
+        .unwrap();
+    let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();
+    let err = run.status.wait().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::PermissionDenied, "{err}");
+    assert!(err.message().contains("not today"), "{err}");
+    // Both workers still serve.
+    assert_eq!(a.worker.session_count() + b.worker.session_count(), 2);
 }

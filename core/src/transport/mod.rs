@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 use crate::error::{Error, ErrorCode, Result};
 
 mod buffers;
+mod host_calls;
 pub mod session;
 pub mod worker;
 

@@ -11,11 +11,12 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
 use super::buffers::chunks;
+use super::host_calls::result_of;
 use super::proto::worker_client::WorkerClient;
 use super::proto::{
     control_request, BufferSpec, CloseSessionRequest, ControlRequest, ControlResponse,
-    DeleteBuffersRequest, ExecuteRequest, GetBufferRequest, HeartbeatRequest, HostInfo,
-    LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
+    DeleteBuffersRequest, ExecuteRequest, GetBufferRequest, HeartbeatRequest, HostCallbackCall,
+    HostInfo, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
 };
 use super::{
     from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
@@ -23,6 +24,7 @@ use super::{
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
+use crate::host_callback::LoadedHostCallback;
 
 /// `HOST` of `HOST:PORT` (without the brackets of an IPv6 address).
 fn host_of(address: &str) -> &str {
@@ -66,6 +68,47 @@ struct ControlState {
 /// Runs once with the outcome of an operation: on a network thread, so it must
 /// not block.
 pub type Completion = Box<dyn FnOnce(Result<()>) + Send>;
+
+impl Control {
+    /// Sends `op` with the next `seq`; see `RemoteSession::send_control`.
+    fn send(
+        &self,
+        op: control_request::Op,
+        completion: Option<Completion>,
+        lost: &Event,
+    ) -> Result<()> {
+        let mut sender = lock(&self.sender);
+        if let Some(err) = self.state.broken() {
+            drop(sender);
+            if let Some(completion) = completion {
+                completion(Err(err.clone()));
+            }
+            return Err(err);
+        }
+        let seq = sender.sent + 1;
+        let has_completion = completion.is_some();
+        if let Some(completion) = completion {
+            lock(&self.state.pending).insert(seq, completion);
+        }
+        let request = ControlRequest { seq, op: Some(op) };
+        if sender.tx.send(request).is_err() {
+            drop(sender);
+            let err = Error::unavailable("the control stream is closed");
+            self.state.complete(seq, Err(err.clone()));
+            return Err(err);
+        }
+        sender.sent = seq;
+        drop(sender);
+        if has_completion {
+            // The stream may have broken (or the worker been lost) between the
+            // check above and the insertion: then nobody else will run it.
+            if let Some(err) = self.state.broken().or_else(|| lost.error()) {
+                self.state.complete(seq, Err(err));
+            }
+        }
+        Ok(())
+    }
+}
 
 impl ControlState {
     /// Waits until the worker answered operation `seq`; the stream's error if it
@@ -129,7 +172,11 @@ async fn read_answers(
 ) {
     let ended = loop {
         match answers.message().await {
-            Ok(Some(answer)) => {
+            Ok(Some(mut answer)) => {
+                if let Some(call) = answer.host_callback.take() {
+                    run_host_callback(&inner, call);
+                    continue;
+                }
                 let result = answer_result(&answer);
                 if answer.finished {
                     state.complete(answer.seq, result);
@@ -155,6 +202,39 @@ async fn read_answers(
     lock(&state.broken).get_or_insert(ended.clone());
     state.changed.notify_waiters();
     state.fail_all(&ended);
+}
+
+/// Runs a worker program's call of a host callback on the blocking pool and
+/// sends its result back on the control stream.
+fn run_host_callback(inner: &Weak<Inner>, call: HostCallbackCall) {
+    let Some(inner) = inner.upgrade() else {
+        return;
+    };
+    let callback = lock(&inner.host_callbacks)
+        .get(&call.executable)
+        .and_then(|callbacks| callbacks.get(call.index as usize))
+        .cloned();
+    let Ok(runtime) = runtime() else {
+        return;
+    };
+    runtime.spawn_blocking(move || {
+        let outcome = match callback {
+            Some(callback) => callback.call(&call.input),
+            None => Err(Error::not_found(format!(
+                "executable {} has no host callback {}",
+                call.executable, call.index
+            ))),
+        };
+        let op = control_request::Op::HostCallbackResult(result_of(call.call, outcome));
+        let control = lock(&inner.control).clone();
+        let sent = match control {
+            Some(control) => control.send(op, None, &inner.lost),
+            None => Err(Error::unavailable("the control stream is closed")),
+        };
+        if let Err(err) = sent {
+            tracing::debug!(worker = %inner.address, error = %err, "a host callback result was not sent");
+        }
+    });
 }
 
 /// A progress report of a bulk transfer: `(bytes done, bytes in all)`.
@@ -216,6 +296,8 @@ struct Inner {
     control: std::sync::Mutex<Option<Arc<Control>>>,
     /// Bound of a heartbeat: a worker silent for this long is lost.
     heartbeat_timeout: Duration,
+    /// Host callbacks of the session's executables, by executable handle.
+    host_callbacks: std::sync::Mutex<HashMap<u64, Vec<LoadedHostCallback>>>,
 }
 
 /// Runs `future` on the transport runtime and waits for it; a caller already
@@ -328,6 +410,7 @@ impl RemoteSession {
             lost: Event::new(),
             control: std::sync::Mutex::new(None),
             heartbeat_timeout: heartbeat_timeout(response.heartbeat_interval_ms),
+            host_callbacks: std::sync::Mutex::new(HashMap::new()),
         });
         let interval = Duration::from_millis(u64::from(response.heartbeat_interval_ms.max(100)));
         runtime()?.spawn(send_heartbeats(Arc::downgrade(&inner), interval));
@@ -599,45 +682,23 @@ impl RemoteSession {
     /// has finished (executions), or at once with the error if it cannot be
     /// sent (which is also returned).
     fn send_control(&self, op: control_request::Op, completion: Option<Completion>) -> Result<()> {
-        let control = match self.inner.alive().and_then(|()| self.control()) {
-            Ok(control) => control,
+        match self.inner.alive().and_then(|()| self.control()) {
+            Ok(control) => control.send(op, completion, &self.inner.lost),
             Err(err) => {
                 if let Some(completion) = completion {
                     completion(Err(err.clone()));
                 }
-                return Err(err);
-            }
-        };
-        let mut sender = lock(&control.sender);
-        if let Some(err) = control.state.broken() {
-            drop(sender);
-            if let Some(completion) = completion {
-                completion(Err(err.clone()));
-            }
-            return Err(err);
-        }
-        let seq = sender.sent + 1;
-        let has_completion = completion.is_some();
-        if let Some(completion) = completion {
-            lock(&control.state.pending).insert(seq, completion);
-        }
-        let request = ControlRequest { seq, op: Some(op) };
-        if sender.tx.send(request).is_err() {
-            drop(sender);
-            let err = Error::unavailable("the control stream is closed");
-            control.state.complete(seq, Err(err.clone()));
-            return Err(err);
-        }
-        sender.sent = seq;
-        drop(sender);
-        if has_completion {
-            // The stream may have broken (or the worker been lost) between the
-            // check above and the insertion: then nobody else will run it.
-            if let Some(err) = control.state.broken().or_else(|| self.inner.lost.error()) {
-                control.state.complete(seq, Err(err));
+                Err(err)
             }
         }
-        Ok(())
+    }
+
+    /// Host callbacks of executable `executable` (a handle of this session):
+    /// programs of it that run on the worker call them, and each call runs
+    /// here, on a thread of the transport's blocking pool. Kept until the
+    /// session ends.
+    pub fn set_host_callbacks(&self, executable: u64, callbacks: Vec<LoadedHostCallback>) {
+        lock(&self.inner.host_callbacks).insert(executable, callbacks);
     }
 
     /// Waits until the worker has taken every operation sent on the control

@@ -11,6 +11,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::buffers::{buffer_owning, check_spec, chunks};
+use super::host_calls::{PendingCalls, MAX_HOST_CALLBACKS};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
 use super::proto::{
     control_request, BufferChunk, CloseSessionRequest, CloseSessionResponse, ControlRequest,
@@ -31,6 +32,7 @@ use crate::dispatch::Stream;
 use crate::error::{Error, Result};
 use crate::executable::{ExecuteOptions, LoadedExecutable};
 use crate::future::Event;
+use crate::host_callback::LoadedHostCallback;
 
 /// How long a stopping worker waits for open connections to finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -111,6 +113,8 @@ struct Session {
     streams: HashMap<u64, Stream>,
     /// Dropped with the session: its control stream ends then.
     ended: tokio::sync::watch::Sender<()>,
+    /// Calls of the controller's host callbacks by programs of the session.
+    calls: PendingCalls,
 }
 
 impl Worker {
@@ -385,10 +389,20 @@ impl Service {
         id: SessionId,
         request: &LoadExecutableRequest,
     ) -> Result<LoadExecutableResponse> {
+        let decoded = crate::format::decode(&request.executable)?;
+        if decoded.num_host_callbacks > MAX_HOST_CALLBACKS {
+            return Err(Error::invalid_argument(format!(
+                "an executable may name at most {MAX_HOST_CALLBACKS} host callbacks, not {}",
+                decoded.num_host_callbacks
+            )));
+        }
+        let host_callbacks = (0..decoded.num_host_callbacks)
+            .map(|index| self.host_callback_proxy(id, request.handle, index))
+            .collect();
         let exe = self
             .0
             .client
-            .deserialize_and_load(&request.executable, CompileOptions::default())?;
+            .load_decoded(decoded, CompileOptions { host_callbacks })?;
         let count = |specs: &[crate::array::ArraySpec]| -> Result<u32> {
             let n: usize = specs.iter().map(|s| s.sharding.devices().len()).sum();
             u32::try_from(n).map_err(|_| Error::invalid_argument("too many shards"))
@@ -406,6 +420,27 @@ impl Service {
             }
             session.executables.insert(request.handle, exe);
             Ok(response)
+        })
+    }
+
+    /// Host callback `index` of executable `executable` as a program of the
+    /// session sees it: a call that runs on the controller.
+    fn host_callback_proxy(
+        &self,
+        id: SessionId,
+        executable: u64,
+        index: u32,
+    ) -> LoadedHostCallback {
+        let shared = Arc::downgrade(&self.0);
+        LoadedHostCallback::new(format!("controller host callback {index}"), move |input| {
+            let shared = shared
+                .upgrade()
+                .ok_or_else(|| Error::unavailable("the worker is stopping"))?;
+            let waiter = Service(shared)
+                .with_session(id, |session| session.calls.start(executable, index, input))?;
+            // Blocks this executor thread only: the result arrives on the
+            // control stream, or the session's end fails it.
+            waiter.wait()
         })
     }
 
@@ -506,6 +541,10 @@ impl Service {
                 }
                 Ok(None)
             }),
+            Some(control_request::Op::HostCallbackResult(result)) => {
+                self.with_session(id, |session| session.calls.finish(result))?;
+                Ok(None)
+            }
             None => Err(Error::invalid_argument(
                 "a control request without an operation",
             )),
@@ -582,6 +621,18 @@ fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlRespo
         code,
         message,
         finished,
+        host_callback: None,
+    }
+}
+
+/// Fails the host callback calls of a session when its control stream ends.
+struct DetachCalls(Arc<Shared>, SessionId);
+
+impl Drop for DetachCalls {
+    fn drop(&mut self) {
+        if let Some(session) = lock(&self.0.sessions).get_mut(&self.1) {
+            session.calls.detach();
+        }
     }
 }
 
@@ -619,16 +670,21 @@ impl WorkerRpc for Service {
         request: Request<Streaming<ControlRequest>>,
     ) -> std::result::Result<Response<Self::ControlStream>, Status> {
         let id = self.session(&request).map_err(|e| to_status(&e))?;
-        let mut ended = self
-            .with_session(id, |session| Ok(session.ended.subscribe()))
-            .map_err(|e| to_status(&e))?;
         let mut ops = request.into_inner();
         // Unbounded: the second answer of an execution is sent from the thread
         // that finishes it, which must not block. The controller bounds what is
         // in flight by what it sends.
         let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
+        let mut ended = self
+            .with_session(id, |session| {
+                session.calls.attach(answers.clone());
+                Ok(session.ended.subscribe())
+            })
+            .map_err(|e| to_status(&e))?;
         let service = Service(self.0.clone());
         tokio::spawn(async move {
+            // However the stream ends, host callbacks waiting on it fail.
+            let _detach = DetachCalls(service.0.clone(), id);
             let mut expected = 1u64;
             loop {
                 let message = tokio::select! {
@@ -781,6 +837,7 @@ impl WorkerRpc for Service {
                 executables: HashMap::new(),
                 streams: HashMap::new(),
                 ended: tokio::sync::watch::channel(()).0,
+                calls: PendingCalls::default(),
             },
         );
         Ok(Response::new(OpenSessionResponse {

@@ -1,0 +1,139 @@
+//! Host callbacks of programs that run on a worker: the call travels to the
+//! controller on the session's control stream, runs there, and the result
+//! travels back as a control operation (SPEC §3, LoadedHostCallback).
+
+use std::collections::HashMap;
+use std::sync::mpsc::{sync_channel, SyncSender};
+
+use bytes::Bytes;
+use tonic::Status;
+
+use super::proto::{ControlResponse, HostCallbackCall, HostCallbackResult};
+use super::MAX_MESSAGE_BYTES;
+use crate::error::{Error, ErrorCode, Result};
+
+/// The most host callbacks one executable may name (a bound on what a
+/// request can make the worker allocate).
+pub(crate) const MAX_HOST_CALLBACKS: u32 = 1024;
+
+/// The largest input or output of a host callback that crosses hosts: one
+/// message, less room for its envelope.
+pub(crate) const MAX_CALLBACK_BYTES: usize = MAX_MESSAGE_BYTES - 4096;
+
+/// Where a session's control stream sends messages to its controller.
+pub(crate) type ControlSink =
+    tokio::sync::mpsc::UnboundedSender<std::result::Result<ControlResponse, Status>>;
+
+/// A worker session's calls to its controller's host callbacks.
+#[derive(Default)]
+pub(crate) struct PendingCalls {
+    /// The open control stream, if any: calls travel on it.
+    sink: Option<ControlSink>,
+    /// Calls waiting for their result, by call id.
+    waiting: HashMap<u64, SyncSender<Result<Vec<u8>>>>,
+    next: u64,
+}
+
+impl PendingCalls {
+    /// The control stream opened: calls travel on `sink` from now on.
+    pub fn attach(&mut self, sink: ControlSink) {
+        self.sink = Some(sink);
+    }
+
+    /// The control stream ended: the calls waiting on it fail (their waiters
+    /// see the dropped sender).
+    pub fn detach(&mut self) {
+        self.sink = None;
+        self.waiting.clear();
+    }
+
+    /// Sends a call of host callback `index` of `executable`; the returned
+    /// waiter gets the result.
+    pub fn start(&mut self, executable: u64, index: u32, input: &[u8]) -> Result<Waiter> {
+        if input.len() > MAX_CALLBACK_BYTES {
+            return Err(Error::resource_exhausted(format!(
+                "a host callback input of {} bytes is over the {MAX_CALLBACK_BYTES}-byte limit \
+                 of a call that crosses hosts",
+                input.len()
+            )));
+        }
+        let sink = self.sink.clone().ok_or_else(|| {
+            Error::unavailable("the controller has no control stream open to take host callbacks")
+        })?;
+        self.next += 1;
+        let call = self.next;
+        let (tx, rx) = sync_channel(1);
+        let message = ControlResponse {
+            host_callback: Some(HostCallbackCall {
+                call,
+                executable,
+                index,
+                input: Bytes::copy_from_slice(input),
+            }),
+            ..ControlResponse::default()
+        };
+        sink.send(Ok(message))
+            .map_err(|_| Error::unavailable("the controller's control stream closed"))?;
+        self.waiting.insert(call, tx);
+        Ok(Waiter(rx))
+    }
+
+    /// Hands the controller's `result` to the call waiting for it.
+    pub fn finish(&mut self, result: HostCallbackResult) -> Result<()> {
+        let waiter = self.waiting.remove(&result.call).ok_or_else(|| {
+            Error::invalid_argument(format!("no host callback call {} is waiting", result.call))
+        })?;
+        let outcome = if result.code == 0 {
+            Ok(result.output.to_vec())
+        } else {
+            let code = ErrorCode::from_u32(result.code).unwrap_or(ErrorCode::Internal);
+            Err(Error::new(code, result.message).context("host callback on the controller"))
+        };
+        // The caller may have given up (its session closed): nobody to tell.
+        let _ = waiter.send(outcome);
+        Ok(())
+    }
+}
+
+/// The result of a host callback call, once the controller sends it.
+pub(crate) struct Waiter(std::sync::mpsc::Receiver<Result<Vec<u8>>>);
+
+impl Waiter {
+    /// Blocks until the result comes, or the session or its control stream
+    /// ends (`unavailable`).
+    pub fn wait(self) -> Result<Vec<u8>> {
+        self.0.recv().unwrap_or_else(|_| {
+            Err(Error::unavailable(
+                "the controller went away before it answered the host callback",
+            ))
+        })
+    }
+}
+
+/// The result operation for a call: the callback's output, or its error.
+pub(crate) fn result_of(call: u64, outcome: Result<Vec<u8>>) -> HostCallbackResult {
+    let outcome = outcome.and_then(|output| {
+        if output.len() > MAX_CALLBACK_BYTES {
+            Err(Error::resource_exhausted(format!(
+                "a host callback result of {} bytes is over the {MAX_CALLBACK_BYTES}-byte limit \
+                 of a call that crosses hosts",
+                output.len()
+            )))
+        } else {
+            Ok(output)
+        }
+    });
+    match outcome {
+        Ok(output) => HostCallbackResult {
+            call,
+            output: output.into(),
+            ..HostCallbackResult::default()
+        },
+        Err(e) => HostCallbackResult {
+            call,
+            code: e.code() as u32,
+            message: e.message().to_string(),
+            output: Bytes::new(),
+        },
+    }
+}
