@@ -276,6 +276,11 @@ impl<'a> ExecutionContext<'a> {
         *slot = Some(buffer);
         Ok(())
     }
+    /// The host callbacks the executable was compiled with, by index (on a
+    /// worker, each call of one travels to the controller).
+    pub fn host_callbacks(&self) -> &'a [LoadedHostCallback] {
+        self.callbacks
+    }
     /// Number of host callbacks the executable was compiled with.
     pub fn num_host_callbacks(&self) -> usize {
         self.callbacks.len()

@@ -157,7 +157,12 @@ fn answer_result(answer: &ControlResponse) -> Result<()> {
         return Ok(());
     }
     let code = ErrorCode::from_u32(answer.code).unwrap_or(ErrorCode::Internal);
-    Err(Error::new(code, answer.message.clone()))
+    let err = Error::new(code, answer.message.clone());
+    Err(if answer.remote_traceback.is_empty() {
+        err
+    } else {
+        err.with_remote_traceback(answer.remote_traceback.clone())
+    })
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -191,14 +196,22 @@ async fn read_answers(
                 state.changed.notify_waiters();
             }
             Ok(None) => break Error::unavailable("the control stream ended"),
+            // The worker never fails an open stream itself: the link broke.
             Err(status) => {
-                break match inner.upgrade() {
-                    Some(inner) => inner.fail(&status),
-                    None => from_status(&status),
-                }
+                break Error::unavailable(format!(
+                    "the control stream broke: {}",
+                    from_status(&status).message()
+                ))
             }
         }
     };
+    if let Some(inner) = inner.upgrade() {
+        let ended = ended.clone().context(format!("worker {}", inner.address));
+        if !inner.closed.load(Ordering::SeqCst) {
+            // Ordered work can no longer reach the worker.
+            inner.lose(ended);
+        }
+    }
     lock(&state.broken).get_or_insert(ended.clone());
     state.changed.notify_waiters();
     state.fail_all(&ended);

@@ -612,9 +612,13 @@ fn check_new_handles(session: &Session, handles: &[u64]) -> Result<()> {
 
 /// The answer to control operation `seq`: applied (`finished` false) or run.
 fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlResponse {
-    let (code, message) = match result {
-        Ok(()) => (0, String::new()),
-        Err(e) => (e.code() as u32, e.message().to_string()),
+    let (code, message, remote_traceback) = match result {
+        Ok(()) => (0, String::new(), String::new()),
+        Err(e) => (
+            e.code() as u32,
+            e.message().to_string(),
+            e.remote_traceback().unwrap_or_default().to_string(),
+        ),
     };
     ControlResponse {
         seq,
@@ -622,6 +626,7 @@ fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlRespo
         message,
         finished,
         host_callback: None,
+        remote_traceback,
     }
 }
 
