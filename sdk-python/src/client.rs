@@ -7,9 +7,10 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::errors::py_err;
 use crate::fork::ForkSafe;
 
-/// A local client (the in-process host with CPU devices). Private: the package
-/// keeps one default client and hands out its devices.
-#[pyclass(module = "colocated._colocated", frozen)]
+/// A client: the in-process host with CPU devices, or (from `connect`) worker
+/// hosts with, optionally, the in-process host. The package keeps one default
+/// client and hands out its devices.
+#[pyclass(module = "colocated", frozen)]
 pub struct Client {
     pub(crate) inner: ForkSafe<core::Client>,
     devices: Vec<Py<Device>>,
@@ -29,25 +30,72 @@ impl Client {
         num_cpu_devices: Option<usize>,
         executor_threads: Option<usize>,
     ) -> PyResult<Self> {
-        let client = core::Client::new_local(core::ClientOptions {
-            num_cpu_devices,
-            // Colocated Python functions often block (I/O, barriers): calls from
-            // different threads must run concurrently, so more threads than cores.
-            executor_threads: Some(executor_threads.unwrap_or(DEFAULT_EXECUTOR_THREADS)),
-        })
-        .map_err(py_err)?;
-        client
-            .register_executor(crate::colocated::LANGUAGE, crate::colocated::PythonExecutor)
+        let client = core::Client::new_local(local_options(num_cpu_devices, executor_threads))
             .map_err(py_err)?;
-        let devices = client
-            .devices()
+        Client::wrap(py, client)
+    }
+
+    /// Connects to the workers at `addresses` (`HOST:PORT` each); worker `i`
+    /// becomes process `i + 1`, and the in-process host (process 0, with
+    /// `num_cpu_devices` devices) is a host too when `include_local`. Blocks
+    /// (without the GIL) for at most `timeout` seconds per worker. Raises
+    /// `UnavailableError` for a worker that cannot be reached,
+    /// `UnauthenticatedError` for a refused token, `InvalidArgumentError` for
+    /// bad options.
+    #[staticmethod]
+    #[pyo3(signature = (addresses, *, token=None, tls_ca=None, tls_domain=None, include_local=false, timeout=10.0, num_cpu_devices=None, executor_threads=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        py: Python<'_>,
+        addresses: Vec<String>,
+        token: Option<String>,
+        tls_ca: Option<Vec<u8>>,
+        tls_domain: Option<String>,
+        include_local: bool,
+        timeout: f64,
+        num_cpu_devices: Option<usize>,
+        executor_threads: Option<usize>,
+    ) -> PyResult<Self> {
+        let token = token
+            .map(core::transport::Token::new)
+            .transpose()
+            .map_err(py_err)?;
+        let timeout = crate::remote::seconds("timeout", timeout)?;
+        let workers = addresses
+            .into_iter()
+            .map(|address| {
+                let mut o = core::transport::session::ConnectOptions::new(address, token.clone());
+                o.timeout = timeout;
+                o.tls_ca = tls_ca.clone();
+                o.tls_domain = tls_domain.clone();
+                o
+            })
+            .collect();
+        let options = core::ClusterOptions {
+            workers,
+            include_local,
+            local: local_options(num_cpu_devices, executor_threads),
+        };
+        let client = py
+            .detach(|| core::Client::connect(&options))
+            .map_err(|e| crate::errors::to_py(py, &e))?;
+        Client::wrap(py, client)
+    }
+
+    /// The hosts, in index order: the in-process host first when it is one.
+    fn hosts(&self) -> PyResult<Vec<Host>> {
+        let client = self.inner.get().map_err(py_err)?;
+        Ok(client
+            .hosts()
             .iter()
-            .map(|d| Py::new(py, Device::new(client.clone(), d.clone())))
-            .collect::<PyResult<_>>()?;
-        Ok(Client {
-            inner: ForkSafe::new(client),
-            devices,
-        })
+            .map(|h| Host {
+                index: h.index(),
+                process_index: h.process_index(),
+                name: h.name().to_string(),
+                device_ids: h.device_ids().to_vec(),
+                is_remote: h.is_remote(),
+            })
+            .collect())
     }
 
     /// Platform name of the runtime (`"colocated"`).
@@ -111,13 +159,67 @@ impl Client {
     }
 }
 
+/// Local host options of the SDK's clients.
+fn local_options(
+    num_cpu_devices: Option<usize>,
+    executor_threads: Option<usize>,
+) -> core::ClientOptions {
+    core::ClientOptions {
+        num_cpu_devices,
+        // Colocated Python functions often block (I/O, barriers): calls from
+        // different threads must run concurrently, so more threads than cores.
+        executor_threads: Some(executor_threads.unwrap_or(DEFAULT_EXECUTOR_THREADS)),
+    }
+}
+
 impl Client {
+    /// Wraps `client`, whose local host runs Python programs from now on.
+    fn wrap(py: Python<'_>, client: core::Client) -> PyResult<Self> {
+        client
+            .register_executor(crate::colocated::LANGUAGE, crate::colocated::PythonExecutor)
+            .map_err(py_err)?;
+        let devices = client
+            .devices()
+            .iter()
+            .map(|d| Py::new(py, Device::new(client.clone(), d.clone())))
+            .collect::<PyResult<_>>()?;
+        Ok(Client {
+            inner: ForkSafe::new(client),
+            devices,
+        })
+    }
+
     fn device_object(&self, py: Python<'_>, device: &core::Device) -> Py<Device> {
         self.devices
             .iter()
             .find(|d| d.get().inner.metadata() == device)
             .map(|d| d.clone_ref(py))
             .expect("a client's devices are all in its table")
+    }
+}
+
+/// A host of a client: the in-process host or a worker.
+#[pyclass(module = "colocated", frozen, get_all)]
+pub struct Host {
+    /// Index in `Client.hosts()`.
+    index: usize,
+    /// The process index its devices report.
+    process_index: u32,
+    /// `"local"`, or the worker's `HOST:PORT`.
+    name: String,
+    /// Global ids of its devices.
+    device_ids: Vec<u32>,
+    /// True for a worker (reached over the network).
+    is_remote: bool,
+}
+
+#[pymethods]
+impl Host {
+    fn __repr__(&self) -> String {
+        format!(
+            "Host(index={}, process_index={}, name={:?}, devices={:?})",
+            self.index, self.process_index, self.name, self.device_ids
+        )
     }
 }
 

@@ -221,6 +221,8 @@ impl core::LoadedProgram for PythonProgram {
 
     fn run(&self, ctx: &mut core::ExecutionContext<'_>) -> core::Result<()> {
         keep_python_thread_state();
+        // `call_host_callback` from the program reaches these.
+        let _callbacks = CurrentCallbacks::enter(ctx.host_callbacks());
         let program = ctx.program();
         let mut at = 0;
         let mut args = Vec::with_capacity(program.input_specs.len());
@@ -269,6 +271,77 @@ impl core::LoadedProgram for PythonProgram {
         }
         Ok(())
     }
+}
+
+thread_local! {
+    /// The host callbacks of the program running on this thread.
+    static CURRENT_CALLBACKS: std::cell::RefCell<Vec<core::LoadedHostCallback>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Makes a program's host callbacks current on this thread while it runs, and
+/// restores the outer program's (a program may wait on, and so run, another).
+struct CurrentCallbacks(Vec<core::LoadedHostCallback>);
+
+impl CurrentCallbacks {
+    fn enter(callbacks: &[core::LoadedHostCallback]) -> CurrentCallbacks {
+        let outer = CURRENT_CALLBACKS.with(|c| c.replace(callbacks.to_vec()));
+        CurrentCallbacks(outer)
+    }
+}
+
+impl Drop for CurrentCallbacks {
+    fn drop(&mut self) {
+        let outer = std::mem::take(&mut self.0);
+        CURRENT_CALLBACKS.with(|c| *c.borrow_mut() = outer);
+    }
+}
+
+/// Calls host callback `index` of the colocated program running on this thread
+/// with `data` and returns its answer (from the controller, when the program
+/// runs on a worker). Waits without the GIL. Raises `FailedPreconditionError`
+/// outside a running program, `InvalidArgumentError` for an index it lacks,
+/// and the callback's error.
+#[pyfunction]
+pub fn call_host_callback<'py>(
+    py: Python<'py>,
+    index: usize,
+    data: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let callback = CURRENT_CALLBACKS.with(|c| {
+        let callbacks = c.borrow();
+        if callbacks.is_empty() {
+            return Err(core::Error::failed_precondition(
+                "host callbacks are called from inside a colocated program that was compiled with them",
+            ));
+        }
+        callbacks.get(index).cloned().ok_or_else(|| {
+            core::Error::invalid_argument(format!(
+                "host callback {index} is out of range (the program has {})",
+                callbacks.len()
+            ))
+        })
+    });
+    let callback = callback.map_err(py_err)?;
+    let data = data.to_vec();
+    let answer = py
+        .detach(move || callback.call(&data))
+        .map_err(|e| to_py(py, &e))?;
+    Ok(PyBytes::new(py, &answer))
+}
+
+/// A Python callable (bytes -> bytes) as a host callback. A Python exception
+/// becomes an error carrying its traceback.
+fn host_callback(name: String, callable: Py<PyAny>) -> core::LoadedHostCallback {
+    core::LoadedHostCallback::new(name, move |input| {
+        Python::attach(|py| {
+            callable
+                .bind(py)
+                .call1((PyBytes::new(py, input),))
+                .and_then(|answer| answer.extract::<Vec<u8>>())
+                .map_err(|e| remote_error(py, e))
+        })
+    })
 }
 
 /// A spec leaf from Python: dtype name, shape and core sharding.
@@ -570,14 +643,19 @@ pub struct Executable {
 #[pymethods]
 impl Executable {
     /// Compiles a `python` program: `payload` (cloudpickle bytes of the host
-    /// callable), input and output spec leaves, and the devices it runs on.
+    /// callable), input and output spec leaves, the devices it runs on, and the
+    /// host callbacks it may call (`bytes -> bytes` callables of this process,
+    /// by index; see `call_host_callback`).
     #[staticmethod]
+    #[pyo3(signature = (name, payload, input_specs, output_specs, devices, host_callbacks=Vec::new()))]
     fn compile(
+        py: Python<'_>,
         name: String,
         payload: Vec<u8>,
         input_specs: Vec<SpecLeaf<'_>>,
         output_specs: Vec<SpecLeaf<'_>>,
         devices: Vec<PyRef<'_, Device>>,
+        host_callbacks: Vec<Py<PyAny>>,
     ) -> PyResult<Self> {
         let first = devices
             .first()
@@ -600,9 +678,17 @@ impl Executable {
                 .map(|d| d.inner.get().cloned().map_err(py_err))
                 .collect::<PyResult<_>>()?,
         };
-        let exe = client
-            .compile(program, core::CompileOptions::default())
-            .map_err(py_err)?;
+        let options = core::CompileOptions {
+            host_callbacks: host_callbacks
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| host_callback(format!("{} host callback {i}", program.name), f))
+                .collect(),
+        };
+        // Loading on workers waits for them: without the GIL.
+        let exe = py
+            .detach(|| client.compile(program, options))
+            .map_err(|e| to_py(py, &e))?;
         Ok(Executable {
             inner: ForkSafe::new(exe),
         })

@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;
     m.add_class::<client::Device>()?;
+    m.add_class::<client::Host>()?;
     m.add_class::<sharding::Sharding>()?;
     m.add_class::<array::ArrayImpl>()?;
     m.add_class::<array::HostView>()?;
@@ -30,6 +31,7 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<colocated::FunctionBase>()?;
     m.add_class::<colocated::Executable>()?;
     m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(colocated::call_host_callback, m)?)?;
     m.add_class::<remote::WorkerHandle>()?;
     m.add_class::<remote::RemoteSession>()?;
     m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;

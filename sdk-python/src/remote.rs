@@ -15,7 +15,7 @@ use pyo3::types::PyBytes;
 use crate::client::Client;
 use crate::errors::{py_err, to_py};
 
-fn seconds(name: &str, value: f64) -> PyResult<Duration> {
+pub(crate) fn seconds(name: &str, value: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
         .filter(|d| !d.is_zero())

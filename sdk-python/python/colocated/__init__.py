@@ -4,11 +4,14 @@ The Python SDK of the ``colocated`` runtime, shaped after JAX so that code
 written for ``jax.experimental.colocated_python`` ports by changing imports.
 This module gives the data plane: devices, meshes and shardings, ``Array`` and
 ``device_put``, waiting (blocking, asyncio, ``concurrent.futures``) and the
-exception classes.
+exception classes; ``colocated_python`` and ``colocated_python_class``; and
+``connect`` to drive worker hosts, with ``host_callback`` for functions of the
+controller that programs on any host call.
 
 The default client (the local host with CPU devices) is created on first use;
 call ``configure(num_cpu_devices=...)`` before that, or set
-``COLOCATED_NUM_CPU_DEVICES``.
+``COLOCATED_NUM_CPU_DEVICES``; ``connect(...)`` makes a client of worker hosts
+the default.
 """
 
 from ._array import (
@@ -20,8 +23,8 @@ from ._array import (
     make_array_from_single_device_arrays,
     wait,
 )
-from ._client import client, colocated_cpu_devices, configure, devices, local_devices
-from ._colocated import Device, __version__
+from ._client import client, colocated_cpu_devices, configure, connect, devices, local_devices
+from ._colocated import Client, Device, Host, __version__
 from ._colocated_class import colocated_python_class
 from ._colocated_python import ColocatedFunction, clear_caches, colocated_python
 from ._errors import (
@@ -40,6 +43,7 @@ from ._errors import (
     UnavailableError,
     UnimplementedError,
 )
+from ._host_callback import HostCallback, host_callback
 from ._sharding import (
     Mesh,
     NamedSharding,
@@ -54,11 +58,14 @@ __all__ = [
     "AlreadyExistsError",
     "Array",
     "CancelledError",
+    "Client",
     "ColocatedError",
     "ColocatedFunction",
     "DeadlineExceededError",
     "Device",
     "FailedPreconditionError",
+    "Host",
+    "HostCallback",
     "InternalError",
     "InvalidArgumentError",
     "Mesh",
@@ -84,8 +91,10 @@ __all__ = [
     "colocated_python",
     "colocated_python_class",
     "configure",
+    "connect",
     "device_put",
     "devices",
+    "host_callback",
     "local_devices",
     "make_array_from_callback",
     "make_array_from_single_device_arrays",

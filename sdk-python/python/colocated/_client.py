@@ -55,8 +55,78 @@ def _env_num_cpu_devices() -> int | None:
     return value
 
 
+TOKEN_ENV = "COLOCATED_TOKEN"
+
+
+def connect(
+    addresses,
+    *,
+    token: str | None = None,
+    token_file: str | os.PathLike | None = None,
+    tls_ca: str | os.PathLike | bytes | None = None,
+    tls_domain: str | None = None,
+    include_local: bool = False,
+    default: bool = True,
+    timeout: float = 10.0,
+    num_cpu_devices: int | None = None,
+) -> _colocated.Client:
+    """Connects to worker hosts and returns a client of them.
+
+    ``addresses``: ``"HOST:PORT"`` of each worker (``colocated worker`` or
+    ``python -m colocated.worker``); worker ``i`` becomes process ``i + 1``. The
+    token comes from ``token``, else ``token_file``, else the environment
+    variable ``COLOCATED_TOKEN``; ``None`` of them connects without one (only an
+    ``--insecure`` worker accepts that). ``tls_ca``: a PEM file (or its bytes)
+    of the CA that signed the workers' certificates, which makes every
+    connection TLS; ``tls_domain`` overrides the name checked in the worker's
+    certificate. ``include_local`` makes this process a host too (process 0,
+    with ``num_cpu_devices`` CPU devices). The client becomes the default one
+    (``colocated.devices()``, ``device_put`` without a device, unpickled
+    devices) unless ``default=False``. ``timeout`` bounds connecting to each
+    worker, in seconds.
+
+    Raises ``UnavailableError`` for a worker that cannot be reached,
+    ``UnauthenticatedError`` for a refused token, ``InvalidArgumentError`` for
+    bad arguments.
+    """
+    global _client
+    if isinstance(addresses, str):
+        addresses = [addresses]
+    addresses = list(addresses)
+    for address in addresses:
+        if not isinstance(address, str):
+            raise InvalidArgumentError(f"worker addresses are 'HOST:PORT' strings, got {type(address).__name__}")
+    if token is not None and token_file is not None:
+        raise InvalidArgumentError("give token or token_file, not both")
+    if token_file is not None:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    elif token is None:
+        token = os.environ.get(TOKEN_ENV)
+    ca = None
+    if isinstance(tls_ca, bytes):
+        ca = tls_ca
+    elif tls_ca is not None:
+        with open(tls_ca, "rb") as f:
+            ca = f.read()
+    c = _colocated.Client.connect(
+        addresses,
+        token=token,
+        tls_ca=ca,
+        tls_domain=tls_domain,
+        include_local=include_local,
+        timeout=timeout,
+        num_cpu_devices=num_cpu_devices,
+    )
+    if default:
+        with _lock:
+            _client = c
+    return c
+
+
 def client() -> _colocated.Client:
-    """The default client (the local host with CPU devices), created on first use."""
+    """The default client (the local host with CPU devices unless ``connect``
+    made another one the default), created on first use."""
     global _client
     c = _client
     if c is not None:

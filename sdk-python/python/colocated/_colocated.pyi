@@ -12,9 +12,25 @@ def after_fork_in_child() -> None:
     """Marks every runtime object made so far as belonging to the parent process."""
 
 class Client:
-    """A local client (the in-process host with CPU devices)."""
+    """A client: the in-process host with CPU devices, or (from ``connect``) worker
+    hosts with, optionally, the in-process host."""
 
     def __init__(self, num_cpu_devices: int | None = None, executor_threads: int | None = None) -> None: ...
+    @staticmethod
+    def connect(
+        addresses: list[str],
+        *,
+        token: str | None = None,
+        tls_ca: bytes | None = None,
+        tls_domain: str | None = None,
+        include_local: bool = False,
+        timeout: float = 10.0,
+        num_cpu_devices: int | None = None,
+        executor_threads: int | None = None,
+    ) -> Client:
+        """Connects to the workers at ``addresses``; worker ``i`` is process ``i + 1``."""
+    def hosts(self) -> list[Host]:
+        """The hosts, in index order: the in-process host first when it is one."""
     @property
     def platform_name(self) -> str:
         """Platform name of the runtime (``"colocated"``)."""
@@ -32,6 +48,19 @@ class Client:
         """The device with global id ``id``; ``NotFoundError`` if there is none."""
     def colocated_cpu_devices(self, devices: list[Device]) -> list[Device]:
         """Maps each device to the CPU device of the same host, in order."""
+
+class Host:
+    """A host of a client: the in-process host or a worker."""
+
+    index: int
+    process_index: int
+    name: str
+    device_ids: list[int]
+    is_remote: bool
+
+def call_host_callback(index: int, data: bytes) -> bytes:
+    """Calls host callback ``index`` of the program running on this thread (on the
+    controller, when the program runs on a worker); waits without the GIL."""
 
 class Device:
     """One device, as JAX shows it (``CpuDevice(id=0)``). Equal and hashed by id."""
@@ -230,6 +259,7 @@ class Executable:
         input_specs: list[tuple[str, list[int], Sharding]],
         output_specs: list[tuple[str, list[int], Sharding]],
         devices: list[Device],
+        host_callbacks: list[Callable[[bytes], bytes]] = ...,
     ) -> Executable: ...
     def execute(self, arrays: list[ArrayImpl]) -> tuple[list[ArrayImpl], Event]: ...
     def serialize(self) -> bytes:

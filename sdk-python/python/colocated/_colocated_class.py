@@ -10,12 +10,21 @@ after the calls already made on them). Beyond JAX: methods can be specialized
 call on the same host (it arrives there as the real object).
 
 A constructor that raised is remembered: every later call re-raises its error.
+
+On worker hosts the object store is the worker's: objects are keyed by random
+ids (a worker serves several controllers), and a collected wrapper destroys its
+objects there with one more colocated call, made from a background thread once
+the calls already made on the object are done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import itertools
+import logging
+import os
+import queue
+import secrets
 import threading
 import weakref
 
@@ -23,12 +32,13 @@ import optree
 
 from . import _colocated
 from ._colocated_python import NAMESPACE, ColocatedFunction
+from ._errors import ColocatedError
 
 #: The host's object store: object id -> the real object, or the constructor's error.
 _OBJECTS: dict[int, object] = {}
 _LOCKS: dict[int, threading.Lock] = {}
 _STORE_LOCK = threading.Lock()
-_NEXT_OBJECT = itertools.count(1)
+_LOG = logging.getLogger("colocated")
 
 
 class _Failed:
@@ -90,14 +100,61 @@ def _forget(obj_id: int) -> None:
     del obj
 
 
-def _destroy(obj_id: int, pending: list) -> None:
+def _destroy(obj_id: int, pending: list, remote_devices: dict) -> None:
     """Runs when a wrapper is collected: forgets the object once the calls made
-    on it are done."""
+    on it are done, here and on the worker hosts it ran on."""
+    if remote_devices:
+        _remote_destroyer().put((obj_id, list(pending), list(remote_devices.values())))
     events = [e for e in pending if not e.is_ready()]
     if not events:
         _forget(obj_id)
         return
     _colocated.Event.join(events).on_ready(lambda _error=None: _forget(obj_id))
+
+
+_DESTROY_QUEUE: queue.SimpleQueue | None = None
+_DESTROY_LOCK = threading.Lock()
+
+
+def _remote_destroyer() -> queue.SimpleQueue:
+    """The queue of the thread that destroys objects on workers (started on
+    first use): compiling and calling there may wait for the network, which a
+    finalizer or a runtime callback must not."""
+    global _DESTROY_QUEUE
+    with _DESTROY_LOCK:
+        if _DESTROY_QUEUE is None:
+            _DESTROY_QUEUE = queue.SimpleQueue()
+            threading.Thread(
+                target=_destroy_remote_objects, args=(_DESTROY_QUEUE,), name="colocated-destroy", daemon=True
+            ).start()
+        return _DESTROY_QUEUE
+
+
+def _destroy_remote_objects(jobs: queue.SimpleQueue) -> None:
+    while True:
+        obj_id, pending, devices = jobs.get()
+        for event in pending:
+            # A failed call may still have built the object: destroy it anyway.
+            with contextlib.suppress(Exception):
+                event.wait()
+        try:
+            forget = ColocatedFunction(functools.partial(_forget, obj_id)).specialize(
+                devices=devices, out_specs_fn=lambda: None
+            )
+            forget()
+        except ColocatedError:
+            # A lost worker has freed everything already.
+            _LOG.debug("could not destroy object %s on workers", obj_id, exc_info=True)
+
+
+def _after_fork_in_child() -> None:
+    global _DESTROY_QUEUE, _DESTROY_LOCK
+    _DESTROY_QUEUE = None
+    _DESTROY_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _invoke(ref: _ObjectRef, name: str, *args, **kwargs):
@@ -112,12 +169,17 @@ class _Method:
         self._name = name
         self._function = function
         self._pending = owner._pending
+        self._remote_devices = owner._remote_devices
 
     def __call__(self, *args, **kwargs):
-        result, status = self._function._call(args, kwargs)
+        result, status, devices = self._function._call(args, kwargs)
         if status is not None:
             self._pending[:] = [e for e in self._pending if not e.is_ready()]
             self._pending.append(status)
+        for device in devices:
+            if device.process_index != 0:
+                # One device per worker host names it for the destruction.
+                self._remote_devices.setdefault(device.host_index, device)
         return result
 
     def specialize(self, in_specs=None, out_specs_fn=None, devices=None) -> _Method:
@@ -142,13 +204,14 @@ def colocated_python_class(cls):
     calls' devices (as ``jax.experimental.colocated_python.colocated_python_class``)."""
 
     class Wrapper:
-        __slots__ = ("__weakref__", "_methods", "_pending", "_ref")
+        __slots__ = ("__weakref__", "_methods", "_pending", "_ref", "_remote_devices")
 
         def __init__(self, *args, **kwargs) -> None:
-            self._ref = _ObjectRef(cls, next(_NEXT_OBJECT), (args, kwargs))
+            self._ref = _ObjectRef(cls, secrets.randbits(63), (args, kwargs))
             self._methods = {}
             self._pending = []
-            weakref.finalize(self, _destroy, self._ref.obj_id, self._pending)
+            self._remote_devices = {}
+            weakref.finalize(self, _destroy, self._ref.obj_id, self._pending, self._remote_devices)
 
         def __getattr__(self, name: str):
             if name.startswith("__"):

@@ -10,6 +10,13 @@ a call, the ``in_specs`` check and the cache of compiled programs per input spec
 Without ``out_specs_fn`` the first call for an input spec runs synchronously to
 discover the output specs (the outputs of that run are the call's result); later
 calls with that spec, and every call with ``out_specs_fn``, are asynchronous.
+
+On worker hosts (``colocated.connect``) the function runs with that host's part
+of each array. Discovery there runs it once per host, each host parking its
+outputs and reporting their specs to the controller (a host callback); a second
+program pops the parked outputs as global arrays. A host's output that has the
+sharding of one of its inputs becomes a global array with that input's global
+sharding; other outputs need ``out_specs_fn``.
 """
 
 from __future__ import annotations
@@ -18,10 +25,10 @@ import collections
 import functools
 import itertools
 import os
+import secrets
 import threading
 import weakref
 
-import cloudpickle
 import optree
 
 from . import _colocated
@@ -29,15 +36,22 @@ from ._array import Array, _wrap
 from ._array import clear_caches as _array_clear_caches
 from ._client import _device_by_id
 from ._dtypes import core_name
-from ._errors import InvalidArgumentError
+from ._errors import InvalidArgumentError, UnimplementedError
+from ._host_callback import HostCallback, _dumps_with_callbacks
 from ._sharding import ShapeDtypeStruct
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
 
-#: Results of discovery runs, parked by the host until the controller takes them.
+#: Results of discovery runs, parked by the host until the controller takes them,
+#: by a random key (a worker serves several controllers).
 _RESULTS: dict[int, tuple] = {}
 _RESULTS_LOCK = threading.Lock()
 _NEXT_RESULT = itertools.count()
+
+
+def _new_key() -> int:
+    """A key no other controller of a shared worker picks."""
+    return secrets.randbits(63)
 
 #: Host callables handed to the local host by reference while it loads them (it
 #: runs the very function object, as JAX does for local devices; remote hosts get
@@ -119,7 +133,7 @@ class _HostCall:
     """What runs on each host: unflattens the arguments, calls the function, and
     flattens the outputs (or, when discovering, parks them for the controller)."""
 
-    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, result_key=None) -> None:
+    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, result_key=None, report=None) -> None:
         self.fn = fn
         self.in_treedef = in_treedef
         self.flat = _flat_arity(in_treedef) is not None
@@ -129,6 +143,8 @@ class _HostCall:
         self.out_treedef = out_treedef
         self.out_leaf = out_treedef is not None and _is_leaf(out_treedef)
         self.result_key = result_key
+        # Discovery on workers: tells the controller the specs of what was parked.
+        self.report = report
 
     def __call__(self, impls: list) -> list:
         # (The native executor runs flat programs with one output itself: it calls
@@ -139,11 +155,12 @@ class _HostCall:
         else:
             args, kwargs = optree.tree_unflatten(self.in_treedef, leaves)
             out = self.fn(*args, **kwargs)
-        return self.outputs(out)
+        return self.outputs(out, leaves)
 
-    def outputs(self, out) -> list:
+    def outputs(self, out, inputs=()) -> list:
         """The ``ArrayImpl``s of the function's result ``out``, checked against the
-        output specs (or parked for the controller, when discovering)."""
+        output specs (or parked for the controller, when discovering; then
+        ``inputs``, the function's input arrays, describe the outputs)."""
         if self.out_leaf and type(out) is Array:
             # One array out, as the specs say (the runtime checks its spec).
             return [out._impl]
@@ -152,6 +169,8 @@ class _HostCall:
         if self.result_key is not None:
             with _RESULTS_LOCK:
                 _RESULTS[self.result_key] = (leaves, treedef)
+            if self.report is not None:
+                self.report(treedef, [_describe(leaf, inputs) for leaf in leaves])
             return []
         if treedef != self.out_treedef:
             raise InvalidArgumentError(
@@ -160,16 +179,82 @@ class _HostCall:
         return [leaf._impl for leaf in leaves]
 
 
+def _describe(out: Array, inputs) -> tuple:
+    """How a host's output relates to its inputs, for the controller to give it
+    a global spec: ``(j, out shape, shape of input j, dtype)`` when it has the
+    sharding of input ``j``, else ``(None, out shape, None, dtype)``."""
+    for j, x in enumerate(inputs):
+        if x.ndim == out.ndim and x.sharding == out.sharding:
+            return (j, tuple(out.shape), tuple(x.shape), out.dtype)
+    return (None, tuple(out.shape), None, out.dtype)
+
+
+class _PopResults:
+    """A host's part of the second discovery program on workers: the outputs
+    the first one parked under ``key``."""
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def __call__(self, _impls: list) -> list:
+        with _RESULTS_LOCK:
+            parked = _RESULTS.pop(self.key, None)
+        if parked is None:
+            raise InvalidArgumentError("no parked result on this host (the discovery run did not finish here)")
+        return [leaf._impl for leaf in parked[0]]
+
+
+class _Reports:
+    """What each host's discovery run reported: (tree structure, output
+    descriptions) per host. Host callbacks run on several threads at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reports: list = []
+
+    def add(self, treedef, descriptions) -> None:
+        with self._lock:
+            self.reports.append((treedef, descriptions))
+
+    def global_specs(self, leaves: list, num_hosts: int) -> tuple:
+        """The output tree structure and global output specs (see the module
+        docs), checked to agree across hosts."""
+        if len(self.reports) != num_hosts:
+            raise InvalidArgumentError(
+                f"{len(self.reports)} of {num_hosts} hosts reported their outputs during discovery"
+            )
+        treedef = self.reports[0][0]
+        if any(t != treedef for t, _ in self.reports):
+            raise InvalidArgumentError("the colocated function returned different structures on different hosts")
+        specs = []
+        for k, first in enumerate(self.reports[0][1]):
+            if any(d[k] != first for _, d in self.reports):
+                raise InvalidArgumentError(
+                    f"output {k} differs in shape or dtype between hosts; give the function out_specs_fn"
+                )
+            j, out_shape, in_shape, dtype = first
+            if j is None:
+                raise InvalidArgumentError(
+                    f"output {k} has the sharding of none of the inputs on its hosts, so its global spec "
+                    "is unknown; give the function out_specs_fn"
+                )
+            x = leaves[j]
+            shape = tuple(o * (g // n) if n else o for o, g, n in zip(out_shape, x.shape, in_shape))
+            specs.append(ShapeDtypeStruct(shape, dtype, x.sharding))
+        return treedef, specs
+
+
 class _Entry:
     """A compiled program for one input spec."""
 
-    __slots__ = ("executable", "in_treedef", "out_shardings", "out_treedef")
+    __slots__ = ("devices", "executable", "in_treedef", "out_shardings", "out_treedef")
 
-    def __init__(self, executable, in_treedef, out_treedef, out_shardings) -> None:
+    def __init__(self, executable, in_treedef, out_treedef, out_shardings, devices) -> None:
         self.executable = executable
         self.in_treedef = in_treedef
         self.out_treedef = out_treedef
         self.out_shardings = out_shardings
+        self.devices = devices
 
 
 class ColocatedFunction(_colocated.FunctionBase):
@@ -228,7 +313,8 @@ class ColocatedFunction(_colocated.FunctionBase):
         return self._call(args, kwargs or {})[0]
 
     def _call(self, args, kwargs):
-        """The call's result and its status event (None when it already ran)."""
+        """The call's result, its status event (None when it already ran), and
+        the devices it ran on."""
         if self._pid != os.getpid():
             # A forked child: the parent's compiled programs belong to the parent's
             # runtime (and its locks may be held): start over with the child's.
@@ -240,31 +326,45 @@ class ColocatedFunction(_colocated.FunctionBase):
         entry = self._state.lookup(tree, impls)
         if entry is None or entry.in_treedef != treedef:
             if self._out_specs_fn is None:
-                return self._discover(tree, flat, treedef, leaves, impls), None
+                return self._discover(tree, flat, treedef, leaves, impls)
             entry = self._compile(tree, flat, treedef, leaves, impls)
         outputs, status = entry.executable.execute(impls)
         wrapped = [_wrap(o, s) for o, s in zip(outputs, entry.out_shardings)]
-        return optree.tree_unflatten(entry.out_treedef, wrapped), status
+        return optree.tree_unflatten(entry.out_treedef, wrapped), status, entry.devices
 
-    def _call_devices(self, impls: list) -> list:
-        return [_device_by_id(i) for i in self._state.call_devices(impls)]
+    def _call_devices(self, impls: list) -> tuple[list, bool]:
+        """The call's devices, and whether they are on worker hosts (all of them:
+        a call over the controller's host and workers at once is not supported
+        yet)."""
+        devices = [_device_by_id(i) for i in self._state.call_devices(impls)]
+        local = [d.process_index == 0 for d in devices]
+        if all(local):
+            return devices, False
+        if any(local):
+            raise UnimplementedError(
+                "a colocated Python call over both the controller's host and worker hosts is not supported yet; "
+                "use devices of the workers only"
+            )
+        return devices, True
 
-    def _program(self, leaves, out_specs, host_call: _HostCall, impls: list):
-        devices = self._call_devices(impls)
-        local = all(d.process_index == 0 for d in devices)
+    def _host_call(self, treedef, leaves, remote: bool, **kwargs) -> _HostCall:
+        # On workers the inputs are the host's part of each array, with its own
+        # sharding (the callers' objects name devices of other hosts).
+        in_shardings = [None] * len(leaves) if remote else [leaf.sharding for leaf in leaves]
+        return _HostCall(self._fn, treedef, in_shardings, **kwargs)
+
+    def _program(self, leaves, out_specs, host_call, devices, remote: bool):
+        name = getattr(self._fn, "__qualname__", "colocated_python")
+        in_specs = [_spec_leaf(leaf) for leaf in leaves]
+        out_specs = [_spec_leaf(spec) for spec in out_specs]
+        if remote:
+            payload, callbacks = _dumps_with_callbacks(host_call)
+            return _colocated.Executable.compile(name, payload, in_specs, out_specs, devices, callbacks)
         key = next(_NEXT_RESULT)
-        if local:
-            _LOCAL_PROGRAMS[key] = host_call
-            payload = _LOCAL_PREFIX + str(key).encode()
-        else:
-            payload = cloudpickle.dumps(host_call)
+        _LOCAL_PROGRAMS[key] = host_call
         try:
             return _colocated.Executable.compile(
-                getattr(self._fn, "__qualname__", "colocated_python"),
-                payload,
-                [_spec_leaf(leaf) for leaf in leaves],
-                [_spec_leaf(spec) for spec in out_specs],
-                devices,
+                name, _LOCAL_PREFIX + str(key).encode(), in_specs, out_specs, devices
             )
         finally:
             # Loading took its reference; the executable keeps the callable alive.
@@ -278,18 +378,22 @@ class ColocatedFunction(_colocated.FunctionBase):
                 raise InvalidArgumentError(
                     f"out_specs_fn must return ShapeDtypeStructs, got {type(spec).__name__}"
                 )
-        host_call = _HostCall(self._fn, treedef, [leaf.sharding for leaf in leaves], out_treedef)
-        executable = self._program(leaves, out_specs, host_call, impls)
-        entry = _Entry(executable, treedef, out_treedef, [spec.sharding for spec in out_specs])
+        devices, remote = self._call_devices(impls)
+        host_call = self._host_call(treedef, leaves, remote, out_treedef=out_treedef)
+        executable = self._program(leaves, out_specs, host_call, devices, remote)
+        entry = _Entry(executable, treedef, out_treedef, [spec.sharding for spec in out_specs], devices)
         self._state.insert(tree, impls, entry, flat, _is_leaf(out_treedef))
         return entry
 
     def _discover(self, tree, flat, treedef, leaves, impls):
         """Runs the function once, synchronously, to learn its output specs; its
-        outputs are this call's result, and the compiled program is cached."""
+        outputs are this call's result (with its status, None, and devices), and
+        the compiled program is cached."""
+        devices, remote = self._call_devices(impls)
+        if remote:
+            return self._discover_remote(tree, flat, treedef, leaves, impls, devices)
         key = next(_NEXT_RESULT)
-        in_shardings = [leaf.sharding for leaf in leaves]
-        probe = self._program(leaves, [], _HostCall(self._fn, treedef, in_shardings, result_key=key), impls)
+        probe = self._program(leaves, [], self._host_call(treedef, leaves, False, result_key=key), devices, False)
         try:
             _outputs, status = probe.execute(impls)
             status.wait()
@@ -299,12 +403,35 @@ class ColocatedFunction(_colocated.FunctionBase):
         if parked is None:
             raise InvalidArgumentError("the colocated function produced no result")
         out_leaves, out_treedef = parked
-        host_call = _HostCall(self._fn, treedef, in_shardings, out_treedef)
-        executable = self._program(leaves, [_spec_of(o) for o in out_leaves], host_call, impls)
+        host_call = self._host_call(treedef, leaves, False, out_treedef=out_treedef)
+        executable = self._program(leaves, [_spec_of(o) for o in out_leaves], host_call, devices, False)
         out_shardings = [o.sharding for o in out_leaves]
-        entry = _Entry(executable, treedef, out_treedef, out_shardings)
+        entry = _Entry(executable, treedef, out_treedef, out_shardings, devices)
         self._state.insert(tree, impls, entry, flat, _is_leaf(out_treedef))
-        return optree.tree_unflatten(out_treedef, out_leaves)
+        return optree.tree_unflatten(out_treedef, out_leaves), None, devices
+
+    def _discover_remote(self, tree, flat, treedef, leaves, impls, devices):
+        """Discovery on worker hosts (see the module docs): a probe that runs the
+        function and parks its outputs on each host, then a program that pops
+        them as global arrays."""
+        key = _new_key()
+        reports = _Reports()
+        report = HostCallback(reports.add)
+        probe_call = self._host_call(treedef, leaves, True, result_key=key, report=report)
+        probe = self._program(leaves, [], probe_call, devices, True)
+        probe.execute(impls)[1].wait()
+        num_hosts = len({d.host_index for d in devices})
+        out_treedef, out_specs = reports.global_specs(leaves, num_hosts)
+        pop = self._program(leaves, out_specs, _PopResults(key), devices, True)
+        outputs, status = pop.execute(impls)
+        status.wait()
+        out_shardings = [spec.sharding for spec in out_specs]
+        host_call = self._host_call(treedef, leaves, True, out_treedef=out_treedef)
+        executable = self._program(leaves, out_specs, host_call, devices, True)
+        entry = _Entry(executable, treedef, out_treedef, out_shardings, devices)
+        self._state.insert(tree, impls, entry, flat, _is_leaf(out_treedef))
+        wrapped = [_wrap(o, s) for o, s in zip(outputs, out_shardings)]
+        return optree.tree_unflatten(out_treedef, wrapped), None, devices
 
     def __repr__(self) -> str:
         return f"colocated_python({getattr(self._fn, '__qualname__', self._fn)!r})"

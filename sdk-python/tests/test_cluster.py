@@ -1,0 +1,263 @@
+"""A controller driving real ``python -m colocated.worker`` processes on 127.0.0.1
+through ``colocated.connect``: arrays sharded across hosts, colocated functions
+and classes on every host, host callbacks from workers, authentication and lost
+workers."""
+
+import gc
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import colocated
+from colocated import _client
+
+# Functions of this module travel by value: the workers cannot import it.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+START_TIMEOUT = 60.0
+
+
+class Worker:
+    """One worker process with ``devices`` CPU devices."""
+
+    def __init__(self, token_file, devices=2):
+        env = {k: v for k, v in os.environ.items() if k != "COLOCATED_TOKEN"}
+        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", str(devices)]
+        args += ["--token-file", str(token_file), "--heartbeat-interval", "0.25", "--session-timeout", "2"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            raise AssertionError(f"worker did not start: {line!r}")
+        self.address = line.split()[-1]
+        self.pid = self.proc.pid
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=START_TIMEOUT)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.kill()
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "token"
+    path.write_text(secrets.token_hex(32) + "\n")
+    return path
+
+
+@pytest.fixture
+def cluster(token_file):
+    """Starts ``n`` workers and connects a default client to them; restores the
+    previous default client afterwards."""
+    started = []
+    previous = _client._client
+
+    def start(n, devices=2):
+        workers = [Worker(token_file, devices) for _ in range(n)]
+        started.extend(workers)
+        client = colocated.connect([w.address for w in workers], token_file=token_file)
+        return client, workers
+
+    yield start
+    _client._client = previous
+    gc.collect()
+    for w in started:
+        w.stop()
+
+
+def sharded_arange(n, devices, dtype=np.int32):
+    mesh = colocated.Mesh(devices, ("x",))
+    return colocated.device_put(np.arange(n, dtype=dtype), colocated.NamedSharding(mesh, colocated.P("x")))
+
+
+def eventually(what, predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.02)
+
+
+def test_connect_gives_global_devices_that_report_their_host(cluster):
+    client, workers = cluster(2, devices=3)
+    assert [d.id for d in client.devices()] == list(range(6))
+    assert [d.process_index for d in client.devices()] == [1, 1, 1, 2, 2, 2]
+    assert colocated.devices() == client.devices()
+    hosts = client.hosts()
+    assert [h.name for h in hosts] == [w.address for w in workers]
+    assert [h.device_ids for h in hosts] == [[0, 1, 2], [3, 4, 5]]
+    assert all(h.is_remote for h in hosts)
+
+
+def test_an_array_over_three_hosts_runs_once_per_host_with_its_shards(cluster):
+    client, workers = cluster(3)
+    x = sharded_arange(12, client.devices())
+
+    @colocated.colocated_python
+    def add_one(x):
+        return x + 1
+
+    @colocated.colocated_python
+    def pid_of(x):
+        # Each host's part: its two shards, filled with the worker's pid.
+        assert x.shape == (4,), x.shape
+        return x * 0 + os.getpid()
+
+    y = add_one(x)
+    assert y.sharding == x.sharding
+    np.testing.assert_array_equal(np.asarray(y), np.arange(12) + 1)
+    # Later calls are asynchronous and take the compiled program.
+    np.testing.assert_array_equal(np.asarray(add_one(y)), np.arange(12) + 2)
+    assert add_one.cache_info().hits == 1
+    pids = np.asarray(pid_of(x))
+    assert pids.tolist() == [w.pid for w in workers for _ in range(4)]
+
+
+def test_a_colocated_class_is_built_lazily_per_host_and_destroyed_on_each(cluster, tmp_path):
+    client, workers = cluster(2)
+    marks = str(tmp_path / "marks")
+    os.mkdir(marks)
+
+    @colocated.colocated_python_class
+    class Counter:
+        def __init__(self, start):
+            self.count = start
+            open(os.path.join(marks, f"built-{os.getpid()}"), "w").close()
+
+        def add(self, x):
+            self.count += 1
+            return x + self.count
+
+        def __del__(self):
+            open(os.path.join(marks, f"destroyed-{os.getpid()}"), "w").close()
+
+    x = sharded_arange(4, client.devices())
+    counter = Counter(10)
+    assert not os.listdir(marks)  # lazy: nothing built before a call
+    np.testing.assert_array_equal(np.asarray(counter.add(x)), np.arange(4) + 11)
+    np.testing.assert_array_equal(np.asarray(counter.add(x)), np.arange(4) + 12)
+    assert sorted(os.listdir(marks)) == sorted(f"built-{w.pid}" for w in workers)
+    del counter
+    gc.collect()
+    expected = {f"destroyed-{w.pid}" for w in workers}
+    eventually("both hosts destroyed the object", lambda: expected <= set(os.listdir(marks)))
+
+
+def test_host_callbacks_run_in_the_controller(cluster):
+    client, workers = cluster(2)
+    seen = []
+
+    @colocated.host_callback
+    def record(pid, total):
+        seen.append((pid, total, os.getpid()))
+        return total * 2
+
+    @colocated.host_callback
+    def refuse():
+        raise PermissionError("the controller says no")
+
+    @colocated.colocated_python
+    def report(x):
+        doubled = record(os.getpid(), int(np.asarray(x).sum()))
+        return x * 0 + doubled
+
+    @colocated.colocated_python
+    def ask(x):
+        try:
+            refuse()
+        except PermissionError as error:
+            assert "says no" in str(error)
+            return x + 1
+        return x
+
+    x = sharded_arange(4, client.devices())
+    np.testing.assert_array_equal(np.asarray(report(x)), [2, 2, 10, 10])
+    assert sorted(seen) == sorted([(workers[0].pid, 1, os.getpid()), (workers[1].pid, 5, os.getpid())])
+    # The callback's exception is raised on the worker, where the function catches it.
+    np.testing.assert_array_equal(np.asarray(ask(x)), np.arange(4) + 1)
+
+
+def test_user_errors_on_a_worker_come_back_with_their_traceback(cluster):
+    client, _ = cluster(2)
+
+    @colocated.colocated_python
+    def explode(x):
+        raise ValueError("boom on the worker")
+
+    x = sharded_arange(4, client.devices())
+    with pytest.raises(colocated.ColocatedError, match="boom on the worker") as info:
+        explode(x)
+    assert "explode" in str(info.value.remote_traceback)
+
+
+def test_a_wrong_or_missing_token_is_refused_and_nothing_runs(token_file, tmp_path):
+    worker = Worker(token_file)
+    try:
+        with pytest.raises(colocated.UnauthenticatedError):
+            colocated.connect([worker.address], token="wrong", default=False)
+        with pytest.raises(colocated.UnauthenticatedError):
+            colocated.connect([worker.address], default=False)
+        client = colocated.connect([worker.address], token_file=token_file, default=False)
+        assert [h.name for h in client.hosts()] == [worker.address]
+    finally:
+        worker.stop()
+
+
+def test_a_killed_worker_fails_pending_calls_promptly_and_the_others_keep_working(cluster, tmp_path):
+    client, workers = cluster(2)
+    started = str(tmp_path / "started")
+    devices = client.devices()
+    on_a = sharded_arange(2, devices[:2])
+    on_b = sharded_arange(2, devices[2:])
+
+    @colocated.colocated_python
+    def slow(x):
+        open(started, "w").close()
+        time.sleep(60)
+        return x
+
+    @colocated.colocated_python
+    def add_one(x):
+        return x + 1
+
+    add_one(on_a)  # compiled for that spec
+    pending = add_one.specialize(out_specs_fn=lambda x: x)
+    result = []
+    caller = threading.Thread(target=lambda: result.append(_call_and_catch(slow, on_a)))
+    caller.start()
+    eventually("the slow call runs", lambda: os.path.exists(started), timeout=30)
+    follow_up = pending(on_a)  # queued behind the slow call on that worker
+    workers[0].kill()
+    began = time.monotonic()
+    with pytest.raises(colocated.UnavailableError):
+        colocated.block_until_ready(follow_up)
+    assert time.monotonic() - began < 2.0
+    caller.join(timeout=5)
+    assert isinstance(result[0], colocated.UnavailableError), result
+    # The other host keeps working.
+    np.testing.assert_array_equal(np.asarray(add_one(on_b)), [1, 2])
+
+
+def _call_and_catch(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as error:  # noqa: BLE001 - the test inspects it
+        return error
