@@ -9,6 +9,7 @@ use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::sharding::Sharding;
+use crate::transport::session::Progress;
 
 /// The spec of an array: shape, dtype and sharding (JAX's `ShapeDtypeStruct`).
 #[derive(Clone, Debug)]
@@ -100,6 +101,64 @@ impl Array {
             }
         }
         Ok(Array(Arc::new(Inner { spec, buffers })))
+    }
+
+    /// Copies the array to `sharding`, shard by shard: shard `i` moves to
+    /// device `i` of `sharding`, within a host or across hosts (see
+    /// [`Buffer::copy_to_device_with_progress`]). Returns at once; the copies
+    /// run in the calling thread's program order. `progress(bytes done, bytes
+    /// in all)` reports the bytes that crossed hosts, over all shards, from
+    /// network threads. `invalid_argument` unless every shard keeps its index
+    /// (same shape of mesh and partition; a reshard is a gather and a split).
+    pub fn copy_to_sharding(
+        &self,
+        sharding: Sharding,
+        progress: Option<Progress>,
+    ) -> Result<Array> {
+        let spec = ArraySpec::new(self.0.spec.shape.clone(), self.0.spec.dtype, sharding)?;
+        let n = self.0.buffers.len();
+        if spec.sharding.devices().len() != n {
+            return Err(Error::invalid_argument(format!(
+                "the array has {n} shards but the target sharding {}",
+                spec.sharding.devices().len()
+            )));
+        }
+        for i in 0..n {
+            if spec.sharding.shard_index(i, &spec.shape)? != self.shard_index(i)? {
+                return Err(Error::invalid_argument(
+                    "the target sharding lays the array out differently; copy its shards one \
+                     by one, or gather and put it again",
+                ));
+            }
+        }
+        let sizes: Vec<u64> = self
+            .0
+            .buffers
+            .iter()
+            .map(|b| b.on_host_size().map(|s| s as u64))
+            .collect::<Result<_>>()?;
+        let total: u64 = sizes.iter().sum();
+        let done: Arc<Vec<std::sync::atomic::AtomicU64>> =
+            Arc::new(sizes.iter().map(|_| Default::default()).collect());
+        let buffers = self
+            .0
+            .buffers
+            .iter()
+            .zip(spec.sharding.devices())
+            .enumerate()
+            .map(|(i, (b, d))| {
+                let report = progress.clone().map(|progress| {
+                    let done = done.clone();
+                    Arc::new(move |bytes: u64, _of: u64| {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        done[i].store(bytes, Relaxed);
+                        progress(done.iter().map(|d| d.load(Relaxed)).sum(), total);
+                    }) as Progress
+                });
+                b.copy_to_device_with_progress(d, report)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Array::from_parts(spec, buffers))
     }
 
     /// An array of buffers the runtime made to fit `spec` (unchecked).
