@@ -12,7 +12,7 @@ CBINDGEN_VERSION := 0.29.4
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 VENV := $(BUILD)/venv
 VENV_PY := $(VENV)/bin/python
-PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest
+PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm
 
 CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
 LDLIBS := -lpthread -ldl -lm

@@ -2,6 +2,9 @@
 //! behind the Python `colocated.Array`, and `HostView`, a pinned view of one
 //! buffer's bytes that numpy arrays can alias without a copy.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use colocated_core as core;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -229,6 +232,26 @@ impl ArrayImpl {
                 buffers.len()
             )))
         })
+    }
+}
+
+/// Bytes of a copy that crossed hosts so far, for progress bars (updated by
+/// network threads; read without waiting).
+#[pyclass(module = "colocated._colocated", frozen)]
+pub struct CopyProgress(Arc<(AtomicU64, AtomicU64)>);
+
+#[pymethods]
+impl CopyProgress {
+    /// Bytes that arrived so far.
+    #[getter]
+    fn done(&self) -> u64 {
+        self.0 .0.load(Ordering::Relaxed)
+    }
+
+    /// Bytes in all (0 until the first report).
+    #[getter]
+    fn total(&self) -> u64 {
+        self.0 .1.load(Ordering::Relaxed)
     }
 }
 
@@ -518,6 +541,39 @@ impl ArrayImpl {
     #[getter]
     fn num_shards(&self) -> usize {
         self.inner.metadata().buffers().len()
+    }
+
+    /// Copies the array shard by shard to `sharding` (same layout, other
+    /// devices, on any hosts); returns the copy at once (ready later) and a
+    /// `CopyProgress` counting the bytes that crossed hosts.
+    fn copy_to_sharding(&self, sharding: PyRef<'_, Sharding>) -> PyResult<(Self, CopyProgress)> {
+        let (client, core_sharding) = sharding.get()?;
+        let counters = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let report = counters.clone();
+        let progress: core::transport::session::Progress = Arc::new(move |done, total| {
+            report.1.store(total, Ordering::Relaxed);
+            report.0.fetch_max(done, Ordering::Relaxed);
+        });
+        let array = self
+            .array()?
+            .copy_to_sharding(core_sharding.clone(), Some(progress))
+            .map_err(py_err)?;
+        Ok((
+            ArrayImpl::wrap(client.clone(), array),
+            CopyProgress(counters),
+        ))
+    }
+
+    /// True when some shard lives on a worker host (it is read by download, not
+    /// viewed in place).
+    #[getter]
+    fn on_workers(&self) -> bool {
+        let hosts = self.client.metadata().hosts();
+        self.inner
+            .metadata()
+            .buffers()
+            .iter()
+            .any(|b| hosts[b.device().host_index()].is_remote())
     }
 
     /// Shard `i` as a single-device array sharing its buffer.

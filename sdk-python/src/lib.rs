@@ -26,6 +26,7 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sharding::Sharding>()?;
     m.add_class::<array::ArrayImpl>()?;
     m.add_class::<array::HostView>()?;
+    m.add_class::<array::CopyProgress>()?;
     m.add_class::<event::Event>()?;
     m.add_class::<colocated::FunctionState>()?;
     m.add_class::<colocated::FunctionBase>()?;

@@ -4,6 +4,7 @@ and classes on every host, host callbacks from workers, authentication and lost
 workers."""
 
 import gc
+import itertools
 import os
 import secrets
 import signal
@@ -261,3 +262,66 @@ def _call_and_catch(fn, *args):
         return fn(*args)
     except Exception as error:  # noqa: BLE001 - the test inspects it
         return error
+
+
+def test_program_order_per_thread_holds_on_a_worker_and_threads_run_concurrently(cluster):
+    client, _ = cluster(1)
+    dev0, dev1 = client.devices()
+    on = [colocated.device_put(np.full(2, i, np.int32), dev0) for i in range(30)]
+
+    @colocated.colocated_python_class
+    class Recorder:
+        def __init__(self):
+            self.log = []
+            self.barrier = threading.Barrier(2, timeout=20)
+
+        def record(self, x):
+            self.log.append(int(np.asarray(x)[0]))
+            return x
+
+        def history(self, x):
+            return colocated.device_put(np.array(self.log, np.int32), x.sharding)
+
+        def meet(self, x):
+            # Returns only once the other thread's call is inside too.
+            self.barrier.wait()
+            return x + 1
+
+    rec = Recorder()
+    rec.record(on[0])  # discovers the output spec
+    rec.record = rec.record.specialize(out_specs_fn=lambda x: x)
+    for x in on[1:]:
+        rec.record(x)  # asynchronous: queued in order
+    np.testing.assert_array_equal(np.asarray(rec.history(on[0])), np.arange(30))
+
+    x_a = colocated.device_put(np.zeros(2, np.int32), dev0)
+    x_b = colocated.device_put(np.zeros(2, np.int32), dev1)
+    results = []
+    threads = [threading.Thread(target=lambda x=x: results.append(_call_and_catch(rec.meet, x))) for x in (x_a, x_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == 2
+    for r in results:
+        assert isinstance(r, colocated.Array), r
+        np.testing.assert_array_equal(np.asarray(r), [1, 1])
+
+
+def test_arrays_copy_between_hosts_with_progress(cluster, capsys):
+    client, _ = cluster(2, devices=1)
+    on_a, on_b = client.devices()
+    n = 3 << 20  # 12 MiB: several chunks
+    x = colocated.device_put(np.arange(n, dtype=np.int32), on_a)
+    reports = []
+    y = colocated.device_put(x, on_b, progress=lambda done, total: reports.append((done, total)))
+    assert y.sharding == colocated.SingleDeviceSharding(on_b)
+    np.testing.assert_array_equal(np.asarray(y), np.arange(n))
+    assert reports[-1] == (x.nbytes, x.nbytes)
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(reports))
+    # With progress=True, a tqdm bar.
+    z = colocated.device_put(y, on_a, progress=True)
+    np.testing.assert_array_equal(np.asarray(z), np.arange(n))
+    assert "device_put" in capsys.readouterr().err
+    with pytest.raises(colocated.InvalidArgumentError, match="progress"):
+        colocated.device_put(x, on_b, progress="yes")

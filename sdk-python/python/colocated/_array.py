@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import math
 import operator as _operator
+import time
 
 import numpy as np
 import optree
@@ -198,9 +199,10 @@ class Array(NDArrayOperatorsMixin):
 
     def _value(self) -> np.ndarray:
         """The global value as a read-only numpy array; zero-copy when one buffer
-        holds the whole array, else gathered."""
+        of this process holds the whole array, else gathered (downloaded from
+        workers)."""
         impl = self._impl
-        if impl.num_shards == 1 or impl.sharding.is_fully_replicated:
+        if (impl.num_shards == 1 or impl.sharding.is_fully_replicated) and not impl.on_workers:
             return self._shard_value(0, self.shape)
         dtype = self.dtype
         if dtype == STRING:
@@ -352,7 +354,7 @@ def _is_sharding_leaf(x) -> bool:
     return x is None or isinstance(x, (Sharding, Device))
 
 
-def device_put(x, device=None):
+def device_put(x, device=None, *, progress=None):
     """Places ``x`` on devices; returns an ``Array`` (or a pytree of them).
 
     ``x``: a numpy array, a Python or numpy scalar, an ``Array``, or a pytree of
@@ -360,7 +362,16 @@ def device_put(x, device=None):
     a pytree of those that is a prefix of ``x``. An ``Array`` already laid out that
     way is returned as is. Raises ``InvalidArgumentError`` (a ``ValueError``) for an
     unsupported dtype or a shape the sharding cannot split evenly.
+
+    ``progress``: for large copies between hosts. ``True`` shows a ``tqdm`` bar;
+    a callable gets ``(bytes done, bytes in all)``. Either makes the call wait
+    until the data is in place, reporting from the calling thread. An ``Array``
+    whose shards keep their index in the new sharding (same layout, other
+    devices) is copied shard by shard, host to host; other values are placed
+    first and reported once done.
     """
+    if progress is not None:
+        return _put_with_progress(x, device, progress)
     if _is_sharding_leaf(device):
         sharding = _as_sharding(device)
         return optree.tree_map(lambda leaf: _put(leaf, sharding), x)
@@ -370,6 +381,73 @@ def device_put(x, device=None):
         x,
         is_leaf=_is_sharding_leaf,
     )
+
+
+def _put_with_progress(x, device, progress):
+    if not _is_sharding_leaf(device):
+        raise InvalidArgumentError("device_put(progress=...) takes one Device or Sharding for the whole tree")
+    sharding = _as_sharding(device)
+    report = _Reporter(progress)
+    leaves, treedef = optree.tree_flatten(x)
+    copies, trackers = [], []
+    for leaf in leaves:
+        if isinstance(leaf, Array) and not (leaf._sharding is sharding or leaf.sharding == sharding):
+            try:
+                impl, tracker = leaf._impl.copy_to_sharding(sharding._core_sharding())
+            except InvalidArgumentError:
+                copies.append(_put(leaf, sharding))  # another layout: gather and put
+                continue
+            copies.append(_wrap(impl, sharding))
+            trackers.append(tracker)
+        else:
+            copies.append(_put(leaf, sharding))
+    try:
+        pending = [c._impl.ready_event() for c in copies]
+        while not all(e.is_ready() for e in pending):
+            report(sum(t.done for t in trackers), sum(t.total for t in trackers))
+            time.sleep(_PROGRESS_PERIOD)
+        block_until_ready(copies)
+        total = sum(t.total for t in trackers) or sum(c.nbytes for c in copies)
+        report(total, total)
+    finally:
+        report.close()
+    return optree.tree_unflatten(treedef, copies)
+
+
+#: How often ``device_put(progress=...)`` reports, in seconds.
+_PROGRESS_PERIOD = 0.1
+
+
+class _Reporter:
+    """Reports ``(done, total)`` to a callable, or to a tqdm bar it owns."""
+
+    def __init__(self, progress) -> None:
+        self._bar = None
+        self._fn = None
+        if progress is True:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="device_put")
+        elif callable(progress):
+            self._fn = progress
+        else:
+            raise InvalidArgumentError(f"progress must be True or a callable, got {progress!r}")
+        self._last = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if (done, total) == self._last:
+            return
+        self._last = (done, total)
+        if self._bar is not None:
+            if total and self._bar.total != total:
+                self._bar.total = total
+            self._bar.update(done - self._bar.n)
+        else:
+            self._fn(done, total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 def _from_shard_values(shape, sharding: Sharding, values: list, dtype: np.dtype) -> Array:

@@ -200,6 +200,9 @@ class ArrayImpl:
     @property
     def num_shards(self) -> int:
         """Number of shards."""
+    @property
+    def on_workers(self) -> bool:
+        """True when some shard lives on a worker host."""
     def shard(self, i: int) -> ArrayImpl:
         """Shard ``i`` as a single-device array sharing its buffer."""
     def shard_index(self, i: int) -> list[tuple[int, int]]:
