@@ -37,6 +37,8 @@ demo: build python | $(BUILD)
 	$(BUILD)/demo
 	@echo
 	COLOCATED_NUM_CPU_DEVICES=4 $(VENV_PY) examples/demo.py
+	@echo
+	$(VENV_PY) examples/cluster_demo.py
 
 header: tools
 	cd ffi && cbindgen --config cbindgen.toml --crate colocated-ffi --quiet --output ../include/colocated.h
