@@ -109,7 +109,7 @@ typedef struct colocated_execution_context colocated_execution_context;
 /**
  * Minor version of the C API. Bumped for every additive change.
  */
-#define COLOCATED_API_VERSION_MINOR 0
+#define COLOCATED_API_VERSION_MINOR 1
 
 /**
  * `(major << 16) | minor`, as [`colocated_api_version`] returns it.
@@ -527,6 +527,62 @@ typedef struct {
    */
   uint32_t executor_threads;
 } colocated_client_options;
+
+/**
+ * Options of `colocated_client_connect`. Zero fields mean "default"; the fields
+ * through `num_workers` are required.
+ */
+typedef struct {
+  /**
+   * `COLOCATED_STRUCT_SIZE(colocated_connect_options, executor_threads)` or `sizeof`.
+   */
+  size_t struct_size;
+  /**
+   * The workers' addresses, `HOST:PORT` each (borrowed for the call); worker `i`
+   * becomes process `i + 1`.
+   */
+  const colocated_string_view *workers;
+  /**
+   * Number of workers (0 with `include_local`: a client of this process only).
+   */
+  size_t num_workers;
+  /**
+   * The workers' token (empty: none, only for a worker started as insecure).
+   */
+  colocated_string_view token;
+  /**
+   * CA certificate(s), PEM, that the workers' TLS certificates must chain to
+   * (copied). Empty: plain TCP.
+   */
+  const uint8_t *tls_ca;
+  /**
+   * Size of `tls_ca` in bytes.
+   */
+  size_t tls_ca_size;
+  /**
+   * The name the workers' certificates must carry (empty: the host part of
+   * each address). Used only with `tls_ca`.
+   */
+  colocated_string_view tls_domain;
+  /**
+   * Bound, in milliseconds, of connecting to each worker and of each later
+   * request to it (0: 10 seconds).
+   */
+  uint32_t timeout_ms;
+  /**
+   * 1: this process is a host too (process 0, first in `colocated_client_hosts`);
+   * 0: only the workers are. Other values are `invalid_argument`.
+   */
+  uint32_t include_local;
+  /**
+   * CPU devices of the local host, when `include_local` (0: the number of cores).
+   */
+  uint32_t num_cpu_devices;
+  /**
+   * Executor threads of this process (0: the number of cores, at least 2).
+   */
+  uint32_t executor_threads;
+} colocated_connect_options;
 
 /**
  * One device attribute (borrowed from the device).
@@ -1057,8 +1113,31 @@ colocated_error *colocated_client_create_local(const colocated_client_options *o
                                                colocated_client **out);
 
 /**
+ * Creates a client of worker hosts (and of this process too, with
+ * `include_local`): connects to each worker in order and opens a session on it.
+ * Devices get global ids host after host. `options` is required and only read
+ * during the call. On success `*out` is a new client the caller owns (destroy
+ * with `colocated_client_destroy`; the sessions close, without blocking, once
+ * every object made from the client is gone); on error `*out` is not written.
+ *
+ * Blocking: connects to the workers one after another, waiting up to `timeout_ms`
+ * for each.
+ * Errors: `invalid_argument` for a bad options struct, an address that does not
+ * parse, a bad token, out-of-range counts or no host at all (no workers and
+ * `include_local` 0); `unavailable` for a worker that cannot be reached;
+ * `unauthenticated` for a token a worker refuses; `failed_precondition` for a
+ * worker that speaks no common protocol version or has no devices;
+ * `unimplemented` for a worker with devices this build cannot drive. Messages
+ * about a worker name its address.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_connect(const colocated_connect_options *options,
+                                          colocated_client **out);
+
+/**
  * Releases the caller's client handle. Objects made from the client stay usable;
- * the runtime (executor threads) stops when the last of them is gone. Accepts NULL.
+ * when the last of them is gone, the runtime stops (executor threads end; sessions
+ * on worker hosts are closed in the background). Accepts NULL.
  *
  * Thread-safety: any thread, once per handle, with no other call using it.
  */
@@ -1307,6 +1386,14 @@ colocated_error *colocated_host_name(const colocated_host *handle_, colocated_st
 colocated_error *colocated_host_devices(const colocated_host *handle_,
                                         const colocated_device *const **items,
                                         size_t *count);
+
+/**
+ * Whether the host is a worker reached over the network (`true`) rather than
+ * this process (`false`, the host named `"local"`).
+ *
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_host_is_remote(const colocated_host *handle_, bool *out);
 
 /**
  * The error's code. Returns `COLOCATED_INVALID_ARGUMENT` for NULL.

@@ -3,8 +3,13 @@
 
 use std::ffi::CString;
 use std::sync::Arc;
+use std::time::Duration;
 
-use colocated_core::{AttributeValue, Client, ClientOptions, Device, Error, Result, Stream};
+use colocated_core::transport::session::ConnectOptions;
+use colocated_core::transport::Token;
+use colocated_core::{
+    AttributeValue, Client, ClientOptions, ClusterOptions, Device, Error, Result, Stream,
+};
 
 use crate::device::{
     colocated_attribute_type, colocated_device, colocated_device_attribute, colocated_host,
@@ -137,6 +142,7 @@ impl ClientShell {
                     .filter_map(|id| devices.iter().position(|d| d.device.id() == *id))
                     .map(|i| device_ptrs[i])
                     .collect(),
+                remote: h.is_remote(),
             })
             .collect();
         let host_ptrs = hosts.iter().map(|h| h as *const _).collect();
@@ -243,8 +249,122 @@ pub unsafe extern "C" fn colocated_client_create_local(
     })
 }
 
+/// Options of `colocated_client_connect`. Zero fields mean "default"; the fields
+/// through `num_workers` are required.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct colocated_connect_options {
+    /// `COLOCATED_STRUCT_SIZE(colocated_connect_options, executor_threads)` or `sizeof`.
+    pub struct_size: usize,
+    /// The workers' addresses, `HOST:PORT` each (borrowed for the call); worker `i`
+    /// becomes process `i + 1`.
+    pub workers: *const colocated_string_view,
+    /// Number of workers (0 with `include_local`: a client of this process only).
+    pub num_workers: usize,
+    /// The workers' token (empty: none, only for a worker started as insecure).
+    pub token: colocated_string_view,
+    /// CA certificate(s), PEM, that the workers' TLS certificates must chain to
+    /// (copied). Empty: plain TCP.
+    pub tls_ca: *const u8,
+    /// Size of `tls_ca` in bytes.
+    pub tls_ca_size: usize,
+    /// The name the workers' certificates must carry (empty: the host part of
+    /// each address). Used only with `tls_ca`.
+    pub tls_domain: colocated_string_view,
+    /// Bound, in milliseconds, of connecting to each worker and of each later
+    /// request to it (0: 10 seconds).
+    pub timeout_ms: u32,
+    /// 1: this process is a host too (process 0, first in `colocated_client_hosts`);
+    /// 0: only the workers are. Other values are `invalid_argument`.
+    pub include_local: u32,
+    /// CPU devices of the local host, when `include_local` (0: the number of cores).
+    pub num_cpu_devices: u32,
+    /// Executor threads of this process (0: the number of cores, at least 2).
+    pub executor_threads: u32,
+}
+versioned!(colocated_connect_options, required: num_workers,
+    fields: [struct_size, workers, num_workers, token, tls_ca, tls_ca_size, tls_domain, timeout_ms, include_local, num_cpu_devices, executor_threads]);
+
+/// The core options of a caller's `colocated_connect_options`.
+unsafe fn cluster_options(o: &colocated_connect_options) -> Result<ClusterOptions> {
+    let include_local = match o.include_local {
+        0 => false,
+        1 => true,
+        n => {
+            return Err(Error::invalid_argument(format!(
+                "include_local must be 0 or 1, got {n}"
+            )))
+        }
+    };
+    let token = match o.token.to_str("token")? {
+        "" => None,
+        text => Some(Token::new(text)?),
+    };
+    let tls_ca = slice(o.tls_ca, o.tls_ca_size, "tls_ca")?;
+    let tls_ca = (!tls_ca.is_empty()).then(|| tls_ca.to_vec());
+    let tls_domain = match o.tls_domain.to_str("tls_domain")? {
+        "" => None,
+        domain => Some(domain.to_string()),
+    };
+    let workers = slice(o.workers, o.num_workers, "workers")?
+        .iter()
+        .enumerate()
+        .map(|(i, address)| {
+            let mut w =
+                ConnectOptions::new(address.to_str(&format!("workers[{i}]"))?, token.clone());
+            if o.timeout_ms != 0 {
+                w.timeout = Duration::from_millis(u64::from(o.timeout_ms));
+            }
+            w.tls_ca = tls_ca.clone();
+            w.tls_domain = tls_domain.clone();
+            Ok(w)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ClusterOptions {
+        workers,
+        include_local,
+        local: ClientOptions {
+            num_cpu_devices: (o.num_cpu_devices != 0).then_some(o.num_cpu_devices as usize),
+            executor_threads: (o.executor_threads != 0).then_some(o.executor_threads as usize),
+        },
+    })
+}
+
+/// Creates a client of worker hosts (and of this process too, with
+/// `include_local`): connects to each worker in order and opens a session on it.
+/// Devices get global ids host after host. `options` is required and only read
+/// during the call. On success `*out` is a new client the caller owns (destroy
+/// with `colocated_client_destroy`; the sessions close, without blocking, once
+/// every object made from the client is gone); on error `*out` is not written.
+///
+/// Blocking: connects to the workers one after another, waiting up to `timeout_ms`
+/// for each.
+/// Errors: `invalid_argument` for a bad options struct, an address that does not
+/// parse, a bad token, out-of-range counts or no host at all (no workers and
+/// `include_local` 0); `unavailable` for a worker that cannot be reached;
+/// `unauthenticated` for a token a worker refuses; `failed_precondition` for a
+/// worker that speaks no common protocol version or has no devices;
+/// `unimplemented` for a worker with devices this build cannot drive. Messages
+/// about a worker name its address.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_client_connect(
+    options: *const colocated_connect_options,
+    out: *mut *mut colocated_client,
+) -> *mut colocated_error {
+    boundary(|| {
+        let o = read_versioned(options, false)?;
+        if out.is_null() {
+            return Err(Error::invalid_argument("out-parameter out is NULL"));
+        }
+        let client = Client::connect(&cluster_options(&o)?)?;
+        put_box(out, colocated_client::new(ClientShell::new(client)), "out")
+    })
+}
+
 /// Releases the caller's client handle. Objects made from the client stay usable;
-/// the runtime (executor threads) stops when the last of them is gone. Accepts NULL.
+/// when the last of them is gone, the runtime stops (executor threads end; sessions
+/// on worker hosts are closed in the background). Accepts NULL.
 ///
 /// Thread-safety: any thread, once per handle, with no other call using it.
 #[no_mangle]

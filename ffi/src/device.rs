@@ -81,6 +81,7 @@ pub struct colocated_host {
     pub(crate) process_index: u32,
     pub(crate) name: CString,
     pub(crate) devices: Vec<*const colocated_device>,
+    pub(crate) remote: bool,
 }
 
 /// The device's global id.
@@ -281,6 +282,17 @@ pub unsafe extern "C" fn colocated_host_devices(
     count: *mut usize,
 ) -> *mut colocated_error {
     get_list(handle_, items, count, |h| &h.devices)
+}
+/// Whether the host is a worker reached over the network (`true`) rather than
+/// this process (`false`, the host named `"local"`).
+///
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_host_is_remote(
+    handle_: *const colocated_host,
+    out: *mut bool,
+) -> *mut colocated_error {
+    get(handle_, out, |h| h.remote)
 }
 
 tagged! {

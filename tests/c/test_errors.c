@@ -262,6 +262,7 @@ TEST(every_function_rejects_a_null_handle) {
   INVALID(colocated_host_process_index(NULL, &u32));
   INVALID(colocated_host_name(NULL, &s));
   INVALID(colocated_host_devices(NULL, &devices, &sz));
+  INVALID(colocated_host_is_remote(NULL, &flag));
   INVALID(colocated_stream_id(NULL, &u64));
   INVALID(colocated_sharding_create_replicated(NULL, NULL, 0, &sharding));
   INVALID(colocated_sharding_create_named(NULL, &sharding));
@@ -361,6 +362,7 @@ TEST(every_getter_rejects_a_null_out_parameter) {
   OUT_NULL(colocated_host_name(f.host, NULL));
   OUT_NULL(colocated_host_devices(f.host, NULL, &sz));
   OUT_NULL(colocated_host_devices(f.host, &devices, NULL));
+  OUT_NULL(colocated_host_is_remote(f.host, NULL));
   OUT_NULL(colocated_stream_id(f.stream, NULL));
   OUT_NULL(colocated_event_is_ready(f.event, NULL));
   OUT_NULL(colocated_sharding_devices(f.sharding, NULL, &sz));
@@ -542,6 +544,14 @@ static colocated_error *try_client_options(struct fixture *f, const void *args) 
   return err;
 }
 
+static colocated_error *try_connect_options(struct fixture *f, const void *args) {
+  (void)f;
+  colocated_client *c = NULL;
+  colocated_error *err = colocated_client_connect(args, &c);
+  colocated_client_destroy(c);
+  return err;
+}
+
 static colocated_error *try_buffer_args(struct fixture *f, const void *args) {
   (void)f;
   colocated_buffer *b = NULL;
@@ -628,6 +638,20 @@ TEST(client_options_follow_the_struct_size_rules) {
   o.executor_threads = 1;
   check_versions(&f, try_client_options, &o, sizeof o, END(colocated_client_options, num_cpu_devices), 4,
                  offsetof(colocated_client_options, num_cpu_devices) + 2);
+  fixture_destroy(&f);
+}
+
+TEST(connect_options_follow_the_struct_size_rules) {
+  struct fixture f;
+  fixture_make(&f);
+  /* the local host alone, so that a valid struct connects without a worker (an
+   * older caller's struct is checked against a worker in test_connect.c) */
+  colocated_connect_options o = {sizeof o};
+  o.include_local = 1;
+  o.num_cpu_devices = 1;
+  o.executor_threads = 1;
+  check_versions(&f, try_connect_options, &o, sizeof o, 0, END(colocated_connect_options, workers),
+                 offsetof(colocated_connect_options, timeout_ms) + 2);
   fixture_destroy(&f);
 }
 
@@ -766,6 +790,9 @@ TEST(versioned_structs_passed_as_null_are_defaults_or_errors) {
   CHECK_CODE_MSG(colocated_client_make_loaded_host_callback(f.client, NULL, &cb), COLOCATED_INVALID_ARGUMENT,
                  "is NULL");
   CHECK_CODE_MSG(colocated_client_compile(f.client, NULL, NULL, &exe), COLOCATED_INVALID_ARGUMENT, "is NULL");
+  colocated_client *c = NULL;
+  CHECK_CODE_MSG(colocated_client_connect(NULL, &c), COLOCATED_INVALID_ARGUMENT, "is NULL");
+  CHECK(c == NULL);
   const colocated_array_spec *null_spec[1] = {NULL};
   colocated_program p = make_program("native", "add_one", null_spec, 1, NULL, 0, &f.device, 1);
   CHECK_CODE_MSG(colocated_client_compile(f.client, &p, NULL, &exe), COLOCATED_INVALID_ARGUMENT, "is NULL");
