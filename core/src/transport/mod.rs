@@ -202,8 +202,13 @@ pub fn to_status(err: &Error) -> tonic::Status {
 /// The core error of a gRPC status. Codes without a core counterpart
 /// (`unknown`, `aborted`, `out_of_range`, `data_loss`, ...) become `internal`,
 /// except `ok`, which is no error and becomes `internal` too (a broken peer).
+/// A request that ran out of time (tonic reports it as cancelled) is
+/// `deadline_exceeded`.
 pub fn from_status(status: &tonic::Status) -> Error {
     let code = match status.code() {
+        tonic::Code::Cancelled if status.message() == TIMEOUT_EXPIRED => {
+            ErrorCode::DeadlineExceeded
+        }
         tonic::Code::Cancelled => ErrorCode::Cancelled,
         tonic::Code::InvalidArgument => ErrorCode::InvalidArgument,
         tonic::Code::DeadlineExceeded => ErrorCode::DeadlineExceeded,
@@ -219,6 +224,10 @@ pub fn from_status(status: &tonic::Status) -> Error {
     };
     Error::new(code, status.message())
 }
+
+/// The message of tonic's status for a request that timed out
+/// (`tonic::TimeoutExpired`).
+const TIMEOUT_EXPIRED: &str = "Timeout expired";
 
 /// The process-wide tokio runtime of the transport (two threads; built on first
 /// use).

@@ -387,10 +387,16 @@ impl RemoteSession {
             if let Some(value) = connect_authorization {
                 request.metadata_mut().insert(AUTHORIZATION, value);
             }
-            let response = rpc
-                .open_session(request)
-                .await
-                .map_err(|s| from_status(&s).context(format!("worker {address}")))?;
+            let response = rpc.open_session(request).await.map_err(|s| {
+                let err = from_status(&s);
+                if err.code() == ErrorCode::DeadlineExceeded {
+                    // Connected, but it never answered: as good as unreachable.
+                    return Error::unavailable(format!(
+                        "worker {address} did not answer within {timeout:?}"
+                    ));
+                }
+                err.context(format!("worker {address}"))
+            })?;
             Ok::<_, Error>((rpc, response.into_inner()))
         })??;
         if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION_MAX).contains(&response.version) {
