@@ -2,6 +2,9 @@
 //! same run:
 //! - a unary request round trip (`Heartbeat`: token and session checks
 //!   included) against a 1-byte TCP ping-pong;
+//! - an execution of a native no-op on the worker through a connected client
+//!   (`Client::connect`, execute, wait): one control-stream round trip, and
+//!   pipelined executions from one thread;
 //! - a 256 MiB buffer upload (`put_buffer`) and download (`get_buffer`) against
 //!   raw TCP throughput of the same bytes.
 //!
@@ -16,7 +19,9 @@ use colocated_core::transport::proto::BufferSpec;
 use colocated_core::transport::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
-use colocated_core::{Client, ClientOptions, DType};
+use colocated_core::{
+    Client, ClientOptions, ClusterOptions, CompileOptions, DType, ExecuteOptions, Program,
+};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -92,11 +97,14 @@ fn main() {
         executor_threads: Some(2),
     })
     .expect("client");
+    client
+        .register_native_function("noop", |_ctx| Ok(()))
+        .expect("register");
     let token = Token::generate().expect("token");
     let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).expect("worker");
     let session = RemoteSession::connect(&ConnectOptions::new(
         worker.local_addr().to_string(),
-        Some(token),
+        Some(token.clone()),
     ))
     .expect("session");
     let raw = raw_server();
@@ -111,6 +119,43 @@ fn main() {
         ping.write_all(&byte).expect("ping");
         ping.read_exact(&mut byte).expect("pong");
     });
+
+    // Executions through a connected client.
+    let cluster = Client::connect(&ClusterOptions {
+        workers: vec![ConnectOptions::new(
+            worker.local_addr().to_string(),
+            Some(token.clone()),
+        )],
+        include_local: false,
+        local: ClientOptions::default(),
+    })
+    .expect("connect");
+    let noop = cluster
+        .compile(
+            Program::native("noop", vec![], vec![], cluster.devices().to_vec()),
+            CompileOptions::default(),
+        )
+        .expect("compile");
+    let options = ExecuteOptions::default();
+    let execute = time_per_call(5, 2000, || {
+        let run = noop.execute(&[], &options).expect("execute");
+        run.status.wait().expect("run");
+    });
+    // 20k executions, then a wait for the last (which waits for all: one stream).
+    let pipelined = median(
+        (0..3)
+            .map(|_| {
+                let n = 20_000;
+                let start = Instant::now();
+                let mut last = None;
+                for _ in 0..n {
+                    last = Some(noop.execute(&[], &options).expect("execute").status);
+                }
+                last.expect("ran").wait().expect("run");
+                start.elapsed().as_secs_f64() / n as f64
+            })
+            .collect(),
+    );
 
     // Bulk: 256 MiB.
     let data = Bytes::from(vec![7u8; BULK]);
@@ -171,6 +216,22 @@ fn main() {
         tcp * 1e6,
         rpc / tcp,
         "-"
+    );
+    println!(
+        "{:<44} {:>9.1} µs {:>13.1} µs {:>7.2}x {:>10}",
+        "execute + wait, native no-op on the worker",
+        execute * 1e6,
+        tcp * 1e6,
+        execute / tcp,
+        "-"
+    );
+    println!(
+        "{:<44} {:>8.1} k/s {:>16} {:>8} {:>10}",
+        "pipelined executions, 1 thread",
+        1e-3 / pipelined,
+        "",
+        "",
+        ">= 20k/s"
     );
     println!(
         "{:<44} {:>7.2} GB/s {:>11.2} GB/s {:>7.0}% {:>10}",

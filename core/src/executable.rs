@@ -187,6 +187,27 @@ impl LoadedExecutable {
     /// including a failed input producer — is delivered on the outputs' ready events
     /// and on `status`.
     pub fn execute(&self, args: &[Array], options: &ExecuteOptions) -> Result<Execution> {
+        self.execute_with(args, options, false)
+    }
+
+    /// [`execute`](Self::execute) for a caller that will not wait on the
+    /// execution in this process (a worker serving a controller): executor
+    /// threads take it at once, instead of a waiting thread getting the first
+    /// chance to run it.
+    pub(crate) fn execute_detached(
+        &self,
+        args: &[Array],
+        options: &ExecuteOptions,
+    ) -> Result<Execution> {
+        self.execute_with(args, options, true)
+    }
+
+    fn execute_with(
+        &self,
+        args: &[Array],
+        options: &ExecuteOptions,
+        detached: bool,
+    ) -> Result<Execution> {
         let specs = &self.0.program.input_specs;
         if args.len() != specs.len() {
             return Err(Error::invalid_argument(format!(
@@ -256,7 +277,8 @@ impl LoadedExecutable {
                 Ok(Array::from_parts(spec.clone(), buffers))
             })
             .collect::<Result<Vec<_>>>()?;
-        for task in tasks.0.into_iter().chain(tasks.1) {
+        for mut task in tasks.0.into_iter().chain(tasks.1) {
+            task.waiter_first &= !detached;
             self.enqueue(&stream, task);
         }
         let status = match statuses {

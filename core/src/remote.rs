@@ -113,6 +113,31 @@ impl RemoteBuffer {
         done: Event,
     ) {
         use std::sync::atomic::{AtomicUsize, Ordering};
+        if len <= crate::transport::MAX_INLINE_READ_BYTES {
+            // One message on the control stream: no stream of its own to open.
+            let address = self.host.session.address().to_string();
+            self.host.session.read_small_buffer_then(
+                self.handle,
+                Box::new(move |result| {
+                    let result = result.and_then(|data| {
+                        if data.len() != len {
+                            return Err(Error::internal(format!(
+                                "worker {address} sent {} bytes of a {len}-byte buffer",
+                                data.len()
+                            )));
+                        }
+                        write(0, &data);
+                        if let Some(progress) = &progress {
+                            progress(len as u64, len as u64);
+                        }
+                        Ok(())
+                    });
+                    drop(keep);
+                    done.set_if_pending(result);
+                }),
+            );
+            return;
+        }
         let received = Arc::new(AtomicUsize::new(0));
         let counter = received.clone();
         let address = self.host.session.address().to_string();

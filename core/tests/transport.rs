@@ -505,3 +505,35 @@ fn a_refused_control_operation_fails_its_outputs_and_flush_reports_it() {
     assert_eq!(i32_values(&session.get_buffer(fine).unwrap()), vec![2; 4]);
     assert_eq!(log.lock().unwrap().len(), 1, "only the valid execution ran");
 }
+
+#[test]
+fn small_reads_on_the_control_stream_follow_earlier_operations_and_check_their_size() {
+    let (worker, token) = worker(|_| {});
+    let session = connect(&worker, &token);
+    let read = |handle: u64| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        session.read_small_buffer_then(handle, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap()
+    };
+    let small = session.new_handle();
+    session
+        .put_buffer(small, spec(0, DType::U8, &[1000]), pattern(1000))
+        .unwrap();
+    assert_eq!(read(small).unwrap(), pattern(1000));
+    // Another session's handle, or none at all: not found.
+    let other = connect(&worker, &token);
+    let (tx, rx) = std::sync::mpsc::channel();
+    other.read_small_buffer_then(small, Box::new(move |r| tx.send(r).unwrap()));
+    let err = rx.recv().unwrap().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    // Over the limit: the chunked GetBuffer is the way.
+    let big = session.new_handle();
+    let len = colocated_core::transport::MAX_INLINE_READ_BYTES + 1;
+    session
+        .put_buffer(big, spec(0, DType::U8, &[len as i64]), pattern(len))
+        .unwrap();
+    let err = read(big).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(err.message().contains("GetBuffer"), "{err}");
+    assert_eq!(session.get_buffer(big).unwrap().len(), len);
+}

@@ -229,6 +229,10 @@ pub fn from_status(status: &tonic::Status) -> Error {
 /// (`tonic::TimeoutExpired`).
 const TIMEOUT_EXPIRED: &str = "Timeout expired";
 
+/// The largest buffer read on the control stream (`ReadBufferRequest`); larger
+/// ones stream in chunks (`GetBuffer`).
+pub const MAX_INLINE_READ_BYTES: usize = 1 << 20;
+
 /// The process-wide tokio runtime of the transport (two threads; built on first
 /// use).
 pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime> {

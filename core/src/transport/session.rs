@@ -16,7 +16,7 @@ use super::proto::worker_client::WorkerClient;
 use super::proto::{
     control_request, BufferSpec, CloseSessionRequest, ControlRequest, ControlResponse,
     DeleteBuffersRequest, ExecuteRequest, GetBufferRequest, HeartbeatRequest, HostCallbackCall,
-    HostInfo, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
+    HostInfo, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk, ReadBufferRequest,
 };
 use super::{
     from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
@@ -62,19 +62,27 @@ struct ControlState {
     broken: std::sync::Mutex<Option<Error>>,
     changed: tokio::sync::Notify,
     /// What to run when an execution finishes, by `seq`.
-    pending: std::sync::Mutex<HashMap<u64, Completion>>,
+    pending: std::sync::Mutex<HashMap<u64, Finish>>,
 }
 
 /// Runs once with the outcome of an operation: on a network thread, so it must
 /// not block.
 pub type Completion = Box<dyn FnOnce(Result<()>) + Send>;
 
+/// What runs when an operation finishes, with the data of a read.
+type Finish = Box<dyn FnOnce(Result<Bytes>) + Send>;
+
+/// A completion that ignores the data of the answer.
+fn finish_of(completion: Completion) -> Finish {
+    Box::new(move |result: Result<Bytes>| completion(result.map(|_| ())))
+}
+
 impl Control {
     /// Sends `op` with the next `seq`; see `RemoteSession::send_control`.
     fn send(
         &self,
         op: control_request::Op,
-        completion: Option<Completion>,
+        completion: Option<Finish>,
         lost: &Event,
     ) -> Result<()> {
         let mut sender = lock(&self.sender);
@@ -129,7 +137,7 @@ impl ControlState {
     }
 
     /// Runs the completion of operation `seq`, if it is still waiting.
-    fn complete(&self, seq: u64, result: Result<()>) {
+    fn complete(&self, seq: u64, result: Result<Bytes>) {
         let completion = lock(&self.pending).remove(&seq);
         if let Some(completion) = completion {
             completion(result);
@@ -139,7 +147,7 @@ impl ControlState {
     /// Fails every waiting completion with `err` (the stream broke, the worker
     /// is lost).
     fn fail_all(&self, err: &Error) {
-        let drained: Vec<Completion> = lock(&self.pending).drain().map(|(_, c)| c).collect();
+        let drained: Vec<Finish> = lock(&self.pending).drain().map(|(_, c)| c).collect();
         for completion in drained {
             completion(Err(err.clone()));
         }
@@ -184,13 +192,14 @@ async fn read_answers(
                 }
                 let result = answer_result(&answer);
                 if answer.finished {
-                    state.complete(answer.seq, result);
+                    let data = std::mem::take(&mut answer.data);
+                    state.complete(answer.seq, result.map(|()| data));
                     continue;
                 }
-                if let Err(err) = &result {
+                if let Err(err) = result {
                     tracing::debug!(seq = answer.seq, error = %err, "control operation failed");
                     lock(&state.failed).get_or_insert(err.clone());
-                    state.complete(answer.seq, result);
+                    state.complete(answer.seq, Err(err));
                 }
                 state.acked.fetch_max(answer.seq, Ordering::SeqCst);
                 state.changed.notify_waiters();
@@ -701,6 +710,11 @@ impl RemoteSession {
     /// has finished (executions), or at once with the error if it cannot be
     /// sent (which is also returned).
     fn send_control(&self, op: control_request::Op, completion: Option<Completion>) -> Result<()> {
+        self.send_control_then(op, completion.map(finish_of))
+    }
+
+    /// `send_control` with a completion that gets the answer's data.
+    fn send_control_then(&self, op: control_request::Op, completion: Option<Finish>) -> Result<()> {
         match self.inner.alive().and_then(|()| self.control()) {
             Ok(control) => control.send(op, completion, &self.inner.lost),
             Err(err) => {
@@ -710,6 +724,17 @@ impl RemoteSession {
                 Err(err)
             }
         }
+    }
+
+    /// Reads buffer `handle` (at most
+    /// [`MAX_INLINE_READ_BYTES`](super::MAX_INLINE_READ_BYTES)) on the
+    /// control stream, after every operation sent before, without blocking:
+    /// `done` gets its bytes once it is ready on the worker (on a network
+    /// thread, or on this one when the session is already lost).
+    pub fn read_small_buffer_then(&self, handle: u64, done: Box<dyn FnOnce(Result<Bytes>) + Send>) {
+        let op = control_request::Op::ReadBuffer(ReadBufferRequest { handle });
+        // A failure to send has run `done` already.
+        let _ = self.send_control_then(op, Some(done));
     }
 
     /// Host callbacks of executable `executable` (a handle of this session):

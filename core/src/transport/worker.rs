@@ -21,8 +21,8 @@ use super::proto::{
     PutBufferChunk, PutBufferResponse,
 };
 use super::{
-    runtime, to_status, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
-    PROTOCOL_VERSION_MIN, SESSION,
+    runtime, to_status, SessionId, Token, AUTHORIZATION, MAX_INLINE_READ_BYTES, MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, SESSION,
 };
 use crate::array::Array;
 use crate::buffer::Buffer;
@@ -89,10 +89,10 @@ pub struct Worker {
     local_addr: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
 }
 
-struct Shared {
+pub(super) struct Shared {
     token: Option<Token>,
     client: Client,
     sessions: Mutex<HashMap<SessionId, Session>>,
@@ -267,7 +267,7 @@ async fn reap_sessions(shared: std::sync::Weak<Shared>) {
     }
 }
 
-struct Service(Arc<Shared>);
+pub(super) struct Service(pub(super) Arc<Shared>);
 
 impl Service {
     /// Refuses a request without the worker's token.
@@ -506,7 +506,8 @@ impl Service {
                 request.outputs.len()
             )));
         }
-        let run = exe.execute(
+        // Nobody waits here: the executors take it at once.
+        let run = exe.execute_detached(
             &args,
             &ExecuteOptions {
                 stream: Some(stream),
@@ -526,13 +527,46 @@ impl Service {
     /// One operation of a control stream. A failed execution still makes its
     /// output buffers, failed with its error, so that whoever reads them learns
     /// why.
-    /// Returns the status of a queued execution (`None` for other operations).
-    fn apply(&self, id: SessionId, op: Option<control_request::Op>) -> Result<Option<Event>> {
+    /// Returns what finishes later: a queued execution, or a read.
+    fn apply(&self, id: SessionId, op: Option<control_request::Op>) -> Result<Option<Later>> {
         match op {
             Some(control_request::Op::Execute(request)) => self
                 .execute(id, &request)
-                .map(Some)
+                .map(|status| Some(Later::Execution(status)))
                 .inspect_err(|e| self.fail_outputs(id, &request.outputs, e)),
+            Some(control_request::Op::ReadBuffer(request)) => {
+                let buffer = self.with_session(id, |session| {
+                    session
+                        .buffers
+                        .get(&request.handle)
+                        .cloned()
+                        .ok_or_else(|| {
+                            Error::not_found(format!(
+                                "no buffer {} in this session",
+                                request.handle
+                            ))
+                        })
+                })?;
+                // Fixed-size elements only: the size must be known without
+                // waiting for the buffer (this runs on a network thread).
+                let size = match buffer.dtype().byte_size() {
+                    Some(_) => buffer.on_host_size()?,
+                    None => {
+                        return Err(Error::invalid_argument(format!(
+                            "buffer {} holds strings, which are not read on the control stream",
+                            request.handle
+                        )))
+                    }
+                };
+                if size > MAX_INLINE_READ_BYTES {
+                    return Err(Error::invalid_argument(format!(
+                        "buffer {} has {size} bytes; reads on the control stream take at most \
+                         {MAX_INLINE_READ_BYTES} (use GetBuffer)",
+                        request.handle
+                    )));
+                }
+                Ok(Some(Later::Read(buffer)))
+            }
             Some(control_request::Op::DeleteBuffers(request)) => self.with_session(id, |session| {
                 for handle in &request.handles {
                     if let Some(buffer) = session.buffers.remove(handle) {
@@ -627,7 +661,16 @@ fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlRespo
         finished,
         host_callback: None,
         remote_traceback,
+        data: Bytes::new(),
     }
+}
+
+/// What a control operation leaves to finish later, answered a second time.
+enum Later {
+    /// A queued execution: its status.
+    Execution(Event),
+    /// A read of a small buffer: its bytes once it is ready.
+    Read(Buffer),
 }
 
 /// Fails the host callback calls of a session when its control stream ends.
@@ -714,8 +757,8 @@ impl WorkerRpc for Service {
                         "control operation {seq} out of order (expected {expected})"
                     )))
                 };
-                let (status, applied) = match result {
-                    Ok(status) => (status, Ok(())),
+                let (later, applied) = match result {
+                    Ok(later) => (later, Ok(())),
                     Err(e) => (None, Err(e)),
                 };
                 if answers
@@ -724,12 +767,29 @@ impl WorkerRpc for Service {
                 {
                     return;
                 }
-                if let Some(status) = status {
-                    let answers = answers.clone();
-                    status.on_ready(move |result| {
-                        // The controller may be gone: nobody to tell.
+                // The controller may be gone by the time these finish: then
+                // nobody is told.
+                let answers = answers.clone();
+                match later {
+                    None => {}
+                    Some(Later::Execution(status)) => status.on_ready(move |result| {
                         let _ = answers.send(Ok(control_answer(seq, &result, true)));
-                    });
+                    }),
+                    Some(Later::Read(buffer)) => {
+                        let ready = buffer.ready_event().clone();
+                        ready.on_ready(move |status| {
+                            let read = status.and_then(|()| buffer.to_host_vec());
+                            let mut answer = control_answer(
+                                seq,
+                                &read.as_ref().map(|_| ()).map_err(Clone::clone),
+                                true,
+                            );
+                            if let Ok(data) = read {
+                                answer.data = data.into();
+                            }
+                            let _ = answers.send(Ok(answer));
+                        });
+                    }
                 }
             }
         });
