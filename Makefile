@@ -84,11 +84,13 @@ bench: bench-rust bench-python
 bench-rust:
 	$(CARGO) bench --workspace
 
-# A release build of the SDK beside jax[cpu], the baseline it is measured against.
+# A release build of the SDK beside its baselines: jax[cpu] for local calls, Ray
+# (and raw TCP) for calls to a worker process.
 bench-python: | $(BUILD)
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "jax[cpu]" pytest ./sdk-python
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "jax[cpu]" ray pytest ./sdk-python
 	cd $(BUILD) && COLOCATED_NUM_CPU_DEVICES=2 $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_colocated.py
+	cd $(BUILD) && $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_remote.py
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -109,73 +109,9 @@ def _tcp_ping_pong_us(n: int = 2000) -> float:
         proc.wait()
 
 
-def remote() -> tuple[float, float, float] | None:
-    """A colocated Python call (`x + 1`) on a Python worker process over
-    loopback: (round trip µs, raw TCP ping-pong µs, pipelined calls/s)."""
-    import os
-    import secrets
-    import subprocess
-    import sys
-
-    import cloudpickle
-
-    from colocated import _colocated
-    from colocated._colocated_python import _flatten, _HostCall, _spec_leaf
-
-    token = secrets.token_hex(32)
-    env = dict(os.environ, COLOCATED_TOKEN=token)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "colocated.worker", "--cpu-devices", str(len(colocated.devices()))],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        address = proc.stdout.readline().split()[-1]
-        device = colocated.devices()[0]
-        x = colocated.device_put(np.int32(1), colocated.SingleDeviceSharding(device))
-
-        def add_one(x):
-            return x + 1
-
-        host_call = _HostCall(add_one, _flatten(((x,), {}))[1], [x.sharding], _flatten(x)[1])
-        exe = _colocated.Executable.compile(
-            "add_one", cloudpickle.dumps(host_call), [_spec_leaf(x)], [_spec_leaf(x)], [device]
-        )
-        session = _colocated.RemoteSession(address, token=token)
-        exe_handle = session.new_handle()
-        session.load_executable(exe_handle, exe.serialize())
-        x_handle = session.new_handle()
-        session.put_buffer(x_handle, device.id, "int32", [], np.int32(1).tobytes())
-
-        def call() -> int:
-            out = session.new_handle()
-            session.execute(exe_handle, [x_handle], [out], 1)
-            return out
-
-        def round_trip() -> None:
-            session.get_buffer(call())
-
-        rtt = _median_us(round_trip, n=500)
-        start = time.perf_counter()
-        n = 20000
-        last = None
-        for _ in range(n):
-            last = session.new_handle()
-            session.execute_async(exe_handle, [x_handle], [last], 1)
-        session.get_buffer(last)
-        pipelined = n / (time.perf_counter() - start)
-        session.close()
-        return rtt, _tcp_ping_pong_us(), pipelined
-    finally:
-        proc.terminate()
-        proc.wait()
-
-
 def main() -> None:
     sync, calls_per_s = ours()
     jax_sync = jax_baseline()
-    remote_figures = remote()
     print("== colocated Python (local host) ==")
     print(f"{'measure':<44} {'figure':>14} {'baseline':>16} {'ratio':>8} {'target':>10}")
     if jax_sync is None:
@@ -186,14 +122,6 @@ def main() -> None:
             f"{sync / jax_sync:>7.2f}x {'<= 1.0x':>10}"
         )
     print(f"{'pipeline, 20k specialized calls, 1 thread':<44} {calls_per_s / 1e3:>10.1f} k/s {'':>16} {'':>8} {'>= 100k/s':>10}")
-    if remote_figures is not None:
-        rtt, tcp, pipelined = remote_figures
-        print("== remote: a Python worker process on loopback (low-level session) ==")
-        print(
-            f"{'call + read of x + 1, round trip':<44} {rtt:>11.1f} µs {tcp:>10.1f} µs TCP "
-            f"{rtt / tcp:>7.2f}x {'<= 3.0x':>10}"
-        )
-        print(f"{'pipelined calls to one worker':<44} {pipelined / 1e3:>10.1f} k/s {'':>16} {'':>8} {'>= 20k/s':>10}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,189 @@
+"""Remote hosts: a controller and one ``python -m colocated.worker`` process on
+loopback, beside the baselines they are judged against, in one run.
+
+Measures (medians of repeated runs):
+- round trip of a colocated Python call (``x + 1`` on a scalar) on the worker:
+  call + ``block_until_ready`` (one network round trip), and call + read of the
+  value (two), against a raw TCP ping-pong of one byte between two processes,
+  and against a Ray actor call (``ray.get(actor.add_one.remote(x))``) when Ray
+  is installed;
+- pipelined asynchronous calls to one worker: 20k calls of a specialized
+  function from one thread, then one block;
+- ``device_put`` of 256 MiB to the worker against raw TCP throughput to another
+  process (send everything, wait for its one-byte acknowledgement).
+
+Targets (issue 4): round trip <= 3x TCP; >= 5x faster than Ray; >= 20k pipelined
+calls/s; 256 MiB put >= 70% of raw TCP. Run by ``make bench``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import colocated
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_colocated import _median_us, _tcp_ping_pong_us
+
+BULK_BYTES = 256 << 20
+
+
+def _start_worker(token_file: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "colocated.worker", "--cpu-devices", "1", "--token-file", token_file],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"the worker did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+def ours(address: str, token_file: str) -> dict[str, float]:
+    client = colocated.connect([address], token_file=token_file)
+    device = client.devices()[0]
+    x = colocated.device_put(np.int32(1), device)
+
+    @colocated.colocated_python
+    def add_one(x):
+        return x + 1
+
+    colocated.block_until_ready(add_one(x))
+    figures = {
+        "call_block_us": _median_us(lambda: colocated.block_until_ready(add_one(x)), n=1000),
+        "call_read_us": _median_us(lambda: np.asarray(add_one(x)), n=1000),
+    }
+
+    pipelined = add_one.specialize(out_specs_fn=lambda x: x)
+    colocated.block_until_ready(pipelined(x))
+
+    def pipeline() -> float:
+        n = 20_000
+        start = time.perf_counter()
+        y = None
+        for _ in range(n):
+            y = pipelined(x)
+        colocated.block_until_ready(y)
+        return n / (time.perf_counter() - start)
+
+    figures["pipelined_per_s"] = statistics.median(pipeline() for _ in range(3))
+
+    data = np.random.default_rng(0).integers(0, 255, BULK_BYTES, dtype=np.uint8)
+
+    def put() -> float:
+        start = time.perf_counter()
+        colocated.block_until_ready(colocated.device_put(data, device))
+        return BULK_BYTES / (time.perf_counter() - start)
+
+    put()  # warm up the connection's windows and the worker's allocator
+    figures["put_bytes_per_s"] = statistics.median(put() for _ in range(3))
+    return figures
+
+
+def tcp_throughput() -> float:
+    """Bytes/s of 256 MiB sent over loopback TCP to another process, which
+    acknowledges the last byte (median of 3)."""
+    sink = (
+        "import socket,sys\n"
+        "s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1)\n"
+        "print(s.getsockname()[1], flush=True)\n"
+        "c,_=s.accept()\n"
+        f"n={BULK_BYTES}\n"
+        "buf=bytearray(1<<20)\n"
+        "while True:\n"
+        "    left=n\n"
+        "    while left:\n"
+        "        k=c.recv_into(buf, min(left, len(buf)))\n"
+        "        if not k: sys.exit(0)\n"
+        "        left-=k\n"
+        "    c.sendall(b'k')\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", sink], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        sock = socket.create_connection(("127.0.0.1", port))
+        payload = memoryview(np.random.default_rng(0).integers(0, 255, BULK_BYTES, dtype=np.uint8))
+
+        def send() -> float:
+            start = time.perf_counter()
+            sock.sendall(payload)
+            sock.recv(1)
+            return BULK_BYTES / (time.perf_counter() - start)
+
+        send()
+        result = statistics.median(send() for _ in range(3))
+        sock.close()
+        return result
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def ray_actor_call_us() -> float | None:
+    """Median ``ray.get(actor.add_one.remote(1))`` on a local Ray, or None
+    without Ray."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+
+        @ray.remote
+        class Adder:
+            def add_one(self, x):
+                return x + 1
+
+        actor = Adder.remote()
+        ray.get(actor.add_one.remote(1))
+        return _median_us(lambda: ray.get(actor.add_one.remote(1)), n=500, repeats=3)
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = os.path.join(tmp, "token")
+        with open(token_file, "w") as f:
+            f.write(secrets.token_hex(32))
+        proc, address = _start_worker(token_file)
+        try:
+            figures = ours(address, token_file)
+        finally:
+            proc.terminate()
+            proc.wait()
+    tcp = _tcp_ping_pong_us()
+    tcp_bytes_per_s = tcp_throughput()
+    ray_us = ray_actor_call_us()
+
+    print("== remote: one Python worker process on loopback ==")
+    print(f"{'measure':<40} {'figure':>14} {'baseline':>18} {'ratio':>8} {'target':>12}")
+    for name, key in (("call + block_until_ready, x + 1", "call_block_us"), ("call + read of the value", "call_read_us")):
+        us = figures[key]
+        print(f"{name:<40} {us:>11.1f} µs {tcp:>11.1f} µs TCP {us / tcp:>7.2f}x {'<= 3.0x TCP':>12}")
+        if ray_us is None:
+            print(f"{'':<40} {'':>14} {'(ray missing)':>18} {'-':>8} {'>= 5x Ray':>12}")
+        else:
+            print(f"{'':<40} {'':>14} {ray_us:>11.1f} µs Ray {ray_us / us:>6.1f}x {'>= 5x Ray':>12}")
+    per_s = figures["pipelined_per_s"]
+    print(f"{'pipelined calls, 1 thread, 20k':<40} {per_s / 1e3:>10.1f} k/s {'':>18} {'':>8} {'>= 20k/s':>12}")
+    put = figures["put_bytes_per_s"]
+    print(
+        f"{'device_put 256 MiB to the worker':<40} {put / 1e9:>9.2f} GB/s {tcp_bytes_per_s / 1e9:>10.2f} GB/s TCP "
+        f"{put / tcp_bytes_per_s:>6.0%} {'>= 70%':>12}"
+    )
+
+
+if __name__ == "__main__":
+    main()
