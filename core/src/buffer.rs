@@ -182,14 +182,15 @@ impl Buffer {
         let memory_space = placement(client, device, memory_space)?;
         let _span =
             tracing::trace_span!("buffer_from_host", bytes = len, semantics = ?semantics).entered();
+        // Readable for `len` bytes, as the caller guarantees (see Safety).
+        let src = if len == 0 {
+            &[][..]
+        } else {
+            std::slice::from_raw_parts(data, len)
+        };
         if let Some(host) = client.remote(device.host_index()) {
             // One copy, during the call, whatever the semantics: the upload
             // streams views of it.
-            let src = if len == 0 {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts(data, len)
-            };
             let buffer = Buffer::new(
                 client,
                 device.clone(),
@@ -204,11 +205,6 @@ impl Buffer {
         let (bytes, done) = match semantics {
             HostBufferSemantics::ImmutableOnlyDuringCall
             | HostBufferSemantics::ImmutableUntilTransferCompletes => {
-                let src = if len == 0 {
-                    &[][..]
-                } else {
-                    std::slice::from_raw_parts(data, len)
-                };
                 (DenseBytes::copy_of(src)?, Event::ready_ok())
             }
             HostBufferSemantics::ImmutableZeroCopy => {

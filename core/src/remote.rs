@@ -199,22 +199,19 @@ pub(crate) fn host_local(
     host_index: usize,
     num_host_callbacks: usize,
 ) -> Result<HostLocal> {
-    let mut input_positions = Vec::new();
-    let mut input_specs = Vec::new();
-    for (i, spec) in program.input_specs.iter().enumerate() {
-        let (local, positions) = local_spec(spec, host, host_index)
-            .map_err(|e| e.context(format!("input {i} on {}", host.session.address())))?;
-        input_specs.push(local);
-        input_positions.push(positions);
-    }
-    let mut output_positions = Vec::new();
-    let mut output_specs = Vec::new();
-    for (i, spec) in program.output_specs.iter().enumerate() {
-        let (local, positions) = local_spec(spec, host, host_index)
-            .map_err(|e| e.context(format!("output {i} on {}", host.session.address())))?;
-        output_specs.push(local);
-        output_positions.push(positions);
-    }
+    let locals = |specs: &[ArraySpec], what: &str| -> Result<(Vec<_>, Vec<_>)> {
+        let locals = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                local_spec(spec, host, host_index)
+                    .map_err(|e| e.context(format!("{what} {i} on {}", host.session.address())))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(locals.into_iter().unzip())
+    };
+    let (input_specs, input_positions) = locals(&program.input_specs, "input")?;
+    let (output_specs, output_positions) = locals(&program.output_specs, "output")?;
     let device_ids = program
         .devices
         .iter()
