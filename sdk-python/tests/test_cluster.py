@@ -29,9 +29,9 @@ START_TIMEOUT = 60.0
 class Worker:
     """One worker process with ``devices`` CPU devices."""
 
-    def __init__(self, token_file, devices=2):
+    def __init__(self, token_file, devices=2, listen="127.0.0.1:0"):
         env = {k: v for k, v in os.environ.items() if k != "COLOCATED_TOKEN"}
-        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", str(devices)]
+        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", str(devices), "--listen", listen]
         args += ["--token-file", str(token_file), "--heartbeat-interval", "0.25", "--session-timeout", "2"]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         line = self.proc.stdout.readline()
@@ -325,3 +325,35 @@ def test_arrays_copy_between_hosts_with_progress(cluster, capsys):
     assert "device_put" in capsys.readouterr().err
     with pytest.raises(colocated.InvalidArgumentError, match="progress"):
         colocated.device_put(x, on_b, progress="yes")
+
+
+def test_reconnecting_to_a_restarted_worker_works(token_file):
+    previous = _client._client
+    worker = Worker(token_file)
+    try:
+        client = colocated.connect([worker.address], token_file=token_file)
+        x = sharded_arange(4, client.devices())
+        worker.kill()
+        eventually("reads fail with unavailable", lambda: _raises_unavailable(lambda: np.asarray(x)), timeout=5)
+        worker.stop()
+        worker = Worker(token_file, listen=worker.address)
+        client = colocated.connect([worker.address], token_file=token_file)
+        y = sharded_arange(4, client.devices())
+
+        @colocated.colocated_python
+        def add_one(y):
+            return y + 1
+
+        np.testing.assert_array_equal(np.asarray(add_one(y)), [1, 2, 3, 4])
+    finally:
+        _client._client = previous
+        gc.collect()
+        worker.stop()
+
+
+def _raises_unavailable(fn) -> bool:
+    try:
+        fn()
+    except colocated.UnavailableError:
+        return True
+    return False

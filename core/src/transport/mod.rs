@@ -203,9 +203,15 @@ pub fn to_status(err: &Error) -> tonic::Status {
 /// (`unknown`, `aborted`, `out_of_range`, `data_loss`, ...) become `internal`,
 /// except `ok`, which is no error and becomes `internal` too (a broken peer).
 /// A request that ran out of time (tonic reports it as cancelled) is
-/// `deadline_exceeded`.
+/// `deadline_exceeded`; a failure of the connection itself is `unavailable`.
 pub fn from_status(status: &tonic::Status) -> Error {
+    use std::error::Error as _;
     let code = match status.code() {
+        // Made here from a failure of the connection (a peer's answer carries
+        // no local source): the peer cannot be reached.
+        tonic::Code::Unknown | tonic::Code::Internal if status.source().is_some() => {
+            ErrorCode::Unavailable
+        }
         tonic::Code::Cancelled if status.message() == TIMEOUT_EXPIRED => {
             ErrorCode::DeadlineExceeded
         }

@@ -792,7 +792,13 @@ impl RemoteSession {
                     read_answers(answers.into_inner(), reader_state, weak).await;
                 }
                 Err(status) => {
-                    let err = inner.fail(&status);
+                    // Without its control stream the session cannot go on.
+                    let err = Error::unavailable(format!(
+                        "worker {}: cannot open the control stream: {}",
+                        inner.address,
+                        from_status(&status).message()
+                    ));
+                    inner.lose(err.clone());
                     lock(&reader_state.broken).get_or_insert(err.clone());
                     reader_state.changed.notify_waiters();
                     reader_state.fail_all(&err);
