@@ -2,6 +2,7 @@
 #   make demo   builds everything and runs the demo
 #   make test   runs every test
 #   make python builds the Python SDK into build/venv (make test-python tests it)
+#   make fuzz   runs each fuzz target (fuzz/) for FUZZ_SECONDS
 CARGO ?= cargo
 CC ?= cc
 PYTHON ?= python3
@@ -9,6 +10,9 @@ TARGET_DIR := $(CURDIR)/target
 DEBUG_DIR := $(TARGET_DIR)/debug
 BUILD := $(CURDIR)/build
 CBINDGEN_VERSION := 0.29.4
+CARGO_FUZZ_VERSION := 0.13.2
+FUZZ_TARGETS := executable_format control_messages buffer_chunks
+FUZZ_SECONDS ?= 20
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 VENV := $(BUILD)/venv
 VENV_PY := $(VENV)/bin/python
@@ -17,7 +21,7 @@ PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm
 CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
 LDLIBS := -lpthread -ldl -lm
 
-PHONY_EXTRA := bench-rust bench-python
+PHONY_EXTRA := bench-rust bench-python fuzz fuzz-tools
 .PHONY: all build demo test test-rust test-c test-abi test-python python $(PHONY_EXTRA) check-header header abi-manifest bench lint tools clean
 
 all: build
@@ -91,6 +95,26 @@ bench-python: | $(BUILD)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "jax[cpu]" ray pytest ./sdk-python
 	cd $(BUILD) && COLOCATED_NUM_CPU_DEVICES=2 $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_colocated.py
 	cd $(BUILD) && $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_remote.py
+
+fuzz-tools:
+	@command -v cargo-fuzz >/dev/null 2>&1 && cargo-fuzz --version | grep -q " $(CARGO_FUZZ_VERSION)$$" || \
+	  $(CARGO) install cargo-fuzz --locked --version $(CARGO_FUZZ_VERSION)
+
+# libFuzzer without a sanitizer (`-s none`), which the stable toolchain builds.
+# The fuzz crate keeps its own target dir (fuzz/target); inputs that find new
+# paths go to fuzz/corpus/, failing ones to fuzz/artifacts/ (and fail the run).
+fuzz: fuzz-tools
+	env -u CARGO_TARGET_DIR $(CARGO) fuzz build -s none
+	@passed=0; failed=0; \
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus/$$t; \
+	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+	  if env -u CARGO_TARGET_DIR $(CARGO) fuzz run -s none $$t fuzz/corpus/$$t fuzz/seeds/$$t -- \
+	      -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1; \
+	  then passed=$$((passed + 1)); else failed=$$((failed + 1)); fi; \
+	done; \
+	echo "fuzz: $$passed passed, $$failed failed"; \
+	test $$failed -eq 0
 
 lint:
 	$(CARGO) fmt --all -- --check

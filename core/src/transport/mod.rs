@@ -19,6 +19,9 @@ use subtle::ConstantTimeEq;
 use crate::error::{Error, ErrorCode, Result};
 
 mod buffers;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod host_calls;
 pub mod session;
 pub mod worker;
