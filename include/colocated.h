@@ -6,7 +6,8 @@
  * colocated runs programs on the hosts that own a set of devices, driven from one
  * controller. This header exposes its PJRT/IFRT-style object model: clients,
  * devices, memory spaces, buffers and sharded arrays, a compiler, loaded
- * executables, loaded host callbacks and events (futures).
+ * executables, loaded host callbacks and events (futures); and the plugin ABI,
+ * through which shared libraries add native functions to a host.
  *
  * Conventions
  * - Every fallible function returns `colocated_error*`: NULL on success, else an
@@ -99,6 +100,52 @@ typedef struct colocated_execution_context colocated_execution_context;
  * (as PJRT's PJRT_STRUCT_SIZE). `sizeof(type)` is also accepted. */
 #define COLOCATED_STRUCT_SIZE(type, last_field) \
   (offsetof(type, last_field) + sizeof(((type *)0)->last_field))
+
+/* ---------------------------------------------------------------------------
+ * Plugins. A plugin is a shared library that adds native functions to the
+ * registry of the host that loads it: a worker loads the plugins its operator
+ * names (`colocated worker --plugin LIB`), an application those it passes to
+ * colocated_client_load_plugin. A controller can never make a host load a
+ * library. A plugin uses this header's types and constants only and calls no
+ * libcolocated function, so it links against nothing. The contract is on
+ * colocated_plugin_registrar. A minimal plugin:
+ *
+ *   #include <stdio.h>
+ *   #include "colocated.h"
+ *
+ *   // Each float32 output shard is its input shard times two.
+ *   static uint32_t twice(void *user_data, const colocated_plugin_call *call) {
+ *     (void)user_data;
+ *     for (size_t i = 0; i < call->num_outputs; ++i) {
+ *       if (call->num_inputs != call->num_outputs || call->inputs[i].dtype != COLOCATED_DTYPE_F32 ||
+ *           call->outputs[i].dtype != COLOCATED_DTYPE_F32) {
+ *         snprintf(call->message, call->message_capacity, "twice takes and returns one float32 array");
+ *         return COLOCATED_INVALID_ARGUMENT;
+ *       }
+ *       const float *x = call->inputs[i].data;
+ *       float *y = call->outputs[i].data;
+ *       for (size_t k = 0; k < call->outputs[i].size / sizeof(float); ++k) y[k] = 2 * x[k];
+ *     }
+ *     return 0;
+ *   }
+ *
+ *   COLOCATED_PLUGIN_EXPORT uint32_t colocated_plugin_init(const colocated_plugin_registrar *r) {
+ *     if (r->api_version >> 16 != COLOCATED_API_VERSION_MAJOR) return COLOCATED_FAILED_PRECONDITION;
+ *     return r->register_function(r->context, (const uint8_t *)"twice", 5, twice, NULL);
+ *   }
+ *
+ * Build it with `cc -shared -fPIC -I include twice.c -o libtwice.so`, and run
+ * native programs named "twice" on the hosts that loaded it.
+ * ------------------------------------------------------------------------- */
+
+/** Exports a plugin's entry point with C linkage:
+ *  `COLOCATED_PLUGIN_EXPORT uint32_t colocated_plugin_init(const colocated_plugin_registrar *registrar)`
+ *  (its type is colocated_plugin_init_fn). */
+#if defined(__cplusplus)
+#define COLOCATED_PLUGIN_EXPORT extern "C" __attribute__((visibility("default")))
+#else
+#define COLOCATED_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
 
 
 /**
@@ -807,6 +854,172 @@ typedef struct {
    */
   colocated_destructor destructor;
 } colocated_native_function_args;
+
+/**
+ * One shard a plugin function reads or writes, on a device of this host.
+ *
+ * Its layout is fixed for a major API version (`inputs` and `outputs` of
+ * `colocated_plugin_call` are arrays of it, indexed with the plugin's
+ * `sizeof`); `struct_size` lets a plugin check that.
+ */
+typedef struct {
+  /**
+   * `sizeof(colocated_plugin_array)`.
+   */
+  size_t struct_size;
+  /**
+   * Element type: a `colocated_dtype` value (never `COLOCATED_DTYPE_STRING`:
+   * plugin functions take and make dense arrays only).
+   */
+  uint32_t dtype;
+  /**
+   * The shard's dimensions, `num_dims` of them (borrowed for the call).
+   */
+  const int64_t *dims;
+  /**
+   * Number of dimensions (0 for a scalar).
+   */
+  size_t num_dims;
+  /**
+   * The elements, row-major, valid only during the call; NULL when `size` is
+   * 0. An input's data is read-only, and aligned for its dtype unless an
+   * application made that buffer zero-copy from less aligned memory. An
+   * output's data is memory the host allocated for this call, zero-filled and
+   * 64-byte aligned, that the function fills.
+   */
+  void *data;
+  /**
+   * Bytes at `data`: the dtype's size times the product of `dims`.
+   */
+  size_t size;
+  /**
+   * The device the shard lives on: its index among this host's devices (as
+   * `colocated_device_local_hardware_id`).
+   */
+  uint32_t device;
+} colocated_plugin_array;
+
+/**
+ * What a plugin function sees of one call; valid only during the call.
+ */
+typedef struct {
+  /**
+   * `sizeof(colocated_plugin_call)` of the host; fields may be appended in
+   * later minor versions.
+   */
+  size_t struct_size;
+  /**
+   * This host's input shards, argument-major: argument 0's shards in its
+   * sharding's device order, then argument 1's, ...
+   */
+  const colocated_plugin_array *inputs;
+  /**
+   * Number of `inputs`.
+   */
+  size_t num_inputs;
+  /**
+   * For each argument, how many of `inputs` belong to it.
+   */
+  const size_t *input_shard_counts;
+  /**
+   * Number of arguments (entries of `input_shard_counts`).
+   */
+  size_t num_arguments;
+  /**
+   * The output shards this host must produce, in the program's order (output
+   * 0's shards in its sharding's device order, then output 1's, ...). Every
+   * one is allocated and zero-filled; the function writes their `data` only.
+   */
+  colocated_plugin_array *outputs;
+  /**
+   * Number of `outputs`.
+   */
+  size_t num_outputs;
+  /**
+   * Where a failing function writes a NUL-terminated UTF-8 message (truncated
+   * to `message_capacity` bytes, NUL included).
+   */
+  char *message;
+  /**
+   * Bytes available at `message`.
+   */
+  size_t message_capacity;
+} colocated_plugin_call;
+
+/**
+ * A plugin's native function: returns 0 when it filled every output, else a
+ * `colocated_error_code` after writing a message into `call->message`; the
+ * execution then fails with that code and message. It may run on several
+ * executor threads at once (see `colocated_plugin_registrar`).
+ */
+typedef uint32_t (*colocated_plugin_function)(void *user_data, const colocated_plugin_call *call);
+
+/**
+ * What a plugin's `colocated_plugin_init` receives: the means to register its
+ * native functions in the registry of the host that loads it.
+ *
+ * The plugin contract:
+ * - A plugin is a shared library that exports `colocated_plugin_init` (type
+ *   `colocated_plugin_init_fn`). It uses this header's types and constants but
+ *   calls no libcolocated function, so it needs no symbol of the process that
+ *   loads it and need not link against libcolocated.
+ * - Who loads it: a worker loads the libraries its operator names at start
+ *   (`colocated worker --plugin LIB`), an application those it passes to
+ *   `colocated_client_load_plugin`. A controller can never make a host load a
+ *   library.
+ * - Init: `colocated_plugin_init` runs once per load, on the loading thread,
+ *   before any function it registers runs; the same plugin loaded into several
+ *   clients of one process is initialised once per client. It should check
+ *   that `api_version >> 16` equals `COLOCATED_API_VERSION_MAJOR` and that
+ *   `struct_size` covers the fields it uses, then call `register_function` for
+ *   each function. The registrar and its `context` are valid only during the
+ *   call, and only on that thread. It returns 0, or a `colocated_error_code` to
+ *   fail the load: then none of its functions is added.
+ * - `register_function` copies `name` (`name_size` bytes of UTF-8, not empty;
+ *   programs name it in the payload of a `native` program) and returns 0,
+ *   `COLOCATED_INVALID_ARGUMENT` for a bad name or a NULL function, or
+ *   `COLOCATED_ALREADY_EXISTS` for a name this plugin registered already. A name
+ *   the host's registry holds already fails the load, after init, with
+ *   `COLOCATED_ALREADY_EXISTS`; functions of the plugin added before that one
+ *   stay registered.
+ * - Functions run on the host's executor threads, several at once (executions
+ *   of different streams run concurrently), each with the `user_data` it was
+ *   registered with: a function and its user data must be thread-safe.
+ * - Errors: a function returns 0 or a `colocated_error_code` with a message (see
+ *   `colocated_plugin_function`). Neither init nor a function may let a C++
+ *   exception or a `longjmp` out.
+ * - Lifetime: the library is never unloaded, and user data is never released:
+ *   the host may call a function until the process ends.
+ */
+typedef struct {
+  /**
+   * `sizeof(colocated_plugin_registrar)` of the host; fields may be appended
+   * in later minor versions.
+   */
+  size_t struct_size;
+  /**
+   * The host's `colocated_api_version()`: `(major << 16) | minor`.
+   */
+  uint32_t api_version;
+  /**
+   * The host's state, passed back to `register_function`.
+   */
+  void *context;
+  /**
+   * Adds `function` (called with `user_data`) under `name`; see above.
+   */
+  uint32_t (*register_function)(void *context,
+                                const uint8_t *name,
+                                size_t name_size,
+                                colocated_plugin_function function,
+                                void *user_data);
+} colocated_plugin_registrar;
+
+/**
+ * The type of the function every plugin exports as `colocated_plugin_init`
+ * (declare it with `COLOCATED_PLUGIN_EXPORT`).
+ */
+typedef uint32_t (*colocated_plugin_init_fn)(const colocated_plugin_registrar *registrar);
 
 #ifdef __cplusplus
 extern "C" {
@@ -1761,6 +1974,27 @@ colocated_error *colocated_execution_context_call_host_callback(const colocated_
                                                                 const uint8_t *input,
                                                                 size_t input_size,
                                                                 colocated_bytes **out);
+
+/**
+ * Loads the plugin library `path` (UTF-8; a path without a directory names a
+ * file in the current directory) and adds the native functions it registers to
+ * the local host of `client` (see `colocated_plugin_registrar` for the plugin
+ * contract). Nothing is taken over; `path` is read during the call. The library
+ * stays loaded for the life of the process once its `colocated_plugin_init` has
+ * run.
+ *
+ * Blocking: runs the library's initialisers and its `colocated_plugin_init` on
+ * the calling thread.
+ * Errors: `invalid_argument` for a NULL client, an empty or non-UTF-8 path, a
+ * file the loader refuses (with the loader's message) or a library that does
+ * not export `colocated_plugin_init`; `not_found` for a file that does not
+ * exist; the code `colocated_plugin_init` returned when it fails;
+ * `already_exists` for a function name the registry holds already (the plugin's
+ * functions registered before it stay). Messages name the path.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_load_plugin(const colocated_client *client,
+                                              colocated_string_view path);
 
 #ifdef __cplusplus
 }  // extern "C"

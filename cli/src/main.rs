@@ -3,7 +3,9 @@
 //! `colocated worker` serves this machine's devices to a controller over gRPC
 //! (SPEC §6). It prints exactly one line, `listening on HOST:PORT`, to stdout
 //! once it accepts connections, logs to stderr (`COLOCATED_LOG`), and stops
-//! cleanly on SIGINT or SIGTERM.
+//! cleanly on SIGINT or SIGTERM. Its native functions come from the plugin
+//! libraries its operator names with `--plugin`, loaded before it serves anyone:
+//! a controller can never make a worker load a library.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -61,6 +63,12 @@ struct WorkerArgs {
     /// resources freed.
     #[arg(long, default_value_t = 10.0)]
     session_timeout: f64,
+    /// Load this plugin library at start: a shared library exporting
+    /// colocated_plugin_init (see colocated.h) that registers the native
+    /// functions programs may call here. Repeatable. Controllers cannot load
+    /// plugins.
+    #[arg(long = "plugin", value_name = "LIB")]
+    plugins: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -99,6 +107,10 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
         executor_threads: None,
     })
     .map_err(|e| e.to_string())?;
+    for path in &args.plugins {
+        let names = colocated_ffi::load_plugin(&client, path).map_err(|e| e.to_string())?;
+        tracing::info!(plugin = %path.display(), functions = ?names, "loaded a plugin");
+    }
     let mut options = WorkerOptions::new(token);
     options.listen = args.listen;
     options.heartbeat_interval = seconds("heartbeat-interval", args.heartbeat_interval)?;

@@ -475,3 +475,157 @@ fn a_tls_worker_serves_controllers_that_trust_its_certificate_only() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
 }
+
+fn workspace() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Compiles the C `source` into the plugin library `dir/lib{name}.so`, against
+/// the checked-in header.
+fn compile_plugin(dir: &std::path::Path, name: &str, source: &std::path::Path) -> PathBuf {
+    let out = dir.join(format!("lib{name}.so"));
+    let output = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args([
+            "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
+        ])
+        .arg(workspace().join("include"))
+        .arg(source)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "compiling {}: {}",
+        source.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
+#[test]
+fn a_worker_runs_the_native_functions_of_the_plugins_it_was_told_to_load() {
+    use colocated_core::{
+        Array, ArraySpec, Client, ClientOptions, ClusterOptions, CompileOptions, DType,
+        ExecuteOptions, Program, Sharding,
+    };
+    let token = Token::generate().unwrap();
+    let dir = TempDir::new();
+    let plugin = compile_plugin(
+        &dir.0,
+        "add_one_plugin",
+        &workspace().join("tests/plugin/add_one_plugin.c"),
+    );
+    let worker = spawn(Some(&token), &["--plugin", plugin.to_str().unwrap()]);
+    let mut connect = ConnectOptions::new(worker.address.clone(), Some(token.clone()));
+    connect.timeout = Duration::from_secs(5);
+    let client = Client::connect(&ClusterOptions {
+        workers: vec![connect],
+        include_local: false,
+        local: ClientOptions {
+            num_cpu_devices: None,
+            executor_threads: Some(2),
+        },
+    })
+    .unwrap();
+    let devices = client.devices().to_vec();
+    assert_eq!(devices.len(), 3);
+    let sharding =
+        Sharding::named(devices.clone(), vec![3], vec!["x".into()], vec![vec![0]]).unwrap();
+    let spec = ArraySpec::new(vec![12], DType::I32, sharding).unwrap();
+    let values: Vec<i32> = (0..12).map(|v| v * 7 - 30).collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let x = Array::from_host_bytes(&client, &bytes, spec.clone()).unwrap();
+    let program = |function: &str| {
+        Program::native(
+            function,
+            vec![spec.clone()],
+            vec![spec.clone()],
+            devices.clone(),
+        )
+    };
+
+    let add_one = client
+        .compile(program("plugin_add_one_i32"), CompileOptions::default())
+        .unwrap();
+    let run = add_one
+        .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+        .unwrap();
+    run.status.wait().unwrap();
+    let got: Vec<i32> = run.outputs[0]
+        .to_host_bytes()
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(got, values.iter().map(|v| v + 1).collect::<Vec<i32>>());
+
+    // A plugin function's error code and message reach the execution's status.
+    let fail = client
+        .compile(program("plugin_fail"), CompileOptions::default())
+        .unwrap();
+    let run = fail
+        .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+        .unwrap();
+    let err = run.status.wait().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FailedPrecondition, "{err}");
+    assert!(
+        err.message().contains(
+            "plugin function 'plugin_fail': plugin_fail failed on purpose (3 input shards)"
+        ),
+        "{err}"
+    );
+
+    // A name no plugin registered is unknown on the worker.
+    let Err(err) = client.compile(program("plugin_unknown"), CompileOptions::default()) else {
+        panic!("an unknown native function compiled");
+    };
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(
+        err.message()
+            .contains("no native function 'plugin_unknown'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_worker_whose_plugin_cannot_be_loaded_exits_with_a_message() {
+    let dir = TempDir::new();
+    let token = dir.0.join("token");
+    std::fs::write(&token, format!("{}\n", Token::generate().unwrap().expose())).unwrap();
+    let fails_to_start = |plugin: &std::path::Path, expected: &str| {
+        let output = worker_command()
+            .arg("--token-file")
+            .arg(&token)
+            .arg("--plugin")
+            .arg(plugin)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        assert!(
+            output.stdout.is_empty(),
+            "no `listening on` line: {output:?}"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{expected:?} not in {stderr:?}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+    };
+    let missing = dir.0.join("libmissing.so");
+    fails_to_start(
+        &missing,
+        &format!(
+            "not_found: plugin library {} does not exist",
+            missing.display()
+        ),
+    );
+    let source = dir.0.join("not_a_plugin.c");
+    std::fs::write(&source, "int not_a_plugin(void) { return 0; }\n").unwrap();
+    let not_a_plugin = compile_plugin(&dir.0, "not_a_plugin", &source);
+    fails_to_start(
+        &not_a_plugin,
+        &format!(
+            "invalid_argument: plugin library {} does not export colocated_plugin_init",
+            not_a_plugin.display()
+        ),
+    );
+}

@@ -23,6 +23,7 @@ mod executable;
 mod handle;
 mod host_callback;
 mod native;
+mod plugin;
 
 pub use array::*;
 pub use buffer::*;
@@ -34,6 +35,7 @@ pub use executable::*;
 pub use handle::colocated_string_view;
 pub use host_callback::*;
 pub use native::*;
+pub use plugin::*;
 
 /// Major version of the C API. Bumped only for incompatible changes (never so far).
 pub const COLOCATED_API_VERSION_MAJOR: u32 = 1;

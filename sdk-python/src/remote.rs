@@ -108,6 +108,18 @@ pub fn start_worker(
     })
 }
 
+/// Loads the native-function plugin at `path` (a shared library exporting
+/// `colocated_plugin_init`, see `colocated.h`) into `client`'s local host;
+/// returns the names it registered. Raises `NotFoundError` for a missing file
+/// and `InvalidArgumentError` for a library that is not a plugin.
+#[pyfunction]
+pub fn load_plugin(py: Python<'_>, client: PyRef<'_, Client>, path: &str) -> PyResult<Vec<String>> {
+    let client = client.inner.get().map_err(py_err)?.clone();
+    let path = std::path::PathBuf::from(path);
+    py.detach(|| colocated_ffi::load_plugin(&client, &path))
+        .map_err(|e| to_py(py, &e))
+}
+
 /// A controller's session on one worker (private, low level): buffers by
 /// handle, executables, executions. Every network wait releases the GIL.
 #[pyclass(module = "colocated._colocated", frozen)]

@@ -7,6 +7,7 @@ import secrets
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -130,3 +131,47 @@ def test_a_worker_needs_a_token_and_stops_cleanly_on_sigterm(worker):
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.proc.wait(timeout=START_TIMEOUT) == 0
     assert worker.proc.stdout.read() == "", "one line on stdout, then nothing"
+
+
+def _build_plugin(tmp_path) -> str:
+    """The C plugin of the repository's tests, built as a shared library."""
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "libadd_one_plugin.so"
+    subprocess.run(
+        [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-I", str(root / "include"),
+         str(root / "tests" / "plugin" / "add_one_plugin.c"), "-o", str(out)],
+        check=True,
+        timeout=START_TIMEOUT,
+    )
+    return str(out)
+
+
+def test_a_python_worker_loads_native_function_plugins_at_start(tmp_path):
+    plugin = _build_plugin(tmp_path)
+    token = secrets.token_hex(32)
+    w = WorkerProcess(tmp_path, "--plugin", plugin, token=token)
+    try:
+        session = _colocated.RemoteSession(w.address, token=token)
+        assert "native" in session.languages()
+        session.close()
+        w.proc.terminate()
+        w.proc.wait(timeout=START_TIMEOUT)
+        assert "plugin_add_one_i32" in w.proc.stderr.read()
+    finally:
+        w.stop()
+
+
+def test_a_bad_plugin_stops_the_worker_before_it_listens(tmp_path):
+    env = dict(os.environ, COLOCATED_TOKEN="t" * 32)
+    for path, message in ((str(tmp_path / "missing.so"), "missing.so"), (__file__, "--plugin")):
+        refused = subprocess.run(
+            [sys.executable, "-m", "colocated.worker", "--plugin", path],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=START_TIMEOUT,
+            check=False,
+        )
+        assert refused.returncode != 0
+        assert message in refused.stderr
+        assert refused.stdout == ""

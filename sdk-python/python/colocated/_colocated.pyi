@@ -58,6 +58,10 @@ class Host:
     device_ids: list[int]
     is_remote: bool
 
+def load_plugin(client: Client, path: str) -> list[str]:
+    """Loads a native-function plugin library into ``client``'s local host; returns
+    the names it registered."""
+
 def call_host_callback(index: int, data: bytes) -> bytes:
     """Calls host callback ``index`` of the program running on this thread (on the
     controller, when the program runs on a worker); waits without the GIL."""

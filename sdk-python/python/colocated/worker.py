@@ -33,6 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--session-timeout", type=float, default=10.0, help="seconds of silence that close a session")
     parser.add_argument("--tls-cert", default=None, help="PEM certificate chain to serve TLS with")
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="LIB",
+        help="a native-function plugin library to load at start (repeatable; see colocated.h)",
+    )
     return parser
 
 
@@ -67,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             tls = {"tls_cert": cert.read(), "tls_key": key.read()}
     if args.cpu_devices is not None:
         _client.configure(num_cpu_devices=args.cpu_devices)
+    for plugin in args.plugin:
+        try:
+            names = _colocated.load_plugin(_client.client(), plugin)
+        except (ValueError, LookupError) as e:  # InvalidArgumentError, NotFoundError
+            raise SystemExit(f"colocated: --plugin {plugin}: {e}") from None
+        print(f"colocated: plugin {plugin} registered {', '.join(names)}", file=sys.stderr)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
