@@ -202,8 +202,9 @@ pub fn to_status(err: &Error) -> tonic::Status {
     tonic::Status::new(code, err.message())
 }
 
-/// The core error of a gRPC status. Codes without a core counterpart
-/// (`unknown`, `aborted`, `out_of_range`, `data_loss`, ...) become `internal`,
+/// The core error of a gRPC status. `out_of_range` (tonic's refusal of an
+/// oversized message) is `resource_exhausted`; other codes without a core
+/// counterpart (`unknown`, `aborted`, `data_loss`, ...) become `internal`,
 /// except `ok`, which is no error and becomes `internal` too (a broken peer).
 /// A request that ran out of time (tonic reports it as cancelled) is
 /// `deadline_exceeded`; a failure of the connection itself is `unavailable`.
@@ -229,6 +230,8 @@ pub fn from_status(status: &tonic::Status) -> Error {
         tonic::Code::Unimplemented => ErrorCode::Unimplemented,
         tonic::Code::Unavailable => ErrorCode::Unavailable,
         tonic::Code::Unauthenticated => ErrorCode::Unauthenticated,
+        // tonic's refusal of a message over the size limit.
+        tonic::Code::OutOfRange => ErrorCode::ResourceExhausted,
         _ => ErrorCode::Internal,
     };
     Error::new(code, status.message())

@@ -745,6 +745,8 @@ impl WorkerRpc for Service {
                     Ok(None) => return,
                     Err(status) => {
                         tracing::warn!(session = %id, %status, "control stream broke");
+                        // Tell the controller why, if it still listens.
+                        let _ = answers.send(Err(status));
                         return;
                     }
                 };
