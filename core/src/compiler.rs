@@ -13,7 +13,7 @@ use crate::executor::OutputShard;
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
-use crate::remote::{check_remote_dtype, host_local, RemoteHost};
+use crate::remote::{check_remote_dtype, host_local, RemoteExecutable, RemoteHost};
 use crate::sharding::{same_device_set, Sharding};
 
 /// Options of [`Client::compile`] and [`Client::deserialize_and_load`].
@@ -237,10 +237,10 @@ fn plan_remote(
     }
     Ok(HostPlan {
         host,
-        run: HostRun::Remote {
+        run: HostRun::Remote(Arc::new(RemoteExecutable {
             host: remote.clone(),
-            executable: handle,
-        },
+            handle,
+        })),
         input_counts: local.input_positions.iter().map(Vec::len).collect(),
         input_positions: local.input_positions,
         output_positions: local.output_positions,

@@ -14,7 +14,7 @@ use crate::format;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
-use crate::remote::{RemoteBuffer, RemoteHost};
+use crate::remote::{RemoteBuffer, RemoteExecutable};
 use crate::storage::Storage;
 
 /// Input shard counts and output shards of a single-device run.
@@ -24,11 +24,8 @@ type Layout = (Vec<usize>, Vec<OutputShard>);
 pub(crate) enum HostRun {
     /// In this process: the program as the language executor prepared it.
     Local(Arc<dyn LoadedProgram>),
-    /// On a worker, which loaded the host-local program under `executable`.
-    Remote {
-        host: Arc<RemoteHost>,
-        executable: u64,
-    },
+    /// On a worker, which loaded the host-local program.
+    Remote(Arc<RemoteExecutable>),
 }
 
 /// The part of an executable that runs on one host.
@@ -126,10 +123,10 @@ impl ExecJob {
             (HostRun::Local(program), Ok(())) => {
                 exe.run_program(program, &inputs, counts, shards, &outputs)
             }
-            (HostRun::Remote { host, executable }, Ok(())) => {
+            (HostRun::Remote(executable), Ok(())) => {
                 // Completes `done` when the worker reports; the worker keeps
                 // the inputs it needs.
-                let sent = remote_execute(host, *executable, &inputs, &outputs, stream_id, done);
+                let sent = remote_execute(executable, &inputs, &outputs, stream_id, done);
                 drop(holds);
                 drop(span);
                 if let Err(e) = sent {
@@ -395,10 +392,10 @@ impl LoadedExecutable {
             .ok_or_else(|| {
                 Error::invalid_argument(format!("{} has no part on host {host}", self.name()))
             })?;
-        if let HostRun::Remote { host, .. } = &self.0.hosts[index].run {
+        if let HostRun::Remote(executable) = &self.0.hosts[index].run {
             return Err(Error::unimplemented(format!(
                 "single-device runs on worker {} are not supported yet; use execute",
-                host.session.address()
+                executable.host.session.address()
             )));
         }
         Ok(index)
@@ -495,7 +492,7 @@ impl LoadedExecutable {
             run: Job::Execute(job),
             waiter_first: match &plan.run {
                 HostRun::Local(program) => program.waiter_first(),
-                HostRun::Remote { .. } => false,
+                HostRun::Remote(_) => false,
             },
         };
         (outputs, completion, Some(task))
@@ -555,13 +552,13 @@ impl LoadedExecutable {
 /// Sends one host's part of an execution to its worker; `done` completes, and
 /// `outputs` fill, when the worker reports it ran.
 fn remote_execute(
-    host: &Arc<RemoteHost>,
-    executable: u64,
+    executable: &Arc<RemoteExecutable>,
     inputs: &[Buffer],
     outputs: &[Buffer],
     stream_id: u64,
     done: &Event,
 ) -> Result<()> {
+    let host = &executable.host;
     let handles = inputs
         .iter()
         .enumerate()
@@ -576,8 +573,11 @@ fn remote_execute(
     let made: Vec<u64> = outputs.iter().map(|_| host.session.new_handle()).collect();
     let (host_out, outs, done) = (host.clone(), outputs.to_vec(), done.clone());
     let handles_out = made.clone();
+    // Held until the worker reports: the executable (and its host callbacks)
+    // stays loaded while this execution runs.
+    let running = executable.clone();
     host.session.execute_then(
-        executable,
+        executable.handle,
         &handles,
         &made,
         stream_id,
@@ -593,6 +593,7 @@ fn remote_execute(
                     out.fill(Storage::Remote(storage));
                 }
             }
+            drop(running);
             done.set_if_pending(result);
         }),
     );

@@ -180,6 +180,20 @@ impl RemoteBuffer {
     }
 }
 
+/// An executable loaded on a worker under `handle` of the client's session
+/// there. Dropping it (after the last execution in flight lets go, since each
+/// holds it) unloads it there and forgets its host callbacks.
+pub(crate) struct RemoteExecutable {
+    pub host: Arc<RemoteHost>,
+    pub handle: u64,
+}
+
+impl Drop for RemoteExecutable {
+    fn drop(&mut self) {
+        self.host.session.unload_executable_later(self.handle);
+    }
+}
+
 /// How one host's part of a program is laid out: for each input and output,
 /// the positions (in the global sharding's device order) of the host's shards,
 /// in the order of the host-local sharding's devices.

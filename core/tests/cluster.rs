@@ -364,3 +364,30 @@ fn programs_on_workers_call_host_callbacks_of_the_controller() {
     // Both workers still serve.
     assert_eq!(a.worker.session_count() + b.worker.session_count(), 2);
 }
+
+#[test]
+fn dropping_an_executable_unloads_it_on_the_workers_after_its_runs() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let gate = client
+        .compile(
+            Program::native("gate", vec![], vec![], client.devices().to_vec()),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(a.worker.executable_count() + b.worker.executable_count(), 2);
+    let held = a.gate.lock().unwrap().clone();
+    let other = b.gate.lock().unwrap().clone();
+    let run = gate.execute(&[], &ExecuteOptions::default()).unwrap();
+    drop(gate);
+    std::thread::sleep(Duration::from_millis(100));
+    // Still loaded while its execution runs.
+    assert_eq!(a.worker.executable_count() + b.worker.executable_count(), 2);
+    held.set(Ok(())).unwrap();
+    other.set(Ok(())).unwrap();
+    run.status.wait().unwrap();
+    eventually("the workers unload it", || {
+        a.worker.executable_count() + b.worker.executable_count() == 0
+    });
+}

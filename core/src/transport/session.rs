@@ -17,6 +17,7 @@ use super::proto::{
     control_request, BufferSpec, CloseSessionRequest, ControlRequest, ControlResponse,
     DeleteBuffersRequest, ExecuteRequest, GetBufferRequest, HeartbeatRequest, HostCallbackCall,
     HostInfo, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk, ReadBufferRequest,
+    UnloadExecutableRequest,
 };
 use super::{
     from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
@@ -703,6 +704,20 @@ impl RemoteSession {
         });
         if let Err(err) = self.send_control(op, None) {
             tracing::debug!(worker = %self.inner.address, error = %err, "buffers not deleted");
+        }
+    }
+
+    /// Unloads executable `handle` of this session after every operation sent
+    /// before (on the control stream), without waiting, and forgets its host
+    /// callbacks. Best effort: a lost worker has freed it already.
+    pub fn unload_executable_later(&self, handle: u64) {
+        lock(&self.inner.host_callbacks).remove(&handle);
+        if self.inner.closed.load(Ordering::SeqCst) || self.inner.lost.is_ready() {
+            return;
+        }
+        let op = control_request::Op::UnloadExecutable(UnloadExecutableRequest { handle });
+        if let Err(err) = self.send_control(op, None) {
+            tracing::debug!(worker = %self.inner.address, error = %err, "executable not unloaded");
         }
     }
 

@@ -184,6 +184,14 @@ impl Worker {
         lock(&self.shared.sessions).len()
     }
 
+    /// Number of executables the open sessions have loaded.
+    pub fn executable_count(&self) -> usize {
+        lock(&self.shared.sessions)
+            .values()
+            .map(|s| s.executables.len())
+            .sum()
+    }
+
     /// Number of buffers the open sessions hold.
     pub fn buffer_count(&self) -> usize {
         lock(&self.shared.sessions)
@@ -575,6 +583,20 @@ impl Service {
                 }
                 Ok(None)
             }),
+            Some(control_request::Op::UnloadExecutable(request)) => {
+                self.with_session(id, |session| {
+                    session
+                        .executables
+                        .remove(&request.handle)
+                        .map(|_| None)
+                        .ok_or_else(|| {
+                            Error::not_found(format!(
+                                "no executable {} in this session",
+                                request.handle
+                            ))
+                        })
+                })
+            }
             Some(control_request::Op::HostCallbackResult(result)) => {
                 self.with_session(id, |session| session.calls.finish(result))?;
                 Ok(None)
