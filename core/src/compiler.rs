@@ -8,12 +8,12 @@ use crate::client::Client;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::executable::{ExecutableInner, HostPlan, HostRun, LoadedExecutable};
+use crate::executable::{ExecutableInner, HostPlan, HostRun, HostSpecs, LoadedExecutable};
 use crate::executor::OutputShard;
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
-use crate::remote::{check_remote_dtype, host_local, RemoteExecutable, RemoteHost};
+use crate::remote::{check_remote_dtype, host_local, local_spec, RemoteExecutable, RemoteHost};
 use crate::sharding::{same_device_set, Sharding};
 
 /// Options of [`Client::compile`] and [`Client::deserialize_and_load`].
@@ -95,7 +95,7 @@ impl Client {
                     ))
                 })?;
             let loaded = executor.load(&program)?;
-            hosts.push(plan_host(h, HostRun::Local(loaded), &program)?);
+            hosts.push(plan_host(self, h, HostRun::Local(loaded), &program)?);
         }
         let fingerprint = format::fingerprint(&format::encode(&to_proto(
             &program,
@@ -160,7 +160,7 @@ impl Client {
             .collect()
     }
 
-    fn spec_from_proto(&self, spec: &pb::ArraySpec) -> Result<ArraySpec> {
+    pub(crate) fn spec_from_proto(&self, spec: &pb::ArraySpec) -> Result<ArraySpec> {
         let s = spec
             .sharding
             .as_ref()
@@ -245,11 +245,14 @@ fn plan_remote(
         input_positions: local.input_positions,
         output_positions: local.output_positions,
         output_shards,
+        // The worker's program is host-local already.
+        host_specs: None,
     })
 }
 
-/// Which shards of each input and output live on host `host`.
-fn plan_host(host: usize, run: HostRun, program: &Program) -> Result<HostPlan> {
+/// Which shards of each input and output live on host `host` (of this
+/// process), and the specs it sees when it lacks some.
+fn plan_host(client: &Client, host: usize, run: HostRun, program: &Program) -> Result<HostPlan> {
     let positions = |spec: &ArraySpec| -> Vec<usize> {
         spec.sharding
             .devices()
@@ -275,6 +278,31 @@ fn plan_host(host: usize, run: HostRun, program: &Program) -> Result<HostPlan> {
         }
         output_positions.push(pos);
     }
+    let partial = program
+        .input_specs
+        .iter()
+        .chain(&program.output_specs)
+        .any(|s| s.sharding.devices().iter().any(|d| d.host_index() != host));
+    let host_specs = if partial {
+        let local = |specs: &[ArraySpec]| -> Result<Vec<ArraySpec>> {
+            specs
+                .iter()
+                .map(|spec| {
+                    let (local, _) = local_spec(spec, host, &|d| Ok(d.id()))?;
+                    client.spec_from_proto(&local)
+                })
+                .collect()
+        };
+        // Shards that are not one block of the array have no host-local
+        // spec: programs that need one (colocated Python) refuse to run then,
+        // native programs take the shards as they are.
+        match (local(&program.input_specs), local(&program.output_specs)) {
+            (Ok(inputs), Ok(outputs)) => Some(Box::new(HostSpecs { inputs, outputs })),
+            _ => None,
+        }
+    } else {
+        None
+    };
     Ok(HostPlan {
         host,
         run,
@@ -282,6 +310,7 @@ fn plan_host(host: usize, run: HostRun, program: &Program) -> Result<HostPlan> {
         input_positions,
         output_positions,
         output_shards,
+        host_specs,
     })
 }
 

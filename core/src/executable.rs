@@ -38,6 +38,15 @@ pub(crate) struct HostPlan {
     /// Per output: positions of the shards this host produces.
     pub output_positions: Vec<Vec<usize>>,
     pub output_shards: Vec<OutputShard>,
+    /// The input and output specs restricted to this host's shards, when it
+    /// lacks some (a local host of a program over several hosts).
+    pub host_specs: Option<Box<HostSpecs>>,
+}
+
+/// Input and output specs as one host sees them.
+pub(crate) struct HostSpecs {
+    pub inputs: Vec<ArraySpec>,
+    pub outputs: Vec<ArraySpec>,
 }
 
 pub(crate) struct ExecutableInner {
@@ -114,14 +123,18 @@ impl ExecJob {
             stream = stream_id
         )
         .entered();
-        let (counts, shards) = match &layout {
-            Some(l) => (&l.0[..], &l.1[..]),
-            None => (&plan.input_counts[..], &plan.output_shards[..]),
+        let (counts, shards, specs) = match &layout {
+            Some(l) => (&l.0[..], &l.1[..], None),
+            None => (
+                &plan.input_counts[..],
+                &plan.output_shards[..],
+                plan.host_specs.as_deref(),
+            ),
         };
         let result = match (&plan.run, status) {
             (_, Err(e)) => Err(e),
             (HostRun::Local(program), Ok(())) => {
-                exe.run_program(program, &inputs, counts, shards, &outputs)
+                exe.run_program(program, &inputs, counts, shards, specs, &outputs)
             }
             (HostRun::Remote(executable), Ok(())) => {
                 // Completes `done` when the worker reports; the worker keeps
@@ -509,6 +522,7 @@ impl LoadedExecutable {
         inputs: &[Buffer],
         input_counts: &[usize],
         shards: &[OutputShard],
+        host_specs: Option<&HostSpecs>,
         outputs: &[Buffer],
     ) -> Result<()> {
         // The program sees views that share the data: a caller deleting an input
@@ -518,9 +532,19 @@ impl LoadedExecutable {
             .enumerate()
             .map(|(i, b)| b.view().map_err(|e| e.context(format!("input shard {i}"))))
             .collect::<Result<Vec<_>>>()?;
+        let program_specs = &self.0.program;
+        let (host_inputs, host_outputs) = match host_specs {
+            Some(specs) => (&specs.inputs[..], &specs.outputs[..]),
+            None => (
+                &program_specs.input_specs[..],
+                &program_specs.output_specs[..],
+            ),
+        };
         let mut ctx = ExecutionContext {
             client: &self.0.client,
             program: &self.0.program,
+            host_input_specs: host_inputs,
+            host_output_specs: host_outputs,
             inputs: &views,
             input_counts,
             output_shards: shards,

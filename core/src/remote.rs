@@ -218,7 +218,7 @@ pub(crate) fn host_local(
             .iter()
             .enumerate()
             .map(|(i, spec)| {
-                local_spec(spec, host, host_index)
+                local_spec(spec, host_index, &|d| host.local_id(d))
                     .map_err(|e| e.context(format!("{what} {i} on {}", host.session.address())))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -266,12 +266,13 @@ fn block(coords: &[usize], mesh: &[usize], axes: &[usize]) -> usize {
     axes.iter().fold(0, |acc, &a| acc * mesh[a] + coords[a])
 }
 
-/// `spec` restricted to `host`'s shards, and their global positions in the
-/// local sharding's device order.
-fn local_spec(
+/// `spec` restricted to the shards of host `host_index`, with the devices
+/// named by `device_id`, and their global positions in the local sharding's
+/// device order (the sharding's own order, filtered).
+pub(crate) fn local_spec(
     spec: &ArraySpec,
-    host: &RemoteHost,
     host_index: usize,
+    device_id: &dyn Fn(&Device) -> Result<u32>,
 ) -> Result<(pb::ArraySpec, Vec<usize>)> {
     let sharding: &Sharding = &spec.sharding;
     let mesh = sharding.mesh_shape();
@@ -330,7 +331,7 @@ fn local_spec(
     }
     let device_ids = positions
         .iter()
-        .map(|&p| host.local_id(&devices[p]))
+        .map(|&p| device_id(&devices[p]))
         .collect::<Result<Vec<_>>>()?;
     let local = pb::ArraySpec {
         dtype: spec.dtype as u32,

@@ -391,3 +391,41 @@ fn dropping_an_executable_unloads_it_on_the_workers_after_its_runs() {
         a.worker.executable_count() + b.worker.executable_count() == 0
     });
 }
+
+#[test]
+fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 2);
+    let mut opts = options(&[&a], &token, true);
+    opts.local.num_cpu_devices = Some(2);
+    let client = Client::connect(&opts).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    client
+        .register_native_function("count", move |ctx| {
+            let specs = ctx.host_input_specs();
+            log.lock().unwrap().push((
+                specs[0].shape.clone(),
+                specs[0].sharding.devices().len(),
+                ctx.input_shard_counts().to_vec(),
+            ));
+            Ok(())
+        })
+        .unwrap();
+    let spec = sharded_over(&client, 8);
+    let x = Array::from_host_bytes(&client, &i32_bytes(&[0; 8]), spec.clone()).unwrap();
+    let exe = client
+        .compile(
+            Program::native("count", vec![spec], vec![], client.devices().to_vec()),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    exe.execute(&[x], &ExecuteOptions::default())
+        .unwrap()
+        .status
+        .wait()
+        .unwrap();
+    // The local host holds half: i32[4] over its 2 devices; the worker ran too.
+    assert_eq!(*seen.lock().unwrap(), vec![(vec![4], 2, vec![2])]);
+    assert_eq!(a.runs.load(Ordering::SeqCst), 1);
+}

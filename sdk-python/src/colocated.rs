@@ -223,13 +223,14 @@ impl core::LoadedProgram for PythonProgram {
         keep_python_thread_state();
         // `call_host_callback` from the program reaches these.
         let _callbacks = CurrentCallbacks::enter(ctx.host_callbacks());
-        let program = ctx.program();
+        // The arrays as this host holds them: its part of each global array.
+        let (input_specs, output_specs) = (ctx.host_input_specs(), ctx.host_output_specs());
         let mut at = 0;
-        let mut args = Vec::with_capacity(program.input_specs.len());
-        for (spec, &count) in program.input_specs.iter().zip(ctx.input_shard_counts()) {
+        let mut args = Vec::with_capacity(input_specs.len());
+        for (spec, &count) in input_specs.iter().zip(ctx.input_shard_counts()) {
             if count != spec.sharding.devices().len() {
                 return Err(core::Error::unimplemented(
-                    "colocated Python arrays restricted to one host of several are not supported yet",
+                    "this host's shards of an input are not one block of the array",
                 ));
             }
             let buffers = ctx.inputs()[at..at + count].to_vec();
@@ -238,14 +239,14 @@ impl core::LoadedProgram for PythonProgram {
         }
         let client = ctx.client();
         let outputs = Python::attach(|py| self.call(py, client, args))?;
-        if outputs.len() != program.output_specs.len() {
+        if outputs.len() != output_specs.len() {
             return Err(core::Error::invalid_argument(format!(
                 "the function returned {} arrays but {} were expected",
                 outputs.len(),
-                program.output_specs.len()
+                output_specs.len()
             )));
         }
-        for (o, (got, want)) in outputs.iter().zip(&program.output_specs).enumerate() {
+        for (o, (got, want)) in outputs.iter().zip(output_specs).enumerate() {
             if !got.spec().matches(want) {
                 return Err(core::Error::invalid_argument(format!(
                     "output {o} is {} on {:?} but {} on {:?} was expected (outputs must use the inputs' devices)",

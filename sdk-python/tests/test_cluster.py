@@ -357,3 +357,29 @@ def _raises_unavailable(fn) -> bool:
     except colocated.UnavailableError:
         return True
     return False
+
+
+def test_a_call_over_the_controllers_host_and_a_worker_runs_on_both(token_file):
+    previous = _client._client
+    worker = Worker(token_file)
+    try:
+        client = colocated.connect([worker.address], token_file=token_file, include_local=True, num_cpu_devices=2)
+        assert [d.process_index for d in client.devices()] == [0, 0, 1, 1]
+        x = sharded_arange(8, client.devices())
+
+        @colocated.colocated_python
+        def where(x):
+            assert x.shape == (4,), x.shape
+            return x * 0 + os.getpid()
+
+        @colocated.colocated_python
+        def add_one(x):
+            return x + 1
+
+        np.testing.assert_array_equal(np.asarray(add_one(x)), np.arange(8) + 1)
+        np.testing.assert_array_equal(np.asarray(add_one(add_one(x))), np.arange(8) + 2)
+        assert np.asarray(where(x)).tolist() == [os.getpid()] * 4 + [worker.pid] * 4
+    finally:
+        _client._client = previous
+        gc.collect()
+        worker.stop()

@@ -36,7 +36,7 @@ from ._array import Array, _wrap
 from ._array import clear_caches as _array_clear_caches
 from ._client import _device_by_id
 from ._dtypes import core_name
-from ._errors import InvalidArgumentError, UnimplementedError
+from ._errors import InvalidArgumentError
 from ._host_callback import HostCallback, _dumps_with_callbacks
 from ._sharding import ShapeDtypeStruct
 
@@ -333,23 +333,15 @@ class ColocatedFunction(_colocated.FunctionBase):
         return optree.tree_unflatten(entry.out_treedef, wrapped), status, entry.devices
 
     def _call_devices(self, impls: list) -> tuple[list, bool]:
-        """The call's devices, and whether they are on worker hosts (all of them:
-        a call over the controller's host and workers at once is not supported
-        yet)."""
+        """The call's devices, and whether it spans worker hosts (then every
+        host, this one included, runs the pickled function with its part of
+        each array)."""
         devices = [_device_by_id(i) for i in self._state.call_devices(impls)]
-        local = [d.process_index == 0 for d in devices]
-        if all(local):
-            return devices, False
-        if any(local):
-            raise UnimplementedError(
-                "a colocated Python call over both the controller's host and worker hosts is not supported yet; "
-                "use devices of the workers only"
-            )
-        return devices, True
+        return devices, any(d.process_index != 0 for d in devices)
 
     def _host_call(self, treedef, leaves, remote: bool, **kwargs) -> _HostCall:
-        # On workers the inputs are the host's part of each array, with its own
-        # sharding (the callers' objects name devices of other hosts).
+        # Across hosts the inputs are each host's part of each array, with its
+        # own sharding (the callers' objects name devices of other hosts).
         in_shardings = [None] * len(leaves) if remote else [leaf.sharding for leaf in leaves]
         return _HostCall(self._fn, treedef, in_shardings, **kwargs)
 
