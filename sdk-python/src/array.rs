@@ -213,6 +213,11 @@ pub struct ArrayImpl {
 }
 
 impl ArrayImpl {
+    /// The client the array belongs to.
+    pub(crate) fn client(&self) -> PyResult<&core::Client> {
+        self.client.get().map_err(py_err)
+    }
+
     pub(crate) fn wrap(client: core::Client, array: core::Array) -> Self {
         ArrayImpl {
             client: ForkSafe::new(client),

@@ -231,7 +231,9 @@ pub struct Device {
 }
 
 impl Device {
-    fn new(client: core::Client, device: core::Device) -> Self {
+    /// A Python object for `device` of `client` (equal to every other object of
+    /// the same device).
+    pub(crate) fn new(client: core::Client, device: core::Device) -> Self {
         Device {
             client: ForkSafe::new(client),
             inner: ForkSafe::new(device),

@@ -405,6 +405,8 @@ struct Entry {
 #[pyclass(module = "colocated._colocated", frozen, weakref)]
 pub struct FunctionState {
     devices: Option<Vec<core::Device>>,
+    /// The client of the specialized `devices`.
+    devices_client: Option<ForkSafe<core::Client>>,
     in_specs: Option<core::CallSpec>,
     cache: core::SpecCache<Arc<Entry>>,
     /// Tags the state with the process that made it: a forked child takes the
@@ -436,6 +438,10 @@ impl FunctionState {
         devices: Option<Vec<PyRef<'_, Device>>>,
         in_specs: Option<(u64, Vec<SpecLeaf<'_>>)>,
     ) -> PyResult<Self> {
+        let devices_client = match devices.as_deref().and_then(|ds| ds.first()) {
+            Some(d) => Some(ForkSafe::new(d.client.get().map_err(py_err)?.clone())),
+            None => None,
+        };
         let devices = devices
             .map(|ds| {
                 ds.iter()
@@ -453,6 +459,7 @@ impl FunctionState {
             .transpose()?;
         Ok(FunctionState {
             devices,
+            devices_client,
             in_specs,
             cache: core::SpecCache::default(),
             made_here: ForkSafe::new(()),
@@ -538,17 +545,30 @@ impl FunctionState {
         Ok(self.cache.get(&spec).map(|entry| entry.py.clone_ref(py)))
     }
 
-    /// Ids of the devices a call with these arguments runs on.
+    /// The devices a call with these arguments runs on, as objects of the
+    /// arrays' client (or of the specialized devices').
     fn call_devices(
         &self,
         py: Python<'_>,
         arrays: Vec<PyRef<'_, ArrayImpl>>,
-    ) -> PyResult<Vec<u32>> {
+    ) -> PyResult<Vec<Device>> {
         let spec = call_spec(0, &arrays)?;
         let devices = spec
             .devices(self.devices.as_deref())
             .map_err(|e| to_py(py, &e))?;
-        Ok(devices.iter().map(core::Device::id).collect())
+        let client = match (arrays.first(), &self.devices_client) {
+            (Some(array), _) => array.client()?.clone(),
+            (None, Some(client)) => client.get().map_err(py_err)?.clone(),
+            (None, None) => {
+                return Err(py_err(core::Error::internal(
+                    "a call without arrays ran without devices",
+                )))
+            }
+        };
+        Ok(devices
+            .iter()
+            .map(|d| Device::new(client.clone(), d.clone()))
+            .collect())
     }
 
     /// Caches `entry` (a `_Entry`: `executable`, `out_treedef`, `out_shardings`)

@@ -75,6 +75,18 @@ impl Sharding {
         ))
     }
 
+    /// The devices in mesh (row-major) order, as objects of the sharding's own
+    /// client: shard `i` lives on device `i`.
+    #[getter]
+    fn devices(&self) -> PyResult<Vec<crate::client::Device>> {
+        let (client, sharding) = self.get()?;
+        Ok(sharding
+            .devices()
+            .iter()
+            .map(|d| crate::client::Device::new(client.clone(), d.clone()))
+            .collect())
+    }
+
     /// Device ids in mesh (row-major) order: shard `i` lives on device `i`.
     #[getter]
     fn device_ids(&self) -> Vec<u32> {

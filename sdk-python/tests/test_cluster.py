@@ -383,3 +383,27 @@ def test_a_call_over_the_controllers_host_and_a_worker_runs_on_both(token_file):
         _client._client = previous
         gc.collect()
         worker.stop()
+
+
+def test_a_client_that_is_not_the_default_keeps_its_own_devices(token_file):
+    previous = _client._client
+    worker = Worker(token_file, devices=3)
+    try:
+        client = colocated.connect([worker.address], token_file=token_file, default=False)
+        assert _client._client is previous
+        x = sharded_arange(6, client.devices())
+        # The array's sharding names the worker's devices, not the default client's.
+        assert x.sharding.mesh.devices.tolist() == client.devices()
+        assert {d.process_index for d in x.sharding.device_set} == {1}
+
+        @colocated.colocated_python
+        def add_one(x):
+            return x + 1
+
+        y = add_one(x)
+        assert y.sharding == x.sharding
+        np.testing.assert_array_equal(np.asarray(y), np.arange(6) + 1)
+    finally:
+        _client._client = previous
+        gc.collect()
+        worker.stop()

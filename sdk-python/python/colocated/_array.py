@@ -20,7 +20,7 @@ import optree
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import _colocated
-from ._client import _device_by_id, devices
+from ._client import devices
 from ._dtypes import STRING, canonicalize, core_name
 from ._errors import InvalidArgumentError
 from ._sharding import (
@@ -109,7 +109,7 @@ class Array(NDArrayOperatorsMixin):
         """How the array is laid out over devices."""
         s = self._sharding
         if s is None:
-            s = _sharding_from_core(self._impl.sharding, _device_by_id)
+            s = _sharding_from_core(self._impl.sharding)
             self._sharding = s
         return s
 

@@ -107,6 +107,9 @@ class Sharding:
     def single_device(device: Device) -> Sharding:
         """The whole array on one device."""
     @property
+    def devices(self) -> list[Device]:
+        """The devices in shard order, of the sharding's own client."""
+    @property
     def device_ids(self) -> list[int]:
         """Device ids in shard order."""
     @property
@@ -241,7 +244,7 @@ class FunctionState:
         """The whole call natively when its arguments are positional Arrays and a
         program is cached for their spec; ``NotImplemented`` otherwise."""
     def lookup(self, tree: int, arrays: list[ArrayImpl]) -> object | None: ...
-    def call_devices(self, arrays: list[ArrayImpl]) -> list[int]: ...
+    def call_devices(self, arrays: list[ArrayImpl]) -> list[Device]: ...
     def insert(
         self, tree: int, arrays: list[ArrayImpl], entry: object, flat_arity: int | None, out_leaf: bool
     ) -> None: ...

@@ -34,7 +34,6 @@ import optree
 from . import _colocated
 from ._array import Array, _wrap
 from ._array import clear_caches as _array_clear_caches
-from ._client import _device_by_id
 from ._dtypes import core_name
 from ._errors import InvalidArgumentError
 from ._host_callback import HostCallback, _dumps_with_callbacks
@@ -336,7 +335,7 @@ class ColocatedFunction(_colocated.FunctionBase):
         """The call's devices, and whether it spans worker hosts (then every
         host, this one included, runs the pickled function with its part of
         each array)."""
-        devices = [_device_by_id(i) for i in self._state.call_devices(impls)]
+        devices = self._state.call_devices(impls)
         return devices, any(d.process_index != 0 for d in devices)
 
     def _host_call(self, treedef, leaves, remote: bool, **kwargs) -> _HostCall:

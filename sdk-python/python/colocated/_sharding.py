@@ -335,10 +335,10 @@ class SingleDeviceSharding(Sharding):
         return (SingleDeviceSharding, (self._device,))
 
 
-def _sharding_from_core(core: _colocated.Sharding, device_by_id) -> Sharding:
-    """The Python sharding for a core one (e.g. of an array the runtime made)."""
-    ids = core.device_ids
-    devices = [device_by_id(i) for i in ids]
+def _sharding_from_core(core: _colocated.Sharding) -> Sharding:
+    """The Python sharding for a core one (e.g. of an array the runtime made),
+    over the devices of the core sharding's own client."""
+    devices = core.devices
     if len(devices) == 1 and core.is_fully_replicated:
         sharding = SingleDeviceSharding(devices[0])
     else:
