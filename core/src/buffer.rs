@@ -199,7 +199,7 @@ impl Buffer {
                 dims,
                 Event::new(),
             );
-            host.upload(&buffer, Bytes::copy_from_slice(src), None);
+            host.upload_copy(&buffer, src, None);
             return Ok((buffer, Event::ready_ok()));
         }
         let (bytes, done) = match semantics {
@@ -687,17 +687,16 @@ impl Buffer {
         };
         let to = client.remote(dst.0.device.host_index()).cloned();
         match &*storage {
-            Storage::Dense(bytes) => {
+            Storage::Dense(bytes) => match to {
                 // Local to a worker.
-                let data = Bytes::copy_from_slice(bytes.as_slice());
-                drop(hold);
-                match to {
-                    Some(host) => host.upload(dst, data, progress),
-                    None => dst.0.ready.set_if_pending(Err(Error::internal(
-                        "a copy across hosts with neither end on a worker",
-                    ))),
+                Some(host) => {
+                    host.upload_copy(dst, bytes.as_slice(), progress);
+                    drop(hold);
                 }
-            }
+                None => dst.0.ready.set_if_pending(Err(Error::internal(
+                    "a copy across hosts with neither end on a worker",
+                ))),
+            },
             Storage::Remote(remote) => {
                 let len = checked_byte_size(self.0.dtype, &self.0.dims).unwrap_or(0);
                 let received = Arc::new(Mutex::new(vec![0u8; len]));

@@ -24,7 +24,7 @@ use crate::program::Program;
 use crate::sharding::Sharding;
 use crate::storage::Storage;
 use crate::transport::proto::BufferSpec;
-use crate::transport::session::{Progress, RemoteSession};
+use crate::transport::session::{Completion, Progress, RemoteSession};
 
 /// One worker host of a client.
 pub(crate) struct RemoteHost {
@@ -54,6 +54,40 @@ impl RemoteHost {
     /// Uploads `data` into `buffer` (pending, of a device of this host): the
     /// buffer becomes ready once the worker has it.
     pub fn upload(self: &Arc<Self>, buffer: &Buffer, data: Bytes, progress: Option<Progress>) {
+        if let Some((handle, spec, done)) = self.start_upload(buffer) {
+            self.session
+                .put_buffer_then(handle, spec, data, progress, done);
+        }
+    }
+
+    /// [`upload`](Self::upload) of a copy of `src`, made chunk by chunk while
+    /// the chunks already copied travel; returns once `src` is copied. Chunks
+    /// are freed as they are sent, so memory stays warm and the copy overlaps
+    /// the network.
+    pub fn upload_copy(self: &Arc<Self>, buffer: &Buffer, src: &[u8], progress: Option<Progress>) {
+        let Some((handle, spec, done)) = self.start_upload(buffer) else {
+            return;
+        };
+        let (chunks, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.session
+            .put_buffer_chunks_then(handle, spec, src.len() as u64, rx, progress, done);
+        if src.is_empty() {
+            // The first message names the buffer, even when it is empty.
+            let _ = chunks.send(Bytes::new());
+        }
+        for chunk in src.chunks(crate::transport::CHUNK_BYTES) {
+            // A closed channel means the upload failed already; `done` has
+            // reported it.
+            if chunks.send(Bytes::copy_from_slice(chunk)).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// A new handle for `buffer` on this worker, its spec there, and the
+    /// completion that fills the buffer when the upload ends; `None` (with
+    /// the buffer failed) when its device is not this host's.
+    fn start_upload(self: &Arc<Self>, buffer: &Buffer) -> Option<(u64, BufferSpec, Completion)> {
         let spec = match self.local_id(buffer.device()) {
             Ok(device) => BufferSpec {
                 device,
@@ -62,28 +96,23 @@ impl RemoteHost {
             },
             Err(e) => {
                 buffer.ready_event().set_if_pending(Err(e));
-                return;
+                return None;
             }
         };
         let handle = self.session.new_handle();
         let (host, out) = (self.clone(), buffer.clone());
-        self.session.put_buffer_then(
-            handle,
-            spec,
-            data,
-            progress,
-            Box::new(move |result| {
-                let storage = Storage::Remote(RemoteBuffer { host, handle });
-                match result {
-                    Ok(()) => {
-                        out.fill(storage);
-                        out.ready_event().set_if_pending(Ok(()));
-                    }
-                    // The worker may hold part of it: `storage` deletes it.
-                    Err(e) => out.ready_event().set_if_pending(Err(e)),
+        let done: Completion = Box::new(move |result| {
+            let storage = Storage::Remote(RemoteBuffer { host, handle });
+            match result {
+                Ok(()) => {
+                    out.fill(storage);
+                    out.ready_event().set_if_pending(Ok(()));
                 }
-            }),
-        );
+                // The worker may hold part of it: `storage` deletes it.
+                Err(e) => out.ready_event().set_if_pending(Err(e)),
+            }
+        });
+        Some((handle, spec, done))
     }
 }
 

@@ -503,7 +503,16 @@ impl RemoteSession {
         data: Bytes,
         progress: Option<Progress>,
     ) -> Result<()> {
-        block_on(put_future(self.inner.clone(), handle, spec, data, progress))?
+        let total = data.len() as u64;
+        let data = tokio_stream::iter(chunks(data));
+        block_on(put_future(
+            self.inner.clone(),
+            handle,
+            spec,
+            total,
+            data,
+            progress,
+        ))?
     }
 
     /// [`put_buffer_with_progress`](Self::put_buffer_with_progress) without
@@ -516,13 +525,46 @@ impl RemoteSession {
         progress: Option<Progress>,
         done: Completion,
     ) {
+        let total = data.len() as u64;
+        let data = tokio_stream::iter(chunks(data));
+        self.put_stream_then(handle, spec, total, data, progress, done);
+    }
+
+    /// Uploads buffer `handle` of `total` bytes from chunks that arrive on
+    /// `chunks` (at least one; each at most
+    /// [`CHUNK_BYTES`](super::CHUNK_BYTES)), sending each as soon as
+    /// it comes, so that whoever produces them overlaps with the network.
+    /// `done` runs with the outcome on a network thread; fewer or more bytes
+    /// than `total` fail the upload on the worker.
+    pub fn put_buffer_chunks_then(
+        &self,
+        handle: u64,
+        spec: BufferSpec,
+        total: u64,
+        chunks: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+        progress: Option<Progress>,
+        done: Completion,
+    ) {
+        let data = tokio_stream::wrappers::UnboundedReceiverStream::new(chunks);
+        self.put_stream_then(handle, spec, total, data, progress, done);
+    }
+
+    fn put_stream_then(
+        &self,
+        handle: u64,
+        spec: BufferSpec,
+        total: u64,
+        data: impl tokio_stream::Stream<Item = Bytes> + Send + 'static,
+        progress: Option<Progress>,
+        done: Completion,
+    ) {
         // On a thread of the blocking pool: the compiler cannot prove tonic's
         // client-streaming future `Send`, so it cannot be spawned as a task.
         let inner = self.inner.clone();
         match runtime() {
             Ok(runtime) => {
                 runtime.spawn_blocking(move || {
-                    let upload = put_future(inner, handle, spec, data, progress);
+                    let upload = put_future(inner, handle, spec, total, data, progress);
                     done(tokio::runtime::Handle::current().block_on(upload));
                 });
             }
@@ -932,39 +974,32 @@ impl Inner {
     }
 }
 
-/// Uploads `data` as buffer `handle`, in chunks, reporting progress.
+/// Uploads buffer `handle` (`total` bytes, arriving as `data` chunks: at least
+/// one, each under the message limit), reporting progress.
 async fn put_future(
     inner: Arc<Inner>,
     handle: u64,
     spec: BufferSpec,
-    data: Bytes,
+    total: u64,
+    data: impl tokio_stream::Stream<Item = Bytes> + Send + 'static,
     progress: Option<Progress>,
 ) -> Result<()> {
-    let total = data.len() as u64;
     let mut first = Some(spec);
     let mut sent = 0u64;
-    let messages: Vec<(u64, PutBufferChunk)> = chunks(data)
-        .into_iter()
-        .map(|data| {
-            sent += data.len() as u64;
-            let chunk = PutBufferChunk {
-                handle,
-                spec: first.take(),
-                data,
-            };
-            (sent, chunk)
-        })
-        .collect();
     let report = progress.clone();
-    let stream =
-        tokio_stream::StreamExt::map(tokio_stream::iter(messages), move |(sent, chunk)| {
-            if let Some(report) = &report {
-                // Reported when the chunk is handed over; the last report waits
-                // for the worker's answer.
-                report(sent.min(total.saturating_sub(1)), total);
-            }
-            chunk
-        });
+    let stream = tokio_stream::StreamExt::map(data, move |data| {
+        sent += data.len() as u64;
+        if let Some(report) = &report {
+            // Reported when the chunk is handed over; the last report waits
+            // for the worker's answer.
+            report(sent.min(total.saturating_sub(1)), total);
+        }
+        PutBufferChunk {
+            handle,
+            spec: first.take(),
+            data,
+        }
+    });
     inner.alive()?;
     let mut rpc = inner.rpc.clone();
     rpc.put_buffer(inner.bulk_request(stream))
