@@ -61,24 +61,48 @@ impl RemoteHost {
     }
 
     /// [`upload`](Self::upload) of a copy of `src`, made chunk by chunk while
-    /// the chunks already copied travel; returns once `src` is copied. Chunks
-    /// are freed as they are sent, so memory stays warm and the copy overlaps
-    /// the network.
+    /// the chunks already copied travel; returns once `src` is copied. At most
+    /// [`INFLIGHT_CHUNKS`](crate::transport::INFLIGHT_CHUNKS) chunks wait to be sent,
+    /// and sent ones go back to a pool, so the copy overlaps the network and
+    /// writes into warm memory. The wait for the network ends if the worker is
+    /// lost. (On a thread of the network runtime, which must not block,
+    /// nothing waits: every chunk is queued.)
     pub fn upload_copy(self: &Arc<Self>, buffer: &Buffer, src: &[u8], progress: Option<Progress>) {
         let Some((handle, spec, done)) = self.start_upload(buffer) else {
             return;
         };
-        let (chunks, rx) = tokio::sync::mpsc::unbounded_channel();
+        let may_block = tokio::runtime::Handle::try_current().is_err();
+        let capacity = if may_block {
+            crate::transport::INFLIGHT_CHUNKS
+        } else {
+            src.len().div_ceil(crate::transport::CHUNK_BYTES).max(1)
+        };
+        let (chunks, rx) = tokio::sync::mpsc::channel(capacity);
         self.session
             .put_buffer_chunks_then(handle, spec, src.len() as u64, rx, progress, done);
+        let lost = self.session.lost();
+        let send = |mut chunk: Bytes| loop {
+            use tokio::sync::mpsc::error::TrySendError;
+            match chunks.try_send(chunk) {
+                Ok(()) => return true,
+                Err(TrySendError::Closed(_)) => return false,
+                // The network is behind: wait for it, unless the worker is
+                // lost (then the upload fails and `done` reports it).
+                Err(TrySendError::Full(back)) if may_block && !lost.is_ready() => {
+                    chunk = back;
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                Err(TrySendError::Full(_)) => return false,
+            }
+        };
         if src.is_empty() {
             // The first message names the buffer, even when it is empty.
-            let _ = chunks.send(Bytes::new());
+            send(Bytes::new());
         }
         for chunk in src.chunks(crate::transport::CHUNK_BYTES) {
             // A closed channel means the upload failed already; `done` has
             // reported it.
-            if chunks.send(Bytes::copy_from_slice(chunk)).is_err() {
+            if !send(crate::transport::copy_chunk(chunk)) {
                 break;
             }
         }

@@ -11,7 +11,7 @@ use crate::dtype::{checked_byte_size, DType};
 use crate::error::{Error, Result};
 
 /// Bytes per chunk of a buffer transfer (well under the message limit).
-pub const CHUNK_BYTES: usize = 1 << 20;
+pub const CHUNK_BYTES: usize = 2 << 20;
 
 /// A buffer spec checked against a worker's client: its device, element type,
 /// dimensions and byte size.
@@ -60,6 +60,61 @@ pub(crate) fn chunks(data: Bytes) -> Vec<Bytes> {
         .collect()
 }
 
+/// How many chunk buffers a process keeps warm between uploads (see
+/// [`copy_chunk`]).
+const WARM_CHUNKS: usize = 8;
+
+/// How many copied chunks an upload queues for the network before its copier
+/// waits: uploads up to this many chunks return as soon as they are copied,
+/// larger ones keep at most this much memory in flight.
+pub(crate) const INFLIGHT_CHUNKS: usize = 32;
+
+/// Chunk buffers that uploads sent and let go of, kept for the next copies:
+/// writing into memory that was just used is several times faster than into
+/// fresh pages, which the kernel must zero first.
+fn warm_chunks() -> &'static crossbeam_queue::ArrayQueue<Box<[u8]>> {
+    static POOL: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Box<[u8]>>> =
+        std::sync::OnceLock::new();
+    POOL.get_or_init(|| crossbeam_queue::ArrayQueue::new(WARM_CHUNKS))
+}
+
+/// A chunk in a pooled buffer, which goes back to the pool when the last
+/// view of it is dropped.
+struct WarmChunk {
+    buf: Box<[u8]>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for WarmChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for WarmChunk {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        // A full pool just frees it.
+        let _ = warm_chunks().push(buf);
+    }
+}
+
+/// A copy of `src` (at most [`CHUNK_BYTES`]) in a pooled chunk buffer.
+pub(crate) fn copy_chunk(src: &[u8]) -> Bytes {
+    debug_assert!(src.len() <= CHUNK_BYTES);
+    if src.len() > CHUNK_BYTES {
+        return Bytes::copy_from_slice(src);
+    }
+    let mut buf = warm_chunks()
+        .pop()
+        .unwrap_or_else(|| vec![0u8; CHUNK_BYTES].into_boxed_slice());
+    buf[..src.len()].copy_from_slice(src);
+    Bytes::from_owner(WarmChunk {
+        buf,
+        len: src.len(),
+    })
+}
+
 /// A buffer on `spec.device` that owns `data` (no copy): the bytes are freed
 /// when the buffer's last user lets go of them.
 pub(crate) fn buffer_owning(client: &Client, spec: &CheckedSpec, data: Vec<u8>) -> Result<Buffer> {
@@ -94,6 +149,25 @@ mod tests {
     use super::*;
     use crate::client::ClientOptions;
     use crate::error::ErrorCode;
+
+    #[test]
+    fn pooled_chunk_copies_hold_exactly_their_bytes_across_reuse() {
+        for round in 0..3u8 {
+            let held: Vec<(Vec<u8>, Bytes)> = [0usize, 1, 4096, CHUNK_BYTES]
+                .iter()
+                .map(|&n| {
+                    let src: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_add(round)).collect();
+                    let copy = copy_chunk(&src);
+                    (src, copy)
+                })
+                .collect();
+            for (src, copy) in &held {
+                assert_eq!(&copy[..], &src[..]);
+            }
+            // Dropping them returns their buffers; the next round reuses them
+            // and must still see only its own bytes.
+        }
+    }
 
     #[test]
     fn chunks_cover_the_data_in_order() {

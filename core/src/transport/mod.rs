@@ -27,6 +27,7 @@ pub mod session;
 pub mod worker;
 
 pub use buffers::CHUNK_BYTES;
+pub(crate) use buffers::{copy_chunk, INFLIGHT_CHUNKS};
 
 /// The generated protobuf messages and gRPC stubs of `proto/remote.proto`.
 #[allow(missing_docs, clippy::all)]

@@ -541,11 +541,11 @@ impl RemoteSession {
         handle: u64,
         spec: BufferSpec,
         total: u64,
-        chunks: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+        chunks: tokio::sync::mpsc::Receiver<Bytes>,
         progress: Option<Progress>,
         done: Completion,
     ) {
-        let data = tokio_stream::wrappers::UnboundedReceiverStream::new(chunks);
+        let data = tokio_stream::wrappers::ReceiverStream::new(chunks);
         self.put_stream_then(handle, spec, total, data, progress, done);
     }
 

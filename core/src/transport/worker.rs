@@ -360,6 +360,7 @@ impl Service {
         data.try_reserve_exact(spec.bytes).map_err(|_| {
             Error::resource_exhausted(format!("cannot allocate {} bytes", spec.bytes))
         })?;
+        prefer_huge_pages(&mut data);
         let mut append = |bytes: &[u8]| {
             if data.len() + bytes.len() > spec.bytes {
                 return Err(Error::invalid_argument(format!(
@@ -685,6 +686,34 @@ fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlRespo
         remote_traceback,
         data: Bytes::new(),
     }
+}
+
+/// Asks the kernel to back the (fresh, untouched) capacity of a large receive
+/// buffer with huge pages: writing into a fresh buffer page-faults on every
+/// page, and with 2 MiB pages there are 512 times fewer faults. Only advice:
+/// where the kernel declines, nothing changes.
+fn prefer_huge_pages(data: &mut Vec<u8>) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = data.as_mut_ptr() as usize;
+        let end = start + data.capacity();
+        let first = start.next_multiple_of(HUGE);
+        let last = end - end % HUGE;
+        if last > first {
+            // SAFETY: [first, last) lies inside the vector's own allocation,
+            // which nothing else uses; the advice does not change its contents.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = data;
 }
 
 /// What a control operation leaves to finish later, answered a second time.
