@@ -189,8 +189,8 @@ impl Buffer {
             std::slice::from_raw_parts(data, len)
         };
         if let Some(host) = client.remote(device.host_index()) {
-            // One copy, during the call, whatever the semantics: the upload
-            // streams views of it.
+            // Copied during the call, whatever the semantics, chunk by chunk
+            // while the chunks already copied travel.
             let buffer = Buffer::new(
                 client,
                 device.clone(),
