@@ -115,8 +115,57 @@ pub(crate) fn copy_chunk(src: &[u8]) -> Bytes {
     })
 }
 
+/// Receive buffers of at least this size go back to [`warm_receive`] when their
+/// buffer is freed.
+const WARM_RECEIVE_MIN_BYTES: usize = 4 << 20;
+
+/// The most bytes of freed receive buffers a process keeps for reuse.
+const WARM_RECEIVE_MAX_BYTES: usize = 512 << 20;
+
+/// Freed receive buffers, kept so that the next transfer of the same size
+/// writes into warm memory instead of fresh pages (which the kernel zeroes on
+/// first write): a caching allocator for the common case of transfers of one
+/// size again and again. Bounded by `WARM_RECEIVE_MAX_BYTES`.
+fn warm_receive() -> &'static std::sync::Mutex<Vec<Box<[u8]>>> {
+    static POOL: std::sync::OnceLock<std::sync::Mutex<Vec<Box<[u8]>>>> = std::sync::OnceLock::new();
+    POOL.get_or_init(Default::default)
+}
+
+/// An empty vector with room for exactly `bytes`: a kept receive buffer of
+/// that size when there is one, else a fresh allocation (`resource_exhausted`
+/// when that fails). A kept buffer may have held another session's data: it
+/// becomes a buffer only once a transfer has overwritten all of it.
+pub(crate) fn receive_buffer(bytes: usize) -> Result<Vec<u8>> {
+    if bytes >= WARM_RECEIVE_MIN_BYTES {
+        let mut pool = warm_receive().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = pool.iter().position(|b| b.len() == bytes) {
+            let mut data = pool.swap_remove(i).into_vec();
+            data.clear();
+            return Ok(data);
+        }
+    }
+    let mut data = Vec::new();
+    data.try_reserve_exact(bytes)
+        .map_err(|_| Error::resource_exhausted(format!("cannot allocate {bytes} bytes")))?;
+    Ok(data)
+}
+
+/// Keeps a freed receive buffer for [`receive_buffer`] if it is large and the
+/// pool has room; frees it otherwise.
+fn recycle(data: Box<[u8]>) {
+    if data.len() < WARM_RECEIVE_MIN_BYTES {
+        return;
+    }
+    let mut pool = warm_receive().lock().unwrap_or_else(|e| e.into_inner());
+    let kept: usize = pool.iter().map(|b| b.len()).sum();
+    if kept + data.len() <= WARM_RECEIVE_MAX_BYTES {
+        pool.push(data);
+    }
+}
+
 /// A buffer on `spec.device` that owns `data` (no copy): the bytes are freed
-/// when the buffer's last user lets go of them.
+/// (or kept for the next transfer of that size) when the buffer's last user
+/// lets go of them.
 pub(crate) fn buffer_owning(client: &Client, spec: &CheckedSpec, data: Vec<u8>) -> Result<Buffer> {
     if data.len() != spec.bytes {
         return Err(Error::invalid_argument(format!(
@@ -140,7 +189,7 @@ pub(crate) fn buffer_owning(client: &Client, spec: &CheckedSpec, data: Vec<u8>) 
             HostBufferSemantics::ImmutableZeroCopy,
         )
     }?;
-    done.on_ready(move |_| drop(data));
+    done.on_ready(move |_| recycle(data));
     Ok(buffer)
 }
 
@@ -167,6 +216,30 @@ mod tests {
             // Dropping them returns their buffers; the next round reuses them
             // and must still see only its own bytes.
         }
+    }
+
+    #[test]
+    fn freed_large_receive_buffers_are_reused_for_the_same_size_only() {
+        // A size no other test uses.
+        let n = WARM_RECEIVE_MIN_BYTES + 12_345;
+        let mut data = receive_buffer(n).unwrap();
+        assert!(data.is_empty() && data.capacity() >= n);
+        data.resize(n, 7);
+        let kept = data.into_boxed_slice();
+        let address = kept.as_ptr();
+        recycle(kept);
+        assert!(receive_buffer(n + 1).unwrap().capacity() > n);
+        let again = receive_buffer(n).unwrap();
+        assert_eq!(again.as_ptr(), address);
+        assert!(again.is_empty() && again.capacity() == n);
+        // Small buffers are not kept.
+        let small = vec![1u8; 4096].into_boxed_slice();
+        recycle(small);
+        assert!(warm_receive()
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|b| b.len() >= WARM_RECEIVE_MIN_BYTES));
     }
 
     #[test]

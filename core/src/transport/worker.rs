@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::buffers::{buffer_owning, check_spec, chunks};
+use super::buffers::{buffer_owning, check_spec, chunks, receive_buffer};
 use super::host_calls::{PendingCalls, MAX_HOST_CALLBACKS};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
 use super::proto::{
@@ -356,10 +356,7 @@ impl Service {
             }
             Ok(())
         })?;
-        let mut data = Vec::new();
-        data.try_reserve_exact(spec.bytes).map_err(|_| {
-            Error::resource_exhausted(format!("cannot allocate {} bytes", spec.bytes))
-        })?;
+        let mut data = receive_buffer(spec.bytes)?;
         prefer_huge_pages(&mut data);
         let mut append = |bytes: &[u8]| {
             if data.len() + bytes.len() > spec.bytes {
