@@ -15,6 +15,10 @@ use colocated_core::transport::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::{SessionId, Token, AUTHORIZATION, SESSION};
 use colocated_core::ErrorCode;
 
+#[path = "../../tests/plugin/compile.rs"]
+mod compile;
+use compile::{compile_plugin, workspace};
+
 /// A worker process, killed when dropped.
 struct Spawned {
     child: Child,
@@ -474,33 +478,6 @@ fn a_tls_worker_serves_controllers_that_trust_its_certificate_only() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
-}
-
-fn workspace() -> PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Compiles the C `source` into the plugin library `dir/lib{name}.so`, against
-/// the checked-in header.
-fn compile_plugin(dir: &std::path::Path, name: &str, source: &std::path::Path) -> PathBuf {
-    let out = dir.join(format!("lib{name}.so"));
-    let output = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args([
-            "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
-        ])
-        .arg(workspace().join("include"))
-        .arg(source)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "compiling {}: {}",
-        source.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    out
 }
 
 #[test]

@@ -5,7 +5,6 @@
 //! against the checked-in header.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use colocated::load_plugin;
@@ -13,6 +12,10 @@ use colocated_core::{
     Array, ArraySpec, Client, ClientOptions, CompileOptions, DType, ErrorCode, ExecuteOptions,
     Program, Result, Sharding,
 };
+
+#[path = "../../tests/plugin/compile.rs"]
+mod compile;
+use compile::{compile_plugin, workspace};
 
 /// A directory removed when dropped.
 struct TempDir(PathBuf);
@@ -35,41 +38,15 @@ impl Drop for TempDir {
     }
 }
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Compiles the C `source` into the shared library `dir/lib{name}.so`.
-fn compile(dir: &Path, name: &str, source: &Path) -> PathBuf {
-    let out = dir.join(format!("lib{name}.so"));
-    let output = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args([
-            "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-I",
-        ])
-        .arg(workspace().join("include"))
-        .arg(source)
-        .arg("-o")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "compiling {}: {}",
-        source.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    out
-}
-
 /// Compiles C `code` (which may include colocated.h) into `dir/lib{name}.so`.
 fn compile_code(dir: &Path, name: &str, code: &str) -> PathBuf {
     let source = dir.join(format!("{name}.c"));
     std::fs::write(&source, code).unwrap();
-    compile(dir, name, &source)
+    compile_plugin(dir, name, &source)
 }
 
 fn add_one_plugin(dir: &Path) -> PathBuf {
-    compile(
+    compile_plugin(
         dir,
         "add_one_plugin",
         &workspace().join("tests/plugin/add_one_plugin.c"),

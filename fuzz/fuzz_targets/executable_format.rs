@@ -9,10 +9,9 @@
 
 use std::sync::OnceLock;
 
-use colocated_core::transport::fuzzing::{copy_shards, COPY_FUNCTION};
+use colocated_core::transport::fuzzing::local_client;
 use colocated_core::{
-    Array, Client, ClientOptions, CompileOptions, ExecuteOptions, LoadedExecutable, FORMAT_VERSION,
-    MAGIC,
+    Array, Client, CompileOptions, ExecuteOptions, LoadedExecutable, FORMAT_VERSION, MAGIC,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -21,17 +20,7 @@ const MAX_RUN_BYTES: usize = 1 << 20;
 
 fn client() -> &'static Client {
     static CLIENT: OnceLock<Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        let client = Client::new_local(ClientOptions {
-            num_cpu_devices: Some(4),
-            executor_threads: Some(1),
-        })
-        .expect("a local client");
-        client
-            .register_native_function(COPY_FUNCTION, copy_shards)
-            .expect("the copy function registers");
-        client
-    })
+    CLIENT.get_or_init(local_client)
 }
 
 /// `payload` behind a valid header (the layout `core/src/format.rs` documents).

@@ -126,6 +126,20 @@ pub fn sample_executable() -> Vec<u8> {
     harness().executable.clone()
 }
 
+/// A local client with 4 CPU devices and one executor thread, whose registry
+/// has [`COPY_FUNCTION`]: what the targets load and run programs on.
+pub fn local_client() -> Client {
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(4),
+        executor_threads: Some(1),
+    })
+    .expect("a local client");
+    client
+        .register_native_function(COPY_FUNCTION, copy_shards)
+        .expect("the copy function registers");
+    client
+}
+
 /// The native function [`COPY_FUNCTION`] names: copies input shard `i` to
 /// output shard `i` (an error where they differ in size).
 pub fn copy_shards(ctx: &mut ExecutionContext<'_>) -> Result<()> {
@@ -345,14 +359,7 @@ impl Peer {
 
 impl Harness {
     fn start() -> Harness {
-        let client = Client::new_local(ClientOptions {
-            num_cpu_devices: Some(4),
-            executor_threads: Some(1),
-        })
-        .expect("a local client");
-        client
-            .register_native_function(COPY_FUNCTION, copy_shards)
-            .expect("the copy function registers");
+        let client = local_client();
         let devices = client.devices()[..2].to_vec();
         let sharding = Sharding::named(devices.clone(), vec![2], vec!["x".into()], vec![vec![0]])
             .expect("a sharding over two devices");
