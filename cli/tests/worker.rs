@@ -181,6 +181,84 @@ fn a_missing_or_wrong_token_is_refused_with_unauthenticated() {
     connect(&worker, Some(&token)).unwrap();
 }
 
+/// `PutBuffer` is served by the worker's own route (not tonic's codec), so a
+/// stock gRPC client's upload must work through it exactly, and be refused
+/// without the token and session like every other request.
+#[test]
+fn a_stock_grpc_client_uploads_through_the_workers_put_buffer_route() {
+    use bytes::Bytes;
+    use colocated_core::transport::proto::{BufferSpec, PutBufferChunk};
+    let token = Token::generate().unwrap();
+    let worker = spawn(Some(&token), &[]);
+    let session = connect(&worker, Some(&token)).unwrap();
+    let id = session.id().to_string();
+    let chunks = |handle: u64, data: [&'static [u8]; 2]| {
+        let spec = BufferSpec {
+            device: 1,
+            dtype: colocated_core::DType::U8 as u32,
+            dims: vec![5],
+        };
+        let first = PutBufferChunk {
+            handle,
+            spec: Some(spec),
+            data: Bytes::from_static(data[0]),
+        };
+        let second = PutBufferChunk {
+            handle: 0,
+            spec: None,
+            data: Bytes::from_static(data[1]),
+        };
+        tokio_stream::iter([first, second])
+    };
+    let put = |handle: u64, data, token: Option<&str>, session: Option<&str>| {
+        raw(&worker, async |mut rpc| {
+            rpc.put_buffer(with_metadata(chunks(handle, data), token, session))
+                .await
+        })
+    };
+
+    let handle = session.new_handle();
+    put(handle, [b"abc", b"de"], Some(token.expose()), Some(&id)).unwrap();
+    assert_eq!(session.get_buffer(handle).unwrap(), b"abcde");
+
+    let refused = session.new_handle();
+    let made_up = SessionId::random().unwrap().to_string();
+    for (what, token_text, session_text) in [
+        ("no token", None, Some(id.as_str())),
+        ("a wrong token", Some("wrong"), Some(id.as_str())),
+        ("no session", Some(token.expose()), None),
+        (
+            "a made-up session",
+            Some(token.expose()),
+            Some(made_up.as_str()),
+        ),
+    ] {
+        let status = put(refused, [b"abc", b"de"], token_text, session_text).unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unauthenticated,
+            "{what}: {status:?}"
+        );
+    }
+    for (what, data) in [
+        ("too many bytes", [b"abc" as &[u8], b"def"]),
+        ("too few bytes", [b"abc", b"d"]),
+    ] {
+        let status = put(refused, data, Some(token.expose()), Some(&id)).unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{what}: {status:?}"
+        );
+    }
+    let status = put(handle, [b"abc", b"de"], Some(token.expose()), Some(&id)).unwrap_err();
+    assert_eq!(status.code(), tonic::Code::AlreadyExists, "{status:?}");
+    // Nothing refused was stored.
+    let err = session.get_buffer(refused).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert_eq!(session.get_buffer(handle).unwrap(), b"abcde");
+}
+
 #[test]
 fn requests_are_bound_to_an_authenticated_session() {
     let token = Token::generate().unwrap();

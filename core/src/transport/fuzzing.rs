@@ -325,13 +325,11 @@ impl Peer {
             }),
             data: Bytes::copy_from_slice(data),
         };
-        let chunks = Wire::clean(grpc_body(&[chunk])).decode();
-        check(
-            "putting a buffer",
-            self.service()
-                .put_buffer(self.request(chunks, Some(id)))
-                .await,
-        );
+        let put = self
+            .service()
+            .put_body(id, Wire::clean(grpc_body(&[chunk])))
+            .await;
+        check("putting a buffer", put.map_err(|e| super::to_status(&e)));
     }
 
     async fn get(&self, id: SessionId, handle: u64) -> std::result::Result<Vec<u8>, Status> {
@@ -528,8 +526,8 @@ impl Harness {
     /// the bytes of its chunks.
     async fn put_buffer(&self, id: SessionId, wire: Wire) {
         let (body, reset) = (wire.body.clone(), wire.reset);
-        let request = self.peer.request(wire.decode::<PutBufferChunk>(), Some(id));
-        if self.peer.service().put_buffer(request).await.is_err() {
+        // As the worker's route serves it: parsed as it arrives.
+        if self.peer.service().put_body(id, wire).await.is_err() {
             return;
         }
         assert!(!reset, "a reset stream made a buffer");

@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 use crate::error::{Error, ErrorCode, Result};
 
 mod buffers;
+mod bulk;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -11,12 +11,13 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
 use super::buffers::chunks;
+use super::bulk::{put_call, PutBody};
 use super::host_calls::result_of;
 use super::proto::worker_client::WorkerClient;
 use super::proto::{
     control_request, BufferSpec, CloseSessionRequest, ControlRequest, ControlResponse,
     DeleteBuffersRequest, ExecuteRequest, GetBufferRequest, HeartbeatRequest, HostCallbackCall,
-    HostInfo, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk, ReadBufferRequest,
+    HostInfo, LoadExecutableRequest, OpenSessionRequest, ReadBufferRequest,
     UnloadExecutableRequest,
 };
 use super::{
@@ -304,6 +305,9 @@ pub struct RemoteSession {
 
 struct Inner {
     rpc: WorkerClient<Channel>,
+    /// The connection under `rpc`, for `PutBuffer`, which bypasses the
+    /// generated client (see [`bulk`](super::bulk)).
+    channel: Channel,
     id: SessionId,
     version: u32,
     host: HostInfo,
@@ -385,12 +389,12 @@ impl RemoteSession {
             client_name: options.client_name.clone(),
         };
         let connect_authorization = authorization.clone();
-        let (rpc, response) = block_on(async move {
+        let (rpc, channel, response) = block_on(async move {
             let channel = tokio::time::timeout(timeout, endpoint.connect())
                 .await
                 .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
                 .map_err(|e| Error::unavailable(format!("cannot connect to {address}: {e}")))?;
-            let mut rpc = WorkerClient::new(channel)
+            let mut rpc = WorkerClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
             let mut request = Request::new(request);
@@ -407,7 +411,7 @@ impl RemoteSession {
                 }
                 err.context(format!("worker {address}"))
             })?;
-            Ok::<_, Error>((rpc, response.into_inner()))
+            Ok::<_, Error>((rpc, channel, response.into_inner()))
         })??;
         if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION_MAX).contains(&response.version) {
             return Err(Error::failed_precondition(format!(
@@ -427,6 +431,7 @@ impl RemoteSession {
             .map_err(|_| Error::internal("a session id is not a header value"))?;
         let inner = Arc::new(Inner {
             rpc,
+            channel,
             id,
             version: response.version,
             host,
@@ -984,27 +989,26 @@ async fn put_future(
     data: impl tokio_stream::Stream<Item = Bytes> + Send + 'static,
     progress: Option<Progress>,
 ) -> Result<()> {
-    let mut first = Some(spec);
     let mut sent = 0u64;
     let report = progress.clone();
-    let stream = tokio_stream::StreamExt::map(data, move |data| {
+    let data = Box::pin(tokio_stream::StreamExt::map(data, move |data: Bytes| {
         sent += data.len() as u64;
         if let Some(report) = &report {
             // Reported when the chunk is handed over; the last report waits
             // for the worker's answer.
             report(sent.min(total.saturating_sub(1)), total);
         }
-        PutBufferChunk {
-            handle,
-            spec: first.take(),
-            data,
-        }
-    });
+        data
+    }));
     inner.alive()?;
-    let mut rpc = inner.rpc.clone();
-    rpc.put_buffer(inner.bulk_request(stream))
-        .await
-        .map_err(|s| inner.fail(&s))?;
+    let (metadata, _, ()) = inner.bulk_request(()).into_parts();
+    put_call(
+        inner.channel.clone(),
+        metadata,
+        PutBody::new(handle, spec, data),
+    )
+    .await
+    .map_err(|s| inner.fail(&s))?;
     if let Some(progress) = progress {
         progress(total, total);
     }

@@ -7,10 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::buffers::{buffer_owning, check_spec, chunks, receive_buffer};
+use super::buffers::{buffer_owning, check_spec, chunks, receive_buffer, CheckedSpec};
+use super::bulk::{empty_answer, ChunkParser, ChunkSink, PUT_BUFFER_PATH};
 use super::host_calls::{PendingCalls, MAX_HOST_CALLBACKS};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
 use super::proto::{
@@ -141,9 +143,12 @@ impl Worker {
             heartbeat_interval: options.heartbeat_interval,
             session_timeout: options.session_timeout,
         });
-        let service = WorkerServer::new(Service(shared.clone()))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let service = Routes {
+            grpc: WorkerServer::new(Service(shared.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            shared: shared.clone(),
+        };
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -337,57 +342,44 @@ impl Service {
         }
     }
 
-    async fn put(&self, id: SessionId, mut chunks: Streaming<PutBufferChunk>) -> Result<()> {
-        let first = chunks
-            .message()
-            .await
-            .map_err(|s| super::from_status(&s))?
-            .ok_or_else(|| Error::invalid_argument("an empty PutBuffer stream"))?;
-        let handle = first.handle;
-        let spec = first.spec.as_ref().ok_or_else(|| {
-            Error::invalid_argument("the first chunk must carry the buffer's spec")
-        })?;
-        let spec = check_spec(&self.0.client, spec)?;
-        self.with_session(id, |session| {
-            if session.buffers.contains_key(&handle) {
-                return Err(Error::already_exists(format!(
-                    "buffer {handle} exists in this session"
-                )));
+    /// Receives buffer uploads of a `PutBuffer` body as its frames arrive
+    /// (see [`bulk`](super::bulk)): each chunk's data goes from the received
+    /// frame straight into the buffer's memory.
+    pub(super) async fn put_body<B>(&self, id: SessionId, body: B) -> Result<()>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: Into<tonic::codegen::StdError>,
+    {
+        let mut body = std::pin::pin!(body);
+        let mut parser = ChunkParser::default();
+        let mut upload = Upload::new(self, id);
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            let frame = frame.map_err(|e| super::from_status(&Status::from_error(e.into())))?;
+            // Trailers carry nothing for an upload.
+            if let Ok(data) = frame.into_data() {
+                parser.push(data, &mut upload)?;
             }
-            Ok(())
-        })?;
-        let mut data = receive_buffer(spec.bytes)?;
-        prefer_huge_pages(&mut data);
-        let mut append = |bytes: &[u8]| {
-            if data.len() + bytes.len() > spec.bytes {
-                return Err(Error::invalid_argument(format!(
-                    "buffer {handle} got more than the {} bytes its spec needs",
-                    spec.bytes
-                )));
-            }
-            data.extend_from_slice(bytes);
-            Ok(())
-        };
-        append(&first.data)?;
-        while let Some(chunk) = chunks.message().await.map_err(|s| super::from_status(&s))? {
-            if chunk.spec.is_some() || (chunk.handle != 0 && chunk.handle != handle) {
-                return Err(Error::invalid_argument(
-                    "only the first chunk of a PutBuffer stream names the buffer",
-                ));
-            }
-            append(&chunk.data)?;
         }
-        let buffer = buffer_owning(&self.0.client, &spec, data)
-            .map_err(|e| e.context(format!("buffer {handle}")))?;
-        self.with_session(id, |session| {
-            if session.buffers.contains_key(&handle) {
-                return Err(Error::already_exists(format!(
-                    "buffer {handle} exists in this session"
-                )));
-            }
-            session.buffers.insert(handle, buffer);
-            Ok(())
-        })
+        parser.finish()?;
+        upload.finish()
+    }
+
+    /// Serves a `PutBuffer` request that arrives as HTTP/2 (the worker's route
+    /// for it): the session's uploads, answered as gRPC answers.
+    async fn put_http(
+        self,
+        request: http::Request<tonic::body::Body>,
+    ) -> http::Response<tonic::body::Body> {
+        let (parts, body) = request.into_parts();
+        let request = Request::from_http(http::Request::from_parts(parts, ()));
+        let result = match self.session(&request) {
+            Ok(id) => self.put_body(id, body).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => empty_answer(),
+            Err(e) => to_status(&e).into_http(),
+        }
     }
 
     fn load(
@@ -685,6 +677,123 @@ fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlRespo
     }
 }
 
+/// An upload in progress: the buffer a `PutBuffer` stream fills, made by its
+/// first chunk and kept by the session once the stream ends whole.
+struct Upload<'a> {
+    service: &'a Service,
+    id: SessionId,
+    /// The handle, spec and bytes so far, once the first chunk came.
+    target: Option<(u64, CheckedSpec, Vec<u8>)>,
+}
+
+impl<'a> Upload<'a> {
+    fn new(service: &'a Service, id: SessionId) -> Upload<'a> {
+        Upload {
+            service,
+            id,
+            target: None,
+        }
+    }
+
+    /// The stream ended: the buffer, if whole, joins the session.
+    fn finish(self) -> Result<()> {
+        let Some((handle, spec, data)) = self.target else {
+            return Err(Error::invalid_argument("an empty PutBuffer stream"));
+        };
+        let buffer = buffer_owning(&self.service.0.client, &spec, data)
+            .map_err(|e| e.context(format!("buffer {handle}")))?;
+        self.service.with_session(self.id, |session| {
+            if session.buffers.contains_key(&handle) {
+                return Err(Error::already_exists(format!(
+                    "buffer {handle} exists in this session"
+                )));
+            }
+            session.buffers.insert(handle, buffer);
+            Ok(())
+        })
+    }
+}
+
+impl ChunkSink for Upload<'_> {
+    fn fields(&mut self, chunk: PutBufferChunk) -> Result<()> {
+        if let Some((handle, _, _)) = &self.target {
+            if chunk.spec.is_some() || (chunk.handle != 0 && chunk.handle != *handle) {
+                return Err(Error::invalid_argument(
+                    "only the first chunk of a PutBuffer stream names the buffer",
+                ));
+            }
+            return Ok(());
+        }
+        let handle = chunk.handle;
+        let spec = chunk.spec.as_ref().ok_or_else(|| {
+            Error::invalid_argument("the first chunk must carry the buffer's spec")
+        })?;
+        let spec = check_spec(&self.service.0.client, spec)?;
+        self.service.with_session(self.id, |session| {
+            if session.buffers.contains_key(&handle) {
+                return Err(Error::already_exists(format!(
+                    "buffer {handle} exists in this session"
+                )));
+            }
+            Ok(())
+        })?;
+        let mut data = receive_buffer(spec.bytes)?;
+        prefer_huge_pages(&mut data);
+        self.target = Some((handle, spec, data));
+        Ok(())
+    }
+
+    fn data(&mut self, bytes: &[u8]) -> Result<()> {
+        let Some((handle, spec, data)) = &mut self.target else {
+            // The parser delivers a chunk's fields before its data.
+            return Err(Error::invalid_argument("data before the buffer's spec"));
+        };
+        if data.len() + bytes.len() > spec.bytes {
+            return Err(Error::invalid_argument(format!(
+                "buffer {handle} got more than the {} bytes its spec needs",
+                spec.bytes
+            )));
+        }
+        data.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// The worker's gRPC service: `PutBuffer` goes to [`Service::put_http`]
+/// (copy-free, see [`bulk`](super::bulk)), every other RPC to the generated
+/// server.
+#[derive(Clone)]
+struct Routes {
+    grpc: WorkerServer<Service>,
+    shared: Arc<Shared>,
+}
+
+impl tonic::server::NamedService for Routes {
+    const NAME: &'static str = <WorkerServer<Service> as tonic::server::NamedService>::NAME;
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Routes {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+        tonic::codegen::Service::<http::Request<tonic::body::Body>>::poll_ready(&mut self.grpc, cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        if request.uri().path() == PUT_BUFFER_PATH {
+            let service = Service(self.shared.clone());
+            Box::pin(async move { Ok(service.put_http(request).await) })
+        } else {
+            self.grpc.call(request)
+        }
+    }
+}
+
 /// Asks the kernel to back the (fresh, untouched) capacity of a large receive
 /// buffer with huge pages: writing into a fresh buffer page-faults on every
 /// page, and with 2 MiB pages there are 512 times fewer faults. Only advice:
@@ -852,11 +961,12 @@ impl WorkerRpc for Service {
         &self,
         request: Request<Streaming<PutBufferChunk>>,
     ) -> std::result::Result<Response<PutBufferResponse>, Status> {
-        let id = self.session(&request).map_err(|e| to_status(&e))?;
-        self.put(id, request.into_inner())
-            .await
-            .map_err(|e| to_status(&e))?;
-        Ok(Response::new(PutBufferResponse {}))
+        // Never called: `Routes` serves PutBuffer itself, from the HTTP/2
+        // body (`put_http`).
+        let _ = request;
+        Err(Status::internal(
+            "PutBuffer is served by the worker's route, not the generated service",
+        ))
     }
 
     async fn get_buffer(
