@@ -72,34 +72,33 @@ pub(crate) const INFLIGHT_CHUNKS: usize = 32;
 /// Chunk buffers that uploads sent and let go of, kept for the next copies:
 /// writing into memory that was just used is several times faster than into
 /// fresh pages, which the kernel must zero first.
-fn warm_chunks() -> &'static crossbeam_queue::ArrayQueue<Box<[u8]>> {
-    static POOL: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Box<[u8]>>> =
+fn warm_chunks() -> &'static crossbeam_queue::ArrayQueue<Vec<u8>> {
+    static POOL: std::sync::OnceLock<crossbeam_queue::ArrayQueue<Vec<u8>>> =
         std::sync::OnceLock::new();
     POOL.get_or_init(|| crossbeam_queue::ArrayQueue::new(WARM_CHUNKS))
 }
 
-/// A chunk in a pooled buffer, which goes back to the pool when the last
-/// view of it is dropped.
-struct WarmChunk {
-    buf: Box<[u8]>,
-    len: usize,
-}
+/// A chunk in a pooled buffer (of capacity [`CHUNK_BYTES`]), which goes back
+/// to the pool when the last view of it is dropped.
+struct WarmChunk(Vec<u8>);
 
 impl AsRef<[u8]> for WarmChunk {
     fn as_ref(&self) -> &[u8] {
-        &self.buf[..self.len]
+        &self.0
     }
 }
 
 impl Drop for WarmChunk {
     fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
+        let mut buf = std::mem::take(&mut self.0);
+        buf.clear();
         // A full pool just frees it.
         let _ = warm_chunks().push(buf);
     }
 }
 
-/// A copy of `src` (at most [`CHUNK_BYTES`]) in a pooled chunk buffer.
+/// A copy of `src` (at most [`CHUNK_BYTES`]) in a pooled chunk buffer, or in
+/// a new one (not zeroed first: the copy is its first write).
 pub(crate) fn copy_chunk(src: &[u8]) -> Bytes {
     debug_assert!(src.len() <= CHUNK_BYTES);
     if src.len() > CHUNK_BYTES {
@@ -107,12 +106,9 @@ pub(crate) fn copy_chunk(src: &[u8]) -> Bytes {
     }
     let mut buf = warm_chunks()
         .pop()
-        .unwrap_or_else(|| vec![0u8; CHUNK_BYTES].into_boxed_slice());
-    buf[..src.len()].copy_from_slice(src);
-    Bytes::from_owner(WarmChunk {
-        buf,
-        len: src.len(),
-    })
+        .unwrap_or_else(|| Vec::with_capacity(CHUNK_BYTES));
+    buf.extend_from_slice(src);
+    Bytes::from_owner(WarmChunk(buf))
 }
 
 /// Receive buffers of at least this size go back to [`warm_receive`] when their
