@@ -15,9 +15,11 @@
 //!   each piece of `data` to its sink as a view of the received frame, which
 //!   copies it into the buffer's memory.
 //!
-//! A chunk's `data` must come after its other fields (the order in which
-//! protobuf encoders write fields): the worker needs the buffer's spec before
-//! its bytes. The parser validates everything else a protobuf decoder would.
+//! The parser checks what tonic's decoder and prost would, and is stricter in
+//! three ways: a chunk's `data` must come after its other fields (the order in
+//! which protobuf encoders write them; the worker needs the buffer's spec
+//! before its bytes), its other fields take at most 64 KiB, and it has no
+//! fields of the deprecated group wire types.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -28,14 +30,14 @@ use http_body::Frame;
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::Message;
 use tokio_stream::Stream;
+use tonic::client::GrpcService;
 use tonic::codec::{Codec, ProstCodec, Streaming};
-use tonic::codegen::{http, Service};
+use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::proto::{BufferSpec, PutBufferChunk, PutBufferResponse};
-use super::MAX_MESSAGE_BYTES;
+use super::{CHUNK_BYTES, MAX_MESSAGE_BYTES};
 use crate::error::{Error, Result};
 
 /// The HTTP/2 path of the `PutBuffer` RPC.
@@ -64,7 +66,8 @@ pub(crate) fn chunk_prefix(handle: u64, spec: Option<BufferSpec>, data_len: usiz
     let prefix = fields.encoded_len() + data_header;
     let mut out = BytesMut::with_capacity(GRPC_HEADER_BYTES + prefix);
     out.put_u8(0);
-    // Chunks are at most CHUNK_BYTES, far below u32::MAX.
+    // Chunks are at most CHUNK_BYTES (`PutBody` splits larger ones), far
+    // below u32::MAX.
     out.put_u32((prefix + data_len) as u32);
     // Cannot fail: `out` has room for the encoded length.
     let _ = fields.encode(&mut out);
@@ -82,6 +85,8 @@ pub(crate) struct PutBody<S> {
     spec: Option<BufferSpec>,
     /// The data of the chunk whose prefix went last.
     data: Option<Bytes>,
+    /// The rest of a chunk larger than [`CHUNK_BYTES`], sent as the next.
+    rest: Option<Bytes>,
 }
 
 impl<S> PutBody<S> {
@@ -91,6 +96,7 @@ impl<S> PutBody<S> {
             handle,
             spec: Some(spec),
             data: None,
+            rest: None,
         }
     }
 }
@@ -106,8 +112,16 @@ impl<S: Stream<Item = Bytes> + Unpin> http_body::Body for PutBody<S> {
         if let Some(data) = self.data.take() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
-        match Pin::new(&mut self.chunks).poll_next(cx) {
-            Poll::Ready(Some(data)) => {
+        let next = match self.rest.take() {
+            Some(rest) => Poll::Ready(Some(rest)),
+            None => Pin::new(&mut self.chunks).poll_next(cx),
+        };
+        match next {
+            Poll::Ready(Some(mut data)) => {
+                // Messages stay within the worker's limit (views, no copies).
+                if data.len() > CHUNK_BYTES {
+                    self.rest = Some(data.split_off(CHUNK_BYTES));
+                }
                 let spec = self.spec.take();
                 let prefix = chunk_prefix(self.handle, spec, data.len());
                 if !data.is_empty() {
@@ -121,17 +135,20 @@ impl<S: Stream<Item = Bytes> + Unpin> http_body::Body for PutBody<S> {
     }
 }
 
-/// Calls `PutBuffer` on `channel` with `body` and `metadata` (the token and
+/// Calls `PutBuffer` on `channel` (a tonic `Channel`) with `body` and `metadata` (the token and
 /// the session), as tonic's generated client calls it (headers, errors, the
 /// answer's message and trailers), but with a body that does not go through
 /// tonic's codec.
-pub(crate) async fn put_call<S>(
-    mut channel: Channel,
+pub(crate) async fn put_call<S, C>(
+    mut channel: C,
     metadata: MetadataMap,
     body: PutBody<S>,
 ) -> std::result::Result<(), Status>
 where
     S: Stream<Item = Bytes> + Unpin + Send + 'static,
+    C: GrpcService<tonic::body::Body>,
+    C::ResponseBody: Send + 'static,
+    <C::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError>,
 {
     let mut request = http::Request::new(tonic::body::Body::new(body));
     *request.method_mut() = http::Method::POST;
@@ -151,10 +168,11 @@ where
         .call(request)
         .await
         .map_err(|e| Status::from_error(e.into()))?;
-    // A status in the headers is the whole answer ("trailers-only").
+    // A status in the headers is the whole answer ("trailers-only"): an
+    // error, since a stored upload is answered with a message.
     if let Some(status) = Status::from_header_map(answer.headers()) {
         return match status.code() {
-            Code::Ok => Ok(()),
+            Code::Ok => Err(no_message()),
             _ => Err(status),
         };
     }
@@ -167,12 +185,13 @@ where
         None,
         Some(MAX_MESSAGE_BYTES),
     );
-    answer
-        .message()
-        .await?
-        .ok_or_else(|| Status::internal("the worker answered an upload with no message"))?;
+    answer.message().await?.ok_or_else(no_message)?;
     answer.trailers().await?;
     Ok(())
+}
+
+fn no_message() -> Status {
+    Status::internal("the worker answered an upload with no message")
 }
 
 /// The answer to a whole upload: gRPC's answer of one empty message
@@ -531,7 +550,6 @@ mod tests {
 
     impl ChunkSink for Seen {
         fn fields(&mut self, chunk: PutBufferChunk) -> Result<()> {
-            assert!(chunk.data.is_empty());
             self.chunks.push(chunk);
             Ok(())
         }
@@ -730,6 +748,29 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_empty_chunk_decodes_as_prost_decodes_it() {
+        let wire = body(&[b""]);
+        let decoded = PutBufferChunk::decode(&wire[GRPC_HEADER_BYTES..]).unwrap();
+        assert_eq!(decoded.handle, 7);
+        assert!(decoded.data.is_empty());
+        let seen = parse(&wire, 1).unwrap();
+        assert_eq!(seen.chunks.len(), 1);
+        assert_eq!(seen.chunks[0].spec, Some(spec()));
+    }
+
+    #[test]
+    fn a_message_of_exactly_the_limit_parses() {
+        let mut message = Vec::new();
+        encode_key(DATA_FIELD, WireType::LengthDelimited, &mut message);
+        let header = message.len() + encoded_len_varint(MAX_MESSAGE_BYTES as u64);
+        encode_varint((MAX_MESSAGE_BYTES - header) as u64, &mut message);
+        message.resize(MAX_MESSAGE_BYTES, 5);
+        // Data needs a spec first: the sink here takes any.
+        let seen = parse(&framed(&message), 1 << 20).unwrap();
+        assert_eq!(seen.chunks[0].data.len(), MAX_MESSAGE_BYTES - header);
+    }
+
     /// The sink's errors stop the parse.
     #[test]
     fn a_sink_error_ends_the_parse() {
@@ -753,19 +794,148 @@ mod tests {
     fn the_body_sends_each_chunk_as_its_prefix_then_its_bytes() {
         let a = Bytes::from_static(b"first chunk");
         let b = Bytes::from_static(b"second");
-        let mut put = PutBody::new(7, spec(), tokio_stream::iter(vec![a.clone(), b.clone()]));
-        let waker = std::task::Waker::noop();
-        let mut cx = Context::from_waker(waker);
+        let frames = frames_of(vec![a.clone(), b.clone()]);
+        assert_eq!(frames.len(), 4);
+        // The data frames are the chunks themselves, not copies.
+        assert_eq!(frames[1].as_ptr(), a.as_ptr());
+        assert_eq!(frames[3].as_ptr(), b.as_ptr());
+        assert_eq!(frames.concat(), body(&[&a, &b]));
+    }
+
+    /// Every frame `PutBody` sends for `chunks`.
+    fn frames_of(chunks: Vec<Bytes>) -> Vec<Bytes> {
+        let mut put = PutBody::new(7, spec(), tokio_stream::iter(chunks));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut frames = Vec::new();
         while let Poll::Ready(Some(frame)) =
             http_body::Body::poll_frame(Pin::new(&mut put), &mut cx)
         {
             frames.push(frame.unwrap().into_data().unwrap());
         }
-        assert_eq!(frames.len(), 4);
-        // The data frames are the chunks themselves, not copies.
-        assert_eq!(frames[1].as_ptr(), a.as_ptr());
-        assert_eq!(frames[3].as_ptr(), b.as_ptr());
-        assert_eq!(frames.concat(), body(&[&a, &b]));
+        frames
+    }
+
+    #[test]
+    fn an_empty_chunk_is_its_prefix_alone_and_a_large_one_is_split() {
+        assert_eq!(
+            frames_of(vec![Bytes::new()]),
+            vec![chunk_prefix(7, Some(spec()), 0)]
+        );
+        let large = Bytes::from(vec![3u8; 2 * CHUNK_BYTES + 1]);
+        let frames = frames_of(vec![large.clone()]);
+        assert_eq!(frames.len(), 6);
+        assert_eq!(
+            frames
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .map(Bytes::len)
+                .collect::<Vec<_>>(),
+            [CHUNK_BYTES, CHUNK_BYTES, 1]
+        );
+        assert_eq!(frames[3].as_ptr(), large[CHUNK_BYTES..].as_ptr());
+        let seen = parse(&frames.concat(), 1 << 20).unwrap();
+        assert_eq!(seen.chunks.len(), 3);
+        assert_eq!(
+            seen.chunks.iter().map(|c| c.data.len()).sum::<usize>(),
+            large.len()
+        );
+    }
+
+    /// A stand-in for the connection: answers every request with `answer()`.
+    #[derive(Clone)]
+    struct Answers(fn() -> http::Response<tonic::body::Body>);
+
+    impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Answers {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<std::result::Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+            assert_eq!(request.uri().path(), PUT_BUFFER_PATH);
+            assert_eq!(request.headers()["content-type"], "application/grpc");
+            assert_eq!(request.headers()["te"], "trailers");
+            assert_eq!(request.headers()["colocated-session"], "s");
+            std::future::ready(Ok((self.0)()))
+        }
+    }
+
+    /// A body of the given frames.
+    struct Frames(VecDeque<Frame<Bytes>>);
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<std::result::Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+    }
+
+    /// The outcome of an upload answered by `answer`.
+    #[allow(clippy::result_large_err)] // tonic's Status, large by design
+    fn call_answered(
+        answer: fn() -> http::Response<tonic::body::Body>,
+    ) -> std::result::Result<(), Status> {
+        let mut metadata = MetadataMap::new();
+        metadata.insert("colocated-session", "s".parse().unwrap());
+        let body = PutBody::new(
+            7,
+            spec(),
+            tokio_stream::iter(vec![Bytes::from_static(b"x")]),
+        );
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(put_call(Answers(answer), metadata, body))
+    }
+
+    #[test]
+    fn an_upload_is_stored_only_when_the_worker_answers_a_message_and_ok() {
+        assert!(call_answered(empty_answer).is_ok());
+        // An error status alone is that error.
+        let err = call_answered(|| Status::not_found("no such session").into_http()).unwrap_err();
+        assert_eq!(
+            (err.code(), err.message()),
+            (Code::NotFound, "no such session")
+        );
+        // OK without the message is not a stored upload.
+        let err = call_answered(|| Status::ok("").into_http()).unwrap_err();
+        assert_eq!(err.code(), Code::Internal, "{err:?}");
+        // The message, then an error in the trailers: the error.
+        let err = call_answered(|| {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("8"));
+            let frames = [
+                Frame::data(Bytes::from_static(&[0; 5])),
+                Frame::trailers(trailers),
+            ];
+            let mut answer = http::Response::new(tonic::body::Body::new(Frames(frames.into())));
+            answer.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            answer
+        })
+        .unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+        // No gRPC status at all (an HTTP error): an error.
+        let err = call_answered(|| {
+            let mut answer = http::Response::new(tonic::body::Body::default());
+            *answer.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+            answer
+        })
+        .unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     }
 }
