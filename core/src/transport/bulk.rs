@@ -135,10 +135,10 @@ impl<S: Stream<Item = Bytes> + Unpin> http_body::Body for PutBody<S> {
     }
 }
 
-/// Calls `PutBuffer` on `channel` (a tonic `Channel`) with `body` and `metadata` (the token and
-/// the session), as tonic's generated client calls it (headers, errors, the
-/// answer's message and trailers), but with a body that does not go through
-/// tonic's codec.
+/// Calls `PutBuffer` on `channel` (a tonic `Channel`) with `body` and
+/// `metadata` (the token and the session), as tonic's generated client calls
+/// it (headers, errors, the answer's message and trailers), but with a body
+/// that does not go through tonic's codec.
 pub(crate) async fn put_call<S, C>(
     mut channel: C,
     metadata: MetadataMap,
@@ -190,14 +190,21 @@ where
     Ok(())
 }
 
+/// An upload's answer without its message: not a stored upload.
 fn no_message() -> Status {
     Status::internal("the worker answered an upload with no message")
 }
 
 /// The answer to a whole upload: gRPC's answer of one empty message
-/// (`PutBufferResponse {}`) with status OK.
+/// (`PutBufferResponse {}`: no compression, length 0), then status OK.
 pub(crate) fn empty_answer() -> http::Response<tonic::body::Body> {
-    let mut answer = http::Response::new(tonic::body::Body::new(EmptyAnswer::Message));
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    let frames = [
+        Frame::data(Bytes::from_static(&[0; GRPC_HEADER_BYTES])),
+        Frame::trailers(trailers),
+    ];
+    let mut answer = http::Response::new(tonic::body::Body::new(Frames(frames.into())));
     answer.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
@@ -205,14 +212,10 @@ pub(crate) fn empty_answer() -> http::Response<tonic::body::Body> {
     answer
 }
 
-/// The body of [`empty_answer`]: the message, then the trailers.
-enum EmptyAnswer {
-    Message,
-    Trailers,
-    Done,
-}
+/// A body of the given frames, in order.
+struct Frames(VecDeque<Frame<Bytes>>);
 
-impl http_body::Body for EmptyAnswer {
+impl http_body::Body for Frames {
     type Data = Bytes;
     type Error = std::convert::Infallible;
 
@@ -220,25 +223,11 @@ impl http_body::Body for EmptyAnswer {
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<std::result::Result<Frame<Bytes>, Self::Error>>> {
-        let frame = match *self {
-            EmptyAnswer::Message => {
-                *self = EmptyAnswer::Trailers;
-                // No compression, length 0.
-                Frame::data(Bytes::from_static(&[0; GRPC_HEADER_BYTES]))
-            }
-            EmptyAnswer::Trailers => {
-                *self = EmptyAnswer::Done;
-                let mut trailers = http::HeaderMap::new();
-                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                Frame::trailers(trailers)
-            }
-            EmptyAnswer::Done => return Poll::Ready(None),
-        };
-        Poll::Ready(Some(Ok(frame)))
+        Poll::Ready(self.0.pop_front().map(Ok))
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self, EmptyAnswer::Done)
+        self.0.is_empty()
     }
 }
 
@@ -251,9 +240,10 @@ pub(crate) trait ChunkSink {
 }
 
 /// Where the parser is in the stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum State {
     /// Between messages: the next bytes are a gRPC message header.
+    #[default]
     Header,
     /// Inside a message, before a field's key.
     Field,
@@ -266,6 +256,7 @@ enum State {
 /// compression, messages within [`MAX_MESSAGE_BYTES`], well-formed fields.
 /// It holds back only the bytes of a field it has not seen whole (at most
 /// [`MAX_FIELDS_BYTES`]); data goes to the sink as it comes.
+#[derive(Default)]
 pub(crate) struct ChunkParser {
     /// Received bytes not parsed yet, in order.
     queue: VecDeque<Bytes>,
@@ -279,20 +270,6 @@ pub(crate) struct ChunkParser {
     /// the sink).
     data_seen: bool,
     messages: u64,
-}
-
-impl Default for ChunkParser {
-    fn default() -> Self {
-        ChunkParser {
-            queue: VecDeque::new(),
-            queued: 0,
-            state: State::Header,
-            message_left: 0,
-            fields: Vec::new(),
-            data_seen: false,
-            messages: 0,
-        }
-    }
 }
 
 /// A varint at the start of `bytes`: its value and length, `None` if `bytes`
@@ -314,6 +291,7 @@ fn varint(bytes: &[u8]) -> Result<Option<(u64, usize)>> {
     Ok(None)
 }
 
+/// The error of a stream that is not well-formed.
 fn malformed(what: &str) -> Error {
     Error::invalid_argument(format!("malformed PutBuffer stream: {what}"))
 }
@@ -864,21 +842,6 @@ mod tests {
             assert_eq!(request.headers()["te"], "trailers");
             assert_eq!(request.headers()["colocated-session"], "s");
             std::future::ready(Ok((self.0)()))
-        }
-    }
-
-    /// A body of the given frames.
-    struct Frames(VecDeque<Frame<Bytes>>);
-
-    impl http_body::Body for Frames {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<std::result::Result<Frame<Bytes>, Self::Error>>> {
-            Poll::Ready(self.0.pop_front().map(Ok))
         }
     }
 

@@ -703,11 +703,7 @@ impl<'a> Upload<'a> {
         let buffer = buffer_owning(&self.service.0.client, &spec, data)
             .map_err(|e| e.context(format!("buffer {handle}")))?;
         self.service.with_session(self.id, |session| {
-            if session.buffers.contains_key(&handle) {
-                return Err(Error::already_exists(format!(
-                    "buffer {handle} exists in this session"
-                )));
-            }
+            check_new_handles(session, &[handle])?;
             session.buffers.insert(handle, buffer);
             Ok(())
         })
@@ -729,14 +725,8 @@ impl ChunkSink for Upload<'_> {
             Error::invalid_argument("the first chunk must carry the buffer's spec")
         })?;
         let spec = check_spec(&self.service.0.client, spec)?;
-        self.service.with_session(self.id, |session| {
-            if session.buffers.contains_key(&handle) {
-                return Err(Error::already_exists(format!(
-                    "buffer {handle} exists in this session"
-                )));
-            }
-            Ok(())
-        })?;
+        self.service
+            .with_session(self.id, |session| check_new_handles(session, &[handle]))?;
         let mut data = receive_buffer(spec.bytes)?;
         prefer_huge_pages(&mut data);
         self.target = Some((handle, spec, data));
