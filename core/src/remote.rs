@@ -26,6 +26,10 @@ use crate::storage::Storage;
 use crate::transport::proto::BufferSpec;
 use crate::transport::session::{Completion, Progress, RemoteSession};
 
+/// How often an upload waiting for the network checks that its worker is
+/// still there.
+const LOST_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// One worker host of a client.
 pub(crate) struct RemoteHost {
     pub session: RemoteSession,
@@ -81,18 +85,33 @@ impl RemoteHost {
         self.session
             .put_buffer_chunks_then(handle, spec, src.len() as u64, rx, progress, done);
         let lost = self.session.lost();
-        let send = |mut chunk: Bytes| loop {
+        let send = |chunk: Bytes| {
             use tokio::sync::mpsc::error::TrySendError;
             match chunks.try_send(chunk) {
-                Ok(()) => return true,
-                Err(TrySendError::Closed(_)) => return false,
-                // The network is behind: wait for it, unless the worker is
+                Ok(()) => true,
+                Err(TrySendError::Closed(_)) => false,
+                // The network is behind: wait for room, unless the worker is
                 // lost (then the upload fails and `done` reports it).
-                Err(TrySendError::Full(back)) if may_block && !lost.is_ready() => {
-                    chunk = back;
-                    std::thread::sleep(std::time::Duration::from_micros(50));
+                Err(TrySendError::Full(chunk)) if may_block => {
+                    let Ok(runtime) = crate::transport::runtime() else {
+                        return false;
+                    };
+                    runtime.block_on(async {
+                        while !lost.is_ready() {
+                            let room = chunks.reserve();
+                            match tokio::time::timeout(LOST_CHECK, room).await {
+                                Ok(Ok(room)) => {
+                                    room.send(chunk);
+                                    return true;
+                                }
+                                Ok(Err(_)) => return false,
+                                Err(_) => {}
+                            }
+                        }
+                        false
+                    })
                 }
-                Err(TrySendError::Full(_)) => return false,
+                Err(TrySendError::Full(_)) => false,
             }
         };
         if src.is_empty() {

@@ -257,6 +257,23 @@ def test_a_killed_worker_fails_pending_calls_promptly_and_the_others_keep_workin
     np.testing.assert_array_equal(np.asarray(add_one(on_b)), [1, 2])
 
 
+def test_an_upload_to_a_worker_that_stops_reading_ends_once_it_is_lost(cluster):
+    client, workers = cluster(2, devices=1)
+    workers[0].proc.send_signal(signal.SIGSTOP)  # hung: connected, reads nothing
+    try:
+        began = time.monotonic()
+        # Far more than the sockets and HTTP/2 windows hold: the copy waits for
+        # the network until the worker counts as lost.
+        with pytest.raises(colocated.UnavailableError):
+            colocated.block_until_ready(colocated.device_put(np.ones(256 << 20, np.uint8), client.devices()[0]))
+        assert time.monotonic() - began < 2.0  # by heartbeat (0.75 s here), not keepalive (3 s)
+    finally:
+        workers[0].proc.send_signal(signal.SIGCONT)
+    # The other host keeps working.
+    x = colocated.device_put(np.arange(4), client.devices()[1])
+    np.testing.assert_array_equal(np.asarray(x), np.arange(4))
+
+
 def _call_and_catch(fn, *args):
     try:
         return fn(*args)

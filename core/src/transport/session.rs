@@ -319,6 +319,9 @@ struct Inner {
     next_handle: AtomicU64,
     /// Set (with `unavailable`) once the worker is lost.
     lost: Event,
+    /// Becomes `true` when `lost` is set: transfers in flight wait on it, as
+    /// their connection may hang for a while after the worker is lost.
+    lost_signal: tokio::sync::watch::Sender<bool>,
     /// The control stream, opened on first use.
     control: std::sync::Mutex<Option<Arc<Control>>>,
     /// Bound of a heartbeat: a worker silent for this long is lost.
@@ -442,6 +445,7 @@ impl RemoteSession {
             closed: AtomicBool::new(false),
             next_handle: AtomicU64::new(1),
             lost: Event::new(),
+            lost_signal: tokio::sync::watch::Sender::new(false),
             control: std::sync::Mutex::new(None),
             heartbeat_timeout: heartbeat_timeout(response.heartbeat_interval_ms),
             host_callbacks: std::sync::Mutex::new(HashMap::new()),
@@ -938,6 +942,22 @@ impl Inner {
         }
     }
 
+    /// `transfer`'s outcome, or the worker's loss if that comes first (a
+    /// transfer on a hung connection would wait for its keepalive).
+    async fn unless_lost<T>(
+        &self,
+        transfer: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let mut lost = self.lost_signal.subscribe();
+        tokio::select! {
+            outcome = transfer => outcome,
+            _ = lost.wait_for(|lost| *lost) => Err(self
+                .lost
+                .error()
+                .unwrap_or_else(|| Error::unavailable(format!("worker {} lost", self.address)))),
+        }
+    }
+
     /// The error of a failed request; a worker that cannot be reached is lost.
     fn fail(&self, status: &tonic::Status) -> Error {
         let err = from_status(status).context(format!("worker {}", self.address));
@@ -952,6 +972,7 @@ impl Inner {
             tracing::warn!(worker = %self.address, error = %err, "worker lost");
         }
         self.lost.set_if_pending(Err(err.clone()));
+        self.lost_signal.send_replace(true);
         // Executions in flight there will never finish.
         let control = lock(&self.control).clone();
         if let Some(control) = control {
@@ -964,17 +985,23 @@ impl Inner {
         let mut rpc = self.rpc.clone();
         let mut request = self.bulk_request(HeartbeatRequest {});
         request.set_timeout(self.heartbeat_timeout);
-        match rpc.heartbeat(request).await {
-            Ok(_) => Ok(()),
-            Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
-                let err = Error::unavailable(format!(
-                    "worker {} did not answer a heartbeat within {:?}",
-                    self.address, self.heartbeat_timeout
-                ));
-                self.lose(err.clone());
-                Err(err)
+        let silent = || {
+            let err = Error::unavailable(format!(
+                "worker {} did not answer a heartbeat within {:?}",
+                self.address, self.heartbeat_timeout
+            ));
+            self.lose(err.clone());
+            Err(err)
+        };
+        // A hung worker answers nothing: the deadline ends the call here
+        // (tonic's client-side timeout, whose status is not always
+        // `DEADLINE_EXCEEDED` itself, or this one).
+        match tokio::time::timeout(self.heartbeat_timeout, rpc.heartbeat(request)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) if from_status(&status).code() != ErrorCode::DeadlineExceeded => {
+                Err(self.fail(&status))
             }
-            Err(status) => Err(self.fail(&status)),
+            _ => silent(),
         }
     }
 }
@@ -1002,13 +1029,14 @@ async fn put_future(
     }));
     inner.alive()?;
     let (metadata, _, ()) = inner.bulk_request(()).into_parts();
-    put_call(
+    let call = put_call(
         inner.channel.clone(),
         metadata,
         PutBody::new(handle, spec, data),
-    )
-    .await
-    .map_err(|s| inner.fail(&s))?;
+    );
+    inner
+        .unless_lost(async { call.await.map_err(|s| inner.fail(&s)) })
+        .await?;
     if let Some(progress) = progress {
         progress(total, total);
     }
@@ -1023,19 +1051,22 @@ async fn get_future(
 ) -> Result<()> {
     inner.alive()?;
     let mut rpc = inner.rpc.clone();
-    let mut stream = rpc
-        .get_buffer(inner.bulk_request(GetBufferRequest { handle }))
-        .await
-        .map_err(|s| inner.fail(&s))?
-        .into_inner();
-    let mut total = 0u64;
-    while let Some(chunk) = stream.message().await.map_err(|s| inner.fail(&s))? {
-        if chunk.total_bytes > 0 {
-            total = chunk.total_bytes;
+    let download = async {
+        let mut stream = rpc
+            .get_buffer(inner.bulk_request(GetBufferRequest { handle }))
+            .await
+            .map_err(|s| inner.fail(&s))?
+            .into_inner();
+        let mut total = 0u64;
+        while let Some(chunk) = stream.message().await.map_err(|s| inner.fail(&s))? {
+            if chunk.total_bytes > 0 {
+                total = chunk.total_bytes;
+            }
+            sink(total, &chunk.data)?;
         }
-        sink(total, &chunk.data)?;
-    }
-    Ok(())
+        Ok(())
+    };
+    inner.unless_lost(download).await
 }
 
 /// Keeps a session open while its `RemoteSession` lives.
