@@ -75,6 +75,18 @@ impl DType {
         })
     }
 
+    /// Bytes of a dense array of this dtype with `dims`; `invalid_argument`
+    /// for negative dimensions, a size past `isize::MAX`, or strings (which
+    /// have no fixed size).
+    pub fn dense_byte_size(self, dims: &[i64]) -> Result<usize> {
+        if self == DType::String {
+            return Err(Error::invalid_argument(
+                "string arrays have no fixed byte size",
+            ));
+        }
+        checked_byte_size(self, dims)
+    }
+
     /// The numpy-style name (`"float32"`, `"bfloat16"`, `"string"`).
     pub fn name(self) -> &'static str {
         match self {
@@ -158,5 +170,8 @@ mod tests {
         assert_eq!(big.code(), ErrorCode::InvalidArgument);
         let big = checked_byte_size(DType::F64, &[1 << 61]).unwrap_err();
         assert!(big.message().contains("overflow"));
+        assert_eq!(DType::F32.dense_byte_size(&[2, 3]).unwrap(), 24);
+        let strings = DType::String.dense_byte_size(&[2]).unwrap_err();
+        assert_eq!(strings.code(), ErrorCode::InvalidArgument);
     }
 }

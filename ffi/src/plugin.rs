@@ -476,7 +476,9 @@ fn call_plugin_function(
     let mut memory = Vec::with_capacity(shards.len());
     for (i, shard) in shards.iter().enumerate() {
         check_dense_cpu(name, "output shard", i, shard.dtype, &shard.device)?;
-        memory.push(OutputMemory::zeroed(byte_size(shard.dtype, &shard.dims)?)?);
+        memory.push(OutputMemory::zeroed(
+            shard.dtype.dense_byte_size(&shard.dims)?,
+        )?);
     }
     let mut output_arrays: Vec<colocated_plugin_array> = shards
         .iter()
@@ -550,23 +552,6 @@ fn check_dense_cpu(
         )));
     }
     Ok(())
-}
-
-/// Bytes of a dense shard of `dtype` and `dims`.
-fn byte_size(dtype: DType, dims: &[i64]) -> Result<usize> {
-    let element = dtype.byte_size().ok_or_else(|| {
-        Error::invalid_argument(format!("{} has no fixed element size", dtype.name()))
-    })?;
-    dims.iter()
-        .try_fold(element, |bytes, &d| {
-            usize::try_from(d).ok().and_then(|d| bytes.checked_mul(d))
-        })
-        .ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "a {}{dims:?} shard does not fit in memory",
-                dtype.name()
-            ))
-        })
 }
 
 /// The error of a plugin function that returned `code` with `message` (its
@@ -711,13 +696,5 @@ mod tests {
                 .contains("42, which is not a colocated_error_code: odd"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn shard_sizes_are_checked_for_overflow() {
-        assert_eq!(byte_size(DType::I32, &[3, 4]).unwrap(), 48);
-        assert_eq!(byte_size(DType::F64, &[]).unwrap(), 8);
-        assert!(byte_size(DType::I64, &[i64::MAX, 4]).is_err());
-        assert!(byte_size(DType::String, &[1]).is_err());
     }
 }
