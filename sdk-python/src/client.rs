@@ -38,17 +38,19 @@ impl Client {
     /// Connects to the workers at `addresses` (`HOST:PORT` each); worker `i`
     /// becomes process `i + 1`, and the in-process host (process 0, with
     /// `num_cpu_devices` devices) is a host too when `include_local`. Blocks
-    /// (without the GIL) for at most `timeout` seconds per worker. Raises
+    /// (without the GIL) for at most `timeout` seconds per worker. The token
+    /// is `token`, else the one in `token_file`, else `COLOCATED_TOKEN`'s. Raises
     /// `UnavailableError` for a worker that cannot be reached,
     /// `UnauthenticatedError` for a refused token, `InvalidArgumentError` for
     /// bad options.
     #[staticmethod]
-    #[pyo3(signature = (addresses, *, token=None, tls_ca=None, tls_domain=None, include_local=false, timeout=10.0, num_cpu_devices=None, executor_threads=None))]
+    #[pyo3(signature = (addresses, *, token=None, token_file=None, tls_ca=None, tls_domain=None, include_local=false, timeout=10.0, num_cpu_devices=None, executor_threads=None))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
         addresses: Vec<String>,
         token: Option<String>,
+        token_file: Option<std::path::PathBuf>,
         tls_ca: Option<Vec<u8>>,
         tls_domain: Option<String>,
         include_local: bool,
@@ -56,10 +58,7 @@ impl Client {
         num_cpu_devices: Option<usize>,
         executor_threads: Option<usize>,
     ) -> PyResult<Self> {
-        let token = token
-            .map(core::transport::Token::new)
-            .transpose()
-            .map_err(py_err)?;
+        let token = crate::remote::token_from(token, token_file)?;
         let timeout = crate::remote::seconds("timeout", timeout)?;
         let workers = addresses
             .into_iter()

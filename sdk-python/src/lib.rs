@@ -38,6 +38,7 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;
     m.add_function(wrap_pyfunction!(remote::load_plugin, m)?)?;
     m.add("PLATFORM_NAME", colocated_core::PLATFORM_NAME)?;
+    m.add("TOKEN_ENV", colocated_core::transport::TOKEN_ENV)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

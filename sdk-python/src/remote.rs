@@ -30,6 +30,24 @@ fn token(text: Option<String>) -> PyResult<Option<Token>> {
     text.map(Token::new).transpose().map_err(py_err)
 }
 
+/// The token of `token`, else of the file `token_file`, else of
+/// `COLOCATED_TOKEN` (core's rules: a file's or the variable's surrounding
+/// whitespace is ignored); `None` when there is none. `InvalidArgumentError`
+/// for both at once, an unreadable file or an empty token.
+pub(crate) fn token_from(
+    token: Option<String>,
+    token_file: Option<std::path::PathBuf>,
+) -> PyResult<Option<Token>> {
+    match (token, token_file) {
+        (Some(_), Some(_)) => Err(py_err(core::Error::invalid_argument(
+            "give token or token_file, not both",
+        ))),
+        (Some(text), None) => self::token(Some(text)),
+        (None, Some(path)) => Token::from_file(&path).map(Some).map_err(py_err),
+        (None, None) => Token::from_env().map_err(py_err),
+    }
+}
+
 /// A worker serving this process's devices, with the Python executor (started
 /// by `start_worker`). It stops with `shutdown()`, or when collected.
 #[pyclass(module = "colocated._colocated", frozen)]
@@ -58,23 +76,29 @@ impl WorkerHandle {
 
 /// Starts a worker on `listen` serving `client` (the package's default client,
 /// so that devices in pickled programs resolve to the served ones; it runs
-/// native and Python programs). `token` (None only with `insecure=True`) is
-/// what every request must carry.
+/// native and Python programs). Every request must carry the token of
+/// `token`, else of the file `token_file`, else of `COLOCATED_TOKEN`; with none
+/// of them, `insecure=True` serves anyone.
 #[pyfunction]
-#[pyo3(signature = (client, listen, *, token, insecure=false, heartbeat_interval=1.0, session_timeout=10.0, tls_cert=None, tls_key=None))]
+#[pyo3(signature = (client, listen, *, token=None, token_file=None, insecure=false, heartbeat_interval=1.0, session_timeout=10.0, tls_cert=None, tls_key=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn start_worker(
     py: Python<'_>,
     client: PyRef<'_, Client>,
     listen: &str,
     token: Option<String>,
+    token_file: Option<std::path::PathBuf>,
     insecure: bool,
     heartbeat_interval: f64,
     session_timeout: f64,
     tls_cert: Option<Vec<u8>>,
     tls_key: Option<Vec<u8>>,
 ) -> PyResult<WorkerHandle> {
-    let token = self::token(token)?;
+    let token = match (&token, &token_file, insecure) {
+        // An insecure worker does not pick up a token from the environment.
+        (None, None, true) => None,
+        _ => token_from(token, token_file)?,
+    };
     if token.is_none() && !insecure {
         return Err(py_err(core::Error::invalid_argument(
             "a worker requires a token (or insecure=True, which lets anyone run code here)",

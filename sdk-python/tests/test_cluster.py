@@ -209,7 +209,31 @@ def test_user_errors_on_a_worker_come_back_with_their_traceback(cluster):
     assert "explode" in str(info.value.remote_traceback)
 
 
-def test_a_wrong_or_missing_token_is_refused_and_nothing_runs(token_file, tmp_path):
+def test_a_failed_discovery_leaves_nothing_parked_on_the_workers(cluster):
+    client, workers = cluster(2, devices=1)
+    x = sharded_arange(2, client.devices())
+    refusing = workers[1].pid
+
+    @colocated.colocated_python
+    def fails_on_one_host(x):
+        if os.getpid() == refusing:
+            raise ValueError("not on this host")
+        return x + 1
+
+    with pytest.raises(colocated.ColocatedError, match="not on this host"):
+        fails_on_one_host(x)
+
+    @colocated.colocated_python
+    def parked(x):
+        from colocated import _colocated_python
+
+        return x * 0 + len(_colocated_python._RESULTS)
+
+    # The first host ran the function and parked its output: it is gone.
+    np.testing.assert_array_equal(np.asarray(parked(x)), [0, 0])
+
+
+def test_a_wrong_or_missing_token_is_refused_and_nothing_runs(token_file, tmp_path, monkeypatch):
     worker = Worker(token_file)
     try:
         with pytest.raises(colocated.UnauthenticatedError):
@@ -218,6 +242,14 @@ def test_a_wrong_or_missing_token_is_refused_and_nothing_runs(token_file, tmp_pa
             colocated.connect([worker.address], default=False)
         client = colocated.connect([worker.address], token_file=token_file, default=False)
         assert [h.name for h in client.hosts()] == [worker.address]
+        # The environment's token, as a file's, without surrounding whitespace.
+        monkeypatch.setenv("COLOCATED_TOKEN", token_file.read_text())
+        assert colocated.connect([worker.address], default=False).hosts()[0].name == worker.address
+        # Bad token arguments are the SDK's typed errors.
+        with pytest.raises(colocated.InvalidArgumentError, match="not both"):
+            colocated.connect([worker.address], token="t", token_file=token_file, default=False)
+        with pytest.raises(colocated.InvalidArgumentError, match="token file"):
+            colocated.connect([worker.address], token_file=tmp_path / "missing", default=False)
     finally:
         worker.stop()
 
@@ -325,7 +357,7 @@ def test_program_order_per_thread_holds_on_a_worker_and_threads_run_concurrently
         np.testing.assert_array_equal(np.asarray(r), [1, 1])
 
 
-def test_arrays_copy_between_hosts_with_progress(cluster, capsys):
+def test_arrays_copy_between_hosts_with_progress(cluster, capsys, monkeypatch):
     client, _ = cluster(2, devices=1)
     on_a, on_b = client.devices()
     n = 3 << 20  # 12 MiB: several chunks
@@ -342,6 +374,13 @@ def test_arrays_copy_between_hosts_with_progress(cluster, capsys):
     assert "device_put" in capsys.readouterr().err
     with pytest.raises(colocated.InvalidArgumentError, match="progress"):
         colocated.device_put(x, on_b, progress="yes")
+    # progress=False is no progress.
+    np.testing.assert_array_equal(np.asarray(colocated.device_put(x, on_b, progress=False)), np.arange(n))
+    assert "device_put" not in capsys.readouterr().err
+    # Without tqdm, a bar is a typed error that says what to install.
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    with pytest.raises(colocated.FailedPreconditionError, match="colocated\\[progress\\]"):
+        colocated.device_put(x, on_b, progress=True)
 
 
 def test_reconnecting_to_a_restarted_worker_works(token_file):

@@ -55,9 +55,6 @@ def _env_num_cpu_devices() -> int | None:
     return value
 
 
-TOKEN_ENV = "COLOCATED_TOKEN"
-
-
 def connect(
     addresses,
     *,
@@ -87,7 +84,8 @@ def connect(
 
     Raises ``UnavailableError`` for a worker that cannot be reached,
     ``UnauthenticatedError`` for a refused token, ``InvalidArgumentError`` for
-    bad arguments.
+    bad arguments (both ``token`` and ``token_file``, an unreadable token file
+    or an empty token).
     """
     global _client
     if isinstance(addresses, str):
@@ -96,13 +94,6 @@ def connect(
     for address in addresses:
         if not isinstance(address, str):
             raise InvalidArgumentError(f"worker addresses are 'HOST:PORT' strings, got {type(address).__name__}")
-    if token is not None and token_file is not None:
-        raise InvalidArgumentError("give token or token_file, not both")
-    if token_file is not None:
-        with open(token_file, encoding="utf-8") as f:
-            token = f.read().strip()
-    elif token is None:
-        token = os.environ.get(TOKEN_ENV)
     ca = None
     if isinstance(tls_ca, bytes):
         ca = tls_ca
@@ -112,6 +103,7 @@ def connect(
     c = _colocated.Client.connect(
         addresses,
         token=token,
+        token_file=token_file,
         tls_ca=ca,
         tls_domain=tls_domain,
         include_local=include_local,

@@ -1,11 +1,13 @@
 """Type stubs of the native module ``colocated._colocated`` (private)."""
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 PLATFORM_NAME: str
+TOKEN_ENV: str  # the environment variable a token is read from
 __version__: str
 
 def after_fork_in_child() -> None:
@@ -21,6 +23,7 @@ class Client:
         addresses: list[str],
         *,
         token: str | None = None,
+        token_file: str | os.PathLike | None = None,
         tls_ca: bytes | None = None,
         tls_domain: str | None = None,
         include_local: bool = False,
@@ -28,7 +31,8 @@ class Client:
         num_cpu_devices: int | None = None,
         executor_threads: int | None = None,
     ) -> Client:
-        """Connects to the workers at ``addresses``; worker ``i`` is process ``i + 1``."""
+        """Connects to the workers at ``addresses``; worker ``i`` is process ``i + 1``.
+        The token is ``token``, else the one in ``token_file``, else ``COLOCATED_TOKEN``'s."""
     def hosts(self) -> list[Host]:
         """The hosts, in index order: the in-process host first when it is one."""
     @property
@@ -288,14 +292,17 @@ def start_worker(
     client: Client,
     listen: str,
     *,
-    token: str | None,
+    token: str | None = None,
+    token_file: str | os.PathLike | None = None,
     insecure: bool = False,
     heartbeat_interval: float = 1.0,
     session_timeout: float = 10.0,
     tls_cert: bytes | None = None,
     tls_key: bytes | None = None,
 ) -> WorkerHandle:
-    """Starts a worker on ``listen`` serving ``client`` (native and Python programs)."""
+    """Starts a worker on ``listen`` serving ``client`` (native and Python programs).
+    Requests must carry ``token``, else the one in ``token_file``, else
+    ``COLOCATED_TOKEN``'s; with none of them only ``insecure=True`` starts."""
 
 class RemoteSession:
     """A controller's session on one worker (low level): buffers by handle,

@@ -22,6 +22,7 @@ sharding; other outputs need ``out_specs_fn``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 import os
@@ -35,7 +36,7 @@ from . import _colocated
 from ._array import Array, _wrap
 from ._array import clear_caches as _array_clear_caches
 from ._dtypes import core_name
-from ._errors import InvalidArgumentError
+from ._errors import ColocatedError, InvalidArgumentError
 from ._host_callback import HostCallback, _dumps_with_callbacks
 from ._sharding import ShapeDtypeStruct
 
@@ -201,6 +202,19 @@ class _PopResults:
         if parked is None:
             raise InvalidArgumentError("no parked result on this host (the discovery run did not finish here)")
         return [leaf._impl for leaf in parked[0]]
+
+
+class _DropResults:
+    """A host's part of the program that forgets the outputs a failed
+    discovery run parked under ``key`` (if it got that far there)."""
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def __call__(self, _impls: list) -> list:
+        with _RESULTS_LOCK:
+            _RESULTS.pop(self.key, None)
+        return []
 
 
 class _Reports:
@@ -410,12 +424,18 @@ class ColocatedFunction(_colocated.FunctionBase):
         report = HostCallback(reports.add)
         probe_call = self._host_call(treedef, leaves, True, result_key=key, report=report)
         probe = self._program(leaves, [], probe_call, devices, True)
-        probe.execute(impls)[1].wait()
-        num_hosts = len({d.host_index for d in devices})
-        out_treedef, out_specs = reports.global_specs(leaves, num_hosts)
-        pop = self._program(leaves, out_specs, _PopResults(key), devices, True)
-        outputs, status = pop.execute(impls)
-        status.wait()
+        try:
+            probe.execute(impls)[1].wait()
+            num_hosts = len({d.host_index for d in devices})
+            out_treedef, out_specs = reports.global_specs(leaves, num_hosts)
+            pop = self._program(leaves, out_specs, _PopResults(key), devices, True)
+            outputs, status = pop.execute(impls)
+            status.wait()
+        except BaseException:
+            # Hosts where the probe ran keep its outputs until told otherwise.
+            with contextlib.suppress(ColocatedError):
+                self._program(leaves, [], _DropResults(key), devices, True).execute(impls)[1].wait()
+            raise
         out_shardings = [spec.sharding for spec in out_specs]
         host_call = self._host_call(treedef, leaves, True, out_treedef=out_treedef)
         executable = self._program(leaves, out_specs, host_call, devices, True)

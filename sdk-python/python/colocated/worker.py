@@ -19,8 +19,7 @@ import threading
 import warnings
 
 from . import _client, _colocated
-
-TOKEN_ENV = "COLOCATED_TOKEN"
+from ._errors import ColocatedError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,23 +42,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _token(args) -> str | None:
+def _check_token(args) -> None:
+    """Refuses, with the flags to use, a worker that would serve without a
+    token by accident (the token itself is read by the native module)."""
     if args.token_file is not None:
         if args.insecure:
             raise SystemExit("colocated: --token-file and --insecure exclude each other")
-        with open(args.token_file, encoding="utf-8") as f:
-            return f.read().strip()
+        return
     if args.insecure:
         warnings.warn("this worker accepts requests without a token: anyone who reaches it can run code here",
                       stacklevel=1)
-        return None
-    token = os.environ.get(TOKEN_ENV)
-    if token is None:
+        return
+    if _colocated.TOKEN_ENV not in os.environ:
         raise SystemExit(
-            "colocated: a worker requires a token: pass --token-file FILE or set COLOCATED_TOKEN "
+            f"colocated: a worker requires a token: pass --token-file FILE or set {_colocated.TOKEN_ENV} "
             "(--insecure serves anyone, which lets them run code on this machine)"
         )
-    return token.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise SystemExit("colocated: --tls-cert and --tls-key go together")
-    token = _token(args)
+    _check_token(args)
     tls = {}
     if args.tls_cert is not None:
         with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     for plugin in args.plugin:
         try:
             names = _colocated.load_plugin(_client.client(), plugin)
-        except (ValueError, LookupError) as e:  # InvalidArgumentError, NotFoundError
+        except ColocatedError as e:
             raise SystemExit(f"colocated: --plugin {plugin}: {e}") from None
         print(f"colocated: plugin {plugin} registered {', '.join(names)}", file=sys.stderr)
     stop = threading.Event()
@@ -87,13 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         worker = _colocated.start_worker(
             _client.client(),
             args.listen,
-            token=token,
+            token_file=args.token_file,
             insecure=args.insecure,
             heartbeat_interval=args.heartbeat_interval,
             session_timeout=args.session_timeout,
             **tls,
         )
-    except ValueError as e:  # InvalidArgumentError: bad flags or an empty token
+    except ColocatedError as e:  # bad flags, an unreadable or empty token, a taken port
         raise SystemExit(f"colocated: {e}") from None
     print(f"listening on {worker.address}", flush=True)
     while not stop.wait(0.5):
