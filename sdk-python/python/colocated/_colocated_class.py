@@ -170,16 +170,21 @@ class _Method:
         self._function = function
         self._pending = owner._pending
         self._remote_devices = owner._remote_devices
+        # The devices of the last call (a compiled entry's list, the same
+        # object call after call), already looked through.
+        self._seen_devices = None
 
     def __call__(self, *args, **kwargs):
         result, status, devices = self._function._call(args, kwargs)
         if status is not None:
             self._pending[:] = [e for e in self._pending if not e.is_ready()]
             self._pending.append(status)
-        for device in devices:
-            if device.process_index != 0:
-                # One device per worker host names it for the destruction.
-                self._remote_devices.setdefault(device.host_index, device)
+        if devices is not self._seen_devices:
+            self._seen_devices = devices
+            for device in devices:
+                if device.process_index != 0:
+                    # One device per worker host names it for the destruction.
+                    self._remote_devices.setdefault(device.host_index, device)
         return result
 
     def specialize(self, in_specs=None, out_specs_fn=None, devices=None) -> _Method:
