@@ -1733,7 +1733,8 @@ colocated_error *colocated_client_compile(const colocated_client *client,
 /**
  * Checks whether `data` (`size` bytes) is a serialized executable this library can
  * load. Returns NULL if so, else an `invalid_argument` error whose message gives the
- * precise reason (truncated, corrupted, format version, magic).
+ * precise reason (truncated, magic, format version, non-zero reserved bytes,
+ * corrupted).
  * Thread-safety: any thread.
  */
 colocated_error *colocated_executable_is_compatible(const uint8_t *data, size_t size);

@@ -112,7 +112,8 @@ impl Client {
 
     /// Loads bytes from [`LoadedExecutable::serialize`]. Fails with
     /// `invalid_argument` (and the precise reason) if they are truncated,
-    /// corrupted, of an unsupported format version, name devices this client lacks,
+    /// corrupted, of an unsupported format version, with non-zero reserved header
+    /// bytes, name devices this client lacks,
     /// or expect another number of host callbacks than `options` gives.
     pub fn deserialize_and_load(
         &self,

@@ -184,7 +184,8 @@ pub unsafe extern "C" fn colocated_client_compile(
 
 /// Checks whether `data` (`size` bytes) is a serialized executable this library can
 /// load. Returns NULL if so, else an `invalid_argument` error whose message gives the
-/// precise reason (truncated, corrupted, format version, magic).
+/// precise reason (truncated, magic, format version, non-zero reserved bytes,
+/// corrupted).
 /// Thread-safety: any thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_executable_is_compatible(

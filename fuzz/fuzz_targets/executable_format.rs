@@ -30,7 +30,11 @@ fn with_header(payload: &[u8]) -> Vec<u8> {
     bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     bytes.extend_from_slice(&[0; 8]);
     bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    // Format version 2's checksum covers the header before it and the payload.
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes);
+    crc.update(payload);
+    bytes.extend_from_slice(&crc.finalize().to_le_bytes());
     bytes.extend_from_slice(payload);
     bytes
 }

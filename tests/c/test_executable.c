@@ -1343,7 +1343,9 @@ TEST(truncated_corrupted_and_foreign_bytes_are_rejected_with_the_reason) {
   uint8_t *copy = malloc(size + 1);
   memcpy(copy, data, size);
   /* The offsets below are the serialized format's fixed header (core/src/format.rs):
-   * magic at 0, format version (u32) at 8, payload from 32. */
+   * magic at 0, format version (u32) at 8, producer version at 12, reserved (zero) at
+   * 18, CRC-32 at 28 (in format version 2, of the header before it and the payload),
+   * payload from 32. */
 
   check_rejected(client, NULL, 0, "truncated");
   check_rejected(client, copy, 10, "truncated");
@@ -1360,6 +1362,12 @@ TEST(truncated_corrupted_and_foreign_bytes_are_rejected_with_the_reason) {
   copy[8] = 9; /* a future format version */
   check_rejected(client, copy, size, "format version 9");
   copy[8] = data[8];
+  copy[12] ^= 1; /* another producer version than the checksum covers */
+  check_rejected(client, copy, size, "checksum mismatch over the header");
+  copy[12] = data[12];
+  copy[19] = 1;
+  check_rejected(client, copy, size, "reserved");
+  copy[19] = data[19];
   CHECK_OK(colocated_executable_is_compatible(copy, size));
   CHECK_CODE_MSG(colocated_executable_is_compatible(NULL, 5), COLOCATED_INVALID_ARGUMENT, "NULL");
   free(copy);
