@@ -156,7 +156,7 @@ typedef struct colocated_execution_context colocated_execution_context;
 /**
  * Minor version of the C API. Bumped for every additive change.
  */
-#define COLOCATED_API_VERSION_MINOR 1
+#define COLOCATED_API_VERSION_MINOR 2
 
 /**
  * `(major << 16) | minor`, as [`colocated_api_version`] returns it.
@@ -562,7 +562,8 @@ typedef struct {
  */
 typedef struct {
   /**
-   * `COLOCATED_STRUCT_SIZE(colocated_client_options, executor_threads)` or `sizeof`.
+   * `sizeof` (or `COLOCATED_STRUCT_SIZE(colocated_client_options, F)` for the
+   * last field `F` the caller knows: `executor_threads` in API 1.0 and 1.1).
    */
   size_t struct_size;
   /**
@@ -570,9 +571,23 @@ typedef struct {
    */
   uint32_t num_cpu_devices;
   /**
-   * Executor threads of the local host (0: the number of cores, at least 2).
+   * Executor threads the local host keeps running (0: the number of cores, at
+   * least 2).
    */
   uint32_t executor_threads;
+  /**
+   * The most executor threads the local host runs at once (0: 256, and never
+   * fewer than `executor_threads`; at most 4096). While every thread is busy
+   * (a program blocked in I/O or waiting for another stream) and a stream has
+   * work, one more starts; those beyond `executor_threads` exit after 10 s
+   * idle. Since API 1.2.
+   */
+  uint32_t max_executor_threads;
+  /**
+   * Must be zero (room for a later field; keeps the struct free of padding).
+   * Since API 1.2.
+   */
+  uint32_t reserved;
 } colocated_client_options;
 
 /**
@@ -581,7 +596,8 @@ typedef struct {
  */
 typedef struct {
   /**
-   * `COLOCATED_STRUCT_SIZE(colocated_connect_options, executor_threads)` or `sizeof`.
+   * `sizeof` (or `COLOCATED_STRUCT_SIZE(colocated_connect_options, F)` for the
+   * last field `F` the caller knows: `executor_threads` in API 1.1).
    */
   size_t struct_size;
   /**
@@ -626,9 +642,20 @@ typedef struct {
    */
   uint32_t num_cpu_devices;
   /**
-   * Executor threads of this process (0: the number of cores, at least 2).
+   * Executor threads this process keeps running (0: the number of cores, at
+   * least 2).
    */
   uint32_t executor_threads;
+  /**
+   * The most executor threads this process runs at once (0: 256), as in
+   * `colocated_client_options`. Since API 1.2.
+   */
+  uint32_t max_executor_threads;
+  /**
+   * Must be zero (room for a later field; keeps the struct free of padding).
+   * Since API 1.2.
+   */
+  uint32_t reserved;
 } colocated_connect_options;
 
 /**

@@ -105,6 +105,7 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: args.cpu_devices,
         executor_threads: None,
+        ..Default::default()
     })
     .map_err(|e| e.to_string())?;
     for path in &args.plugins {

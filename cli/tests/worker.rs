@@ -580,6 +580,7 @@ fn a_worker_runs_the_native_functions_of_the_plugins_it_was_told_to_load() {
         local: ClientOptions {
             num_cpu_devices: None,
             executor_threads: Some(2),
+            ..Default::default()
         },
     })
     .unwrap();

@@ -21,6 +21,7 @@ fn noop_executable() -> LoadedExecutable {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),
         executor_threads: Some(2),
+        ..Default::default()
     })
     .expect("client");
     client
@@ -40,6 +41,7 @@ fn identity_executable() -> (LoadedExecutable, Array) {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),
         executor_threads: Some(2),
+        ..Default::default()
     })
     .expect("client");
     client

@@ -95,6 +95,7 @@ fn main() {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),
         executor_threads: Some(2),
+        ..Default::default()
     })
     .expect("client");
     client

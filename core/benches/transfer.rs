@@ -21,6 +21,7 @@ fn client() -> Client {
     Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),
         executor_threads: Some(2),
+        ..Default::default()
     })
     .expect("client")
 }

@@ -23,9 +23,20 @@ static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct ClientOptions {
     /// Number of CPU devices of the local host (default: the number of cores).
     pub num_cpu_devices: Option<usize>,
-    /// Executor threads of the local host (default: the number of cores, at least 2).
+    /// Executor threads the local host keeps running (default: the number of
+    /// cores, at least 2).
     pub executor_threads: Option<usize>,
+    /// The most executor threads the local host may run at once (default:
+    /// [`DEFAULT_MAX_EXECUTOR_THREADS`], and never fewer than
+    /// `executor_threads`). When every thread is busy — a program sleeping,
+    /// doing I/O, or waiting for another stream — and a stream has work, one
+    /// more starts, so streams that block never starve each other; threads
+    /// beyond `executor_threads` exit after 10 s without work.
+    pub max_executor_threads: Option<usize>,
 }
+
+/// The default of [`ClientOptions::max_executor_threads`].
+pub const DEFAULT_MAX_EXECUTOR_THREADS: usize = 256;
 
 /// Options of [`Client::connect`]: a controller driving worker hosts.
 #[derive(Clone, Debug)]
@@ -168,6 +179,15 @@ impl Client {
                 "executor_threads must be between 1 and 1024, got {threads}"
             )));
         }
+        let max_threads = match options.max_executor_threads {
+            None => DEFAULT_MAX_EXECUTOR_THREADS.max(threads),
+            Some(max) if max < threads || max > 4096 => {
+                return Err(Error::invalid_argument(format!(
+                    "max_executor_threads must be between executor_threads ({threads}) and 4096, got {max}"
+                )));
+            }
+            Some(max) => max,
+        };
         let id = NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed);
         let backend = CpuBackend;
 
@@ -265,7 +285,7 @@ impl Client {
             });
         }
         memory_spaces.extend(host_spaces);
-        let dispatcher = Dispatcher::new(threads, id, "local")?;
+        let dispatcher = Dispatcher::new(threads, max_threads, id, "local")?;
         let natives = Arc::new(NativeRegistry::default());
         tracing::debug!(
             client = id,

@@ -247,6 +247,7 @@ mod tests {
         Client::new_local(ClientOptions {
             num_cpu_devices: Some(4),
             executor_threads: Some(2),
+            ..Default::default()
         })
         .unwrap()
     }

@@ -128,34 +128,65 @@ impl Stream {
 }
 
 thread_local! {
-    /// Default streams of this thread, keyed by (dispatcher, task depth).
-    static THREAD_STREAMS: RefCell<Vec<(u64, usize, Stream)>> = const { RefCell::new(Vec::new()) };
+    /// Default streams of this thread, keyed by (dispatcher, task depth, scope).
+    static THREAD_STREAMS: RefCell<Vec<StreamKey>> = const { RefCell::new(Vec::new()) };
+    /// The stream scope this thread runs in now (see [`set_stream_scope`]).
+    static STREAM_SCOPE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// The streams whose tasks this thread is running now, innermost last.
     static RUNNING_HERE: RefCell<Vec<*const StreamQueue>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The calling thread's default stream for the dispatcher `owner_id`.
+/// A default stream of a thread: (dispatcher, task depth, scope, stream).
+type StreamKey = (u64, usize, u64, Stream);
+
+/// The calling thread's default stream for the dispatcher `owner_id`, in the
+/// thread's current scope (see [`set_stream_scope`]).
 ///
 /// Code running inside a task (a native function, on an executor thread or inline
 /// in a waiter) gets a stream of its own per nesting depth: its nested calls must
 /// not queue behind the very task that makes them.
 pub(crate) fn thread_stream(owner_id: u64) -> Stream {
     let depth = RUNNING_HERE.with(|r| r.borrow().len());
+    let scope = STREAM_SCOPE.with(|s| s.get());
     THREAD_STREAMS.with(|streams| {
         let mut streams = streams.borrow_mut();
-        if let Some((_, _, s)) = streams
+        if let Some((_, _, _, s)) = streams
             .iter()
-            .find(|(id, d, _)| *id == owner_id && *d == depth)
+            .find(|(id, d, sc, _)| *id == owner_id && *d == depth && *sc == scope)
         {
             return s.clone();
         }
-        // A miss is rare (first use per client and depth): drop the streams of
-        // clients that are gone, so long-lived threads do not accumulate them.
-        streams.retain(|(_, _, s)| !s.is_defunct());
+        // A miss is rare (first use per client, depth and scope): drop the
+        // streams of clients that are gone, so long-lived threads do not
+        // accumulate them.
+        streams.retain(|(_, _, _, s)| !s.is_defunct());
         let s = Stream::new(owner_id);
-        streams.push((owner_id, depth, s.clone()));
+        streams.push((owner_id, depth, scope, s.clone()));
         s
     })
+}
+
+/// Sets the calling thread's stream scope and returns the previous one.
+///
+/// A thread's default streams (one per client) belong to its current scope:
+/// executions submitted in different scopes run concurrently, like those of
+/// different threads, while those of one scope keep program order. Scope 0,
+/// where every thread starts, is the thread itself. An SDK gives each logical
+/// thread of control that shares OS threads with others its own scope: one
+/// work item of a thread pool, one asynchronous context.
+pub fn set_stream_scope(scope: u64) -> u64 {
+    STREAM_SCOPE.with(|s| s.replace(scope))
+}
+
+/// Forgets the calling thread's default streams of `scope` (a scope that has
+/// ended: a finished work item). Executions already submitted in it still run;
+/// a later use of the scope starts new streams, unordered with the old ones.
+pub fn forget_stream_scope(scope: u64) {
+    let _ = THREAD_STREAMS.try_with(|streams| {
+        if let Ok(mut streams) = streams.try_borrow_mut() {
+            streams.retain(|(_, _, sc, _)| *sc != scope);
+        }
+    });
 }
 
 /// True when this thread is running a task of `queue` right now.
@@ -167,7 +198,7 @@ fn running_here(queue: *const StreamQueue) -> bool {
 pub(crate) fn forget_thread_stream(owner_id: u64) {
     let _ = THREAD_STREAMS.try_with(|streams| {
         if let Ok(mut streams) = streams.try_borrow_mut() {
-            streams.retain(|(id, _, _)| *id != owner_id);
+            streams.retain(|(id, _, _, _)| *id != owner_id);
         }
     });
 }
@@ -184,6 +215,20 @@ struct Shared {
     deferred: SegQueue<Arc<StreamQueue>>,
     deferrer_idle: AtomicBool,
     defer_wake: Condvar,
+    /// Executor threads alive, and those of them looking for work (spinning or
+    /// asleep) rather than running a stream.
+    live: AtomicUsize,
+    idle: AtomicUsize,
+    /// Threads kept while idle, and the most there may be (see `Dispatcher::new`).
+    min_threads: usize,
+    max_threads: usize,
+    /// How long a thread beyond `min_threads` stays idle before it exits.
+    keep_alive: Duration,
+    /// Signalled (under `lock`) when an executor thread exits.
+    exited: Condvar,
+    next_index: AtomicUsize,
+    id: u64,
+    label: String,
 }
 
 impl Shared {
@@ -196,13 +241,56 @@ impl Shared {
         }
     }
 
-    fn schedule(&self, queue: Arc<StreamQueue>) {
+    fn schedule(self: &Arc<Self>, queue: Arc<StreamQueue>) {
         self.run_queue.push(queue);
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.wake.notify_one();
+        } else if self.idle.load(Ordering::SeqCst) == 0 {
+            self.grow();
         }
+    }
+
+    /// Starts one more executor thread when every thread is busy (running a
+    /// stream, perhaps blocked in it: sleeping, waiting on I/O or on a barrier
+    /// with other streams) and the pool is below `max_threads`, as a blocking
+    /// pool does: runnable streams never wait for a busy thread to come back.
+    fn grow(self: &Arc<Self>) {
+        if self.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut live = self.live.load(Ordering::SeqCst);
+        loop {
+            if live >= self.max_threads {
+                return;
+            }
+            match self
+                .live
+                .compare_exchange(live, live + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => break,
+                Err(now) => live = now,
+            }
+        }
+        // Idle from birth, so that submissions racing with its start do not
+        // start more threads than there is work.
+        self.idle.fetch_add(1, Ordering::SeqCst);
+        if let Err(e) = self.spawn_executor() {
+            self.idle.fetch_sub(1, Ordering::SeqCst);
+            self.live.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(dispatcher = self.id, "cannot start an executor thread: {e}");
+        }
+    }
+
+    /// Spawns an executor thread already counted in `live` and `idle`.
+    fn spawn_executor(self: &Arc<Self>) -> std::io::Result<()> {
+        let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+        let shared = self.clone();
+        std::thread::Builder::new()
+            .name(format!("colocated-exec-{}-{index}", self.label))
+            .spawn(move || executor_loop(&shared))
+            .map(drop)
     }
 }
 
@@ -420,7 +508,7 @@ enum Until<'a> {
 /// A pool of executor threads serving per-stream queues (one per host).
 pub(crate) struct Dispatcher {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    deferrer: Option<JoinHandle<()>>,
     id: u64,
 }
 
@@ -428,9 +516,32 @@ thread_local! {
     static EXECUTOR_OF: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+/// How long an executor thread beyond the pool's minimum stays idle before it
+/// exits.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
 impl Dispatcher {
-    /// Starts `num_threads` executor threads named `colocated-exec-{host}-{i}`.
-    pub fn new(num_threads: usize, id: u64, host_label: &str) -> Result<Dispatcher> {
+    /// Starts `min_threads` executor threads named `colocated-exec-{host}-{i}`,
+    /// kept for the dispatcher's life. When every thread is busy and a stream
+    /// becomes runnable, another starts, up to `max_threads`; those beyond
+    /// `min_threads` exit after `KEEP_ALIVE` without work.
+    pub fn new(
+        min_threads: usize,
+        max_threads: usize,
+        id: u64,
+        host_label: &str,
+    ) -> Result<Dispatcher> {
+        Dispatcher::with_keep_alive(min_threads, max_threads, id, host_label, KEEP_ALIVE)
+    }
+
+    fn with_keep_alive(
+        min_threads: usize,
+        max_threads: usize,
+        id: u64,
+        host_label: &str,
+        keep_alive: Duration,
+    ) -> Result<Dispatcher> {
+        let min_threads = min_threads.max(1);
         let shared = Arc::new(Shared {
             run_queue: SegQueue::new(),
             sleepers: AtomicUsize::new(0),
@@ -440,32 +551,41 @@ impl Dispatcher {
             deferred: SegQueue::new(),
             deferrer_idle: AtomicBool::new(false),
             defer_wake: Condvar::new(),
-        });
-        let mut threads = Vec::with_capacity(num_threads + 1);
-        let deferrer = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("colocated-defer-{host_label}"))
-                .spawn(move || deferrer_loop(&deferrer, id))
-                .map_err(|e| {
-                    Error::resource_exhausted(format!("cannot start the deferrer thread: {e}"))
-                })?,
-        );
-        for i in 0..num_threads.max(1) {
-            let shared = shared.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("colocated-exec-{host_label}-{i}"))
-                .spawn(move || executor_loop(&shared, id))
-                .map_err(|e| {
-                    Error::resource_exhausted(format!("cannot start an executor thread: {e}"))
-                })?;
-            threads.push(handle);
-        }
-        Ok(Dispatcher {
-            shared,
-            threads,
+            live: AtomicUsize::new(0),
+            idle: AtomicUsize::new(0),
+            min_threads,
+            max_threads: max_threads.max(min_threads),
+            keep_alive,
+            exited: Condvar::new(),
+            next_index: AtomicUsize::new(0),
             id,
-        })
+            label: host_label.to_string(),
+        });
+        let deferrer = shared.clone();
+        let deferrer = std::thread::Builder::new()
+            .name(format!("colocated-defer-{host_label}"))
+            .spawn(move || deferrer_loop(&deferrer, id))
+            .map_err(|e| {
+                Error::resource_exhausted(format!("cannot start the deferrer thread: {e}"))
+            })?;
+        let dispatcher = Dispatcher {
+            shared,
+            deferrer: Some(deferrer),
+            id,
+        };
+        for _ in 0..min_threads {
+            dispatcher.shared.live.fetch_add(1, Ordering::SeqCst);
+            dispatcher.shared.idle.fetch_add(1, Ordering::SeqCst);
+            if let Err(e) = dispatcher.shared.spawn_executor() {
+                dispatcher.shared.live.fetch_sub(1, Ordering::SeqCst);
+                dispatcher.shared.idle.fetch_sub(1, Ordering::SeqCst);
+                // Dropping the dispatcher stops the threads already started.
+                return Err(Error::resource_exhausted(format!(
+                    "cannot start an executor thread: {e}"
+                )));
+            }
+        }
+        Ok(dispatcher)
     }
 
     /// Submits `task` on `stream`. A thread waiting on the task's completion may
@@ -493,6 +613,12 @@ impl Dispatcher {
     pub fn id(&self) -> u64 {
         self.id
     }
+
+    /// Executor threads alive now.
+    #[cfg(test)]
+    fn live_threads(&self) -> usize {
+        self.shared.live.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Dispatcher {
@@ -503,27 +629,60 @@ impl Drop for Dispatcher {
             self.shared.wake.notify_all();
             self.shared.defer_wake.notify_all();
         }
+        // The last reference may be dropped by a task on one of our own threads:
+        // the threads then finish by themselves once they see the shutdown flag.
         let on_executor = EXECUTOR_OF.with(|c| c.get()) == self.id;
-        for handle in self.threads.drain(..) {
-            // The last reference may be dropped by a task on one of our own threads:
-            // that thread finishes by itself once it sees the shutdown flag.
+        if let Some(handle) = self.deferrer.take() {
             if !on_executor {
                 let _ = handle.join();
+            }
+        }
+        if !on_executor {
+            let mut guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            while self.shared.live.load(Ordering::SeqCst) > 0 {
+                guard = self
+                    .shared
+                    .exited
+                    .wait(guard)
+                    .unwrap_or_else(|e| e.into_inner());
             }
         }
         forget_thread_stream(self.id);
     }
 }
 
-fn executor_loop(shared: &Shared, id: u64) {
-    EXECUTOR_OF.with(|c| c.set(id));
+fn executor_loop(shared: &Arc<Shared>) {
+    EXECUTOR_OF.with(|c| c.set(shared.id));
+    // Counted in `idle` by whoever started the thread.
+    let mut idle = true;
+    let mut idle_since = Instant::now();
     loop {
         if let Some(queue) = shared.run_queue.pop() {
+            if idle {
+                idle = false;
+                shared.idle.fetch_sub(1, Ordering::SeqCst);
+            }
+            // This thread is about to be busy: if more streams wait and no
+            // other thread is free, start one for them.
+            fence(Ordering::SeqCst);
+            if !shared.run_queue.is_empty() && shared.idle.load(Ordering::SeqCst) == 0 {
+                shared.grow();
+            }
             queue.run_from_queue();
+            continue;
+        }
+        if !idle {
+            // Counted as idle before looking at the queue again, so that a
+            // submission either sees this thread idle or is seen by it.
+            idle = true;
+            idle_since = Instant::now();
+            shared.idle.fetch_add(1, Ordering::SeqCst);
             continue;
         }
         if shared.shutdown.load(Ordering::SeqCst) {
             drain_after_shutdown(shared);
+            shared.idle.fetch_sub(1, Ordering::SeqCst);
+            exit_executor(shared, true);
             return;
         }
         let spin_until = Instant::now() + SPIN;
@@ -539,13 +698,62 @@ fn executor_loop(shared: &Shared, id: u64) {
         if found {
             continue;
         }
+        let extra = shared.live.load(Ordering::SeqCst) > shared.min_threads;
+        if extra && idle_since.elapsed() >= shared.keep_alive {
+            shared.idle.fetch_sub(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if !shared.run_queue.is_empty() || !retire(shared) {
+                // Work arrived (or the pool is at its minimum): stay.
+                shared.idle.fetch_add(1, Ordering::SeqCst);
+                idle_since = Instant::now();
+                continue;
+            }
+            exit_executor(shared, false);
+            return;
+        }
         let guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
         shared.sleepers.fetch_add(1, Ordering::SeqCst);
         if shared.run_queue.is_empty() && !shared.shutdown.load(Ordering::SeqCst) {
-            let _unused = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+            if extra {
+                let left = shared.keep_alive.saturating_sub(idle_since.elapsed());
+                let _unused = shared
+                    .wake
+                    .wait_timeout(guard, left)
+                    .unwrap_or_else(|e| e.into_inner());
+            } else {
+                let _unused = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+            }
         }
         shared.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Takes this thread out of `live` unless that would leave fewer than
+/// `min_threads`; true when it did.
+fn retire(shared: &Shared) -> bool {
+    let mut live = shared.live.load(Ordering::SeqCst);
+    loop {
+        if live <= shared.min_threads {
+            return false;
+        }
+        match shared
+            .live
+            .compare_exchange(live, live - 1, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => return true,
+            Err(now) => live = now,
+        }
+    }
+}
+
+/// The last act of an executor thread, already out of `idle` (and out of
+/// `live` unless `counted`): tells a dropping dispatcher that it is gone.
+fn exit_executor(shared: &Shared, counted: bool) {
+    let _guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+    if counted {
+        shared.live.fetch_sub(1, Ordering::SeqCst);
+    }
+    shared.exited.notify_all();
 }
 
 /// How often the deferrer looks at its streams, and how long it keeps doing so
@@ -556,7 +764,7 @@ const DEFER_LINGER: Duration = Duration::from_millis(20);
 /// Hands deferred streams to the executors once their submissions pause (or
 /// drops them when a waiter ran them). Ticks while streams come and go, so that a
 /// busy caller never pays a wake-up; sleeps when there has been nothing for a while.
-fn deferrer_loop(shared: &Shared, id: u64) {
+fn deferrer_loop(shared: &Arc<Shared>, id: u64) {
     EXECUTOR_OF.with(|c| c.set(id));
     let mut pending: Vec<Arc<StreamQueue>> = Vec::new();
     let mut last_seen = Instant::now();
@@ -635,7 +843,7 @@ mod tests {
 
     #[test]
     fn tasks_of_one_stream_run_in_submission_order() {
-        let d = Dispatcher::new(2, 9001, "t").unwrap();
+        let d = Dispatcher::new(2, 2, 9001, "t").unwrap();
         let s = Stream::new(9001);
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut last = Event::new();
@@ -651,7 +859,7 @@ mod tests {
 
     #[test]
     fn a_blocked_task_waits_for_its_dependency_and_keeps_order() {
-        let d = Dispatcher::new(2, 9002, "t").unwrap();
+        let d = Dispatcher::new(2, 2, 9002, "t").unwrap();
         let s = Stream::new(9002);
         let gate = Event::new();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -672,7 +880,7 @@ mod tests {
 
     #[test]
     fn a_failed_dependency_reaches_the_task_status() {
-        let d = Dispatcher::new(1, 9003, "t").unwrap();
+        let d = Dispatcher::new(1, 1, 9003, "t").unwrap();
         let s = Stream::new(9003);
         let ev = Event::new();
         let mut t = task(&ev, || {});
@@ -681,9 +889,123 @@ mod tests {
         assert_eq!(ev.wait().unwrap_err().message(), "upstream");
     }
 
+    /// Streams whose tasks block until every one of them runs (a barrier)
+    /// all run at once, though they outnumber the pool's threads.
+    #[test]
+    fn blocking_streams_do_not_starve_each_other_beyond_the_pool_size() {
+        let d = Dispatcher::new(2, 64, 9005, "t").unwrap();
+        let parties = 12;
+        let barrier = Arc::new(std::sync::Barrier::new(parties));
+        let events: Vec<Event> = (0..parties)
+            .map(|_| {
+                let ev = Event::new();
+                let barrier = barrier.clone();
+                d.submit(
+                    &Stream::new(9005),
+                    task(&ev, move || {
+                        barrier.wait();
+                    }),
+                );
+                ev
+            })
+            .collect();
+        for ev in &events {
+            ev.wait_timeout(Duration::from_secs(20)).unwrap();
+        }
+        assert!(d.live_threads() >= parties);
+    }
+
+    #[test]
+    fn the_pool_never_grows_beyond_its_maximum() {
+        let d = Dispatcher::new(1, 3, 9006, "t").unwrap();
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let running = Arc::new(AtomicUsize::new(0));
+        let events: Vec<Event> = (0..6)
+            .map(|_| {
+                let ev = Event::new();
+                let (gate, running) = (gate.clone(), running.clone());
+                d.submit(
+                    &Stream::new(9006),
+                    task(&ev, move || {
+                        running.fetch_add(1, Ordering::SeqCst);
+                        let (open, cv) = &*gate;
+                        let mut open = open.lock().unwrap();
+                        while !*open {
+                            open = cv.wait(open).unwrap();
+                        }
+                    }),
+                );
+                ev
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(running.load(Ordering::SeqCst), 3);
+        assert_eq!(d.live_threads(), 3);
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        for ev in &events {
+            ev.wait_timeout(Duration::from_secs(10)).unwrap();
+        }
+        assert_eq!(running.load(Ordering::SeqCst), 6);
+    }
+
+    #[test]
+    fn threads_beyond_the_minimum_exit_when_idle() {
+        let d = Dispatcher::with_keep_alive(1, 8, 9007, "t", Duration::from_millis(50)).unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let events: Vec<Event> = (0..4)
+            .map(|_| {
+                let ev = Event::new();
+                let barrier = barrier.clone();
+                d.submit(
+                    &Stream::new(9007),
+                    task(&ev, move || {
+                        barrier.wait();
+                    }),
+                );
+                ev
+            })
+            .collect();
+        for ev in &events {
+            ev.wait_timeout(Duration::from_secs(10)).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while d.live_threads() > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(d.live_threads(), 1);
+        // The pool grows again after shrinking.
+        let ev = Event::new();
+        d.submit(&Stream::new(9007), task(&ev, || {}));
+        ev.wait_timeout(Duration::from_secs(10)).unwrap();
+    }
+
+    #[test]
+    fn stream_scopes_give_a_thread_independent_default_streams() {
+        let outer = thread_stream(9008);
+        assert_eq!(thread_stream(9008).id(), outer.id());
+        let previous = set_stream_scope(77);
+        assert_eq!(previous, 0);
+        let scoped = thread_stream(9008);
+        assert_ne!(scoped.id(), outer.id());
+        assert_eq!(thread_stream(9008).id(), scoped.id());
+        set_stream_scope(78);
+        assert_ne!(thread_stream(9008).id(), scoped.id());
+        set_stream_scope(77);
+        assert_eq!(thread_stream(9008).id(), scoped.id());
+        forget_stream_scope(77);
+        assert_ne!(thread_stream(9008).id(), scoped.id());
+        set_stream_scope(0);
+        assert_eq!(thread_stream(9008).id(), outer.id());
+    }
+
     #[test]
     fn a_panicking_task_fails_its_completion_with_internal() {
-        let d = Dispatcher::new(1, 9004, "t").unwrap();
+        let d = Dispatcher::new(1, 1, 9004, "t").unwrap();
         let s = Stream::new(9004);
         let ev = Event::new();
         d.submit(&s, task(&ev, || panic!("boom")));

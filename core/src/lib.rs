@@ -51,11 +51,13 @@ pub mod transport;
 
 pub use array::{Array, ArraySpec};
 pub use buffer::{Buffer, ExternalReference, HostBufferSemantics};
-pub use client::{Client, ClientOptions, ClusterOptions, Host, PLATFORM_NAME};
+pub use client::{
+    Client, ClientOptions, ClusterOptions, Host, DEFAULT_MAX_EXECUTOR_THREADS, PLATFORM_NAME,
+};
 pub use colocated::{CacheInfo, CallSpec, SpecCache};
 pub use compiler::CompileOptions;
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
-pub use dispatch::Stream;
+pub use dispatch::{forget_stream_scope, set_stream_scope, Stream};
 pub use dtype::DType;
 pub use error::{Error, ErrorCode, Result};
 pub use executable::{ExecuteOptions, Execution, LoadedExecutable};

@@ -30,6 +30,7 @@ fn start_worker(token: &Token, devices: usize) -> TestWorker {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(devices),
         executor_threads: Some(2),
+        ..Default::default()
     })
     .unwrap();
     register_add_one(&client);
@@ -81,6 +82,7 @@ fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> Clust
         local: ClientOptions {
             num_cpu_devices: Some(1),
             executor_threads: Some(2),
+            ..Default::default()
         },
     }
 }

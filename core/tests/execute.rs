@@ -1250,6 +1250,7 @@ fn wait_timeout_returns_by_its_deadline_even_when_the_awaited_work_has_not_start
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),
         executor_threads: Some(1),
+        ..Default::default()
     })
     .unwrap();
     let device = client.devices()[0].clone();
@@ -1346,6 +1347,7 @@ fn client_options_out_of_range_are_invalid_argument() {
         err(ClientOptions {
             num_cpu_devices: Some(1),
             executor_threads: Some(0),
+            ..Default::default()
         }),
         ErrorCode::InvalidArgument,
         "executor_threads must be between 1 and 1024, got 0",

@@ -18,6 +18,7 @@ fn worker(options: impl FnOnce(&mut WorkerOptions)) -> (Worker, Token) {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(2),
         executor_threads: Some(2),
+        ..Default::default()
     })
     .unwrap();
     let token = Token::generate().unwrap();
@@ -259,6 +260,7 @@ fn executable_for_worker(function: &str, device: usize) -> Vec<u8> {
     let mirror = Client::new_local(ClientOptions {
         num_cpu_devices: Some(2),
         executor_threads: Some(1),
+        ..Default::default()
     })
     .unwrap();
     register_add_one(&mirror, Arc::default());
@@ -277,6 +279,7 @@ fn worker_with_add_one() -> (Worker, Token, Arc<Mutex<Vec<i32>>>) {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(2),
         executor_threads: Some(2),
+        ..Default::default()
     })
     .unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));

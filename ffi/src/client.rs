@@ -216,14 +216,49 @@ tagged! {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct colocated_client_options {
-    /// `COLOCATED_STRUCT_SIZE(colocated_client_options, executor_threads)` or `sizeof`.
+    /// `sizeof` (or `COLOCATED_STRUCT_SIZE(colocated_client_options, F)` for the
+    /// last field `F` the caller knows: `executor_threads` in API 1.0 and 1.1).
     pub struct_size: usize,
     /// CPU devices of the local host (0: the number of cores).
     pub num_cpu_devices: u32,
-    /// Executor threads of the local host (0: the number of cores, at least 2).
+    /// Executor threads the local host keeps running (0: the number of cores, at
+    /// least 2).
     pub executor_threads: u32,
+    /// The most executor threads the local host runs at once (0: 256, and never
+    /// fewer than `executor_threads`; at most 4096). While every thread is busy
+    /// (a program blocked in I/O or waiting for another stream) and a stream has
+    /// work, one more starts; those beyond `executor_threads` exit after 10 s
+    /// idle. Since API 1.2.
+    pub max_executor_threads: u32,
+    /// Must be zero (room for a later field; keeps the struct free of padding).
+    /// Since API 1.2.
+    pub reserved: u32,
 }
-versioned!(colocated_client_options, required: struct_size, fields: [struct_size, num_cpu_devices, executor_threads]);
+versioned!(colocated_client_options, required: struct_size, fields: [struct_size, num_cpu_devices, executor_threads, max_executor_threads, reserved]);
+
+/// `invalid_argument` unless a struct's `reserved` field is zero.
+fn check_reserved(reserved: u32, what: &str) -> Result<()> {
+    if reserved != 0 {
+        return Err(Error::invalid_argument(format!(
+            "{what}.reserved must be zero, got {reserved}"
+        )));
+    }
+    Ok(())
+}
+
+/// The local host's core options from the C fields (0: default).
+fn local_options(
+    num_cpu_devices: u32,
+    executor_threads: u32,
+    max_executor_threads: u32,
+) -> ClientOptions {
+    let given = |n: u32| (n != 0).then_some(n as usize);
+    ClientOptions {
+        num_cpu_devices: given(num_cpu_devices),
+        executor_threads: given(executor_threads),
+        max_executor_threads: given(max_executor_threads),
+    }
+}
 
 /// Creates a client whose only host is this process, with CPU devices.
 /// `options` may be NULL (defaults). On success `*out` is a new client the caller
@@ -241,10 +276,12 @@ pub unsafe extern "C" fn colocated_client_create_local(
         if out.is_null() {
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
-        let client = Client::new_local(ClientOptions {
-            num_cpu_devices: (o.num_cpu_devices != 0).then_some(o.num_cpu_devices as usize),
-            executor_threads: (o.executor_threads != 0).then_some(o.executor_threads as usize),
-        })?;
+        check_reserved(o.reserved, "colocated_client_options")?;
+        let client = Client::new_local(local_options(
+            o.num_cpu_devices,
+            o.executor_threads,
+            o.max_executor_threads,
+        ))?;
         put_box(out, colocated_client::new(ClientShell::new(client)), "out")
     })
 }
@@ -254,7 +291,8 @@ pub unsafe extern "C" fn colocated_client_create_local(
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct colocated_connect_options {
-    /// `COLOCATED_STRUCT_SIZE(colocated_connect_options, executor_threads)` or `sizeof`.
+    /// `sizeof` (or `COLOCATED_STRUCT_SIZE(colocated_connect_options, F)` for the
+    /// last field `F` the caller knows: `executor_threads` in API 1.1).
     pub struct_size: usize,
     /// The workers' addresses, `HOST:PORT` each (borrowed for the call); worker `i`
     /// becomes process `i + 1`.
@@ -279,14 +317,22 @@ pub struct colocated_connect_options {
     pub include_local: u32,
     /// CPU devices of the local host, when `include_local` (0: the number of cores).
     pub num_cpu_devices: u32,
-    /// Executor threads of this process (0: the number of cores, at least 2).
+    /// Executor threads this process keeps running (0: the number of cores, at
+    /// least 2).
     pub executor_threads: u32,
+    /// The most executor threads this process runs at once (0: 256), as in
+    /// `colocated_client_options`. Since API 1.2.
+    pub max_executor_threads: u32,
+    /// Must be zero (room for a later field; keeps the struct free of padding).
+    /// Since API 1.2.
+    pub reserved: u32,
 }
 versioned!(colocated_connect_options, required: num_workers,
-    fields: [struct_size, workers, num_workers, token, tls_ca, tls_ca_size, tls_domain, timeout_ms, include_local, num_cpu_devices, executor_threads]);
+    fields: [struct_size, workers, num_workers, token, tls_ca, tls_ca_size, tls_domain, timeout_ms, include_local, num_cpu_devices, executor_threads, max_executor_threads, reserved]);
 
 /// The core options of a caller's `colocated_connect_options`.
 unsafe fn cluster_options(o: &colocated_connect_options) -> Result<ClusterOptions> {
+    check_reserved(o.reserved, "colocated_connect_options")?;
     let include_local = match o.include_local {
         0 => false,
         1 => true,
@@ -323,10 +369,11 @@ unsafe fn cluster_options(o: &colocated_connect_options) -> Result<ClusterOption
     Ok(ClusterOptions {
         workers,
         include_local,
-        local: ClientOptions {
-            num_cpu_devices: (o.num_cpu_devices != 0).then_some(o.num_cpu_devices as usize),
-            executor_threads: (o.executor_threads != 0).then_some(o.executor_threads as usize),
-        },
+        local: local_options(
+            o.num_cpu_devices,
+            o.executor_threads,
+            o.max_executor_threads,
+        ),
     })
 }
 

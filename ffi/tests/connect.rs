@@ -14,6 +14,7 @@ fn start_worker(token: &Token, devices: usize) -> Worker {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(devices),
         executor_threads: Some(2),
+        ..Default::default()
     })
     .unwrap();
     Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
@@ -49,6 +50,8 @@ fn options(
         include_local: u32::from(include_local),
         num_cpu_devices: 1,
         executor_threads: 2,
+        max_executor_threads: 0,
+        reserved: 0,
     }
 }
 

@@ -57,6 +57,7 @@ fn client(devices: usize) -> Client {
     Client::new_local(ClientOptions {
         num_cpu_devices: Some(devices),
         executor_threads: Some(4),
+        ..Default::default()
     })
     .unwrap()
 }

@@ -153,6 +153,7 @@ fn executable_seeds() -> Result<()> {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(4),
         executor_threads: Some(1),
+        ..Default::default()
     })?;
     client.register_native_function(COPY_FUNCTION, copy_shards)?;
     let devices = client.devices().to_vec();

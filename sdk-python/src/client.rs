@@ -10,14 +10,11 @@ use crate::fork::ForkSafe;
 /// A client: the in-process host with CPU devices, or (from `connect`) worker
 /// hosts with, optionally, the in-process host. The package keeps one default
 /// client and hands out its devices.
-#[pyclass(module = "colocated", frozen)]
+#[pyclass(module = "colocated", frozen, weakref)]
 pub struct Client {
     pub(crate) inner: ForkSafe<core::Client>,
     devices: Vec<Py<Device>>,
 }
-
-/// Executor threads of the default client's local host.
-const DEFAULT_EXECUTOR_THREADS: usize = 32;
 
 #[pymethods]
 impl Client {
@@ -163,11 +160,13 @@ fn local_options(
     num_cpu_devices: Option<usize>,
     executor_threads: Option<usize>,
 ) -> core::ClientOptions {
+    // Colocated Python functions often block (I/O, barriers): the runtime
+    // starts more executor threads while every one is busy, so calls from
+    // different threads run concurrently whatever the number of cores.
     core::ClientOptions {
         num_cpu_devices,
-        // Colocated Python functions often block (I/O, barriers): calls from
-        // different threads must run concurrently, so more threads than cores.
-        executor_threads: Some(executor_threads.unwrap_or(DEFAULT_EXECUTOR_THREADS)),
+        executor_threads,
+        ..Default::default()
     }
 }
 

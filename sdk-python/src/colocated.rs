@@ -512,6 +512,7 @@ impl FunctionState {
         if arity != arrays.len() {
             return general();
         }
+        crate::streams::enter_call_scope(py)?;
         let run = exe
             .execute(&arrays, &core::ExecuteOptions::default())
             .map_err(py_err)?;
@@ -723,10 +724,16 @@ impl Executable {
         Ok(PyBytes::new(py, &exe.serialize()))
     }
 
-    /// Runs the program on the calling thread's stream; returns the outputs at once
-    /// (ready later) and the status event.
-    fn execute(&self, arrays: Vec<PyRef<'_, ArrayImpl>>) -> PyResult<(Vec<ArrayImpl>, Event)> {
+    /// Runs the program on the calling thread's stream (its work item's, on a
+    /// thread pool's thread); returns the outputs at once (ready later) and the
+    /// status event.
+    fn execute(
+        &self,
+        py: Python<'_>,
+        arrays: Vec<PyRef<'_, ArrayImpl>>,
+    ) -> PyResult<(Vec<ArrayImpl>, Event)> {
         let exe = self.inner.get().map_err(py_err)?;
+        crate::streams::enter_call_scope(py)?;
         let args = arrays
             .iter()
             .map(|a| a.array().cloned())

@@ -15,6 +15,7 @@ mod event;
 mod fork;
 mod remote;
 mod sharding;
+mod streams;
 
 use pyo3::prelude::*;
 

@@ -149,8 +149,8 @@ def test_removed_field_fails():
     def edit(m):
         s = m["structs"][VERSIONED]
         s["fields"].pop()
-        s["size"] = 12
-    assert_fails(changed(edit), "field executor_threads was removed", "got smaller: 16 -> 12")
+        s["size"] = 20
+    assert_fails(changed(edit), "field reserved was removed", "got smaller: 24 -> 20")
 
 
 def test_inserted_field_fails():

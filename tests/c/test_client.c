@@ -54,7 +54,20 @@ TEST(client_options_out_of_range_are_invalid_arguments) {
   options.num_cpu_devices = 2;
   options.executor_threads = 1025;
   CHECK_CODE_MSG(colocated_client_create_local(&options, &client), COLOCATED_INVALID_ARGUMENT, "executor_threads");
+  options.executor_threads = 4;
+  options.max_executor_threads = 3; /* fewer than the threads kept */
+  CHECK_CODE_MSG(colocated_client_create_local(&options, &client), COLOCATED_INVALID_ARGUMENT,
+                 "max_executor_threads must be between executor_threads (4) and 4096, got 3");
+  options.max_executor_threads = 4097;
+  CHECK_CODE_MSG(colocated_client_create_local(&options, &client), COLOCATED_INVALID_ARGUMENT, "max_executor_threads");
   CHECK(client == NULL);
+  options.max_executor_threads = 4; /* a fixed pool */
+  options.reserved = 1;
+  CHECK_CODE_MSG(colocated_client_create_local(&options, &client), COLOCATED_INVALID_ARGUMENT,
+                 "colocated_client_options.reserved must be zero, got 1");
+  options.reserved = 0;
+  CHECK_OK(colocated_client_create_local(&options, &client));
+  colocated_client_destroy(client);
   CHECK_CODE_MSG(colocated_client_create_local(NULL, NULL), COLOCATED_INVALID_ARGUMENT, "out");
 }
 

@@ -259,6 +259,7 @@ mod tests {
         let client = Client::new_local(ClientOptions {
             num_cpu_devices: Some(2),
             executor_threads: Some(1),
+            ..Default::default()
         })
         .unwrap();
         let spec = |device, dtype, dims: Vec<i64>| BufferSpec {

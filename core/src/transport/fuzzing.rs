@@ -132,6 +132,7 @@ pub fn local_client() -> Client {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(4),
         executor_threads: Some(1),
+        ..Default::default()
     })
     .expect("a local client");
     client

@@ -16,6 +16,7 @@ pub fn client(devices: usize) -> Client {
     Client::new_local(ClientOptions {
         num_cpu_devices: Some(devices),
         executor_threads: Some(4),
+        ..Default::default()
     })
     .expect("a local client")
 }
