@@ -3,9 +3,11 @@
 //! `colocated worker` serves this machine's devices to a controller over gRPC
 //! (SPEC §6). It prints exactly one line, `listening on HOST:PORT`, to stdout
 //! once it accepts connections, logs to stderr (`COLOCATED_LOG`), and stops
-//! cleanly on SIGINT or SIGTERM. Its native functions come from the plugin
-//! libraries its operator names with `--plugin`, loaded before it serves anyone:
-//! a controller can never make a worker load a library.
+//! cleanly (status 0) on SIGINT or SIGTERM; it catches both before it binds
+//! its port, so a signal sent as soon as the line appears stops it cleanly
+//! too. Its native functions come from the plugin libraries its operator names
+//! with `--plugin`, loaded before it serves anyone: a controller can never make
+//! a worker load a library.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -17,6 +19,7 @@ use clap::{Parser, Subcommand};
 use colocated_core::transport::worker::{TlsIdentity, Worker, WorkerOptions};
 use colocated_core::transport::Token;
 use colocated_core::{Client, ClientOptions};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 #[derive(Parser)]
 #[command(
@@ -125,6 +128,10 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
             key_pem: read(key)?,
         });
     }
+    // Before the port is bound and the line printed: a launcher may stop the
+    // worker as soon as it sees either, and the worker must then stop cleanly
+    // instead of dying of the signal.
+    let termination = Termination::catch()?;
     let worker = Worker::start(client, options).map_err(|e| e.to_string())?;
     {
         let mut stdout = std::io::stdout().lock();
@@ -132,25 +139,53 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
             .and_then(|()| stdout.flush())
             .map_err(|e| format!("cannot write to stdout: {e}"))?;
     }
-    wait_for_termination()?;
+    termination.wait();
     tracing::info!("stopping");
     worker.shutdown().map_err(|e| e.to_string())
 }
 
-/// Blocks until SIGINT or SIGTERM.
-fn wait_for_termination() -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot wait for signals: {e}"))?;
-    runtime.block_on(async {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .map_err(|e| format!("cannot wait for SIGTERM: {e}"))?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        Ok(())
-    })
+/// SIGINT and SIGTERM, caught instead of ending the process from the moment
+/// [`Termination::catch`] returns.
+struct Termination {
+    runtime: tokio::runtime::Runtime,
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Termination {
+    /// Installs the handlers of SIGINT and SIGTERM; a signal that arrives from
+    /// now on is kept for [`Termination::wait`].
+    fn catch() -> Result<Termination, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot wait for signals: {e}"))?;
+        let catch = |kind: SignalKind, name: &str| {
+            let _context = runtime.enter();
+            signal(kind).map_err(|e| format!("cannot catch {name}: {e}"))
+        };
+        let interrupt = catch(SignalKind::interrupt(), "SIGINT")?;
+        let terminate = catch(SignalKind::terminate(), "SIGTERM")?;
+        Ok(Termination {
+            runtime,
+            interrupt,
+            terminate,
+        })
+    }
+
+    /// Blocks until SIGINT or SIGTERM; returns at once if either arrived since
+    /// [`Termination::catch`].
+    fn wait(self) {
+        let Termination {
+            runtime,
+            mut interrupt,
+            mut terminate,
+        } = self;
+        runtime.block_on(async {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        });
+    }
 }

@@ -418,6 +418,66 @@ fn a_worker_stops_cleanly_on_sigterm() {
     assert!(rest.is_empty(), "only one line on stdout, then {rest:?}");
 }
 
+/// Waits up to `patience` for `child` to exit; kills it (SIGKILL) if it does not.
+fn wait_bounded(child: &mut Child, patience: Duration) -> Result<std::process::ExitStatus, String> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("did not exit within {patience:?}, killed"));
+            }
+            Err(e) => return Err(format!("cannot wait: {e}")),
+        }
+    }
+}
+
+/// A launcher may stop a worker as soon as it has announced itself: its
+/// SIGTERM handler is in place before the `listening on` line, so it stops
+/// cleanly (status 0) instead of dying of the signal. Twenty workers start at
+/// once, each signalled the moment its line is read.
+#[test]
+fn a_worker_signalled_right_after_its_listening_line_exits_zero() {
+    use std::os::unix::process::ExitStatusExt;
+    let token = Token::generate().unwrap();
+    let outcomes: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..20)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut worker = spawn(Some(&token), &["--listen", "127.0.0.1:0"]);
+                    let pid = worker.child.id().to_string();
+                    let killed = Command::new("kill")
+                        .args(["-TERM", &pid])
+                        .status()
+                        .map_err(|e| format!("cannot run kill: {e}"))?;
+                    if !killed.success() {
+                        return Err(format!("kill -TERM {pid}: {killed}"));
+                    }
+                    let status = wait_bounded(&mut worker.child, Duration::from_secs(10))?;
+                    match (status.code(), status.signal()) {
+                        (Some(0), _) => Ok(()),
+                        (_, Some(signal)) => Err(format!("died of signal {signal}")),
+                        (code, None) => Err(format!("exited with {code:?}")),
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|_| Err("panicked".into())))
+            .collect()
+    });
+    let failures: Vec<String> = outcomes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| o.as_ref().err().map(|e| format!("worker {i}: {e}")))
+        .collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[test]
 fn malformed_oversized_and_truncated_input_gets_an_error_and_the_worker_serves_on() {
     use std::io::Write;
