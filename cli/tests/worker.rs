@@ -150,7 +150,10 @@ fn a_worker_announces_its_address_and_serves_its_devices() {
     let token = Token::generate().unwrap();
     let worker = spawn(Some(&token), &[]);
     let session = connect(&worker, Some(&token)).unwrap();
-    assert_eq!(session.version(), 1);
+    assert_eq!(
+        session.version(),
+        colocated_core::transport::PROTOCOL_VERSION_MAX
+    );
     let host = session.host();
     assert_eq!(host.devices.len(), 3);
     assert!(host.devices.iter().all(|d| d.kind == "cpu"));
@@ -299,7 +302,8 @@ fn requests_are_bound_to_an_authenticated_session() {
 fn versions_without_overlap_are_refused() {
     let token = Token::generate().unwrap();
     let worker = spawn(Some(&token), &[]);
-    for (min, max) in [(2, 9), (0, 0), (3, 1)] {
+    let newest = colocated_core::transport::PROTOCOL_VERSION_MAX;
+    for (min, max) in [(newest + 1, newest + 8), (0, 0), (3, 1)] {
         let status = raw(&worker, async |mut rpc| {
             rpc.open_session(with_metadata(
                 open_request(min, max),
@@ -329,7 +333,7 @@ fn versions_without_overlap_are_refused() {
     })
     .unwrap()
     .into_inner();
-    assert_eq!(opened.version, 1, "the highest common version");
+    assert_eq!(opened.version, newest, "the highest common version");
     assert_eq!(opened.session_id.len(), 16);
 }
 

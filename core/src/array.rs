@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::buffer::Buffer;
 use crate::client::Client;
+use crate::device::{Device, MemoryKind, MemorySpace};
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
@@ -168,6 +169,18 @@ impl Array {
 
     /// Splits row-major host bytes of the global array into per-device copies.
     pub fn from_host_bytes(client: &Client, data: &[u8], spec: ArraySpec) -> Result<Array> {
+        Array::from_host_bytes_in(client, data, spec, None)
+    }
+
+    /// [`from_host_bytes`](Self::from_host_bytes) into each device's memory
+    /// space of `memory_kind` (default: each device's default memory space);
+    /// `invalid_argument`, naming the kinds a device has, when it lacks it.
+    pub fn from_host_bytes_in(
+        client: &Client,
+        data: &[u8],
+        spec: ArraySpec,
+        memory_kind: Option<MemoryKind>,
+    ) -> Result<Array> {
         let elem = spec
             .dtype
             .byte_size()
@@ -184,10 +197,11 @@ impl Array {
         let shard_bytes = checked_byte_size(spec.dtype, &shard)?;
         let mut buffers = Vec::with_capacity(spec.sharding.devices().len());
         for (pos, device) in spec.sharding.devices().iter().enumerate() {
+            let memory = memory_space(device, memory_kind)?;
             if shard_bytes == data.len() {
                 // The shard is the whole array (one device, or replicated).
-                buffers.push(Buffer::from_bytes(
-                    client, data, spec.dtype, &shard, device,
+                buffers.push(Buffer::from_bytes_in(
+                    client, data, spec.dtype, &shard, device, memory,
                 )?);
                 continue;
             }
@@ -201,8 +215,8 @@ impl Array {
                 elem,
                 Direction::GlobalToShard,
             );
-            buffers.push(Buffer::from_bytes(
-                client, &bytes, spec.dtype, &shard, device,
+            buffers.push(Buffer::from_bytes_in(
+                client, &bytes, spec.dtype, &shard, device, memory,
             )?);
         }
         // Made here to fit `spec`: one buffer per device, of the shard's shape.
@@ -214,6 +228,17 @@ impl Array {
         client: &Client,
         strings: &[S],
         spec: ArraySpec,
+    ) -> Result<Array> {
+        Array::from_host_strings_in(client, strings, spec, None)
+    }
+
+    /// [`from_host_strings`](Self::from_host_strings) into each device's
+    /// memory space of `memory_kind` (as [`from_host_bytes_in`](Self::from_host_bytes_in)).
+    pub fn from_host_strings_in<S: AsRef<str>>(
+        client: &Client,
+        strings: &[S],
+        spec: ArraySpec,
+        memory_kind: Option<MemoryKind>,
     ) -> Result<Array> {
         if spec.dtype != DType::String {
             return Err(Error::invalid_argument(
@@ -235,9 +260,18 @@ impl Array {
             let picked: Vec<&str> = element_indices(&spec.shape, &index)
                 .map(|i| strings[i].as_ref())
                 .collect();
-            buffers.push(Buffer::from_strings(client, &picked, &shard, device, None)?);
+            let memory = memory_space(device, memory_kind)?;
+            buffers.push(Buffer::from_strings(
+                client, &picked, &shard, device, memory,
+            )?);
         }
         Array::assemble(spec, buffers)
+    }
+
+    /// The kind of memory the shards are in (that of the first shard; the
+    /// constructors place every shard in the same kind).
+    pub fn memory_kind(&self) -> MemoryKind {
+        self.0.buffers[0].memory_space().kind()
     }
 
     /// The spec (shape, dtype, sharding).
@@ -350,18 +384,37 @@ impl Array {
         Ok(())
     }
 
-    /// Waits for a string array and gathers its elements in row-major order.
+    /// Waits for a string array and gathers its elements in row-major order
+    /// (shards on workers download in parallel; a replicated array reads one).
     pub fn to_host_strings(&self) -> Result<Vec<String>> {
         let spec = &self.0.spec;
         let mut out = vec![String::new(); checked_num_elements(&spec.shape)?];
-        for (pos, b) in self.0.buffers.iter().enumerate() {
+        let wanted = if spec.sharding.is_fully_replicated() {
+            1
+        } else {
+            self.0.buffers.len()
+        };
+        // Every shard's read starts before the first wait: shards on workers
+        // download in parallel.
+        let reads = self.0.buffers[..wanted]
+            .iter()
+            .map(Buffer::read_strings)
+            .collect::<Result<Vec<_>>>()?;
+        for (pos, read) in reads.into_iter().enumerate() {
             let index = self.shard_index(pos)?;
-            for (i, s) in element_indices(&spec.shape, &index).zip(b.to_strings()?) {
-                out[i] = s;
+            let strings = read.wait()?;
+            for (i, s) in element_indices(&spec.shape, &index).zip(strings.strings()?) {
+                out[i] = s.to_string();
             }
         }
         Ok(out)
     }
+}
+
+/// `device`'s memory space of `kind` (None: its default one).
+fn memory_space(device: &Device, kind: Option<MemoryKind>) -> Result<Option<&MemorySpace>> {
+    kind.map(|k| device.memory_space_by_kind(k.name()))
+        .transpose()
 }
 
 #[derive(Clone, Copy)]

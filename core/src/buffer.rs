@@ -10,8 +10,8 @@ use crate::dispatch::{Job, Task};
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
-use crate::remote::check_remote_dtype;
 use crate::storage::{DenseBytes, Storage};
+use crate::transport::encode_strings;
 use crate::transport::session::Progress;
 use bytes::Bytes;
 
@@ -235,6 +235,20 @@ impl Buffer {
         dims: &[i64],
         device: &Device,
     ) -> Result<Buffer> {
+        Buffer::from_bytes_in(client, data, dtype, dims, device, None)
+    }
+
+    /// Creates a buffer from a copy of `data` on `device`, in `memory_space`
+    /// (default: the device's default memory space), which the device must
+    /// address.
+    pub fn from_bytes_in(
+        client: &Client,
+        data: &[u8],
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+        memory_space: Option<&MemorySpace>,
+    ) -> Result<Buffer> {
         // SAFETY: `data` is a valid slice for the duration of the call, and the
         // semantics copy it during the call.
         unsafe {
@@ -245,7 +259,7 @@ impl Buffer {
                 dtype,
                 dims,
                 device,
-                None,
+                memory_space,
                 HostBufferSemantics::ImmutableOnlyDuringCall,
             )
         }
@@ -253,7 +267,11 @@ impl Buffer {
     }
 
     /// Creates a string buffer (UTF-8 elements, row-major) on `device`, in
-    /// `memory_space` (default: the device's default memory space).
+    /// `memory_space` (default: the device's default memory space). The
+    /// strings are copied during the call. On a worker's device the buffer is
+    /// ready once the worker has them (`resource_exhausted` now if they take
+    /// over [`MAX_STRING_BUFFER_BYTES`](crate::transport::MAX_STRING_BUFFER_BYTES)
+    /// on the wire; `unimplemented` for a worker too old for strings).
     pub fn from_strings<S: AsRef<str>>(
         client: &Client,
         strings: &[S],
@@ -269,10 +287,39 @@ impl Buffer {
             )));
         }
         let memory_space = placement(client, device, memory_space)?;
-        if client.remote(device.host_index()).is_some() {
-            check_remote_dtype(DType::String)?;
+        if let Some(host) = client.remote(device.host_index()) {
+            host.check_dtype(DType::String)?;
+            let encoded = encode_strings(strings)?;
+            let buffer = Buffer::new(
+                client,
+                device.clone(),
+                memory_space,
+                DType::String,
+                dims,
+                Event::new(),
+            );
+            host.upload(&buffer, Bytes::from(encoded), None);
+            return Ok(buffer);
         }
-        let storage = Storage::Strings(strings.iter().map(|s| Box::from(s.as_ref())).collect());
+        let elements = strings.iter().map(|s| Box::from(s.as_ref())).collect();
+        Ok(Buffer::of_strings(
+            client,
+            elements,
+            dims,
+            device,
+            memory_space,
+        ))
+    }
+
+    /// A ready string buffer of this host that takes `elements` over (their
+    /// number must match `dims`).
+    pub(crate) fn of_strings(
+        client: &Client,
+        elements: Box<[Box<str>]>,
+        dims: &[i64],
+        device: &Device,
+        memory_space: MemorySpace,
+    ) -> Buffer {
         let buffer = Buffer::new(
             client,
             device.clone(),
@@ -281,8 +328,8 @@ impl Buffer {
             dims,
             Event::ready_ok(),
         );
-        buffer.fill(storage);
-        Ok(buffer)
+        buffer.fill(Storage::Strings(elements));
+        buffer
     }
 
     /// A buffer whose data arrives later: `fill` it, then set `ready`.
@@ -423,15 +470,14 @@ impl Buffer {
     }
 
     /// Bytes `to_host` writes. Blocks until the buffer is ready (string sizes are
-    /// known only then).
+    /// known only then; the strings of a buffer on a worker are downloaded).
     pub fn on_host_size(&self) -> Result<usize> {
         self.check_live()?;
         if let Some(size) = self.0.dtype.byte_size() {
             return checked_byte_size(self.0.dtype, &self.0.dims)
                 .map(|_| size * self.num_elements());
         }
-        self.0.ready.wait()?;
-        Ok(self.storage()?.on_host_size())
+        Ok(self.read_strings()?.wait()?.on_host_size())
     }
 
     fn num_elements(&self) -> usize {
@@ -459,6 +505,14 @@ impl Buffer {
             return Err(Error::invalid_argument("destination is NULL"));
         }
         let dst = HostDst(dst, len);
+        if self.is_remote() && self.0.dtype == DType::String {
+            let done = Event::new();
+            let out = done.clone();
+            self.strings_then(None, move |strings| {
+                out.set_if_pending(strings.and_then(|s| write_on_host(&s, dst)));
+            })?;
+            return Ok(done);
+        }
         if self.is_remote() {
             return self.download(dst, None);
         }
@@ -512,24 +566,18 @@ impl Buffer {
     fn copy_out(&self, dst: HostDst) -> Result<()> {
         let _span = tracing::trace_span!("to_host", bytes = dst.1).entered();
         self.0.ready.status().unwrap_or(Ok(()))?;
-        let storage = self.storage()?;
-        let needed = storage.on_host_size();
-        if needed != dst.1 {
-            return Err(Error::invalid_argument(format!(
-                "destination is {} bytes but {self:?} needs {needed}",
-                dst.1
-            )));
-        }
-        if needed > 0 {
-            // SAFETY: the caller of `to_host_raw` guarantees `dst` is valid for
-            // `dst.1` bytes until the event is ready.
-            storage.write_to(unsafe { std::slice::from_raw_parts_mut(dst.0, dst.1) })?;
-        }
-        Ok(())
+        write_on_host(&*self.storage()?, dst)
     }
 
     /// Waits for the buffer and returns a copy of its on-host form.
     pub fn to_host_vec(&self) -> Result<Vec<u8>> {
+        if self.0.dtype == DType::String {
+            // Read once: the size of strings is known only with them.
+            let strings = self.read_strings()?.wait()?;
+            let mut out = vec![0u8; strings.on_host_size()];
+            strings.write_to(&mut out)?;
+            return Ok(out);
+        }
         self.0.ready.wait()?;
         let mut out = vec![0u8; self.on_host_size()?];
         // SAFETY: `out` is exactly that long and outlives the wait below.
@@ -537,15 +585,67 @@ impl Buffer {
         Ok(out)
     }
 
-    /// Waits for a string buffer and returns its elements.
+    /// Waits for a string buffer and returns its elements (downloaded from
+    /// its worker, for a buffer on one).
     pub fn to_strings(&self) -> Result<Vec<String>> {
-        self.0.ready.wait()?;
-        match &*self.storage()? {
-            Storage::Strings(s) => Ok(s.iter().map(|x| x.to_string()).collect()),
-            Storage::Dense(_) | Storage::Remote(_) => Err(Error::invalid_argument(format!(
+        let strings = self.read_strings()?.wait()?;
+        Ok(strings.strings()?.iter().map(|x| x.to_string()).collect())
+    }
+
+    /// Starts reading this string buffer's elements: at once for a buffer of
+    /// this host once it is ready, else downloaded from its worker (reads of
+    /// several buffers proceed in parallel). `invalid_argument` for a dense
+    /// buffer, `failed_precondition` for a deleted one.
+    pub(crate) fn read_strings(&self) -> Result<StringsRead> {
+        let done = Event::new();
+        let slot = Arc::new(Mutex::new(None));
+        let (out, sink) = (done.clone(), slot.clone());
+        self.strings_then(None, move |strings| match strings {
+            Ok(strings) => {
+                *sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(strings);
+                out.set_if_pending(Ok(()));
+            }
+            Err(e) => out.set_if_pending(Err(e)),
+        })?;
+        Ok(StringsRead {
+            done,
+            strings: slot,
+        })
+    }
+
+    /// Calls `done` with this string buffer's elements (as `Storage::Strings`)
+    /// once it is ready, downloading them first when they are on a worker,
+    /// with `progress` reports. Never blocks: `done` runs on the thread that
+    /// makes the buffer ready, a network thread, or this one.
+    fn strings_then(
+        &self,
+        progress: Option<Progress>,
+        done: impl FnOnce(Result<Arc<Storage>>) + Send + 'static,
+    ) -> Result<()> {
+        self.check_live()?;
+        if self.0.dtype != DType::String {
+            return Err(Error::invalid_argument(format!(
                 "{self:?} is not a string buffer"
-            ))),
+            )));
         }
+        let hold = self.hold()?;
+        let me = self.clone();
+        self.0.ready.on_ready(move |status| {
+            let storage = match status.and_then(|()| me.storage()) {
+                Ok(storage) => storage,
+                Err(e) => return done(Err(e)),
+            };
+            let Storage::Remote(remote) = &*storage else {
+                drop(hold);
+                return done(Ok(storage));
+            };
+            // The hold and the storage keep the worker's copy until the end.
+            let keep = (hold, storage.clone());
+            remote.download_strings(me.num_elements(), progress, keep, move |strings| {
+                done(strings.map(|s| Arc::new(Storage::Strings(s))))
+            });
+        });
+        Ok(())
     }
 
     /// Waits until ready, then pins the data (see [`ExternalReference`]).
@@ -609,8 +709,10 @@ impl Buffer {
         let client = &self.0.client;
         let dst_host = device.host_index();
         let crosses = self.0.device.host_index() != dst_host;
-        if crosses || self.is_remote() {
-            check_remote_dtype(self.0.dtype)?;
+        for host in [self.0.device.host_index(), dst_host] {
+            if let Some(remote) = client.remote(host) {
+                remote.check_dtype(self.0.dtype)?;
+            }
         }
         if self.0.dtype == DType::String && device.kind() != "cpu" {
             return Err(Error::invalid_argument(
@@ -697,6 +799,40 @@ impl Buffer {
                     "a copy across hosts with neither end on a worker",
                 ))),
             },
+            Storage::Strings(strings) => match to {
+                // Local to a worker.
+                Some(host) => {
+                    match encode_strings(strings) {
+                        Ok(encoded) => host.upload(dst, Bytes::from(encoded), progress),
+                        Err(e) => dst.0.ready.set_if_pending(Err(e)),
+                    }
+                    drop(hold);
+                }
+                None => dst.0.ready.set_if_pending(Err(Error::internal(
+                    "a copy across hosts with neither end on a worker",
+                ))),
+            },
+            Storage::Remote(remote) if self.0.dtype == DType::String => {
+                let download_progress = if to.is_none() { progress.clone() } else { None };
+                let out = dst.clone();
+                let keep = (hold, storage.clone());
+                remote.download_strings(
+                    self.num_elements(),
+                    download_progress,
+                    keep,
+                    move |strings| match (strings, to) {
+                        (Err(e), _) => out.0.ready.set_if_pending(Err(e)),
+                        (Ok(strings), Some(host)) => match encode_strings(&strings) {
+                            Ok(encoded) => host.upload(&out, Bytes::from(encoded), progress),
+                            Err(e) => out.0.ready.set_if_pending(Err(e)),
+                        },
+                        (Ok(strings), None) => {
+                            out.fill(Storage::Strings(strings));
+                            out.0.ready.set_if_pending(Ok(()));
+                        }
+                    },
+                );
+            }
             Storage::Remote(remote) => {
                 let len = checked_byte_size(self.0.dtype, &self.0.dims).unwrap_or(0);
                 let received = Arc::new(Mutex::new(vec![0u8; len]));
@@ -730,15 +866,48 @@ impl Buffer {
                     }
                 });
             }
-            Storage::Strings(_) => dst.0.ready.set_if_pending(Err(Error::unimplemented(
-                "string buffers cannot live on worker hosts yet",
-            ))),
         }
     }
 
     fn data(&self) -> MutexGuard<'_, Slot> {
         self.0.data.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A read of a string buffer's elements in flight (see [`Buffer::read_strings`]).
+pub(crate) struct StringsRead {
+    done: Event,
+    strings: Arc<Mutex<Option<Arc<Storage>>>>,
+}
+
+impl StringsRead {
+    /// Waits for the read: the elements, as `Storage::Strings`.
+    pub(crate) fn wait(self) -> Result<Arc<Storage>> {
+        self.done.wait()?;
+        self.strings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| Error::internal("a finished read of strings has no strings"))
+    }
+}
+
+/// Writes the on-host form of `storage` into `dst`, which must be exactly its
+/// size.
+fn write_on_host(storage: &Storage, dst: HostDst) -> Result<()> {
+    let needed = storage.on_host_size();
+    if needed != dst.1 {
+        return Err(Error::invalid_argument(format!(
+            "destination is {} bytes but the buffer needs {needed}",
+            dst.1
+        )));
+    }
+    if needed > 0 {
+        // SAFETY: the caller of `to_host_raw` guarantees `dst` is valid for
+        // `dst.1` bytes until the event is ready.
+        storage.write_to(unsafe { std::slice::from_raw_parts_mut(dst.0, dst.1) })?;
+    }
+    Ok(())
 }
 
 /// Checks that `device` belongs to `client` and can address `memory_space`

@@ -13,7 +13,7 @@ use crate::executor::OutputShard;
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
-use crate::remote::{check_remote_dtype, host_local, local_spec, RemoteExecutable, RemoteHost};
+use crate::remote::{host_local, local_spec, RemoteExecutable, RemoteHost};
 use crate::sharding::{same_device_set, Sharding};
 
 /// Options of [`Client::compile`] and [`Client::deserialize_and_load`].
@@ -206,9 +206,6 @@ fn plan_remote(
             program.language,
             remote.session.host().languages
         )));
-    }
-    for spec in program.input_specs.iter().chain(&program.output_specs) {
-        check_remote_dtype(spec.dtype)?;
     }
     let local = host_local(program, remote, host, options.host_callbacks.len())?;
     let handle = remote.session.new_handle();

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::error::{Error, Result};
+
 /// A device attribute value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttributeValue {
@@ -168,6 +170,28 @@ impl Device {
     /// The memory space buffers go to unless told otherwise.
     pub fn default_memory_space(&self) -> &MemorySpace {
         &self.0.memory_spaces[0]
+    }
+    /// The kinds of the memory spaces this device can address, default first.
+    pub fn memory_kinds(&self) -> Vec<MemoryKind> {
+        self.0.memory_spaces.iter().map(MemorySpace::kind).collect()
+    }
+    /// The memory space of kind `name` (`"device"`, `"pinned_host"`,
+    /// `"unpinned_host"`) that this device addresses; `invalid_argument`,
+    /// naming the kinds it has (in JAX's words), for any other name.
+    pub fn memory_space_by_kind(&self, name: &str) -> Result<&MemorySpace> {
+        self.0
+            .memory_spaces
+            .iter()
+            .find(|m| m.kind().name() == name)
+            .ok_or_else(|| {
+                let kinds: Vec<&str> = self.memory_kinds().iter().map(|k| k.name()).collect();
+                Error::invalid_argument(format!(
+                    "Could not find memory addressable by device {kind}. Device {kind} can address the \
+                     following memory kinds: {}. Got memory kind: {name}",
+                    kinds.join(", "),
+                    kind = self.0.kind,
+                ))
+            })
     }
     /// Short form, as JAX prints it: `CpuDevice(id=3)`.
     pub fn to_string_short(&self) -> String {

@@ -25,6 +25,7 @@ use crate::sharding::Sharding;
 use crate::storage::Storage;
 use crate::transport::proto::BufferSpec;
 use crate::transport::session::{Completion, Progress, RemoteSession};
+use crate::transport::{StringDecoder, STRINGS_VERSION};
 
 /// How often an upload waiting for the network checks that its worker is
 /// still there.
@@ -55,8 +56,23 @@ impl RemoteHost {
             })
     }
 
-    /// Uploads `data` into `buffer` (pending, of a device of this host): the
-    /// buffer becomes ready once the worker has it.
+    /// `unimplemented` for a dtype the worker cannot hold: strings on a
+    /// worker that speaks a protocol version before [`STRINGS_VERSION`].
+    pub fn check_dtype(&self, dtype: DType) -> Result<()> {
+        let version = self.session.version();
+        if dtype == DType::String && version < STRINGS_VERSION {
+            return Err(Error::unimplemented(format!(
+                "worker {} speaks protocol version {version}, which has no string buffers \
+                 (they need version {STRINGS_VERSION}): upgrade the worker",
+                self.session.address()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Uploads `data` (the bytes the buffer travels as) into `buffer`
+    /// (pending, of a device of this host): the buffer becomes ready once the
+    /// worker has it.
     pub fn upload(self: &Arc<Self>, buffer: &Buffer, data: Bytes, progress: Option<Progress>) {
         if let Some((handle, spec, done)) = self.start_upload(buffer) {
             self.session
@@ -173,6 +189,48 @@ impl Drop for RemoteBuffer {
 }
 
 impl RemoteBuffer {
+    /// Downloads the elements of a string buffer of `count` elements (checked
+    /// as they arrive, see [`StringDecoder`]); `done` gets them, on a network
+    /// thread. `keep` lives until then (it keeps the worker's copy alive).
+    pub fn download_strings(
+        &self,
+        count: usize,
+        progress: Option<Progress>,
+        keep: impl Send + 'static,
+        done: impl FnOnce(Result<Box<[Box<str>]>>) + Send + 'static,
+    ) {
+        let decoder = Arc::new(std::sync::Mutex::new(Some(StringDecoder::new(count))));
+        let fed = decoder.clone();
+        let address = self.host.session.address().to_string();
+        let mut received = 0u64;
+        let sink = move |total: u64, chunk: &[u8]| {
+            let mut decoder = fed.lock().unwrap_or_else(|e| e.into_inner());
+            let decoder = decoder
+                .as_mut()
+                .ok_or_else(|| Error::internal("bytes after the end of a download"))?;
+            decoder.push(chunk).map_err(|e| bad_strings(&address, e))?;
+            received += chunk.len() as u64;
+            if let Some(progress) = &progress {
+                progress(received, total.max(received));
+            }
+            Ok(())
+        };
+        let address = self.host.session.address().to_string();
+        self.host.session.get_buffer_then(
+            self.handle,
+            sink,
+            Box::new(move |result| {
+                let decoder = decoder.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let strings = result.and_then(|()| match decoder {
+                    Some(decoder) => decoder.finish().map_err(|e| bad_strings(&address, e)),
+                    None => Err(Error::internal("a download of strings finished twice")),
+                });
+                drop(keep);
+                done(strings);
+            }),
+        );
+    }
+
     /// Downloads the buffer's bytes, which must be exactly `len`, into
     /// `write(offset, chunk)`; `done` gets the outcome. `keep` lives until then
     /// (it keeps the worker's copy, and the destination, alive).
@@ -252,6 +310,15 @@ impl RemoteBuffer {
     }
 }
 
+/// The error of a download of strings that a worker sent malformed: a broken
+/// worker, not a mistake of the caller.
+fn bad_strings(address: &str, err: Error) -> Error {
+    Error::internal(format!(
+        "worker {address} sent a bad string buffer: {}",
+        err.message()
+    ))
+}
+
 /// An executable loaded on a worker under `handle` of the client's session
 /// there. Dropping it (after the last execution in flight lets go, since each
 /// holds it) unloads it there and forgets its host callbacks.
@@ -278,7 +345,7 @@ pub(crate) struct HostLocal {
 
 /// The host-local form of `program` for `host` (see the module docs).
 /// `unimplemented` when a spec's shards on the host do not form one block of
-/// the mesh and of the array.
+/// the mesh and of the array, or the worker cannot hold a spec's dtype.
 pub(crate) fn host_local(
     program: &Program,
     host: &RemoteHost,
@@ -296,6 +363,9 @@ pub(crate) fn host_local(
             .collect::<Result<Vec<_>>>()?;
         Ok(locals.into_iter().unzip())
     };
+    for spec in program.input_specs.iter().chain(&program.output_specs) {
+        host.check_dtype(spec.dtype)?;
+    }
     let (input_specs, input_positions) = locals(&program.input_specs, "input")?;
     let (output_specs, output_positions) = locals(&program.output_specs, "output")?;
     let device_ids = program
@@ -421,14 +491,4 @@ pub(crate) fn local_spec(
         }),
     };
     Ok((local, positions))
-}
-
-/// `unimplemented` for dtypes a worker cannot hold yet.
-pub(crate) fn check_remote_dtype(dtype: DType) -> Result<()> {
-    if dtype == DType::String {
-        return Err(Error::unimplemented(
-            "string buffers cannot live on worker hosts yet",
-        ));
-    }
-    Ok(())
 }

@@ -158,6 +158,16 @@ impl Storage {
         Ok(())
     }
 
+    /// The elements of string data; `invalid_argument` for any other.
+    pub fn strings(&self) -> Result<&[Box<str>]> {
+        match self {
+            Storage::Strings(s) => Ok(s),
+            Storage::Dense(_) | Storage::Remote(_) => {
+                Err(Error::invalid_argument("not a string buffer"))
+            }
+        }
+    }
+
     /// A deep copy (used by device-to-device copies).
     pub fn deep_copy(&self) -> Result<Storage> {
         Ok(match self {

@@ -698,3 +698,43 @@ fn copy_to_device_runs_in_program_order_on_the_calling_threads_stream() {
     blocked.status.wait_timeout(PATIENCE).unwrap();
     assert_eq!(copy.to_host_vec().unwrap(), vec![1, 2]);
 }
+
+#[test]
+fn arrays_land_in_each_devices_memory_space_of_the_kind_asked() {
+    let client = client(2);
+    let devices = client.devices().to_vec();
+    let sharding = Sharding::replicated(devices.clone()).unwrap();
+    let spec = ArraySpec::new(vec![2], DType::U8, sharding).unwrap();
+    let dense =
+        Array::from_host_bytes_in(&client, &[1, 2], spec.clone(), Some(MemoryKind::PinnedHost))
+            .unwrap();
+    assert_eq!(dense.memory_kind(), MemoryKind::PinnedHost);
+    for (buffer, device) in dense.buffers().iter().zip(&devices) {
+        assert_eq!(
+            buffer.memory_space(),
+            &memory_of_kind(device, MemoryKind::PinnedHost)
+        );
+        assert_eq!(buffer.to_host_vec().unwrap(), vec![1, 2]);
+    }
+    let spec = ArraySpec::new(vec![2], DType::String, spec.sharding).unwrap();
+    let strings =
+        Array::from_host_strings_in(&client, &["a", "b"], spec, Some(MemoryKind::UnpinnedHost))
+            .unwrap();
+    assert_eq!(strings.memory_kind(), MemoryKind::UnpinnedHost);
+    let plain = Array::from_host_bytes(&client, &[3, 4], dense.spec().clone()).unwrap();
+    assert_eq!(plain.memory_kind(), MemoryKind::Device);
+    assert_eq!(
+        devices[0].memory_kinds(),
+        vec![
+            MemoryKind::Device,
+            MemoryKind::PinnedHost,
+            MemoryKind::UnpinnedHost
+        ]
+    );
+    assert_error(
+        devices[0].memory_space_by_kind("hbm"),
+        ErrorCode::InvalidArgument,
+        "Could not find memory addressable by device cpu. Device cpu can address the following \
+         memory kinds: device, pinned_host, unpinned_host. Got memory kind: hbm",
+    );
+}

@@ -55,6 +55,25 @@ fn start_worker(token: &Token, devices: usize) -> TestWorker {
             Ok(())
         })
         .unwrap();
+    client
+        .register_native_function("upper", |ctx| {
+            // Output shard i: input shard i in upper case.
+            for (i, shard) in ctx.output_shards().iter().enumerate() {
+                let input = ctx.inputs().get(i).ok_or_else(|| {
+                    colocated_core::Error::invalid_argument(format!("no input shard {i}"))
+                })?;
+                let upper: Vec<String> = input
+                    .to_strings()?
+                    .iter()
+                    .map(|s| s.to_uppercase())
+                    .collect();
+                let out =
+                    Buffer::from_strings(ctx.client(), &upper, &shard.dims, &shard.device, None)?;
+                ctx.set_output(i, out)?;
+            }
+            Ok(())
+        })
+        .unwrap();
     let gate = Arc::new(Mutex::new(Event::new()));
     let held = gate.clone();
     client
@@ -430,4 +449,272 @@ fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
     // The local host holds half: i32[4] over its 2 devices; the worker ran too.
     assert_eq!(*seen.lock().unwrap(), vec![(vec![4], 2, vec![2])]);
     assert_eq!(a.runs.load(Ordering::SeqCst), 1);
+}
+
+/// Strings of every kind a string buffer must carry: empty ones, non-ASCII,
+/// and long ones that span the chunks of a transfer.
+fn sample_strings(n: usize) -> Vec<String> {
+    let kinds = [
+        "",
+        "a",
+        "héllo",
+        "naïve 🙂",
+        "日本語",
+        "",
+        "tab\tand\nnewline",
+        "z",
+    ];
+    (0..n)
+        .map(|i| match i {
+            // Larger than a chunk: split across messages on the wire.
+            5 => "ü".repeat(colocated_core::transport::CHUNK_BYTES / 2 + 3),
+            _ => format!(
+                "{}{}",
+                kinds[i % kinds.len()],
+                if i < kinds.len() { "" } else { "!" }
+            ),
+        })
+        .collect()
+}
+
+fn string_spec(sharding: Sharding, n: i64) -> ArraySpec {
+    ArraySpec::new(vec![n], DType::String, sharding).unwrap()
+}
+
+#[test]
+fn string_arrays_sharded_over_workers_round_trip() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
+    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let workers = client.devices()[1..].to_vec();
+    let sharding =
+        Sharding::named(workers.clone(), vec![4], vec!["x".into()], vec![vec![0]]).unwrap();
+    let strings = sample_strings(12);
+    let x = Array::from_host_strings(&client, &strings, string_spec(sharding.clone(), 12)).unwrap();
+    x.ready_event().wait().unwrap();
+    assert_eq!(a.worker.buffer_count() + b.worker.buffer_count(), 4);
+    assert_eq!(x.to_host_strings().unwrap(), strings);
+    // Each shard, and its on-host form (offsets and bytes) as a local
+    // buffer of the same strings gives it.
+    let local = client.devices()[0].clone();
+    for (i, shard) in x.buffers().iter().enumerate() {
+        let expected = &strings[3 * i..3 * i + 3];
+        assert_eq!(shard.to_strings().unwrap(), expected, "shard {i}");
+        let here = Buffer::from_strings(&client, expected, &[3], &local, None).unwrap();
+        let form = here.to_host_vec().unwrap();
+        assert_eq!(shard.on_host_size().unwrap(), form.len());
+        assert_eq!(shard.to_host_vec().unwrap(), form);
+        let mut out = vec![0u8; form.len()];
+        // SAFETY: `out` is that long and outlives the wait.
+        unsafe { shard.to_host_raw(out.as_mut_ptr(), out.len()) }
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(out, form);
+        let mut short = vec![0u8; form.len() - 1];
+        // SAFETY: as above.
+        let wrong = unsafe { shard.to_host_raw(short.as_mut_ptr(), short.len()) }.unwrap();
+        assert_error(wrong.wait(), ErrorCode::InvalidArgument, "needs");
+    }
+    // A replicated array reads one copy; one shard of one element.
+    let replicated = Sharding::replicated(workers.clone()).unwrap();
+    let y = Array::from_host_strings(&client, &strings[..2], string_spec(replicated, 2)).unwrap();
+    assert_eq!(y.to_host_strings().unwrap(), &strings[..2]);
+    for shard in y.buffers() {
+        assert_eq!(shard.to_strings().unwrap(), &strings[..2]);
+    }
+    // Empty: an array of no strings, and a buffer of one empty string.
+    let empty = Array::from_host_strings::<&str>(&client, &[], string_spec(sharding, 0)).unwrap();
+    assert!(empty.to_host_strings().unwrap().is_empty());
+    assert!(empty
+        .buffers()
+        .iter()
+        .all(|b| b.to_host_vec().unwrap() == [0; 8]));
+    let blank = Buffer::from_strings(&client, &[""], &[], &workers[3], None).unwrap();
+    assert_eq!(blank.to_strings().unwrap(), [""]);
+    // Strings read as bytes, or bytes as strings: refused.
+    assert_error(
+        x.to_host_bytes(),
+        ErrorCode::InvalidArgument,
+        "to_host_strings",
+    );
+    let ints =
+        Buffer::from_bytes(&client, &i32_bytes(&[1]), DType::I32, &[1], &workers[0]).unwrap();
+    assert_error(
+        ints.to_strings(),
+        ErrorCode::InvalidArgument,
+        "not a string",
+    );
+}
+
+#[test]
+fn string_buffers_copy_between_hosts_and_are_deleted_on_their_workers() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let [local, on_a, on_b] = [0, 1, 2].map(|i| client.devices()[i].clone());
+    let strings = sample_strings(8);
+    let here = Buffer::from_strings(&client, &strings, &[2, 4], &local, None).unwrap();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let seen = reports.clone();
+    let progress: colocated_core::transport::session::Progress =
+        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
+    // Local to a worker, worker to worker, and back.
+    let there = here
+        .copy_to_device_with_progress(&on_a, Some(progress))
+        .unwrap();
+    let further = there.copy_to_device(&on_b).unwrap();
+    let back = further.copy_to_device(&local).unwrap();
+    assert_eq!(back.dims(), &[2, 4]);
+    assert_eq!(back.to_strings().unwrap(), strings);
+    assert_eq!(further.to_strings().unwrap(), strings);
+    let reports = reports.lock().unwrap().clone();
+    let (done, total) = *reports.last().unwrap();
+    assert_eq!(done, total);
+    assert!(total as usize > strings.iter().map(String::len).sum::<usize>());
+    assert_eq!(a.worker.buffer_count(), 1);
+    assert_eq!(b.worker.buffer_count(), 1);
+    // Deleting frees the worker's copy; work queued before keeps its data.
+    let copy = further.copy_to_device(&on_a).unwrap();
+    further.delete();
+    assert_eq!(copy.to_strings().unwrap(), strings);
+    eventually("worker b frees its copy", || b.worker.buffer_count() == 0);
+    assert_error(
+        further.to_strings(),
+        ErrorCode::FailedPrecondition,
+        "deleted",
+    );
+    assert_error(
+        further.copy_to_device(&local),
+        ErrorCode::FailedPrecondition,
+        "deleted",
+    );
+    drop((there, copy));
+    eventually("worker a frees its copies", || a.worker.buffer_count() == 0);
+}
+
+#[test]
+fn programs_on_workers_take_and_return_string_arrays() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let sharding = Sharding::named(
+        client.devices().to_vec(),
+        vec![4],
+        vec!["x".into()],
+        vec![vec![0]],
+    )
+    .unwrap();
+    let spec = string_spec(sharding, 8);
+    let strings = sample_strings(8);
+    let x = Array::from_host_strings(&client, &strings, spec.clone()).unwrap();
+    let exe = client
+        .compile(
+            Program::native(
+                "upper",
+                vec![spec.clone()],
+                vec![spec],
+                client.devices().to_vec(),
+            ),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    // The output of one run feeds the next, on the workers.
+    let once = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
+    let twice = exe
+        .execute(&once.outputs, &ExecuteOptions::default())
+        .unwrap();
+    let upper: Vec<String> = strings.iter().map(|s| s.to_uppercase()).collect();
+    assert_eq!(twice.outputs[0].to_host_strings().unwrap(), upper);
+    assert_eq!(once.outputs[0].to_host_strings().unwrap(), upper);
+    twice.status.wait().unwrap();
+}
+
+#[test]
+fn a_malformed_string_upload_is_refused_and_the_worker_serves_on() {
+    use colocated_core::transport::proto::BufferSpec;
+    use colocated_core::transport::session::RemoteSession;
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let mut connect = ConnectOptions::new(a.worker.local_addr().to_string(), Some(token.clone()));
+    connect.timeout = Duration::from_secs(5);
+    let session = RemoteSession::connect(&connect).unwrap();
+    assert_eq!(
+        session.version(),
+        colocated_core::transport::STRINGS_VERSION
+    );
+    let spec = |n: i64| BufferSpec {
+        device: 0,
+        dtype: DType::String as u32,
+        dims: vec![n],
+    };
+    let invalid = ErrorCode::InvalidArgument;
+    let cases: [(&str, i64, Vec<u8>, ErrorCode, &str); 7] = [
+        (
+            "invalid UTF-8",
+            1,
+            vec![0x0a, 0x02, 0xc3, 0x28],
+            invalid,
+            "UTF-8",
+        ),
+        ("a raw byte string", 1, b"abc".to_vec(), invalid, "key"),
+        (
+            "one element short",
+            2,
+            vec![0x0a, 0x01, b'a'],
+            invalid,
+            "1 elements where",
+        ),
+        (
+            "one element over",
+            0,
+            vec![0x0a, 0x00],
+            invalid,
+            "more than",
+        ),
+        (
+            "cut in an element",
+            1,
+            vec![0x0a, 0x05, b'a'],
+            invalid,
+            "inside",
+        ),
+        (
+            "a padded length",
+            1,
+            vec![0x0a, 0x80, 0x00],
+            invalid,
+            "longer",
+        ),
+        (
+            "a length over the limit",
+            1,
+            vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f],
+            ErrorCode::ResourceExhausted,
+            "limit",
+        ),
+    ];
+    for (what, n, bytes, code, text) in cases {
+        let handle = session.new_handle();
+        let err = session
+            .put_buffer(handle, spec(n), bytes.into())
+            .unwrap_err();
+        assert_eq!(err.code(), code, "{what}: {err}");
+        assert!(err.message().contains(text), "{what}: {err}");
+        assert_error(session.get_buffer(handle), ErrorCode::NotFound, "");
+    }
+    assert_eq!(a.worker.buffer_count(), 0);
+    // The session and the worker serve on: a good upload reads back as its
+    // bytes, and a client of the worker moves strings.
+    let good = vec![0x0a, 0x00, 0x0a, 0x03, b'a', 0xc3, 0xa9];
+    let handle = session.new_handle();
+    session
+        .put_buffer(handle, spec(2), good.clone().into())
+        .unwrap();
+    assert_eq!(session.get_buffer(handle).unwrap(), good);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let device = client.devices()[0].clone();
+    let y = Buffer::from_strings(&client, &["", "aé"], &[2], &device, None).unwrap();
+    assert_eq!(y.to_strings().unwrap(), ["", "aé"]);
+    assert_eq!(a.worker.session_count(), 2);
 }

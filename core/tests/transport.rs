@@ -115,11 +115,11 @@ fn bad_uploads_are_refused_and_store_nothing() {
             "",
         ),
         (
-            "strings",
+            "a byte as strings",
             spec(0, DType::String, &[1]),
             1,
-            ErrorCode::Unimplemented,
-            "string",
+            ErrorCode::InvalidArgument,
+            "malformed string elements",
         ),
     ];
     for (what, spec, bytes, code, text) in cases {

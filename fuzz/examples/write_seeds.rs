@@ -12,12 +12,13 @@ use colocated_core::transport::fuzzing::{
 use colocated_core::transport::proto::{
     control_request, BufferSpec, ControlRequest, DeleteBuffersRequest, ExecuteRequest,
     HostCallbackResult, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
-    ReadBufferRequest,
+    ReadBufferRequest, StringElements,
 };
-use colocated_core::transport::MAX_MESSAGE_BYTES;
+use colocated_core::transport::{MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX};
 use colocated_core::{
     ArraySpec, Client, ClientOptions, CompileOptions, DType, Program, Result, Sharding,
 };
+use prost::Message;
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -81,7 +82,11 @@ fn control_seeds() {
         };
         write(target, name, &encode_input(Rpc::LoadExecutable, &[load]));
     }
-    for (name, min_version, max_version) in [("open-v1", 1, 1), ("open-future", 2, 9)] {
+    for (name, min_version, max_version) in [
+        ("open-v1", 1, 1),
+        ("open-v2", 1, 2),
+        ("open-future", PROTOCOL_VERSION_MAX + 1, 9),
+    ] {
         let open = OpenSessionRequest {
             min_version,
             max_version,
@@ -105,6 +110,12 @@ fn chunk(handle: u64, spec: Option<(u32, DType, Vec<i64>)>, data: &[u8]) -> PutB
 
 fn buffer_seeds() {
     let target = "buffer_chunks";
+    let strings = StringElements {
+        elements: ["", "héllo", "naïve 🙂"].map(String::from).to_vec(),
+    }
+    .encode_to_vec();
+    // Cut inside an element: the worker decodes across chunks.
+    let (first, rest) = strings.split_at(5);
     let seeds = [
         (
             "two-chunks",
@@ -123,6 +134,13 @@ fn buffer_seeds() {
             vec![
                 chunk(7, Some((0, DType::U8, vec![2])), &[1]),
                 chunk(7, Some((0, DType::U8, vec![2])), &[1]),
+            ],
+        ),
+        (
+            "strings",
+            vec![
+                chunk(10, Some((0, DType::String, vec![3])), first),
+                chunk(0, None, rest),
             ],
         ),
     ];

@@ -1,9 +1,10 @@
-//! Buffers over the wire: spec validation, chunking, and buffers that own the
-//! bytes a transfer received.
+//! Buffers over the wire: spec validation, chunking, buffers that own the
+//! bytes a transfer received, and the bytes a buffer travels as.
 
 use bytes::Bytes;
 
 use super::proto::BufferSpec;
+use super::strings::encode_strings;
 use crate::buffer::{Buffer, HostBufferSemantics};
 use crate::client::Client;
 use crate::device::Device;
@@ -14,16 +15,19 @@ use crate::error::{Error, Result};
 pub const CHUNK_BYTES: usize = 2 << 20;
 
 /// A buffer spec checked against a worker's client: its device, element type,
-/// dimensions and byte size.
+/// dimensions and size.
 pub(crate) struct CheckedSpec {
     pub device: Device,
     pub dtype: DType,
     pub dims: Vec<i64>,
-    pub bytes: usize,
+    /// The byte size of a dense buffer; the number of elements of a string
+    /// buffer (whose size on the wire shows only as its bytes arrive).
+    pub size: usize,
 }
 
-/// Checks a spec from the wire: a device of this host, a dense element type,
-/// valid dimensions whose byte size fits in memory.
+/// Checks a spec from the wire: a device of this host, a known element type,
+/// valid dimensions whose byte size (dense) fits in memory. Strings live in
+/// CPU memory only.
 pub(crate) fn check_spec(client: &Client, spec: &BufferSpec) -> Result<CheckedSpec> {
     let device = client
         .devices()
@@ -34,18 +38,29 @@ pub(crate) fn check_spec(client: &Client, spec: &BufferSpec) -> Result<CheckedSp
             Error::invalid_argument(format!("this host has no device {}", spec.device))
         })?;
     let dtype = DType::from_u32(spec.dtype)?;
-    if dtype == DType::String {
-        return Err(Error::unimplemented(
-            "string buffers do not travel to remote hosts yet",
+    if dtype == DType::String && device.kind() != "cpu" {
+        return Err(Error::invalid_argument(
+            "string buffers live in CPU memory only",
         ));
     }
-    let bytes = checked_byte_size(dtype, &spec.dims)?;
+    let size = checked_byte_size(dtype, &spec.dims)?;
     Ok(CheckedSpec {
         device,
         dtype,
         dims: spec.dims.clone(),
-        bytes,
+        size,
     })
+}
+
+/// The bytes `buffer` travels as (GetBuffer, and what PutBuffer takes): its
+/// row-major bytes, or a string buffer's elements as `StringElements`. Waits
+/// until the buffer is ready.
+pub(crate) fn wire_bytes(buffer: &Buffer) -> Result<Vec<u8>> {
+    if buffer.dtype() != DType::String {
+        return buffer.to_host_vec();
+    }
+    let storage = buffer.read_strings()?.wait()?;
+    encode_strings(storage.strings()?)
 }
 
 /// `data` cut into chunks of at most `CHUNK_BYTES` (views, no copies); one empty
@@ -163,11 +178,11 @@ fn recycle(data: Box<[u8]>) {
 /// (or kept for the next transfer of that size) when the buffer's last user
 /// lets go of them.
 pub(crate) fn buffer_owning(client: &Client, spec: &CheckedSpec, data: Vec<u8>) -> Result<Buffer> {
-    if data.len() != spec.bytes {
+    if data.len() != spec.size {
         return Err(Error::invalid_argument(format!(
             "got {} bytes but the spec needs {}",
             data.len(),
-            spec.bytes
+            spec.size
         )));
     }
     let data = data.into_boxed_slice();
@@ -268,7 +283,9 @@ mod tests {
             dims,
         };
         let ok = check_spec(&client, &spec(1, DType::F32 as u32, vec![2, 3])).unwrap();
-        assert_eq!((ok.device.id(), ok.bytes), (1, 24));
+        assert_eq!((ok.device.id(), ok.size), (1, 24));
+        let strings = check_spec(&client, &spec(0, DType::String as u32, vec![2, 3])).unwrap();
+        assert_eq!((strings.dtype, strings.size), (DType::String, 6));
         for (bad, code) in [
             (
                 spec(2, DType::F32 as u32, vec![2]),
@@ -284,8 +301,8 @@ mod tests {
                 ErrorCode::InvalidArgument,
             ),
             (
-                spec(0, DType::String as u32, vec![1]),
-                ErrorCode::Unimplemented,
+                spec(0, DType::String as u32, vec![-1]),
+                ErrorCode::InvalidArgument,
             ),
         ] {
             assert_eq!(

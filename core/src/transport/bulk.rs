@@ -13,7 +13,8 @@
 //!   are, straight from its buffer;
 //! - the worker ([`ChunkParser`]) parses the stream as it arrives and hands
 //!   each piece of `data` to its sink as a view of the received frame, which
-//!   copies it into the buffer's memory.
+//!   copies it into the buffer's memory (or, for a string buffer, decodes its
+//!   elements from it: see [`strings`](super::strings)).
 //!
 //! The parser checks what tonic's decoder and prost would, and is stricter in
 //! three ways: a chunk's `data` must come after its other fields (the order in

@@ -524,7 +524,8 @@ impl Harness {
     }
 
     /// A buffer is made only of a whole, well-formed stream, and reads back as
-    /// the bytes of its chunks.
+    /// the bytes of its chunks (a string buffer too: the worker takes its
+    /// elements only in the one encoding it sends back).
     async fn put_buffer(&self, id: SessionId, wire: Wire) {
         let (body, reset) = (wire.body.clone(), wire.reset);
         // As the worker's route serves it: parsed as it arrives.

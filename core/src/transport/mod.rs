@@ -25,10 +25,13 @@ mod bulk;
 pub mod fuzzing;
 mod host_calls;
 pub mod session;
+mod strings;
 pub mod worker;
 
 pub use buffers::CHUNK_BYTES;
 pub(crate) use buffers::{copy_chunk, INFLIGHT_CHUNKS};
+pub(crate) use strings::{encode_strings, StringDecoder};
+pub use strings::{MAX_STRING_BUFFER_BYTES, STRINGS_VERSION};
 
 /// The generated protobuf messages and gRPC stubs of `proto/remote.proto`.
 #[allow(missing_docs, clippy::all)]
@@ -38,8 +41,9 @@ pub mod proto {
 
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u32 = 1;
-/// The newest protocol version this build speaks.
-pub const PROTOCOL_VERSION_MAX: u32 = 1;
+/// The newest protocol version this build speaks: 2 adds string buffers
+/// ([`STRINGS_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 2;
 
 /// Metadata key of the bearer token (`Bearer <token>`).
 pub const AUTHORIZATION: &str = "authorization";

@@ -495,7 +495,9 @@ impl RemoteSession {
     }
 
     /// Uploads `data` as buffer `handle` of this session, shaped by `spec` (the
-    /// bytes, row-major, must be exactly the spec's size). Streams in chunks of
+    /// bytes, row-major, must be exactly the spec's size; a string buffer's
+    /// are its `StringElements`, and need protocol version
+    /// [`STRINGS_VERSION`](super::STRINGS_VERSION)). Streams in chunks of
     /// [`CHUNK_BYTES`](super::CHUNK_BYTES); the request has no deadline (bulk
     /// data takes what it takes; a dead link fails through keepalive).
     pub fn put_buffer(&self, handle: u64, spec: BufferSpec, data: Bytes) -> Result<()> {
@@ -581,7 +583,8 @@ impl RemoteSession {
         }
     }
 
-    /// Downloads buffer `handle` of this session (waits until it is ready).
+    /// Downloads buffer `handle` of this session (waits until it is ready): the
+    /// bytes it travels as (see [`put_buffer`](Self::put_buffer)).
     pub fn get_buffer(&self, handle: u64) -> Result<Vec<u8>> {
         self.get_buffer_with_progress(handle, None)
     }

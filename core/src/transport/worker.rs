@@ -11,7 +11,7 @@ use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::buffers::{buffer_owning, check_spec, chunks, receive_buffer, CheckedSpec};
+use super::buffers::{buffer_owning, check_spec, chunks, receive_buffer, wire_bytes, CheckedSpec};
 use super::bulk::{empty_answer, ChunkParser, ChunkSink, PUT_BUFFER_PATH};
 use super::host_calls::{PendingCalls, MAX_HOST_CALLBACKS};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
@@ -23,14 +23,15 @@ use super::proto::{
     PutBufferChunk, PutBufferResponse,
 };
 use super::{
-    runtime, to_status, SessionId, Token, AUTHORIZATION, MAX_INLINE_READ_BYTES, MAX_MESSAGE_BYTES,
-    PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, SESSION,
+    runtime, to_status, SessionId, StringDecoder, Token, AUTHORIZATION, MAX_INLINE_READ_BYTES,
+    MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, SESSION,
 };
 use crate::array::Array;
 use crate::buffer::Buffer;
 use crate::client::Client;
 use crate::compiler::CompileOptions;
 use crate::dispatch::Stream;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::executable::{ExecuteOptions, LoadedExecutable};
 use crate::future::Event;
@@ -609,7 +610,7 @@ impl Service {
                         &self.0.client,
                         device.clone(),
                         device.default_memory_space().clone(),
-                        crate::dtype::DType::U8,
+                        DType::U8,
                         &[0],
                         crate::future::Event::ready(Err(err.clone())),
                     )
@@ -682,8 +683,16 @@ fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlRespo
 struct Upload<'a> {
     service: &'a Service,
     id: SessionId,
-    /// The handle, spec and bytes so far, once the first chunk came.
-    target: Option<(u64, CheckedSpec, Vec<u8>)>,
+    /// The handle, spec and what arrived so far, once the first chunk came.
+    target: Option<(u64, CheckedSpec, Received)>,
+}
+
+/// What an upload received so far.
+enum Received {
+    /// A dense buffer's bytes.
+    Dense(Vec<u8>),
+    /// A string buffer's elements, decoded as they arrive.
+    Strings(StringDecoder),
 }
 
 impl<'a> Upload<'a> {
@@ -697,11 +706,18 @@ impl<'a> Upload<'a> {
 
     /// The stream ended: the buffer, if whole, joins the session.
     fn finish(self) -> Result<()> {
-        let Some((handle, spec, data)) = self.target else {
+        let Some((handle, spec, received)) = self.target else {
             return Err(Error::invalid_argument("an empty PutBuffer stream"));
         };
-        let buffer = buffer_owning(&self.service.0.client, &spec, data)
-            .map_err(|e| e.context(format!("buffer {handle}")))?;
+        let client = &self.service.0.client;
+        let buffer = match received {
+            Received::Dense(data) => buffer_owning(client, &spec, data),
+            Received::Strings(decoder) => decoder.finish().map(|elements| {
+                let memory = spec.device.default_memory_space().clone();
+                Buffer::of_strings(client, elements, &spec.dims, &spec.device, memory)
+            }),
+        }
+        .map_err(|e| e.context(format!("buffer {handle}")))?;
         self.service.with_session(self.id, |session| {
             check_new_handles(session, &[handle])?;
             session.buffers.insert(handle, buffer);
@@ -727,25 +743,37 @@ impl ChunkSink for Upload<'_> {
         let spec = check_spec(&self.service.0.client, spec)?;
         self.service
             .with_session(self.id, |session| check_new_handles(session, &[handle]))?;
-        let mut data = receive_buffer(spec.bytes)?;
-        prefer_huge_pages(&mut data);
-        self.target = Some((handle, spec, data));
+        let received = if spec.dtype == DType::String {
+            Received::Strings(StringDecoder::new(spec.size))
+        } else {
+            let mut data = receive_buffer(spec.size)?;
+            prefer_huge_pages(&mut data);
+            Received::Dense(data)
+        };
+        self.target = Some((handle, spec, received));
         Ok(())
     }
 
     fn data(&mut self, bytes: &[u8]) -> Result<()> {
-        let Some((handle, spec, data)) = &mut self.target else {
+        let Some((handle, spec, received)) = &mut self.target else {
             // The parser delivers a chunk's fields before its data.
             return Err(Error::invalid_argument("data before the buffer's spec"));
         };
-        if data.len() + bytes.len() > spec.bytes {
-            return Err(Error::invalid_argument(format!(
-                "buffer {handle} got more than the {} bytes its spec needs",
-                spec.bytes
-            )));
+        match received {
+            Received::Strings(decoder) => decoder
+                .push(bytes)
+                .map_err(|e| e.context(format!("buffer {handle}"))),
+            Received::Dense(data) => {
+                if data.len() + bytes.len() > spec.size {
+                    return Err(Error::invalid_argument(format!(
+                        "buffer {handle} got more than the {} bytes its spec needs",
+                        spec.size
+                    )));
+                }
+                data.extend_from_slice(bytes);
+                Ok(())
+            }
         }
-        data.extend_from_slice(bytes);
-        Ok(())
     }
 }
 
@@ -975,7 +1003,7 @@ impl WorkerRpc for Service {
             })
             .map_err(|e| to_status(&e))?;
         // Waiting for the data blocks: not on the network threads.
-        let data = tokio::task::spawn_blocking(move || buffer.to_host_vec())
+        let data = tokio::task::spawn_blocking(move || wire_bytes(&buffer))
             .await
             .map_err(|e| Status::internal(format!("the copy task failed: {e}")))?
             .map_err(|e| to_status(&e))?;
