@@ -16,7 +16,7 @@ FUZZ_SECONDS ?= 20
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 VENV := $(BUILD)/venv
 VENV_PY := $(VENV)/bin/python
-PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm
+PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm absl-py
 
 CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
 LDLIBS := -lpthread -ldl -lm

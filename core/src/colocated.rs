@@ -30,8 +30,10 @@ impl CallSpec {
     pub fn devices(&self, devices: Option<&[Device]>) -> Result<Vec<Device>> {
         let Some(first) = self.leaves.first() else {
             return devices.map(<[Device]>::to_vec).ok_or_else(|| {
+                // JAX's words, which code ported from JAX matches.
                 Error::invalid_argument(
-                    "a colocated function called without array inputs needs `devices` (use .specialize(devices=...))",
+                    "No devices found. colocated_python function without input arguments must be first \
+                     specialized with devices.",
                 )
             });
         };
@@ -338,7 +340,11 @@ mod tests {
         };
         let err = none.devices(None).unwrap_err();
         assert_eq!(err.code(), ErrorCode::InvalidArgument);
-        assert!(err.message().contains("needs `devices`"));
+        assert_eq!(
+            err.message(),
+            "No devices found. colocated_python function without input arguments must be first \
+             specialized with devices."
+        );
         assert_eq!(
             none.devices(Some(&c.devices()[..1])).unwrap(),
             c.devices()[..1].to_vec()

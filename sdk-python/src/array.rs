@@ -52,6 +52,31 @@ fn dtype_from_name(name: &str) -> PyResult<core::DType> {
         })
 }
 
+/// The memory kind named `name` (None: each device's default), checked
+/// against the sharding's first device: an unknown name is an
+/// `InvalidArgumentError` that lists the kinds the device has.
+fn parse_memory_kind(
+    sharding: &core::Sharding,
+    name: Option<&str>,
+) -> PyResult<Option<core::MemoryKind>> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    let space = sharding.devices()[0]
+        .memory_space_by_kind(name)
+        .map_err(py_err)?;
+    Ok(Some(space.kind()))
+}
+
+/// `device`'s memory space of `kind` (None: its default).
+fn memory_space(
+    device: &core::Device,
+    kind: Option<core::MemoryKind>,
+) -> core::Result<Option<&core::MemorySpace>> {
+    kind.map(|k| device.memory_space_by_kind(k.name()))
+        .transpose()
+}
+
 /// Values up to this size are copied as ufunc operands and results (cheaper than
 /// pinning a view or passing an address); `_SMALL_BYTES` in `_array.py`.
 const SMALL_BYTES: usize = 4096;
@@ -263,9 +288,11 @@ impl CopyProgress {
 #[pymethods]
 impl ArrayImpl {
     /// Splits row-major host bytes of the global array (`nbytes` at address `ptr`,
-    /// kept alive by the caller) over `sharding`'s devices. Copies before returning;
-    /// the GIL is released during the copy.
+    /// kept alive by the caller) over `sharding`'s devices, into their memory
+    /// spaces of `memory_kind` (default: their default ones). Copies before
+    /// returning; the GIL is released during the copy.
     #[staticmethod]
+    #[pyo3(signature = (sharding, dtype, shape, ptr, nbytes, memory_kind=None))]
     fn from_host_bytes(
         py: Python<'_>,
         sharding: PyRef<'_, Sharding>,
@@ -273,14 +300,16 @@ impl ArrayImpl {
         shape: Vec<i64>,
         ptr: usize,
         nbytes: usize,
+        memory_kind: Option<&str>,
     ) -> PyResult<Self> {
         let (client, core_sharding) = sharding.get()?;
+        let kind = parse_memory_kind(core_sharding, memory_kind)?;
         let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
             .map_err(py_err)?;
         let data = HostBytes { ptr, len: nbytes };
         // SAFETY: the Python caller passes the address and size of an array it keeps
         // referenced (hence alive) for the duration of this call.
-        let copy = || core::Array::from_host_bytes(client, unsafe { data.slice() }, spec);
+        let copy = || core::Array::from_host_bytes_in(client, unsafe { data.slice() }, spec, kind);
         // Releasing the GIL costs more than a small copy (and may hand it over).
         let array = if nbytes >= DETACH_BYTES {
             py.detach(copy)
@@ -294,45 +323,57 @@ impl ArrayImpl {
     /// Like `from_host_bytes`, from a `bytes` object (for small values, where
     /// reading a numpy array's address costs more than copying it).
     #[staticmethod]
+    #[pyo3(signature = (sharding, dtype, shape, data, memory_kind=None))]
     fn from_bytes(
         sharding: PyRef<'_, Sharding>,
         dtype: &str,
         shape: Vec<i64>,
         data: &[u8],
+        memory_kind: Option<&str>,
     ) -> PyResult<Self> {
         let (client, core_sharding) = sharding.get()?;
+        let kind = parse_memory_kind(core_sharding, memory_kind)?;
         let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
             .map_err(py_err)?;
-        let array = core::Array::from_host_bytes(client, data, spec).map_err(py_err)?;
+        let array = core::Array::from_host_bytes_in(client, data, spec, kind).map_err(py_err)?;
         Ok(ArrayImpl::wrap(client.clone(), array))
     }
 
-    /// Splits row-major strings of the global array over `sharding`'s devices.
+    /// Splits row-major strings of the global array over `sharding`'s devices
+    /// (into their memory spaces of `memory_kind`).
     #[staticmethod]
+    #[pyo3(signature = (sharding, shape, strings, memory_kind=None))]
     fn from_host_strings(
         sharding: PyRef<'_, Sharding>,
         shape: Vec<i64>,
         strings: Vec<String>,
+        memory_kind: Option<&str>,
     ) -> PyResult<Self> {
         let (client, core_sharding) = sharding.get()?;
+        let kind = parse_memory_kind(core_sharding, memory_kind)?;
         let spec = core::ArraySpec::new(shape, core::DType::String, core_sharding.clone())
             .map_err(py_err)?;
-        let array = core::Array::from_host_strings(client, &strings, spec).map_err(py_err)?;
+        let array =
+            core::Array::from_host_strings_in(client, &strings, spec, kind).map_err(py_err)?;
         Ok(ArrayImpl::wrap(client.clone(), array))
     }
 
     /// Builds an array from one dense host shard per device of `sharding`, in its
     /// device order: `shards[i]` is `(ptr, nbytes)` of a C-contiguous array the
-    /// caller keeps alive during the call, holding shard `i`.
+    /// caller keeps alive during the call, holding shard `i`; into the devices'
+    /// memory spaces of `memory_kind`.
     #[staticmethod]
+    #[pyo3(signature = (sharding, dtype, shape, shards, memory_kind=None))]
     fn from_host_shards(
         py: Python<'_>,
         sharding: PyRef<'_, Sharding>,
         dtype: &str,
         shape: Vec<i64>,
         shards: Vec<(usize, usize)>,
+        memory_kind: Option<&str>,
     ) -> PyResult<Self> {
         let (client, core_sharding) = sharding.get()?;
+        let kind = parse_memory_kind(core_sharding, memory_kind)?;
         let dtype = dtype_from_name(dtype)?;
         let spec = core::ArraySpec::new(shape, dtype, core_sharding.clone()).map_err(py_err)?;
         check_shard_count(&spec, shards.len())?;
@@ -345,7 +386,8 @@ impl ArrayImpl {
                     // SAFETY: as in `from_host_bytes`, each shard is kept alive by
                     // the caller for the duration of the call.
                     let data = unsafe { HostBytes { ptr, len }.slice() };
-                    core::Buffer::from_bytes(client, data, dtype, &dims, device)
+                    let memory = memory_space(device, kind)?;
+                    core::Buffer::from_bytes_in(client, data, dtype, &dims, device, memory)
                 })
                 .collect::<core::Result<Vec<_>>>()?;
             core::Array::assemble(spec.clone(), buffers)
@@ -355,14 +397,17 @@ impl ArrayImpl {
     }
 
     /// Builds a string array from one row-major list of strings per device of
-    /// `sharding`, in its device order.
+    /// `sharding`, in its device order (into their memory spaces of `memory_kind`).
     #[staticmethod]
+    #[pyo3(signature = (sharding, shape, shards, memory_kind=None))]
     fn from_string_shards(
         sharding: PyRef<'_, Sharding>,
         shape: Vec<i64>,
         shards: Vec<Vec<String>>,
+        memory_kind: Option<&str>,
     ) -> PyResult<Self> {
         let (client, core_sharding) = sharding.get()?;
+        let kind = parse_memory_kind(core_sharding, memory_kind)?;
         let spec = core::ArraySpec::new(shape, core::DType::String, core_sharding.clone())
             .map_err(py_err)?;
         check_shard_count(&spec, shards.len())?;
@@ -371,7 +416,8 @@ impl ArrayImpl {
             .iter()
             .zip(spec.sharding.devices())
             .map(|(strings, device)| {
-                core::Buffer::from_strings(client, strings, &dims, device, None)
+                let memory = memory_space(device, kind)?;
+                core::Buffer::from_strings(client, strings, &dims, device, memory)
             })
             .collect::<core::Result<Vec<_>>>()
             .map_err(py_err)?;
@@ -380,21 +426,35 @@ impl ArrayImpl {
     }
 
     /// Assembles an array of `shape` and `sharding` from single-device arrays, one
-    /// per device of the sharding, in its device order.
+    /// per device of the sharding, in its device order; with `memory_kind`, each
+    /// must be in memory of that kind.
     #[staticmethod]
+    #[pyo3(signature = (sharding, dtype, shape, arrays, memory_kind=None))]
     fn assemble(
         sharding: PyRef<'_, Sharding>,
         dtype: &str,
         shape: Vec<i64>,
         arrays: Vec<PyRef<'_, ArrayImpl>>,
+        memory_kind: Option<&str>,
     ) -> PyResult<Self> {
         let (client, core_sharding) = sharding.get()?;
+        let kind = parse_memory_kind(core_sharding, memory_kind)?;
         let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
             .map_err(py_err)?;
         let mut buffers = Vec::with_capacity(arrays.len());
         for (i, a) in arrays.iter().enumerate() {
             match a.array()?.buffers() {
-                [one] => buffers.push(one.clone()),
+                [one] => {
+                    let got = one.memory_space().kind();
+                    if kind.is_some_and(|want| want != got) {
+                        return Err(py_err(core::Error::invalid_argument(format!(
+                            "array {i} is in {} memory but the sharding's memory kind is {}",
+                            got.name(),
+                            kind.map_or("", core::MemoryKind::name)
+                        ))));
+                    }
+                    buffers.push(one.clone())
+                }
                 many => {
                     return Err(py_err(core::Error::invalid_argument(format!(
                         "array {i} is on {} devices; each must be on one device",
@@ -411,6 +471,13 @@ impl ArrayImpl {
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, self.inner.metadata().shape())
+    }
+
+    /// The kind of memory the shards are in (`"device"`, `"pinned_host"`,
+    /// `"unpinned_host"`).
+    #[getter]
+    fn memory_kind(&self) -> &'static str {
+        self.inner.metadata().memory_kind().name()
     }
 
     /// Element type name (`"float32"`, `"bfloat16"`, `"string"`).
@@ -492,7 +559,11 @@ impl ArrayImpl {
     /// dtype the runtime lacks, a large value, another layout).
     fn small_like(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
         let array = self.array()?;
-        if array.buffers().len() != 1 {
+        let [buffer] = array.buffers() else {
+            return Ok(None);
+        };
+        // The fast path makes buffers in the default memory space only.
+        if buffer.memory_space() != buffer.device().default_memory_space() {
             return Ok(None);
         }
         let numpy = numpy(py)?;

@@ -94,6 +94,12 @@ impl Client {
             .collect())
     }
 
+    /// An id of the client, unique in this process (not across processes).
+    #[getter]
+    fn id(&self) -> u64 {
+        self.inner.metadata().id()
+    }
+
     /// Platform name of the runtime (`"colocated"`).
     #[getter]
     fn platform_name(&self) -> &'static str {
@@ -291,6 +297,34 @@ impl Device {
         Ok(out)
     }
 
+    /// The kind of the memory space buffers go to unless told otherwise
+    /// (`"device"`).
+    #[getter]
+    fn default_memory_kind(&self) -> &'static str {
+        self.inner.metadata().default_memory_space().kind().name()
+    }
+
+    /// The kinds of the memory spaces the device can address, default first.
+    #[getter]
+    fn memory_kinds(&self) -> Vec<&'static str> {
+        self.inner
+            .metadata()
+            .memory_kinds()
+            .into_iter()
+            .map(core::MemoryKind::name)
+            .collect()
+    }
+
+    /// Raises `InvalidArgumentError`, naming the kinds the device has, unless
+    /// it addresses memory of kind `kind`.
+    fn check_memory_kind(&self, kind: &str) -> PyResult<()> {
+        self.inner
+            .metadata()
+            .memory_space_by_kind(kind)
+            .map(|_| ())
+            .map_err(py_err)
+    }
+
     /// Placement in words: `cpu:3 (process 0, host 0, local 3)`.
     fn debug_string(&self) -> String {
         self.inner.metadata().debug_string()
@@ -311,11 +345,53 @@ impl Device {
     }
 
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        // Pickled devices are stable global ids, resolved in the default client.
-        let lookup = py.import("colocated._client")?.getattr("_device_by_id")?;
-        PyTuple::new(
-            py,
-            [lookup.into_any(), PyTuple::new(py, [self.id()])?.into_any()],
-        )
+        // Pickled devices are stable global ids, resolved in the same client
+        // when unpickled in this process, else in the default client (see
+        // `_device_by_id`).
+        let module = py.import("colocated._client")?;
+        let lookup = module.getattr("_device_by_id")?;
+        let args = (
+            self.id(),
+            self.client.metadata().id(),
+            module.getattr("_PROCESS_NONCE")?,
+        );
+        PyTuple::new(py, [lookup.into_any(), args.into_pyobject(py)?.into_any()])
     }
+}
+
+/// Maps each device to the CPU device of the same host, in order, in the
+/// devices' own client (`InvalidArgumentError` for devices of several clients).
+#[pyfunction]
+pub fn colocated_cpu_devices(devices: Vec<PyRef<'_, Device>>) -> PyResult<Vec<Device>> {
+    let Some(first) = devices.first() else {
+        return Ok(Vec::new());
+    };
+    let client = first.client.get().map_err(py_err)?.clone();
+    let devices: Vec<core::Device> = devices
+        .iter()
+        .map(|d| d.inner.get().cloned())
+        .collect::<Result<_, _>>()
+        .map_err(py_err)?;
+    let cpus = client.colocated_cpu_devices(&devices).map_err(py_err)?;
+    Ok(cpus
+        .into_iter()
+        .map(|d| Device::new(client.clone(), d))
+        .collect())
+}
+
+/// Every device of `device`'s host, in the host's order, of its client (the
+/// `k`-th is the `k`-th device the host itself serves).
+#[pyfunction]
+pub fn host_devices(device: PyRef<'_, Device>) -> PyResult<Vec<Device>> {
+    let client = device.client.get().map_err(py_err)?;
+    let host = &client.hosts()[device.inner.metadata().host_index()];
+    host.device_ids()
+        .iter()
+        .map(|&id| {
+            client
+                .lookup_device(id)
+                .map(|d| Device::new(client.clone(), d))
+                .map_err(py_err)
+        })
+        .collect()
 }

@@ -4,14 +4,17 @@ import os
 
 os.environ.setdefault("COLOCATED_NUM_CPU_DEVICES", "8")
 
+import gc
 import itertools
 import sys
 import types
 
 import numpy as np
 import pytest
+from workers import Worker, write_token
 
 import colocated
+from colocated import _client
 
 
 @pytest.fixture
@@ -38,3 +41,32 @@ def state():
     sys.modules[name] = module
     # Left registered on purpose: a call or destruction still queued may look it up.
     return module
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    """A file with a fresh token for workers and controllers."""
+    path = tmp_path / "token"
+    write_token(path)
+    return path
+
+
+@pytest.fixture
+def cluster(token_file):
+    """``cluster(n, devices=2)`` starts ``n`` workers (``workers.Worker``) and
+    connects a default client to them; the previous default client is restored
+    and the workers stopped afterwards."""
+    started = []
+    previous = _client._client
+
+    def start(n, devices=2):
+        workers = [Worker(token_file, devices) for _ in range(n)]
+        started.extend(workers)
+        client = colocated.connect([w.address for w in workers], token_file=token_file)
+        return client, workers
+
+    yield start
+    _client._client = previous
+    gc.collect()
+    for w in started:
+        w.stop()

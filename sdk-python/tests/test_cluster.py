@@ -6,9 +6,7 @@ workers."""
 import gc
 import itertools
 import os
-import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -16,73 +14,13 @@ import time
 import cloudpickle
 import numpy as np
 import pytest
+from workers import Worker
 
 import colocated
 from colocated import _client
 
 # Functions of this module travel by value: the workers cannot import it.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-START_TIMEOUT = 60.0
-
-
-class Worker:
-    """One worker process with ``devices`` CPU devices."""
-
-    def __init__(self, token_file, devices=2, listen="127.0.0.1:0"):
-        env = {k: v for k, v in os.environ.items() if k != "COLOCATED_TOKEN"}
-        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", str(devices), "--listen", listen]
-        args += ["--token-file", str(token_file), "--heartbeat-interval", "0.25", "--session-timeout", "2"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if not line.startswith("listening on "):
-            self.proc.kill()
-            raise AssertionError(f"worker did not start: {line!r}")
-        self.address = line.split()[-1]
-        self.pid = self.proc.pid
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=START_TIMEOUT)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.kill()
-        self.proc.stdout.close()
-
-
-@pytest.fixture
-def token_file(tmp_path):
-    path = tmp_path / "token"
-    path.write_text(secrets.token_hex(32) + "\n")
-    return path
-
-
-@pytest.fixture
-def cluster(token_file):
-    """Starts ``n`` workers and connects a default client to them; restores the
-    previous default client afterwards."""
-    started = []
-    previous = _client._client
-
-    def start(n, devices=2):
-        workers = [Worker(token_file, devices) for _ in range(n)]
-        started.extend(workers)
-        client = colocated.connect([w.address for w in workers], token_file=token_file)
-        return client, workers
-
-    yield start
-    _client._client = previous
-    gc.collect()
-    for w in started:
-        w.stop()
-
 
 def sharded_arange(n, devices, dtype=np.int32):
     mesh = colocated.Mesh(devices, ("x",))

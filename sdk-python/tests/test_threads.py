@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import colocated
-from test_cluster import cluster, token_file  # noqa: F401 (fixtures)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -62,7 +61,7 @@ def test_calls_from_thread_pool_work_items_run_concurrently(parties):
 
 
 @pytest.mark.parametrize("parties", [3, 2 * (os.cpu_count() or 1) + 2])
-def test_calls_from_thread_pool_work_items_run_concurrently_on_a_worker(cluster, parties):  # noqa: F811
+def test_calls_from_thread_pool_work_items_run_concurrently_on_a_worker(cluster, parties):
     client, _ = cluster(1, devices=1)
     x = _one_device_array(client.devices())
     for _ in range(ROUNDS):

@@ -2,8 +2,8 @@
 
 The Python SDK of the ``colocated`` runtime, shaped after JAX so that code
 written for ``jax.experimental.colocated_python`` ports by changing imports.
-This module gives the data plane: devices, meshes and shardings, ``Array`` and
-``device_put``, waiting (blocking, asyncio, ``concurrent.futures``) and the
+This module gives the data plane: devices, meshes and shardings, ``Array``,
+``device_put`` and ``device_get``, waiting (blocking, asyncio, ``concurrent.futures``) and the
 exception classes; ``colocated_python`` and ``colocated_python_class``; and
 ``connect`` to drive worker hosts, with ``host_callback`` for functions of the
 controller that programs on any host call.
@@ -18,6 +18,7 @@ from ._array import (
     Array,
     Shard,
     block_until_ready,
+    device_get,
     device_put,
     make_array_from_callback,
     make_array_from_single_device_arrays,
@@ -45,6 +46,7 @@ from ._errors import (
 )
 from ._host_callback import HostCallback, host_callback
 from ._sharding import (
+    AxisType,
     Mesh,
     NamedSharding,
     P,
@@ -52,11 +54,13 @@ from ._sharding import (
     ShapeDtypeStruct,
     Sharding,
     SingleDeviceSharding,
+    make_mesh,
 )
 
 __all__ = [
     "AlreadyExistsError",
     "Array",
+    "AxisType",
     "CancelledError",
     "Client",
     "ColocatedError",
@@ -92,11 +96,13 @@ __all__ = [
     "colocated_python_class",
     "configure",
     "connect",
+    "device_get",
     "device_put",
     "devices",
     "host_callback",
     "local_devices",
     "make_array_from_callback",
     "make_array_from_single_device_arrays",
+    "make_mesh",
     "wait",
 ]

@@ -1,5 +1,6 @@
-"""``Array`` and the data plane: ``device_put``, ``make_array_from_*``,
-``block_until_ready``, asyncio and ``concurrent.futures`` waits.
+"""``Array`` and the data plane: ``device_put``, ``device_get``,
+``make_array_from_*``, ``block_until_ready``, asyncio and
+``concurrent.futures`` waits.
 
 An ``Array`` is a handle to a core array (one buffer per device of its sharding)
 plus its Python sharding. Converting to numpy is zero-copy when one buffer holds
@@ -56,7 +57,8 @@ class Shard:
     @property
     def data(self) -> Array:
         """The shard as an ``Array`` on its device (sharing the buffer, no copy)."""
-        return _wrap(self._impl.shard(self._pos), SingleDeviceSharding(self.device))
+        impl = self._impl.shard(self._pos)
+        return _wrap(impl, SingleDeviceSharding(self.device, memory_kind=impl.memory_kind))
 
     def __repr__(self) -> str:
         return f"Shard(device={self.device!r}, index={self.index}, replica_id={self.replica_id})"
@@ -109,7 +111,7 @@ class Array(NDArrayOperatorsMixin):
         """How the array is laid out over devices."""
         s = self._sharding
         if s is None:
-            s = _sharding_from_core(self._impl.sharding)
+            s = _sharding_from_core(self._impl.sharding, self._impl.memory_kind)
             self._sharding = s
         return s
 
@@ -333,15 +335,16 @@ def _put(x, sharding: Sharding) -> Array:
     value = _host_value(x)
     core = sharding._core_sharding()
     shape = list(value.shape)
+    kind = sharding._placement
     if value.dtype == STRING:
-        impl = _colocated.ArrayImpl.from_host_strings(core, shape, value.ravel().tolist())
+        impl = _colocated.ArrayImpl.from_host_strings(core, shape, value.ravel().tolist(), kind)
     elif value.nbytes <= _SMALL_BYTES:
-        impl = _colocated.ArrayImpl.from_bytes(core, core_name(value.dtype), shape, value.tobytes())
+        impl = _colocated.ArrayImpl.from_bytes(core, core_name(value.dtype), shape, value.tobytes(), kind)
     else:
         if not value.flags.c_contiguous:
             value = value.copy(order="C")
         impl = _colocated.ArrayImpl.from_host_bytes(
-            core, core_name(value.dtype), shape, _address(value), value.nbytes
+            core, core_name(value.dtype), shape, _address(value), value.nbytes, kind
         )
     return _wrap(impl, sharding)
 
@@ -359,9 +362,11 @@ def device_put(x, device=None, *, progress=None):
 
     ``x``: a numpy array, a Python or numpy scalar, an ``Array``, or a pytree of
     those. ``device``: a ``Device``, a ``Sharding``, ``None`` (the first device), or
-    a pytree of those that is a prefix of ``x``. An ``Array`` already laid out that
-    way is returned as is. Raises ``InvalidArgumentError`` (a ``ValueError``) for an
-    unsupported dtype or a shape the sharding cannot split evenly.
+    a pytree of those that is a prefix of ``x``; the devices may be of any
+    client, and a sharding's ``memory_kind`` says which memory of each device
+    the buffers go to. An ``Array`` already laid out that way is returned as is.
+    Raises ``InvalidArgumentError`` (a ``ValueError``) for an unsupported dtype
+    or a shape the sharding cannot split evenly.
 
     ``progress``: for large copies between hosts. ``True`` shows a ``tqdm`` bar
     (``FailedPreconditionError`` without tqdm: ``pip install
@@ -393,7 +398,12 @@ def _put_with_progress(x, device, progress):
     leaves, treedef = optree.tree_flatten(x)
     copies, trackers = [], []
     for leaf in leaves:
-        if isinstance(leaf, Array) and not (leaf._sharding is sharding or leaf.sharding == sharding):
+        # Shard-by-shard copies land in each device's default memory.
+        if (
+            isinstance(leaf, Array)
+            and sharding._placement is None
+            and not (leaf._sharding is sharding or leaf.sharding == sharding)
+        ):
             try:
                 impl, tracker = leaf._impl.copy_to_sharding(sharding._core_sharding())
             except InvalidArgumentError:
@@ -461,16 +471,17 @@ def _from_shard_values(shape, sharding: Sharding, values: list, dtype: np.dtype)
     """An array from one numpy value per device of ``sharding`` (in its order)."""
     core = sharding._core_sharding()
     shape = list(shape)
+    kind = sharding._placement
     if dtype == STRING:
         shards = [np.asarray(v, dtype=STRING).ravel().tolist() for v in values]
-        impl = _colocated.ArrayImpl.from_string_shards(core, shape, shards)
+        impl = _colocated.ArrayImpl.from_string_shards(core, shape, shards, kind)
     else:
         keep = []
         for v in values:
             v = np.asarray(v, dtype=dtype)
             keep.append(v if v.flags.c_contiguous else v.copy(order="C"))
         impl = _colocated.ArrayImpl.from_host_shards(
-            core, core_name(dtype), shape, [(_address(v), v.nbytes) for v in keep]
+            core, core_name(dtype), shape, [(_address(v), v.nbytes) for v in keep], kind
         )
     return _wrap(impl, sharding)
 
@@ -506,8 +517,9 @@ def make_array_from_callback(shape, sharding: Sharding, data_callback, dtype=Non
 
 def make_array_from_single_device_arrays(shape, sharding: Sharding, arrays, *, dtype=None) -> Array:
     """Assembles an array of ``shape`` and ``sharding`` from single-device Arrays,
-    one per device of the sharding (matched by device; any order). No data is
-    copied: the new array shares their buffers."""
+    one per device of the sharding (matched by device; any order), each in
+    memory of the sharding's memory kind. No data is copied: the new array
+    shares their buffers."""
     if not isinstance(sharding, Sharding):
         raise InvalidArgumentError(f"sharding must be a Sharding, got {type(sharding).__name__}")
     arrays = list(arrays)
@@ -540,7 +552,9 @@ def make_array_from_single_device_arrays(shape, sharding: Sharding, arrays, *, d
     name = core_name(canonicalize(dtype)) if dtype is not None else arrays[0]._impl.dtype if arrays else None
     if name is None:
         raise InvalidArgumentError("no arrays given")
-    impl = _colocated.ArrayImpl.assemble(sharding._core_sharding(), name, [int(d) for d in shape], ordered)
+    impl = _colocated.ArrayImpl.assemble(
+        sharding._core_sharding(), name, [int(d) for d in shape], ordered, sharding.memory_kind
+    )
     return _wrap(impl, sharding)
 
 
@@ -693,7 +707,7 @@ def _apply_gathered(ufunc, inputs, kwargs, template: Array):
         except InvalidArgumentError:
             s = template.sharding
             if isinstance(s, NamedSharding):
-                return device_put(r, NamedSharding(s.mesh, PartitionSpec()))
+                return device_put(r, NamedSharding(s.mesh, PartitionSpec(), memory_kind=s.memory_kind))
             raise
 
     if isinstance(result, tuple):
@@ -721,6 +735,25 @@ def block_until_ready(x):
     if events:
         _colocated.Event.join(events).wait()
     return x
+
+
+def _device_get_leaf(leaf):
+    if isinstance(leaf, Array):
+        return leaf._value()
+    # As jax.device_get: what converts itself to numpy does, the rest passes.
+    to_numpy = getattr(leaf, "__array__", None)
+    return leaf if to_numpy is None else to_numpy()
+
+
+def device_get(x):
+    """The pytree ``x`` with every ``Array`` replaced by its value as a numpy
+    array, as ``jax.device_get``: read-only, and zero-copy when one buffer of
+    this process holds the whole array (else gathered, downloaded from
+    workers). Other leaves with ``__array__`` are converted with it; the rest
+    are returned as they are. Waits (releasing the GIL) for each array, and
+    raises the error of a computation that failed to produce one, or
+    ``FailedPreconditionError`` for a deleted array."""
+    return optree.tree_map(_device_get_leaf, x)
 
 
 def _settle(fut: asyncio.Future, err, result) -> None:
@@ -785,6 +818,7 @@ __all__ = [
     "Shard",
     "block_until_ready",
     "clear_caches",
+    "device_get",
     "device_put",
     "make_array_from_callback",
     "make_array_from_single_device_arrays",

@@ -7,16 +7,29 @@ of the parent's runtime raise ``FailedPreconditionError`` there.
 from __future__ import annotations
 
 import os
+import secrets
 import threading
+import weakref
 
 from . import _colocated
-from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 
 _ENV_NUM_CPU_DEVICES = "COLOCATED_NUM_CPU_DEVICES"
 
 _lock = threading.Lock()
 _client: _colocated.Client | None = None
 _num_cpu_devices: int | None = None
+
+#: Tags what this process pickles: a device unpickled in the same process goes
+#: back to its own client, one unpickled elsewhere to that process's default.
+_PROCESS_NONCE = secrets.randbits(63)
+#: The live clients this package made, by ``Client.id``.
+_CLIENTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _register(c: _colocated.Client) -> _colocated.Client:
+    _CLIENTS[c.id] = c
+    return c
 
 
 def configure(*, num_cpu_devices: int | None = None) -> None:
@@ -110,6 +123,7 @@ def connect(
         timeout=timeout,
         num_cpu_devices=num_cpu_devices,
     )
+    _register(c)
     if default:
         with _lock:
             _client = c
@@ -126,7 +140,7 @@ def client() -> _colocated.Client:
     with _lock:
         if _client is None:
             n = _num_cpu_devices if _num_cpu_devices is not None else _env_num_cpu_devices()
-            _client = _colocated.Client(n)
+            _client = _register(_colocated.Client(n))
         return _client
 
 
@@ -140,28 +154,46 @@ def local_devices() -> list[_colocated.Device]:
     return client().local_devices()
 
 
-def _device_by_id(device_id: int) -> _colocated.Device:
-    """The default client's device with this global id (used to unpickle devices)."""
-    return client().device(device_id)
+def _device_by_id(device_id: int, client_id: int | None = None, nonce: int | None = None) -> _colocated.Device:
+    """The device with this global id (used to unpickle devices): of client
+    ``client_id`` when the device was pickled in this process and that client
+    lives, else of the default client, as JAX resolves pickled devices.
+
+    Raises ``InvalidArgumentError`` (JAX's "Invalid device ID") when the client
+    has no such device.
+    """
+    c = _CLIENTS.get(client_id) if nonce == _PROCESS_NONCE else None
+    if c is None:
+        c = client()
+    try:
+        return c.device(device_id)
+    except NotFoundError:
+        ids = [d.id for d in c.devices()]
+        raise InvalidArgumentError(
+            f"Invalid device ID {device_id}. The client has no such device (its device ids are {ids})"
+        ) from None
 
 
 def colocated_cpu_devices(devices_or_mesh):
-    """Maps devices to the CPU devices of the same hosts, in order.
+    """Maps devices to the CPU devices of the same hosts, in order, in the
+    devices' own client (any client, not only the default one).
 
     Takes a sequence of devices (returns a list) or a ``Mesh`` (returns a ``Mesh``
-    of the same shape and axis names), as ``jax.experimental.colocated_python``.
+    of the same shape, axis names and axis types), as
+    ``jax.experimental.colocated_python``. Raises ``InvalidArgumentError`` for
+    anything else, and for devices of several clients.
     """
     from ._sharding import Mesh
 
     if isinstance(devices_or_mesh, Mesh):
         mesh = devices_or_mesh
-        flat = client().colocated_cpu_devices(list(mesh.devices.flat))
-        return Mesh(_reshape(flat, mesh.devices.shape), mesh.axis_names)
+        flat = _colocated.colocated_cpu_devices(list(mesh.devices.flat))
+        return Mesh(_reshape(flat, mesh.devices.shape), mesh.axis_names, mesh.axis_types)
     devices = list(devices_or_mesh)
     for d in devices:
         if not isinstance(d, _colocated.Device):
             raise InvalidArgumentError(f"colocated_cpu_devices expects devices or a Mesh, got {type(d).__name__}")
-    return client().colocated_cpu_devices(devices)
+    return _colocated.colocated_cpu_devices(devices)
 
 
 def _reshape(flat, shape):
@@ -173,8 +205,11 @@ def _reshape(flat, shape):
 
 
 def _after_fork_in_child() -> None:
-    global _client, _lock
+    global _client, _lock, _PROCESS_NONCE
     _colocated.after_fork_in_child()
+    # What the parent pickled names the parent's clients, which the child cannot use.
+    _PROCESS_NONCE = secrets.randbits(63)
+    _CLIENTS.clear()
     # The parent's client is leaked by the native module (dropping it would touch
     # threads that do not exist in the child); the next use creates a fresh one.
     _client = None

@@ -36,6 +36,9 @@ class Client:
     def hosts(self) -> list[Host]:
         """The hosts, in index order: the in-process host first when it is one."""
     @property
+    def id(self) -> int:
+        """An id of the client, unique in this process (not across processes)."""
+    @property
     def platform_name(self) -> str:
         """Platform name of the runtime (``"colocated"``)."""
     @property
@@ -52,6 +55,13 @@ class Client:
         """The device with global id ``id``; ``NotFoundError`` if there is none."""
     def colocated_cpu_devices(self, devices: list[Device]) -> list[Device]:
         """Maps each device to the CPU device of the same host, in order."""
+
+def colocated_cpu_devices(devices: list[Device]) -> list[Device]:
+    """Maps each device to the CPU device of the same host, in order, in the
+    devices' own client (``InvalidArgumentError`` for devices of several clients)."""
+
+def host_devices(device: Device) -> list[Device]:
+    """Every device of ``device``'s host, in the host's order, of its client."""
 
 class Host:
     """A host of a client: the in-process host or a worker."""
@@ -94,6 +104,15 @@ class Device:
     @property
     def attributes(self) -> dict[str, int | str | bool]:
         """Backend-defined attributes."""
+    @property
+    def default_memory_kind(self) -> str:
+        """The kind of the memory space buffers go to unless told otherwise (``"device"``)."""
+    @property
+    def memory_kinds(self) -> list[str]:
+        """The kinds of the memory spaces the device can address, default first."""
+    def check_memory_kind(self, kind: str) -> None:
+        """``InvalidArgumentError``, naming the kinds the device has, unless it
+        addresses memory of kind ``kind``."""
     def debug_string(self) -> str:
         """Placement in words: ``cpu:3 (process 0, host 0, local 3)``."""
     def __hash__(self) -> int: ...
@@ -168,25 +187,44 @@ class ArrayImpl:
     """The native half of ``colocated.Array``."""
 
     @staticmethod
-    def from_host_bytes(sharding: Sharding, dtype: str, shape: list[int], ptr: int, nbytes: int) -> ArrayImpl:
-        """Splits row-major host bytes of the global array over the sharding's devices."""
+    def from_host_bytes(
+        sharding: Sharding, dtype: str, shape: list[int], ptr: int, nbytes: int, memory_kind: str | None = None
+    ) -> ArrayImpl:
+        """Splits row-major host bytes of the global array over the sharding's devices,
+        into their memory of kind ``memory_kind`` (default: their default memory)."""
     @staticmethod
-    def from_bytes(sharding: Sharding, dtype: str, shape: list[int], data: bytes) -> ArrayImpl:
+    def from_bytes(
+        sharding: Sharding, dtype: str, shape: list[int], data: bytes, memory_kind: str | None = None
+    ) -> ArrayImpl:
         """Like ``from_host_bytes``, from a ``bytes`` object (small values)."""
     @staticmethod
-    def from_host_strings(sharding: Sharding, shape: list[int], strings: list[str]) -> ArrayImpl:
+    def from_host_strings(
+        sharding: Sharding, shape: list[int], strings: list[str], memory_kind: str | None = None
+    ) -> ArrayImpl:
         """Splits row-major strings of the global array over the sharding's devices."""
     @staticmethod
     def from_host_shards(
-        sharding: Sharding, dtype: str, shape: list[int], shards: list[tuple[int, int]]
+        sharding: Sharding,
+        dtype: str,
+        shape: list[int],
+        shards: list[tuple[int, int]],
+        memory_kind: str | None = None,
     ) -> ArrayImpl:
         """One dense host shard ``(ptr, nbytes)`` per device, in the sharding's order."""
     @staticmethod
-    def from_string_shards(sharding: Sharding, shape: list[int], shards: list[list[str]]) -> ArrayImpl:
+    def from_string_shards(
+        sharding: Sharding, shape: list[int], shards: list[list[str]], memory_kind: str | None = None
+    ) -> ArrayImpl:
         """One row-major list of strings per device, in the sharding's order."""
     @staticmethod
-    def assemble(sharding: Sharding, dtype: str, shape: list[int], arrays: list[ArrayImpl]) -> ArrayImpl:
-        """Assembles single-device arrays, one per device in the sharding's order."""
+    def assemble(
+        sharding: Sharding, dtype: str, shape: list[int], arrays: list[ArrayImpl], memory_kind: str | None = None
+    ) -> ArrayImpl:
+        """Assembles single-device arrays, one per device in the sharding's order
+        (each in memory of kind ``memory_kind``, when given)."""
+    @property
+    def memory_kind(self) -> str:
+        """The kind of memory the shards are in."""
     @property
     def shape(self) -> tuple[int, ...]:
         """Global shape."""

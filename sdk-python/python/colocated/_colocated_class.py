@@ -13,8 +13,11 @@ A constructor that raised is remembered: every later call re-raises its error.
 
 On worker hosts the object store is the worker's: objects are keyed by random
 ids (a worker serves several controllers), and a collected wrapper destroys its
-objects there with one more colocated call, made from a background thread once
-the calls already made on the object are done.
+objects there with one more colocated call, compiled when the object first ran
+on that host. When the calls made on the object are done, the thread that drops
+the wrapper makes that call, in its program order (its later calls there see
+the object gone, as on the local host); else a background thread makes it once
+they are.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import weakref
 import optree
 
 from . import _colocated
-from ._colocated_python import NAMESPACE, ColocatedFunction
+from ._colocated_python import NAMESPACE, ColocatedFunction, _flatten, _tree_key
 from ._errors import ColocatedError
 
 #: The host's object store: object id -> the real object, or the constructor's error.
@@ -100,11 +103,41 @@ def _forget(obj_id: int) -> None:
     del obj
 
 
-def _destroy(obj_id: int, pending: list, remote_devices: dict) -> None:
+def _forget_program(obj_id: int, device):
+    """The compiled argument-less program that forgets object ``obj_id`` on
+    ``device``'s host (None when that host is lost: it freed everything)."""
+    forget = ColocatedFunction(functools.partial(_forget, obj_id)).specialize(
+        devices=[device], out_specs_fn=lambda: None
+    )
+    leaves, treedef = _flatten(((), {}))
+    tree, flat = _tree_key(treedef)
+    try:
+        return forget._compile(tree, flat, treedef, leaves, []).executable
+    except ColocatedError:
+        _LOG.debug("could not prepare the destruction of object %s on a worker", obj_id, exc_info=True)
+        return None
+
+
+def _run_forgets(obj_id: int, programs) -> None:
+    """Submits each ``_forget_program`` (on the calling thread's stream)."""
+    for program in programs:
+        try:
+            program.execute([])
+        except ColocatedError:
+            # A lost worker has freed everything already.
+            _LOG.debug("could not destroy object %s on a worker", obj_id, exc_info=True)
+
+
+def _destroy(obj_id: int, pending: list, remote_forgets: dict) -> None:
     """Runs when a wrapper is collected: forgets the object once the calls made
     on it are done, here and on the worker hosts it ran on."""
-    if remote_devices:
-        _remote_destroyer().put((obj_id, list(pending), list(remote_devices.values())))
+    if remote_forgets:
+        programs = [p for p in remote_forgets.values() if p is not None]
+        if any(not e.is_ready() for e in pending):
+            _remote_destroyer().put((obj_id, list(pending), programs))
+        else:
+            # Submitting waits for nothing: in this thread's program order.
+            _run_forgets(obj_id, programs)
     events = [e for e in pending if not e.is_ready()]
     if not events:
         _forget(obj_id)
@@ -132,19 +165,12 @@ def _remote_destroyer() -> queue.SimpleQueue:
 
 def _destroy_remote_objects(jobs: queue.SimpleQueue) -> None:
     while True:
-        obj_id, pending, devices = jobs.get()
+        obj_id, pending, programs = jobs.get()
         for event in pending:
             # A failed call may still have built the object: destroy it anyway.
             with contextlib.suppress(Exception):
                 event.wait()
-        try:
-            forget = ColocatedFunction(functools.partial(_forget, obj_id)).specialize(
-                devices=devices, out_specs_fn=lambda: None
-            )
-            forget()
-        except ColocatedError:
-            # A lost worker has freed everything already.
-            _LOG.debug("could not destroy object %s on workers", obj_id, exc_info=True)
+        _run_forgets(obj_id, programs)
 
 
 def _after_fork_in_child() -> None:
@@ -169,7 +195,8 @@ class _Method:
         self._name = name
         self._function = function
         self._pending = owner._pending
-        self._remote_devices = owner._remote_devices
+        self._obj_id = owner._ref.obj_id
+        self._remote_forgets = owner._remote_forgets
         # The devices of the last call (a compiled entry's list, the same
         # object call after call), already looked through.
         self._seen_devices = None
@@ -182,9 +209,9 @@ class _Method:
         if devices is not self._seen_devices:
             self._seen_devices = devices
             for device in devices:
-                if device.process_index != 0:
-                    # One device per worker host names it for the destruction.
-                    self._remote_devices.setdefault(device.host_index, device)
+                if device.process_index != 0 and device.host_index not in self._remote_forgets:
+                    # Compiled here, so that the wrapper's finalizer only submits it.
+                    self._remote_forgets[device.host_index] = _forget_program(self._obj_id, device)
         return result
 
     def specialize(self, in_specs=None, out_specs_fn=None, devices=None) -> _Method:
@@ -209,14 +236,14 @@ def colocated_python_class(cls):
     calls' devices (as ``jax.experimental.colocated_python.colocated_python_class``)."""
 
     class Wrapper:
-        __slots__ = ("__weakref__", "_methods", "_pending", "_ref", "_remote_devices")
+        __slots__ = ("__weakref__", "_methods", "_pending", "_ref", "_remote_forgets")
 
         def __init__(self, *args, **kwargs) -> None:
             self._ref = _ObjectRef(cls, secrets.randbits(63), (args, kwargs))
             self._methods = {}
             self._pending = []
-            self._remote_devices = {}
-            weakref.finalize(self, _destroy, self._ref.obj_id, self._pending, self._remote_devices)
+            self._remote_forgets = {}
+            weakref.finalize(self, _destroy, self._ref.obj_id, self._pending, self._remote_forgets)
 
         def __getattr__(self, name: str):
             if name.startswith("__"):

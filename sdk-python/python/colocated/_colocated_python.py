@@ -16,7 +16,9 @@ of each array. Discovery there runs it once per host, each host parking its
 outputs and reporting their specs to the controller (a host callback); a second
 program pops the parked outputs as global arrays. A host's output that has the
 sharding of one of its inputs becomes a global array with that input's global
-sharding; other outputs need ``out_specs_fn``.
+sharding; any other output of a call on one host keeps its own sharding (over
+that host's devices); other outputs of calls over several hosts need
+``out_specs_fn``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import secrets
 import threading
 import weakref
 
+import numpy as np
 import optree
 
 from . import _colocated
@@ -38,7 +41,7 @@ from ._array import clear_caches as _array_clear_caches
 from ._dtypes import core_name
 from ._errors import ColocatedError, InvalidArgumentError
 from ._host_callback import HostCallback, _dumps_with_callbacks
-from ._sharding import ShapeDtypeStruct
+from ._sharding import AxisType, Mesh, NamedSharding, PartitionSpec, ShapeDtypeStruct, SingleDeviceSharding
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
 
@@ -182,11 +185,43 @@ class _HostCall:
 def _describe(out: Array, inputs) -> tuple:
     """How a host's output relates to its inputs, for the controller to give it
     a global spec: ``(j, out shape, shape of input j, dtype)`` when it has the
-    sharding of input ``j``, else ``(None, out shape, None, dtype)``."""
+    sharding of input ``j``, else ``(None, out shape, its layout, dtype)`` (see
+    ``_layout``)."""
     for j, x in enumerate(inputs):
         if x.ndim == out.ndim and x.sharding == out.sharding:
             return (j, tuple(out.shape), tuple(x.shape), out.dtype)
-    return (None, tuple(out.shape), None, out.dtype)
+    return (None, tuple(out.shape), _layout(out.sharding), out.dtype)
+
+
+def _layout(sharding) -> tuple | None:
+    """A host's sharding in terms every process reads alike: its devices as
+    positions among the host's devices (a worker numbers its devices its own
+    way), its mesh, spec and memory kind. None for a sharding over several
+    hosts."""
+    host = _colocated.host_devices(sharding._device_assignment[0])
+    try:
+        positions = [host.index(d) for d in sharding._device_assignment]
+    except ValueError:
+        return None
+    if isinstance(sharding, NamedSharding):
+        mesh = sharding.mesh
+        types = tuple(t.name for t in mesh.axis_types)
+        return ("named", positions, mesh.devices.shape, mesh.axis_names, types, tuple(sharding.spec),
+                sharding.memory_kind)
+    return ("single", positions, sharding.memory_kind)
+
+
+def _from_layout(layout: tuple, device):
+    """The sharding ``_layout`` described, over the devices of ``device``'s host."""
+    host = _colocated.host_devices(device)
+    devices = [host[p] for p in layout[1]]
+    if layout[0] == "single":
+        return SingleDeviceSharding(devices[0], memory_kind=layout[2])
+    _, _, shape, names, types, spec, memory_kind = layout
+    grid = np.empty(len(devices), dtype=object)
+    grid[:] = devices
+    mesh = Mesh(grid.reshape(shape), names, tuple(AxisType[t] for t in types))
+    return NamedSharding(mesh, PartitionSpec(*spec), memory_kind=memory_kind)
 
 
 class _PopResults:
@@ -229,9 +264,10 @@ class _Reports:
         with self._lock:
             self.reports.append((treedef, descriptions))
 
-    def global_specs(self, leaves: list, num_hosts: int) -> tuple:
-        """The output tree structure and global output specs (see the module
-        docs), checked to agree across hosts."""
+    def global_specs(self, leaves: list, devices: list) -> tuple:
+        """The output tree structure and global output specs of a call on
+        ``devices`` (see the module docs), checked to agree across hosts."""
+        num_hosts = len({d.host_index for d in devices})
         if len(self.reports) != num_hosts:
             raise InvalidArgumentError(
                 f"{len(self.reports)} of {num_hosts} hosts reported their outputs during discovery"
@@ -247,6 +283,11 @@ class _Reports:
                 )
             j, out_shape, in_shape, dtype = first
             if j is None:
+                layout = in_shape  # see `_describe`
+                if num_hosts == 1 and layout is not None:
+                    # One host: the output is global as it is.
+                    specs.append(ShapeDtypeStruct(out_shape, dtype, _from_layout(layout, devices[0])))
+                    continue
                 raise InvalidArgumentError(
                     f"output {k} has the sharding of none of the inputs on its hosts, so its global spec "
                     "is unknown; give the function out_specs_fn"
@@ -299,15 +340,16 @@ class ColocatedFunction(_colocated.FunctionBase):
     def specialize(self, in_specs=None, out_specs_fn=None, devices=None) -> ColocatedFunction:
         """A copy specialized with ``in_specs`` (a ``(args, kwargs)`` pytree of
         ``ShapeDtypeStruct``), ``out_specs_fn`` (input specs -> output specs; makes
-        every call asynchronous) and/or ``devices`` (lets argument-less calls run).
-        Specializing a field twice raises ``InvalidArgumentError``."""
+        every call asynchronous) and/or ``devices`` (lets argument-less calls run;
+        devices of any client). Specializing a field twice raises
+        ``InvalidArgumentError`` (JAX's "... already specified")."""
         for name, value, current in (
             ("in_specs", in_specs, self._in_specs),
             ("out_specs_fn", out_specs_fn, self._out_specs_fn),
             ("devices", devices, self._devices),
         ):
             if value is not None and current is not None:
-                raise InvalidArgumentError(f"{name} was already specialized")
+                raise InvalidArgumentError(f"{name} already specified")
         return ColocatedFunction(
             self._fn,
             in_specs=self._in_specs if in_specs is None else in_specs,
@@ -426,8 +468,7 @@ class ColocatedFunction(_colocated.FunctionBase):
         probe = self._program(leaves, [], probe_call, devices, True)
         try:
             probe.execute(impls)[1].wait()
-            num_hosts = len({d.host_index for d in devices})
-            out_treedef, out_specs = reports.global_specs(leaves, num_hosts)
+            out_treedef, out_specs = reports.global_specs(leaves, devices)
             pop = self._program(leaves, out_specs, _PopResults(key), devices, True)
             outputs, status = pop.execute(impls)
             status.wait()

@@ -1,19 +1,26 @@
-"""Meshes and shardings, as in JAX: ``Mesh``, ``PartitionSpec`` (``P``),
-``NamedSharding``, ``SingleDeviceSharding`` and ``ShapeDtypeStruct``.
+"""Meshes and shardings, as in JAX: ``Mesh`` (with ``AxisType``) and
+``make_mesh``, ``PartitionSpec`` (``P``), ``NamedSharding``,
+``SingleDeviceSharding`` and ``ShapeDtypeStruct``.
 
 Each sharding maps to one core sharding (built on first use and cached, so equal
 shardings share it); the layout rules (even splits, device uniqueness, ...) are
-the core's.
+the core's. A sharding's memory kind names the memory space of each device that
+its arrays' buffers are in.
+
+Meshes and shardings pickle by value (devices by id): one pickled in a process
+equals the same one made in the process that unpickles it.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 
 import numpy as np
 
 from . import _colocated
+from ._client import devices as _default_devices
 from ._dtypes import canonicalize
 from ._errors import InvalidArgumentError
 
@@ -42,23 +49,57 @@ def _core_sharding(sharding) -> _colocated.Sharding:
     return core
 
 
+class AxisType(enum.Enum):
+    """How a mesh axis is used, as ``jax.sharding.AxisType``: ``Auto``,
+    ``Explicit`` or ``Manual``. Meshes keep and compare them; layouts do not
+    depend on them."""
+
+    Auto = enum.auto()
+    Explicit = enum.auto()
+    Manual = enum.auto()
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _axis_types(axis_names: tuple, axis_types) -> tuple:
+    """``axis_types`` as a tuple with one ``AxisType`` per axis (default: ``Auto``)."""
+    if axis_types is None:
+        return (AxisType.Auto,) * len(axis_names)
+    if isinstance(axis_types, AxisType):
+        axis_types = (axis_types,)
+    axis_types = tuple(axis_types)
+    for t in axis_types:
+        if not isinstance(t, AxisType):
+            raise InvalidArgumentError(f"axis_types must be colocated.AxisType values, got {t!r}")
+    if len(axis_types) != len(axis_names):
+        raise InvalidArgumentError(
+            "Number of axis names should match the number of axis_types. Got "
+            f"axis_names={axis_names} and axis_types={axis_types}"
+        )
+    return axis_types
+
+
 class Mesh:
-    """A named grid of devices: ``Mesh(devices, axis_names)``.
+    """A named grid of devices: ``Mesh(devices, axis_names, axis_types=None)``.
 
     ``devices`` is an array-like (nested lists or a numpy array) of devices whose
     rank equals the number of axis names. ``.shape`` maps each axis name to its
-    size, ``.devices`` is the numpy array of devices.
+    size, ``.devices`` is the numpy array of devices, ``.axis_types`` has one
+    ``AxisType`` per axis (default: ``AxisType.Auto``, as in JAX). Meshes are
+    equal when their devices, axis names and axis types are.
     """
 
-    __slots__ = ("_hash", "axis_names", "devices")
+    __slots__ = ("_hash", "axis_names", "axis_types", "devices")
 
-    def __init__(self, devices, axis_names) -> None:
+    def __init__(self, devices, axis_names, axis_types=None) -> None:
         if isinstance(axis_names, str):
             axis_names = (axis_names,)
         axis_names = tuple(axis_names)
         for name in axis_names:
             if not isinstance(name, str):
                 raise InvalidArgumentError(f"mesh axis names must be strings, got {name!r}")
+        axis_types = _axis_types(axis_names, axis_types)
         grid = np.array(devices, dtype=object)
         if grid.ndim != len(axis_names):
             raise InvalidArgumentError(
@@ -77,7 +118,9 @@ class Mesh:
         grid.flags.writeable = False
         self.devices = grid
         self.axis_names = axis_names
-        self._hash = hash((tuple(ids), grid.shape, axis_names))
+        self.axis_types = axis_types
+        # A string hash differs between processes: computed again when unpickled.
+        self._hash = hash((tuple(ids), grid.shape, axis_names, axis_types))
 
     @property
     def shape(self) -> dict[str, int]:
@@ -110,6 +153,7 @@ class Mesh:
         return (
             self._hash == other._hash
             and self.axis_names == other.axis_names
+            and self.axis_types == other.axis_types
             and self.devices.shape == other.devices.shape
             and all(a == b for a, b in zip(self.devices.flat, other.devices.flat))
         )
@@ -117,9 +161,44 @@ class Mesh:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self):
+        return (Mesh, (self.devices, self.axis_names, self.axis_types))
+
     def __repr__(self) -> str:
         shape = ", ".join(f"'{k}': {v}" for k, v in self.shape.items())
-        return f"Mesh(device_ids={self.device_ids.tolist()!r}, axis_names={self.axis_names!r}, shape={{{shape}}})"
+        return (
+            f"Mesh(device_ids={self.device_ids.tolist()!r}, axis_names={self.axis_names!r}, shape={{{shape}}}, "
+            f"axis_types={self.axis_types!r})"
+        )
+
+
+def make_mesh(axis_shapes, axis_names, axis_types=None, *, devices=None) -> Mesh:
+    """A ``Mesh`` of shape ``axis_shapes`` over the first ``prod(axis_shapes)``
+    of ``devices`` (default: ``colocated.devices()``), in order, as
+    ``jax.make_mesh``; ``axis_types`` defaults to ``AxisType.Explicit`` for
+    every axis, as in JAX.
+
+    Raises ``InvalidArgumentError`` (a ``ValueError``) when the shape is not a
+    sequence of ints or there are fewer devices than the mesh needs.
+    """
+    try:
+        shape = tuple(axis_shapes)
+    except TypeError:
+        shape = None
+    if shape is None or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        raise InvalidArgumentError(
+            f"`axis_sizes` passed to `make_mesh` should be a sequence of ints. Got {axis_shapes}"
+        )
+    shape = tuple(int(n) for n in shape)
+    devices = list(_default_devices() if devices is None else devices)
+    size = math.prod(shape)
+    if size > len(devices):
+        raise InvalidArgumentError(f"Number of devices {len(devices)} must be >= the product of mesh_shape {shape}")
+    grid = np.empty(size, dtype=object)
+    grid[:] = devices[:size]
+    if axis_types is None:
+        axis_types = (AxisType.Explicit,) * len(shape)
+    return Mesh(grid.reshape(shape), axis_names, axis_types)
 
 
 class PartitionSpec(tuple):
@@ -172,9 +251,23 @@ P = PartitionSpec
 
 
 class Sharding:
-    """Base class of shardings: a device assignment plus a layout."""
+    """Base class of shardings: a device assignment plus a layout, and the
+    memory kind the shards are in."""
 
-    __slots__ = ("__weakref__", "_core")
+    __slots__ = ("__weakref__", "_core", "_memory_kind", "_placement")
+
+    def _set_memory_kind(self, device, memory_kind) -> None:
+        """Sets ``memory_kind`` checked against ``device`` (None: its default
+        kind), and what the runtime is told: None for the default memory."""
+        if memory_kind is not None and not isinstance(memory_kind, str):
+            raise InvalidArgumentError(f"memory_kind must be a string, got {type(memory_kind).__name__}")
+        default = device.default_memory_kind
+        if memory_kind is None or memory_kind == default:
+            self._memory_kind = default
+            self._placement = None
+            return
+        device.check_memory_kind(memory_kind)
+        self._memory_kind = self._placement = memory_kind
 
     def _make_core(self) -> _colocated.Sharding:
         raise NotImplementedError
@@ -223,8 +316,14 @@ class Sharding:
 
     @property
     def memory_kind(self) -> str:
-        """Memory kind of the shards (``"device"``)."""
-        return "device"
+        """Memory kind of the shards: ``"device"`` (the devices' default, as in
+        JAX), ``"pinned_host"`` or ``"unpinned_host"``."""
+        return self._memory_kind
+
+    def with_memory_kind(self, kind: str) -> Sharding:
+        """The same sharding with memory kind ``kind``; ``InvalidArgumentError``,
+        naming the kinds the devices have, for a kind they lack."""
+        raise NotImplementedError
 
     def shard_shape(self, global_shape) -> tuple:
         """The shape each device holds; ``InvalidArgumentError`` if the split is uneven."""
@@ -245,16 +344,20 @@ class Sharding:
         return dict(found)
 
     def is_equivalent_to(self, other, ndim: int) -> bool:
-        """Same devices in the same order and the same split of every dimension."""
-        return self._core_sharding().equivalent(other._core_sharding(), ndim)
+        """Same devices in the same order, the same split of every dimension and
+        the same memory kind."""
+        return self._memory_kind == other._memory_kind and self._core_sharding().equivalent(
+            other._core_sharding(), ndim
+        )
 
 
 class NamedSharding(Sharding):
-    """An array split over a ``Mesh`` by a ``PartitionSpec``, as in JAX."""
+    """An array split over a ``Mesh`` by a ``PartitionSpec``, as in JAX, with
+    its shards in memory of kind ``memory_kind`` (default: the devices' own)."""
 
     __slots__ = ("_hash", "_partition", "mesh", "spec")
 
-    def __init__(self, mesh: Mesh, spec: PartitionSpec | None = None) -> None:
+    def __init__(self, mesh: Mesh, spec: PartitionSpec | None = None, *, memory_kind: str | None = None) -> None:
         if not isinstance(mesh, Mesh):
             raise InvalidArgumentError(f"NamedSharding needs a Mesh, got {type(mesh).__name__}")
         if spec is None:
@@ -276,7 +379,8 @@ class NamedSharding(Sharding):
         self.spec = spec
         self._partition = partition
         self._core = None
-        self._hash = hash((mesh, spec))
+        self._set_memory_kind(mesh.devices.flat[0], memory_kind)
+        self._hash = hash((mesh, spec, self._memory_kind))
 
     def _make_core(self) -> _colocated.Sharding:
         return _colocated.Sharding.named(
@@ -290,28 +394,39 @@ class NamedSharding(Sharding):
     def __eq__(self, other) -> bool:
         if not isinstance(other, NamedSharding):
             return NotImplemented
-        return self is other or (self._hash == other._hash and self.mesh == other.mesh and self.spec == other.spec)
+        return self is other or (
+            self._hash == other._hash
+            and self.mesh == other.mesh
+            and self.spec == other.spec
+            and self._memory_kind == other._memory_kind
+        )
 
     def __hash__(self) -> int:
         return self._hash
 
     def __repr__(self) -> str:
-        return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r})"
+        return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r}, memory_kind={self._memory_kind})"
 
     def __reduce__(self):
-        return (NamedSharding, (self.mesh, self.spec))
+        return (_named_sharding, (self.mesh, self.spec, self._memory_kind))
+
+    def with_memory_kind(self, kind: str) -> NamedSharding:
+        """This sharding with its shards in memory of kind ``kind``."""
+        return NamedSharding(self.mesh, self.spec, memory_kind=kind)
 
 
 class SingleDeviceSharding(Sharding):
-    """The whole array on one device."""
+    """The whole array on one device, in its memory of kind ``memory_kind``
+    (default: the device's own)."""
 
     __slots__ = ("_device",)
 
-    def __init__(self, device) -> None:
+    def __init__(self, device, *, memory_kind: str | None = None) -> None:
         if not isinstance(device, Device):
             raise InvalidArgumentError(f"SingleDeviceSharding needs a device, got {type(device).__name__}")
         self._device = device
         self._core = None
+        self._set_memory_kind(device, memory_kind)
 
     def _make_core(self) -> _colocated.Sharding:
         return _colocated.Sharding.single_device(self._device)
@@ -323,24 +438,39 @@ class SingleDeviceSharding(Sharding):
     def __eq__(self, other) -> bool:
         if not isinstance(other, SingleDeviceSharding):
             return NotImplemented
-        return self._device == other._device
+        return self._device == other._device and self._memory_kind == other._memory_kind
 
     def __hash__(self) -> int:
-        return hash(("single", self._device))
+        return hash(("single", self._device, self._memory_kind))
 
     def __repr__(self) -> str:
-        return f"SingleDeviceSharding(device={self._device!r})"
+        return f"SingleDeviceSharding(device={self._device!r}, memory_kind={self._memory_kind})"
 
     def __reduce__(self):
-        return (SingleDeviceSharding, (self._device,))
+        return (_single_device_sharding, (self._device, self._memory_kind))
+
+    def with_memory_kind(self, kind: str) -> SingleDeviceSharding:
+        """This sharding with the array in memory of kind ``kind``."""
+        return SingleDeviceSharding(self._device, memory_kind=kind)
 
 
-def _sharding_from_core(core: _colocated.Sharding) -> Sharding:
+def _named_sharding(mesh: Mesh, spec: PartitionSpec, memory_kind: str) -> NamedSharding:
+    """Unpickles a ``NamedSharding``."""
+    return NamedSharding(mesh, spec, memory_kind=memory_kind)
+
+
+def _single_device_sharding(device, memory_kind: str) -> SingleDeviceSharding:
+    """Unpickles a ``SingleDeviceSharding``."""
+    return SingleDeviceSharding(device, memory_kind=memory_kind)
+
+
+def _sharding_from_core(core: _colocated.Sharding, memory_kind: str | None = None) -> Sharding:
     """The Python sharding for a core one (e.g. of an array the runtime made),
-    over the devices of the core sharding's own client."""
+    over the devices of the core sharding's own client, with shards in memory
+    of kind ``memory_kind`` (None: the devices' default)."""
     devices = core.devices
     if len(devices) == 1 and core.is_fully_replicated:
-        sharding = SingleDeviceSharding(devices[0])
+        sharding = SingleDeviceSharding(devices[0], memory_kind=memory_kind)
     else:
         names = core.axis_names
         grid = np.empty(len(devices), dtype=object)
@@ -350,7 +480,7 @@ def _sharding_from_core(core: _colocated.Sharding) -> Sharding:
             *(None if not axes else names[axes[0]] if len(axes) == 1 else tuple(names[a] for a in axes)
               for axes in core.partition)
         )
-        sharding = NamedSharding(mesh, spec)
+        sharding = NamedSharding(mesh, spec, memory_kind=memory_kind)
     sharding._core = core
     return sharding
 

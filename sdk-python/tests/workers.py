@@ -1,0 +1,53 @@
+"""Real ``python -m colocated.worker`` processes on 127.0.0.1 for the tests:
+started with a token file, stopped (or killed) with a bounded wait."""
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+
+#: Seconds a worker has to start, and to stop once told.
+START_TIMEOUT = 60.0
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write_token(path) -> None:
+    """Writes a fresh random token to ``path``."""
+    with open(path, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+
+
+class Worker:
+    """One worker process with ``devices`` CPU devices. The tests' folder is on
+    its ``PYTHONPATH``, so modules of it (such as ``jax_shim``) import there."""
+
+    def __init__(self, token_file, devices=2, listen="127.0.0.1:0"):
+        env = {k: v for k, v in os.environ.items() if k != "COLOCATED_TOKEN"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_HERE, env.get("PYTHONPATH")) if p)
+        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", str(devices), "--listen", listen]
+        args += ["--token-file", str(token_file), "--heartbeat-interval", "0.25", "--session-timeout", "2"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            self.proc.wait(timeout=START_TIMEOUT)
+            raise AssertionError(f"worker did not start: {line!r}")
+        self.address = line.split()[-1]
+        self.pid = self.proc.pid
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=START_TIMEOUT)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.kill()
+        self.proc.stdout.close()
