@@ -2,12 +2,14 @@
 //!
 //! `colocated worker` serves this machine's devices to a controller over gRPC
 //! (SPEC §6). It prints exactly one line, `listening on HOST:PORT`, to stdout
-//! once it accepts connections, logs to stderr (`COLOCATED_LOG`), and stops
-//! cleanly (status 0) on SIGINT or SIGTERM; it catches both before it binds
-//! its port, so a signal sent as soon as the line appears stops it cleanly
-//! too. Its native functions come from the plugin libraries its operator names
-//! with `--plugin`, loaded before it serves anyone: a controller can never make
-//! a worker load a library.
+//! once it accepts connections, logs to stderr (`COLOCATED_LOG`; by default
+//! warnings, such as refused requests and an exposed insecure worker), and
+//! stops cleanly (status 0) on SIGINT or SIGTERM, or with `--exit-after-idle`
+//! once it has had no session for that long; it catches both signals before it
+//! binds its port, so a signal sent as soon as the line appears stops it
+//! cleanly too. Its native functions come from the plugin libraries its
+//! operator names with `--plugin`, loaded before it serves anyone: a controller
+//! can never make a worker load a library.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -72,10 +74,20 @@ struct WorkerArgs {
     /// plugins.
     #[arg(long = "plugin", value_name = "LIB")]
     plugins: Vec<PathBuf>,
+    /// Exit (status 0) once the worker has had no session for this many
+    /// seconds, counted from its start and from the end of its last session
+    /// (closed, timed out or dropped): a worker orphaned by its launcher or
+    /// controller goes away by itself.
+    #[arg(long, value_name = "SECONDS")]
+    exit_after_idle: Option<f64>,
 }
 
+/// What a worker logs when `COLOCATED_LOG` is unset: the warnings of the
+/// colocated crates (refused requests, an insecure or exposed worker).
+const DEFAULT_LOG: &str = "colocated=warn";
+
 fn main() -> ExitCode {
-    colocated_core::trace::init_from_env();
+    colocated_core::trace::init_with_default_log(DEFAULT_LOG);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Worker(args) => run_worker(args),
@@ -119,6 +131,10 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
     options.listen = args.listen;
     options.heartbeat_interval = seconds("heartbeat-interval", args.heartbeat_interval)?;
     options.session_timeout = seconds("session-timeout", args.session_timeout)?;
+    options.exit_after_idle = args
+        .exit_after_idle
+        .map(|s| seconds("exit-after-idle", s))
+        .transpose()?;
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let read = |path: &PathBuf| {
             std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
@@ -139,7 +155,11 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
             .and_then(|()| stdout.flush())
             .map_err(|e| format!("cannot write to stdout: {e}"))?;
     }
-    termination.wait();
+    if let Stop::Idle = termination.wait(worker.wait_idle_expired()) {
+        if let Some(limit) = args.exit_after_idle {
+            eprintln!("colocated: no session for {limit} s (--exit-after-idle): stopping");
+        }
+    }
     tracing::info!("stopping");
     worker.shutdown().map_err(|e| e.to_string())
 }
@@ -173,9 +193,9 @@ impl Termination {
         })
     }
 
-    /// Blocks until SIGINT or SIGTERM; returns at once if either arrived since
-    /// [`Termination::catch`].
-    fn wait(self) {
+    /// Blocks until SIGINT or SIGTERM, or until `idle` resolves; returns at
+    /// once if a signal arrived since [`Termination::catch`].
+    fn wait(self, idle: impl std::future::Future<Output = ()>) -> Stop {
         let Termination {
             runtime,
             mut interrupt,
@@ -183,9 +203,19 @@ impl Termination {
         } = self;
         runtime.block_on(async {
             tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
+                biased;
+                _ = interrupt.recv() => Stop::Signal,
+                _ = terminate.recv() => Stop::Signal,
+                () = idle => Stop::Idle,
             }
-        });
+        })
     }
+}
+
+/// Why a worker stops.
+enum Stop {
+    /// SIGINT or SIGTERM.
+    Signal,
+    /// It had no session for `--exit-after-idle` seconds.
+    Idle,
 }

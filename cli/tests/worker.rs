@@ -5,8 +5,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use colocated_core::transport::proto::worker_client::WorkerClient;
@@ -15,94 +14,16 @@ use colocated_core::transport::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::{SessionId, Token, AUTHORIZATION, SESSION};
 use colocated_core::ErrorCode;
 
+mod common;
 #[path = "../../tests/plugin/compile.rs"]
 mod compile;
+use common::{connect, spawn_worker, start, worker_command, Spawned, TempDir};
 use compile::{compile_plugin, workspace};
 
-/// A worker process, killed when dropped.
-struct Spawned {
-    child: Child,
-    address: String,
-    _stdout: BufReader<ChildStdout>,
-    _dir: TempDir,
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> TempDir {
-        let path = std::env::temp_dir().join(format!(
-            "colocated-worker-test-{}-{}",
-            std::process::id(),
-            SessionId::random().unwrap()
-        ));
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn worker_command() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_colocated"));
-    command.env_remove("COLOCATED_TOKEN").arg("worker");
-    command
-}
-
-/// Starts a worker with `token` (None: `--insecure`) and `extra` flags; waits
-/// for its `listening on` line.
+/// Starts a worker with 3 CPU devices, `token` (None: `--insecure`) and
+/// `extra` flags; waits for its `listening on` line.
 fn spawn(token: Option<&Token>, extra: &[&str]) -> Spawned {
-    let dir = TempDir::new();
-    let mut command = worker_command();
-    command.args(["--cpu-devices", "3"]).args(extra);
-    match token {
-        Some(token) => {
-            let file = dir.0.join("token");
-            std::fs::write(&file, format!("{}\n", token.expose())).unwrap();
-            command.arg("--token-file").arg(file);
-        }
-        None => {
-            command.arg("--insecure");
-        }
-    }
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let address = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .trim()
-        .to_string();
-    assert!(address.starts_with("127.0.0.1:"), "{address}");
-    Spawned {
-        child,
-        address,
-        _stdout: stdout,
-        _dir: dir,
-    }
-}
-
-fn connect(worker: &Spawned, token: Option<&Token>) -> colocated_core::Result<RemoteSession> {
-    let mut options = ConnectOptions::new(worker.address.clone(), token.cloned());
-    options.timeout = Duration::from_secs(5);
-    RemoteSession::connect(&options)
+    spawn_worker(token, &[&["--cpu-devices", "3"], extra].concat(), None)
 }
 
 /// A raw gRPC call against the worker, for requests the controller never sends.
@@ -376,7 +297,7 @@ fn a_silent_controllers_session_is_freed_and_a_live_one_kept() {
 
 #[test]
 fn a_worker_without_a_token_refuses_to_start_unless_insecure() {
-    let output = worker_command().output().unwrap();
+    let output = worker_command(None).output().unwrap();
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("requires a token"), "{stderr}");
@@ -385,7 +306,7 @@ fn a_worker_without_a_token_refuses_to_start_unless_insecure() {
     let dir = TempDir::new();
     let empty = dir.0.join("empty");
     std::fs::write(&empty, "\n").unwrap();
-    let output = worker_command()
+    let output = worker_command(None)
         .arg("--token-file")
         .arg(&empty)
         .output()
@@ -418,7 +339,7 @@ fn a_worker_stops_cleanly_on_sigterm() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut rest = String::new();
-    worker._stdout.read_to_string(&mut rest).unwrap();
+    worker.stdout.read_to_string(&mut rest).unwrap();
     assert!(rest.is_empty(), "only one line on stdout, then {rest:?}");
 }
 
@@ -613,7 +534,7 @@ fn a_tls_worker_serves_controllers_that_trust_its_certificate_only() {
         .expect("an untrusted certificate is refused");
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
     // A certificate without its key is a usage error.
-    let output = worker_command()
+    let output = worker_command(None)
         .arg("--insecure")
         .arg("--tls-cert")
         .arg(&cert_file)
@@ -714,7 +635,7 @@ fn a_worker_whose_plugin_cannot_be_loaded_exits_with_a_message() {
     let token = dir.0.join("token");
     std::fs::write(&token, format!("{}\n", Token::generate().unwrap().expose())).unwrap();
     let fails_to_start = |plugin: &std::path::Path, expected: &str| {
-        let output = worker_command()
+        let output = worker_command(None)
             .arg("--token-file")
             .arg(&token)
             .arg("--plugin")
@@ -748,4 +669,256 @@ fn a_worker_whose_plugin_cannot_be_loaded_exits_with_a_message() {
             not_a_plugin.display()
         ),
     );
+}
+
+/// A worker's stderr, collected line by line as it comes.
+struct Stderr(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Stderr {
+    fn collect(stderr: std::process::ChildStderr) -> Stderr {
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Stderr(lines)
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The lines containing `text`.
+    fn matching(&self, text: &str) -> Vec<String> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l.contains(text))
+            .collect()
+    }
+
+    /// Waits up to 10 s until `count` lines contain `text`; returns them all.
+    fn wait_for(&self, text: &str, count: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self.matching(text);
+            if found.len() >= count || Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Starts a worker (`--insecure` without a token) with `extra` flags and
+/// `COLOCATED_LOG` as given (unset: `None`), its stderr collected.
+fn spawn_logged(token: Option<&Token>, extra: &[&str], log: Option<&str>) -> (Spawned, Stderr) {
+    let mut command = worker_command(None);
+    command
+        .env_remove("COLOCATED_LOG")
+        .args(["--cpu-devices", "2"])
+        .args(extra);
+    if let Some(log) = log {
+        command.env("COLOCATED_LOG", log);
+    }
+    let (worker, stderr) = start(command, token, true);
+    let stderr = Stderr::collect(stderr.expect("stderr is captured"));
+    (worker, stderr)
+}
+
+/// Operators see warnings without setting COLOCATED_LOG: an insecure worker
+/// says so, and one listening beyond loopback without TLS too;
+/// COLOCATED_LOG still decides when set.
+#[test]
+fn an_insecure_or_exposed_worker_warns_on_stderr_by_default() {
+    let (worker, stderr) = spawn_logged(None, &[], None);
+    let warned = stderr.wait_for("without a token", 1);
+    assert_eq!(warned.len(), 1, "{:?}", stderr.lines());
+    assert!(warned[0].contains("WARN"), "{warned:?}");
+    assert!(
+        stderr.matching("without TLS").is_empty(),
+        "loopback is not exposed"
+    );
+    connect(&worker, None).unwrap().heartbeat().unwrap();
+    drop(worker);
+
+    let token = Token::generate().unwrap();
+    let (worker, stderr) = spawn_logged(Some(&token), &["--listen", "0.0.0.0:0"], None);
+    let warned = stderr.wait_for("without TLS", 1);
+    assert_eq!(warned.len(), 1, "{:?}", stderr.lines());
+    assert!(warned[0].contains("plain text"), "{warned:?}");
+    assert!(stderr.matching("without a token").is_empty());
+    connect(&worker, Some(&token)).unwrap().heartbeat().unwrap();
+    drop(worker);
+
+    // COLOCATED_LOG overrides the default: the warning is logged in
+    // Worker::start, before the listening line, so it would be there by now.
+    let (mut worker, stderr) = spawn_logged(None, &[], Some("error"));
+    connect(&worker, None).unwrap().heartbeat().unwrap();
+    let pid = worker.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    assert!(wait_bounded(&mut worker.child, Duration::from_secs(10))
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(stderr.lines().is_empty(), "{:?}", stderr.lines());
+}
+
+/// The `suppressed=N` field of a refusal line (0 without it).
+fn suppressed(line: &str) -> u64 {
+    line.split_once("suppressed=")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Every refused request is logged with its peer's address, or counted: a
+/// peer gets at most a line a second, and the next line tells how many were
+/// left out. 200 refusals in a burst make a handful of lines, not 200.
+#[test]
+fn refused_requests_are_logged_with_their_peer_and_rate_limited() {
+    let token = Token::generate().unwrap();
+    let (worker, stderr) = spawn_logged(Some(&token), &[], None);
+    let refused = "refused a request";
+    let heartbeat = |token_text: Option<&str>, session: Option<&str>| {
+        raw(&worker, async |mut rpc| {
+            rpc.heartbeat(with_metadata(HeartbeatRequest {}, token_text, session))
+                .await
+        })
+    };
+    let status = heartbeat(Some("wrong"), None).unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let lines = stderr.wait_for(refused, 1);
+    assert_eq!(lines.len(), 1, "{:?}", stderr.lines());
+    assert!(lines[0].contains("wrong token"), "{lines:?}");
+    assert!(lines[0].contains("peer=127.0.0.1:"), "{lines:?}");
+
+    // 200 more on one connection, as fast as they go: wrong tokens, none,
+    // and made-up sessions.
+    let made_up = SessionId::random().unwrap().to_string();
+    let refusals = raw(&worker, async |mut rpc| {
+        let mut refusals = 0;
+        for i in 0..200 {
+            let (token_text, session) = match i % 3 {
+                0 => (Some("wrong"), None),
+                1 => (None, None),
+                _ => (Some(token.expose()), Some(made_up.as_str())),
+            };
+            let status = rpc
+                .heartbeat(with_metadata(HeartbeatRequest {}, token_text, session))
+                .await
+                .unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+            refusals += 1;
+        }
+        Ok(refusals)
+    })
+    .unwrap();
+    assert_eq!(refusals, 200);
+    // A second later, one more: its line tells how many were left out.
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = stderr.matching(refused).len();
+    heartbeat(None, None).unwrap_err();
+    let lines = stderr.wait_for(refused, before + 1);
+    assert!(lines.len() <= 10, "{} lines: {lines:#?}", lines.len());
+    let last = lines.last().unwrap();
+    assert!(
+        last.contains("no token") && last.contains("not shown"),
+        "{last}"
+    );
+    assert!(
+        lines.iter().all(|l| l.contains("peer=127.0.0.1:")),
+        "{lines:#?}"
+    );
+    // Every refusal was either logged or counted.
+    let told: u64 = lines.iter().map(|l| suppressed(l)).sum();
+    assert_eq!(lines.len() as u64 + told, 202, "{lines:#?}");
+    // The worker serves its controller all along.
+    connect(&worker, Some(&token)).unwrap().heartbeat().unwrap();
+}
+
+/// Waits for `worker` to exit by itself within `patience`; its status and how
+/// long it took.
+fn exits_within(worker: &mut Spawned, patience: Duration) -> (std::process::ExitStatus, Duration) {
+    let started = Instant::now();
+    let status = wait_bounded(&mut worker.child, patience).unwrap();
+    (status, started.elapsed())
+}
+
+#[test]
+fn a_worker_with_exit_after_idle_and_no_controller_exits_zero() {
+    let token = Token::generate().unwrap();
+    let started = Instant::now();
+    let (mut worker, stderr) = spawn_logged(Some(&token), &["--exit-after-idle", "1"], None);
+    let (status, _) = exits_within(&mut worker, Duration::from_secs(10));
+    assert!(status.success(), "{status:?} {:?}", stderr.lines());
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    let why = stderr.wait_for("--exit-after-idle", 1);
+    assert_eq!(why.len(), 1, "{:?}", stderr.lines());
+    assert!(why[0].contains("no session for 1 s"), "{why:?}");
+}
+
+/// A session keeps the worker; once it ends (closed, or timed out because its
+/// controller went silent), the idle time counts from there.
+#[test]
+fn a_worker_with_exit_after_idle_stays_while_a_session_lives() {
+    let token = Token::generate().unwrap();
+    let (mut worker, stderr) = spawn_logged(Some(&token), &["--exit-after-idle", "1"], None);
+    let session = connect(&worker, Some(&token)).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        worker.child.try_wait().unwrap().is_none(),
+        "exited with a live session: {:?}",
+        stderr.lines()
+    );
+    session.heartbeat().unwrap();
+    session.disconnect().unwrap();
+    let (status, after) = exits_within(&mut worker, Duration::from_secs(10));
+    assert!(status.success(), "{status:?}");
+    assert!(after >= Duration::from_millis(850), "{after:?}");
+    assert_eq!(stderr.wait_for("--exit-after-idle", 1).len(), 1);
+
+    // A controller that goes silent: its session times out (0.5 s), then the
+    // idle time runs.
+    let flags = [
+        "--exit-after-idle",
+        "1",
+        "--heartbeat-interval",
+        "0.1",
+        "--session-timeout",
+        "0.5",
+    ];
+    let (mut worker, _stderr) = spawn_logged(Some(&token), &flags, None);
+    raw(&worker, async |mut rpc| {
+        rpc.open_session(with_metadata(
+            open_request(1, 2),
+            Some(token.expose()),
+            None,
+        ))
+        .await
+    })
+    .unwrap();
+    let (status, after) = exits_within(&mut worker, Duration::from_secs(10));
+    assert!(status.success(), "{status:?}");
+    assert!(after >= Duration::from_millis(1300), "{after:?}");
+}
+
+#[test]
+fn a_bad_exit_after_idle_is_a_usage_error() {
+    for value in ["0", "-1", "nan", "inf", "1e300", "soon"] {
+        let output = worker_command(None)
+            .arg("--insecure")
+            .arg(format!("--exit-after-idle={value}"))
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{value}: {output:?}");
+        assert!(output.stdout.is_empty(), "{value}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("exit-after-idle"), "{value}: {stderr}");
+    }
 }

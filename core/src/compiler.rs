@@ -9,7 +9,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::executable::{ExecutableInner, HostPlan, HostRun, HostSpecs, LoadedExecutable};
-use crate::executor::OutputShard;
+use crate::executor::{OutputShard, SessionScope};
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
@@ -32,6 +32,17 @@ impl Client {
     /// that does not split evenly; a language some host lacks (`unimplemented`); a
     /// native function some host does not know (`not_found`).
     pub fn compile(&self, program: Program, options: CompileOptions) -> Result<LoadedExecutable> {
+        self.compile_in(program, options, None)
+    }
+
+    /// [`compile`](Self::compile) for the worker session `session` (`None`:
+    /// the process's own): its programs run for that session.
+    fn compile_in(
+        &self,
+        program: Program,
+        options: CompileOptions,
+        session: Option<Arc<SessionScope>>,
+    ) -> Result<LoadedExecutable> {
         let _span =
             tracing::debug_span!("compile", program = %program.name, language = %program.language)
                 .entered();
@@ -107,6 +118,7 @@ impl Client {
             hosts,
             callbacks: options.host_callbacks,
             fingerprint,
+            session,
         })))
     }
 
@@ -120,15 +132,17 @@ impl Client {
         bytes: &[u8],
         options: CompileOptions,
     ) -> Result<LoadedExecutable> {
-        self.load_decoded(format::decode(bytes)?, options)
+        self.load_decoded(format::decode(bytes)?, options, None)
     }
 
     /// [`deserialize_and_load`](Self::deserialize_and_load) of a decoded
-    /// executable.
+    /// executable, loaded for the worker session `session` (`None`: the
+    /// process's own).
     pub(crate) fn load_decoded(
         &self,
         exe: pb::Executable,
         options: CompileOptions,
+        session: Option<Arc<SessionScope>>,
     ) -> Result<LoadedExecutable> {
         if exe.num_host_callbacks as usize != options.host_callbacks.len() {
             return Err(Error::invalid_argument(format!(
@@ -149,7 +163,7 @@ impl Client {
             output_specs: specs(&exe.output_specs)?,
             devices,
         };
-        self.compile(program, options)
+        self.compile_in(program, options, session)
     }
 
     fn devices_by_id(&self, ids: &[u32]) -> Result<Vec<Device>> {

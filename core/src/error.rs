@@ -139,6 +139,65 @@ impl std::error::Error for Error {}
 /// The result type of every fallible core call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// `text` if it has at most `limit` bytes; otherwise its head and its tail,
+/// cut on character boundaries, around a note of how much was cut
+/// (`"… [1,234,567 bytes cut] …"`), in at most `limit` bytes in all.
+///
+/// For error messages and tracebacks that cross the wire: one enormous
+/// message must not exceed a protocol limit, while its start and end (where
+/// the exception's type and its last frames are) stay readable. A `limit`
+/// too small for the note itself keeps only the head.
+pub fn bound_text(text: &str, limit: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= limit {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    // The note is longest for the largest possible cut: budget for that.
+    let longest_note = cut_note(text.len()).len();
+    let Some(kept) = limit.checked_sub(longest_note) else {
+        return std::borrow::Cow::Borrowed(&text[..floor_boundary(text, limit)]);
+    };
+    let head_end = floor_boundary(text, kept / 2);
+    let tail_start = ceil_boundary(text, text.len() - (kept - kept / 2));
+    let (head, tail) = (&text[..head_end], &text[tail_start..]);
+    let note = cut_note(tail_start - head_end);
+    let mut bounded = String::with_capacity(head.len() + note.len() + tail.len());
+    bounded.push_str(head);
+    bounded.push_str(&note);
+    bounded.push_str(tail);
+    std::borrow::Cow::Owned(bounded)
+}
+
+/// `"… [N bytes cut] …"`, with N's digits in groups of three.
+fn cut_note(cut: usize) -> String {
+    let digits = cut.to_string();
+    let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    format!(" … [{grouped} bytes cut] … ")
+}
+
+/// The largest character boundary of `text` at or below `at`.
+fn floor_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+/// The smallest character boundary of `text` at or above `at`.
+fn ceil_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    at
+}
+
 macro_rules! constructors {
     ($($fn_name:ident => $code:ident),* $(,)?) => {
         impl Error {
@@ -170,6 +229,62 @@ constructors! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bound_text_keeps_short_text_and_cuts_long_text_in_the_middle() {
+        // Short (and exactly-at-the-limit) text is untouched, not copied.
+        for text in ["", "short", "é", &"x".repeat(100)] {
+            let bounded = bound_text(text, 100);
+            assert!(matches!(bounded, std::borrow::Cow::Borrowed(_)), "{text:?}");
+            assert_eq!(bounded, text);
+        }
+        let text = format!("HEAD{}TAIL", "x".repeat(1_234_567));
+        let bounded = bound_text(&text, 1000);
+        assert!(bounded.len() <= 1000, "{}", bounded.len());
+        assert!(bounded.starts_with("HEADxxx"), "{bounded}");
+        assert!(bounded.ends_with("xxxTAIL"), "{bounded}");
+        // The note says exactly how much is missing between head and tail.
+        let (head, rest) = bounded.split_once(" … [").unwrap();
+        let (count, tail) = rest.split_once(" bytes cut] … ").unwrap();
+        let cut: usize = count.replace(',', "").parse().unwrap();
+        assert_eq!(count, group(cut));
+        assert_eq!(head.len() + cut + tail.len(), text.len());
+        assert!(text.starts_with(head) && text.ends_with(tail));
+        // The budget is used: head and tail share nearly all of it.
+        assert!(head.len() + tail.len() > 1000 - 40, "{bounded}");
+    }
+
+    fn group(n: usize) -> String {
+        cut_note(n)
+            .trim_start_matches(" … [")
+            .trim_end_matches(" bytes cut] … ")
+            .to_string()
+    }
+
+    #[test]
+    fn bound_text_cuts_on_character_boundaries_at_every_limit() {
+        // Two-, three- and four-byte characters, at every alignment.
+        let text: String = "aé€😀".repeat(200);
+        for limit in 0..=text.len() + 1 {
+            let bounded = bound_text(&text, limit);
+            assert!(bounded.len() <= limit, "limit {limit}: {}", bounded.len());
+            // Valid UTF-8 by construction (a `str`); the kept parts are a
+            // prefix and a suffix of the original.
+            if let Some((head, rest)) = bounded.split_once(" … [") {
+                let (_, tail) = rest.split_once(" bytes cut] … ").unwrap();
+                assert!(
+                    text.starts_with(head) && text.ends_with(tail),
+                    "limit {limit}"
+                );
+            } else {
+                assert!(text.starts_with(&*bounded), "limit {limit}");
+            }
+        }
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1000), "1,000");
+        assert_eq!(group(1_234_567), "1,234,567");
+    }
 
     #[test]
     fn display_shows_code_and_message() {

@@ -9,7 +9,7 @@ use crate::client::Client;
 use crate::device::Device;
 use crate::dispatch::{Job, Stream, Task};
 use crate::error::{Error, Result};
-use crate::executor::{ExecutionContext, LoadedProgram, OutputShard};
+use crate::executor::{ExecutionContext, LoadedProgram, OutputShard, SessionKey, SessionScope};
 use crate::format;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
@@ -55,6 +55,9 @@ pub(crate) struct ExecutableInner {
     pub hosts: Vec<HostPlan>,
     pub callbacks: Vec<LoadedHostCallback>,
     pub fingerprint: String,
+    /// The worker session the executable was loaded in (`None`: the
+    /// process's own, [`SessionKey::LOCAL`]).
+    pub session: Option<Arc<SessionScope>>,
 }
 
 /// A compiled program, ready to execute on its devices. Cheap to clone; it keeps
@@ -540,6 +543,18 @@ impl LoadedExecutable {
                 &program_specs.output_specs[..],
             ),
         };
+        let session = match &self.0.session {
+            // Its session ended: what would run now would outlive it.
+            Some(scope) if scope.has_ended() => {
+                return Err(Error::cancelled(format!(
+                    "{} program '{}': its session ended",
+                    self.0.program.language,
+                    self.name()
+                )))
+            }
+            Some(scope) => scope.key(),
+            None => SessionKey::LOCAL,
+        };
         let mut ctx = ExecutionContext {
             client: &self.0.client,
             program: &self.0.program,
@@ -550,6 +565,7 @@ impl LoadedExecutable {
             output_shards: shards,
             outputs: vec![None; shards.len()],
             callbacks: &self.0.callbacks,
+            session,
         };
         program.run(&mut ctx).map_err(|e| {
             e.context(format!(

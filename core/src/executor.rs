@@ -3,6 +3,7 @@
 //! functions, and the context a running program sees.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::buffer::Buffer;
@@ -23,6 +24,103 @@ pub type NativeFn = dyn Fn(&mut ExecutionContext<'_>) -> Result<()> + Send + Syn
 pub trait LanguageExecutor: Send + Sync + 'static {
     /// Prepares `program` for this host.
     fn load(&self, program: &crate::program::Program) -> Result<Arc<dyn LoadedProgram>>;
+
+    /// A session of a worker this process serves ended: its controller closed
+    /// it, it timed out (the controller is gone), or the worker stopped. Free
+    /// everything the session's programs left behind — what they keyed by
+    /// [`ExecutionContext::session`] (objects, parked results, caches).
+    ///
+    /// Called once per ended session for every registered executor, after
+    /// every execution of the session has finished (and none starts any
+    /// more), on a thread of its own: never on a network thread nor under the
+    /// worker's locks, so it may block (to take Python's GIL, say) and run
+    /// user code such as destructors. Never called for
+    /// [`SessionKey::LOCAL`]. The default does nothing.
+    fn session_ended(&self, session: SessionKey) {
+        let _ = session;
+    }
+}
+
+/// The session a program runs for: on a worker, each controller's session
+/// has its own key, never reused in the process; programs that a process runs
+/// for its own client run in [`SessionKey::LOCAL`]. Language executors key
+/// what programs leave behind by it and free it in
+/// [`LanguageExecutor::session_ended`]. Opaque: it says nothing about the
+/// session's id on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionKey(u64);
+
+impl SessionKey {
+    /// The implicit session of programs a process runs for its own client
+    /// (the controller's own host); it never ends.
+    pub const LOCAL: SessionKey = SessionKey(0);
+
+    /// A key no other session of this process has had.
+    pub(crate) fn fresh() -> SessionKey {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        SessionKey(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The key as a number (0 for [`SessionKey::LOCAL`]), e.g. for an SDK to
+    /// key its stores by.
+    pub const fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// True for [`SessionKey::LOCAL`].
+    pub fn is_local(self) -> bool {
+        self == SessionKey::LOCAL
+    }
+}
+
+impl std::fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "session {}", self.0)
+    }
+}
+
+/// Gives the memory that the C allocator (glibc's `malloc`) holds free back
+/// to the system (`malloc_trim(0)`); elsewhere a no-op. A worker calls it
+/// after freeing a session; a language executor whose runtime frees through
+/// `malloc` may call it after freeing much at once.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` takes no pointers and is thread-safe; it only
+    // returns free pages of the heap to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// A worker session as the executables loaded in it see it: its key, and
+/// whether it ended (then its programs that have not started yet fail
+/// instead of running).
+pub(crate) struct SessionScope {
+    key: SessionKey,
+    ended: AtomicBool,
+}
+
+impl SessionScope {
+    /// A new session's scope, with a fresh key.
+    pub(crate) fn new() -> SessionScope {
+        SessionScope {
+            key: SessionKey::fresh(),
+            ended: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn key(&self) -> SessionKey {
+        self.key
+    }
+
+    /// Marks the session ended: its programs that have not started fail.
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
 }
 
 /// A program prepared by a [`LanguageExecutor`], run once per execution on the
@@ -124,6 +222,16 @@ impl Executors {
         languages.sort();
         languages
     }
+
+    /// Every registered executor (built-in ones included).
+    pub fn all(&self) -> Vec<Arc<dyn LanguageExecutor>> {
+        self.by_language
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
 }
 
 /// A host's registry of native functions, resolved by name at compile time.
@@ -219,6 +327,7 @@ pub struct ExecutionContext<'a> {
     pub(crate) output_shards: &'a [OutputShard],
     pub(crate) outputs: Vec<Option<Buffer>>,
     pub(crate) callbacks: &'a [LoadedHostCallback],
+    pub(crate) session: SessionKey,
 }
 
 impl<'a> ExecutionContext<'a> {
@@ -244,6 +353,14 @@ impl<'a> ExecutionContext<'a> {
     /// The client (to create output buffers).
     pub fn client(&self) -> &'a Client {
         self.client
+    }
+
+    /// The session the program runs for: the controller's session on a
+    /// worker, [`SessionKey::LOCAL`] for the process's own client. What the
+    /// program leaves behind for later programs belongs to it (see
+    /// [`LanguageExecutor::session_ended`]).
+    pub fn session(&self) -> SessionKey {
+        self.session
     }
     /// Input shards on this host, argument-major: argument 0's shards in its
     /// sharding's device order, then argument 1's, …

@@ -59,9 +59,12 @@ pub use compiler::CompileOptions;
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
 pub use dispatch::{forget_stream_scope, set_stream_scope, Stream};
 pub use dtype::DType;
-pub use error::{Error, ErrorCode, Result};
+pub use error::{bound_text, Error, ErrorCode, Result};
 pub use executable::{ExecuteOptions, Execution, LoadedExecutable};
-pub use executor::{ExecutionContext, LanguageExecutor, LoadedProgram, NativeFn, OutputShard};
+pub use executor::{
+    release_freed_memory, ExecutionContext, LanguageExecutor, LoadedProgram, NativeFn, OutputShard,
+    SessionKey,
+};
 pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
 pub use future::Event;
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};

@@ -20,7 +20,10 @@
 //! process exits are lost: call [`flush`] before exiting.
 //!
 //! Nothing is installed when neither variable is set, or when the application has
-//! already installed a global subscriber (its subscriber wins, silently). A bad
+//! already installed a global subscriber (its subscriber wins, silently): a
+//! library embedder's process stays silent unless it opts in. Entry points that
+//! serve others, such as the worker commands, call [`init_with_default_log`]
+//! instead, so that their operators see warnings without setting anything. A bad
 //! directive or an unwritable path prints one warning to stderr and disables only
 //! that output.
 
@@ -67,9 +70,20 @@ thread_local! {
 /// Thread-safe and idempotent: calls after the first return at once. Never panics
 /// and never fails; problems are reported on stderr (see the module docs).
 pub fn init_from_env() {
-    static INIT: Once = Once::new();
-    INIT.call_once(install);
+    INIT.call_once(|| install(None));
 }
+
+/// Like [`init_from_env`], but logs what `default_log` (an `EnvFilter`
+/// directive such as `colocated=warn`) lets through when `COLOCATED_LOG` is
+/// unset or empty. For processes whose operators must see warnings and
+/// refusals by default (the worker commands); call it before anything else
+/// initializes logging, as only the first call of either function counts.
+pub fn init_with_default_log(default_log: &str) {
+    INIT.call_once(|| install(Some(default_log)));
+}
+
+/// Whether logging was initialized (by either function).
+static INIT: Once = Once::new();
 
 /// Blocks until every span closed before this call is written and the trace file
 /// is valid JSON.
@@ -85,18 +99,21 @@ pub fn flush() {
     }
 }
 
-fn install() {
+fn install(default_log: Option<&str>) {
     // The application's own subscriber wins; don't open a trace file it would not fill.
     if tracing::dispatcher::has_been_set() {
         return;
     }
     let var = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-    let log = var("COLOCATED_LOG").and_then(|directives| {
-        let directives = directives.to_string_lossy().into_owned();
-        EnvFilter::try_new(&directives)
-            .map_err(|e| eprintln!("colocated: ignoring COLOCATED_LOG={directives:?}: {e}"))
+    let filter = |what: &str, directives: &str| {
+        EnvFilter::try_new(directives)
+            .map_err(|e| eprintln!("colocated: ignoring {what}={directives:?}: {e}"))
             .ok()
-    });
+    };
+    // A bad COLOCATED_LOG falls back to the default, if any.
+    let log = var("COLOCATED_LOG")
+        .and_then(|directives| filter("COLOCATED_LOG", &directives.to_string_lossy()))
+        .or_else(|| default_log.and_then(|d| filter("the default log", d)));
     let trace = var("COLOCATED_TRACE").and_then(|path| {
         let path = PathBuf::from(path);
         start_writer(&path)

@@ -15,7 +15,8 @@ use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
 use colocated_core::{
     Array, ArraySpec, Buffer, Client, ClientOptions, ClusterOptions, CompileOptions, DType,
-    ErrorCode, Event, ExecuteOptions, Program, Sharding,
+    ErrorCode, Event, ExecuteOptions, ExecutionContext, LanguageExecutor, LoadedProgram, Program,
+    SessionKey, Sharding,
 };
 
 /// A worker with `devices` CPU devices whose native `add_one_i32` also
@@ -717,4 +718,243 @@ fn a_malformed_string_upload_is_refused_and_the_worker_serves_on() {
     let y = Buffer::from_strings(&client, &["", "aé"], &[2], &device, None).unwrap();
     assert_eq!(y.to_strings().unwrap(), ["", "aé"]);
     assert_eq!(a.worker.session_count(), 2);
+}
+
+// -- sessions own what their programs leave behind ----------------------------------
+
+/// The `probe` language: its programs record the session they ran for (and
+/// wait for the gate when their payload is `gate`); it records the sessions
+/// it was told ended.
+#[derive(Clone, Default)]
+struct SessionProbe {
+    ran: Arc<Mutex<Vec<SessionKey>>>,
+    ended: Arc<Mutex<Vec<SessionKey>>>,
+    gate: Arc<Mutex<Event>>,
+}
+
+impl LanguageExecutor for SessionProbe {
+    fn load(&self, program: &Program) -> colocated_core::Result<Arc<dyn LoadedProgram>> {
+        let (ran, gate) = (self.ran.clone(), self.gate.clone());
+        let gated = program.payload == b"gate";
+        Ok(Arc::new(move |ctx: &mut ExecutionContext<'_>| {
+            ran.lock().unwrap().push(ctx.session());
+            if gated {
+                let event = gate.lock().unwrap().clone();
+                event.wait()?;
+            }
+            Ok(())
+        }))
+    }
+
+    fn session_ended(&self, session: SessionKey) {
+        self.ended.lock().unwrap().push(session);
+    }
+}
+
+/// A worker (one device) whose host runs `probe` programs, and its client.
+fn probe_worker(
+    token: &Token,
+    options: impl FnOnce(&mut WorkerOptions),
+) -> (Worker, Client, SessionProbe) {
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        executor_threads: Some(2),
+        ..Default::default()
+    })
+    .unwrap();
+    let probe = SessionProbe::default();
+    client.register_executor("probe", probe.clone()).unwrap();
+    let mut opts = WorkerOptions::new(Some(token.clone()));
+    options(&mut opts);
+    (Worker::start(client.clone(), opts).unwrap(), client, probe)
+}
+
+fn probe_program(payload: &[u8], device: &colocated_core::Device) -> Program {
+    Program {
+        name: "probe".into(),
+        language: "probe".into(),
+        payload: payload.to_vec(),
+        input_specs: vec![],
+        output_specs: vec![],
+        devices: vec![device.clone()],
+    }
+}
+
+#[test]
+fn a_closed_session_is_ended_for_every_executor_and_so_are_those_open_at_shutdown() {
+    let token = Token::generate().unwrap();
+    let (worker, worker_client, probe) = probe_worker(&token, |_| {});
+    // The worker's own client runs its programs in the local session.
+    let local = worker_client
+        .compile(
+            probe_program(b"", &worker_client.devices()[0]),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    local
+        .execute(&[], &ExecuteOptions::default())
+        .unwrap()
+        .status
+        .wait()
+        .unwrap();
+    assert_eq!(*probe.ran.lock().unwrap(), vec![SessionKey::LOCAL]);
+    probe.ran.lock().unwrap().clear();
+
+    // A controller that runs a program twice; its session's key.
+    let controller = || {
+        let mut opts = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
+        opts.timeout = Duration::from_secs(5);
+        let client = Client::connect(&ClusterOptions {
+            workers: vec![opts],
+            include_local: false,
+            local: ClientOptions::default(),
+        })
+        .unwrap();
+        let program = client
+            .compile(
+                probe_program(b"", &client.devices()[0]),
+                CompileOptions::default(),
+            )
+            .unwrap();
+        for _ in 0..2 {
+            let run = program.execute(&[], &ExecuteOptions::default()).unwrap();
+            run.status.wait().unwrap();
+        }
+        let key = *probe.ran.lock().unwrap().last().unwrap();
+        (client, program, key)
+    };
+    let mut keys = Vec::new();
+    for n in 1..=2 {
+        let (client, program, key) = controller();
+        keys.push(key);
+        assert!(probe.ended.lock().unwrap().len() < n);
+        // Dropping the client closes its session (well before it would time
+        // out, after 10 s).
+        drop(program);
+        drop(client);
+        eventually("the worker closes the session", || {
+            worker.session_count() == 0
+        });
+        eventually("the executor hears that the session ended", || {
+            probe.ended.lock().unwrap().len() == n
+        });
+    }
+    assert!(keys.iter().all(|k| !k.is_local()), "{keys:?}");
+    assert_ne!(keys[0], keys[1], "each session has its own key");
+    assert_eq!(*probe.ended.lock().unwrap(), keys);
+    assert_eq!(
+        *probe.ran.lock().unwrap(),
+        vec![keys[0], keys[0], keys[1], keys[1]],
+        "every program ran for its session"
+    );
+    // A worker that stops ends the sessions still open (and waits for that);
+    // the local session never ends.
+    let (_client, _program, open) = controller();
+    keys.push(open);
+    drop(local);
+    worker.shutdown().unwrap();
+    assert_eq!(*probe.ended.lock().unwrap(), keys);
+}
+
+#[test]
+fn a_timed_out_session_is_ended_for_every_executor_once_its_programs_ran() {
+    use colocated_core::transport::proto::worker_client::WorkerClient;
+    use colocated_core::transport::proto::{
+        ExecuteRequest, LoadExecutableRequest, OpenSessionRequest,
+    };
+    use colocated_core::transport::{SessionId, AUTHORIZATION, SESSION};
+
+    let token = Token::generate().unwrap();
+    let (worker, worker_client, probe) = probe_worker(&token, |o| {
+        o.heartbeat_interval = Duration::from_millis(50);
+        o.session_timeout = Duration::from_millis(300);
+    });
+    let serialized = |payload: &[u8]| {
+        worker_client
+            .compile(
+                probe_program(payload, &worker_client.devices()[0]),
+                CompileOptions::default(),
+            )
+            .unwrap()
+            .serialize()
+    };
+    let executables = [serialized(b""), serialized(b"gate")];
+    let held = probe.gate.lock().unwrap().clone();
+    fn request<T>(token: &Token, message: T, session: Option<&str>) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let metadata = request.metadata_mut();
+        let bearer = format!("Bearer {}", token.expose());
+        metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
+        if let Some(session) = session {
+            metadata.insert(SESSION, session.parse().unwrap());
+        }
+        request
+    }
+    // A controller that opens a session, runs a quick program and one that
+    // waits, and goes silent without closing the session (as if killed).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
+            .await
+            .unwrap();
+        let opened = rpc
+            .open_session(request(
+                &token,
+                OpenSessionRequest {
+                    min_version: 1,
+                    max_version: 2,
+                    client_name: "silent".into(),
+                },
+                None,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let id = SessionId::from_bytes(&opened.session_id)
+            .unwrap()
+            .to_string();
+        for (handle, executable) in (1..).zip(executables) {
+            rpc.load_executable(request(
+                &token,
+                LoadExecutableRequest {
+                    handle,
+                    executable: executable.into(),
+                },
+                Some(&id),
+            ))
+            .await
+            .unwrap();
+            rpc.execute(request(
+                &token,
+                ExecuteRequest {
+                    executable: handle,
+                    inputs: vec![],
+                    outputs: vec![],
+                    stream: 1,
+                },
+                Some(&id),
+            ))
+            .await
+            .unwrap();
+        }
+    });
+    drop(runtime);
+    eventually("both programs run", || probe.ran.lock().unwrap().len() == 2);
+    let key = probe.ran.lock().unwrap()[0];
+    assert!(!key.is_local());
+    assert_eq!(*probe.ran.lock().unwrap(), vec![key, key]);
+    eventually("the silent session times out", || {
+        worker.session_count() == 0
+    });
+    // Not while a program of the session runs.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(probe.ended.lock().unwrap().is_empty());
+    held.set(Ok(())).unwrap();
+    eventually("the executor hears that the session ended", || {
+        !probe.ended.lock().unwrap().is_empty()
+    });
+    assert_eq!(*probe.ended.lock().unwrap(), vec![key]);
 }

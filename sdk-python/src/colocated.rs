@@ -60,6 +60,45 @@ impl core::LanguageExecutor for PythonExecutor {
             core::Error::invalid_argument(format!("cannot load the colocated Python program: {e}"))
         })
     }
+
+    /// Drops what the session's programs left on this host — objects of
+    /// colocated classes (their `__del__` runs here) and parked discovery
+    /// results — then gives the freed memory back to the system.
+    fn session_ended(&self, session: core::SessionKey) {
+        // SAFETY: `Py_IsInitialized` may be called at any time, without the GIL.
+        if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+            return;
+        }
+        Python::attach(|py| {
+            let ended = py
+                .import("colocated._colocated_class")
+                .and_then(|m| m.call_method1("_end_session", (session.as_u64(),)));
+            if let Err(e) = ended {
+                e.write_unraisable(py, None);
+            }
+        });
+        release_freed_memory();
+    }
+}
+
+extern "C" {
+    /// mimalloc's own: returns the memory it holds free to the system
+    /// (`force`: now, not after its purge delay). This module's Rust
+    /// allocator is mimalloc (`colocated_ffi`'s `mimalloc` feature, which
+    /// links the library).
+    fn mi_collect(force: bool);
+}
+
+/// Gives the memory both allocators of this process hold free back to the
+/// system: mimalloc's (the Rust side's) and the C allocator's (CPython's
+/// large objects and numpy's data).
+fn release_freed_memory() {
+    // SAFETY: `mi_collect` takes no pointers and may be called from any
+    // thread at any time.
+    unsafe {
+        mi_collect(true);
+    }
+    core::release_freed_memory();
 }
 
 /// A loaded colocated Python program: a host callable (`_HostCall`) that takes a
@@ -223,6 +262,8 @@ impl core::LoadedProgram for PythonProgram {
         keep_python_thread_state();
         // `call_host_callback` from the program reaches these.
         let _callbacks = CurrentCallbacks::enter(ctx.host_callbacks());
+        // The object store and parked results of the program's session.
+        let _session = CurrentSession::enter(ctx.session());
         // The arrays as this host holds them: its part of each global array.
         let (input_specs, output_specs) = (ctx.host_input_specs(), ctx.host_output_specs());
         let mut at = 0;
@@ -272,6 +313,39 @@ impl core::LoadedProgram for PythonProgram {
         }
         Ok(())
     }
+}
+
+thread_local! {
+    /// The session of the program running on this thread (`LOCAL` outside
+    /// programs).
+    static CURRENT_SESSION: std::cell::Cell<u64> =
+        const { std::cell::Cell::new(core::SessionKey::LOCAL.as_u64()) };
+}
+
+/// Makes a program's session current on this thread while it runs, and
+/// restores the outer program's.
+struct CurrentSession(u64);
+
+impl CurrentSession {
+    fn enter(session: core::SessionKey) -> CurrentSession {
+        CurrentSession(CURRENT_SESSION.with(|c| c.replace(session.as_u64())))
+    }
+}
+
+impl Drop for CurrentSession {
+    fn drop(&mut self) {
+        CURRENT_SESSION.with(|c| c.set(self.0));
+    }
+}
+
+/// The session of the colocated program running on this thread: on a worker,
+/// the key of the controller's session it runs for; 0 (the local session)
+/// for programs a process runs for its own client, and outside programs.
+/// What programs leave on a host (objects of colocated classes, parked
+/// discovery results) is kept per session and freed when it ends.
+#[pyfunction]
+pub fn current_session() -> u64 {
+    CURRENT_SESSION.with(|c| c.get())
 }
 
 thread_local! {

@@ -36,10 +36,12 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<colocated::Executable>()?;
     m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(colocated::call_host_callback, m)?)?;
+    m.add_function(wrap_pyfunction!(colocated::current_session, m)?)?;
     m.add_class::<remote::WorkerHandle>()?;
     m.add_class::<remote::RemoteSession>()?;
     m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;
     m.add_function(wrap_pyfunction!(remote::load_plugin, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::init_worker_logging, m)?)?;
     m.add("PLATFORM_NAME", colocated_core::PLATFORM_NAME)?;
     m.add("TOKEN_ENV", colocated_core::transport::TOKEN_ENV)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

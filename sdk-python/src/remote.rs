@@ -64,6 +64,17 @@ impl WorkerHandle {
         &self.address
     }
 
+    /// True once the worker has had no session for `exit_after_idle`
+    /// seconds (never without it, or once shut down).
+    #[getter]
+    fn idle_expired(&self) -> bool {
+        self.worker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(Worker::idle_expired)
+    }
+
     /// Stops serving and closes every session (idempotent).
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
         let worker = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -78,9 +89,11 @@ impl WorkerHandle {
 /// so that devices in pickled programs resolve to the served ones; it runs
 /// native and Python programs). Every request must carry the token of
 /// `token`, else of the file `token_file`, else of `COLOCATED_TOKEN`; with none
-/// of them, `insecure=True` serves anyone.
+/// of them, `insecure=True` serves anyone. With `exit_after_idle` (seconds),
+/// `WorkerHandle.idle_expired` becomes true once the worker has had no session
+/// for that long.
 #[pyfunction]
-#[pyo3(signature = (client, listen, *, token=None, token_file=None, insecure=false, heartbeat_interval=1.0, session_timeout=10.0, tls_cert=None, tls_key=None))]
+#[pyo3(signature = (client, listen, *, token=None, token_file=None, insecure=false, heartbeat_interval=1.0, session_timeout=10.0, tls_cert=None, tls_key=None, exit_after_idle=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn start_worker(
     py: Python<'_>,
@@ -93,6 +106,7 @@ pub fn start_worker(
     session_timeout: f64,
     tls_cert: Option<Vec<u8>>,
     tls_key: Option<Vec<u8>>,
+    exit_after_idle: Option<f64>,
 ) -> PyResult<WorkerHandle> {
     let token = match (&token, &token_file, insecure) {
         // An insecure worker does not pick up a token from the environment.
@@ -114,6 +128,9 @@ pub fn start_worker(
     options.listen = listen;
     options.heartbeat_interval = seconds("heartbeat_interval", heartbeat_interval)?;
     options.session_timeout = seconds("session_timeout", session_timeout)?;
+    options.exit_after_idle = exit_after_idle
+        .map(|s| seconds("exit_after_idle", s))
+        .transpose()?;
     options.tls = match (tls_cert, tls_key) {
         (Some(cert_pem), Some(key_pem)) => Some(TlsIdentity { cert_pem, key_pem }),
         (None, None) => None,
@@ -130,6 +147,19 @@ pub fn start_worker(
         address: worker.local_addr().to_string(),
         worker: std::sync::Mutex::new(Some(worker)),
     })
+}
+
+/// What a Python worker logs when `COLOCATED_LOG` is unset: the warnings of
+/// colocated's crates and of this module.
+const WORKER_DEFAULT_LOG: &str = "colocated=warn,_colocated=warn";
+
+/// Installs a worker's logging: to stderr, what `COLOCATED_LOG` selects, else
+/// colocated's warnings (refused requests, an insecure or exposed worker). A
+/// library user's process stays silent unless it sets `COLOCATED_LOG`; only
+/// `python -m colocated.worker` calls this, before anything else can.
+#[pyfunction]
+pub fn init_worker_logging() {
+    core::trace::init_with_default_log(WORKER_DEFAULT_LOG);
 }
 
 /// Loads the native-function plugin at `path` (a shared library exporting

@@ -20,14 +20,20 @@ def write_token(path) -> None:
 
 
 class Worker:
-    """One worker process with ``devices`` CPU devices. The tests' folder is on
-    its ``PYTHONPATH``, so modules of it (such as ``jax_shim``) import there."""
+    """One worker process with ``devices`` CPU devices (and at most
+    ``max_files`` open descriptors, when given), which closes a session after
+    ``session_timeout`` seconds without a heartbeat. The tests' folder is on its
+    ``PYTHONPATH``, so modules of it (such as ``jax_shim``) import there."""
 
-    def __init__(self, token_file, devices=2, listen="127.0.0.1:0"):
+    def __init__(self, token_file, devices=2, listen="127.0.0.1:0", max_files=None, session_timeout=2.0):
         env = {k: v for k, v in os.environ.items() if k != "COLOCATED_TOKEN"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_HERE, env.get("PYTHONPATH")) if p)
         args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", str(devices), "--listen", listen]
-        args += ["--token-file", str(token_file), "--heartbeat-interval", "0.25", "--session-timeout", "2"]
+        args += ["--token-file", str(token_file), "--heartbeat-interval", "0.25"]
+        args += ["--session-timeout", str(session_timeout)]
+        if max_files is not None:
+            # The shell's own limit, inherited by the worker it becomes.
+            args = ["sh", "-c", f'ulimit -n {int(max_files)} && exec "$0" "$@"', *args]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         line = self.proc.stdout.readline()
         if not line.startswith("listening on "):
@@ -51,3 +57,12 @@ class Worker:
                 self.proc.kill()
         self.kill()
         self.proc.stdout.close()
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process ``pid`` in bytes (Linux ``VmRSS``)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")

@@ -33,6 +33,7 @@ use bytes::Bytes;
 use prost::Message;
 use tokio_stream::StreamExt;
 use tonic::codec::{Codec, ProstCodec};
+use tonic::codegen::http;
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Request, Status, Streaming};
 
@@ -108,6 +109,129 @@ pub fn control_messages(data: &[u8]) {
 pub fn buffer_chunks(data: &[u8]) {
     if let Some((flags, body)) = data.split_first() {
         harness().run(Rpc::PutBuffer, Wire::new(*flags, body));
+    }
+}
+
+/// The RPC paths a [`router_requests`] input picks from (bits 0–2 of its first
+/// byte; 7 takes the path from the input).
+const ROUTER_PATHS: [&str; 7] = [
+    "/colocated.remote.v1.Worker/OpenSession",
+    "/colocated.remote.v1.Worker/Control",
+    "/colocated.remote.v1.Worker/PutBuffer",
+    "/colocated.remote.v1.Worker/LoadExecutable",
+    "/colocated.remote.v1.Worker/Heartbeat",
+    "/colocated.remote.v1.Worker/GetBuffer",
+    "/colocated.remote.v1.Worker/CloseSession",
+];
+
+/// Runs `data` as one request through the worker's router, as a stranger (or
+/// a controller with a bad session) sends it: every request that lacks the
+/// token, or names no open session where one is needed, must be refused with
+/// a gRPC error before a byte of its body is read. Panics otherwise.
+///
+/// The input: one byte (bits 0–2: the path, [`ROUTER_PATHS`] or 7 for the
+/// input's own; bits 3–4: the authorization — none, the token, a wrong token,
+/// or the input's bytes; bits 5–6: the session — none, the bystander's, an
+/// unknown id, or the input's bytes), one byte `n`, `n` bytes for whatever the
+/// first byte takes from the input, then the body.
+pub fn router_requests(data: &[u8]) {
+    let Some((&[choice, n], rest)) = data.split_first_chunk::<2>() else {
+        return;
+    };
+    let (raw, body) = rest.split_at(rest.len().min(n as usize));
+    let harness = harness();
+    let token = &harness.peer.token;
+    let path = match ROUTER_PATHS.get((choice & 7) as usize) {
+        Some(path) => (*path).to_string(),
+        None => String::from_utf8_lossy(raw).into_owned(),
+    };
+    let authorization: Option<Vec<u8>> = match (choice >> 3) & 3 {
+        0 => None,
+        1 => Some(format!("Bearer {}", token.expose()).into_bytes()),
+        2 => Some(b"Bearer not-the-token".to_vec()),
+        _ => Some(raw.to_vec()),
+    };
+    let session: Option<Vec<u8>> = match (choice >> 5) & 3 {
+        0 => None,
+        1 => Some(harness.bystander.to_string().into_bytes()),
+        2 => Some(b"00000000000000000000000000000000".to_vec()),
+        _ => Some(raw.to_vec()),
+    };
+    let authorized = authorization
+        .as_deref()
+        .is_some_and(|a| a == format!("Bearer {}", token.expose()).as_bytes());
+    let Ok(uri) = http::Uri::builder()
+        .scheme("http")
+        .authority("worker")
+        .path_and_query(path.as_str())
+        .build()
+    else {
+        return;
+    };
+    // The router sees the path without its query.
+    let open_session = uri.path() == ROUTER_PATHS[0];
+    // As the worker reads a session id (hex digits of either case).
+    let bystander = session
+        .as_deref()
+        .and_then(|s| std::str::from_utf8(s).ok())
+        .and_then(|s| SessionId::parse(s).ok())
+        .is_some_and(|id| id == harness.bystander);
+    if authorized && (open_session || bystander) {
+        // Admitted: what follows is the other targets' business (and must not
+        // open sessions or touch the bystander's here).
+        return;
+    }
+    let read = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut request = http::Request::new(tonic::body::Body::new(Watched {
+        wire: Wire::clean(body.to_vec()),
+        read: read.clone(),
+    }));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    for (name, value) in [(AUTHORIZATION, authorization), (SESSION, session)] {
+        if let Some(value) = value.and_then(|v| http::HeaderValue::from_bytes(&v).ok()) {
+            headers.insert(name, value);
+        }
+    }
+    let mut router = harness.peer.worker.router();
+    let response = block_on(tonic::codegen::Service::call(&mut router, request))
+        .unwrap_or_else(|never| match never {});
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok());
+    assert!(
+        status.is_some_and(|s| s != Code::Ok as i32),
+        "{path}: an unadmitted request was not refused at its headers: {response:?}"
+    );
+    assert!(
+        !read.load(std::sync::atomic::Ordering::SeqCst),
+        "{path}: the body of an unadmitted request was read"
+    );
+}
+
+/// A body that records whether anything polled it.
+struct Watched {
+    wire: Wire,
+    read: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        self.read.store(true, std::sync::atomic::Ordering::SeqCst);
+        Pin::new(&mut self.wire).poll_frame(cx)
     }
 }
 

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tonic::Status;
 
 use super::proto::{ControlResponse, HostCallbackCall, HostCallbackResult};
-use super::MAX_MESSAGE_BYTES;
+use super::{wire_message, MAX_MESSAGE_BYTES};
 use crate::error::{Error, ErrorCode, Result};
 
 /// The most host callbacks one executable may name (a bound on what a
@@ -132,7 +132,7 @@ pub(crate) fn result_of(call: u64, outcome: Result<Vec<u8>>) -> HostCallbackResu
         Err(e) => HostCallbackResult {
             call,
             code: e.code() as u32,
-            message: e.message().to_string(),
+            message: wire_message(&e),
             output: Bytes::new(),
         },
     }

@@ -16,14 +16,17 @@ use std::path::Path;
 
 use subtle::ConstantTimeEq;
 
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{bound_text, Error, ErrorCode, Result};
 
+mod admission;
 mod buffers;
 mod bulk;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod host_calls;
+mod idle;
+mod refusals;
 pub mod session;
 mod strings;
 pub mod worker;
@@ -56,6 +59,32 @@ pub const TOKEN_ENV: &str = "COLOCATED_TOKEN";
 /// Largest protobuf message either side decodes; bulk data moves in chunks
 /// below this size.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// The most bytes of an error message that cross the wire inside a protocol
+/// message (control answers, host callback results); a longer one keeps its
+/// head and tail around a note of what was cut ([`bound_text`]).
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 64 << 10;
+/// The most bytes of a remote traceback that cross the wire (cut like
+/// messages).
+pub const MAX_REMOTE_TRACEBACK_BYTES: usize = 64 << 10;
+/// The most bytes of a gRPC status message: it travels in an HTTP/2 trailer,
+/// percent-encoded (up to three bytes for one), and peers limit a header
+/// list's size (hyper's clients to 16 KiB).
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 4 << 10;
+
+/// `err`'s message as it crosses the wire in a protocol message.
+pub(crate) fn wire_message(err: &Error) -> String {
+    bound_text(err.message(), MAX_ERROR_MESSAGE_BYTES).into_owned()
+}
+
+/// `err`'s remote traceback (empty for none) as it crosses the wire.
+pub(crate) fn wire_traceback(err: &Error) -> String {
+    bound_text(
+        err.remote_traceback().unwrap_or_default(),
+        MAX_REMOTE_TRACEBACK_BYTES,
+    )
+    .into_owned()
+}
 
 /// HTTP/2 flow-control windows, sized for bulk transfers (the defaults of 64 KiB
 /// stall a fast link).
@@ -189,7 +218,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The gRPC status of a core error (the codes are the same canonical set).
+/// The gRPC status of a core error (the codes are the same canonical set); a
+/// message over [`MAX_STATUS_MESSAGE_BYTES`] keeps its head and tail.
 pub fn to_status(err: &Error) -> tonic::Status {
     let code = match err.code() {
         ErrorCode::Cancelled => tonic::Code::Cancelled,
@@ -205,7 +235,7 @@ pub fn to_status(err: &Error) -> tonic::Status {
         ErrorCode::Unavailable => tonic::Code::Unavailable,
         ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
     };
-    tonic::Status::new(code, err.message())
+    tonic::Status::new(code, bound_text(err.message(), MAX_STATUS_MESSAGE_BYTES))
 }
 
 /// The core error of a gRPC status. `out_of_range` (tonic's refusal of an
@@ -325,5 +355,33 @@ mod tests {
             from_status(&tonic::Status::data_loss("x")).code(),
             ErrorCode::Internal
         );
+    }
+
+    #[test]
+    fn errors_crossing_the_wire_are_bounded() {
+        let huge = format!("HEAD{}TAIL", "é".repeat(2 << 20));
+        let err = Error::internal(huge.clone()).with_remote_traceback(huge.clone());
+        let status = to_status(&err);
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert!(status.message().len() <= MAX_STATUS_MESSAGE_BYTES);
+        for (text, limit) in [
+            (status.message().to_string(), MAX_STATUS_MESSAGE_BYTES),
+            (wire_message(&err), MAX_ERROR_MESSAGE_BYTES),
+            (wire_traceback(&err), MAX_REMOTE_TRACEBACK_BYTES),
+        ] {
+            let len = text.len();
+            assert!(len <= limit && len > limit - 64, "{len}");
+            assert!(text.starts_with("HEADé") && text.ends_with("éTAIL"));
+            assert!(text.contains(" bytes cut] … "));
+        }
+        // A host callback's error, going from the controller to the worker.
+        let result = host_calls::result_of(7, Err(err.clone()));
+        assert_eq!(result.code, ErrorCode::Internal as u32);
+        assert!(result.message.len() <= MAX_ERROR_MESSAGE_BYTES);
+        assert!(result.message.starts_with("HEADé") && result.message.ends_with("éTAIL"));
+        let small = Error::not_found("small");
+        assert_eq!(to_status(&small).message(), "small");
+        assert_eq!(wire_message(&small), "small");
+        assert_eq!(wire_traceback(&small), "");
     }
 }

@@ -11,9 +11,13 @@ use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::admission::{
+    Admission, Incoming, DEFAULT_HANDSHAKE_TIMEOUT, MAX_STREAMS_PER_CONNECTION,
+};
 use super::buffers::{buffer_owning, check_spec, chunks, receive_buffer, wire_bytes, CheckedSpec};
 use super::bulk::{empty_answer, ChunkParser, ChunkSink, PUT_BUFFER_PATH};
 use super::host_calls::{PendingCalls, MAX_HOST_CALLBACKS};
+use super::idle::{expire_when_idle, IdleWatch};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
 use super::proto::{
     control_request, BufferChunk, CloseSessionRequest, CloseSessionResponse, ControlRequest,
@@ -22,23 +26,33 @@ use super::proto::{
     LoadExecutableRequest, LoadExecutableResponse, OpenSessionRequest, OpenSessionResponse,
     PutBufferChunk, PutBufferResponse,
 };
+use super::refusals::RefusalLog;
 use super::{
-    runtime, to_status, SessionId, StringDecoder, Token, AUTHORIZATION, MAX_INLINE_READ_BYTES,
-    MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, SESSION,
+    runtime, to_status, wire_message, wire_traceback, SessionId, StringDecoder, Token,
+    AUTHORIZATION, MAX_INLINE_READ_BYTES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
+    PROTOCOL_VERSION_MIN, SESSION,
 };
 use crate::array::Array;
 use crate::buffer::Buffer;
 use crate::client::Client;
 use crate::compiler::CompileOptions;
-use crate::dispatch::Stream;
+use crate::dispatch::{Job, Stream, Task};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::executable::{ExecuteOptions, LoadedExecutable};
+use crate::executor::SessionScope;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 
 /// How long a stopping worker waits for open connections to finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The most header bytes a request may carry (its token and session id need
+/// a few hundred).
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
+/// The path of the one RPC that needs no session.
+const OPEN_SESSION_PATH: &str = "/colocated.remote.v1.Worker/OpenSession";
 
 /// How a worker serves.
 #[derive(Clone, Debug)]
@@ -55,6 +69,13 @@ pub struct WorkerOptions {
     pub session_timeout: Duration,
     /// Serve TLS (rustls) with this certificate and key instead of plain TCP.
     pub tls: Option<TlsIdentity>,
+    /// Once the worker has had no session for this long (since it started,
+    /// or since its last session ended), [`Worker::idle_expired`] becomes
+    /// true, and its entry point stops it. `None`: never.
+    pub exit_after_idle: Option<Duration>,
+    /// How long a new connection has to authenticate — TLS handshake, HTTP/2
+    /// preface and a first request with the token — before it is closed.
+    pub handshake_timeout: Duration,
 }
 
 /// A worker's TLS certificate chain and private key, PEM-encoded.
@@ -82,6 +103,8 @@ impl WorkerOptions {
             heartbeat_interval: Duration::from_secs(1),
             session_timeout: Duration::from_secs(10),
             tls: None,
+            exit_after_idle: None,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -101,6 +124,20 @@ pub(super) struct Shared {
     sessions: Mutex<HashMap<SessionId, Session>>,
     heartbeat_interval: Duration,
     session_timeout: Duration,
+    admission: Arc<Admission>,
+    refusals: RefusalLog,
+    idle: Arc<IdleWatch>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Sessions still open when the last of the server goes (a worker
+        // dropped inside the runtime) end too.
+        let sessions = self.sessions.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (id, session) in sessions.drain() {
+            let _ = end_session(&self.client, id, session);
+        }
+    }
 }
 
 /// What the worker keeps per session: everything in it is freed when the
@@ -118,6 +155,8 @@ struct Session {
     ended: tokio::sync::watch::Sender<()>,
     /// Calls of the controller's host callbacks by programs of the session.
     calls: PendingCalls,
+    /// The session as its programs see it (`ExecutionContext::session`).
+    scope: Arc<SessionScope>,
 }
 
 impl Worker {
@@ -127,6 +166,13 @@ impl Worker {
         if options.token.is_none() {
             tracing::warn!(
                 "this worker accepts requests without a token: anyone who can reach {} can run code here",
+                options.listen
+            );
+        }
+        if options.tls.is_none() && !options.listen.ip().to_canonical().is_loopback() {
+            tracing::warn!(
+                "listening on {} without TLS: requests, their data and the token travel in \
+                 plain text on the network (serve TLS with a certificate and key)",
                 options.listen
             );
         }
@@ -143,6 +189,9 @@ impl Worker {
             sessions: Mutex::new(HashMap::new()),
             heartbeat_interval: options.heartbeat_interval,
             session_timeout: options.session_timeout,
+            admission: Admission::new(options.handshake_timeout),
+            refusals: RefusalLog::default(),
+            idle: Arc::default(),
         });
         let service = Routes {
             grpc: WorkerServer::new(Service(shared.clone()))
@@ -151,8 +200,7 @@ impl Worker {
             shared: shared.clone(),
         };
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = Incoming::new(listener, shared.admission.clone());
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &options.tls {
             let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
@@ -164,6 +212,8 @@ impl Worker {
             .initial_stream_window_size(Some(super::STREAM_WINDOW_BYTES))
             .initial_connection_window_size(Some(super::CONNECTION_WINDOW_BYTES))
             .max_frame_size(Some(super::MAX_FRAME_BYTES))
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+            .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
             .http2_keepalive_interval(Some(options.heartbeat_interval))
             .http2_keepalive_timeout(Some(options.heartbeat_interval * 2))
             .add_service(service);
@@ -171,6 +221,11 @@ impl Worker {
             let _ = stop.await;
         }));
         runtime.spawn(reap_sessions(Arc::downgrade(&shared)));
+        if let Some(limit) = options.exit_after_idle {
+            let weak = Arc::downgrade(&shared);
+            let has_session = move || weak.upgrade().map(|s| !lock(&s.sessions).is_empty());
+            runtime.spawn(expire_when_idle(shared.idle.clone(), limit, has_session));
+        }
         tracing::info!(%local_addr, tls = options.tls.is_some(), "worker serving");
         Ok(Worker {
             local_addr,
@@ -183,6 +238,20 @@ impl Worker {
     /// The address the worker listens on (with the port it picked).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// True once the worker has had no session for
+    /// [`WorkerOptions::exit_after_idle`] (and for good): its entry point
+    /// should stop it. Never true without that option.
+    pub fn idle_expired(&self) -> bool {
+        self.shared.idle.expired()
+    }
+
+    /// Resolves once [`Worker::idle_expired`] is true (never without
+    /// [`WorkerOptions::exit_after_idle`]). Needs no timer: it may be awaited
+    /// on any runtime or executor, e.g. alongside a wait for signals.
+    pub fn wait_idle_expired(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.shared.idle.wait()
     }
 
     /// Number of open sessions.
@@ -198,6 +267,28 @@ impl Worker {
             .sum()
     }
 
+    /// Connections now (pending authentication, authenticated), and the pending
+    /// ones closed so far (displaced by newer ones, past the handshake
+    /// deadline).
+    pub fn connection_counts(&self) -> ((usize, usize), (u64, u64)) {
+        (
+            self.shared.admission.counts(),
+            self.shared.admission.closed_counts(),
+        )
+    }
+
+    /// The worker's router (what a connection's requests go through first),
+    /// for the fuzz targets.
+    #[cfg(feature = "fuzzing")]
+    pub(super) fn router(&self) -> Routes {
+        Routes {
+            grpc: WorkerServer::new(Service(self.shared.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Number of buffers the open sessions hold.
     pub fn buffer_count(&self) -> usize {
         lock(&self.shared.sessions)
@@ -206,16 +297,25 @@ impl Worker {
             .sum()
     }
 
-    /// Stops serving, closes every session, and waits for the server to finish.
+    /// Stops serving, closes every session, and waits for the server to
+    /// finish and (at most 2 s) for the sessions to be freed, language
+    /// executors' `session_ended` included.
     pub fn shutdown(mut self) -> Result<()> {
-        self.stop()
+        self.stop(true)
     }
 
-    fn stop(&mut self) -> Result<()> {
+    fn stop(&mut self, wait_for_sessions: bool) -> Result<()> {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        lock(&self.shared.sessions).clear();
+        let sessions: Vec<_> = lock(&self.shared.sessions).drain().collect();
+        let ending: Vec<_> = sessions
+            .into_iter()
+            .filter_map(|(id, session)| end_session(&self.shared.client, id, session))
+            .collect();
+        if wait_for_sessions {
+            wait_ended(ending, Instant::now() + SHUTDOWN_GRACE);
+        }
         let Some(served) = self.served.take() else {
             return Ok(());
         };
@@ -253,12 +353,105 @@ impl Drop for Worker {
             }
             return;
         }
-        let _ = self.stop();
+        // Not waiting for the sessions to be freed: the dropping thread may
+        // hold what freeing them needs (Python's GIL).
+        let _ = self.stop(false);
     }
+}
+
+/// The session id a request names.
+fn session_id(metadata: &MetadataMap) -> Result<SessionId> {
+    metadata
+        .get(SESSION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| Error::unauthenticated("the request names no session"))
+        .and_then(|text| {
+            SessionId::parse(text).map_err(|e| Error::unauthenticated(e.message().to_string()))
+        })
+}
+
+fn unknown_session() -> Error {
+    Error::unauthenticated("unknown session (it was closed, timed out, or the worker restarted)")
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Frees a session taken out of the worker's table — closed, timed out, or
+/// the worker stopping — on a thread of its own (never a network thread, nor
+/// under the table's lock): its programs that have not started fail, its
+/// buffers, executables, streams and host callback calls go, and once the
+/// executions already running finished, every language executor frees what
+/// the session's programs left behind (`LanguageExecutor::session_ended`:
+/// objects, parked results) and the allocator gives the memory back. Returns
+/// the thread (`None` if none could start: then the session is dropped
+/// without telling the executors).
+fn end_session(
+    client: &Client,
+    id: SessionId,
+    session: Session,
+) -> Option<std::thread::JoinHandle<()>> {
+    session.scope.end();
+    let client = client.clone();
+    let free = move || {
+        let key = session.scope.key();
+        // One marker per stream, behind the session's executions.
+        let drained: Vec<Event> = session
+            .streams
+            .values()
+            .map(|stream| {
+                let done = Event::new();
+                let marked = done.clone();
+                let task = Task {
+                    deps: Vec::new(),
+                    completion: done.clone(),
+                    run: Job::Call(Box::new(move |_| marked.set_if_pending(Ok(())))),
+                    waiter_first: false,
+                };
+                client.0.local.dispatcher.submit(stream, task);
+                done
+            })
+            .collect();
+        // Waiting host callback calls fail now, so their executions finish.
+        drop(session);
+        for event in drained {
+            // Failed only when the client is gone: nothing runs then either.
+            let _ = event.wait();
+        }
+        for executor in client.0.local.executors.all() {
+            let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                executor.session_ended(key)
+            }));
+            if ended.is_err() {
+                tracing::error!(session = %id, "a language executor panicked freeing the session");
+            }
+        }
+        crate::executor::release_freed_memory();
+        tracing::debug!(session = %id, "session freed");
+    };
+    match std::thread::Builder::new()
+        .name("colocated-session-end".into())
+        .spawn(free)
+    {
+        Ok(thread) => Some(thread),
+        Err(e) => {
+            tracing::error!(session = %id, "no thread to free the session: {e}");
+            None
+        }
+    }
+}
+
+/// Waits until the threads of `end_session` finished, or `deadline`.
+fn wait_ended(ending: Vec<std::thread::JoinHandle<()>>, deadline: Instant) {
+    for thread in ending {
+        while !thread.is_finished() {
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 /// Closes sessions whose controller stopped sending heartbeats.
@@ -271,13 +464,23 @@ async fn reap_sessions(shared: std::sync::Weak<Shared>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        lock(&shared.sessions).retain(|id, session| {
-            let alive = session.last_seen.elapsed() <= shared.session_timeout;
-            if !alive {
-                tracing::info!(session = %id, client = %session.client_name, "session timed out; freeing it");
-            }
-            alive
-        });
+        let timed_out: Vec<(SessionId, Session)> = {
+            let mut sessions = lock(&shared.sessions);
+            let expired: Vec<SessionId> = sessions
+                .iter()
+                .filter(|(_, session)| session.last_seen.elapsed() > shared.session_timeout)
+                .map(|(id, _)| *id)
+                .collect();
+            expired
+                .iter()
+                .filter_map(|id| sessions.remove_entry(id))
+                .collect()
+        };
+        // Taken out under the lock, freed outside it.
+        for (id, session) in timed_out {
+            tracing::info!(session = %id, client = %session.client_name, "session timed out; freeing it");
+            let _ = end_session(&shared.client, id, session);
+        }
     }
 }
 
@@ -296,11 +499,11 @@ impl Service {
         match presented {
             Some(presented) if token.matches(presented) => Ok(()),
             Some(_) => {
-                tracing::warn!(peer = ?remote, "refused a request with a wrong token");
+                self.0.refusals.refused(remote, "a wrong token");
                 Err(Error::unauthenticated("the token is wrong"))
             }
             None => {
-                tracing::warn!(peer = ?remote, "refused a request without a token");
+                self.0.refusals.refused(remote, "no token");
                 Err(Error::unauthenticated(
                     "this worker requires a token (authorization: Bearer <token>)",
                 ))
@@ -308,25 +511,50 @@ impl Service {
         }
     }
 
+    /// The checks of every request, made by the router before any of its body
+    /// is read: the token, then (for every RPC but `OpenSession`) a session
+    /// that is open. A request with the token authenticates its connection
+    /// (see [`admission`](super::admission)).
+    fn admit<B>(&self, request: &http::Request<B>) -> Result<()> {
+        let extensions = request.extensions();
+        let peer = extensions
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|i| i.remote_addr())
+            .or_else(|| {
+                extensions
+                    .get::<tonic::transport::server::TlsConnectInfo<
+                        tonic::transport::server::TcpConnectInfo,
+                    >>()
+                    .and_then(|i| i.get_ref().remote_addr())
+            });
+        let metadata = MetadataMap::from_headers(request.headers().clone());
+        self.authenticate(&metadata, peer)?;
+        self.0.admission.authenticated(peer)?;
+        if request.uri().path() != OPEN_SESSION_PATH {
+            let id = session_id(&metadata).map_err(|e| self.refused(peer, e))?;
+            if !lock(&self.0.sessions).contains_key(&id) {
+                return Err(self.refused(peer, unknown_session()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `err`, a refusal of a request from `peer`, logged (rate-limited).
+    fn refused(&self, peer: Option<SocketAddr>, err: Error) -> Error {
+        self.0.refusals.refused(peer, err.message());
+        err
+    }
+
     /// The authenticated session a request belongs to, marked as alive.
     fn session<T>(&self, request: &Request<T>) -> Result<SessionId> {
         self.authenticate(request.metadata(), request.remote_addr())?;
-        let id = request
-            .metadata()
-            .get(SESSION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| Error::unauthenticated("the request names no session"))
-            .and_then(|text| {
-                SessionId::parse(text).map_err(|e| Error::unauthenticated(e.message().to_string()))
-            })?;
+        let id = session_id(request.metadata())?;
         match lock(&self.0.sessions).get_mut(&id) {
             Some(session) => {
                 session.last_seen = Instant::now();
                 Ok(id)
             }
-            None => Err(Error::unauthenticated(
-                "unknown session (it was closed, timed out, or the worker restarted)",
-            )),
+            None => Err(unknown_session()),
         }
     }
 
@@ -398,10 +626,11 @@ impl Service {
         let host_callbacks = (0..decoded.num_host_callbacks)
             .map(|index| self.host_callback_proxy(id, request.handle, index))
             .collect();
-        let exe = self
-            .0
-            .client
-            .load_decoded(decoded, CompileOptions { host_callbacks })?;
+        let scope = self.with_session(id, |session| Ok(session.scope.clone()))?;
+        let exe =
+            self.0
+                .client
+                .load_decoded(decoded, CompileOptions { host_callbacks }, Some(scope))?;
         let count = |specs: &[crate::array::ArraySpec]| -> Result<u32> {
             let n: usize = specs.iter().map(|s| s.sharding.devices().len()).sum();
             u32::try_from(n).map_err(|_| Error::invalid_argument("too many shards"))
@@ -661,11 +890,8 @@ fn check_new_handles(session: &Session, handles: &[u64]) -> Result<()> {
 fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlResponse {
     let (code, message, remote_traceback) = match result {
         Ok(()) => (0, String::new(), String::new()),
-        Err(e) => (
-            e.code() as u32,
-            e.message().to_string(),
-            e.remote_traceback().unwrap_or_default().to_string(),
-        ),
+        // Bounded: one huge user error must not break the stream.
+        Err(e) => (e.code() as u32, wire_message(e), wire_traceback(e)),
     };
     ControlResponse {
         seq,
@@ -781,7 +1007,7 @@ impl ChunkSink for Upload<'_> {
 /// (copy-free, see [`bulk`](super::bulk)), every other RPC to the generated
 /// server.
 #[derive(Clone)]
-struct Routes {
+pub(super) struct Routes {
     grpc: WorkerServer<Service>,
     shared: Arc<Shared>,
 }
@@ -803,6 +1029,11 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Routes {
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        // Refused before any of the body is read (or buffered by a decoder):
+        // a stranger's request holds nothing but its headers.
+        if let Err(e) = Service(self.shared.clone()).admit(&request) {
+            return Box::pin(async move { Ok(to_status(&e).into_http()) });
+        }
         if request.uri().path() == PUT_BUFFER_PATH {
             let service = Service(self.shared.clone());
             Box::pin(async move { Ok(service.put_http(request).await) })
@@ -1081,8 +1312,10 @@ impl WorkerRpc for Service {
                 streams: HashMap::new(),
                 ended: tokio::sync::watch::channel(()).0,
                 calls: PendingCalls::default(),
+                scope: Arc::new(SessionScope::new()),
             },
         );
+        self.0.idle.session_opened();
         Ok(Response::new(OpenSessionResponse {
             version,
             session_id: Bytes::copy_from_slice(id.as_bytes()),
@@ -1105,8 +1338,10 @@ impl WorkerRpc for Service {
         request: Request<CloseSessionRequest>,
     ) -> std::result::Result<Response<CloseSessionResponse>, Status> {
         let id = self.session(&request).map_err(|e| to_status(&e))?;
-        if let Some(session) = lock(&self.0.sessions).remove(&id) {
+        let removed = lock(&self.0.sessions).remove(&id);
+        if let Some(session) = removed {
             tracing::info!(session = %id, client = %session.client_name, "session closed");
+            let _ = end_session(&self.0.client, id, session);
         }
         Ok(Response::new(CloseSessionResponse {}))
     }

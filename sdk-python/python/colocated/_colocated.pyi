@@ -80,6 +80,11 @@ def call_host_callback(index: int, data: bytes) -> bytes:
     """Calls host callback ``index`` of the program running on this thread (on the
     controller, when the program runs on a worker); waits without the GIL."""
 
+def current_session() -> int:
+    """The session of the colocated program running on this thread: on a worker,
+    the key of the controller's session it runs for; 0 (the local session) for
+    programs a process runs for its own client, and outside programs."""
+
 class Device:
     """One device, as JAX shows it (``CpuDevice(id=0)``). Equal and hashed by id."""
 
@@ -323,6 +328,9 @@ class WorkerHandle:
     @property
     def address(self) -> str:
         """``HOST:PORT`` the worker listens on."""
+    @property
+    def idle_expired(self) -> bool:
+        """True once the worker has had no session for ``exit_after_idle`` seconds."""
     def shutdown(self) -> None:
         """Stops serving and closes every session (idempotent)."""
 
@@ -337,10 +345,17 @@ def start_worker(
     session_timeout: float = 10.0,
     tls_cert: bytes | None = None,
     tls_key: bytes | None = None,
+    exit_after_idle: float | None = None,
 ) -> WorkerHandle:
     """Starts a worker on ``listen`` serving ``client`` (native and Python programs).
     Requests must carry ``token``, else the one in ``token_file``, else
-    ``COLOCATED_TOKEN``'s; with none of them only ``insecure=True`` starts."""
+    ``COLOCATED_TOKEN``'s; with none of them only ``insecure=True`` starts.
+    With ``exit_after_idle``, ``WorkerHandle.idle_expired`` becomes true once the
+    worker has had no session for that many seconds."""
+
+def init_worker_logging() -> None:
+    """Logs to stderr what ``COLOCATED_LOG`` selects, else colocated's warnings (a
+    worker's default); call before anything else uses colocated."""
 
 class RemoteSession:
     """A controller's session on one worker (low level): buffers by handle,

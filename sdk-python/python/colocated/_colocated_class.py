@@ -11,19 +11,23 @@ call on the same host (it arrives there as the real object).
 
 A constructor that raised is remembered: every later call re-raises its error.
 
-On worker hosts the object store is the worker's: objects are keyed by random
-ids (a worker serves several controllers), and a collected wrapper destroys its
-objects there with one more colocated call, compiled when the object first ran
-on that host. When the calls made on the object are done, the thread that drops
-the wrapper makes that call, in its program order (its later calls there see
-the object gone, as on the local host); else a background thread makes it once
-they are.
+A host keeps its objects per session (``_colocated.current_session()``): on a
+worker, each controller's session has its own store, which the programs of other
+sessions never see, and every object in it is destroyed when the session ends
+(closed, timed out because its controller died, or the worker stopping); the
+controller's own host has one implicit session. Within a store, objects are
+keyed by random ids. A collected wrapper destroys its objects on workers with
+one more colocated call, compiled when the object first ran on that host. When
+the calls made on the object are done, the thread that drops the wrapper makes
+that call, in its program order (its later calls there see the object gone, as
+on the local host); else a background thread makes it once they are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import os
 import queue
@@ -34,12 +38,21 @@ import weakref
 import optree
 
 from . import _colocated
-from ._colocated_python import NAMESPACE, ColocatedFunction, _flatten, _tree_key
+from ._colocated_python import (
+    LOCAL_SESSION,
+    NAMESPACE,
+    ColocatedFunction,
+    _drop_session_results,
+    _flatten,
+    _tree_key,
+)
 from ._errors import ColocatedError
 
-#: The host's object store: object id -> the real object, or the constructor's error.
-_OBJECTS: dict[int, object] = {}
-_LOCKS: dict[int, threading.Lock] = {}
+#: The host's object stores, one per session: session -> object id -> the real
+#: object, or the constructor's error.
+_OBJECTS: dict[int, dict[int, object]] = {}
+#: The locks that build each object once: session -> object id -> lock.
+_LOCKS: dict[int, dict[int, threading.Lock]] = {}
 _STORE_LOCK = threading.Lock()
 _LOG = logging.getLogger("colocated")
 
@@ -75,32 +88,64 @@ class _ObjectRef:
 
 
 def _host_object(ref: _ObjectRef):
-    """The real object on this host: built on first use (once, even with calls
-    from several streams), or the constructor's error raised again."""
-    obj = _OBJECTS.get(ref.obj_id)
+    """The real object on this host, in the running program's session: built
+    on first use (once, even with calls from several streams), or the
+    constructor's error raised again."""
+    session = _colocated.current_session()
+    objects = _OBJECTS.get(session)
+    obj = None if objects is None else objects.get(ref.obj_id)
     if obj is None:
         with _STORE_LOCK:
-            lock = _LOCKS.setdefault(ref.obj_id, threading.Lock())
+            lock = _LOCKS.setdefault(session, {}).setdefault(ref.obj_id, threading.Lock())
         with lock:
-            obj = _OBJECTS.get(ref.obj_id)
+            objects = _OBJECTS.get(session)
+            obj = None if objects is None else objects.get(ref.obj_id)
             if obj is None:
                 args, kwargs = ref.init_args
                 try:
                     obj = ref.cls(*args, **kwargs)
                 except Exception as error:  # noqa: BLE001 - kept for every later call
                     obj = _Failed(error)
-                _OBJECTS[ref.obj_id] = obj
+                with _STORE_LOCK:
+                    _OBJECTS.setdefault(session, {})[ref.obj_id] = obj
     if isinstance(obj, _Failed):
         raise obj.error
     return obj
 
 
-def _forget(obj_id: int) -> None:
-    """Drops the host's object (its ``__del__`` runs now, on this thread)."""
+def _forget(obj_id: int, session: int | None = None) -> None:
+    """Drops the host's object of ``session`` (default: the running program's;
+    its ``__del__`` runs now, on this thread)."""
+    if session is None:
+        session = _colocated.current_session()
     with _STORE_LOCK:
-        _LOCKS.pop(obj_id, None)
-        obj = _OBJECTS.pop(obj_id, None)
+        locks = _LOCKS.get(session)
+        if locks is not None:
+            locks.pop(obj_id, None)
+            if not locks:
+                del _LOCKS[session]
+        objects = _OBJECTS.get(session)
+        obj = None if objects is None else objects.pop(obj_id, None)
+        if objects is not None and not objects:
+            del _OBJECTS[session]
     del obj
+
+
+def _end_session(session: int) -> None:
+    """Frees everything ``session`` left on this host, because it ended: its
+    objects (their ``__del__`` runs now, on this thread) and the discovery
+    results it parked. The Python language executor calls it once every
+    program of the session finished."""
+    with _STORE_LOCK:
+        objects = _OBJECTS.pop(session, None)
+        _LOCKS.pop(session, None)
+    _drop_session_results(session)
+    if objects:
+        _LOG.debug("session %s ended: destroying its %d objects", session, len(objects))
+        objects.clear()
+    # What they held in reference cycles goes now too, not at some later
+    # collection (the executor then gives the memory back to the system).
+    gc.collect()
 
 
 def _forget_program(obj_id: int, device):
@@ -138,11 +183,12 @@ def _destroy(obj_id: int, pending: list, remote_forgets: dict) -> None:
         else:
             # Submitting waits for nothing: in this thread's program order.
             _run_forgets(obj_id, programs)
+    # The local host built it for this process's own client.
     events = [e for e in pending if not e.is_ready()]
     if not events:
-        _forget(obj_id)
+        _forget(obj_id, LOCAL_SESSION)
         return
-    _colocated.Event.join(events).on_ready(lambda _error=None: _forget(obj_id))
+    _colocated.Event.join(events).on_ready(lambda _error=None: _forget(obj_id, LOCAL_SESSION))
 
 
 _DESTROY_QUEUE: queue.SimpleQueue | None = None

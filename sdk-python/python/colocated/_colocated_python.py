@@ -45,11 +45,47 @@ from ._sharding import AxisType, Mesh, NamedSharding, PartitionSpec, ShapeDtypeS
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
 
-#: Results of discovery runs, parked by the host until the controller takes them,
-#: by a random key (a worker serves several controllers).
-_RESULTS: dict[int, tuple] = {}
+#: Results of discovery runs, parked by the host until the controller takes them:
+#: per session (``_colocated.current_session()``: a worker serves several
+#: controllers, and frees what a session parked when it ends), by a random key.
+_RESULTS: dict[int, dict[int, tuple]] = {}
 _RESULTS_LOCK = threading.Lock()
 _NEXT_RESULT = itertools.count()
+
+#: The session of the programs a process runs for its own client (the
+#: controller's own host): it never ends.
+LOCAL_SESSION = 0
+
+
+def _park(key: int, parked: tuple) -> None:
+    """Parks a discovery run's outputs under ``key``, in the running program's
+    session."""
+    session = _colocated.current_session()
+    with _RESULTS_LOCK:
+        _RESULTS.setdefault(session, {})[key] = parked
+
+
+def _take(key: int, session: int | None = None):
+    """The outputs parked under ``key`` in ``session`` (default: the running
+    program's), no longer parked; None when there are none."""
+    if session is None:
+        session = _colocated.current_session()
+    with _RESULTS_LOCK:
+        results = _RESULTS.get(session)
+        if results is None:
+            return None
+        parked = results.pop(key, None)
+        if not results:
+            del _RESULTS[session]
+    return parked
+
+
+def _drop_session_results(session: int) -> None:
+    """Frees every result ``session`` parked (it ended)."""
+    with _RESULTS_LOCK:
+        dropped = _RESULTS.pop(session, None)
+    # Freed here, outside the lock.
+    del dropped
 
 
 def _new_key() -> int:
@@ -170,8 +206,7 @@ class _HostCall:
         leaves, treedef = _flatten(out)
         _check_arrays(leaves, "function outputs")
         if self.result_key is not None:
-            with _RESULTS_LOCK:
-                _RESULTS[self.result_key] = (leaves, treedef)
+            _park(self.result_key, (leaves, treedef))
             if self.report is not None:
                 self.report(treedef, [_describe(leaf, inputs) for leaf in leaves])
             return []
@@ -232,8 +267,7 @@ class _PopResults:
         self.key = key
 
     def __call__(self, _impls: list) -> list:
-        with _RESULTS_LOCK:
-            parked = _RESULTS.pop(self.key, None)
+        parked = _take(self.key)
         if parked is None:
             raise InvalidArgumentError("no parked result on this host (the discovery run did not finish here)")
         return [leaf._impl for leaf in parked[0]]
@@ -247,8 +281,7 @@ class _DropResults:
         self.key = key
 
     def __call__(self, _impls: list) -> list:
-        with _RESULTS_LOCK:
-            _RESULTS.pop(self.key, None)
+        _take(self.key)
         return []
 
 
@@ -445,8 +478,8 @@ class ColocatedFunction(_colocated.FunctionBase):
             _outputs, status = probe.execute(impls)
             status.wait()
         finally:
-            with _RESULTS_LOCK:
-                parked = _RESULTS.pop(key, None)
+            # The local host ran it for this process's own client.
+            parked = _take(key, LOCAL_SESSION)
         if parked is None:
             raise InvalidArgumentError("the colocated function produced no result")
         out_leaves, out_treedef = parked

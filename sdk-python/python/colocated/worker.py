@@ -2,7 +2,10 @@
 
 The same flags as ``colocated worker`` (the Rust binary), and this worker also
 runs colocated Python programs. It prints exactly one line, ``listening on
-HOST:PORT``, once it accepts connections, and stops cleanly on SIGINT or SIGTERM.
+HOST:PORT``, once it accepts connections, logs warnings (refused requests, an
+insecure or exposed worker) to stderr unless ``COLOCATED_LOG`` says otherwise,
+and stops cleanly on SIGINT or SIGTERM, or with ``--exit-after-idle`` once it has
+had no session for that long.
 
 Security: a worker runs the code it is sent. It requires a token (``--token-file``
 or ``COLOCATED_TOKEN``) unless ``--insecure`` is given, and it unpickles programs
@@ -12,14 +15,26 @@ only from requests of an authenticated session.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
 import threading
-import warnings
 
 from . import _client, _colocated
 from ._errors import ColocatedError
+
+
+def _positive_seconds(text: str) -> float:
+    """A flag's number of seconds: positive and finite, else a usage error
+    (argparse exits with status 2 and says which flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="LIB",
         help="a native-function plugin library to load at start (repeatable; see colocated.h)",
     )
+    parser.add_argument(
+        "--exit-after-idle",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="exit (status 0) once no session has been open for this many seconds",
+    )
     return parser
 
 
@@ -50,9 +72,7 @@ def _check_token(args) -> None:
             raise SystemExit("colocated: --token-file and --insecure exclude each other")
         return
     if args.insecure:
-        warnings.warn("this worker accepts requests without a token: anyone who reaches it can run code here",
-                      stacklevel=1)
-        return
+        return  # the worker logs a warning when it starts
     if _colocated.TOKEN_ENV not in os.environ:
         raise SystemExit(
             f"colocated: a worker requires a token: pass --token-file FILE or set {_colocated.TOKEN_ENV} "
@@ -63,6 +83,9 @@ def _check_token(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Runs a worker until SIGINT or SIGTERM; returns the exit status."""
     args = _parser().parse_args(argv)
+    # Before anything makes a client (which would install the library's
+    # silent default): an operator sees warnings and refusals.
+    _colocated.init_worker_logging()
     if (args.tls_cert is None) != (args.tls_key is None):
         raise SystemExit("colocated: --tls-cert and --tls-key go together")
     _check_token(args)
@@ -89,13 +112,17 @@ def main(argv: list[str] | None = None) -> int:
             insecure=args.insecure,
             heartbeat_interval=args.heartbeat_interval,
             session_timeout=args.session_timeout,
+            exit_after_idle=args.exit_after_idle,
             **tls,
         )
     except ColocatedError as e:  # bad flags, an unreadable or empty token, a taken port
         raise SystemExit(f"colocated: {e}") from None
     print(f"listening on {worker.address}", flush=True)
-    while not stop.wait(0.5):
-        pass
+    while not stop.wait(0.1):
+        if worker.idle_expired:
+            print(f"colocated: no session for {args.exit_after_idle:g} s (--exit-after-idle): stopping",
+                  file=sys.stderr, flush=True)
+            break
     worker.shutdown()
     return 0
 
