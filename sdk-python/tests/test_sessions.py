@@ -18,6 +18,7 @@ import cloudpickle
 import numpy as np
 import pytest
 from workers import Worker
+from workers import rss_bytes as rss
 
 import colocated
 from colocated import _colocated
@@ -32,15 +33,6 @@ MIB = 1 << 20
 SESSION_TIMEOUT = 1.0
 #: How long after a session timed out its objects must be gone.
 FREED_WITHIN = 2.0
-
-
-def rss(pid: int) -> int:
-    """The resident memory of process ``pid`` in bytes (``VmRSS``)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"process {pid} has no VmRSS")
 
 
 def until(what, predicate, timeout):
