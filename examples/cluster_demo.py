@@ -32,7 +32,7 @@ def start_worker(token_file: str) -> subprocess.Popen:
         raise SystemExit(f"a worker did not start: {line!r}")
     worker.address = line.removeprefix("listening on ")
     worker.destroyed = threading.Event()
-    print(f"worker pid {worker.pid}: {line}")
+    print(f"worker pid {worker.pid}: {line} (each session runs in a child process of its own)")
     threading.Thread(target=forward, args=(worker,), daemon=True).start()
     return worker
 
@@ -79,7 +79,7 @@ def run(workers: list, token_file: str) -> None:
     @colocated.colocated_python
     def add_one(x):
         # Runs once per host, with that host's part of the array.
-        print(f"  [worker pid {os.getpid()}] add_one got {np.asarray(x)}", flush=True)
+        print(f"  [session process {os.getpid()}] add_one got {np.asarray(x)}", flush=True)
         return x + 1
 
     print("== a colocated function on an array sharded over both hosts")
@@ -98,14 +98,14 @@ def run(workers: list, token_file: str) -> None:
     class Accumulator:
         def __init__(self):
             self.total = 0
-            print(f"  [worker pid {os.getpid()}] Accumulator built", flush=True)
+            print(f"  [session process {os.getpid()}] Accumulator built", flush=True)
 
         def add(self, x):
             self.total += int(np.asarray(x).sum())
             return x * 0 + self.total
 
         def __del__(self):
-            print(f"  [worker pid {os.getpid()}] Accumulator destroyed", flush=True)
+            print(f"  [session process {os.getpid()}] Accumulator destroyed", flush=True)
 
     print("== a colocated class: one object per host, built on first use")
     acc = Accumulator()

@@ -640,10 +640,7 @@ fn a_malformed_string_upload_is_refused_and_the_worker_serves_on() {
     let mut connect = ConnectOptions::new(a.worker.local_addr().to_string(), Some(token.clone()));
     connect.timeout = Duration::from_secs(5);
     let session = RemoteSession::connect(&connect).unwrap();
-    assert_eq!(
-        session.version(),
-        colocated_core::transport::STRINGS_VERSION
-    );
+    assert!(session.version() >= colocated_core::transport::STRINGS_VERSION);
     let spec = |n: i64| BufferSpec {
         device: 0,
         dtype: DType::String as u32,
@@ -957,4 +954,87 @@ fn a_timed_out_session_is_ended_for_every_executor_once_its_programs_ran() {
         !probe.ended.lock().unwrap().is_empty()
     });
     assert_eq!(*probe.ended.lock().unwrap(), vec![key]);
+}
+
+#[test]
+fn a_supervisor_refuses_old_controllers_and_reports_a_child_that_fails() {
+    use colocated_core::transport::isolate::IsolateCommand;
+    use colocated_core::transport::proto::worker_client::WorkerClient;
+    use colocated_core::transport::proto::OpenSessionRequest;
+    use colocated_core::transport::{AUTHORIZATION, REDIRECT_VERSION};
+
+    let token = Token::generate().unwrap();
+    let marks = std::env::temp_dir().join(format!("colocated-isolate-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marks);
+    // A "session worker" that records its arguments and the mode of its token
+    // file, then says something other than `listening on`.
+    let script = format!(
+        "echo \"$@\" > {0}; stat -c %a \"$4\" >> {0}; echo not a worker",
+        marks.display()
+    );
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut options = WorkerOptions::new(Some(token.clone()));
+    options.isolate = Some(IsolateCommand {
+        program: "sh".into(),
+        args: vec!["-c".into(), script, "sh".into()],
+    });
+    let worker = Worker::start(client, options).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refused = runtime.block_on(async {
+        let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
+            .await
+            .unwrap();
+        let mut request = tonic::Request::new(OpenSessionRequest {
+            min_version: 1,
+            max_version: REDIRECT_VERSION - 1,
+            client_name: "old".into(),
+        });
+        let bearer = format!("Bearer {}", token.expose());
+        request
+            .metadata_mut()
+            .insert(AUTHORIZATION, bearer.parse().unwrap());
+        rpc.open_session(request).await.unwrap_err()
+    });
+    drop(runtime);
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("--isolate-sessions")
+            && refused.message().contains("upgrade the controller"),
+        "{}",
+        refused.message()
+    );
+    assert!(!marks.exists(), "nothing starts for an old controller");
+
+    let err = match colocated_core::transport::session::RemoteSession::connect(
+        &ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone())),
+    ) {
+        Ok(_) => panic!("a session on a child that did not start"),
+        Err(err) => err,
+    };
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert!(err.message().contains("did not start"), "{err}");
+    let recorded = std::fs::read_to_string(&marks).unwrap();
+    let mut lines = recorded.lines();
+    let args = lines.next().unwrap();
+    assert!(
+        args.starts_with("--listen 127.0.0.1:0 --token-file ")
+            && args.ends_with(" --single-session"),
+        "{args}"
+    );
+    assert_eq!(lines.next(), Some("600"), "the token file is private");
+    let token_file = args.split(' ').nth(3).unwrap();
+    assert!(
+        !std::path::Path::new(token_file).exists(),
+        "the token file is gone"
+    );
+    assert_eq!(worker.session_count(), 0);
+    let _ = std::fs::remove_file(&marks);
+    worker.shutdown().unwrap();
 }

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use colocated_core as core;
+use core::transport::isolate::IsolateCommand;
 use core::transport::session::{ConnectOptions, RemoteSession as CoreSession};
 use core::transport::worker::{TlsIdentity, Worker, WorkerOptions};
 use core::transport::{proto, Token};
@@ -91,9 +92,14 @@ impl WorkerHandle {
 /// `token`, else of the file `token_file`, else of `COLOCATED_TOKEN`; with none
 /// of them, `insecure=True` serves anyone. With `exit_after_idle` (seconds),
 /// `WorkerHandle.idle_expired` becomes true once the worker has had no session
-/// for that long.
+/// for that long. With `isolate` (a command line: program, then arguments),
+/// the worker is a supervisor that runs each session in a child worker of
+/// that command (given `--listen HOST:0 --token-file F --single-session`)
+/// and redirects the controller there. `single_session=True` serves exactly
+/// one session: `idle_expired` becomes true once it ended, or when none
+/// opened within the handshake deadline.
 #[pyfunction]
-#[pyo3(signature = (client, listen, *, token=None, token_file=None, insecure=false, heartbeat_interval=1.0, session_timeout=10.0, tls_cert=None, tls_key=None, exit_after_idle=None))]
+#[pyo3(signature = (client, listen, *, token=None, token_file=None, insecure=false, heartbeat_interval=1.0, session_timeout=10.0, tls_cert=None, tls_key=None, exit_after_idle=None, isolate=None, single_session=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn start_worker(
     py: Python<'_>,
@@ -107,6 +113,8 @@ pub fn start_worker(
     tls_cert: Option<Vec<u8>>,
     tls_key: Option<Vec<u8>>,
     exit_after_idle: Option<f64>,
+    isolate: Option<Vec<String>>,
+    single_session: bool,
 ) -> PyResult<WorkerHandle> {
     let token = match (&token, &token_file, insecure) {
         // An insecure worker does not pick up a token from the environment.
@@ -131,6 +139,22 @@ pub fn start_worker(
     options.exit_after_idle = exit_after_idle
         .map(|s| seconds("exit_after_idle", s))
         .transpose()?;
+    options.single_session = single_session;
+    options.isolate = match isolate {
+        None => None,
+        Some(command) => {
+            let mut command = command.into_iter();
+            let program = command.next().ok_or_else(|| {
+                py_err(core::Error::invalid_argument(
+                    "isolate needs a command line: a program, then its arguments",
+                ))
+            })?;
+            Some(IsolateCommand {
+                program: program.into(),
+                args: command.collect(),
+            })
+        }
+    };
     options.tls = match (tls_cert, tls_key) {
         (Some(cert_pem), Some(key_pem)) => Some(TlsIdentity { cert_pem, key_pem }),
         (None, None) => None,

@@ -26,7 +26,7 @@ START_TIMEOUT = 60.0
 class WorkerProcess:
     def __init__(self, tmp_path, *flags, token=None):
         env = {k: v for k, v in os.environ.items() if k != "COLOCATED_TOKEN"}
-        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", "8", *flags]
+        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", "8", "--shared-interpreter", *flags]
         if token is not None:
             token_file = tmp_path / "token"
             token_file.write_text(token + "\n")

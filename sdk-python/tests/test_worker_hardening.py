@@ -115,7 +115,7 @@ class LoggedWorker:
 
     def __init__(self, *flags, token=None, tmp_path=None, wait_listening=True):
         env = {k: v for k, v in os.environ.items() if k not in ("COLOCATED_TOKEN", "COLOCATED_LOG")}
-        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", "2", *flags]
+        args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", "2", "--shared-interpreter", *flags]
         self.token = token
         if token is not None:
             path = tmp_path / f"token-{secrets.token_hex(4)}"

@@ -23,18 +23,33 @@ class Worker:
     """One worker process with ``devices`` CPU devices (and at most
     ``max_files`` open descriptors, when given), which closes a session after
     ``session_timeout`` seconds without a heartbeat. The tests' folder is on its
-    ``PYTHONPATH``, so modules of it (such as ``jax_shim``) import there."""
+    ``PYTHONPATH``, so modules of it (such as ``jax_shim``) import there.
+    ``extra_args`` go on its command line: by default ``--shared-interpreter``
+    (every session in the one process, as most tests expect); ``()`` keeps the
+    worker's own default, a process per session."""
 
-    def __init__(self, token_file, devices=2, listen="127.0.0.1:0", max_files=None, session_timeout=2.0):
+    def __init__(
+        self,
+        token_file,
+        devices=2,
+        listen="127.0.0.1:0",
+        max_files=None,
+        session_timeout=2.0,
+        extra_args=("--shared-interpreter",),
+    ):
         env = {k: v for k, v in os.environ.items() if k != "COLOCATED_TOKEN"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_HERE, env.get("PYTHONPATH")) if p)
         args = [sys.executable, "-m", "colocated.worker", "--cpu-devices", str(devices), "--listen", listen]
         args += ["--token-file", str(token_file), "--heartbeat-interval", "0.25"]
-        args += ["--session-timeout", str(session_timeout)]
+        args += ["--session-timeout", str(session_timeout), *extra_args]
         if max_files is not None:
             # The shell's own limit, inherited by the worker it becomes.
             args = ["sh", "-c", f'ulimit -n {int(max_files)} && exec "$0" "$@"', *args]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        # stdin is a pipe held open until the worker stops: a --single-session
+        # worker stops when its stdin closes.
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+        )
         line = self.proc.stdout.readline()
         if not line.startswith("listening on "):
             self.proc.kill()
@@ -56,6 +71,7 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.kill()
+        self.proc.stdin.close()
         self.proc.stdout.close()
 
 

@@ -24,6 +24,16 @@ impl IdleWatch {
         self.opened.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Sessions opened so far.
+    pub(crate) fn opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// Expires the worker now (a single-session worker whose session ended).
+    pub(crate) fn expire(&self) {
+        self.expired.send_replace(true);
+    }
+
     /// True once the idle time ran out.
     pub(crate) fn expired(&self) -> bool {
         *self.expired.borrow()

@@ -26,6 +26,7 @@ mod bulk;
 pub mod fuzzing;
 mod host_calls;
 mod idle;
+pub mod isolate;
 mod refusals;
 pub mod session;
 mod strings;
@@ -45,8 +46,12 @@ pub mod proto {
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// The newest protocol version this build speaks: 2 adds string buffers
-/// ([`STRINGS_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 2;
+/// ([`STRINGS_VERSION`]), 3 redirects ([`REDIRECT_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 3;
+/// The protocol version that adds redirects: a worker that isolates sessions
+/// answers `OpenSession` with the address and one-time token of a worker
+/// process of the session's own, and refuses controllers older than this.
+pub const REDIRECT_VERSION: u32 = 3;
 
 /// Metadata key of the bearer token (`Bearer <token>`).
 pub const AUTHORIZATION: &str = "authorization";

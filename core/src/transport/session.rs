@@ -17,7 +17,7 @@ use super::proto::worker_client::WorkerClient;
 use super::proto::{
     control_request, BufferSpec, CloseSessionRequest, ControlRequest, ControlResponse,
     DeleteBuffersRequest, ExecuteRequest, GetBufferRequest, HeartbeatRequest, HostCallbackCall,
-    HostInfo, LoadExecutableRequest, OpenSessionRequest, ReadBufferRequest,
+    HostInfo, LoadExecutableRequest, OpenSessionRequest, OpenSessionResponse, ReadBufferRequest,
     UnloadExecutableRequest,
 };
 use super::{
@@ -341,81 +341,146 @@ fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
     Ok(runtime()?.block_on(future))
 }
 
+/// A connection with an opened session, before it is checked.
+struct Opened {
+    rpc: WorkerClient<Channel>,
+    channel: Channel,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+/// Where a redirect sends a controller that reached the supervisor at
+/// `dialed`: `redirect`, with `dialed`'s host if its own is unspecified.
+fn redirect_address(dialed: &str, redirect: &str) -> Result<String> {
+    let address: std::net::SocketAddr = redirect.parse().map_err(|e| {
+        Error::internal(format!(
+            "worker {dialed} redirected to a bad address {redirect:?}: {e}"
+        ))
+    })?;
+    if !address.ip().is_unspecified() {
+        return Ok(address.to_string());
+    }
+    let host = host_of(dialed);
+    Ok(if host.contains(':') {
+        format!("[{host}]:{}", address.port())
+    } else {
+        format!("{host}:{}", address.port())
+    })
+}
+
+/// Connects to `address` with `token` (and the rest of `options`) and sends
+/// `OpenSession`.
+fn open_session(
+    options: &ConnectOptions,
+    address: &str,
+    token: &Option<Token>,
+) -> Result<(Opened, OpenSessionResponse)> {
+    let scheme = if options.tls_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", address))
+        .map_err(|e| Error::invalid_argument(format!("bad worker address {:?}: {e}", address)))?
+        .connect_timeout(options.timeout)
+        .timeout(options.timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(super::STREAM_WINDOW_BYTES))
+        .initial_connection_window_size(Some(super::CONNECTION_WINDOW_BYTES))
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(Duration::from_secs(2))
+        .keep_alive_while_idle(true);
+    if let Some(ca) = &options.tls_ca {
+        let domain = match &options.tls_domain {
+            Some(domain) => domain.clone(),
+            None => host_of(address).to_string(),
+        };
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+            .domain_name(domain);
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| Error::invalid_argument(format!("bad TLS configuration: {e}")))?;
+    }
+    let authorization = token
+        .as_ref()
+        .map(|t| {
+            MetadataValue::try_from(format!("Bearer {}", t.expose()))
+                .map_err(|_| Error::invalid_argument("the token cannot travel in a header"))
+        })
+        .transpose()?;
+    let address = address.to_string();
+    let timeout = options.timeout;
+    let request = OpenSessionRequest {
+        min_version: PROTOCOL_VERSION_MIN,
+        max_version: PROTOCOL_VERSION_MAX,
+        client_name: options.client_name.clone(),
+    };
+    let connect_authorization = authorization.clone();
+    let (rpc, channel, response) = block_on(async move {
+        let channel = tokio::time::timeout(timeout, endpoint.connect())
+            .await
+            .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
+            .map_err(|e| Error::unavailable(format!("cannot connect to {address}: {e}")))?;
+        let mut rpc = WorkerClient::new(channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let mut request = Request::new(request);
+        if let Some(value) = connect_authorization {
+            request.metadata_mut().insert(AUTHORIZATION, value);
+        }
+        let response = rpc.open_session(request).await.map_err(|s| {
+            let err = from_status(&s);
+            if err.code() == ErrorCode::DeadlineExceeded {
+                // Connected, but it never answered: as good as unreachable.
+                return Error::unavailable(format!(
+                    "worker {address} did not answer within {timeout:?}"
+                ));
+            }
+            err.context(format!("worker {address}"))
+        })?;
+        Ok::<_, Error>((rpc, channel, response.into_inner()))
+    })??;
+    Ok((
+        Opened {
+            rpc,
+            channel,
+            authorization,
+        },
+        response,
+    ))
+}
+
 impl RemoteSession {
     /// Connects to the worker, negotiates the protocol version and opens a
     /// session. Blocks for at most `options.timeout`. A worker that cannot be
     /// reached is `unavailable`; a refused token is `unauthenticated`; no common
     /// protocol version is `failed_precondition`.
     pub fn connect(options: &ConnectOptions) -> Result<RemoteSession> {
-        let scheme = if options.tls_ca.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", options.address))
-            .map_err(|e| {
-                Error::invalid_argument(format!("bad worker address {:?}: {e}", options.address))
-            })?
-            .connect_timeout(options.timeout)
-            .timeout(options.timeout)
-            .tcp_nodelay(true)
-            .initial_stream_window_size(Some(super::STREAM_WINDOW_BYTES))
-            .initial_connection_window_size(Some(super::CONNECTION_WINDOW_BYTES))
-            .http2_keep_alive_interval(Duration::from_secs(1))
-            .keep_alive_timeout(Duration::from_secs(2))
-            .keep_alive_while_idle(true);
-        if let Some(ca) = &options.tls_ca {
-            let domain = match &options.tls_domain {
+        let (mut opened, mut response) = open_session(options, &options.address, &options.token)?;
+        if !response.redirect_address.is_empty() {
+            // A supervisor: the session lives in a worker process of its own.
+            let address = redirect_address(&options.address, &response.redirect_address)?;
+            let token = Token::new(std::mem::take(&mut response.redirect_token))
+                .map_err(|e| e.context(format!("worker {}'s redirect", options.address)))?;
+            let mut redirected = options.clone();
+            redirected.tls_domain = Some(match &options.tls_domain {
                 Some(domain) => domain.clone(),
                 None => host_of(&options.address).to_string(),
-            };
-            let tls = tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
-                .domain_name(domain);
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|e| Error::invalid_argument(format!("bad TLS configuration: {e}")))?;
-        }
-        let authorization = options
-            .token
-            .as_ref()
-            .map(|t| {
-                MetadataValue::try_from(format!("Bearer {}", t.expose()))
-                    .map_err(|_| Error::invalid_argument("the token cannot travel in a header"))
-            })
-            .transpose()?;
-        let address = options.address.clone();
-        let timeout = options.timeout;
-        let request = OpenSessionRequest {
-            min_version: PROTOCOL_VERSION_MIN,
-            max_version: PROTOCOL_VERSION_MAX,
-            client_name: options.client_name.clone(),
-        };
-        let connect_authorization = authorization.clone();
-        let (rpc, channel, response) = block_on(async move {
-            let channel = tokio::time::timeout(timeout, endpoint.connect())
-                .await
-                .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
-                .map_err(|e| Error::unavailable(format!("cannot connect to {address}: {e}")))?;
-            let mut rpc = WorkerClient::new(channel.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES);
-            let mut request = Request::new(request);
-            if let Some(value) = connect_authorization {
-                request.metadata_mut().insert(AUTHORIZATION, value);
+            });
+            (opened, response) = open_session(&redirected, &address, &Some(token))
+                .map_err(|e| e.context(format!("worker {}'s session worker", options.address)))?;
+            if !response.redirect_address.is_empty() {
+                return Err(Error::failed_precondition(format!(
+                    "worker {}'s session worker at {address} redirected again",
+                    options.address
+                )));
             }
-            let response = rpc.open_session(request).await.map_err(|s| {
-                let err = from_status(&s);
-                if err.code() == ErrorCode::DeadlineExceeded {
-                    // Connected, but it never answered: as good as unreachable.
-                    return Error::unavailable(format!(
-                        "worker {address} did not answer within {timeout:?}"
-                    ));
-                }
-                err.context(format!("worker {address}"))
-            })?;
-            Ok::<_, Error>((rpc, channel, response.into_inner()))
-        })??;
+        }
+        let Opened {
+            rpc,
+            channel,
+            authorization,
+        } = opened;
         if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION_MAX).contains(&response.version) {
             return Err(Error::failed_precondition(format!(
                 "worker {} chose protocol version {}, outside {}..={}",

@@ -18,6 +18,7 @@ use super::buffers::{buffer_owning, check_spec, chunks, receive_buffer, wire_byt
 use super::bulk::{empty_answer, ChunkParser, ChunkSink, PUT_BUFFER_PATH};
 use super::host_calls::{PendingCalls, MAX_HOST_CALLBACKS};
 use super::idle::{expire_when_idle, IdleWatch};
+use super::isolate::{Children, IsolateCommand};
 use super::proto::worker_server::{Worker as WorkerRpc, WorkerServer};
 use super::proto::{
     control_request, BufferChunk, CloseSessionRequest, CloseSessionResponse, ControlRequest,
@@ -30,7 +31,7 @@ use super::refusals::RefusalLog;
 use super::{
     runtime, to_status, wire_message, wire_traceback, SessionId, StringDecoder, Token,
     AUTHORIZATION, MAX_INLINE_READ_BYTES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
-    PROTOCOL_VERSION_MIN, SESSION,
+    PROTOCOL_VERSION_MIN, REDIRECT_VERSION, SESSION,
 };
 use crate::array::Array;
 use crate::buffer::Buffer;
@@ -76,6 +77,15 @@ pub struct WorkerOptions {
     /// How long a new connection has to authenticate — TLS handshake, HTTP/2
     /// preface and a first request with the token — before it is closed.
     pub handshake_timeout: Duration,
+    /// Isolate sessions: the worker becomes a supervisor that runs each
+    /// session in a child worker of this command, and redirects controllers
+    /// there (see [`isolate`](super::isolate)). `None`: sessions are served
+    /// in this process.
+    pub isolate: Option<IsolateCommand>,
+    /// Serve exactly one session: a second `OpenSession` is refused, and
+    /// [`Worker::idle_expired`] becomes true once that session ended, or if
+    /// none opened within `handshake_timeout` (a supervisor's child).
+    pub single_session: bool,
 }
 
 /// A worker's TLS certificate chain and private key, PEM-encoded.
@@ -105,6 +115,8 @@ impl WorkerOptions {
             tls: None,
             exit_after_idle: None,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            isolate: None,
+            single_session: false,
         }
     }
 }
@@ -127,6 +139,10 @@ pub(super) struct Shared {
     admission: Arc<Admission>,
     refusals: RefusalLog,
     idle: Arc<IdleWatch>,
+    /// A supervisor's session workers (`WorkerOptions::isolate`).
+    children: Option<Arc<Children>>,
+    /// `WorkerOptions::single_session`, and whether its session was taken.
+    single_session: Option<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Shared {
@@ -192,6 +208,13 @@ impl Worker {
             admission: Admission::new(options.handshake_timeout),
             refusals: RefusalLog::default(),
             idle: Arc::default(),
+            children: options
+                .isolate
+                .clone()
+                .map(|command| Arc::new(Children::new(command, local_addr.ip()))),
+            single_session: options
+                .single_session
+                .then(|| std::sync::atomic::AtomicBool::new(false)),
         });
         let service = Routes {
             grpc: WorkerServer::new(Service(shared.clone()))
@@ -223,8 +246,19 @@ impl Worker {
         runtime.spawn(reap_sessions(Arc::downgrade(&shared)));
         if let Some(limit) = options.exit_after_idle {
             let weak = Arc::downgrade(&shared);
-            let has_session = move || weak.upgrade().map(|s| !lock(&s.sessions).is_empty());
+            let has_session = move || {
+                weak.upgrade().map(|s| {
+                    !lock(&s.sessions).is_empty()
+                        || s.children.as_ref().is_some_and(|c| c.live() > 0)
+                })
+            };
             runtime.spawn(expire_when_idle(shared.idle.clone(), limit, has_session));
+        }
+        if options.single_session {
+            runtime.spawn(end_single_session(
+                Arc::downgrade(&shared),
+                options.handshake_timeout,
+            ));
         }
         tracing::info!(%local_addr, tls = options.tls.is_some(), "worker serving");
         Ok(Worker {
@@ -315,6 +349,9 @@ impl Worker {
             .collect();
         if wait_for_sessions {
             wait_ended(ending, Instant::now() + SHUTDOWN_GRACE);
+        }
+        if let Some(children) = &self.shared.children {
+            children.shutdown();
         }
         let Some(served) = self.served.take() else {
             return Ok(());
@@ -454,6 +491,32 @@ fn wait_ended(ending: Vec<std::thread::JoinHandle<()>>, deadline: Instant) {
     }
 }
 
+/// Expires a single-session worker once its session ended, or when none
+/// opened within `deadline`.
+async fn end_single_session(shared: std::sync::Weak<Shared>, deadline: Duration) {
+    let started = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let opened = shared.idle.opened() > 0;
+        let open = !lock(&shared.sessions).is_empty();
+        if opened && !open {
+            tracing::info!("the session ended: this single-session worker should stop");
+        } else if !opened && started.elapsed() >= deadline {
+            tracing::info!(
+                ?deadline,
+                "no session opened: this single-session worker should stop"
+            );
+        } else {
+            continue;
+        }
+        shared.idle.expire();
+        return;
+    }
+}
+
 /// Closes sessions whose controller stopped sending heartbeats.
 async fn reap_sessions(shared: std::sync::Weak<Shared>) {
     loop {
@@ -464,6 +527,10 @@ async fn reap_sessions(shared: std::sync::Weak<Shared>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
+        if let Some(children) = &shared.children {
+            // Reaps the session workers that exited.
+            children.live();
+        }
         let timed_out: Vec<(SessionId, Session)> = {
             let mut sessions = lock(&shared.sessions);
             let expired: Vec<SessionId> = sessions
@@ -487,6 +554,38 @@ async fn reap_sessions(shared: std::sync::Weak<Shared>) {
 pub(super) struct Service(pub(super) Arc<Shared>);
 
 impl Service {
+    /// A supervisor's answer to `OpenSession`: a new child worker for this
+    /// controller, where it opens its session (protocol version
+    /// [`REDIRECT_VERSION`]; older controllers are refused, as they would
+    /// not follow the redirect).
+    async fn redirect(
+        &self,
+        children: Arc<Children>,
+        version: u32,
+        client_name: String,
+    ) -> std::result::Result<Response<OpenSessionResponse>, Status> {
+        if version < REDIRECT_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "this worker runs each session in a process of its own (--isolate-sessions),                  which needs protocol version {REDIRECT_VERSION}; the controller speaks at most                  {version}: upgrade the controller"
+            )));
+        }
+        let spawned = tokio::task::spawn_blocking(move || children.spawn())
+            .await
+            .map_err(|e| Status::internal(format!("the spawning task failed: {e}")))?;
+        let (address, token) = spawned.map_err(|e| to_status(&e))?;
+        tracing::info!(client = %client_name, %address, "session redirected to its own worker");
+        self.0.idle.session_opened();
+        Ok(Response::new(OpenSessionResponse {
+            version,
+            session_id: Bytes::new(),
+            host: Some(self.host_info()),
+            heartbeat_interval_ms: millis(self.0.heartbeat_interval),
+            session_timeout_ms: millis(self.0.session_timeout),
+            redirect_address: address.to_string(),
+            redirect_token: token.expose().to_string(),
+        }))
+    }
+
     /// Refuses a request without the worker's token.
     fn authenticate(&self, metadata: &MetadataMap, remote: Option<SocketAddr>) -> Result<()> {
         let Some(token) = &self.0.token else {
@@ -1299,8 +1398,18 @@ impl WorkerRpc for Service {
                 req.min_version, req.max_version, PROTOCOL_VERSION_MIN, PROTOCOL_VERSION_MAX
             )));
         }
-        let id = SessionId::random().map_err(|e| to_status(&e))?;
         let client_name: String = req.client_name.chars().take(256).collect();
+        if let Some(children) = &self.0.children {
+            return self.redirect(children.clone(), version, client_name).await;
+        }
+        if let Some(taken) = &self.0.single_session {
+            if taken.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err(Status::failed_precondition(
+                    "this worker serves one session, which was already opened",
+                ));
+            }
+        }
+        let id = SessionId::random().map_err(|e| to_status(&e))?;
         tracing::info!(session = %id, client = %client_name, version, "session opened");
         lock(&self.0.sessions).insert(
             id,
@@ -1322,6 +1431,8 @@ impl WorkerRpc for Service {
             host: Some(self.host_info()),
             heartbeat_interval_ms: millis(self.0.heartbeat_interval),
             session_timeout_ms: millis(self.0.session_timeout),
+            redirect_address: String::new(),
+            redirect_token: String::new(),
         }))
     }
 

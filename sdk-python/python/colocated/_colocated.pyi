@@ -330,7 +330,8 @@ class WorkerHandle:
         """``HOST:PORT`` the worker listens on."""
     @property
     def idle_expired(self) -> bool:
-        """True once the worker has had no session for ``exit_after_idle`` seconds."""
+        """True once the worker has had no session for ``exit_after_idle`` seconds
+        (a ``single_session`` worker: once its session ended)."""
     def shutdown(self) -> None:
         """Stops serving and closes every session (idempotent)."""
 
@@ -346,12 +347,19 @@ def start_worker(
     tls_cert: bytes | None = None,
     tls_key: bytes | None = None,
     exit_after_idle: float | None = None,
+    isolate: list[str] | None = None,
+    single_session: bool = False,
 ) -> WorkerHandle:
     """Starts a worker on ``listen`` serving ``client`` (native and Python programs).
     Requests must carry ``token``, else the one in ``token_file``, else
     ``COLOCATED_TOKEN``'s; with none of them only ``insecure=True`` starts.
     With ``exit_after_idle``, ``WorkerHandle.idle_expired`` becomes true once the
-    worker has had no session for that many seconds."""
+    worker has had no session for that many seconds (or, with ``single_session``,
+    once its one session ended or none opened within the handshake deadline).
+    With ``isolate`` (a command line: program, then arguments) the worker is a
+    supervisor: each session runs in a child worker of that command, given
+    ``--listen HOST:0 --token-file F --single-session``, and the controller is
+    redirected there."""
 
 def init_worker_logging() -> None:
     """Logs to stderr what ``COLOCATED_LOG`` selects, else colocated's warnings (a

@@ -9,7 +9,11 @@ had no session for that long.
 
 Security: a worker runs the code it is sent. It requires a token (``--token-file``
 or ``COLOCATED_TOKEN``) unless ``--insecure`` is given, and it unpickles programs
-only from requests of an authenticated session.
+only from requests of an authenticated session. By default
+(``--isolate-sessions``) every session runs in a worker process of its own,
+started for it (about 0.2 s) with the same flags and a one-time token, so one
+controller's Python code cannot reach another's objects; ``--shared-interpreter``
+serves every session in this process instead.
 """
 
 from __future__ import annotations
@@ -61,7 +65,73 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="exit (status 0) once no session has been open for this many seconds",
     )
+    isolation = parser.add_mutually_exclusive_group()
+    isolation.add_argument(
+        "--isolate-sessions",
+        dest="isolate",
+        action="store_true",
+        default=True,
+        help="run each session in a worker process of its own (the default)",
+    )
+    isolation.add_argument(
+        "--shared-interpreter",
+        dest="isolate",
+        action="store_false",
+        help="serve every session in this process: their Python code shares one interpreter",
+    )
+    # Internal: a supervisor's child serves one session, then exits 0; it
+    # also exits when its stdin (held by the supervisor) closes.
+    parser.add_argument("--single-session", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def _child_command(args) -> list[str]:
+    """The command line of a supervisor's session worker: this module with the
+    same devices, plugins, liveness and TLS flags, serving in-process (the
+    supervisor adds ``--listen``, ``--token-file`` and ``--single-session``)."""
+    command = [sys.executable, "-m", "colocated.worker", "--shared-interpreter"]
+    command += ["--heartbeat-interval", repr(args.heartbeat_interval)]
+    command += ["--session-timeout", repr(args.session_timeout)]
+    if args.cpu_devices is not None:
+        command += ["--cpu-devices", str(args.cpu_devices)]
+    for plugin in args.plugin:
+        command += ["--plugin", os.path.abspath(plugin)]
+    if args.tls_cert is not None:
+        command += ["--tls-cert", os.path.abspath(args.tls_cert), "--tls-key", os.path.abspath(args.tls_key)]
+    return command
+
+
+def _single_session_token(args) -> str:
+    """A session worker's one-time token: read from its file, which is then
+    deleted (nobody else needs it)."""
+    if args.token_file is None or args.insecure:
+        raise SystemExit("colocated: --single-session needs --token-file")
+    try:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+    finally:
+        try:
+            os.remove(args.token_file)
+        except OSError:
+            pass
+    return token
+
+
+def _stop_when_stdin_closes(stop: threading.Event) -> None:
+    """Sets ``stop`` once stdin reaches its end: a session worker's supervisor
+    holds the other end, so the child never outlives it (even a ``kill -9``)."""
+
+    def watch() -> None:
+        # os.read, not sys.stdin: a daemon thread blocked in a buffered
+        # reader's lock aborts the interpreter's exit.
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        stop.set()
+
+    threading.Thread(target=watch, name="colocated-supervisor-watch", daemon=True).start()
 
 
 def _check_token(args) -> None:
@@ -89,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise SystemExit("colocated: --tls-cert and --tls-key go together")
     _check_token(args)
+    token = {"token_file": args.token_file}
+    if args.single_session:
+        token = {"token": _single_session_token(args)}
     tls = {}
     if args.tls_cert is not None:
         with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
@@ -104,15 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    if args.single_session:
+        _stop_when_stdin_closes(stop)
+    isolate = _child_command(args) if args.isolate and not args.single_session else None
     try:
         worker = _colocated.start_worker(
             _client.client(),
             args.listen,
-            token_file=args.token_file,
-            insecure=args.insecure,
+            insecure=args.insecure and not args.single_session,
             heartbeat_interval=args.heartbeat_interval,
             session_timeout=args.session_timeout,
             exit_after_idle=args.exit_after_idle,
+            isolate=isolate,
+            single_session=args.single_session,
+            **token,
             **tls,
         )
     except ColocatedError as e:  # bad flags, an unreadable or empty token, a taken port
@@ -120,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"listening on {worker.address}", flush=True)
     while not stop.wait(0.1):
         if worker.idle_expired:
+            if args.single_session:
+                break  # its one session ended, or none opened in time
             print(f"colocated: no session for {args.exit_after_idle:g} s (--exit-after-idle): stopping",
                   file=sys.stderr, flush=True)
             break
