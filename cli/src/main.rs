@@ -124,7 +124,7 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     for path in &args.plugins {
-        let names = colocated_ffi::load_plugin(&client, path).map_err(|e| e.to_string())?;
+        let names = colocated_plugin::load_plugin(&client, path).map_err(|e| e.to_string())?;
         tracing::info!(plugin = %path.display(), functions = ?names, "loaded a plugin");
     }
     let mut options = WorkerOptions::new(token);

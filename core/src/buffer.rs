@@ -10,7 +10,7 @@ use crate::dispatch::{Job, Task};
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
-use crate::storage::{DenseBytes, Storage};
+use crate::storage::{DenseBytes, HostMemory, Storage};
 use crate::transport::encode_strings;
 use crate::transport::session::Progress;
 use bytes::Bytes;
@@ -225,6 +225,58 @@ impl Buffer {
         );
         buffer.fill(Storage::Dense(bytes));
         Ok((buffer, done))
+    }
+
+    /// Creates a buffer of `dtype[dims]` on `device`'s default memory space from
+    /// `memory`, which it takes over: without a copy on this host (the memory is
+    /// freed when the buffer's last user lets go), copied to the worker for a
+    /// device of a worker host.
+    ///
+    /// Errors: `invalid_argument` for a string dtype, a size that does not match
+    /// `dtype[dims]`, or a device of another client.
+    pub fn from_host_memory(
+        client: &Client,
+        memory: HostMemory,
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+    ) -> Result<Buffer> {
+        if dtype == DType::String {
+            return Err(Error::invalid_argument(
+                "string buffers are made from strings, not bytes",
+            ));
+        }
+        let expected = checked_byte_size(dtype, dims)?;
+        if memory.len() != expected {
+            return Err(Error::invalid_argument(format!(
+                "host memory is {} bytes but {}{dims:?} needs {expected}",
+                memory.len(),
+                dtype.name()
+            )));
+        }
+        let memory_space = placement(client, device, None)?;
+        if let Some(host) = client.remote(device.host_index()) {
+            let buffer = Buffer::new(
+                client,
+                device.clone(),
+                memory_space,
+                dtype,
+                dims,
+                Event::new(),
+            );
+            host.upload_copy(&buffer, memory.as_slice(), None);
+            return Ok(buffer);
+        }
+        let buffer = Buffer::new(
+            client,
+            device.clone(),
+            memory_space,
+            dtype,
+            dims,
+            Event::ready_ok(),
+        );
+        buffer.fill(Storage::Dense(memory.into_dense()));
+        Ok(buffer)
     }
 
     /// Creates a buffer from a copy of `data` on `device`'s default memory space.

@@ -70,3 +70,4 @@ pub use future::Event;
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
 pub use program::{Program, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
 pub use sharding::Sharding;
+pub use storage::HostMemory;

@@ -1,7 +1,7 @@
 //! Bytes that back a buffer on this host: owned (aligned allocation), borrowed from
 //! the caller (zero-copy, released through a callback), or a list of strings.
 
-use std::alloc::{alloc, dealloc, Layout};
+use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
@@ -32,6 +32,16 @@ impl DenseBytes {
     /// A fresh allocation of `len` bytes; `fill` must write every byte through the
     /// pointer it is given before returning.
     pub fn allocate_with(len: usize, fill: impl FnOnce(*mut u8)) -> Result<DenseBytes> {
+        let bytes = DenseBytes::allocate(len, false)?;
+        if len > 0 {
+            fill(bytes.ptr.as_ptr());
+        }
+        Ok(bytes)
+    }
+
+    /// A fresh allocation of `len` bytes, zero-filled when `zeroed` (else
+    /// uninitialised: the caller writes every byte before anyone reads them).
+    fn allocate(len: usize, zeroed: bool) -> Result<DenseBytes> {
         if len == 0 {
             return Ok(DenseBytes {
                 ptr: NonNull::dangling(),
@@ -43,16 +53,20 @@ impl DenseBytes {
             Error::invalid_argument(format!("a buffer of {len} bytes is too large"))
         })?;
         // SAFETY: layout has a non-zero size.
-        let raw = unsafe { alloc(layout) };
+        let raw = unsafe {
+            if zeroed {
+                alloc_zeroed(layout)
+            } else {
+                alloc(layout)
+            }
+        };
         let ptr = NonNull::new(raw)
             .ok_or_else(|| Error::resource_exhausted(format!("cannot allocate {len} bytes")))?;
-        let bytes = DenseBytes {
+        Ok(DenseBytes {
             ptr,
             len,
             owner: Owner::Allocated(layout),
-        };
-        fill(bytes.ptr.as_ptr());
-        Ok(bytes)
+        })
     }
 
     /// Takes `data` over without copying it.
@@ -112,6 +126,55 @@ impl Drop for DenseBytes {
                 }
             }
         }
+    }
+}
+
+/// Zero-filled host memory, aligned to 64 bytes, that its owner writes and then
+/// makes a buffer of without a copy ([`Buffer::from_host_memory`]); for example
+/// the output shards that foreign code (a plugin function) fills.
+///
+/// Owned exclusively until it becomes a buffer, after which it is immutable and
+/// freed when the buffer's last user lets go. `Send`: it may be filled on one
+/// thread and handed over on another.
+///
+/// [`Buffer::from_host_memory`]: crate::Buffer::from_host_memory
+pub struct HostMemory(DenseBytes);
+
+impl HostMemory {
+    /// `len` zero bytes.
+    ///
+    /// Errors: `invalid_argument` for a size no allocation can have,
+    /// `resource_exhausted` when the allocation fails.
+    pub fn zeroed(len: usize) -> Result<HostMemory> {
+        DenseBytes::allocate(len, true).map(HostMemory)
+    }
+
+    /// The number of bytes.
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    /// Whether there are no bytes (nothing is allocated then).
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
+    /// The bytes, to read.
+    pub fn as_slice(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+
+    /// The bytes, to write; foreign code may write through the slice's pointer
+    /// while this value is neither moved into a buffer nor dropped.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the memory is this value's own allocation (or empty), valid for
+        // `len` bytes, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.0.ptr.as_ptr(), self.0.len) }
+    }
+
+    /// The bytes, to become a buffer's storage.
+    pub(crate) fn into_dense(self) -> DenseBytes {
+        self.0
     }
 }
 

@@ -131,6 +131,41 @@ fn zero_copy_aliases_caller_memory_until_the_buffer_and_every_clone_are_dropped(
 }
 
 #[test]
+fn host_memory_is_zeroed_aligned_and_becomes_a_buffer_without_a_copy() {
+    let client = client(2);
+    let device = &client.devices()[0];
+    let mut memory = HostMemory::zeroed(32).unwrap();
+    assert_eq!(memory.len(), 32);
+    assert!(memory.as_slice().iter().all(|&b| b == 0));
+    let written = memory.as_mut_slice();
+    assert_eq!(written.as_ptr() as usize % 64, 0, "64-byte aligned");
+    written.copy_from_slice(&u64_bytes(&[1, 2, 3, 4]));
+    let address = written.as_ptr();
+    let buffer = Buffer::from_host_memory(&client, memory, DType::U64, &[4], device).unwrap();
+    assert_eq!(
+        buffer.acquire_external_reference().unwrap().data_ptr() as *const u8,
+        address,
+        "the buffer owns the memory it was given"
+    );
+    assert_eq!(buffer.to_host_vec().unwrap(), u64_bytes(&[1, 2, 3, 4]));
+    let empty = HostMemory::zeroed(0).unwrap();
+    assert!(empty.is_empty());
+    let buffer = Buffer::from_host_memory(&client, empty, DType::F32, &[0, 3], device).unwrap();
+    assert!(buffer.to_host_vec().unwrap().is_empty());
+    assert_error(
+        Buffer::from_host_memory(
+            &client,
+            HostMemory::zeroed(8).unwrap(),
+            DType::U64,
+            &[2],
+            device,
+        ),
+        ErrorCode::InvalidArgument,
+        "host memory is 8 bytes but uint64[2] needs 16",
+    );
+}
+
+#[test]
 fn zero_copy_done_event_waits_for_a_copy_that_reads_the_buffer() {
     let client = client(2);
     let data = pattern(64);

@@ -36,14 +36,13 @@ pub use handle::colocated_string_view;
 pub use host_callback::*;
 pub use native::*;
 pub use plugin::*;
-
-/// Major version of the C API. Bumped only for incompatible changes (never so far).
-pub const COLOCATED_API_VERSION_MAJOR: u32 = 1;
-/// Minor version of the C API. Bumped for every additive change.
-pub const COLOCATED_API_VERSION_MINOR: u32 = 2;
-/// `(major << 16) | minor`, as [`colocated_api_version`] returns it.
-pub const COLOCATED_API_VERSION: u32 =
-    (COLOCATED_API_VERSION_MAJOR << 16) | COLOCATED_API_VERSION_MINOR;
+// The plugin ABI and the API version are defined once, in `colocated-plugin`
+// (cbindgen reads them there for `colocated.h`).
+pub use colocated_plugin::{
+    colocated_plugin_array, colocated_plugin_call, colocated_plugin_function,
+    colocated_plugin_init_fn, colocated_plugin_registrar, COLOCATED_API_VERSION,
+    COLOCATED_API_VERSION_MAJOR, COLOCATED_API_VERSION_MINOR,
+};
 
 /// The version of the library that is loaded, as `(major << 16) | minor`. A caller
 /// built against header version `H` works with any library whose major equals

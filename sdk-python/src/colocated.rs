@@ -84,8 +84,8 @@ impl core::LanguageExecutor for PythonExecutor {
 extern "C" {
     /// mimalloc's own: returns the memory it holds free to the system
     /// (`force`: now, not after its purge delay). This module's Rust
-    /// allocator is mimalloc (`colocated_ffi`'s `mimalloc` feature, which
-    /// links the library).
+    /// allocator is mimalloc (the `mimalloc` crate, see `lib.rs`, which links
+    /// the library).
     fn mi_collect(force: bool);
 }
 

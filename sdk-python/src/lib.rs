@@ -19,6 +19,11 @@ mod streams;
 
 use pyo3::prelude::*;
 
+/// The allocator of this module's Rust allocations (see `Cargo.toml`); the
+/// interpreter keeps its own.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[pymodule]
 fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;

@@ -194,7 +194,7 @@ pub fn init_worker_logging() {
 pub fn load_plugin(py: Python<'_>, client: PyRef<'_, Client>, path: &str) -> PyResult<Vec<String>> {
     let client = client.inner.get().map_err(py_err)?.clone();
     let path = std::path::PathBuf::from(path);
-    py.detach(|| colocated_ffi::load_plugin(&client, &path))
+    py.detach(|| colocated_plugin::load_plugin(&client, &path))
         .map_err(|e| to_py(py, &e))
 }
 

@@ -1,5 +1,5 @@
 //! Builds C plugin sources into shared libraries for the Rust tests of the
-//! plugin loader (`ffi/tests/plugin.rs`, `cli/tests/worker.rs`), which include
+//! plugin loader (`plugin/tests/plugin.rs`, `cli/tests/worker.rs`), which include
 //! this file with `#[path]`.
 
 use std::path::{Path, PathBuf};

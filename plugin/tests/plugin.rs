@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use colocated::load_plugin;
 use colocated_core::{
     Array, ArraySpec, Client, ClientOptions, CompileOptions, DType, ErrorCode, ExecuteOptions,
     Program, Result, Sharding,
 };
+use colocated_plugin::load_plugin;
 
 #[path = "../../tests/plugin/compile.rs"]
 mod compile;
