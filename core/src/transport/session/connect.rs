@@ -1,0 +1,242 @@
+//! Reaching a worker: connecting (TCP or TLS), authenticating, negotiating
+//! the protocol version and opening the session, following a supervisor's
+//! redirect to the session's own worker.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Request;
+
+use super::liveness::{heartbeat_timeout, send_heartbeats};
+use super::{block_on, Inner, RemoteSession};
+use crate::error::{Error, ErrorCode, Result};
+use crate::future::Event;
+use crate::transport::proto::worker_client::WorkerClient;
+use crate::transport::proto::{OpenSessionRequest, OpenSessionResponse};
+use crate::transport::{
+    from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
+    PROTOCOL_VERSION_MIN,
+};
+
+/// `HOST` of `HOST:PORT` (without the brackets of an IPv6 address).
+fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// How to reach a worker.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// `HOST:PORT` of the worker.
+    pub address: String,
+    /// The worker's token (`None` only for an insecure worker).
+    pub token: Option<Token>,
+    /// Bound of connecting and of each request.
+    pub timeout: Duration,
+    /// Shown in the worker's logs.
+    pub client_name: String,
+    /// Connect with TLS, trusting the CA certificate(s) in this PEM (the worker
+    /// must serve TLS). `None`: plain TCP.
+    pub tls_ca: Option<Vec<u8>>,
+    /// The name the worker's certificate must carry (default: the host part of
+    /// `address`).
+    pub tls_domain: Option<String>,
+}
+
+impl ConnectOptions {
+    /// Options for `address` with `token`, a 10 s timeout.
+    pub fn new(address: impl Into<String>, token: Option<Token>) -> ConnectOptions {
+        ConnectOptions {
+            address: address.into(),
+            token,
+            timeout: Duration::from_secs(10),
+            client_name: format!("controller pid {}", std::process::id()),
+            tls_ca: None,
+            tls_domain: None,
+        }
+    }
+}
+
+/// A connection with an opened session, before it is checked.
+struct Opened {
+    rpc: WorkerClient<Channel>,
+    channel: Channel,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+/// Where a redirect sends a controller that reached the supervisor at
+/// `dialed`: `redirect`, with `dialed`'s host if its own is unspecified.
+fn redirect_address(dialed: &str, redirect: &str) -> Result<String> {
+    let address: std::net::SocketAddr = redirect.parse().map_err(|e| {
+        Error::internal(format!(
+            "worker {dialed} redirected to a bad address {redirect:?}: {e}"
+        ))
+    })?;
+    if !address.ip().is_unspecified() {
+        return Ok(address.to_string());
+    }
+    let host = host_of(dialed);
+    Ok(if host.contains(':') {
+        format!("[{host}]:{}", address.port())
+    } else {
+        format!("{host}:{}", address.port())
+    })
+}
+
+/// Connects to `address` with `token` (and the rest of `options`) and sends
+/// `OpenSession`.
+fn open_session(
+    options: &ConnectOptions,
+    address: &str,
+    token: &Option<Token>,
+) -> Result<(Opened, OpenSessionResponse)> {
+    let scheme = if options.tls_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", address))
+        .map_err(|e| Error::invalid_argument(format!("bad worker address {:?}: {e}", address)))?
+        .connect_timeout(options.timeout)
+        .timeout(options.timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(crate::transport::STREAM_WINDOW_BYTES))
+        .initial_connection_window_size(Some(crate::transport::CONNECTION_WINDOW_BYTES))
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(Duration::from_secs(2))
+        .keep_alive_while_idle(true);
+    if let Some(ca) = &options.tls_ca {
+        let domain = match &options.tls_domain {
+            Some(domain) => domain.clone(),
+            None => host_of(address).to_string(),
+        };
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+            .domain_name(domain);
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| Error::invalid_argument(format!("bad TLS configuration: {e}")))?;
+    }
+    let authorization = token
+        .as_ref()
+        .map(|t| {
+            MetadataValue::try_from(format!("Bearer {}", t.expose()))
+                .map_err(|_| Error::invalid_argument("the token cannot travel in a header"))
+        })
+        .transpose()?;
+    let address = address.to_string();
+    let timeout = options.timeout;
+    let request = OpenSessionRequest {
+        min_version: PROTOCOL_VERSION_MIN,
+        max_version: PROTOCOL_VERSION_MAX,
+        client_name: options.client_name.clone(),
+    };
+    let connect_authorization = authorization.clone();
+    let (rpc, channel, response) = block_on(async move {
+        let channel = tokio::time::timeout(timeout, endpoint.connect())
+            .await
+            .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
+            .map_err(|e| Error::unavailable(format!("cannot connect to {address}: {e}")))?;
+        let mut rpc = WorkerClient::new(channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let mut request = Request::new(request);
+        if let Some(value) = connect_authorization {
+            request.metadata_mut().insert(AUTHORIZATION, value);
+        }
+        let response = rpc.open_session(request).await.map_err(|s| {
+            let err = from_status(&s);
+            if err.code() == ErrorCode::DeadlineExceeded {
+                // Connected, but it never answered: as good as unreachable.
+                return Error::unavailable(format!(
+                    "worker {address} did not answer within {timeout:?}"
+                ));
+            }
+            err.context(format!("worker {address}"))
+        })?;
+        Ok::<_, Error>((rpc, channel, response.into_inner()))
+    })??;
+    Ok((
+        Opened {
+            rpc,
+            channel,
+            authorization,
+        },
+        response,
+    ))
+}
+
+impl RemoteSession {
+    /// Connects to the worker, negotiates the protocol version and opens a
+    /// session. Blocks for at most `options.timeout`. A worker that cannot be
+    /// reached is `unavailable`; a refused token is `unauthenticated`; no common
+    /// protocol version is `failed_precondition`.
+    pub fn connect(options: &ConnectOptions) -> Result<RemoteSession> {
+        let (mut opened, mut response) = open_session(options, &options.address, &options.token)?;
+        if !response.redirect_address.is_empty() {
+            // A supervisor: the session lives in a worker process of its own.
+            let address = redirect_address(&options.address, &response.redirect_address)?;
+            let token = Token::new(std::mem::take(&mut response.redirect_token))
+                .map_err(|e| e.context(format!("worker {}'s redirect", options.address)))?;
+            let mut redirected = options.clone();
+            redirected.tls_domain = Some(match &options.tls_domain {
+                Some(domain) => domain.clone(),
+                None => host_of(&options.address).to_string(),
+            });
+            (opened, response) = open_session(&redirected, &address, &Some(token))
+                .map_err(|e| e.context(format!("worker {}'s session worker", options.address)))?;
+            if !response.redirect_address.is_empty() {
+                return Err(Error::failed_precondition(format!(
+                    "worker {}'s session worker at {address} redirected again",
+                    options.address
+                )));
+            }
+        }
+        let Opened {
+            rpc,
+            channel,
+            authorization,
+        } = opened;
+        if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION_MAX).contains(&response.version) {
+            return Err(Error::failed_precondition(format!(
+                "worker {} chose protocol version {}, outside {}..={}",
+                options.address, response.version, PROTOCOL_VERSION_MIN, PROTOCOL_VERSION_MAX
+            )));
+        }
+        let id = SessionId::from_bytes(&response.session_id)
+            .map_err(|e| e.context(format!("worker {}", options.address)))?;
+        let host = response.host.ok_or_else(|| {
+            Error::internal(format!(
+                "worker {} did not describe itself",
+                options.address
+            ))
+        })?;
+        let session = MetadataValue::try_from(id.to_string())
+            .map_err(|_| Error::internal("a session id is not a header value"))?;
+        let inner = Arc::new(Inner {
+            rpc,
+            channel,
+            id,
+            version: response.version,
+            host,
+            address: options.address.clone(),
+            authorization,
+            session,
+            timeout: options.timeout,
+            closed: AtomicBool::new(false),
+            next_handle: AtomicU64::new(1),
+            lost: Event::new(),
+            lost_signal: tokio::sync::watch::Sender::new(false),
+            control: std::sync::Mutex::new(None),
+            heartbeat_timeout: heartbeat_timeout(response.heartbeat_interval_ms),
+            host_callbacks: std::sync::Mutex::new(HashMap::new()),
+        });
+        let interval = Duration::from_millis(u64::from(response.heartbeat_interval_ms.max(100)));
+        runtime()?.spawn(send_heartbeats(Arc::downgrade(&inner), interval));
+        Ok(RemoteSession { inner })
+    }
+}

@@ -1,0 +1,374 @@
+//! The session's ordered control stream: operations sent without waiting
+//! (executions, reads of small buffers, deletions), the worker's answers, and
+//! waiting until the worker has taken them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+
+use super::host_calls::run_host_callback;
+use super::{block_on, lock, Completion, Inner, RemoteSession};
+use crate::error::{Error, ErrorCode, Result};
+use crate::future::Event;
+use crate::transport::proto::{
+    control_request, ControlRequest, ControlResponse, DeleteBuffersRequest, ExecuteRequest,
+    ReadBufferRequest, UnloadExecutableRequest,
+};
+use crate::transport::{from_status, runtime};
+
+/// The controller's end of a session's ordered control stream.
+pub(super) struct Control {
+    /// Operations go out under this lock, so `seq` order is stream order.
+    sender: std::sync::Mutex<ControlSender>,
+    pub(super) state: Arc<ControlState>,
+}
+
+struct ControlSender {
+    tx: tokio::sync::mpsc::UnboundedSender<ControlRequest>,
+    /// The `seq` of the last operation sent.
+    sent: u64,
+}
+
+/// What the worker has answered on the control stream.
+#[derive(Default)]
+pub(super) struct ControlState {
+    /// The `seq` of the last answered operation.
+    acked: AtomicU64,
+    /// The first failure not yet reported by `flush`.
+    failed: std::sync::Mutex<Option<Error>>,
+    /// Set when the stream ended or broke before answering everything.
+    broken: std::sync::Mutex<Option<Error>>,
+    changed: tokio::sync::Notify,
+    /// What to run when an execution finishes, by `seq`.
+    pending: std::sync::Mutex<HashMap<u64, Finish>>,
+}
+
+/// What runs when an operation finishes, with the data of a read.
+type Finish = Box<dyn FnOnce(Result<Bytes>) + Send>;
+
+/// A completion that ignores the data of the answer.
+fn finish_of(completion: Completion) -> Finish {
+    Box::new(move |result: Result<Bytes>| completion(result.map(|_| ())))
+}
+
+impl Control {
+    /// Sends `op` with the next `seq`; see `RemoteSession::send_control`.
+    pub(super) fn send(
+        &self,
+        op: control_request::Op,
+        completion: Option<Finish>,
+        lost: &Event,
+    ) -> Result<()> {
+        let mut sender = lock(&self.sender);
+        if let Some(err) = self.state.broken() {
+            drop(sender);
+            if let Some(completion) = completion {
+                completion(Err(err.clone()));
+            }
+            return Err(err);
+        }
+        let seq = sender.sent + 1;
+        let has_completion = completion.is_some();
+        if let Some(completion) = completion {
+            lock(&self.state.pending).insert(seq, completion);
+        }
+        let request = ControlRequest { seq, op: Some(op) };
+        if sender.tx.send(request).is_err() {
+            drop(sender);
+            let err = Error::unavailable("the control stream is closed");
+            self.state.complete(seq, Err(err.clone()));
+            return Err(err);
+        }
+        sender.sent = seq;
+        drop(sender);
+        if has_completion {
+            // The stream may have broken (or the worker been lost) between the
+            // check above and the insertion: then nobody else will run it.
+            if let Some(err) = self.state.broken().or_else(|| lost.error()) {
+                self.state.complete(seq, Err(err));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ControlState {
+    /// Waits until the worker answered operation `seq`; the stream's error if it
+    /// broke first.
+    async fn settled(&self, seq: u64) -> Result<()> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.acked.load(Ordering::SeqCst) >= seq {
+                return Ok(());
+            }
+            if let Some(err) = lock(&self.broken).clone() {
+                return Err(err);
+            }
+            changed.await;
+        }
+    }
+
+    /// Runs the completion of operation `seq`, if it is still waiting.
+    fn complete(&self, seq: u64, result: Result<Bytes>) {
+        let completion = lock(&self.pending).remove(&seq);
+        if let Some(completion) = completion {
+            completion(result);
+        }
+    }
+
+    /// Fails every waiting completion with `err` (the stream broke, the worker
+    /// is lost).
+    pub(super) fn fail_all(&self, err: &Error) {
+        let drained: Vec<Finish> = lock(&self.pending).drain().map(|(_, c)| c).collect();
+        for completion in drained {
+            completion(Err(err.clone()));
+        }
+    }
+
+    /// The error that ended the stream, if it ended.
+    fn broken(&self) -> Option<Error> {
+        lock(&self.broken).clone()
+    }
+}
+
+/// The outcome a control answer reports.
+fn answer_result(answer: &ControlResponse) -> Result<()> {
+    if answer.code == 0 {
+        return Ok(());
+    }
+    let code = ErrorCode::from_u32(answer.code).unwrap_or(ErrorCode::Internal);
+    let err = Error::new(code, answer.message.clone());
+    Err(if answer.remote_traceback.is_empty() {
+        err
+    } else {
+        err.with_remote_traceback(answer.remote_traceback.clone())
+    })
+}
+
+/// Reads the worker's answers of a control stream.
+async fn read_answers(
+    mut answers: tonic::Streaming<ControlResponse>,
+    state: Arc<ControlState>,
+    inner: Weak<Inner>,
+) {
+    let ended = loop {
+        match answers.message().await {
+            Ok(Some(mut answer)) => {
+                if let Some(call) = answer.host_callback.take() {
+                    run_host_callback(&inner, call);
+                    continue;
+                }
+                let result = answer_result(&answer);
+                if answer.finished {
+                    let data = std::mem::take(&mut answer.data);
+                    state.complete(answer.seq, result.map(|()| data));
+                    continue;
+                }
+                if let Err(err) = result {
+                    tracing::debug!(seq = answer.seq, error = %err, "control operation failed");
+                    lock(&state.failed).get_or_insert(err.clone());
+                    state.complete(answer.seq, Err(err));
+                }
+                state.acked.fetch_max(answer.seq, Ordering::SeqCst);
+                state.changed.notify_waiters();
+            }
+            Ok(None) => break Error::unavailable("the control stream ended"),
+            // The worker never fails an open stream itself: the link broke.
+            Err(status) => {
+                break Error::unavailable(format!(
+                    "the control stream broke: {}",
+                    from_status(&status).message()
+                ))
+            }
+        }
+    };
+    if let Some(inner) = inner.upgrade() {
+        let ended = ended.clone().context(format!("worker {}", inner.address));
+        if !inner.closed.load(Ordering::SeqCst) {
+            // Ordered work can no longer reach the worker.
+            inner.lose(ended);
+        }
+    }
+    lock(&state.broken).get_or_insert(ended.clone());
+    state.changed.notify_waiters();
+    state.fail_all(&ended);
+}
+
+impl RemoteSession {
+    /// Queues an execution like [`execute`](Self::execute), without waiting
+    /// for the worker: it goes on the session's ordered control stream, so
+    /// many can be in flight. An execution the worker refuses still makes its
+    /// outputs, failed with the reason (reading one raises it); [`flush`](Self::flush)
+    /// also reports the first refusal.
+    pub fn execute_async(
+        &self,
+        executable: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+    ) -> Result<()> {
+        self.send_control(
+            control_request::Op::Execute(ExecuteRequest {
+                executable,
+                inputs: inputs.to_vec(),
+                outputs: outputs.to_vec(),
+                stream,
+            }),
+            None,
+        )
+    }
+
+    /// [`execute_async`](Self::execute_async), then `done` with the outcome
+    /// once the execution has run on the worker (or was refused, or the
+    /// worker was lost). `done` always runs exactly once, on a network thread
+    /// or (when the session is already lost) on this one.
+    pub fn execute_then(
+        &self,
+        executable: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+        done: Completion,
+    ) {
+        let op = control_request::Op::Execute(ExecuteRequest {
+            executable,
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            stream,
+        });
+        // A failure to send has run `done` already.
+        let _ = self.send_control(op, Some(done));
+    }
+
+    /// Deletes buffers of this session after every operation sent before
+    /// (on the control stream), without waiting. Best effort: a lost worker
+    /// has freed them already.
+    pub fn delete_buffers_later(&self, handles: &[u64]) {
+        if self.inner.closed.load(Ordering::SeqCst) || self.inner.lost.is_ready() {
+            return;
+        }
+        let op = control_request::Op::DeleteBuffers(DeleteBuffersRequest {
+            handles: handles.to_vec(),
+        });
+        if let Err(err) = self.send_control(op, None) {
+            tracing::debug!(worker = %self.inner.address, error = %err, "buffers not deleted");
+        }
+    }
+
+    /// Unloads executable `handle` of this session after every operation sent
+    /// before (on the control stream), without waiting, and forgets its host
+    /// callbacks. Best effort: a lost worker has freed it already.
+    pub fn unload_executable_later(&self, handle: u64) {
+        lock(&self.inner.host_callbacks).remove(&handle);
+        if self.inner.closed.load(Ordering::SeqCst) || self.inner.lost.is_ready() {
+            return;
+        }
+        let op = control_request::Op::UnloadExecutable(UnloadExecutableRequest { handle });
+        if let Err(err) = self.send_control(op, None) {
+            tracing::debug!(worker = %self.inner.address, error = %err, "executable not unloaded");
+        }
+    }
+
+    /// Sends one operation on the control stream; `completion` runs when it
+    /// has finished (executions), or at once with the error if it cannot be
+    /// sent (which is also returned).
+    fn send_control(&self, op: control_request::Op, completion: Option<Completion>) -> Result<()> {
+        self.send_control_then(op, completion.map(finish_of))
+    }
+
+    /// `send_control` with a completion that gets the answer's data.
+    fn send_control_then(&self, op: control_request::Op, completion: Option<Finish>) -> Result<()> {
+        match self.inner.alive().and_then(|()| self.control()) {
+            Ok(control) => control.send(op, completion, &self.inner.lost),
+            Err(err) => {
+                if let Some(completion) = completion {
+                    completion(Err(err.clone()));
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Reads buffer `handle` (at most
+    /// [`MAX_INLINE_READ_BYTES`](crate::transport::MAX_INLINE_READ_BYTES)) on the
+    /// control stream, after every operation sent before, without blocking:
+    /// `done` gets its bytes once it is ready on the worker (on a network
+    /// thread, or on this one when the session is already lost).
+    pub fn read_small_buffer_then(&self, handle: u64, done: Box<dyn FnOnce(Result<Bytes>) + Send>) {
+        let op = control_request::Op::ReadBuffer(ReadBufferRequest { handle });
+        // A failure to send has run `done` already.
+        let _ = self.send_control_then(op, Some(done));
+    }
+
+    /// Waits until the worker has taken every operation sent on the control
+    /// stream; returns the first refusal since the last `flush`, if any.
+    pub fn flush(&self) -> Result<()> {
+        self.settle()?;
+        let control = lock(&self.inner.control).clone();
+        match control.and_then(|c| lock(&c.state.failed).take()) {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until the worker has taken every control operation sent so far
+    /// (requests that read or delete buffers come after them).
+    pub(super) fn settle(&self) -> Result<()> {
+        let Some(control) = lock(&self.inner.control).clone() else {
+            return Ok(());
+        };
+        let sent = lock(&control.sender).sent;
+        if control.state.acked.load(Ordering::SeqCst) >= sent {
+            return Ok(());
+        }
+        block_on(async move { control.state.settled(sent).await })?
+    }
+
+    /// The control stream, opened on first use (without blocking: operations
+    /// queue until the worker answers).
+    fn control(&self) -> Result<Arc<Control>> {
+        let mut slot = lock(&self.inner.control);
+        if let Some(control) = &*slot {
+            return Ok(control.clone());
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let state = Arc::new(ControlState::default());
+        let inner = self.inner.clone();
+        let reader_state = state.clone();
+        runtime()?.spawn(async move {
+            let mut rpc = inner.rpc.clone();
+            let request =
+                inner.bulk_request(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+            match rpc.control(request).await {
+                Ok(answers) => {
+                    // The reader must not keep the session alive.
+                    let weak = Arc::downgrade(&inner);
+                    drop(inner);
+                    read_answers(answers.into_inner(), reader_state, weak).await;
+                }
+                Err(status) => {
+                    // Without its control stream the session cannot go on.
+                    let err = Error::unavailable(format!(
+                        "worker {}: cannot open the control stream: {}",
+                        inner.address,
+                        from_status(&status).message()
+                    ));
+                    inner.lose(err.clone());
+                    lock(&reader_state.broken).get_or_insert(err.clone());
+                    reader_state.changed.notify_waiters();
+                    reader_state.fail_all(&err);
+                }
+            }
+        });
+        let control = Arc::new(Control {
+            sender: std::sync::Mutex::new(ControlSender { tx, sent: 0 }),
+            state,
+        });
+        *slot = Some(control.clone());
+        Ok(control)
+    }
+}

@@ -1,0 +1,55 @@
+//! The controller's host callbacks that programs of the session call on the
+//! worker: kept per executable, each call run here and its result sent back
+//! on the control stream.
+
+use std::sync::Weak;
+
+use super::{lock, Inner, RemoteSession};
+use crate::error::Error;
+use crate::host_callback::LoadedHostCallback;
+use crate::transport::host_calls::result_of;
+use crate::transport::proto::{control_request, HostCallbackCall};
+use crate::transport::runtime;
+
+/// Runs a worker program's call of a host callback on the blocking pool and
+/// sends its result back on the control stream.
+pub(super) fn run_host_callback(inner: &Weak<Inner>, call: HostCallbackCall) {
+    let Some(inner) = inner.upgrade() else {
+        return;
+    };
+    let callback = lock(&inner.host_callbacks)
+        .get(&call.executable)
+        .and_then(|callbacks| callbacks.get(call.index as usize))
+        .cloned();
+    let Ok(runtime) = runtime() else {
+        return;
+    };
+    runtime.spawn_blocking(move || {
+        let outcome = match callback {
+            Some(callback) => callback.call(&call.input),
+            None => Err(Error::not_found(format!(
+                "executable {} has no host callback {}",
+                call.executable, call.index
+            ))),
+        };
+        let op = control_request::Op::HostCallbackResult(result_of(call.call, outcome));
+        let control = lock(&inner.control).clone();
+        let sent = match control {
+            Some(control) => control.send(op, None, &inner.lost),
+            None => Err(Error::unavailable("the control stream is closed")),
+        };
+        if let Err(err) = sent {
+            tracing::debug!(worker = %inner.address, error = %err, "a host callback result was not sent");
+        }
+    });
+}
+
+impl RemoteSession {
+    /// Host callbacks of executable `executable` (a handle of this session):
+    /// programs of it that run on the worker call them, and each call runs
+    /// here, on a thread of the transport's blocking pool. Kept until the
+    /// session ends.
+    pub fn set_host_callbacks(&self, executable: u64, callbacks: Vec<LoadedHostCallback>) {
+        lock(&self.inner.host_callbacks).insert(executable, callbacks);
+    }
+}

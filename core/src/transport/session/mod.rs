@@ -1,0 +1,255 @@
+//! The controller side: a session on one worker host.
+//!
+//! This file holds the session ([`RemoteSession`]) and its requests that
+//! wait for an answer. The rest, by concern: `connect.rs` (reaching a worker
+//! and opening the session), `control.rs` (the ordered control stream),
+//! `bulk.rs` (buffer uploads and downloads), `host_calls.rs` (the controller's
+//! host callbacks that programs on the worker call), `liveness.rs`
+//! (heartbeats, and losing the worker).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+use tonic::Request;
+
+use super::proto::worker_client::WorkerClient;
+use super::proto::{
+    CloseSessionRequest, DeleteBuffersRequest, ExecuteRequest, HostInfo, LoadExecutableRequest,
+};
+use super::{runtime, SessionId, AUTHORIZATION, SESSION};
+use crate::error::{Error, Result};
+use crate::future::Event;
+use crate::host_callback::LoadedHostCallback;
+
+mod bulk;
+mod connect;
+mod control;
+mod host_calls;
+mod liveness;
+
+pub use connect::ConnectOptions;
+use control::Control;
+
+/// Runs once with the outcome of an operation: on a network thread, so it must
+/// not block.
+pub type Completion = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// A progress report of a bulk transfer: `(bytes done, bytes in all)`.
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// An open session on a worker host. Heartbeats keep it open while the value
+/// lives; dropping it (or [`RemoteSession::disconnect`]) closes it on the worker.
+pub struct RemoteSession {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rpc: WorkerClient<Channel>,
+    /// The connection under `rpc`, for `PutBuffer`, which bypasses the
+    /// generated client (see [`bulk`](super::bulk)).
+    channel: Channel,
+    id: SessionId,
+    version: u32,
+    host: HostInfo,
+    address: String,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    session: MetadataValue<tonic::metadata::Ascii>,
+    timeout: Duration,
+    closed: AtomicBool,
+    next_handle: AtomicU64,
+    /// Set (with `unavailable`) once the worker is lost.
+    lost: Event,
+    /// Becomes `true` when `lost` is set: transfers in flight wait on it, as
+    /// their connection may hang for a while after the worker is lost.
+    lost_signal: tokio::sync::watch::Sender<bool>,
+    /// The control stream, opened on first use.
+    control: std::sync::Mutex<Option<Arc<Control>>>,
+    /// Bound of a heartbeat: a worker silent for this long is lost.
+    heartbeat_timeout: Duration,
+    /// Host callbacks of the session's executables, by executable handle.
+    host_callbacks: std::sync::Mutex<HashMap<u64, Vec<LoadedHostCallback>>>,
+}
+
+/// Runs `future` on the transport runtime and waits for it; a caller already
+/// on a tokio runtime gets `failed_precondition` instead of a deadlock.
+fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Error::failed_precondition(
+            "blocking colocated call made from inside an async runtime; call it from a plain thread",
+        ));
+    }
+    Ok(runtime()?.block_on(future))
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl RemoteSession {
+    /// The session id the worker gave.
+    pub fn id(&self) -> SessionId {
+        self.inner.id
+    }
+
+    /// The negotiated protocol version.
+    pub fn version(&self) -> u32 {
+        self.inner.version
+    }
+
+    /// What the worker said about itself: platform, devices, languages.
+    pub fn host(&self) -> &HostInfo {
+        &self.inner.host
+    }
+
+    /// The worker's address.
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// One heartbeat, now: `Ok` while the worker holds the session.
+    pub fn heartbeat(&self) -> Result<()> {
+        let inner = self.inner.clone();
+        block_on(async move { inner.heartbeat().await })?
+    }
+
+    /// Ready, with `unavailable`, once the worker is lost: a heartbeat or a
+    /// request failed to reach it (it died, or the link dropped). Every later
+    /// call of this session fails at once with that error; a new session
+    /// (`connect` again) is the way back once the worker is up.
+    pub fn lost(&self) -> &Event {
+        &self.inner.lost
+    }
+
+    /// A handle no buffer of this session has used yet.
+    pub fn new_handle(&self) -> u64 {
+        self.inner.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Deletes buffers of this session; `not_found` (and nothing deleted) if any
+    /// handle names no buffer.
+    pub fn delete_buffers(&self, handles: &[u64]) -> Result<()> {
+        self.settle()?;
+        let inner = self.inner.clone();
+        let request = DeleteBuffersRequest {
+            handles: handles.to_vec(),
+        };
+        block_on(async move {
+            inner.alive()?;
+            let mut rpc = inner.rpc.clone();
+            rpc.delete_buffers(inner.request(request))
+                .await
+                .map(|_| ())
+                .map_err(|s| inner.fail(&s))
+        })?
+    }
+
+    /// Loads `executable` (bytes of [`LoadedExecutable::serialize`](crate::LoadedExecutable::serialize),
+    /// for the worker's devices) as `handle` of this session; returns how many
+    /// input buffers an execution takes and how many it makes.
+    pub fn load_executable(&self, handle: u64, executable: Vec<u8>) -> Result<(u32, u32)> {
+        let inner = self.inner.clone();
+        let request = LoadExecutableRequest {
+            handle,
+            executable: Bytes::from(executable),
+        };
+        block_on(async move {
+            inner.alive()?;
+            let mut rpc = inner.rpc.clone();
+            rpc.load_executable(inner.bulk_request(request))
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    (r.num_input_buffers, r.num_output_buffers)
+                })
+                .map_err(|s| inner.fail(&s))
+        })?
+    }
+
+    /// Queues executable `executable` on buffers `inputs` (argument-major),
+    /// naming its output buffers `outputs`, on the controller's `stream`
+    /// (executions on one stream run in order). Returns once queued.
+    pub fn execute(
+        &self,
+        executable: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+    ) -> Result<()> {
+        self.settle()?;
+        let inner = self.inner.clone();
+        let request = ExecuteRequest {
+            executable,
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            stream,
+        };
+        block_on(async move {
+            inner.alive()?;
+            let mut rpc = inner.rpc.clone();
+            rpc.execute(inner.request(request))
+                .await
+                .map(|_| ())
+                .map_err(|s| inner.fail(&s))
+        })?
+    }
+
+    /// Closes the session on the worker (idempotent).
+    pub fn disconnect(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let inner = self.inner.clone();
+        block_on(async move {
+            let mut rpc = inner.rpc.clone();
+            rpc.close_session(inner.request(CloseSessionRequest {}))
+                .await
+                .map(|_| ())
+                .map_err(|s| inner.fail(&s))
+        })?
+    }
+}
+
+impl Drop for RemoteSession {
+    fn drop(&mut self) {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Best effort, never blocking: the worker also frees the session once
+        // heartbeats stop.
+        let inner = self.inner.clone();
+        if let Ok(runtime) = runtime() {
+            runtime.spawn(async move {
+                let mut rpc = inner.rpc.clone();
+                let _ = tokio::time::timeout(
+                    inner.timeout,
+                    rpc.close_session(inner.request(CloseSessionRequest {})),
+                )
+                .await;
+            });
+        }
+    }
+}
+
+impl Inner {
+    /// A request carrying the token and the session id.
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = self.bulk_request(message);
+        request.set_timeout(self.timeout);
+        request
+    }
+
+    /// Like `request`, without a deadline (for bulk transfers).
+    fn bulk_request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(value) = &self.authorization {
+            request.metadata_mut().insert(AUTHORIZATION, value.clone());
+        }
+        request.metadata_mut().insert(SESSION, self.session.clone());
+        request
+    }
+}

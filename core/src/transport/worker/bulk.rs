@@ -1,0 +1,205 @@
+//! The worker's end of bulk data: `PutBuffer` uploads received frame by
+//! frame straight into the buffer's memory, and `GetBuffer` downloads sent in
+//! chunks.
+
+use bytes::Bytes;
+use tonic::codegen::http;
+use tonic::{Request, Status};
+
+use super::control::check_new_handles;
+use super::service::Service;
+use crate::buffer::Buffer;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::transport::buffers::{buffer_owning, check_spec, chunks, receive_buffer, CheckedSpec};
+use crate::transport::bulk::{empty_answer, ChunkParser, ChunkSink};
+use crate::transport::proto::{BufferChunk, PutBufferChunk};
+use crate::transport::{to_status, SessionId, StringDecoder};
+
+impl Service {
+    /// Receives buffer uploads of a `PutBuffer` body as its frames arrive
+    /// (see [`bulk`](crate::transport::bulk)): each chunk's data goes from the received
+    /// frame straight into the buffer's memory.
+    pub(in crate::transport) async fn put_body<B>(&self, id: SessionId, body: B) -> Result<()>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: Into<tonic::codegen::StdError>,
+    {
+        let mut body = std::pin::pin!(body);
+        let mut parser = ChunkParser::default();
+        let mut upload = Upload::new(self, id);
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            let frame =
+                frame.map_err(|e| crate::transport::from_status(&Status::from_error(e.into())))?;
+            // Trailers carry nothing for an upload.
+            if let Ok(data) = frame.into_data() {
+                parser.push(data, &mut upload)?;
+            }
+        }
+        parser.finish()?;
+        upload.finish()
+    }
+
+    /// Serves a `PutBuffer` request that arrives as HTTP/2 (the worker's route
+    /// for it): the session's uploads, answered as gRPC answers.
+    pub(super) async fn put_http(
+        self,
+        request: http::Request<tonic::body::Body>,
+    ) -> http::Response<tonic::body::Body> {
+        let (parts, body) = request.into_parts();
+        let request = Request::from_http(http::Request::from_parts(parts, ()));
+        let result = match self.session(&request) {
+            Ok(id) => self.put_body(id, body).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => empty_answer(),
+            Err(e) => to_status(&e).into_http(),
+        }
+    }
+}
+
+/// An upload in progress: the buffer a `PutBuffer` stream fills, made by its
+/// first chunk and kept by the session once the stream ends whole.
+struct Upload<'a> {
+    service: &'a Service,
+    id: SessionId,
+    /// The handle, spec and what arrived so far, once the first chunk came.
+    target: Option<(u64, CheckedSpec, Received)>,
+}
+
+/// What an upload received so far.
+enum Received {
+    /// A dense buffer's bytes.
+    Dense(Vec<u8>),
+    /// A string buffer's elements, decoded as they arrive.
+    Strings(StringDecoder),
+}
+
+impl<'a> Upload<'a> {
+    fn new(service: &'a Service, id: SessionId) -> Upload<'a> {
+        Upload {
+            service,
+            id,
+            target: None,
+        }
+    }
+
+    /// The stream ended: the buffer, if whole, joins the session.
+    fn finish(self) -> Result<()> {
+        let Some((handle, spec, received)) = self.target else {
+            return Err(Error::invalid_argument("an empty PutBuffer stream"));
+        };
+        let client = &self.service.0.client;
+        let buffer = match received {
+            Received::Dense(data) => buffer_owning(client, &spec, data),
+            Received::Strings(decoder) => decoder.finish().map(|elements| {
+                let memory = spec.device.default_memory_space().clone();
+                Buffer::of_strings(client, elements, &spec.dims, &spec.device, memory)
+            }),
+        }
+        .map_err(|e| e.context(format!("buffer {handle}")))?;
+        self.service.with_session(self.id, |session| {
+            check_new_handles(session, &[handle])?;
+            session.buffers.insert(handle, buffer);
+            Ok(())
+        })
+    }
+}
+
+impl ChunkSink for Upload<'_> {
+    fn fields(&mut self, chunk: PutBufferChunk) -> Result<()> {
+        if let Some((handle, _, _)) = &self.target {
+            if chunk.spec.is_some() || (chunk.handle != 0 && chunk.handle != *handle) {
+                return Err(Error::invalid_argument(
+                    "only the first chunk of a PutBuffer stream names the buffer",
+                ));
+            }
+            return Ok(());
+        }
+        let handle = chunk.handle;
+        let spec = chunk.spec.as_ref().ok_or_else(|| {
+            Error::invalid_argument("the first chunk must carry the buffer's spec")
+        })?;
+        let spec = check_spec(&self.service.0.client, spec)?;
+        self.service
+            .with_session(self.id, |session| check_new_handles(session, &[handle]))?;
+        let received = if spec.dtype == DType::String {
+            Received::Strings(StringDecoder::new(spec.size))
+        } else {
+            let mut data = receive_buffer(spec.size)?;
+            prefer_huge_pages(&mut data);
+            Received::Dense(data)
+        };
+        self.target = Some((handle, spec, received));
+        Ok(())
+    }
+
+    fn data(&mut self, bytes: &[u8]) -> Result<()> {
+        let Some((handle, spec, received)) = &mut self.target else {
+            // The parser delivers a chunk's fields before its data.
+            return Err(Error::invalid_argument("data before the buffer's spec"));
+        };
+        match received {
+            Received::Strings(decoder) => decoder
+                .push(bytes)
+                .map_err(|e| e.context(format!("buffer {handle}"))),
+            Received::Dense(data) => {
+                if data.len() + bytes.len() > spec.size {
+                    return Err(Error::invalid_argument(format!(
+                        "buffer {handle} got more than the {} bytes its spec needs",
+                        spec.size
+                    )));
+                }
+                data.extend_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Asks the kernel to back the (fresh, untouched) capacity of a large receive
+/// buffer with huge pages: writing into a fresh buffer page-faults on every
+/// page, and with 2 MiB pages there are 512 times fewer faults. Only advice:
+/// where the kernel declines, nothing changes.
+fn prefer_huge_pages(data: &mut Vec<u8>) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = data.as_mut_ptr() as usize;
+        let end = start + data.capacity();
+        let first = start.next_multiple_of(HUGE);
+        let last = end - end % HUGE;
+        if last > first {
+            // SAFETY: [first, last) lies inside the vector's own allocation,
+            // which nothing else uses; the advice does not change its contents.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = data;
+}
+
+pub(super) type ChunkStream =
+    tokio_stream::Iter<std::vec::IntoIter<std::result::Result<BufferChunk, Status>>>;
+
+/// A download's messages: `data` in chunks (views, no copies).
+// tonic's streaming item type is `Result<_, Status>`, large by design.
+#[allow(clippy::result_large_err)]
+pub(super) fn chunk_stream(data: Bytes) -> ChunkStream {
+    let mut total_bytes = data.len() as u64;
+    let messages: Vec<_> = chunks(data)
+        .into_iter()
+        .map(|data| {
+            let total_bytes = std::mem::take(&mut total_bytes);
+            Ok(BufferChunk { data, total_bytes })
+        })
+        .collect();
+    tokio_stream::iter(messages)
+}

@@ -1,0 +1,322 @@
+//! Running programs for a session: loading executables (with proxies of the
+//! controller's host callbacks), queuing executions, and the operations of
+//! the ordered control stream and their answers.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::service::Service;
+use super::{lock, Session, Shared};
+use crate::array::Array;
+use crate::buffer::Buffer;
+use crate::compiler::CompileOptions;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::executable::ExecuteOptions;
+use crate::future::Event;
+use crate::host_callback::LoadedHostCallback;
+use crate::transport::host_calls::MAX_HOST_CALLBACKS;
+use crate::transport::proto::{
+    control_request, ControlResponse, ExecuteRequest, LoadExecutableRequest, LoadExecutableResponse,
+};
+use crate::transport::{wire_message, wire_traceback, SessionId, MAX_INLINE_READ_BYTES};
+
+impl Service {
+    pub(super) fn load(
+        &self,
+        id: SessionId,
+        request: &LoadExecutableRequest,
+    ) -> Result<LoadExecutableResponse> {
+        let decoded = crate::format::decode(&request.executable)?;
+        if decoded.num_host_callbacks > MAX_HOST_CALLBACKS {
+            return Err(Error::invalid_argument(format!(
+                "an executable may name at most {MAX_HOST_CALLBACKS} host callbacks, not {}",
+                decoded.num_host_callbacks
+            )));
+        }
+        let host_callbacks = (0..decoded.num_host_callbacks)
+            .map(|index| self.host_callback_proxy(id, request.handle, index))
+            .collect();
+        let scope = self.with_session(id, |session| Ok(session.scope.clone()))?;
+        let exe =
+            self.0
+                .client
+                .load_decoded(decoded, CompileOptions { host_callbacks }, Some(scope))?;
+        let count = |specs: &[crate::array::ArraySpec]| -> Result<u32> {
+            let n: usize = specs.iter().map(|s| s.sharding.devices().len()).sum();
+            u32::try_from(n).map_err(|_| Error::invalid_argument("too many shards"))
+        };
+        let response = LoadExecutableResponse {
+            num_input_buffers: count(&exe.program().input_specs)?,
+            num_output_buffers: count(&exe.program().output_specs)?,
+        };
+        self.with_session(id, |session| {
+            if session.executables.contains_key(&request.handle) {
+                return Err(Error::already_exists(format!(
+                    "executable {} exists in this session",
+                    request.handle
+                )));
+            }
+            session.executables.insert(request.handle, exe);
+            Ok(response)
+        })
+    }
+
+    /// Host callback `index` of executable `executable` as a program of the
+    /// session sees it: a call that runs on the controller.
+    fn host_callback_proxy(
+        &self,
+        id: SessionId,
+        executable: u64,
+        index: u32,
+    ) -> LoadedHostCallback {
+        let shared = Arc::downgrade(&self.0);
+        LoadedHostCallback::new(format!("controller host callback {index}"), move |input| {
+            let shared = shared
+                .upgrade()
+                .ok_or_else(|| Error::unavailable("the worker is stopping"))?;
+            let waiter = Service(shared)
+                .with_session(id, |session| session.calls.start(executable, index, input))?;
+            // Blocks this executor thread only: the result arrives on the
+            // control stream, or the session's end fails it.
+            waiter.wait()
+        })
+    }
+
+    /// Queues an execution; returns its status (ready when it has run).
+    pub(super) fn execute(&self, id: SessionId, request: &ExecuteRequest) -> Result<Event> {
+        let (exe, inputs, stream) = self.with_session(id, |session| {
+            let exe = session
+                .executables
+                .get(&request.executable)
+                .cloned()
+                .ok_or_else(|| {
+                    Error::not_found(format!(
+                        "no executable {} in this session",
+                        request.executable
+                    ))
+                })?;
+            let inputs =
+                request
+                    .inputs
+                    .iter()
+                    .map(|h| {
+                        session.buffers.get(h).cloned().ok_or_else(|| {
+                            Error::not_found(format!("no buffer {h} in this session"))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+            check_new_handles(session, &request.outputs)?;
+            let stream = session
+                .streams
+                .entry(request.stream)
+                .or_insert_with(|| self.0.client.create_stream())
+                .clone();
+            Ok((exe, inputs, stream))
+        })?;
+        let program = exe.program();
+        let mut args = Vec::with_capacity(program.input_specs.len());
+        let mut at = 0;
+        for spec in &program.input_specs {
+            let n = spec.sharding.devices().len();
+            let shards = inputs.get(at..at + n).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{} input buffers given but the executable takes more",
+                    inputs.len()
+                ))
+            })?;
+            args.push(Array::assemble(spec.clone(), shards.to_vec())?);
+            at += n;
+        }
+        if at != inputs.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} input buffers given but the executable takes {at}",
+                inputs.len()
+            )));
+        }
+        let made: usize = program
+            .output_specs
+            .iter()
+            .map(|s| s.sharding.devices().len())
+            .sum();
+        if made != request.outputs.len() {
+            return Err(Error::invalid_argument(format!(
+                "{} output handles given but the executable makes {made} buffers",
+                request.outputs.len()
+            )));
+        }
+        // Nobody waits here: the executors take it at once.
+        let run = exe.execute_detached(
+            &args,
+            &ExecuteOptions {
+                stream: Some(stream),
+            },
+        )?;
+        let buffers = run.outputs.iter().flat_map(|a| a.buffers().iter().cloned());
+        self.with_session(id, |session| {
+            check_new_handles(session, &request.outputs)?;
+            session
+                .buffers
+                .extend(request.outputs.iter().copied().zip(buffers));
+            Ok(())
+        })?;
+        Ok(run.status)
+    }
+
+    /// One operation of a control stream. A failed execution still makes its
+    /// output buffers, failed with its error, so that whoever reads them learns
+    /// why.
+    /// Returns what finishes later: a queued execution, or a read.
+    pub(super) fn apply(
+        &self,
+        id: SessionId,
+        op: Option<control_request::Op>,
+    ) -> Result<Option<Later>> {
+        match op {
+            Some(control_request::Op::Execute(request)) => self
+                .execute(id, &request)
+                .map(|status| Some(Later::Execution(status)))
+                .inspect_err(|e| self.fail_outputs(id, &request.outputs, e)),
+            Some(control_request::Op::ReadBuffer(request)) => {
+                let buffer = self.with_session(id, |session| {
+                    session
+                        .buffers
+                        .get(&request.handle)
+                        .cloned()
+                        .ok_or_else(|| {
+                            Error::not_found(format!(
+                                "no buffer {} in this session",
+                                request.handle
+                            ))
+                        })
+                })?;
+                // Fixed-size elements only: the size must be known without
+                // waiting for the buffer (this runs on a network thread).
+                let size = match buffer.dtype().byte_size() {
+                    Some(_) => buffer.on_host_size()?,
+                    None => {
+                        return Err(Error::invalid_argument(format!(
+                            "buffer {} holds strings, which are not read on the control stream",
+                            request.handle
+                        )))
+                    }
+                };
+                if size > MAX_INLINE_READ_BYTES {
+                    return Err(Error::invalid_argument(format!(
+                        "buffer {} has {size} bytes; reads on the control stream take at most \
+                         {MAX_INLINE_READ_BYTES} (use GetBuffer)",
+                        request.handle
+                    )));
+                }
+                Ok(Some(Later::Read(buffer)))
+            }
+            Some(control_request::Op::DeleteBuffers(request)) => self.with_session(id, |session| {
+                for handle in &request.handles {
+                    if let Some(buffer) = session.buffers.remove(handle) {
+                        buffer.delete();
+                    }
+                }
+                Ok(None)
+            }),
+            Some(control_request::Op::UnloadExecutable(request)) => {
+                self.with_session(id, |session| {
+                    session
+                        .executables
+                        .remove(&request.handle)
+                        .map(|_| None)
+                        .ok_or_else(|| {
+                            Error::not_found(format!(
+                                "no executable {} in this session",
+                                request.handle
+                            ))
+                        })
+                })
+            }
+            Some(control_request::Op::HostCallbackResult(result)) => {
+                self.with_session(id, |session| session.calls.finish(result))?;
+                Ok(None)
+            }
+            None => Err(Error::invalid_argument(
+                "a control request without an operation",
+            )),
+        }
+    }
+
+    /// Makes `handles` (those not in use) buffers failed with `err`.
+    fn fail_outputs(&self, id: SessionId, handles: &[u64], err: &Error) {
+        let Some(device) = self.0.client.devices().first().cloned() else {
+            return;
+        };
+        let _ = self.with_session(id, |session| {
+            for &handle in handles {
+                session.buffers.entry(handle).or_insert_with(|| {
+                    Buffer::new(
+                        &self.0.client,
+                        device.clone(),
+                        device.default_memory_space().clone(),
+                        DType::U8,
+                        &[0],
+                        crate::future::Event::ready(Err(err.clone())),
+                    )
+                });
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Refuses output handles that repeat or that a buffer of the session has.
+pub(super) fn check_new_handles(session: &Session, handles: &[u64]) -> Result<()> {
+    let mut seen = std::collections::HashSet::with_capacity(handles.len());
+    for &h in handles {
+        if !seen.insert(h) {
+            return Err(Error::invalid_argument(format!(
+                "output handle {h} is given twice"
+            )));
+        }
+        if session.buffers.contains_key(&h) {
+            return Err(Error::already_exists(format!(
+                "buffer {h} exists in this session"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The answer to control operation `seq`: applied (`finished` false) or run.
+pub(super) fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> ControlResponse {
+    let (code, message, remote_traceback) = match result {
+        Ok(()) => (0, String::new(), String::new()),
+        // Bounded: one huge user error must not break the stream.
+        Err(e) => (e.code() as u32, wire_message(e), wire_traceback(e)),
+    };
+    ControlResponse {
+        seq,
+        code,
+        message,
+        finished,
+        host_callback: None,
+        remote_traceback,
+        data: Bytes::new(),
+    }
+}
+
+/// What a control operation leaves to finish later, answered a second time.
+pub(super) enum Later {
+    /// A queued execution: its status.
+    Execution(Event),
+    /// A read of a small buffer: its bytes once it is ready.
+    Read(Buffer),
+}
+
+/// Fails the host callback calls of a session when its control stream ends.
+pub(super) struct DetachCalls(pub(super) Arc<Shared>, pub(super) SessionId);
+
+impl Drop for DetachCalls {
+    fn drop(&mut self) {
+        if let Some(session) = lock(&self.0.sessions).get_mut(&self.1) {
+            session.calls.detach();
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! The worker side: a gRPC server that opens authenticated sessions for
+//! controllers and serves them with this process's local host.
+//!
+//! This file holds the worker itself: its options, starting and stopping it,
+//! and the state its sessions share. The rest, by concern: `service.rs` (the
+//! gRPC service: authentication, session lookup, the RPCs), `routes.rs` (what
+//! a request goes through first), `control.rs` (loading, executing and the
+//! control stream), `bulk.rs` (buffer uploads and downloads), `sessions.rs`
+//! (ending sessions, reaping silent ones).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::admission::{
+    Admission, Incoming, DEFAULT_HANDSHAKE_TIMEOUT, MAX_STREAMS_PER_CONNECTION,
+};
+use super::host_calls::PendingCalls;
+use super::idle::{expire_when_idle, IdleWatch};
+use super::isolate::{Children, IsolateCommand};
+use super::proto::worker_server::WorkerServer;
+use super::refusals::RefusalLog;
+use super::{runtime, SessionId, Token, MAX_MESSAGE_BYTES};
+use crate::buffer::Buffer;
+use crate::client::Client;
+use crate::dispatch::Stream;
+use crate::error::{Error, Result};
+use crate::executable::LoadedExecutable;
+use crate::executor::SessionScope;
+
+mod bulk;
+mod control;
+mod routes;
+mod service;
+mod sessions;
+
+use routes::Routes;
+pub(super) use service::Service;
+use sessions::{end_session, end_single_session, reap_sessions, wait_ended};
+
+/// How long a stopping worker waits for open connections to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The most header bytes a request may carry (its token and session id need
+/// a few hundred).
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
+/// How a worker serves.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// The address to listen on (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// The token every request must carry. `None` serves anyone: only for a
+    /// worker started explicitly as insecure.
+    pub token: Option<Token>,
+    /// How often controllers are asked to send heartbeats.
+    pub heartbeat_interval: Duration,
+    /// A session without a heartbeat for this long is closed and its resources
+    /// freed (its controller is gone).
+    pub session_timeout: Duration,
+    /// Serve TLS (rustls) with this certificate and key instead of plain TCP.
+    pub tls: Option<TlsIdentity>,
+    /// Once the worker has had no session for this long (since it started,
+    /// or since its last session ended), [`Worker::idle_expired`] becomes
+    /// true, and its entry point stops it. `None`: never.
+    pub exit_after_idle: Option<Duration>,
+    /// How long a new connection has to authenticate — TLS handshake, HTTP/2
+    /// preface and a first request with the token — before it is closed.
+    pub handshake_timeout: Duration,
+    /// Isolate sessions: the worker becomes a supervisor that runs each
+    /// session in a child worker of this command, and redirects controllers
+    /// there (see [`isolate`](super::isolate)). `None`: sessions are served
+    /// in this process.
+    pub isolate: Option<IsolateCommand>,
+    /// Serve exactly one session: a second `OpenSession` is refused, and
+    /// [`Worker::idle_expired`] becomes true once that session ended, or if
+    /// none opened within `handshake_timeout` (a supervisor's child).
+    pub single_session: bool,
+}
+
+/// A worker's TLS certificate chain and private key, PEM-encoded.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    /// The certificate chain (leaf first).
+    pub cert_pem: Vec<u8>,
+    /// The private key of the leaf certificate.
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsIdentity(<redacted>)")
+    }
+}
+
+impl WorkerOptions {
+    /// Loopback, port 0, the given token, a heartbeat every second and sessions
+    /// closed after 10 s of silence.
+    pub fn new(token: Option<Token>) -> WorkerOptions {
+        WorkerOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            token,
+            heartbeat_interval: Duration::from_secs(1),
+            session_timeout: Duration::from_secs(10),
+            tls: None,
+            exit_after_idle: None,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            isolate: None,
+            single_session: false,
+        }
+    }
+}
+
+/// A running worker. Dropping it (or [`Worker::shutdown`]) stops serving and
+/// closes every session.
+pub struct Worker {
+    local_addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>>,
+    pub(super) shared: Arc<Shared>,
+}
+
+pub(super) struct Shared {
+    token: Option<Token>,
+    client: Client,
+    sessions: Mutex<HashMap<SessionId, Session>>,
+    heartbeat_interval: Duration,
+    session_timeout: Duration,
+    admission: Arc<Admission>,
+    refusals: RefusalLog,
+    idle: Arc<IdleWatch>,
+    /// A supervisor's session workers (`WorkerOptions::isolate`).
+    children: Option<Arc<Children>>,
+    /// `WorkerOptions::single_session`, and whether its session was taken.
+    single_session: Option<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Sessions still open when the last of the server goes (a worker
+        // dropped inside the runtime) end too.
+        let sessions = self.sessions.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (id, session) in sessions.drain() {
+            let _ = end_session(&self.client, id, session);
+        }
+    }
+}
+
+/// What the worker keeps per session: everything in it is freed when the
+/// session closes.
+struct Session {
+    last_seen: Instant,
+    client_name: String,
+    /// The session's buffers, by the handles its controller gave them.
+    buffers: HashMap<u64, Buffer>,
+    /// The session's loaded executables, by handle.
+    executables: HashMap<u64, LoadedExecutable>,
+    /// The worker's stream for each stream of the controller.
+    streams: HashMap<u64, Stream>,
+    /// Dropped with the session: its control stream ends then.
+    ended: tokio::sync::watch::Sender<()>,
+    /// Calls of the controller's host callbacks by programs of the session.
+    calls: PendingCalls,
+    /// The session as its programs see it (`ExecutionContext::session`).
+    scope: Arc<SessionScope>,
+}
+
+impl Worker {
+    /// Binds `options.listen` and starts serving `client`'s devices (on the
+    /// transport's threads); returns once the socket accepts connections.
+    pub fn start(client: Client, options: WorkerOptions) -> Result<Worker> {
+        if options.token.is_none() {
+            tracing::warn!(
+                "this worker accepts requests without a token: anyone who can reach {} can run code here",
+                options.listen
+            );
+        }
+        if options.tls.is_none() && !options.listen.ip().to_canonical().is_loopback() {
+            tracing::warn!(
+                "listening on {} without TLS: requests, their data and the token travel in \
+                 plain text on the network (serve TLS with a certificate and key)",
+                options.listen
+            );
+        }
+        let runtime = runtime()?;
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(options.listen))
+            .map_err(|e| Error::unavailable(format!("cannot listen on {}: {e}", options.listen)))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| Error::internal(format!("no local address: {e}")))?;
+        let shared = Arc::new(Shared {
+            token: options.token,
+            client,
+            sessions: Mutex::new(HashMap::new()),
+            heartbeat_interval: options.heartbeat_interval,
+            session_timeout: options.session_timeout,
+            admission: Admission::new(options.handshake_timeout),
+            refusals: RefusalLog::default(),
+            idle: Arc::default(),
+            children: options
+                .isolate
+                .clone()
+                .map(|command| Arc::new(Children::new(command, local_addr.ip()))),
+            single_session: options
+                .single_session
+                .then(|| std::sync::atomic::AtomicBool::new(false)),
+        });
+        let service = Routes {
+            grpc: WorkerServer::new(Service(shared.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            shared: shared.clone(),
+        };
+        let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
+        let incoming = Incoming::new(listener, shared.admission.clone());
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &options.tls {
+            let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);
+            builder = builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|e| Error::invalid_argument(format!("bad TLS certificate or key: {e}")))?;
+        }
+        let server = builder
+            .initial_stream_window_size(Some(super::STREAM_WINDOW_BYTES))
+            .initial_connection_window_size(Some(super::CONNECTION_WINDOW_BYTES))
+            .max_frame_size(Some(super::MAX_FRAME_BYTES))
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+            .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
+            .http2_keepalive_interval(Some(options.heartbeat_interval))
+            .http2_keepalive_timeout(Some(options.heartbeat_interval * 2))
+            .add_service(service);
+        let served = runtime.spawn(server.serve_with_incoming_shutdown(incoming, async {
+            let _ = stop.await;
+        }));
+        runtime.spawn(reap_sessions(Arc::downgrade(&shared)));
+        if let Some(limit) = options.exit_after_idle {
+            let weak = Arc::downgrade(&shared);
+            let has_session = move || {
+                weak.upgrade().map(|s| {
+                    !lock(&s.sessions).is_empty()
+                        || s.children.as_ref().is_some_and(|c| c.live() > 0)
+                })
+            };
+            runtime.spawn(expire_when_idle(shared.idle.clone(), limit, has_session));
+        }
+        if options.single_session {
+            runtime.spawn(end_single_session(
+                Arc::downgrade(&shared),
+                options.handshake_timeout,
+            ));
+        }
+        tracing::info!(%local_addr, tls = options.tls.is_some(), "worker serving");
+        Ok(Worker {
+            local_addr,
+            shutdown: Some(shutdown),
+            served: Some(served),
+            shared,
+        })
+    }
+
+    /// The address the worker listens on (with the port it picked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// True once the worker has had no session for
+    /// [`WorkerOptions::exit_after_idle`] (and for good): its entry point
+    /// should stop it. Never true without that option.
+    pub fn idle_expired(&self) -> bool {
+        self.shared.idle.expired()
+    }
+
+    /// Resolves once [`Worker::idle_expired`] is true (never without
+    /// [`WorkerOptions::exit_after_idle`]). Needs no timer: it may be awaited
+    /// on any runtime or executor, e.g. alongside a wait for signals.
+    pub fn wait_idle_expired(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.shared.idle.wait()
+    }
+
+    /// Number of open sessions.
+    pub fn session_count(&self) -> usize {
+        lock(&self.shared.sessions).len()
+    }
+
+    /// Number of executables the open sessions have loaded.
+    pub fn executable_count(&self) -> usize {
+        lock(&self.shared.sessions)
+            .values()
+            .map(|s| s.executables.len())
+            .sum()
+    }
+
+    /// Connections now (pending authentication, authenticated), and the pending
+    /// ones closed so far (displaced by newer ones, past the handshake
+    /// deadline).
+    pub fn connection_counts(&self) -> ((usize, usize), (u64, u64)) {
+        (
+            self.shared.admission.counts(),
+            self.shared.admission.closed_counts(),
+        )
+    }
+
+    /// The worker's router (what a connection's requests go through first),
+    /// for the fuzz targets.
+    #[cfg(feature = "fuzzing")]
+    pub(super) fn router(&self) -> Routes {
+        Routes {
+            grpc: WorkerServer::new(Service(self.shared.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Number of buffers the open sessions hold.
+    pub fn buffer_count(&self) -> usize {
+        lock(&self.shared.sessions)
+            .values()
+            .map(|s| s.buffers.len())
+            .sum()
+    }
+
+    /// Stops serving, closes every session, and waits for the server to
+    /// finish and (at most 2 s) for the sessions to be freed, language
+    /// executors' `session_ended` included.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop(true)
+    }
+
+    fn stop(&mut self, wait_for_sessions: bool) -> Result<()> {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        let sessions: Vec<_> = lock(&self.shared.sessions).drain().collect();
+        let ending: Vec<_> = sessions
+            .into_iter()
+            .filter_map(|(id, session)| end_session(&self.shared.client, id, session))
+            .collect();
+        if wait_for_sessions {
+            wait_ended(ending, Instant::now() + SHUTDOWN_GRACE);
+        }
+        if let Some(children) = &self.shared.children {
+            children.shutdown();
+        }
+        let Some(served) = self.served.take() else {
+            return Ok(());
+        };
+        // Open streams end with their sessions; a connection that still does
+        // not finish in time is cut.
+        let abort = served.abort_handle();
+        let served = runtime()?.block_on(async move {
+            match tokio::time::timeout(SHUTDOWN_GRACE, served).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    abort.abort();
+                    Ok(Ok(()))
+                }
+            }
+        });
+        match served {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::unavailable(format!(
+                "the worker's server failed: {e}"
+            ))),
+            Err(e) => Err(Error::internal(format!(
+                "the worker's server task failed: {e}"
+            ))),
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Inside the runtime (a task dropping it) blocking is not allowed: just
+        // signal; the server stops by itself.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            if let Some(shutdown) = self.shutdown.take() {
+                let _ = shutdown.send(());
+            }
+            return;
+        }
+        // Not waiting for the sessions to be freed: the dropping thread may
+        // hold what freeing them needs (Python's GIL).
+        let _ = self.stop(false);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

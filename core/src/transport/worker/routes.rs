@@ -1,0 +1,96 @@
+//! What a worker's request goes through first: the admission checks made
+//! before any of its body is read, and the route of `PutBuffer` around the
+//! generated server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tonic::codegen::http;
+use tonic::metadata::MetadataMap;
+
+use super::service::Service;
+use super::sessions::{session_id, unknown_session};
+use super::{lock, Shared};
+use crate::error::{Error, Result};
+use crate::transport::bulk::PUT_BUFFER_PATH;
+use crate::transport::proto::worker_server::WorkerServer;
+use crate::transport::to_status;
+
+/// The path of the one RPC that needs no session.
+const OPEN_SESSION_PATH: &str = "/colocated.remote.v1.Worker/OpenSession";
+
+impl Service {
+    /// The checks of every request, made by the router before any of its body
+    /// is read: the token, then (for every RPC but `OpenSession`) a session
+    /// that is open. A request with the token authenticates its connection
+    /// (see [`admission`](crate::transport::admission)).
+    fn admit<B>(&self, request: &http::Request<B>) -> Result<()> {
+        let extensions = request.extensions();
+        let peer = extensions
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|i| i.remote_addr())
+            .or_else(|| {
+                extensions
+                    .get::<tonic::transport::server::TlsConnectInfo<
+                        tonic::transport::server::TcpConnectInfo,
+                    >>()
+                    .and_then(|i| i.get_ref().remote_addr())
+            });
+        let metadata = MetadataMap::from_headers(request.headers().clone());
+        self.authenticate(&metadata, peer)?;
+        self.0.admission.authenticated(peer)?;
+        if request.uri().path() != OPEN_SESSION_PATH {
+            let id = session_id(&metadata).map_err(|e| self.refused(peer, e))?;
+            if !lock(&self.0.sessions).contains_key(&id) {
+                return Err(self.refused(peer, unknown_session()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `err`, a refusal of a request from `peer`, logged (rate-limited).
+    fn refused(&self, peer: Option<SocketAddr>, err: Error) -> Error {
+        self.0.refusals.refused(peer, err.message());
+        err
+    }
+}
+
+/// The worker's gRPC service: `PutBuffer` goes to [`Service::put_http`]
+/// (copy-free, see [`bulk`](crate::transport::bulk)), every other RPC to the generated
+/// server.
+#[derive(Clone)]
+pub(in crate::transport) struct Routes {
+    pub(super) grpc: WorkerServer<Service>,
+    pub(super) shared: Arc<Shared>,
+}
+
+impl tonic::server::NamedService for Routes {
+    const NAME: &'static str = <WorkerServer<Service> as tonic::server::NamedService>::NAME;
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Routes {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+        tonic::codegen::Service::<http::Request<tonic::body::Body>>::poll_ready(&mut self.grpc, cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        // Refused before any of the body is read (or buffered by a decoder):
+        // a stranger's request holds nothing but its headers.
+        if let Err(e) = Service(self.shared.clone()).admit(&request) {
+            return Box::pin(async move { Ok(to_status(&e).into_http()) });
+        }
+        if request.uri().path() == PUT_BUFFER_PATH {
+            let service = Service(self.shared.clone());
+            Box::pin(async move { Ok(service.put_http(request).await) })
+        } else {
+            self.grpc.call(request)
+        }
+    }
+}

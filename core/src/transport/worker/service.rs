@@ -1,0 +1,394 @@
+//! The worker's gRPC service: authenticating requests, finding their
+//! session, opening sessions (or redirecting them to a session worker), and
+//! the generated service's RPCs, which call the other parts of the worker.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::bulk::{chunk_stream, ChunkStream};
+use super::control::{control_answer, DetachCalls, Later};
+use super::sessions::{end_session, session_id, unknown_session};
+use super::{lock, Session, Shared};
+use crate::error::{Error, Result};
+use crate::executor::SessionScope;
+use crate::transport::buffers::wire_bytes;
+use crate::transport::host_calls::PendingCalls;
+use crate::transport::isolate::Children;
+use crate::transport::proto::worker_server::Worker as WorkerRpc;
+use crate::transport::proto::{
+    CloseSessionRequest, CloseSessionResponse, ControlRequest, ControlResponse,
+    DeleteBuffersRequest, DeleteBuffersResponse, DeviceInfo, ExecuteRequest, ExecuteResponse,
+    GetBufferRequest, HeartbeatRequest, HeartbeatResponse, HostInfo, LoadExecutableRequest,
+    LoadExecutableResponse, OpenSessionRequest, OpenSessionResponse, PutBufferChunk,
+    PutBufferResponse,
+};
+use crate::transport::{
+    to_status, SessionId, AUTHORIZATION, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
+    REDIRECT_VERSION,
+};
+
+pub(in crate::transport) struct Service(pub(in crate::transport) Arc<Shared>);
+
+impl Service {
+    /// A supervisor's answer to `OpenSession`: a new child worker for this
+    /// controller, where it opens its session (protocol version
+    /// [`REDIRECT_VERSION`]; older controllers are refused, as they would
+    /// not follow the redirect).
+    async fn redirect(
+        &self,
+        children: Arc<Children>,
+        version: u32,
+        client_name: String,
+    ) -> std::result::Result<Response<OpenSessionResponse>, Status> {
+        if version < REDIRECT_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "this worker runs each session in a process of its own (--isolate-sessions),                  which needs protocol version {REDIRECT_VERSION}; the controller speaks at most                  {version}: upgrade the controller"
+            )));
+        }
+        let spawned = tokio::task::spawn_blocking(move || children.spawn())
+            .await
+            .map_err(|e| Status::internal(format!("the spawning task failed: {e}")))?;
+        let (address, token) = spawned.map_err(|e| to_status(&e))?;
+        tracing::info!(client = %client_name, %address, "session redirected to its own worker");
+        self.0.idle.session_opened();
+        Ok(Response::new(OpenSessionResponse {
+            version,
+            session_id: Bytes::new(),
+            host: Some(self.host_info()),
+            heartbeat_interval_ms: millis(self.0.heartbeat_interval),
+            session_timeout_ms: millis(self.0.session_timeout),
+            redirect_address: address.to_string(),
+            redirect_token: token.expose().to_string(),
+        }))
+    }
+
+    /// Refuses a request without the worker's token.
+    pub(super) fn authenticate(
+        &self,
+        metadata: &MetadataMap,
+        remote: Option<SocketAddr>,
+    ) -> Result<()> {
+        let Some(token) = &self.0.token else {
+            return Ok(());
+        };
+        let presented = metadata
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match presented {
+            Some(presented) if token.matches(presented) => Ok(()),
+            Some(_) => {
+                self.0.refusals.refused(remote, "a wrong token");
+                Err(Error::unauthenticated("the token is wrong"))
+            }
+            None => {
+                self.0.refusals.refused(remote, "no token");
+                Err(Error::unauthenticated(
+                    "this worker requires a token (authorization: Bearer <token>)",
+                ))
+            }
+        }
+    }
+
+    /// The authenticated session a request belongs to, marked as alive.
+    pub(super) fn session<T>(&self, request: &Request<T>) -> Result<SessionId> {
+        self.authenticate(request.metadata(), request.remote_addr())?;
+        let id = session_id(request.metadata())?;
+        match lock(&self.0.sessions).get_mut(&id) {
+            Some(session) => {
+                session.last_seen = Instant::now();
+                Ok(id)
+            }
+            None => Err(unknown_session()),
+        }
+    }
+
+    /// Runs `f` on the session `id` (which may have closed since the request
+    /// was checked: then `unauthenticated`).
+    pub(super) fn with_session<T>(
+        &self,
+        id: SessionId,
+        f: impl FnOnce(&mut Session) -> Result<T>,
+    ) -> Result<T> {
+        match lock(&self.0.sessions).get_mut(&id) {
+            Some(session) => f(session),
+            None => Err(Error::unauthenticated("the session closed")),
+        }
+    }
+
+    fn host_info(&self) -> HostInfo {
+        let client = &self.0.client;
+        HostInfo {
+            platform_name: crate::client::PLATFORM_NAME.to_string(),
+            platform_version: client.platform_version().to_string(),
+            devices: client
+                .devices()
+                .iter()
+                .map(|d| DeviceInfo {
+                    local_id: d.id(),
+                    kind: d.kind().to_string(),
+                    local_hardware_id: i32::try_from(d.local_hardware_id()).unwrap_or(-1),
+                })
+                .collect(),
+            languages: client.languages(0).unwrap_or_default(),
+        }
+    }
+}
+
+/// Clamps a duration to the protocol's u32 milliseconds.
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+#[tonic::async_trait]
+impl WorkerRpc for Service {
+    type GetBufferStream = ChunkStream;
+    type ControlStream = tokio_stream::wrappers::UnboundedReceiverStream<
+        std::result::Result<ControlResponse, Status>,
+    >;
+
+    async fn control(
+        &self,
+        request: Request<Streaming<ControlRequest>>,
+    ) -> std::result::Result<Response<Self::ControlStream>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let mut ops = request.into_inner();
+        // Unbounded: the second answer of an execution is sent from the thread
+        // that finishes it, which must not block. The controller bounds what is
+        // in flight by what it sends.
+        let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
+        let mut ended = self
+            .with_session(id, |session| {
+                session.calls.attach(answers.clone());
+                Ok(session.ended.subscribe())
+            })
+            .map_err(|e| to_status(&e))?;
+        let service = Service(self.0.clone());
+        tokio::spawn(async move {
+            // However the stream ends, host callbacks waiting on it fail.
+            let _detach = DetachCalls(service.0.clone(), id);
+            let mut expected = 1u64;
+            loop {
+                let message = tokio::select! {
+                    message = ops.message() => message,
+                    // The session closed (or the worker stops): end the stream.
+                    _ = ended.changed() => return,
+                };
+                let op = match message {
+                    Ok(Some(op)) => op,
+                    Ok(None) => return,
+                    Err(status) => {
+                        tracing::warn!(session = %id, %status, "control stream broke");
+                        // Tell the controller why, if it still listens.
+                        let _ = answers.send(Err(status));
+                        return;
+                    }
+                };
+                let seq = op.seq;
+                let result = if seq == expected {
+                    expected += 1;
+                    service.apply(id, op.op)
+                } else {
+                    Err(Error::invalid_argument(format!(
+                        "control operation {seq} out of order (expected {expected})"
+                    )))
+                };
+                let (later, applied) = match result {
+                    Ok(later) => (later, Ok(())),
+                    Err(e) => (None, Err(e)),
+                };
+                if answers
+                    .send(Ok(control_answer(seq, &applied, false)))
+                    .is_err()
+                {
+                    return;
+                }
+                // The controller may be gone by the time these finish: then
+                // nobody is told.
+                let answers = answers.clone();
+                match later {
+                    None => {}
+                    Some(Later::Execution(status)) => status.on_ready(move |result| {
+                        let _ = answers.send(Ok(control_answer(seq, &result, true)));
+                    }),
+                    Some(Later::Read(buffer)) => {
+                        let ready = buffer.ready_event().clone();
+                        ready.on_ready(move |status| {
+                            let read = status.and_then(|()| buffer.to_host_vec());
+                            let mut answer = control_answer(
+                                seq,
+                                &read.as_ref().map(|_| ()).map_err(Clone::clone),
+                                true,
+                            );
+                            if let Ok(data) = read {
+                                answer.data = data.into();
+                            }
+                            let _ = answers.send(Ok(answer));
+                        });
+                    }
+                }
+            }
+        });
+        Ok(Response::new(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(stream),
+        ))
+    }
+
+    async fn put_buffer(
+        &self,
+        request: Request<Streaming<PutBufferChunk>>,
+    ) -> std::result::Result<Response<PutBufferResponse>, Status> {
+        // Never called: `Routes` serves PutBuffer itself, from the HTTP/2
+        // body (`put_http`).
+        let _ = request;
+        Err(Status::internal(
+            "PutBuffer is served by the worker's route, not the generated service",
+        ))
+    }
+
+    async fn get_buffer(
+        &self,
+        request: Request<GetBufferRequest>,
+    ) -> std::result::Result<Response<Self::GetBufferStream>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let handle = request.get_ref().handle;
+        let buffer = self
+            .with_session(id, |session| {
+                session
+                    .buffers
+                    .get(&handle)
+                    .cloned()
+                    .ok_or_else(|| Error::not_found(format!("no buffer {handle} in this session")))
+            })
+            .map_err(|e| to_status(&e))?;
+        // Waiting for the data blocks: not on the network threads.
+        let data = tokio::task::spawn_blocking(move || wire_bytes(&buffer))
+            .await
+            .map_err(|e| Status::internal(format!("the copy task failed: {e}")))?
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(chunk_stream(Bytes::from(data))))
+    }
+
+    async fn load_executable(
+        &self,
+        request: Request<LoadExecutableRequest>,
+    ) -> std::result::Result<Response<LoadExecutableResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        self.load(id, request.get_ref())
+            .map(Response::new)
+            .map_err(|e| to_status(&e))
+    }
+
+    async fn execute(
+        &self,
+        request: Request<ExecuteRequest>,
+    ) -> std::result::Result<Response<ExecuteResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        self.execute(id, request.get_ref())
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(ExecuteResponse {}))
+    }
+
+    async fn delete_buffers(
+        &self,
+        request: Request<DeleteBuffersRequest>,
+    ) -> std::result::Result<Response<DeleteBuffersResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let handles = &request.get_ref().handles;
+        self.with_session(id, |session| {
+            if let Some(missing) = handles.iter().find(|h| !session.buffers.contains_key(h)) {
+                return Err(Error::not_found(format!(
+                    "no buffer {missing} in this session"
+                )));
+            }
+            for handle in handles {
+                if let Some(buffer) = session.buffers.remove(handle) {
+                    buffer.delete();
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| to_status(&e))?;
+        Ok(Response::new(DeleteBuffersResponse {}))
+    }
+
+    async fn open_session(
+        &self,
+        request: Request<OpenSessionRequest>,
+    ) -> std::result::Result<Response<OpenSessionResponse>, Status> {
+        self.authenticate(request.metadata(), request.remote_addr())
+            .map_err(|e| to_status(&e))?;
+        let req = request.into_inner();
+        let version = req.max_version.min(PROTOCOL_VERSION_MAX);
+        if req.min_version > req.max_version || version < req.min_version.max(PROTOCOL_VERSION_MIN)
+        {
+            return Err(Status::failed_precondition(format!(
+                "no common protocol version: the controller speaks {}..={}, this worker {}..={}",
+                req.min_version, req.max_version, PROTOCOL_VERSION_MIN, PROTOCOL_VERSION_MAX
+            )));
+        }
+        let client_name: String = req.client_name.chars().take(256).collect();
+        if let Some(children) = &self.0.children {
+            return self.redirect(children.clone(), version, client_name).await;
+        }
+        if let Some(taken) = &self.0.single_session {
+            if taken.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err(Status::failed_precondition(
+                    "this worker serves one session, which was already opened",
+                ));
+            }
+        }
+        let id = SessionId::random().map_err(|e| to_status(&e))?;
+        tracing::info!(session = %id, client = %client_name, version, "session opened");
+        lock(&self.0.sessions).insert(
+            id,
+            Session {
+                last_seen: Instant::now(),
+                client_name,
+                buffers: HashMap::new(),
+                executables: HashMap::new(),
+                streams: HashMap::new(),
+                ended: tokio::sync::watch::channel(()).0,
+                calls: PendingCalls::default(),
+                scope: Arc::new(SessionScope::new()),
+            },
+        );
+        self.0.idle.session_opened();
+        Ok(Response::new(OpenSessionResponse {
+            version,
+            session_id: Bytes::copy_from_slice(id.as_bytes()),
+            host: Some(self.host_info()),
+            heartbeat_interval_ms: millis(self.0.heartbeat_interval),
+            session_timeout_ms: millis(self.0.session_timeout),
+            redirect_address: String::new(),
+            redirect_token: String::new(),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> std::result::Result<Response<HeartbeatResponse>, Status> {
+        self.session(&request).map_err(|e| to_status(&e))?;
+        Ok(Response::new(HeartbeatResponse {}))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<CloseSessionRequest>,
+    ) -> std::result::Result<Response<CloseSessionResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let removed = lock(&self.0.sessions).remove(&id);
+        if let Some(session) = removed {
+            tracing::info!(session = %id, client = %session.client_name, "session closed");
+            let _ = end_session(&self.0.client, id, session);
+        }
+        Ok(Response::new(CloseSessionResponse {}))
+    }
+}
