@@ -622,7 +622,13 @@ impl ArrayImpl {
     /// Copies the array shard by shard to `sharding` (same layout, other
     /// devices, on any hosts); returns the copy at once (ready later) and a
     /// `CopyProgress` counting the bytes that crossed hosts.
-    fn copy_to_sharding(&self, sharding: PyRef<'_, Sharding>) -> PyResult<(Self, CopyProgress)> {
+    fn copy_to_sharding(
+        &self,
+        py: Python<'_>,
+        sharding: PyRef<'_, Sharding>,
+    ) -> PyResult<(Self, CopyProgress)> {
+        // On the stream of the calling work item, as the item's executions.
+        crate::streams::enter_call_scope(py)?;
         let (client, core_sharding) = sharding.get()?;
         let counters = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let report = counters.clone();

@@ -60,8 +60,10 @@ def cluster(token_file):
     previous = _client._client
 
     def start(n, devices=2):
-        workers = [Worker(token_file, devices) for _ in range(n)]
-        started.extend(workers)
+        workers = []
+        for _ in range(n):
+            workers.append(Worker(token_file, devices))
+            started.append(workers[-1])
         client = colocated.connect([w.address for w in workers], token_file=token_file)
         return client, workers
 

@@ -157,5 +157,6 @@ def test_nobody_connecting_ends_a_session_worker(token_file, tmp_path):
     w = Worker(path, devices=1, extra_args=("--single-session",))
     assert not path.exists()  # read and deleted
     assert w.proc.wait(timeout=30) == 0
-    assert 9.0 <= time.monotonic() - started < 20.0
+    # Not before its handshake deadline (10 s) has passed.
+    assert time.monotonic() - started >= 9.0
     w.stop()

@@ -325,6 +325,9 @@ def test_make_mesh_and_axis_type_errors():
     assert isinstance(info.value, ValueError)
     with pytest.raises(colocated.InvalidArgumentError, match="should be a sequence of ints. Got 4"):
         colocated.make_mesh(4, ("x",))
+    for sizes in [(-1,), (0, 2), (-2, -2)]:
+        with pytest.raises(colocated.InvalidArgumentError, match="must be positive"):
+            colocated.make_mesh(sizes, ("x", "y")[: len(sizes)])
     message = "Number of axis names should match the number of axis_types"
     with pytest.raises(colocated.InvalidArgumentError, match=message):
         Mesh(colocated.devices()[:2], ("x",), axis_types=(AxisType.Auto, AxisType.Auto))

@@ -212,7 +212,7 @@ def test_a_closed_session_destroys_its_objects_at_once(token_file, marks):
         session = object_in_a_session(worker, token_file, marks, "closed")
         assert sorted(os.listdir(marks)) == ["built-closed"]
         session.close()
-        until("closing destroys the object", lambda: (marks / "destroyed-closed").exists(), 1.0)
+        until("closing destroys the object", lambda: (marks / "destroyed-closed").exists(), 10.0)
     finally:
         worker.stop()
 

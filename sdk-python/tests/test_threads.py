@@ -40,10 +40,11 @@ def _waits_at(parties: int, name: str):
 
 
 def _submit_from_pool(f, x, parties: int) -> None:
-    """Calls ``f(x)`` from ``parties`` work items of a thread pool with as many
-    threads (the pool reuses a thread whose work item returned: the calls are
-    asynchronous) and waits for every output."""
-    with concurrent.futures.ThreadPoolExecutor(parties) as pool:
+    """Calls ``f(x)`` from ``parties`` work items of a thread pool of one
+    thread (as a pool reuses a thread whose work item returned: the calls are
+    asynchronous), so the calls meet only if work items are independent
+    streams; waits for every output."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
         outs = [fu.result() for fu in [pool.submit(f, x) for _ in range(parties)]]
     colocated.block_until_ready(outs)
 

@@ -35,7 +35,8 @@ def test_silent_sockets_beyond_the_descriptor_limit_do_not_lock_a_controller_out
     worker = Worker(token_file, devices=1, max_files=1024)
     silent = []
     try:
-        silent = [socket.create_connection(tuple(worker.address.rsplit(":", 1))) for _ in range(1100)]
+        for _ in range(1100):
+            silent.append(socket.create_connection(tuple(worker.address.rsplit(":", 1))))
         client = colocated.connect([worker.address], token_file=token_file, default=False)
         for round_ in range(5):
             _controller_works(client, round_)

@@ -30,6 +30,11 @@ pub const CHILD_START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping supervisor waits for its children to exit once asked.
 const CHILD_STOP_GRACE: Duration = Duration::from_secs(3);
 
+/// The most session processes a supervisor runs at once: beyond it, a new
+/// session is `resource_exhausted` (a controller retrying in a loop cannot
+/// fork without bound).
+pub const MAX_CHILDREN: usize = 256;
+
 /// The command line of a worker that serves one session (without the flags
 /// the supervisor adds: `--listen HOST:0 --token-file F --single-session`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +67,7 @@ impl TokenFile {
         let mut name = [0u8; 16];
         getrandom::fill(&mut name)
             .map_err(|e| Error::internal(format!("no randomness for a token file: {e}")))?;
-        let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
+        let name = super::hex(&name);
         let path = std::env::temp_dir().join(format!("colocated-session-{name}.token"));
         let mut options = std::fs::OpenOptions::new();
         options.write(true).create_new(true);
@@ -116,6 +121,11 @@ impl Children {
     /// one-time token. Blocks: call it off the network threads. A child that
     /// does not start is killed, and the error is `unavailable`.
     pub(crate) fn spawn(&self) -> Result<(SocketAddr, Token)> {
+        if self.live() >= MAX_CHILDREN {
+            return Err(Error::resource_exhausted(format!(
+                "this worker runs {MAX_CHILDREN} sessions already, each in a process of its own"
+            )));
+        }
         let token = Token::generate()?;
         let token_file = TokenFile::create(&token)?;
         let listen = SocketAddr::new(self.host, 0);
@@ -173,28 +183,44 @@ impl Children {
     /// Asks every child to stop (its stdin closes and it gets SIGTERM), waits
     /// up to a grace period, and kills those still running.
     pub(crate) fn shutdown(&self) {
-        let mut children: Vec<Child> = lock(&self.running).drain(..).collect();
-        for child in &mut children {
-            drop(child.stdin.take());
-            terminate(child);
-        }
-        let deadline = Instant::now() + CHILD_STOP_GRACE;
-        for child in &mut children {
-            while matches!(child.try_wait(), Ok(None)) {
-                if Instant::now() >= deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
+        stop_children(lock(&self.running).drain(..).collect());
+    }
+}
+
+/// Closes each child's stdin and sends it SIGTERM, waits up to
+/// [`CHILD_STOP_GRACE`], and kills those still running.
+fn stop_children(mut children: Vec<Child>) {
+    for child in &mut children {
+        drop(child.stdin.take());
+        terminate(child);
+    }
+    let deadline = Instant::now() + CHILD_STOP_GRACE;
+    for child in &mut children {
+        while matches!(child.try_wait(), Ok(None)) {
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
             }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
 
 impl Drop for Children {
+    /// Never blocks (the last reference may go on a network thread): the
+    /// children are stopped on a thread of their own.
     fn drop(&mut self) {
-        self.shutdown();
+        let children: Vec<Child> = lock(&self.running).drain(..).collect();
+        if children.is_empty() {
+            return;
+        }
+        let stopper = std::thread::Builder::new()
+            .name("colocated-stop-children".into())
+            .spawn(move || stop_children(children));
+        if let Err(e) = stopper {
+            tracing::error!("no thread to stop the session processes: {e}");
+        }
     }
 }
 

@@ -7,7 +7,9 @@
 //! buffer reads back as the very bytes it was uploaded with: every element is
 //! field 1 (key `0x0a`), its length a varint of the fewest bytes, then UTF-8.
 //! Memory grows with the bytes that really arrive (never with a length or a
-//! count announced by the peer), and the whole encoding is bounded by
+//! count announced by the peer), and the whole encoding, plus what each
+//! element costs in memory beyond its text ([`ELEMENT_COST`]: many empty
+//! strings are small on the wire but not in memory), is bounded by
 //! [`MAX_STRING_BUFFER_BYTES`].
 
 use prost::encoding::{encode_varint, encoded_len_varint};
@@ -23,6 +25,10 @@ pub const MAX_STRING_BUFFER_BYTES: usize = 1 << 30;
 /// The key of `StringElements.elements`: field 1, length-delimited.
 const ELEMENT_KEY: u8 = 0x0a;
 
+/// What each element is charged against [`MAX_STRING_BUFFER_BYTES`] beyond
+/// its bytes on the wire: its place in the decoded elements.
+const ELEMENT_COST: usize = std::mem::size_of::<Box<str>>();
+
 /// Bytes of `strings` on the wire (saturating: anything near `usize::MAX` is
 /// over the limit anyway).
 fn encoded_len<S: AsRef<str>>(strings: &[S]) -> usize {
@@ -36,9 +42,11 @@ fn encoded_len<S: AsRef<str>>(strings: &[S]) -> usize {
 /// takes over [`MAX_STRING_BUFFER_BYTES`].
 pub(crate) fn encode_strings<S: AsRef<str>>(strings: &[S]) -> Result<Vec<u8>> {
     let len = encoded_len(strings);
-    if len > MAX_STRING_BUFFER_BYTES {
+    let cost = len.saturating_add(strings.len().saturating_mul(ELEMENT_COST));
+    if cost > MAX_STRING_BUFFER_BYTES {
         return Err(Error::resource_exhausted(format!(
-            "{} strings take {len} bytes on the wire, over the limit of {MAX_STRING_BUFFER_BYTES}",
+            "{} strings take {len} bytes on the wire ({cost} with {ELEMENT_COST} per element), \
+             over the limit of {MAX_STRING_BUFFER_BYTES}",
             strings.len()
         )));
     }
@@ -139,7 +147,8 @@ impl StringDecoder {
                         return Err(malformed("an element's length is longer than it needs"));
                     }
                     // Checked before anything is allocated for the element.
-                    let room = MAX_STRING_BUFFER_BYTES - (self.taken - bytes.len());
+                    let room = (MAX_STRING_BUFFER_BYTES - (self.taken - bytes.len()))
+                        .saturating_sub(ELEMENT_COST);
                     let len = usize::try_from(*value)
                         .ok()
                         .filter(|len| *len <= room)
@@ -179,6 +188,13 @@ impl StringDecoder {
             return Err(Error::internal("an element ended outside its text"));
         };
         let index = self.elements.len();
+        if ELEMENT_COST > MAX_STRING_BUFFER_BYTES - self.taken {
+            return Err(Error::resource_exhausted(format!(
+                "{} string elements take over the limit of {MAX_STRING_BUFFER_BYTES} bytes",
+                index + 1
+            )));
+        }
+        self.taken += ELEMENT_COST;
         let text = String::from_utf8(text)
             .map_err(|e| malformed(&format!("element {index} is not UTF-8 ({e})")))?;
         self.elements.try_reserve(1).map_err(|_| no_memory())?;
@@ -373,7 +389,7 @@ mod tests {
     fn the_limit_bounds_the_whole_encoding() {
         // Just under: the element fits; one byte more does not.
         let header = 1 + encoded_len_varint(MAX_STRING_BUFFER_BYTES as u64);
-        let fits = MAX_STRING_BUFFER_BYTES - header;
+        let fits = MAX_STRING_BUFFER_BYTES - header - ELEMENT_COST;
         let mut wire = vec![0x0a];
         encode_varint(fits as u64, &mut wire);
         let mut decoder = StringDecoder::new(2);
@@ -386,6 +402,13 @@ mod tests {
         // Bytes past the limit are refused before they are looked at.
         let mut decoder = StringDecoder::new(1);
         decoder.taken = MAX_STRING_BUFFER_BYTES - 1;
+        let err = decoder.push(&[0x0a, 0x00]).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::ResourceExhausted, "{err}");
+        // Empty elements are charged their place in memory: 2 wire bytes each
+        // would otherwise let 1 GiB of them take 8 GiB.
+        let mut decoder = StringDecoder::new(usize::MAX);
+        decoder.taken = MAX_STRING_BUFFER_BYTES - 2 - ELEMENT_COST;
+        decoder.push(&[0x0a, 0x00]).unwrap();
         let err = decoder.push(&[0x0a, 0x00]).unwrap_err();
         assert_eq!(err.code(), ErrorCode::ResourceExhausted, "{err}");
     }

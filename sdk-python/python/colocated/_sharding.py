@@ -190,6 +190,8 @@ def make_mesh(axis_shapes, axis_names, axis_types=None, *, devices=None) -> Mesh
             f"`axis_sizes` passed to `make_mesh` should be a sequence of ints. Got {axis_shapes}"
         )
     shape = tuple(int(n) for n in shape)
+    if any(n < 1 for n in shape):
+        raise InvalidArgumentError(f"`axis_sizes` passed to `make_mesh` must be positive. Got {axis_shapes}")
     devices = list(_default_devices() if devices is None else devices)
     size = math.prod(shape)
     if size > len(devices):

@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tonic::codegen::http;
-use tonic::metadata::MetadataMap;
 
 use super::service::Service;
 use super::sessions::{session_id, unknown_session};
@@ -36,11 +35,11 @@ impl Service {
                     >>()
                     .and_then(|i| i.get_ref().remote_addr())
             });
-        let metadata = MetadataMap::from_headers(request.headers().clone());
-        self.authenticate(&metadata, peer)?;
+        let headers = request.headers();
+        self.authenticate(headers, peer)?;
         self.0.admission.authenticated(peer)?;
         if request.uri().path() != OPEN_SESSION_PATH {
-            let id = session_id(&metadata).map_err(|e| self.refused(peer, e))?;
+            let id = session_id(headers).map_err(|e| self.refused(peer, e))?;
             if !lock(&self.0.sessions).contains_key(&id) {
                 return Err(self.refused(peer, unknown_session()));
             }

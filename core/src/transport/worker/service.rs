@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tonic::metadata::MetadataMap;
+use tonic::codegen::http;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::bulk::{chunk_stream, ChunkStream};
@@ -48,7 +48,9 @@ impl Service {
     ) -> std::result::Result<Response<OpenSessionResponse>, Status> {
         if version < REDIRECT_VERSION {
             return Err(Status::failed_precondition(format!(
-                "this worker runs each session in a process of its own (--isolate-sessions),                  which needs protocol version {REDIRECT_VERSION}; the controller speaks at most                  {version}: upgrade the controller"
+                "this worker runs each session in a process of its own (--isolate-sessions), \
+                 which needs protocol version {REDIRECT_VERSION}; the controller speaks at most \
+                 {version}: upgrade the controller"
             )));
         }
         let spawned = tokio::task::spawn_blocking(move || children.spawn())
@@ -68,16 +70,17 @@ impl Service {
         }))
     }
 
-    /// Refuses a request without the worker's token.
+    /// Refuses a request without the worker's token (read from its headers:
+    /// the router checks them before anything decodes the request).
     pub(super) fn authenticate(
         &self,
-        metadata: &MetadataMap,
+        headers: &http::HeaderMap,
         remote: Option<SocketAddr>,
     ) -> Result<()> {
         let Some(token) = &self.0.token else {
             return Ok(());
         };
-        let presented = metadata
+        let presented = headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
@@ -98,8 +101,8 @@ impl Service {
 
     /// The authenticated session a request belongs to, marked as alive.
     pub(super) fn session<T>(&self, request: &Request<T>) -> Result<SessionId> {
-        self.authenticate(request.metadata(), request.remote_addr())?;
-        let id = session_id(request.metadata())?;
+        self.authenticate(request.metadata().as_ref(), request.remote_addr())?;
+        let id = session_id(request.metadata().as_ref())?;
         match lock(&self.0.sessions).get_mut(&id) {
             Some(session) => {
                 session.last_seen = Instant::now();
@@ -322,7 +325,7 @@ impl WorkerRpc for Service {
         &self,
         request: Request<OpenSessionRequest>,
     ) -> std::result::Result<Response<OpenSessionResponse>, Status> {
-        self.authenticate(request.metadata(), request.remote_addr())
+        self.authenticate(request.metadata().as_ref(), request.remote_addr())
             .map_err(|e| to_status(&e))?;
         let req = request.into_inner();
         let version = req.max_version.min(PROTOCOL_VERSION_MAX);

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use tonic::metadata::MetadataMap;
+use tonic::codegen::http;
 
 use super::{lock, Session, Shared};
 use crate::client::Client;
@@ -13,9 +13,9 @@ use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::transport::{SessionId, SESSION};
 
-/// The session id a request names.
-pub(super) fn session_id(metadata: &MetadataMap) -> Result<SessionId> {
-    metadata
+/// The session id a request's headers name.
+pub(super) fn session_id(headers: &http::HeaderMap) -> Result<SessionId> {
+    headers
         .get(SESSION)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| Error::unauthenticated("the request names no session"))
