@@ -3,6 +3,7 @@ started with a token file, stopped (or killed) with a bounded wait."""
 
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -50,7 +51,9 @@ class Worker:
         self.proc = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
         )
-        line = self.proc.stdout.readline()
+        # Bounded: a worker that hangs before its line fails the test instead.
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT)
+        line = self.proc.stdout.readline() if ready else "<nothing within the start timeout>"
         if not line.startswith("listening on "):
             self.proc.kill()
             self.proc.wait(timeout=START_TIMEOUT)

@@ -14,6 +14,7 @@
 //! also asks every child to stop (SIGTERM), and kills one that has not within
 //! a grace period.
 
+use crate::transport::lock;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -51,10 +52,6 @@ pub(crate) struct Children {
     /// The host children listen on (the supervisor's).
     host: IpAddr,
     running: Mutex<Vec<Child>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A token file that is removed when dropped (if the child has not already).

@@ -219,6 +219,12 @@ impl fmt::Debug for SessionId {
     }
 }
 
+/// `m`'s guard, also after a thread panicked holding it (what the transport
+/// guards stays consistent at every unlock).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -7,6 +7,7 @@
 //! host callbacks that programs on the worker call), `liveness.rs`
 //! (heartbeats, and losing the worker).
 
+use crate::transport::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -84,10 +85,6 @@ fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
         ));
     }
     Ok(runtime()?.block_on(future))
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl RemoteSession {

@@ -8,6 +8,7 @@
 //! control stream), `bulk.rs` (buffer uploads and downloads), `sessions.rs`
 //! (ending sessions, reaping silent ones).
 
+use crate::transport::lock;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -385,8 +386,4 @@ impl Drop for Worker {
         // hold what freeing them needs (Python's GIL).
         let _ = self.stop(false);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
