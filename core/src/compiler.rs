@@ -12,7 +12,7 @@ use crate::executable::{ExecutableInner, HostPlan, HostRun, HostSpecs, LoadedExe
 use crate::executor::{OutputShard, SessionScope};
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
-use crate::program::Program;
+use crate::program::{Program, LANGUAGE_COLOCATED};
 use crate::remote::{host_local, local_spec, RemoteExecutable, RemoteHost};
 use crate::sharding::{same_device_set, Sharding};
 
@@ -92,20 +92,20 @@ impl Client {
                 hosts.push(plan_remote(h, remote, &program, &options)?);
                 continue;
             }
-            let executor = self
-                .0
-                .local
-                .executors
-                .get(&program.language)
-                .ok_or_else(|| {
+            let executors = &self.0.local.executors;
+            let loaded = if program.language == LANGUAGE_COLOCATED {
+                crate::colocated::load(&program, executors)?
+            } else {
+                let executor = executors.get(&program.language).ok_or_else(|| {
                     Error::unimplemented(format!(
                         "host {} cannot run '{}' programs (it runs {:?})",
                         host.name(),
                         program.language,
-                        self.0.local.executors.languages()
+                        executors.languages()
                     ))
                 })?;
-            let loaded = executor.load(&program)?;
+                executor.load(&program)?
+            };
             hosts.push(plan_host(self, h, HostRun::Local(loaded), &program)?);
         }
         let fingerprint = format::fingerprint(&format::encode(&to_proto(

@@ -566,6 +566,7 @@ impl LoadedExecutable {
             outputs: vec![None; shards.len()],
             callbacks: &self.0.callbacks,
             session,
+            discovery: None,
         };
         program.run(&mut ctx).map_err(|e| {
             e.context(format!(

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::array::Array;
 use crate::buffer::Buffer;
 use crate::client::Client;
 use crate::device::Device;
@@ -192,6 +193,11 @@ impl Executors {
                 "a language executor needs a language tag",
             ));
         }
+        if language == crate::program::LANGUAGE_COLOCATED {
+            return Err(Error::already_exists(
+                "the 'colocated' language is built in",
+            ));
+        }
         let mut map = self.by_language.write().unwrap_or_else(|e| e.into_inner());
         if map.contains_key(language) {
             return Err(Error::already_exists(format!(
@@ -218,6 +224,7 @@ impl Executors {
             .unwrap_or_else(|e| e.into_inner())
             .keys()
             .cloned()
+            .chain([crate::program::LANGUAGE_COLOCATED.to_string()])
             .collect();
         languages.sort();
         languages
@@ -328,6 +335,20 @@ pub struct ExecutionContext<'a> {
     pub(crate) outputs: Vec<Option<Buffer>>,
     pub(crate) callbacks: &'a [LoadedHostCallback],
     pub(crate) session: SessionKey,
+    /// Set while a colocated discovery run takes the program's outputs.
+    pub(crate) discovery: Option<Arc<dyn DiscoverySink>>,
+}
+
+/// Takes the outputs of a discovery run (see
+/// [`ExecutionContext::set_host_outputs`]): the colocated protocol parks them
+/// on the host and reports them to the controller.
+pub(crate) trait DiscoverySink: Send + Sync {
+    fn discovered(
+        &self,
+        ctx: &ExecutionContext<'_>,
+        outputs: Vec<Array>,
+        structure: Vec<u8>,
+    ) -> Result<()>;
 }
 
 impl<'a> ExecutionContext<'a> {
@@ -417,6 +438,95 @@ impl<'a> ExecutionContext<'a> {
     pub fn num_host_callbacks(&self) -> usize {
         self.callbacks.len()
     }
+    /// This host's input arrays: [`inputs`](Self::inputs) assembled argument
+    /// by argument into arrays of [`host_input_specs`](Self::host_input_specs).
+    /// `unimplemented` when a host's shards of an argument do not make one
+    /// array of its own.
+    pub fn host_input_arrays(&self) -> Result<Vec<Array>> {
+        let mut at = 0;
+        let mut arrays = Vec::with_capacity(self.host_input_specs.len());
+        for (spec, &count) in self.host_input_specs.iter().zip(self.input_counts) {
+            if count != spec.sharding.devices().len() {
+                return Err(Error::unimplemented(
+                    "this host's shards of an input are not one block of the array",
+                ));
+            }
+            let shards = self.inputs.get(at..at + count).ok_or_else(|| {
+                Error::internal("the host has fewer input shards than its specs say")
+            })?;
+            at += count;
+            arrays.push(Array::assemble(spec.clone(), shards.to_vec())?);
+        }
+        Ok(arrays)
+    }
+
+    /// True while the program runs to discover its outputs (the first call of
+    /// a colocated function without declared output specs): then
+    /// [`set_host_outputs`](Self::set_host_outputs) needs the structure of
+    /// the outputs, and the outputs have no specs to match.
+    pub fn discovering(&self) -> bool {
+        self.discovery.is_some()
+    }
+
+    /// Sets every output shard from this host's output arrays, one per
+    /// [`host_output_specs`](Self::host_output_specs), each checked against
+    /// its spec (`invalid_argument` with the difference).
+    ///
+    /// While [`discovering`](Self::discovering), the outputs may be any
+    /// arrays over the program's devices of this host, and `structure` (the
+    /// language's description of the result's tree, opaque to core, equal on
+    /// every host of the call) is required: the host keeps the arrays for
+    /// the controller, which learns their specs from them.
+    pub fn set_host_outputs(
+        &mut self,
+        outputs: Vec<Array>,
+        structure: Option<Vec<u8>>,
+    ) -> Result<()> {
+        if let Some(sink) = self.discovery.clone() {
+            let structure = structure.ok_or_else(|| {
+                Error::internal("a discovery run must give the structure of its outputs")
+            })?;
+            return sink.discovered(self, outputs, structure);
+        }
+        let specs = self.host_output_specs;
+        if outputs.len() != specs.len() {
+            return Err(Error::invalid_argument(format!(
+                "the function returned {} arrays but {} were expected",
+                outputs.len(),
+                specs.len()
+            )));
+        }
+        for (o, (got, want)) in outputs.iter().zip(specs).enumerate() {
+            if !got.spec().matches(want) {
+                return Err(Error::invalid_argument(format!(
+                    "output {o} is {} on {:?} but {} on {:?} was expected (outputs must use the inputs' devices)",
+                    got.spec().describe(),
+                    got.sharding(),
+                    want.describe(),
+                    want.sharding
+                )));
+            }
+        }
+        for k in 0..self.output_shards.len() {
+            let shard = &self.output_shards[k];
+            let array = &outputs[shard.output];
+            let pos = array
+                .sharding()
+                .devices()
+                .iter()
+                .position(|d| d == &shard.device)
+                .ok_or_else(|| {
+                    Error::internal(format!(
+                        "output {} has no shard on {}",
+                        shard.output, shard.device
+                    ))
+                })?;
+            let buffer = array.buffers()[pos].clone();
+            self.set_output(k, buffer)?;
+        }
+        Ok(())
+    }
+
     /// Calls host callback `index` with `input` and returns its answer.
     pub fn call_host_callback(&self, index: usize, input: &[u8]) -> Result<Vec<u8>> {
         let cb = self.callbacks.get(index).ok_or_else(|| {

@@ -54,7 +54,11 @@ pub use buffer::{Buffer, ExternalReference, HostBufferSemantics};
 pub use client::{
     Client, ClientOptions, ClusterOptions, Host, DEFAULT_MAX_EXECUTOR_THREADS, PLATFORM_NAME,
 };
-pub use colocated::{CacheInfo, CallSpec, SpecCache};
+pub use colocated::{
+    host_object, host_objects, parked_results, Built, CacheInfo, Call, CallSite, CallSpec,
+    ColocatedFunction, ColocatedObject, Entry, HostValue, OutputOrigin, Outputs, Payload,
+    SpecCache,
+};
 pub use compiler::CompileOptions;
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
 pub use dispatch::{forget_stream_scope, set_stream_scope, Stream};
@@ -68,6 +72,6 @@ pub use executor::{
 pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
 pub use future::Event;
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
-pub use program::{Program, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
+pub use program::{Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
 pub use sharding::Sharding;
 pub use storage::HostMemory;

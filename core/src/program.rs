@@ -8,6 +8,11 @@ use crate::device::Device;
 pub const LANGUAGE_NATIVE: &str = "native";
 /// Language tag of colocated Python programs (payload: cloudpickle bytes).
 pub const LANGUAGE_PYTHON: &str = "python";
+/// Language tag of the colocated protocol's own programs, built into every
+/// host (payload: a protobuf `colocated.colocated.v1.Op`: a discovery run of
+/// another language's program, or the popping, dropping and destroying of
+/// what such runs and objects left on a host).
+pub const LANGUAGE_COLOCATED: &str = "colocated";
 /// Language tag of colocated Node programs (payload: source plus captured JSON).
 pub const LANGUAGE_NODE: &str = "node";
 

@@ -759,9 +759,10 @@ fn compile_fails_with_not_found_for_an_unknown_native_function() {
 fn compile_fails_with_unimplemented_for_a_language_the_host_lacks() {
     let client = client(1);
     let device = client.devices()[0].clone();
+    // The colocated protocol's own language is built into every host.
     assert_eq!(
         client.languages(0).unwrap(),
-        vec![LANGUAGE_NATIVE.to_string()]
+        vec![LANGUAGE_COLOCATED.to_string(), LANGUAGE_NATIVE.to_string()]
     );
     for language in [LANGUAGE_PYTHON, LANGUAGE_NODE] {
         let program = Program {
@@ -1395,10 +1396,19 @@ fn a_registered_language_executor_loads_at_compile_and_runs_per_host() {
         ErrorCode::AlreadyExists,
         "'native' programs",
     );
+    assert_error(
+        client.register_executor(LANGUAGE_COLOCATED, AddPayloadByte),
+        ErrorCode::AlreadyExists,
+        "built in",
+    );
     client.register_executor("bytes", AddPayloadByte).unwrap();
     assert_eq!(
         client.languages(0).unwrap(),
-        vec!["bytes".to_string(), LANGUAGE_NATIVE.to_string()]
+        vec![
+            "bytes".to_string(),
+            LANGUAGE_COLOCATED.to_string(),
+            LANGUAGE_NATIVE.to_string()
+        ]
     );
     let devices = client.devices().to_vec();
     let sharding =

@@ -180,7 +180,7 @@ impl Client {
     /// Wraps `client`, whose local host runs Python programs from now on.
     fn wrap(py: Python<'_>, client: core::Client) -> PyResult<Self> {
         client
-            .register_executor(crate::colocated::LANGUAGE, crate::colocated::PythonExecutor)
+            .register_executor(crate::executor::LANGUAGE, crate::executor::PythonExecutor)
             .map_err(py_err)?;
         let devices = client
             .devices()

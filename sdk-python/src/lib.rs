@@ -9,10 +9,11 @@
 
 mod array;
 mod client;
-mod colocated;
 mod errors;
 mod event;
+mod executor;
 mod fork;
+mod function;
 mod remote;
 mod sharding;
 mod streams;
@@ -36,12 +37,16 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array::HostView>()?;
     m.add_class::<array::CopyProgress>()?;
     m.add_class::<event::Event>()?;
-    m.add_class::<colocated::FunctionState>()?;
-    m.add_class::<colocated::FunctionBase>()?;
-    m.add_class::<colocated::Executable>()?;
+    m.add_class::<function::FunctionState>()?;
+    m.add_class::<function::FunctionBase>()?;
+    m.add_class::<function::Executable>()?;
+    m.add_class::<function::ColocatedObject>()?;
     m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
-    m.add_function(wrap_pyfunction!(colocated::call_host_callback, m)?)?;
-    m.add_function(wrap_pyfunction!(colocated::current_session, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::call_host_callback, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::current_session, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::host_object, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::host_objects, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::parked_results, m)?)?;
     m.add_class::<remote::WorkerHandle>()?;
     m.add_class::<remote::RemoteSession>()?;
     m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;

@@ -163,9 +163,9 @@ def test_a_failed_discovery_leaves_nothing_parked_on_the_workers(cluster):
 
     @colocated.colocated_python
     def parked(x):
-        from colocated import _colocated_python
+        from colocated import _colocated
 
-        return x * 0 + len(_colocated_python._RESULTS)
+        return x * 0 + _colocated.parked_results()
 
     # The first host ran the function and parked its output: it is gone.
     np.testing.assert_array_equal(np.asarray(parked(x)), [0, 0])

@@ -261,8 +261,11 @@ def test_a_session_never_reaches_the_objects_of_another(worker, token_file, mark
     assert int(b.incr(b_x)) == 1
     assert int(a.incr(a_x)) == 3, "a's object is untouched"
     assert sorted(os.listdir(marks)) == ["built-a", "built-b"]
-    # Destroying b's object (its wrapper goes) leaves a's.
-    del b
+    # Ending b's session destroys b's object (which its wrapper, knowing it by
+    # its own id, cannot) and leaves a's.
+    del b, b_x
+    clients.pop()
+    colocated.clear_caches()
     gc.collect()
     until("b's object is destroyed", lambda: (marks / "destroyed-b").exists(), 5.0)
     assert not (marks / "destroyed-a").exists()
@@ -273,28 +276,26 @@ def test_a_session_never_reaches_the_objects_of_another(worker, token_file, mark
 
 
 PARKING_CONTROLLER = """
+    import os
     import time
 
     import numpy as np
 
     import colocated
-    from colocated import _colocated_python
 
-    client = colocated.connect([ADDRESS], token_file=TOKEN_FILE)
-
-    def report_and_die(self, treedef, descriptions):
-        # The worker parked the outputs and tells the controller their specs:
-        # the controller dies before it takes them.
-        print("parked", flush=True)
-        time.sleep(3600)
-
-    _colocated_python._Reports.add = report_and_die
+    client = colocated.connect([ADDRESS, BLOCKER_ADDRESS], token_file=TOKEN_FILE)
 
     @colocated.colocated_python
     def big(x):
+        # Discovery runs it on both workers: the first parks its output, the
+        # second never finishes, so nobody takes it.
+        if os.getpid() == BLOCKER_PID:
+            time.sleep(3600)
         return colocated.device_put(np.ones(100 << 18, np.float32), x.sharding)  # 100 MiB
 
-    x = colocated.device_put(np.float32(0), colocated.SingleDeviceSharding(client.devices()[0]))
+    mesh = colocated.Mesh(client.devices(), ("x",))
+    x = colocated.device_put(np.zeros(2, np.float32), colocated.NamedSharding(mesh, colocated.P("x")))
+    print("discovering", flush=True)
     big(x)
 """
 
@@ -302,11 +303,9 @@ PARKING_CONTROLLER = """
 def parked_everywhere(x):
     """A host function: how many discovery results are parked on its host,
     in every session."""
-    from colocated import _colocated_python
+    from colocated import _colocated
 
-    with _colocated_python._RESULTS_LOCK:
-        parked = sum(len(results) for results in _colocated_python._RESULTS.values())
-    return x * 0 + parked
+    return x * 0 + _colocated.parked_results(every_session=True)
 
 
 def test_a_killed_controllers_parked_discovery_results_are_freed(worker, token_file, marks):
@@ -315,13 +314,18 @@ def test_a_killed_controllers_parked_discovery_results_are_freed(worker, token_f
     count = colocated.colocated_python(parked_everywhere)
     assert int(count(x)) == 0
     before = rss(worker.pid)
-    controller = Controller(PARKING_CONTROLLER, worker, token_file, marks)
+    blocker = Worker(token_file, devices=1, session_timeout=SESSION_TIMEOUT)
+    script = PARKING_CONTROLLER.replace("BLOCKER_ADDRESS", repr(blocker.address))
+    controller = Controller(script.replace("BLOCKER_PID", str(blocker.pid)), worker, token_file, marks)
     try:
-        controller.expect("parked")
-        assert int(count(x)) == 1, "the dead controller's result is parked"
+        try:
+            controller.expect("discovering")
+            until("the worker parked the dead controller's result", lambda: int(count(x)) == 1, 30.0)
+        finally:
+            peak = rss(worker.pid)
+            controller.kill()
     finally:
-        peak = rss(worker.pid)
-        controller.kill()
+        blocker.stop()
     killed = time.monotonic()
     assert peak - before >= 90 * MIB, (before, peak)
     deadline = SESSION_TIMEOUT + FREED_WITHIN

@@ -69,6 +69,11 @@ pub(super) fn end_session(
             // Failed only when the client is gone: nothing runs then either.
             let _ = event.wait();
         }
+        // The protocol's own leftovers first: objects' destructors run
+        // before the executors collect what they held.
+        if std::panic::catch_unwind(|| crate::colocated::end_session(key)).is_err() {
+            tracing::error!(session = %id, "freeing the session's colocated objects panicked");
+        }
         for executor in client.0.local.executors.all() {
             let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 executor.session_ended(key)

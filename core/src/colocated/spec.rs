@@ -1,7 +1,6 @@
-//! Colocated functions: what every SDK's `colocated_python` / Node decorator
-//! shares — the cache of compiled programs keyed by input spec, with a fast path
-//! that compares shardings by identity, and the rules that derive a call's devices
-//! from its inputs.
+//! Call specs: the rules that derive a call's devices from its inputs, and the
+//! cache of compiled programs keyed by input spec, with a fast path that
+//! compares shardings by identity.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

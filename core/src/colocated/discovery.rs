@@ -1,0 +1,205 @@
+//! The controller's side of discovery: collecting what each host's run
+//! reported, and deriving the global output specs from the reports.
+
+use std::sync::{Arc, Mutex};
+
+use prost::Message;
+
+use super::pb;
+use super::spec::CallSpec;
+use crate::array::ArraySpec;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::host_callback::LoadedHostCallback;
+use crate::sharding::Sharding;
+
+/// Where an output's global spec came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputOrigin {
+    /// It has the sharding of input `j` (an SDK may hand the caller's own
+    /// sharding object of that input).
+    Input(usize),
+    /// Its sharding is its own: declared, or made by the function.
+    New,
+}
+
+/// The outputs of a colocated function's calls of one input spec.
+#[derive(Clone, Debug)]
+pub struct Outputs {
+    /// The language's description of the output tree (from the hosts'
+    /// discovery runs; for declared outputs, what the SDK put there).
+    pub structure: Vec<u8>,
+    /// One global spec per output leaf.
+    pub specs: Vec<ArraySpec>,
+    /// Where each spec came from.
+    pub origins: Vec<OutputOrigin>,
+}
+
+/// The reports of one discovery run, as the hosts' calls of its host
+/// callback deliver them (on several threads at once).
+#[derive(Clone, Default)]
+pub(crate) struct Reports(Arc<Mutex<Vec<Result<pb::Report>>>>);
+
+impl Reports {
+    /// The host callback the hosts report through.
+    pub fn callback(&self) -> LoadedHostCallback {
+        let reports = self.0.clone();
+        LoadedHostCallback::new("colocated discovery report", move |bytes: &[u8]| {
+            let report = pb::Report::decode(bytes)
+                .map_err(|e| Error::invalid_argument(format!("malformed discovery report: {e}")));
+            reports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(report);
+            Ok(Vec::new())
+        })
+    }
+
+    /// The global outputs of a call of `call` on `devices` (see the rules in
+    /// the module docs of `colocated`), checked to agree across hosts.
+    pub fn outputs(&self, call: &CallSpec, devices: &[Device]) -> Result<Outputs> {
+        let reports = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        global_outputs(&reports, call, devices)
+    }
+}
+
+/// The call's devices per host, hosts in order of first appearance.
+fn by_host(devices: &[Device]) -> Vec<Vec<Device>> {
+    let mut hosts: Vec<Vec<Device>> = Vec::new();
+    for d in devices {
+        match hosts
+            .iter_mut()
+            .find(|h| h[0].host_index() == d.host_index())
+        {
+            Some(h) => h.push(d.clone()),
+            None => hosts.push(vec![d.clone()]),
+        }
+    }
+    hosts
+}
+
+fn global_outputs(reports: &[pb::Report], call: &CallSpec, devices: &[Device]) -> Result<Outputs> {
+    let hosts = by_host(devices);
+    if reports.len() != hosts.len() {
+        return Err(Error::internal(format!(
+            "{} of {} hosts reported their outputs during discovery",
+            reports.len(),
+            hosts.len()
+        )));
+    }
+    let first = &reports[0];
+    if reports.iter().any(|r| r.structure != first.structure) {
+        return Err(Error::invalid_argument(
+            "the colocated function returned different structures on different hosts",
+        ));
+    }
+    if reports
+        .iter()
+        .any(|r| r.outputs.len() != first.outputs.len())
+    {
+        return Err(Error::invalid_argument(
+            "the colocated function returned different numbers of arrays on different hosts",
+        ));
+    }
+    let mut specs = Vec::with_capacity(first.outputs.len());
+    let mut origins = Vec::with_capacity(first.outputs.len());
+    for (k, out) in first.outputs.iter().enumerate() {
+        if reports.iter().any(|r| &r.outputs[k] != out) {
+            return Err(Error::invalid_argument(format!(
+                "output {k} differs in shape, dtype or sharding between hosts; give the function out_specs_fn"
+            )));
+        }
+        let dtype = DType::from_u32(out.dtype)?;
+        if let Some(j) = out.same_as_input {
+            let x = call.leaves.get(j as usize).ok_or_else(|| {
+                Error::invalid_argument(format!("output {k} names input {j}, which the call lacks"))
+            })?;
+            if x.shape.len() != out.shape.len() || out.input_shape.len() != out.shape.len() {
+                return Err(Error::invalid_argument(format!(
+                    "output {k} has another rank than input {j}"
+                )));
+            }
+            // Each host's part of the input is the same fraction of it.
+            let shape = out
+                .shape
+                .iter()
+                .zip(&x.shape)
+                .zip(&out.input_shape)
+                .map(|((&o, &g), &n)| if n != 0 { o * (g / n) } else { o })
+                .collect();
+            specs.push(ArraySpec::new(shape, dtype, x.sharding.clone())?);
+            origins.push(OutputOrigin::Input(j as usize));
+            continue;
+        }
+        let layout = out.layout.as_ref().ok_or_else(|| {
+            Error::invalid_argument(format!("output {k} was reported without its sharding"))
+        })?;
+        let (shape, sharding) = from_layout(k, layout, &out.shape, &hosts)?;
+        specs.push(ArraySpec::new(shape, dtype, sharding)?);
+        origins.push(OutputOrigin::New);
+    }
+    Ok(Outputs {
+        structure: first.structure.clone(),
+        specs,
+        origins,
+    })
+}
+
+/// The global array of an output that every host made with the same layout
+/// over its devices of the call. On one host it is that array. On several
+/// hosts each made a block of it over all of its devices: the hosts' meshes
+/// stack along the first mesh axis, in host order, and dimensions split over
+/// that axis grow by the number of hosts (as JAX assembles an array from each
+/// process's local data).
+fn from_layout(
+    k: usize,
+    layout: &pb::HostLayout,
+    shape: &[i64],
+    hosts: &[Vec<Device>],
+) -> Result<(Vec<i64>, Sharding)> {
+    let unknown = |why: &str| {
+        Error::invalid_argument(format!(
+            "output {k} has the sharding of none of the inputs and {why}, so its global spec is unknown; \
+             give the function out_specs_fn"
+        ))
+    };
+    let mut devices = Vec::new();
+    for host in hosts {
+        for &p in &layout.positions {
+            devices.push(
+                host.get(p as usize)
+                    .cloned()
+                    .ok_or_else(|| unknown("names a device the host lacks"))?,
+            );
+        }
+    }
+    let mut mesh_shape: Vec<usize> = layout.mesh_shape.iter().map(|&n| n as usize).collect();
+    let partition: Vec<Vec<usize>> = layout
+        .partition
+        .iter()
+        .map(|a| a.mesh_axes.iter().map(|&x| x as usize).collect())
+        .collect();
+    let mut shape = shape.to_vec();
+    let n = hosts.len();
+    if n > 1 {
+        if hosts.iter().any(|h| h.len() != layout.positions.len()) {
+            return Err(unknown("does not span each host's devices of the call"));
+        }
+        let Some(first) = mesh_shape.first_mut() else {
+            return Err(unknown("has a mesh without axes"));
+        };
+        *first *= n;
+        for (dim, axes) in partition.iter().enumerate() {
+            if axes.contains(&0) {
+                if let Some(d) = shape.get_mut(dim) {
+                    *d *= n as i64;
+                }
+            }
+        }
+    }
+    let sharding = Sharding::named(devices, mesh_shape, layout.axis_names.clone(), partition)?;
+    Ok((shape, sharding))
+}

@@ -1,0 +1,350 @@
+//! The controller's side of a colocated function: the call rules, the cache
+//! of compiled programs per input spec, declared outputs, and discovery.
+
+use std::sync::Arc;
+
+use prost::Message;
+
+use super::discovery::{Outputs, Reports};
+use super::objects::{compile_op, ColocatedObject};
+use super::pb;
+use super::spec::{CacheInfo, CallSpec, SpecCache};
+use crate::array::Array;
+use crate::client::Client;
+use crate::compiler::CompileOptions;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::executable::{ExecuteOptions, Execution, LoadedExecutable};
+use crate::future::Event;
+use crate::host_callback::LoadedHostCallback;
+use crate::program::{Program, LANGUAGE_COLOCATED};
+
+/// What a language ships to the hosts for one compiled program: the payload
+/// its executor loads, and the host callbacks the program may call, by index.
+#[derive(Clone, Debug, Default)]
+pub struct Payload {
+    /// The language's bytes (Python: a cloudpickled host callable).
+    pub bytes: Vec<u8>,
+    /// The host callbacks the payload calls.
+    pub host_callbacks: Vec<LoadedHostCallback>,
+}
+
+/// What an SDK supplies for one call that has no compiled program yet.
+pub trait CallSite {
+    /// What the SDK keeps with each compiled program (e.g. its own form of
+    /// the output tree, the caller's sharding objects of the outputs).
+    type Entry: Send + Sync + 'static;
+
+    /// The payload of the program for this call's input spec, running on
+    /// `devices`. `outputs` is `None` for a discovery run (whose program
+    /// hands its outputs with their structure, see
+    /// [`ExecutionContext::set_host_outputs`](crate::ExecutionContext::set_host_outputs)),
+    /// else the outputs the program must produce.
+    fn payload(&self, devices: &[Device], outputs: Option<&Outputs>) -> Result<Payload>;
+
+    /// The outputs declared for this call (JAX's `out_specs_fn`), or `None`
+    /// to discover them by running the function once.
+    fn declared_outputs(&self) -> Result<Option<Outputs>>;
+
+    /// What the SDK keeps with the program compiled for `outputs`.
+    fn entry(&self, outputs: &Outputs) -> Result<Self::Entry>;
+}
+
+/// A program compiled for one input spec.
+pub struct Entry<E> {
+    executable: LoadedExecutable,
+    outputs: Outputs,
+    devices: Vec<Device>,
+    /// The SDK's part (see [`CallSite::Entry`]).
+    pub data: E,
+}
+
+impl<E> Entry<E> {
+    /// Runs the program with `inputs` on the calling thread's stream.
+    pub fn execute(&self, inputs: &[Array]) -> Result<Execution> {
+        self.executable.execute(inputs, &ExecuteOptions::default())
+    }
+
+    /// The program.
+    pub fn executable(&self) -> &LoadedExecutable {
+        &self.executable
+    }
+
+    /// The outputs it produces.
+    pub fn outputs(&self) -> &Outputs {
+        &self.outputs
+    }
+
+    /// The devices it runs on.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+}
+
+/// The result of [`ColocatedFunction::call`].
+pub struct Call<E> {
+    /// The compiled program the call took (or the one its discovery made).
+    pub entry: Arc<Entry<E>>,
+    /// One array per output leaf, returned at once and ready later.
+    pub outputs: Vec<Array>,
+    /// The call's status; `None` when it already finished (a discovery run).
+    pub status: Option<Event>,
+}
+
+/// A colocated function as every SDK's decorator shares it: its
+/// specialization (`devices`, `in_specs`), the rules of its calls and its
+/// cache of compiled programs per input spec.
+///
+/// A call with a cached program runs asynchronously. Otherwise, with outputs
+/// the SDK declares ([`CallSite::declared_outputs`]), the program is compiled
+/// and run asynchronously; without, the first call runs synchronously to
+/// discover them: every host of the call runs the function once and parks
+/// its outputs, reporting their structure and specs to the controller; the
+/// controller derives the global specs, and a second program pops the parked
+/// outputs as the call's result. A host's output with the sharding of one of
+/// its inputs becomes an array with that input's global sharding; any other
+/// output is the host's array on one host, and on several hosts (where each
+/// made a block with the same layout over all its devices of the call) the
+/// hosts' blocks stacked along the first mesh axis. Anything else needs
+/// declared outputs.
+pub struct ColocatedFunction<E> {
+    name: String,
+    language: String,
+    devices: Option<Vec<Device>>,
+    in_specs: Option<CallSpec>,
+    cache: SpecCache<Arc<Entry<E>>>,
+}
+
+impl<E: Send + Sync + 'static> ColocatedFunction<E> {
+    /// A function named `name` (for traces) whose programs are of
+    /// `language`, specialized with `devices` (lets argument-less calls run)
+    /// and/or `in_specs` (every call must match).
+    pub fn new(
+        name: impl Into<String>,
+        language: impl Into<String>,
+        devices: Option<Vec<Device>>,
+        in_specs: Option<CallSpec>,
+    ) -> Result<Self> {
+        let language = language.into();
+        if language == LANGUAGE_COLOCATED || language.is_empty() {
+            return Err(Error::invalid_argument(format!(
+                "a colocated function cannot be of language '{language}'"
+            )));
+        }
+        if devices.as_ref().is_some_and(Vec::is_empty) {
+            return Err(Error::invalid_argument(
+                "a colocated function specialized with devices needs at least one",
+            ));
+        }
+        Ok(ColocatedFunction {
+            name: name.into(),
+            language,
+            devices,
+            in_specs,
+            cache: SpecCache::default(),
+        })
+    }
+
+    /// The specialized devices.
+    pub fn devices(&self) -> Option<&[Device]> {
+        self.devices.as_deref()
+    }
+
+    /// Applies the call rules to `spec` (one device set; the specialized
+    /// devices, which argument-less calls need; the specialized in_specs) and
+    /// returns the call's devices.
+    pub fn check(&self, spec: &CallSpec) -> Result<Vec<Device>> {
+        let devices = spec.devices(self.devices.as_deref())?;
+        if let Some(expected) = &self.in_specs {
+            spec.check_matches(expected)?;
+        }
+        Ok(devices)
+    }
+
+    /// The fast path: the rules, then the compiled program for `spec` if
+    /// there is one (counting a hit; a miss is left to [`call`](Self::call),
+    /// which counts it).
+    pub fn cached(&self, spec: &CallSpec) -> Result<Option<Arc<Entry<E>>>> {
+        self.check(spec)?;
+        Ok(self.cache.get_hit(spec))
+    }
+
+    /// Calls the function with `inputs` (whose specs, with the SDK's tree
+    /// key, are `spec`) on the calling thread's stream; `client` compiles
+    /// what the call lacks (the inputs' client, or the specialized devices').
+    /// `object`: the colocated object the call is a method of, which learns
+    /// the hosts it runs on. Blocks only for a discovery run.
+    pub fn call<S: CallSite<Entry = E>>(
+        &self,
+        client: &Client,
+        spec: &CallSpec,
+        inputs: &[Array],
+        site: &S,
+        object: Option<&ColocatedObject>,
+    ) -> Result<Call<E>> {
+        let devices = self.check(spec)?;
+        let call = match self.cache.get(spec) {
+            Some(entry) => {
+                let run = entry.execute(inputs)?;
+                Call {
+                    entry,
+                    outputs: run.outputs,
+                    status: Some(run.status),
+                }
+            }
+            None => match site.declared_outputs()? {
+                Some(outputs) => {
+                    let entry = self.compile(client, spec, devices, site, outputs)?;
+                    let run = entry.execute(inputs)?;
+                    Call {
+                        entry,
+                        outputs: run.outputs,
+                        status: Some(run.status),
+                    }
+                }
+                None => self.discover(client, spec, inputs, devices, site)?,
+            },
+        };
+        if let Some(object) = object {
+            object.ran(client, &call.entry.devices, call.status.as_ref());
+        }
+        Ok(call)
+    }
+
+    fn compile<S: CallSite<Entry = E>>(
+        &self,
+        client: &Client,
+        spec: &CallSpec,
+        devices: Vec<Device>,
+        site: &S,
+        outputs: Outputs,
+    ) -> Result<Arc<Entry<E>>> {
+        for s in &outputs.specs {
+            if !crate::sharding::same_device_set(s.sharding.devices(), &devices) {
+                return Err(Error::invalid_argument(format!(
+                    "an output spec is on devices {:?} but the call runs on {:?} (outputs must use the inputs' devices)",
+                    s.sharding.devices().iter().map(Device::id).collect::<Vec<_>>(),
+                    devices.iter().map(Device::id).collect::<Vec<_>>()
+                )));
+            }
+        }
+        let payload = site.payload(&devices, Some(&outputs))?;
+        let program = Program {
+            name: self.name.clone(),
+            language: self.language.clone(),
+            payload: payload.bytes,
+            input_specs: spec.leaves.clone(),
+            output_specs: outputs.specs.clone(),
+            devices: devices.clone(),
+        };
+        let executable = client.compile(
+            program,
+            CompileOptions {
+                host_callbacks: payload.host_callbacks,
+            },
+        )?;
+        let entry = Arc::new(Entry {
+            data: site.entry(&outputs)?,
+            executable,
+            outputs,
+            devices,
+        });
+        self.cache.insert(spec, entry.clone());
+        Ok(entry)
+    }
+
+    fn discover<S: CallSite<Entry = E>>(
+        &self,
+        client: &Client,
+        spec: &CallSpec,
+        inputs: &[Array],
+        devices: Vec<Device>,
+        site: &S,
+    ) -> Result<Call<E>> {
+        let key = super::random_key();
+        let reports = Reports::default();
+        let payload = site.payload(&devices, None)?;
+        let mut callbacks = payload.host_callbacks;
+        let report_callback = callbacks.len() as u32;
+        callbacks.push(reports.callback());
+        let probe = Program {
+            name: self.name.clone(),
+            language: LANGUAGE_COLOCATED.to_string(),
+            payload: pb::Op {
+                op: Some(pb::op::Op::Discover(pb::Discover {
+                    key,
+                    language: self.language.clone(),
+                    payload: payload.bytes,
+                    report_callback,
+                })),
+            }
+            .encode_to_vec(),
+            input_specs: spec.leaves.clone(),
+            output_specs: Vec::new(),
+            devices: devices.clone(),
+        };
+        let probe = client.compile(
+            probe,
+            CompileOptions {
+                host_callbacks: callbacks,
+            },
+        )?;
+        let popped = (|| {
+            probe
+                .execute(inputs, &ExecuteOptions::default())?
+                .status
+                .wait()?;
+            let outputs = reports.outputs(spec, &devices)?;
+            let pop = Program {
+                name: format!("{} (results)", self.name),
+                language: LANGUAGE_COLOCATED.to_string(),
+                payload: pb::Op {
+                    op: Some(pb::op::Op::Pop(key)),
+                }
+                .encode_to_vec(),
+                input_specs: Vec::new(),
+                output_specs: outputs.specs.clone(),
+                devices: devices.clone(),
+            };
+            let run = client
+                .compile(pop, CompileOptions::default())?
+                .execute(&[], &ExecuteOptions::default())?;
+            run.status.wait()?;
+            Ok::<_, Error>((outputs, run.outputs))
+        })();
+        let (outputs, arrays) = match popped {
+            Ok(popped) => popped,
+            Err(e) => {
+                // Hosts where the probe ran keep its outputs until told otherwise.
+                let dropped = compile_op(
+                    client,
+                    "drop discovery results",
+                    pb::op::Op::Drop(key),
+                    devices,
+                )
+                .and_then(|drop| drop.execute(&[], &ExecuteOptions::default()))
+                .and_then(|run| run.status.wait());
+                if let Err(d) = dropped {
+                    tracing::debug!("cannot drop a failed discovery run's results: {d}");
+                }
+                return Err(e);
+            }
+        };
+        let entry = self.compile(client, spec, devices, site, outputs)?;
+        Ok(Call {
+            entry,
+            outputs: arrays,
+            status: None,
+        })
+    }
+
+    /// Hits, misses and size of the cache of compiled programs.
+    pub fn cache_info(&self) -> CacheInfo {
+        self.cache.info()
+    }
+
+    /// Drops every compiled program (later calls compile, or discover, again).
+    pub fn clear(&self) {
+        self.cache.clear();
+    }
+}

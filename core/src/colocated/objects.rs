@@ -1,0 +1,275 @@
+//! Objects of colocated classes: the host's stores of the real objects (one
+//! per session, built lazily and once), and the controller's handle that
+//! destroys an object on every host it ran on.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+
+use prost::Message;
+
+use super::pb;
+use crate::client::Client;
+use crate::compiler::CompileOptions;
+use crate::device::Device;
+use crate::error::Result;
+use crate::executable::{ExecuteOptions, LoadedExecutable};
+use crate::executor::SessionKey;
+use crate::future::Event;
+use crate::program::{Program, LANGUAGE_COLOCATED};
+
+/// A language's value kept on a host: a real object, or the error its
+/// constructor raised (re-raised to every later call).
+pub type HostValue = Arc<dyn Any + Send + Sync>;
+
+/// What building an object gave: the object, or its constructor's error.
+pub type Built = std::result::Result<HostValue, HostValue>;
+
+type Slot = Arc<OnceLock<Built>>;
+type Store = HashMap<SessionKey, HashMap<u64, Slot>>;
+
+static OBJECTS: LazyLock<Mutex<Store>> = LazyLock::new(Default::default);
+
+fn store() -> std::sync::MutexGuard<'static, Store> {
+    OBJECTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The object `id` of `session` on this host: built by `build` on first use
+/// (once, even when calls on several streams ask at once: the others wait for
+/// it), then the same object, or the constructor's error, every time.
+///
+/// `build` runs without any lock of core held; a language whose runtime has a
+/// global lock (Python's GIL) must call this without holding it and take it
+/// inside `build`, or two threads could wait on each other.
+pub fn host_object(session: SessionKey, id: u64, build: impl FnOnce() -> Built) -> Built {
+    let slot: Slot = store()
+        .entry(session)
+        .or_default()
+        .entry(id)
+        .or_default()
+        .clone();
+    slot.get_or_init(build).clone()
+}
+
+/// How many objects `session` (`None`: every session) holds on this host.
+pub fn host_objects(session: Option<SessionKey>) -> usize {
+    let store = store();
+    match session {
+        Some(session) => store.get(&session).map_or(0, HashMap::len),
+        None => store.values().map(HashMap::len).sum(),
+    }
+}
+
+/// Destroys object `id` of `session` on this host (when this was its last
+/// reference, its destructor runs now, on this thread, with no lock of core
+/// held).
+pub(crate) fn forget(session: SessionKey, id: u64) {
+    let slot = {
+        let mut store = store();
+        let Some(objects) = store.get_mut(&session) else {
+            return;
+        };
+        let slot = objects.remove(&id);
+        if objects.is_empty() {
+            store.remove(&session);
+        }
+        slot
+    };
+    drop(slot);
+}
+
+/// Destroys every object of `session` on this host (it ended).
+pub(crate) fn end_session(session: SessionKey) {
+    let objects = store().remove(&session);
+    if let Some(objects) = &objects {
+        if !objects.is_empty() {
+            tracing::debug!(%session, count = objects.len(), "destroying the objects of an ended session");
+        }
+    }
+    drop(objects);
+}
+
+/// The controller's handle of one object of a colocated class. Calls on the
+/// object build it on their hosts (lazily, see [`host_object`]); dropping the
+/// handle destroys it on every host it ran on, after the calls already made
+/// on it.
+///
+/// Made with [`ColocatedObject::new`]; a call records itself with
+/// [`ColocatedFunction::call`](super::ColocatedFunction::call)'s `object`.
+pub struct ColocatedObject {
+    id: u64,
+    state: Mutex<ObjectState>,
+}
+
+#[derive(Default)]
+struct ObjectState {
+    /// Status of calls that may still be running.
+    pending: Vec<Event>,
+    /// The program that destroys the object on each worker host it ran on,
+    /// compiled then (`None`: the host was lost, which freed it already).
+    forgets: HashMap<usize, Option<LoadedExecutable>>,
+}
+
+impl std::fmt::Debug for ColocatedObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ColocatedObject({})", self.id)
+    }
+}
+
+impl Default for ColocatedObject {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ColocatedObject {
+    /// A new object, with an id no other controller of a shared worker picks.
+    pub fn new() -> ColocatedObject {
+        ColocatedObject {
+            id: super::random_key(),
+            state: Mutex::new(ObjectState::default()),
+        }
+    }
+
+    /// The object's id (what the language's program passes to
+    /// [`host_object`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Records a call on the object over `devices` whose status is `status`
+    /// (`None`: it already finished). On the first call on a worker host it
+    /// compiles the program that will destroy the object there, so that
+    /// dropping the handle only submits it.
+    pub(crate) fn ran(&self, client: &Client, devices: &[Device], status: Option<&Event>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.pending.retain(|e| !e.is_ready());
+        if let Some(status) = status {
+            if !status.is_ready() {
+                state.pending.push(status.clone());
+            }
+        }
+        for device in devices {
+            let host = device.host_index();
+            if client.remote(host).is_none() || state.forgets.contains_key(&host) {
+                continue;
+            }
+            let on_host: Vec<Device> = devices
+                .iter()
+                .filter(|d| d.host_index() == host)
+                .cloned()
+                .collect();
+            let forget = compile_op(
+                client,
+                "destroy colocated object",
+                pb::op::Op::ForgetObject(self.id),
+                on_host,
+            );
+            if let Err(e) = &forget {
+                tracing::debug!(
+                    object = self.id,
+                    "cannot prepare the object's destruction on a worker: {e}"
+                );
+            }
+            state.forgets.insert(host, forget.ok());
+        }
+    }
+}
+
+impl Drop for ColocatedObject {
+    fn drop(&mut self) {
+        let id = self.id;
+        let state = std::mem::take(self.state.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let pending: Vec<Event> = state
+            .pending
+            .into_iter()
+            .filter(|e| !e.is_ready())
+            .collect();
+        let programs: Vec<LoadedExecutable> = state.forgets.into_values().flatten().collect();
+        if !programs.is_empty() {
+            if pending.is_empty() {
+                // In this thread's program order: its later calls there see
+                // the object gone, as on the local host.
+                run_forgets(id, &programs);
+            } else {
+                destroy_later(id, pending.clone(), programs);
+            }
+        }
+        // The local host built it for this process's own client.
+        if pending.is_empty() {
+            forget(SessionKey::LOCAL, id);
+        } else {
+            Event::join(&pending).on_ready(move |_| forget(SessionKey::LOCAL, id));
+        }
+    }
+}
+
+/// Compiles a program of the `colocated` language running `op` on `devices`.
+pub(crate) fn compile_op(
+    client: &Client,
+    name: &str,
+    op: pb::op::Op,
+    devices: Vec<Device>,
+) -> Result<LoadedExecutable> {
+    let program = Program {
+        name: name.to_string(),
+        language: LANGUAGE_COLOCATED.to_string(),
+        payload: pb::Op { op: Some(op) }.encode_to_vec(),
+        input_specs: Vec::new(),
+        output_specs: Vec::new(),
+        devices,
+    };
+    client.compile(program, CompileOptions::default())
+}
+
+fn run_forgets(id: u64, programs: &[LoadedExecutable]) {
+    for program in programs {
+        if let Err(e) = program.execute(&[], &ExecuteOptions::default()) {
+            // A lost worker has freed everything already.
+            tracing::debug!(object = id, "cannot destroy the object on a worker: {e}");
+        }
+    }
+}
+
+type Job = (u64, Vec<Event>, Vec<LoadedExecutable>);
+
+/// The thread that destroys objects on workers once their calls are done
+/// (started on first use, again in a forked child): waiting, and submitting
+/// over the network, are not for a finalizer or a completion callback.
+static DESTROYER: Mutex<Option<(u32, Sender<Job>)>> = Mutex::new(None);
+
+fn destroy_later(id: u64, pending: Vec<Event>, programs: Vec<LoadedExecutable>) {
+    let mut destroyer = DESTROYER.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    let job = (id, pending, programs);
+    if let Some((owner, sender)) = destroyer.as_ref() {
+        if *owner == pid {
+            match sender.send(job) {
+                Ok(()) => return,
+                Err(failed) => return start_destroyer(&mut destroyer, pid, failed.0),
+            }
+        }
+    }
+    start_destroyer(&mut destroyer, pid, job);
+}
+
+fn start_destroyer(slot: &mut Option<(u32, Sender<Job>)>, pid: u32, first: Job) {
+    let (sender, jobs) = channel::<Job>();
+    let _ = sender.send(first);
+    let started = std::thread::Builder::new()
+        .name("colocated-destroy".into())
+        .spawn(move || {
+            for (id, pending, programs) in jobs {
+                for event in pending {
+                    // A failed call may still have built the object: destroy it anyway.
+                    let _ = event.wait();
+                }
+                run_forgets(id, &programs);
+            }
+        });
+    match started {
+        Ok(_) => *slot = Some((pid, sender)),
+        Err(e) => tracing::error!("no thread to destroy colocated objects on workers: {e}"),
+    }
+}

@@ -1,0 +1,580 @@
+//! The colocated protocol of core, language-neutral: a test language whose
+//! programs are Rust functions drives colocated functions and objects on the
+//! controller's own host and on in-process workers over real sockets — the
+//! call rules, the cache, declared outputs, discovery with outputs of any
+//! sharding and argument-less calls, parking, and the object lifecycle.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
+
+use common::{assert_error, eventually, i32_bytes, i32_values, DropCounter};
+
+use colocated_core::transport::session::ConnectOptions;
+use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::transport::Token;
+use colocated_core::{
+    host_object, host_objects, parked_results, Array, ArraySpec, CallSite, CallSpec, Client,
+    ClientOptions, ClusterOptions, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode,
+    ExecutionContext, LanguageExecutor, LoadedProgram, OutputOrigin, Outputs, Payload, Program,
+    Result, Sharding,
+};
+
+/// The test language's functions: a host's context and input arrays in, its
+/// output arrays out.
+type HostFn = dyn Fn(&ExecutionContext<'_>, Vec<Array>) -> Result<Vec<Array>> + Send + Sync;
+
+static FUNCTIONS: LazyLock<Mutex<HashMap<String, Arc<HostFn>>>> = LazyLock::new(Default::default);
+
+fn define(
+    name: &str,
+    f: impl Fn(&ExecutionContext<'_>, Vec<Array>) -> Result<Vec<Array>> + Send + Sync + 'static,
+) {
+    FUNCTIONS
+        .lock()
+        .unwrap()
+        .insert(name.to_string(), Arc::new(f));
+}
+
+/// The `test` language: the payload names a function of `FUNCTIONS`; the
+/// structure of its outputs is their count.
+struct TestLanguage;
+
+impl LanguageExecutor for TestLanguage {
+    fn load(&self, program: &Program) -> Result<Arc<dyn LoadedProgram>> {
+        let name = String::from_utf8_lossy(&program.payload).to_string();
+        let f = FUNCTIONS
+            .lock()
+            .unwrap()
+            .get(&name)
+            .cloned()
+            .ok_or_else(|| colocated_core::Error::not_found(format!("no test function {name}")))?;
+        Ok(Arc::new(move |ctx: &mut ExecutionContext<'_>| {
+            let outputs = f(ctx, ctx.host_input_arrays()?)?;
+            let structure = ctx.discovering().then(|| vec![outputs.len() as u8]);
+            ctx.set_host_outputs(outputs, structure)
+        }))
+    }
+}
+
+/// A call site of the test language: the function's name, and the outputs
+/// it declares (if any).
+struct Site {
+    name: &'static str,
+    declared: Option<Vec<ArraySpec>>,
+}
+
+impl Site {
+    fn of(name: &'static str) -> Site {
+        Site {
+            name,
+            declared: None,
+        }
+    }
+}
+
+impl CallSite for Site {
+    type Entry = ();
+
+    fn payload(&self, _devices: &[Device], _outputs: Option<&Outputs>) -> Result<Payload> {
+        Ok(Payload {
+            bytes: self.name.as_bytes().to_vec(),
+            host_callbacks: Vec::new(),
+        })
+    }
+
+    fn declared_outputs(&self) -> Result<Option<Outputs>> {
+        Ok(self.declared.clone().map(|specs| Outputs {
+            structure: vec![specs.len() as u8],
+            origins: vec![OutputOrigin::New; specs.len()],
+            specs,
+        }))
+    }
+
+    fn entry(&self, _outputs: &Outputs) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Tests that count what every session parked or holds in this process run
+/// one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn local_client(devices: usize) -> Client {
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(devices),
+        executor_threads: Some(2),
+        ..Default::default()
+    })
+    .unwrap();
+    client.register_executor("test", TestLanguage).unwrap();
+    client
+}
+
+fn function(devices: Option<Vec<Device>>) -> ColocatedFunction<()> {
+    ColocatedFunction::new("f", "test", devices, None).unwrap()
+}
+
+fn call_spec(inputs: &[Array]) -> CallSpec {
+    CallSpec {
+        tree: 1,
+        leaves: inputs.iter().map(|a| a.spec().clone()).collect(),
+    }
+}
+
+fn named(devices: Vec<Device>, axis: &str) -> Sharding {
+    let n = devices.len();
+    Sharding::named(devices, vec![n], vec![axis.into()], vec![vec![0]]).unwrap()
+}
+
+fn i32_array(client: &Client, values: &[i32], sharding: Sharding) -> Array {
+    let spec = ArraySpec::new(vec![values.len() as i64], DType::I32, sharding).unwrap();
+    Array::from_host_bytes(client, &i32_bytes(values), spec).unwrap()
+}
+
+/// This host's devices of the call, in the program's order.
+fn host_devices(ctx: &ExecutionContext<'_>) -> Vec<Device> {
+    let on_host = ctx.client().devices();
+    ctx.program()
+        .devices
+        .iter()
+        .filter(|d| on_host.contains(d))
+        .cloned()
+        .collect()
+}
+
+fn define_functions() {
+    // Each element plus one, with the input's sharding.
+    define("add_one", |ctx, inputs| {
+        let x = &inputs[0];
+        let values: Vec<i32> = i32_values(&x.to_host_bytes()?)
+            .iter()
+            .map(|v| v + 1)
+            .collect();
+        let spec = x.spec().clone();
+        Ok(vec![Array::from_host_bytes(
+            ctx.client(),
+            &i32_bytes(&values),
+            spec,
+        )?])
+    });
+    // Ten times the input, over this host's devices in reverse order: a
+    // sharding of none of the inputs (as one captured in the function).
+    define("reversed", |ctx, inputs| {
+        let x = &inputs[0];
+        let values: Vec<i32> = i32_values(&x.to_host_bytes()?)
+            .iter()
+            .map(|v| v * 10)
+            .collect();
+        let mut devices = host_devices(ctx);
+        devices.reverse();
+        Ok(vec![i32_array(ctx.client(), &values, named(devices, "y"))])
+    });
+    // No inputs: [0, 1, ...] over this host's devices, one per device.
+    define("iota", |ctx, _inputs| {
+        let devices = host_devices(ctx);
+        let values: Vec<i32> = (0..devices.len() as i32).collect();
+        Ok(vec![i32_array(ctx.client(), &values, named(devices, "x"))])
+    });
+    // Fails on the host whose part of the input holds a 4.
+    define("fails_where_4", |_ctx, inputs| {
+        let x = &inputs[0];
+        if i32_values(&x.to_host_bytes()?).contains(&4) {
+            return Err(colocated_core::Error::invalid_argument("not on this host"));
+        }
+        Ok(vec![x.clone()])
+    });
+    // Returns an array on a device outside the call.
+    define("escapes", |ctx, _inputs| {
+        let outside = ctx.client().devices().last().cloned().unwrap();
+        Ok(vec![i32_array(
+            ctx.client(),
+            &[1],
+            Sharding::single_device(outside),
+        )])
+    });
+}
+
+#[test]
+fn discovery_on_the_local_host_keeps_an_inputs_sharding_and_caches_the_program() {
+    let _serial = serial();
+    define_functions();
+    let client = local_client(4);
+    let x = i32_array(
+        &client,
+        &[1, 2, 3, 4],
+        named(client.devices()[..2].to_vec(), "x"),
+    );
+    let f = function(None);
+    let inputs = [x.clone()];
+    let first = f
+        .call(
+            &client,
+            &call_spec(&inputs),
+            &inputs,
+            &Site::of("add_one"),
+            None,
+        )
+        .unwrap();
+    assert!(first.status.is_none(), "discovery ran synchronously");
+    assert!(first.outputs[0].spec().matches(x.spec()));
+    assert!(
+        first.outputs[0].sharding().same_as(x.sharding()),
+        "the input's own sharding"
+    );
+    assert_eq!(first.entry.outputs().origins, vec![OutputOrigin::Input(0)]);
+    assert_eq!(
+        i32_values(&first.outputs[0].to_host_bytes().unwrap()),
+        [2, 3, 4, 5]
+    );
+    let second = f
+        .call(
+            &client,
+            &call_spec(&inputs),
+            &inputs,
+            &Site::of("add_one"),
+            None,
+        )
+        .unwrap();
+    second.status.unwrap().wait().unwrap();
+    assert_eq!(
+        i32_values(&second.outputs[0].to_host_bytes().unwrap()),
+        [2, 3, 4, 5]
+    );
+    let info = f.cache_info();
+    assert_eq!((info.hits, info.misses, info.currsize), (1, 1, 1));
+}
+
+#[test]
+fn discovery_takes_an_output_with_a_sharding_of_its_own_and_refuses_one_outside_the_call() {
+    let _serial = serial();
+    define_functions();
+    let client = local_client(4);
+    let devices = client.devices()[..2].to_vec();
+    let x = i32_array(&client, &[1, 2], named(devices.clone(), "x"));
+    let inputs = [x];
+    let call = function(None)
+        .call(
+            &client,
+            &call_spec(&inputs),
+            &inputs,
+            &Site::of("reversed"),
+            None,
+        )
+        .unwrap();
+    let out = &call.outputs[0];
+    assert_eq!(call.entry.outputs().origins, vec![OutputOrigin::New]);
+    assert_eq!(
+        out.sharding().devices(),
+        [devices[1].clone(), devices[0].clone()]
+    );
+    assert_eq!(i32_values(&out.to_host_bytes().unwrap()), [10, 20]);
+
+    let err = function(None)
+        .call(
+            &client,
+            &call_spec(&inputs),
+            &inputs,
+            &Site::of("escapes"),
+            None,
+        )
+        .map(|_| ());
+    assert_error(
+        err,
+        ErrorCode::InvalidArgument,
+        "not one of the call's devices",
+    );
+}
+
+#[test]
+fn an_argument_less_call_needs_devices_and_runs_on_them() {
+    let _serial = serial();
+    define_functions();
+    let client = local_client(4);
+    let err = function(None)
+        .call(&client, &call_spec(&[]), &[], &Site::of("iota"), None)
+        .map(|_| ());
+    assert_error(
+        err,
+        ErrorCode::InvalidArgument,
+        "must be first specialized with devices",
+    );
+    let devices = client.devices()[1..3].to_vec();
+    let call = function(Some(devices.clone()))
+        .call(&client, &call_spec(&[]), &[], &Site::of("iota"), None)
+        .unwrap();
+    assert_eq!(call.outputs[0].sharding().devices(), devices.as_slice());
+    assert_eq!(
+        i32_values(&call.outputs[0].to_host_bytes().unwrap()),
+        [0, 1]
+    );
+}
+
+#[test]
+fn declared_outputs_run_asynchronously_and_a_wrong_output_is_refused() {
+    let _serial = serial();
+    define_functions();
+    let client = local_client(2);
+    let x = i32_array(&client, &[1, 2], named(client.devices().to_vec(), "x"));
+    let inputs = [x.clone()];
+    let site = Site {
+        name: "add_one",
+        declared: Some(vec![x.spec().clone()]),
+    };
+    let call = function(None)
+        .call(&client, &call_spec(&inputs), &inputs, &site, None)
+        .unwrap();
+    call.status.unwrap().wait().unwrap();
+    assert_eq!(
+        i32_values(&call.outputs[0].to_host_bytes().unwrap()),
+        [2, 3]
+    );
+
+    // "reversed" makes another sharding than the one declared.
+    let site = Site {
+        name: "reversed",
+        declared: Some(vec![x.spec().clone()]),
+    };
+    let call = function(None)
+        .call(&client, &call_spec(&inputs), &inputs, &site, None)
+        .unwrap();
+    assert_error(
+        call.status.unwrap().wait(),
+        ErrorCode::InvalidArgument,
+        "was expected",
+    );
+}
+
+// -- objects ----------------------------------------------------------------------
+
+/// Defines `touch-<id>`: builds (once) object `id` of the running program's
+/// session, a `DropCounter` on `drops`, counting builds on `builds`; returns
+/// its input.
+fn define_touch(
+    object: &ColocatedObject,
+    builds: &Arc<AtomicUsize>,
+    drops: &Arc<AtomicUsize>,
+) -> &'static str {
+    let id = object.id();
+    let (builds, drops) = (builds.clone(), drops.clone());
+    let name: &'static str = Box::leak(format!("touch-{id}").into_boxed_str());
+    define(name, move |ctx, inputs| {
+        let (builds, drops) = (builds.clone(), drops.clone());
+        host_object(ctx.session(), id, move || {
+            builds.fetch_add(1, Ordering::SeqCst);
+            Ok(Arc::new(DropCounter(drops)))
+        })
+        .map_err(|_| colocated_core::Error::internal("the constructor failed"))?;
+        Ok(inputs)
+    });
+    name
+}
+
+#[test]
+fn an_object_is_built_once_per_host_and_destroyed_when_its_handle_goes() {
+    let _serial = serial();
+    let client = local_client(2);
+    let x = i32_array(&client, &[1, 2], named(client.devices().to_vec(), "x"));
+    let inputs = [x];
+    let (builds, drops) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let object = ColocatedObject::new();
+    let f = function(None);
+    let site = Site::of(define_touch(&object, &builds, &drops));
+    for _ in 0..3 {
+        let call = f
+            .call(&client, &call_spec(&inputs), &inputs, &site, Some(&object))
+            .unwrap();
+        if let Some(status) = call.status {
+            status.wait().unwrap();
+        }
+    }
+    assert_eq!(builds.load(Ordering::SeqCst), 1, "built once, on first use");
+    assert_eq!(host_objects(Some(colocated_core::SessionKey::LOCAL)), 1);
+    drop(object);
+    eventually("the object is destroyed", || {
+        drops.load(Ordering::SeqCst) == 1
+    });
+    assert_eq!(host_objects(None), 0);
+}
+
+#[test]
+fn a_constructors_error_is_kept_and_returned_to_every_call() {
+    let _serial = serial();
+    let session = colocated_core::SessionKey::LOCAL;
+    let object = ColocatedObject::new();
+    let tries = AtomicUsize::new(0);
+    for _ in 0..2 {
+        let built = host_object(session, object.id(), || {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err(Arc::new("no such file"))
+        });
+        let Err(error) = built else {
+            panic!("the constructor's failure was not kept")
+        };
+        assert_eq!(error.downcast_ref::<&str>(), Some(&"no such file"));
+    }
+    assert_eq!(
+        tries.load(Ordering::SeqCst),
+        1,
+        "the failure is kept, not retried"
+    );
+    drop(object);
+    eventually("the failure is forgotten with the object", || {
+        host_objects(None) == 0
+    });
+}
+
+// -- workers ------------------------------------------------------------------------
+
+fn start_worker(token: &Token, devices: usize) -> Worker {
+    let client = local_client(devices);
+    Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+}
+
+fn connect(workers: &[&Worker], token: &Token) -> Client {
+    let options = ClusterOptions {
+        workers: workers
+            .iter()
+            .map(|w| {
+                let mut o = ConnectOptions::new(w.local_addr().to_string(), Some(token.clone()));
+                o.timeout = Duration::from_secs(5);
+                o
+            })
+            .collect(),
+        include_local: false,
+        local: ClientOptions::default(),
+    };
+    Client::connect(&options).unwrap()
+}
+
+#[test]
+fn discovery_on_workers_derives_global_specs_of_outputs_of_any_sharding() {
+    let _serial = serial();
+    define_functions();
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
+    let client = connect(&[&a, &b], &token);
+    let devices = client.devices().to_vec();
+    let x = i32_array(&client, &[1, 2, 3, 4], named(devices.clone(), "x"));
+    let inputs = [x.clone()];
+
+    // An output with an input's sharding on each host: that input's global sharding.
+    let call = function(None)
+        .call(
+            &client,
+            &call_spec(&inputs),
+            &inputs,
+            &Site::of("add_one"),
+            None,
+        )
+        .unwrap();
+    assert!(call.outputs[0].spec().matches(x.spec()));
+    assert_eq!(
+        i32_values(&call.outputs[0].to_host_bytes().unwrap()),
+        [2, 3, 4, 5]
+    );
+
+    // A sharding of the function's own on each host (its devices reversed):
+    // the hosts' blocks stacked in host order.
+    let call = function(None)
+        .call(
+            &client,
+            &call_spec(&inputs),
+            &inputs,
+            &Site::of("reversed"),
+            None,
+        )
+        .unwrap();
+    let out = &call.outputs[0];
+    assert_eq!(out.shape(), [4]);
+    let want = [&devices[1], &devices[0], &devices[3], &devices[2]];
+    assert_eq!(out.sharding().devices().iter().collect::<Vec<_>>(), want);
+    assert_eq!(i32_values(&out.to_host_bytes().unwrap()), [10, 20, 30, 40]);
+
+    // No arguments, specialized with devices: each host's block of [0, 1].
+    let call = function(Some(devices.clone()))
+        .call(&client, &call_spec(&[]), &[], &Site::of("iota"), None)
+        .unwrap();
+    assert_eq!(call.outputs[0].sharding().devices(), devices.as_slice());
+    assert_eq!(
+        i32_values(&call.outputs[0].to_host_bytes().unwrap()),
+        [0, 1, 0, 1]
+    );
+    assert_eq!(parked_results(None), 0, "every parked result was taken");
+
+    // One host fails after the other parked: nothing stays parked.
+    let err = function(None)
+        .call(
+            &client,
+            &call_spec(&inputs),
+            &inputs,
+            &Site::of("fails_where_4"),
+            None,
+        )
+        .map(|_| ());
+    assert_error(err, ErrorCode::InvalidArgument, "not on this host");
+    assert_eq!(
+        parked_results(None),
+        0,
+        "the failed discovery's results were dropped"
+    );
+}
+
+#[test]
+fn objects_on_workers_go_with_their_handle_and_with_their_session() {
+    let _serial = serial();
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let (builds, drops) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let call_on = |client: &Client, object: &ColocatedObject, name: &'static str| {
+        let x = i32_array(client, &[1, 2], named(client.devices().to_vec(), "x"));
+        let inputs = [x];
+        let call = function(None)
+            .call(
+                client,
+                &call_spec(&inputs),
+                &inputs,
+                &Site::of(name),
+                Some(object),
+            )
+            .unwrap();
+        if let Some(status) = call.status {
+            status.wait().unwrap();
+        }
+    };
+
+    // Dropping the handle destroys the object on both workers.
+    let client = connect(&[&a, &b], &token);
+    let object = ColocatedObject::new();
+    let name = define_touch(&object, &builds, &drops);
+    call_on(&client, &object, name);
+    call_on(&client, &object, name);
+    assert_eq!(builds.load(Ordering::SeqCst), 2, "built once on each host");
+    drop(object);
+    eventually("both hosts destroyed the object", || {
+        drops.load(Ordering::SeqCst) == 2
+    });
+
+    // An object no handle destroys (a call that is not a method's built it)
+    // goes when its controller's session ends.
+    let orphan = ColocatedObject::new();
+    let name = define_touch(&orphan, &builds, &drops);
+    let x = i32_array(&client, &[1, 2], named(client.devices().to_vec(), "x"));
+    let inputs = [x];
+    function(None)
+        .call(&client, &call_spec(&inputs), &inputs, &Site::of(name), None)
+        .unwrap();
+    drop(inputs);
+    assert_eq!(host_objects(None), 2);
+    drop(client);
+    eventually("ending the session destroyed its objects", || {
+        drops.load(Ordering::SeqCst) == 4
+    });
+    assert_eq!(host_objects(None), 0);
+}
