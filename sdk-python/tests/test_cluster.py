@@ -100,6 +100,55 @@ def test_a_colocated_class_is_built_lazily_per_host_and_destroyed_on_each(cluste
     eventually("both hosts destroyed the object", lambda: expected <= set(os.listdir(marks)))
 
 
+def test_an_argument_less_function_specialized_with_devices_runs_once_per_worker(cluster):
+    client, workers = cluster(2, devices=2)
+
+    def block():
+        # Each host makes its block over its own devices of the call.
+        mesh = colocated.Mesh(colocated.devices(), ("x",))
+        return colocated.device_put(np.array([os.getpid(), 7], np.int64), colocated.NamedSharding(mesh, colocated.P("x")))
+
+    make = colocated.colocated_python(block).specialize(devices=client.devices())
+    y = make()
+    # The hosts' blocks, stacked in host order, over every device of the call.
+    assert y.shape == (4,)
+    assert [d.id for d in y.sharding._device_assignment] == [0, 1, 2, 3]
+    assert np.asarray(y).tolist() == [workers[0].pid, 7, workers[1].pid, 7]
+    # Later calls take the compiled program, asynchronously.
+    assert np.asarray(make()).tolist() == [workers[0].pid, 7, workers[1].pid, 7]
+    assert make.cache_info().hits == 1
+    with pytest.raises(colocated.InvalidArgumentError, match="must be first specialized with devices"):
+        colocated.colocated_python(block)()
+
+
+def test_an_output_with_a_sharding_the_function_makes_gets_a_global_spec(cluster):
+    client, _ = cluster(2, devices=2)
+    x = sharded_arange(4, client.devices())
+    axis = "y"  # captured by the function
+
+    @colocated.colocated_python
+    def reversed_mesh(x):
+        # The host's devices in reverse order: the sharding of none of the inputs.
+        mesh = colocated.Mesh(x.sharding.mesh.devices[::-1], (axis,))
+        return colocated.device_put(np.asarray(x) * 10, colocated.NamedSharding(mesh, colocated.P(axis)))
+
+    y = reversed_mesh(x)
+    assert y.shape == (4,)
+    assert [d.id for d in y.sharding._device_assignment] == [1, 0, 3, 2]
+    assert y.sharding.spec == colocated.P(axis)
+    # Host 0 put [0, 10] on devices 1 and 0, host 1 [20, 30] on devices 3 and 2.
+    assert np.asarray(y).tolist() == [0, 10, 20, 30]
+    assert [int(np.asarray(s.data)[0]) for s in sorted(y.addressable_shards, key=lambda s: s.device.id)] == [
+        10, 0, 30, 20,
+    ]
+
+    # On one host an output with any sharding over its devices is global as it is.
+    one = sharded_arange(2, client.devices()[2:])
+    z = reversed_mesh(one)
+    assert [d.id for d in z.sharding._device_assignment] == [3, 2]
+    assert np.asarray(z).tolist() == [0, 10]
+
+
 def test_host_callbacks_run_in_the_controller(cluster):
     client, workers = cluster(2)
     seen = []

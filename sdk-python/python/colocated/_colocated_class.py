@@ -3,8 +3,8 @@
 A drop-in for ``jax.experimental.colocated_python.colocated_python_class``. The
 wrapper captures the constructor arguments; the real object is built on a host
 when a method first runs there, and every method call is a colocated call. When
-the wrapper is garbage-collected, the real objects are destroyed (asynchronously,
-after the calls already made on them). Beyond JAX: methods can be specialized
+the wrapper and the methods taken from it are garbage-collected, the real
+objects are destroyed (asynchronously, after the calls already made on them). Beyond JAX: methods can be specialized
 (``obj.method.specialize(...)``), methods without array arguments run once
 ``devices`` are given, and an object can be an argument of another colocated
 call on the same host (it arrives there as the real object).
@@ -14,9 +14,9 @@ SDK): a host keeps its objects per session, built once each (a constructor
 that raised raises its error again on every later call); on a worker, every
 object of a session is destroyed when the session ends (closed, timed out
 because its controller died, or the worker stopping); the controller's own
-host has one implicit session. A collected wrapper destroys its object on
-every host it ran on, once the calls made on it are done: in the program order
-of the thread that drops it when they already are, else in the background.
+host has one implicit session. A collected object is destroyed on every host
+it ran on once the calls made on it are done: in the program order of the
+thread that drops it when they already are, else in the background.
 """
 
 from __future__ import annotations
