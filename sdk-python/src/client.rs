@@ -378,20 +378,3 @@ pub fn colocated_cpu_devices(devices: Vec<PyRef<'_, Device>>) -> PyResult<Vec<De
         .map(|d| Device::new(client.clone(), d))
         .collect())
 }
-
-/// Every device of `device`'s host, in the host's order, of its client (the
-/// `k`-th is the `k`-th device the host itself serves).
-#[pyfunction]
-pub fn host_devices(device: PyRef<'_, Device>) -> PyResult<Vec<Device>> {
-    let client = device.client.get().map_err(py_err)?;
-    let host = &client.hosts()[device.inner.metadata().host_index()];
-    host.device_ids()
-        .iter()
-        .map(|&id| {
-            client
-                .lookup_device(id)
-                .map(|d| Device::new(client.clone(), d))
-                .map_err(py_err)
-        })
-        .collect()
-}

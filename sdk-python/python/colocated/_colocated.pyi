@@ -60,9 +60,6 @@ def colocated_cpu_devices(devices: list[Device]) -> list[Device]:
     """Maps each device to the CPU device of the same host, in order, in the
     devices' own client (``InvalidArgumentError`` for devices of several clients)."""
 
-def host_devices(device: Device) -> list[Device]:
-    """Every device of ``device``'s host, in the host's order, of its client."""
-
 class Host:
     """A host of a client: the in-process host or a worker."""
 
@@ -159,6 +156,16 @@ class Sharding:
     def equivalent(self, other: Sharding, rank: int) -> bool:
         """Same devices in the same order and the same split of every dimension."""
 
+class CopyProgress:
+    """Bytes of a copy that crossed hosts so far (updated by network threads)."""
+
+    @property
+    def done(self) -> int:
+        """Bytes that arrived so far."""
+    @property
+    def total(self) -> int:
+        """Bytes in all (0 until the first report)."""
+
 class Event:
     """A one-shot future of the runtime."""
 
@@ -227,6 +234,12 @@ class ArrayImpl:
     ) -> ArrayImpl:
         """Assembles single-device arrays, one per device in the sharding's order
         (each in memory of kind ``memory_kind``, when given)."""
+    def copy_to_sharding(self, sharding: Sharding) -> tuple[ArrayImpl, CopyProgress]:
+        """Copies the array shard by shard to ``sharding`` (same layout, other
+        devices, on any hosts); returns the copy at once (ready later) and the
+        bytes that crossed hosts so far."""
+    def shard_bytes(self, i: int) -> bytes:
+        """Shard ``i``'s bytes, copied; waits without the GIL."""
     @property
     def memory_kind(self) -> str:
         """The kind of memory the shards are in."""
@@ -279,31 +292,53 @@ class ArrayImpl:
         """Gathers a string array's elements row-major."""
 
 class FunctionState:
-    """Controller-side state of a colocated function: specialization and the cache
-    of compiled programs per input spec (the rules live in the runtime)."""
+    """Controller-side state of a colocated function: the runtime's colocated
+    function (call rules, cache of compiled programs per input spec, discovery)."""
 
     def __init__(
         self,
+        name: str,
         devices: list[Device] | None = None,
         in_specs: tuple[int, list[tuple[str, list[int], Sharding]]] | None = None,
     ) -> None: ...
     def call(self, args: tuple[object, ...], kwargs: dict[str, object] | None = None) -> object:
         """The whole call natively when its arguments are positional Arrays and a
         program is cached for their spec; ``NotImplemented`` otherwise."""
-    def lookup(self, tree: int, arrays: list[ArrayImpl]) -> object | None: ...
-    def call_devices(self, arrays: list[ArrayImpl]) -> list[Device]: ...
-    def insert(
-        self, tree: int, arrays: list[ArrayImpl], entry: object, flat_arity: int | None, out_leaf: bool
-    ) -> None: ...
+    def call_general(
+        self, tree: int, arrays: list[ArrayImpl], site: object, object: ColocatedObject | None = None
+    ) -> tuple[object, Event | None]:
+        """Any call: the cached program, one compiled for ``site.declared()``, or a
+        synchronous discovery run. Returns the result tree and the status (None
+        when it already finished)."""
     def cache_info(self) -> tuple[int, int, int]: ...
     def clear(self) -> None: ...
+
+class ColocatedObject:
+    """A colocated object's handle: dropping it destroys the object on every host
+    it ran on, after the calls already made on it."""
+
+    def __init__(self) -> None: ...
+    @property
+    def id(self) -> int:
+        """The object's id on its hosts (see ``host_object``)."""
+
+def host_object(obj_id: int, build: Callable[[], object]) -> object:
+    """The object ``obj_id`` of the running program's session on this host, built
+    by ``build()`` on first use; a constructor's exception is raised again."""
+
+def host_objects(every_session: bool = False) -> int:
+    """Objects the running program's session (or every session) holds on this host."""
+
+def parked_results(every_session: bool = False) -> int:
+    """Discovery results the running program's session (or every session) has
+    parked on this host."""
 
 class FunctionBase:
     """Native base of ``ColocatedFunction``: its ``__call__`` runs the fast path
     of ``FunctionState.call`` (with the ``_state`` attribute) and leaves other
     calls to ``_call_general(args, kwargs)``."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class Executable:
