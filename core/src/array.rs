@@ -71,6 +71,66 @@ impl std::fmt::Debug for Array {
 }
 
 impl Array {
+    /// Assembles an array of `spec` from single-device arrays, one per device
+    /// of its sharding, matched by device (in any order), without copying:
+    /// the new array shares their buffers. With `memory_kind`, each must be
+    /// in memory of that kind. `invalid_argument` (saying which) for an array
+    /// over several devices, two on one device, a device of the sharding
+    /// with none, or another memory kind, dtype or shard shape.
+    pub fn from_single_device_arrays(
+        spec: ArraySpec,
+        arrays: &[Array],
+        memory_kind: Option<MemoryKind>,
+    ) -> Result<Array> {
+        let devices = spec.sharding.devices();
+        if arrays.len() != devices.len() {
+            return Err(Error::invalid_argument(format!(
+                "the sharding has {} devices but {} arrays were given",
+                devices.len(),
+                arrays.len()
+            )));
+        }
+        let mut by_device: Vec<Option<Buffer>> = vec![None; devices.len()];
+        for (i, a) in arrays.iter().enumerate() {
+            let [one] = a.buffers() else {
+                return Err(Error::invalid_argument(format!(
+                    "each array must be on a single device, but array {i} is on {} devices",
+                    a.buffers().len()
+                )));
+            };
+            let got = one.memory_space().kind();
+            if memory_kind.is_some_and(|want| want != got) {
+                return Err(Error::invalid_argument(format!(
+                    "array {i} is in {} memory but the sharding's memory kind is {}",
+                    got.name(),
+                    memory_kind.map_or("", MemoryKind::name)
+                )));
+            }
+            // One on a device the sharding lacks leaves a device without one.
+            let Some(pos) = devices.iter().position(|d| d == one.device()) else {
+                continue;
+            };
+            if by_device[pos].replace(one.clone()).is_some() {
+                return Err(Error::invalid_argument(format!(
+                    "two arrays are on {}",
+                    one.device()
+                )));
+            }
+        }
+        if let Some(missing) = by_device.iter().position(Option::is_none) {
+            let on: Vec<u32> = arrays
+                .iter()
+                .flat_map(|a| a.buffers().iter().map(|b| b.device().id()))
+                .collect();
+            return Err(Error::invalid_argument(format!(
+                "no array is on {}, which the sharding uses (the arrays are on devices {on:?})",
+                devices[missing]
+            )));
+        }
+        let buffers = by_device.into_iter().flatten().collect();
+        Array::assemble(spec, buffers)
+    }
+
     /// Assembles an array from one buffer per device of `spec.sharding`, in the
     /// sharding's device order; each must hold that device's shard.
     pub fn assemble(spec: ArraySpec, buffers: Vec<Buffer>) -> Result<Array> {

@@ -64,6 +64,23 @@ impl DType {
             .ok_or_else(|| Error::invalid_argument(format!("unknown dtype {value}")))
     }
 
+    /// The element type named `name` (as [`name`](Self::name) gives it:
+    /// `"float32"`, `"bfloat16"`, `"string"`, …), or `invalid_argument`
+    /// listing the names.
+    pub fn from_name(name: &str) -> Result<DType> {
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+                Error::invalid_argument(format!(
+                    "unsupported dtype {name:?} (the element types are {})",
+                    names.join(", ")
+                ))
+            })
+    }
+
     /// Bytes per element; `None` for variable-length strings.
     pub fn byte_size(self) -> Option<usize> {
         Some(match self {
@@ -157,6 +174,16 @@ mod tests {
             DType::from_u32(99).unwrap_err().code(),
             ErrorCode::InvalidArgument
         );
+    }
+
+    #[test]
+    fn every_dtype_round_trips_through_its_name() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_name(d.name()).unwrap(), d);
+        }
+        let err = DType::from_name("float128").unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument);
+        assert!(err.message().contains("bfloat16"), "{err}");
     }
 
     #[test]

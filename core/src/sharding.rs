@@ -270,6 +270,33 @@ impl Sharding {
             .collect())
     }
 
+    /// For each device (in order), which copy of its shard of a global
+    /// `shape` it holds: its replica id (0 for the first device holding that
+    /// slice, 1 for the next, …) and the position of the first device that
+    /// holds the same slice (its own for replica 0). A slice needs computing
+    /// once, at the positions whose replica id is 0.
+    pub fn replicas(&self, shape: &[i64]) -> Result<Vec<Replica>> {
+        let mut seen: Vec<(Vec<Range<i64>>, usize, usize)> = Vec::new();
+        let mut replicas = Vec::with_capacity(self.0.devices.len());
+        for pos in 0..self.0.devices.len() {
+            let index = self.shard_index(pos, shape)?;
+            match seen.iter_mut().find(|(i, _, _)| *i == index) {
+                Some((_, first, count)) => {
+                    replicas.push(Replica {
+                        id: *count,
+                        first: *first,
+                    });
+                    *count += 1;
+                }
+                None => {
+                    replicas.push(Replica { id: 0, first: pos });
+                    seen.push((index, pos, 1));
+                }
+            }
+        }
+        Ok(replicas)
+    }
+
     /// Host indices the devices live on, in order of first appearance.
     pub fn host_indices(&self) -> Vec<usize> {
         let mut hosts = Vec::new();
@@ -285,6 +312,15 @@ impl Sharding {
     pub fn same_device_set(&self, other: &Sharding) -> bool {
         same_device_set(&self.0.devices, &other.0.devices)
     }
+}
+
+/// Which copy of its shard a device holds (see [`Sharding::replicas`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replica {
+    /// 0 for the first device holding the slice, 1 for the next, …
+    pub id: usize,
+    /// Position of the first device holding the same slice.
+    pub first: usize,
 }
 
 /// True when both lists hold the same devices, in any order.

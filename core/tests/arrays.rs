@@ -553,3 +553,70 @@ fn deleting_an_array_deletes_every_buffer() {
         "was deleted",
     );
 }
+
+#[test]
+fn replicas_number_the_copies_of_each_slice_and_point_at_the_first() {
+    let client = client(4);
+    // Split over 'x' (2), replicated over 'y' (2): devices (x, y) row-major.
+    let sharding = mesh_sharding(&client, &[2, 2], &["x", "y"], vec![vec![0]]);
+    let replicas = sharding.replicas(&[4]).unwrap();
+    let ids: Vec<usize> = replicas.iter().map(|r| r.id).collect();
+    let firsts: Vec<usize> = replicas.iter().map(|r| r.first).collect();
+    assert_eq!(ids, [0, 1, 0, 1]);
+    assert_eq!(firsts, [0, 0, 2, 2]);
+    let replicated = Sharding::replicated(client.devices()[..3].to_vec()).unwrap();
+    let all: Vec<(usize, usize)> = replicated
+        .replicas(&[5])
+        .unwrap()
+        .iter()
+        .map(|r| (r.id, r.first))
+        .collect();
+    assert_eq!(all, [(0, 0), (1, 0), (2, 0)]);
+    assert_error(
+        sharding.replicas(&[3]),
+        ErrorCode::InvalidArgument,
+        "split evenly",
+    );
+}
+
+#[test]
+fn single_device_arrays_assemble_matched_by_device_in_any_order() {
+    let client = client(3);
+    let devices = client.devices().to_vec();
+    let one = |device: &Device, values: &[i32]| {
+        let spec = ArraySpec::new(
+            vec![values.len() as i64],
+            DType::I32,
+            Sharding::single_device(device.clone()),
+        )
+        .unwrap();
+        Array::from_host_bytes(&client, &i32_bytes(values), spec).unwrap()
+    };
+    let sharding =
+        Sharding::named(devices[..2].to_vec(), vec![2], names(&["x"]), vec![vec![0]]).unwrap();
+    let spec = ArraySpec::new(vec![4], DType::I32, sharding).unwrap();
+    let (a, b) = (one(&devices[0], &[1, 2]), one(&devices[1], &[3, 4]));
+    let array =
+        Array::from_single_device_arrays(spec.clone(), &[b.clone(), a.clone()], None).unwrap();
+    assert_eq!(i32_values(&array.to_host_bytes().unwrap()), [1, 2, 3, 4]);
+
+    let twice = Array::from_single_device_arrays(spec.clone(), &[a.clone(), a.clone()], None);
+    assert_error(twice, ErrorCode::InvalidArgument, "two arrays are on");
+    let elsewhere = one(&devices[2], &[5, 6]);
+    let missing = Array::from_single_device_arrays(spec.clone(), &[a.clone(), elsewhere], None);
+    assert_error(
+        missing,
+        ErrorCode::InvalidArgument,
+        "no array is on CpuDevice(id=1)",
+    );
+    let few = Array::from_single_device_arrays(spec.clone(), std::slice::from_ref(&a), None);
+    assert_error(few, ErrorCode::InvalidArgument, "2 devices but 1 arrays");
+    let wide = Array::from_single_device_arrays(spec.clone(), &[array.clone(), a.clone()], None);
+    assert_error(wide, ErrorCode::InvalidArgument, "single device");
+    let kind = Array::from_single_device_arrays(spec, &[a, b], Some(MemoryKind::PinnedHost));
+    assert_error(
+        kind,
+        ErrorCode::InvalidArgument,
+        "memory kind is pinned_host",
+    );
+}

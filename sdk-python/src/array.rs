@@ -40,16 +40,8 @@ impl HostBytes {
 /// Copies at least this large release the GIL.
 const DETACH_BYTES: usize = 1 << 20;
 
-fn dtype_from_name(name: &str) -> PyResult<core::DType> {
-    core::DType::ALL
-        .iter()
-        .copied()
-        .find(|d| d.name() == name)
-        .ok_or_else(|| {
-            py_err(core::Error::invalid_argument(format!(
-                "unsupported dtype {name}"
-            )))
-        })
+pub(crate) fn dtype_from_name(name: &str) -> PyResult<core::DType> {
+    core::DType::from_name(name).map_err(py_err)
 }
 
 /// The memory kind named `name` (None: each device's default), checked
@@ -425,9 +417,9 @@ impl ArrayImpl {
         Ok(ArrayImpl::wrap(client.clone(), array))
     }
 
-    /// Assembles an array of `shape` and `sharding` from single-device arrays, one
-    /// per device of the sharding, in its device order; with `memory_kind`, each
-    /// must be in memory of that kind.
+    /// Assembles an array of `shape` and `sharding` from single-device arrays,
+    /// one per device of the sharding, matched by device (in any order);
+    /// with `memory_kind`, each must be in memory of that kind. No copy.
     #[staticmethod]
     #[pyo3(signature = (sharding, dtype, shape, arrays, memory_kind=None))]
     fn assemble(
@@ -441,29 +433,11 @@ impl ArrayImpl {
         let kind = parse_memory_kind(core_sharding, memory_kind)?;
         let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
             .map_err(py_err)?;
-        let mut buffers = Vec::with_capacity(arrays.len());
-        for (i, a) in arrays.iter().enumerate() {
-            match a.array()?.buffers() {
-                [one] => {
-                    let got = one.memory_space().kind();
-                    if kind.is_some_and(|want| want != got) {
-                        return Err(py_err(core::Error::invalid_argument(format!(
-                            "array {i} is in {} memory but the sharding's memory kind is {}",
-                            got.name(),
-                            kind.map_or("", core::MemoryKind::name)
-                        ))));
-                    }
-                    buffers.push(one.clone())
-                }
-                many => {
-                    return Err(py_err(core::Error::invalid_argument(format!(
-                        "array {i} is on {} devices; each must be on one device",
-                        many.len()
-                    ))))
-                }
-            }
-        }
-        let array = core::Array::assemble(spec, buffers).map_err(py_err)?;
+        let arrays = arrays
+            .iter()
+            .map(|a| a.array().cloned())
+            .collect::<PyResult<Vec<_>>>()?;
+        let array = core::Array::from_single_device_arrays(spec, &arrays, kind).map_err(py_err)?;
         Ok(ArrayImpl::wrap(client.clone(), array))
     }
 

@@ -23,16 +23,7 @@ use crate::sharding::Sharding;
 type SpecLeaf<'py> = (String, Vec<i64>, PyRef<'py, Sharding>);
 
 fn array_spec(leaf: &SpecLeaf<'_>) -> PyResult<core::ArraySpec> {
-    let dtype = core::DType::ALL
-        .iter()
-        .copied()
-        .find(|d| d.name() == leaf.0)
-        .ok_or_else(|| {
-            py_err(core::Error::invalid_argument(format!(
-                "unsupported dtype {}",
-                leaf.0
-            )))
-        })?;
+    let dtype = core::DType::from_name(&leaf.0).map_err(py_err)?;
     let (_, sharding) = leaf.2.get()?;
     core::ArraySpec::new(leaf.1.clone(), dtype, sharding.clone()).map_err(py_err)
 }

@@ -257,15 +257,7 @@ impl RemoteSession {
         dims: Vec<i64>,
         data: Vec<u8>,
     ) -> PyResult<()> {
-        let dtype = core::DType::ALL
-            .iter()
-            .find(|d| d.name() == dtype)
-            .copied()
-            .ok_or_else(|| {
-                py_err(core::Error::invalid_argument(format!(
-                    "unsupported dtype {dtype}"
-                )))
-            })?;
+        let dtype = core::DType::from_name(dtype).map_err(py_err)?;
         let spec = proto::BufferSpec {
             device,
             dtype: dtype as u32,

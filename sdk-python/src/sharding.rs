@@ -137,6 +137,18 @@ impl Sharding {
             .map_err(py_err)
     }
 
+    /// For each device (in order), `(replica id, position of the first
+    /// device holding the same slice)` of an array of `shape`.
+    fn replicas(&self, shape: Vec<i64>) -> PyResult<Vec<(usize, usize)>> {
+        let replicas = self
+            .inner
+            .get()
+            .map_err(py_err)?
+            .replicas(&shape)
+            .map_err(py_err)?;
+        Ok(replicas.iter().map(|r| (r.id, r.first)).collect())
+    }
+
     /// Same devices in the same order and the same split of every dimension of a
     /// rank-`rank` array.
     fn equivalent(&self, other: PyRef<'_, Sharding>, rank: usize) -> bool {

@@ -133,14 +133,11 @@ class Array(NDArrayOperatorsMixin):
     def addressable_shards(self) -> list[Shard]:
         """One ``Shard`` per device, in the sharding's device order."""
         impl = self._impl
-        seen: dict = {}
+        replicas = impl.sharding.replicas(list(impl.shape))
         shards = []
         for pos, device in enumerate(self.sharding._device_assignment):
             index = tuple(slice(start, stop) for start, stop in impl.shard_index(pos))
-            key = tuple((s.start, s.stop) for s in index)
-            replica = seen.get(key, 0)
-            seen[key] = replica + 1
-            shards.append(Shard(device, index, replica, impl, pos))
+            shards.append(Shard(device, index, replicas[pos][0], impl, pos))
         return shards
 
     @property
@@ -496,21 +493,20 @@ def make_array_from_callback(shape, sharding: Sharding, data_callback, dtype=Non
     indices = sharding.devices_indices_map(shape)
     shard_shape = sharding.shard_shape(shape)
     target = None if dtype is None else canonicalize(dtype)
-    by_index: dict = {}
     values = []
-    for device in sharding._device_assignment:
+    # The callback runs for the first device of each slice; its copies reuse it.
+    for (_, first), device in zip(sharding._core_sharding().replicas(list(shape)), sharding._device_assignment):
+        if first < len(values):
+            values.append(values[first])
+            continue
         index = indices[device]
-        key = tuple((s.start, s.stop) for s in index)
-        value = by_index.get(key)
-        if value is None:
-            value = _host_value(data_callback(index))
-            if value.shape != shard_shape:
-                raise InvalidArgumentError(
-                    f"data_callback returned shape {value.shape} for index {index}, "
-                    f"but the shard shape is {shard_shape}"
-                )
-            target = value.dtype if target is None else target
-            by_index[key] = value
+        value = _host_value(data_callback(index))
+        if value.shape != shard_shape:
+            raise InvalidArgumentError(
+                f"data_callback returned shape {value.shape} for index {index}, "
+                f"but the shard shape is {shard_shape}"
+            )
+        target = value.dtype if target is None else target
         values.append(value)
     return _from_shard_values(shape, sharding, values, target)
 
@@ -523,37 +519,14 @@ def make_array_from_single_device_arrays(shape, sharding: Sharding, arrays, *, d
     if not isinstance(sharding, Sharding):
         raise InvalidArgumentError(f"sharding must be a Sharding, got {type(sharding).__name__}")
     arrays = list(arrays)
-    assignment = sharding._device_assignment
-    if len(arrays) != len(assignment):
-        raise InvalidArgumentError(
-            f"the sharding has {len(assignment)} devices but {len(arrays)} arrays were given"
-        )
-    by_device: dict = {}
     for a in arrays:
         if not isinstance(a, Array):
             raise InvalidArgumentError(f"expected colocated.Array, got {type(a).__name__}")
-        if a._impl.num_shards != 1:
-            raise InvalidArgumentError(
-                f"each array must be on a single device, got one on {a._impl.num_shards} devices"
-            )
-        (device,) = a.sharding._device_assignment
-        if device in by_device:
-            raise InvalidArgumentError(f"two arrays are on {device!r}")
-        by_device[device] = a
-    ordered = []
-    for device in assignment:
-        a = by_device.get(device)
-        if a is None:
-            on = sorted(d.id for d in by_device)
-            raise InvalidArgumentError(
-                f"no array is on {device!r}, which the sharding uses (the arrays are on devices {on})"
-            )
-        ordered.append(a._impl)
     name = core_name(canonicalize(dtype)) if dtype is not None else arrays[0]._impl.dtype if arrays else None
     if name is None:
         raise InvalidArgumentError("no arrays given")
     impl = _colocated.ArrayImpl.assemble(
-        sharding._core_sharding(), name, [int(d) for d in shape], ordered, sharding.memory_kind
+        sharding._core_sharding(), name, [int(d) for d in shape], [a._impl for a in arrays], sharding.memory_kind
     )
     return _wrap(impl, sharding)
 

@@ -153,6 +153,9 @@ class Sharding:
         """The shape each device holds; ``InvalidArgumentError`` for an uneven split."""
     def shard_indices(self, shape: list[int]) -> list[list[tuple[int, int]]]:
         """Per device, the ``(start, stop)`` range per dimension it holds."""
+    def replicas(self, shape: list[int]) -> list[tuple[int, int]]:
+        """Per device, ``(replica id, position of the first device holding the same
+        slice)`` of an array of ``shape``."""
     def equivalent(self, other: Sharding, rank: int) -> bool:
         """Same devices in the same order and the same split of every dimension."""
 
@@ -232,8 +235,8 @@ class ArrayImpl:
     def assemble(
         sharding: Sharding, dtype: str, shape: list[int], arrays: list[ArrayImpl], memory_kind: str | None = None
     ) -> ArrayImpl:
-        """Assembles single-device arrays, one per device in the sharding's order
-        (each in memory of kind ``memory_kind``, when given)."""
+        """Assembles single-device arrays, one per device of the sharding, matched
+        by device (each in memory of kind ``memory_kind``, when given)."""
     def copy_to_sharding(self, sharding: Sharding) -> tuple[ArrayImpl, CopyProgress]:
         """Copies the array shard by shard to ``sharding`` (same layout, other
         devices, on any hosts); returns the copy at once (ready later) and the
