@@ -11,75 +11,72 @@
 //! operator names with `--plugin`, loaded before it serves anyone: a controller
 //! can never make a worker load a library.
 
+use std::ffi::OsString;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use colocated_core::transport::worker::{TlsIdentity, Worker, WorkerOptions};
-use colocated_core::transport::Token;
+use clap::{Arg, ArgAction, ArgMatches, Command};
+use colocated_core::transport::worker::{FlagKind, Worker, WorkerFlags, WORKER_FLAGS};
 use colocated_core::{Client, ClientOptions};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-#[derive(Parser)]
-#[command(
-    name = "colocated",
-    version,
-    about = "The colocated runtime's command line"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
+/// The command line: `colocated worker` with the flags of [`WORKER_FLAGS`]
+/// (the table `python -m colocated.worker` is built from too).
+fn command() -> Command {
+    let worker = WORKER_FLAGS.iter().fold(
+        Command::new("worker").about("Serves this machine's devices to a controller."),
+        |worker, flag| {
+            let mut arg = Arg::new(flag.name).long(flag.name).help(flag.help);
+            arg = match flag.kind {
+                FlagKind::Switch => arg.action(ArgAction::SetTrue),
+                FlagKind::Count => arg.value_parser(clap::value_parser!(usize)).value_name("N"),
+                FlagKind::Seconds => arg
+                    .value_parser(clap::value_parser!(f64))
+                    .value_name("SECONDS"),
+                FlagKind::Path => arg
+                    .value_parser(clap::value_parser!(PathBuf))
+                    .value_name("FILE"),
+                FlagKind::Address => arg.value_name("HOST:PORT"),
+            };
+            if flag.repeatable {
+                arg = arg.action(ArgAction::Append);
+            }
+            if let Some(default) = flag.default {
+                arg = arg.default_value(default);
+            }
+            worker.arg(arg)
+        },
+    );
+    Command::new("colocated")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("The colocated runtime's command line")
+        .subcommand_required(true)
+        .subcommand(worker)
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Serves this machine's devices to a controller.
-    Worker(WorkerArgs),
-}
-
-#[derive(clap::Args)]
-struct WorkerArgs {
-    /// Address to listen on; port 0 picks a free port.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    listen: SocketAddr,
-    /// Number of CPU devices to serve (default: the number of cores).
-    #[arg(long)]
-    cpu_devices: Option<usize>,
-    /// File holding the token every request must carry (default: the
-    /// COLOCATED_TOKEN environment variable).
-    #[arg(long, conflicts_with = "insecure")]
-    token_file: Option<PathBuf>,
-    /// Serve without a token: anyone who reaches the address can run code here.
-    #[arg(long)]
-    insecure: bool,
-    /// Serve TLS with this PEM certificate chain (with --tls-key).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// The PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// Seconds between the heartbeats controllers are asked to send.
-    #[arg(long, default_value_t = 1.0)]
-    heartbeat_interval: f64,
-    /// Seconds without a heartbeat after which a session is closed and its
-    /// resources freed.
-    #[arg(long, default_value_t = 10.0)]
-    session_timeout: f64,
-    /// Load this plugin library at start: a shared library exporting
-    /// colocated_plugin_init (see colocated.h) that registers the native
-    /// functions programs may call here. Repeatable. Controllers cannot load
-    /// plugins.
-    #[arg(long = "plugin", value_name = "LIB")]
-    plugins: Vec<PathBuf>,
-    /// Exit (status 0) once the worker has had no session for this many
-    /// seconds, counted from its start and from the end of its last session
-    /// (closed, timed out or dropped): a worker orphaned by its launcher or
-    /// controller goes away by itself.
-    #[arg(long, value_name = "SECONDS")]
-    exit_after_idle: Option<f64>,
+/// The worker flags' values from parsed `matches`.
+fn worker_flags(matches: &ArgMatches) -> WorkerFlags {
+    let path = |name: &str| matches.get_one::<PathBuf>(name).cloned();
+    let seconds = |name: &str| matches.get_one::<f64>(name).copied();
+    WorkerFlags {
+        listen: matches
+            .get_one::<String>("listen")
+            .cloned()
+            .unwrap_or_default(),
+        cpu_devices: matches.get_one::<usize>("cpu-devices").copied(),
+        token_file: path("token-file"),
+        insecure: matches.get_flag("insecure"),
+        tls_cert: path("tls-cert"),
+        tls_key: path("tls-key"),
+        heartbeat_interval: seconds("heartbeat-interval").unwrap_or_default(),
+        session_timeout: seconds("session-timeout").unwrap_or_default(),
+        plugins: matches
+            .get_many::<PathBuf>("plugin")
+            .map(|p| p.cloned().collect())
+            .unwrap_or_default(),
+        exit_after_idle: seconds("exit-after-idle"),
+    }
 }
 
 /// What a worker logs when `COLOCATED_LOG` is unset: the warnings of the
@@ -88,9 +85,10 @@ const DEFAULT_LOG: &str = "colocated=warn";
 
 fn main() -> ExitCode {
     colocated_core::trace::init_with_default_log(DEFAULT_LOG);
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Worker(args) => run_worker(args),
+    let matches = command().get_matches_from(std::env::args_os().collect::<Vec<OsString>>());
+    let result = match matches.subcommand() {
+        Some(("worker", worker)) => run_worker(worker_flags(worker)),
+        _ => Err("no such command".to_string()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -101,22 +99,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn seconds(name: &str, value: f64) -> Result<Duration, String> {
-    Duration::try_from_secs_f64(value)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("--{name} must be a positive number of seconds"))
-}
-
-fn run_worker(args: WorkerArgs) -> Result<(), String> {
-    let token = match (&args.token_file, args.insecure) {
-        (Some(path), _) => Some(Token::from_file(path).map_err(|e| e.to_string())?),
-        (None, true) => None,
-        (None, false) => Some(Token::from_env().map_err(|e| e.to_string())?.ok_or(
-            "a worker requires a token: pass --token-file FILE or set COLOCATED_TOKEN \
-                        (--insecure serves anyone, which lets them run code on this machine)",
-        )?),
-    };
+fn run_worker(args: WorkerFlags) -> Result<(), String> {
+    // Every flag checked before anything starts.
+    let options = args.options().map_err(|e| e.message().to_string())?;
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: args.cpu_devices,
         executor_threads: None,
@@ -126,23 +111,6 @@ fn run_worker(args: WorkerArgs) -> Result<(), String> {
     for path in &args.plugins {
         let names = colocated_plugin::load_plugin(&client, path).map_err(|e| e.to_string())?;
         tracing::info!(plugin = %path.display(), functions = ?names, "loaded a plugin");
-    }
-    let mut options = WorkerOptions::new(token);
-    options.listen = args.listen;
-    options.heartbeat_interval = seconds("heartbeat-interval", args.heartbeat_interval)?;
-    options.session_timeout = seconds("session-timeout", args.session_timeout)?;
-    options.exit_after_idle = args
-        .exit_after_idle
-        .map(|s| seconds("exit-after-idle", s))
-        .transpose()?;
-    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        let read = |path: &PathBuf| {
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
-        };
-        options.tls = Some(TlsIdentity {
-            cert_pem: read(cert)?,
-            key_pem: read(key)?,
-        });
     }
     // Before the port is bound and the line printed: a launcher may stop the
     // worker as soon as it sees either, and the worker must then stop cleanly
@@ -218,4 +186,47 @@ enum Stop {
     Signal,
     /// It had no session for `--exit-after-idle` seconds.
     Idle,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worker_command_takes_every_flag_of_the_table_and_no_other() {
+        let command = command();
+        let worker = command
+            .find_subcommand("worker")
+            .expect("a worker subcommand");
+        let longs: Vec<&str> = worker
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|l| *l != "help")
+            .collect();
+        let table: Vec<&str> = WORKER_FLAGS.iter().map(|f| f.name).collect();
+        assert_eq!(longs, table);
+        let matches = command
+            .try_get_matches_from([
+                "colocated",
+                "worker",
+                "--insecure",
+                "--plugin",
+                "a.so",
+                "--plugin",
+                "b.so",
+            ])
+            .unwrap();
+        let (_, worker) = matches.subcommand().unwrap();
+        let flags = worker_flags(worker);
+        assert_eq!(flags.listen, "127.0.0.1:0");
+        assert_eq!(
+            (flags.heartbeat_interval, flags.session_timeout),
+            (1.0, 10.0)
+        );
+        assert_eq!(
+            flags.plugins,
+            [PathBuf::from("a.so"), PathBuf::from("b.so")]
+        );
+        assert!(flags.insecure && flags.token_file.is_none());
+    }
 }

@@ -50,6 +50,29 @@ pub struct ClusterOptions {
     pub local: ClientOptions,
 }
 
+impl ClusterOptions {
+    /// Options for the workers at `addresses`, each reached as `connect` says
+    /// (its token, timeout, TLS settings; its own address is not used).
+    pub fn uniform(
+        addresses: impl IntoIterator<Item = impl Into<String>>,
+        connect: &ConnectOptions,
+        include_local: bool,
+        local: ClientOptions,
+    ) -> ClusterOptions {
+        ClusterOptions {
+            workers: addresses
+                .into_iter()
+                .map(|address| ConnectOptions {
+                    address: address.into(),
+                    ..connect.clone()
+                })
+                .collect(),
+            include_local,
+            local,
+        }
+    }
+}
+
 /// A host: a process that owns devices and runs programs on them.
 #[derive(Clone, Debug)]
 pub struct Host {

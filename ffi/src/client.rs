@@ -352,29 +352,28 @@ unsafe fn cluster_options(o: &colocated_connect_options) -> Result<ClusterOption
         "" => None,
         domain => Some(domain.to_string()),
     };
-    let workers = slice(o.workers, o.num_workers, "workers")?
+    let addresses = slice(o.workers, o.num_workers, "workers")?
         .iter()
         .enumerate()
-        .map(|(i, address)| {
-            let mut w =
-                ConnectOptions::new(address.to_str(&format!("workers[{i}]"))?, token.clone());
-            if o.timeout_ms != 0 {
-                w.timeout = Duration::from_millis(u64::from(o.timeout_ms));
-            }
-            w.tls_ca = tls_ca.clone();
-            w.tls_domain = tls_domain.clone();
-            Ok(w)
-        })
+        .map(|(i, address)| address.to_str(&format!("workers[{i}]")))
         .collect::<Result<Vec<_>>>()?;
-    Ok(ClusterOptions {
-        workers,
+    let mut connect = ConnectOptions::new("", token);
+    if o.timeout_ms != 0 {
+        connect.timeout = Duration::from_millis(u64::from(o.timeout_ms));
+    }
+    connect.tls_ca = tls_ca;
+    connect.tls_domain = tls_domain;
+    let local = local_options(
+        o.num_cpu_devices,
+        o.executor_threads,
+        o.max_executor_threads,
+    );
+    Ok(ClusterOptions::uniform(
+        addresses,
+        &connect,
         include_local,
-        local: local_options(
-            o.num_cpu_devices,
-            o.executor_threads,
-            o.max_executor_threads,
-        ),
-    })
+        local,
+    ))
 }
 
 /// Creates a client of worker hosts (and of this process too, with

@@ -57,21 +57,12 @@ impl Client {
     ) -> PyResult<Self> {
         let token = crate::remote::token_from(token, token_file)?;
         let timeout = crate::remote::seconds("timeout", timeout)?;
-        let workers = addresses
-            .into_iter()
-            .map(|address| {
-                let mut o = core::transport::session::ConnectOptions::new(address, token.clone());
-                o.timeout = timeout;
-                o.tls_ca = tls_ca.clone();
-                o.tls_domain = tls_domain.clone();
-                o
-            })
-            .collect();
-        let options = core::ClusterOptions {
-            workers,
-            include_local,
-            local: local_options(num_cpu_devices, executor_threads),
-        };
+        let mut connect = core::transport::session::ConnectOptions::new("", token);
+        connect.timeout = timeout;
+        connect.tls_ca = tls_ca;
+        connect.tls_domain = tls_domain;
+        let local = local_options(num_cpu_devices, executor_threads);
+        let options = core::ClusterOptions::uniform(addresses, &connect, include_local, local);
         let client = py
             .detach(|| core::Client::connect(&options))
             .map_err(|e| crate::errors::to_py(py, &e))?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use colocated_core as core;
 use core::transport::isolate::IsolateCommand;
 use core::transport::session::{ConnectOptions, RemoteSession as CoreSession};
-use core::transport::worker::{TlsIdentity, Worker, WorkerOptions};
+use core::transport::worker::{FlagKind, Worker, WorkerFlags, WorkerOptions, WORKER_FLAGS};
 use core::transport::{proto, Token};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -16,37 +16,23 @@ use pyo3::types::PyBytes;
 use crate::client::Client;
 use crate::errors::{py_err, to_py};
 
+/// A positive number of seconds (core's rule), or `InvalidArgumentError`.
 pub(crate) fn seconds(name: &str, value: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(value)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            py_err(core::Error::invalid_argument(format!(
-                "{name} must be a positive number of seconds"
-            )))
-        })
+    core::transport::worker::seconds(name, value).map_err(py_err)
 }
 
 fn token(text: Option<String>) -> PyResult<Option<Token>> {
     text.map(Token::new).transpose().map_err(py_err)
 }
 
-/// The token of `token`, else of the file `token_file`, else of
-/// `COLOCATED_TOKEN` (core's rules: a file's or the variable's surrounding
-/// whitespace is ignored); `None` when there is none. `InvalidArgumentError`
-/// for both at once, an unreadable file or an empty token.
+/// The token a controller presents (core's rule, `Token::resolve`): `token`,
+/// else the file `token_file`, else `COLOCATED_TOKEN`; `None` when there is
+/// none.
 pub(crate) fn token_from(
     token: Option<String>,
     token_file: Option<std::path::PathBuf>,
 ) -> PyResult<Option<Token>> {
-    match (token, token_file) {
-        (Some(_), Some(_)) => Err(py_err(core::Error::invalid_argument(
-            "give token or token_file, not both",
-        ))),
-        (Some(text), None) => self::token(Some(text)),
-        (None, Some(path)) => Token::from_file(&path).map(Some).map_err(py_err),
-        (None, None) => Token::from_env().map_err(py_err),
-    }
+    Token::resolve(token.as_deref(), token_file.as_deref()).map_err(py_err)
 }
 
 /// A worker serving this process's devices, with the Python executor (started
@@ -86,59 +72,136 @@ impl WorkerHandle {
     }
 }
 
-/// Starts a worker on `listen` serving `client` (the package's default client,
-/// so that devices in pickled programs resolve to the served ones; it runs
-/// native and Python programs). Every request must carry the token of
-/// `token`, else of the file `token_file`, else of `COLOCATED_TOKEN`; with none
-/// of them, `insecure=True` serves anyone. With `exit_after_idle` (seconds),
-/// `WorkerHandle.idle_expired` becomes true once the worker has had no session
-/// for that long. With `isolate` (a command line: program, then arguments),
-/// the worker is a supervisor that runs each session in a child worker of
-/// that command (given `--listen HOST:0 --token-file F --single-session`)
-/// and redirects the controller there. `single_session=True` serves exactly
-/// one session: `idle_expired` becomes true once it ended, or when none
-/// opened within the handshake deadline.
+/// The flags of a worker's command line, from core's table (which `colocated
+/// worker` is built from too): `(name, kind, default, repeatable, help)` per
+/// flag, `kind` one of `switch`, `address`, `count`, `seconds`, `path`.
 #[pyfunction]
-#[pyo3(signature = (client, listen, *, token=None, token_file=None, insecure=false, heartbeat_interval=1.0, session_timeout=10.0, tls_cert=None, tls_key=None, exit_after_idle=None, isolate=None, single_session=false))]
+pub fn worker_flags() -> Vec<(
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    bool,
+    &'static str,
+)> {
+    WORKER_FLAGS
+        .iter()
+        .map(|f| {
+            let kind = match f.kind {
+                FlagKind::Switch => "switch",
+                FlagKind::Address => "address",
+                FlagKind::Count => "count",
+                FlagKind::Seconds => "seconds",
+                FlagKind::Path => "path",
+            };
+            (f.name, kind, f.default, f.repeatable, f.help)
+        })
+        .collect()
+}
+
+/// The worker's options from the values of the worker flags (core's rules,
+/// as `colocated worker` applies them); `token` (a session worker's one-time
+/// token) replaces the token the flags give.
+#[allow(clippy::too_many_arguments)]
+fn worker_options(
+    listen: String,
+    token_file: Option<std::path::PathBuf>,
+    insecure: bool,
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
+    heartbeat_interval: f64,
+    session_timeout: f64,
+    exit_after_idle: Option<f64>,
+    token: Option<String>,
+) -> PyResult<WorkerOptions> {
+    let given = token.map(Token::new).transpose().map_err(py_err)?;
+    let flags = WorkerFlags {
+        listen,
+        // A given token stands for the flags' (which then name none).
+        insecure: insecure || given.is_some(),
+        token_file: if given.is_some() { None } else { token_file },
+        tls_cert,
+        tls_key,
+        heartbeat_interval,
+        session_timeout,
+        exit_after_idle,
+        ..Default::default()
+    };
+    let mut options = flags.options().map_err(py_err)?;
+    if given.is_some() {
+        options.token = given;
+    }
+    Ok(options)
+}
+
+/// Checks the values of the worker flags as `start_worker` would
+/// (`InvalidArgumentError` naming a bad flag), starting nothing.
+#[pyfunction]
+#[pyo3(signature = (*, listen, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, token=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn check_worker_flags(
+    listen: String,
+    token_file: Option<std::path::PathBuf>,
+    insecure: bool,
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
+    heartbeat_interval: f64,
+    session_timeout: f64,
+    exit_after_idle: Option<f64>,
+    token: Option<String>,
+) -> PyResult<()> {
+    worker_options(
+        listen,
+        token_file,
+        insecure,
+        tls_cert,
+        tls_key,
+        heartbeat_interval,
+        session_timeout,
+        exit_after_idle,
+        token,
+    )
+    .map(drop)
+}
+
+/// Starts a worker serving `client` (the package's default client, so that
+/// devices in pickled programs resolve to the served ones; it runs native and
+/// Python programs), configured by the values of the worker flags (see
+/// `worker_flags` and `check_worker_flags`). With `isolate` (a command line:
+/// program, then arguments), the worker is a supervisor that runs each
+/// session in a child worker of that command (given `--listen HOST:0
+/// --token-file F --single-session`) and redirects the controller there.
+/// `single_session=True` serves exactly one session: `idle_expired` becomes
+/// true once it ended, or when none opened within the handshake deadline.
+#[pyfunction]
+#[pyo3(signature = (client, *, listen, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, token=None, isolate=None, single_session=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn start_worker(
     py: Python<'_>,
     client: PyRef<'_, Client>,
-    listen: &str,
-    token: Option<String>,
+    listen: String,
     token_file: Option<std::path::PathBuf>,
     insecure: bool,
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
     heartbeat_interval: f64,
     session_timeout: f64,
-    tls_cert: Option<Vec<u8>>,
-    tls_key: Option<Vec<u8>>,
     exit_after_idle: Option<f64>,
+    token: Option<String>,
     isolate: Option<Vec<String>>,
     single_session: bool,
 ) -> PyResult<WorkerHandle> {
-    let token = match (&token, &token_file, insecure) {
-        // An insecure worker does not pick up a token from the environment.
-        (None, None, true) => None,
-        _ => token_from(token, token_file)?,
-    };
-    if token.is_none() && !insecure {
-        return Err(py_err(core::Error::invalid_argument(
-            "a worker requires a token (or insecure=True, which lets anyone run code here)",
-        )));
-    }
-    let listen = listen.parse().map_err(|e| {
-        py_err(core::Error::invalid_argument(format!(
-            "bad listen address {listen:?}: {e}"
-        )))
-    })?;
+    let mut options = worker_options(
+        listen,
+        token_file,
+        insecure,
+        tls_cert,
+        tls_key,
+        heartbeat_interval,
+        session_timeout,
+        exit_after_idle,
+        token,
+    )?;
     let client = client.inner.get().map_err(py_err)?.clone();
-    let mut options = WorkerOptions::new(token);
-    options.listen = listen;
-    options.heartbeat_interval = seconds("heartbeat_interval", heartbeat_interval)?;
-    options.session_timeout = seconds("session_timeout", session_timeout)?;
-    options.exit_after_idle = exit_after_idle
-        .map(|s| seconds("exit_after_idle", s))
-        .transpose()?;
     options.single_session = single_session;
     options.isolate = match isolate {
         None => None,
@@ -153,15 +216,6 @@ pub fn start_worker(
                 program: program.into(),
                 args: command.collect(),
             })
-        }
-    };
-    options.tls = match (tls_cert, tls_key) {
-        (Some(cert_pem), Some(key_pem)) => Some(TlsIdentity { cert_pem, key_pem }),
-        (None, None) => None,
-        _ => {
-            return Err(py_err(core::Error::invalid_argument(
-                "tls_cert and tls_key go together",
-            )))
         }
     };
     let worker = py

@@ -174,3 +174,16 @@ def test_a_bad_plugin_stops_the_worker_before_it_listens(tmp_path):
         assert refused.returncode != 0
         assert message in refused.stderr
         assert refused.stdout == ""
+
+
+def test_the_python_worker_takes_the_runtimes_table_of_flags():
+    # `colocated worker` is built from the same table (a Rust test checks it).
+    from colocated.worker import _parser
+
+    longs = {o for a in _parser()._actions for o in a.option_strings if o.startswith("--")}
+    table = {f"--{name}" for name, *_ in _colocated.worker_flags()}
+    python_only = {"--help", "--isolate-sessions", "--shared-interpreter", "--single-session"}
+    assert longs - python_only == table
+    args = _parser().parse_args(["--plugin", "a.so", "--plugin", "b.so", "--session-timeout", "3"])
+    assert (args.listen, args.heartbeat_interval, args.session_timeout) == ("127.0.0.1:0", 1.0, 3.0)
+    assert args.plugin == ["a.so", "b.so"]

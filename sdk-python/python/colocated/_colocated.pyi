@@ -373,24 +373,46 @@ class WorkerHandle:
     def shutdown(self) -> None:
         """Stops serving and closes every session (idempotent)."""
 
-def start_worker(
-    client: Client,
-    listen: str,
+def worker_flags() -> list[tuple[str, str, str | None, bool, str]]:
+    """The flags of a worker's command line, from the runtime's table (which
+    ``colocated worker`` is built from too): ``(name, kind, default, repeatable,
+    help)``, ``kind`` one of ``switch``, ``address``, ``count``, ``seconds``, ``path``."""
+
+def check_worker_flags(
     *,
-    token: str | None = None,
+    listen: str,
     token_file: str | os.PathLike | None = None,
     insecure: bool = False,
-    heartbeat_interval: float = 1.0,
-    session_timeout: float = 10.0,
-    tls_cert: bytes | None = None,
-    tls_key: bytes | None = None,
+    tls_cert: str | os.PathLike | None = None,
+    tls_key: str | os.PathLike | None = None,
+    heartbeat_interval: float,
+    session_timeout: float,
     exit_after_idle: float | None = None,
+    token: str | None = None,
+) -> None:
+    """Checks the values of the worker flags as ``start_worker`` would
+    (``InvalidArgumentError`` naming a bad flag), starting nothing."""
+
+def start_worker(
+    client: Client,
+    *,
+    listen: str,
+    token_file: str | os.PathLike | None = None,
+    insecure: bool = False,
+    tls_cert: str | os.PathLike | None = None,
+    tls_key: str | os.PathLike | None = None,
+    heartbeat_interval: float,
+    session_timeout: float,
+    exit_after_idle: float | None = None,
+    token: str | None = None,
     isolate: list[str] | None = None,
     single_session: bool = False,
 ) -> WorkerHandle:
-    """Starts a worker on ``listen`` serving ``client`` (native and Python programs).
-    Requests must carry ``token``, else the one in ``token_file``, else
-    ``COLOCATED_TOKEN``'s; with none of them only ``insecure=True`` starts.
+    """Starts a worker on ``listen`` serving ``client`` (native and Python programs),
+    configured by the values of the worker flags (checked by the runtime, as
+    ``colocated worker`` does). Requests must carry the token of ``token_file``,
+    else ``COLOCATED_TOKEN``'s; ``insecure=True`` serves anyone; ``token`` (a
+    session worker's one-time token) replaces both.
     With ``exit_after_idle``, ``WorkerHandle.idle_expired`` becomes true once the
     worker has had no session for that many seconds (or, with ``single_session``,
     once its one session ended or none opened within the handshake deadline).

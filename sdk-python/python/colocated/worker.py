@@ -19,7 +19,6 @@ serves every session in this process instead.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -28,43 +27,26 @@ import threading
 from . import _client, _colocated
 from ._errors import ColocatedError
 
-
-def _positive_seconds(text: str) -> float:
-    """A flag's number of seconds: positive and finite, else a usage error
-    (argparse exits with status 2 and says which flag)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return value
+#: How argparse reads each kind of value of the runtime's table of flags.
+_TYPES = {"address": str, "count": int, "seconds": float, "path": str}
+_METAVARS = {"address": "HOST:PORT", "count": "N", "seconds": "SECONDS", "path": "FILE"}
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m colocated.worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--listen", default="127.0.0.1:0", help="address to listen on; port 0 picks a free port")
-    parser.add_argument("--cpu-devices", type=int, default=None, help="number of CPU devices to serve")
-    parser.add_argument("--token-file", default=None, help="file holding the token every request must carry")
-    parser.add_argument("--insecure", action="store_true", help="serve without a token (anyone may run code here)")
-    parser.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats")
-    parser.add_argument("--session-timeout", type=float, default=10.0, help="seconds of silence that close a session")
-    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain to serve TLS with")
-    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    parser.add_argument(
-        "--plugin",
-        action="append",
-        default=[],
-        metavar="LIB",
-        help="a native-function plugin library to load at start (repeatable; see colocated.h)",
-    )
-    parser.add_argument(
-        "--exit-after-idle",
-        type=_positive_seconds,
-        default=None,
-        metavar="SECONDS",
-        help="exit (status 0) once no session has been open for this many seconds",
-    )
+    # The flags every worker takes: the runtime's table, which `colocated
+    # worker` is built from too (the runtime checks their values).
+    for name, kind, default, repeatable, help_text in _colocated.worker_flags():
+        flag = f"--{name}"
+        if kind == "switch":
+            parser.add_argument(flag, action="store_true", help=help_text)
+        elif repeatable:
+            parser.add_argument(
+                flag, action="append", default=[], type=_TYPES[kind], metavar=_METAVARS[kind], help=help_text
+            )
+        else:
+            value = None if default is None else _TYPES[kind](default)
+            parser.add_argument(flag, type=_TYPES[kind], default=value, metavar=_METAVARS[kind], help=help_text)
     isolation = parser.add_mutually_exclusive_group()
     isolation.add_argument(
         "--isolate-sessions",
@@ -134,38 +116,30 @@ def _stop_when_stdin_closes(stop: threading.Event) -> None:
     threading.Thread(target=watch, name="colocated-supervisor-watch", daemon=True).start()
 
 
-def _check_token(args) -> None:
-    """Refuses, with the flags to use, a worker that would serve without a
-    token by accident (the token itself is read by the native module)."""
-    if args.token_file is not None:
-        if args.insecure:
-            raise SystemExit("colocated: --token-file and --insecure exclude each other")
-        return
-    if args.insecure:
-        return  # the worker logs a warning when it starts
-    if _colocated.TOKEN_ENV not in os.environ:
-        raise SystemExit(
-            f"colocated: a worker requires a token: pass --token-file FILE or set {_colocated.TOKEN_ENV} "
-            "(--insecure serves anyone, which lets them run code on this machine)"
-        )
-
-
 def main(argv: list[str] | None = None) -> int:
     """Runs a worker until SIGINT or SIGTERM; returns the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     # Before anything makes a client (which would install the library's
     # silent default): an operator sees warnings and refusals.
     _colocated.init_worker_logging()
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise SystemExit("colocated: --tls-cert and --tls-key go together")
-    _check_token(args)
-    token = {"token_file": args.token_file}
-    if args.single_session:
-        token = {"token": _single_session_token(args)}
-    tls = {}
-    if args.tls_cert is not None:
-        with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
-            tls = {"tls_cert": cert.read(), "tls_key": key.read()}
+    token = _single_session_token(args) if args.single_session else None
+    flags = {
+        "listen": args.listen,
+        "token_file": None if args.single_session else args.token_file,
+        "insecure": args.insecure and not args.single_session,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "heartbeat_interval": args.heartbeat_interval,
+        "session_timeout": args.session_timeout,
+        "exit_after_idle": args.exit_after_idle,
+    }
+    # Every flag is checked before anything starts: a bad one is a usage
+    # error (status 2), as with `colocated worker`.
+    try:
+        _colocated.check_worker_flags(**flags, token=token)
+    except ColocatedError as e:
+        parser.error(str(e))
     if args.cpu_devices is not None:
         _client.configure(num_cpu_devices=args.cpu_devices)
     for plugin in args.plugin:
@@ -183,17 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         worker = _colocated.start_worker(
             _client.client(),
-            args.listen,
-            insecure=args.insecure and not args.single_session,
-            heartbeat_interval=args.heartbeat_interval,
-            session_timeout=args.session_timeout,
-            exit_after_idle=args.exit_after_idle,
+            **flags,
+            token=token,
             isolate=isolate,
             single_session=args.single_session,
-            **token,
-            **tls,
         )
-    except ColocatedError as e:  # bad flags, an unreadable or empty token, a taken port
+    except ColocatedError as e:  # a taken port, an unusable certificate
         raise SystemExit(f"colocated: {e}") from None
     print(f"listening on {worker.address}", flush=True)
     while not stop.wait(0.1):

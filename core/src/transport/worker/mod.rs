@@ -32,9 +32,12 @@ use crate::executor::SessionScope;
 
 mod bulk;
 mod control;
+mod flags;
 mod routes;
 mod service;
 mod sessions;
+
+pub use flags::{seconds, FlagKind, WorkerFlag, WorkerFlags, WORKER_FLAGS};
 
 use routes::Routes;
 pub(super) use service::Service;

@@ -1,0 +1,329 @@
+//! The flags of a worker's command line: one table that both `colocated
+//! worker` (Rust) and `python -m colocated.worker` build their parsers from,
+//! and the one place their values become [`WorkerOptions`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{TlsIdentity, WorkerOptions};
+use crate::error::{Error, Result};
+use crate::transport::{Token, TOKEN_ENV};
+
+/// What a flag takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlagKind {
+    /// No value: present or not.
+    Switch,
+    /// A `HOST:PORT` address.
+    Address,
+    /// A non-negative count.
+    Count,
+    /// A positive, finite number of seconds.
+    Seconds,
+    /// A file path.
+    Path,
+}
+
+/// One flag of a worker's command line.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerFlag {
+    /// The long name, without `--`.
+    pub name: &'static str,
+    /// What it takes.
+    pub kind: FlagKind,
+    /// The default value as text (`None`: unset, or off for a switch).
+    pub default: Option<&'static str>,
+    /// True when it may be given several times (each adds a value).
+    pub repeatable: bool,
+    /// The help text.
+    pub help: &'static str,
+}
+
+const fn flag(name: &'static str, kind: FlagKind, help: &'static str) -> WorkerFlag {
+    WorkerFlag {
+        name,
+        kind,
+        default: None,
+        repeatable: false,
+        help,
+    }
+}
+
+/// The flags every worker command line takes, in help order.
+pub const WORKER_FLAGS: &[WorkerFlag] = &[
+    WorkerFlag {
+        default: Some("127.0.0.1:0"),
+        ..flag(
+            "listen",
+            FlagKind::Address,
+            "Address to listen on; port 0 picks a free port.",
+        )
+    },
+    flag(
+        "cpu-devices",
+        FlagKind::Count,
+        "Number of CPU devices to serve (default: the number of cores).",
+    ),
+    flag(
+        "token-file",
+        FlagKind::Path,
+        "File holding the token every request must carry (default: the COLOCATED_TOKEN environment variable).",
+    ),
+    flag(
+        "insecure",
+        FlagKind::Switch,
+        "Serve without a token: anyone who reaches the address can run code here.",
+    ),
+    flag(
+        "tls-cert",
+        FlagKind::Path,
+        "Serve TLS with this PEM certificate chain (with --tls-key).",
+    ),
+    flag("tls-key", FlagKind::Path, "The PEM private key of --tls-cert."),
+    WorkerFlag {
+        default: Some("1"),
+        ..flag(
+            "heartbeat-interval",
+            FlagKind::Seconds,
+            "Seconds between the heartbeats controllers are asked to send.",
+        )
+    },
+    WorkerFlag {
+        default: Some("10"),
+        ..flag(
+            "session-timeout",
+            FlagKind::Seconds,
+            "Seconds without a heartbeat after which a session is closed and its resources freed.",
+        )
+    },
+    WorkerFlag {
+        repeatable: true,
+        ..flag(
+            "plugin",
+            FlagKind::Path,
+            "Load this plugin library at start: a shared library exporting colocated_plugin_init \
+             (see colocated.h) that registers the native functions programs may call here. \
+             Repeatable. Controllers cannot load plugins.",
+        )
+    },
+    flag(
+        "exit-after-idle",
+        FlagKind::Seconds,
+        "Exit (status 0) once the worker has had no session for this many seconds, counted from \
+         its start and from the end of its last session: a worker orphaned by its launcher or \
+         controller goes away by itself.",
+    ),
+];
+
+/// The values of [`WORKER_FLAGS`], as a parser gives them (text as typed;
+/// [`WorkerFlags::options`] checks it).
+#[derive(Clone, Debug, Default)]
+pub struct WorkerFlags {
+    /// `--listen`.
+    pub listen: String,
+    /// `--cpu-devices`.
+    pub cpu_devices: Option<usize>,
+    /// `--token-file`.
+    pub token_file: Option<PathBuf>,
+    /// `--insecure`.
+    pub insecure: bool,
+    /// `--tls-cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key`.
+    pub tls_key: Option<PathBuf>,
+    /// `--heartbeat-interval`.
+    pub heartbeat_interval: f64,
+    /// `--session-timeout`.
+    pub session_timeout: f64,
+    /// `--plugin`, each.
+    pub plugins: Vec<PathBuf>,
+    /// `--exit-after-idle`.
+    pub exit_after_idle: Option<f64>,
+}
+
+/// A positive, finite number of seconds given as option `name` (a flag, a
+/// keyword argument), or `invalid_argument` naming it.
+pub fn seconds(name: &str, value: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "{name} must be a positive number of seconds, not {value}"
+            ))
+        })
+}
+
+impl WorkerFlags {
+    /// The worker's options: the token by the worker's rule
+    /// ([`Token::for_worker`]), the address parsed, the seconds checked, the
+    /// TLS files read. `invalid_argument` naming the flag. (`--cpu-devices`
+    /// and `--plugin` shape the client the worker serves: the caller applies
+    /// them.)
+    pub fn options(&self) -> Result<WorkerOptions> {
+        let token = Token::for_worker(self.token_file.as_deref(), self.insecure)?;
+        let mut options = WorkerOptions::new(token);
+        options.listen = self.listen.parse().map_err(|e| {
+            Error::invalid_argument(format!("--listen {:?} is not HOST:PORT: {e}", self.listen))
+        })?;
+        options.heartbeat_interval = seconds("--heartbeat-interval", self.heartbeat_interval)?;
+        options.session_timeout = seconds("--session-timeout", self.session_timeout)?;
+        options.exit_after_idle = self
+            .exit_after_idle
+            .map(|s| seconds("--exit-after-idle", s))
+            .transpose()?;
+        options.tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                let read = |path: &PathBuf| {
+                    std::fs::read(path).map_err(|e| {
+                        Error::invalid_argument(format!("cannot read {}: {e}", path.display()))
+                    })
+                };
+                Some(TlsIdentity {
+                    cert_pem: read(cert)?,
+                    key_pem: read(key)?,
+                })
+            }
+            (None, None) => None,
+            _ => {
+                return Err(Error::invalid_argument(
+                    "--tls-cert and --tls-key go together",
+                ))
+            }
+        };
+        Ok(options)
+    }
+}
+
+impl Token {
+    /// The token a controller presents: `text`, else the file `file`, else
+    /// `COLOCATED_TOKEN`; `None` when there is none. `invalid_argument` for
+    /// both `text` and `file`, an unreadable file or an empty token.
+    pub fn resolve(text: Option<&str>, file: Option<&std::path::Path>) -> Result<Option<Token>> {
+        match (text, file) {
+            (Some(_), Some(_)) => Err(Error::invalid_argument(
+                "give a token or a token file, not both",
+            )),
+            (Some(text), None) => Token::new(text).map(Some),
+            (None, Some(path)) => Token::from_file(path).map(Some),
+            (None, None) => Token::from_env(),
+        }
+    }
+
+    /// The token a worker requires: the one in `file`, else
+    /// `COLOCATED_TOKEN`'s; `None` only when `insecure` (which ignores the
+    /// environment). `invalid_argument` for a file with `insecure`, and for
+    /// no token without `insecure`, saying how to give one.
+    pub fn for_worker(file: Option<&std::path::Path>, insecure: bool) -> Result<Option<Token>> {
+        match (file, insecure) {
+            (Some(_), true) => Err(Error::invalid_argument(
+                "--token-file and --insecure exclude each other",
+            )),
+            (Some(path), false) => Token::from_file(path).map(Some),
+            (None, true) => Ok(None),
+            (None, false) => Token::from_env()?.map(Some).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "a worker requires a token: pass --token-file FILE or set {TOKEN_ENV} \
+                     (--insecure serves anyone, which lets them run code on this machine)"
+                ))
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    fn flags() -> WorkerFlags {
+        WorkerFlags {
+            listen: "127.0.0.1:0".into(),
+            insecure: true,
+            heartbeat_interval: 1.0,
+            session_timeout: 10.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_table_names_each_flag_once_with_help() {
+        for (i, f) in WORKER_FLAGS.iter().enumerate() {
+            assert!(!f.help.is_empty(), "{}", f.name);
+            assert!(
+                WORKER_FLAGS[i + 1..].iter().all(|g| g.name != f.name),
+                "{} twice",
+                f.name
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_flag() {
+        let cases: [(&str, WorkerFlags); 5] = [
+            (
+                "--listen",
+                WorkerFlags {
+                    listen: "nowhere".into(),
+                    ..flags()
+                },
+            ),
+            (
+                "--heartbeat-interval",
+                WorkerFlags {
+                    heartbeat_interval: 0.0,
+                    ..flags()
+                },
+            ),
+            (
+                "--session-timeout",
+                WorkerFlags {
+                    session_timeout: f64::NAN,
+                    ..flags()
+                },
+            ),
+            (
+                "--exit-after-idle",
+                WorkerFlags {
+                    exit_after_idle: Some(-1.0),
+                    ..flags()
+                },
+            ),
+            (
+                "--tls-cert and --tls-key",
+                WorkerFlags {
+                    tls_cert: Some("c.pem".into()),
+                    ..flags()
+                },
+            ),
+        ];
+        for (name, bad) in cases {
+            let err = bad.options().unwrap_err();
+            assert_eq!(err.code(), ErrorCode::InvalidArgument);
+            assert!(err.message().contains(name), "{name}: {err}");
+        }
+        let options = flags().options().unwrap();
+        assert!(options.token.is_none());
+        assert_eq!(options.session_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_worker_token_comes_from_its_file_and_insecure_excludes_one() {
+        let dir = std::env::temp_dir().join(format!("colocated-flags-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let token = Token::for_worker(Some(&file), false).unwrap().unwrap();
+        assert!(token.matches("s3cret"));
+        let err = Token::for_worker(Some(&file), true).unwrap_err();
+        assert!(err.message().contains("exclude each other"), "{err}");
+        assert!(Token::for_worker(None, true).unwrap().is_none());
+        let err = Token::resolve(Some("a"), Some(&file)).unwrap_err();
+        assert!(err.message().contains("not both"), "{err}");
+        assert!(Token::resolve(None, Some(&file))
+            .unwrap()
+            .unwrap()
+            .matches("s3cret"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
