@@ -76,7 +76,7 @@ $(VENV_PY): | $(BUILD)
 # An editable debug build of sdk-python into the venv, sharing target/ (maturin
 # develop: no wheel round trip and no release build).
 python: $(VENV_PY)
-	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet -m sdk-python/Cargo.toml
+	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet --features testing -m sdk-python/Cargo.toml
 
 test-python: python
 	$(VENV_PY) -m pytest sdk-python/tests -q
@@ -118,7 +118,7 @@ fuzz: fuzz-tools
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	ruff check tests examples sdk-python
 
 clean:

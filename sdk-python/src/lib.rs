@@ -15,6 +15,8 @@ mod executor;
 mod fork;
 mod function;
 mod remote;
+#[cfg(feature = "testing")]
+mod session;
 mod sharding;
 mod streams;
 
@@ -47,7 +49,8 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(executor::host_objects, m)?)?;
     m.add_function(wrap_pyfunction!(executor::parked_results, m)?)?;
     m.add_class::<remote::WorkerHandle>()?;
-    m.add_class::<remote::RemoteSession>()?;
+    #[cfg(feature = "testing")]
+    m.add_class::<session::RemoteSession>()?;
     m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;
     m.add_function(wrap_pyfunction!(remote::worker_flags, m)?)?;
     m.add_function(wrap_pyfunction!(remote::check_worker_flags, m)?)?;

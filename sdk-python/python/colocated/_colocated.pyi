@@ -427,7 +427,9 @@ def init_worker_logging() -> None:
 
 class RemoteSession:
     """A controller's session on one worker (low level): buffers by handle,
-    executables, executions. Network waits release the GIL."""
+    executables, executions. Network waits release the GIL.
+    Only in builds with the ``testing`` feature (``make python``), for tests.
+    """
 
     def __init__(
         self, address: str, *, token: str | None = None, timeout: float = 10.0, tls_ca: bytes | None = None

@@ -6,46 +6,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{block_on, Completion, Inner, Progress, RemoteSession};
+use super::{Completion, Inner, Progress, RemoteSession};
 use crate::error::Result;
 use crate::transport::buffers::chunks;
 use crate::transport::bulk::{put_call, PutBody};
 use crate::transport::proto::{BufferSpec, GetBufferRequest};
-use crate::transport::{runtime, MAX_MESSAGE_BYTES};
+use crate::transport::runtime;
 
 impl RemoteSession {
-    /// Uploads `data` as buffer `handle` of this session, shaped by `spec` (the
-    /// bytes, row-major, must be exactly the spec's size; a string buffer's
-    /// are its `StringElements`, and need protocol version
-    /// [`STRINGS_VERSION`](crate::transport::STRINGS_VERSION)). Streams in chunks of
-    /// [`CHUNK_BYTES`](crate::transport::CHUNK_BYTES); the request has no deadline (bulk
-    /// data takes what it takes; a dead link fails through keepalive).
-    pub fn put_buffer(&self, handle: u64, spec: BufferSpec, data: Bytes) -> Result<()> {
-        self.put_buffer_with_progress(handle, spec, data, None)
-    }
-
-    /// [`put_buffer`](Self::put_buffer), calling `progress(sent, total)` (bytes)
-    /// as each chunk goes to the network, and `(total, total)` once the worker
-    /// has the buffer. Called on a network thread: keep it quick.
-    pub fn put_buffer_with_progress(
-        &self,
-        handle: u64,
-        spec: BufferSpec,
-        data: Bytes,
-        progress: Option<Progress>,
-    ) -> Result<()> {
-        let total = data.len() as u64;
-        let data = tokio_stream::iter(chunks(data));
-        block_on(put_future(
-            self.inner.clone(),
-            handle,
-            spec,
-            total,
-            data,
-            progress,
-        ))?
-    }
-
     /// [`put_buffer_with_progress`](Self::put_buffer_with_progress) without
     /// blocking: `done` runs with the outcome on a network thread.
     pub fn put_buffer_then(
@@ -103,37 +71,6 @@ impl RemoteSession {
         }
     }
 
-    /// Downloads buffer `handle` of this session (waits until it is ready): the
-    /// bytes it travels as (see [`put_buffer`](Self::put_buffer)).
-    pub fn get_buffer(&self, handle: u64) -> Result<Vec<u8>> {
-        self.get_buffer_with_progress(handle, None)
-    }
-
-    /// [`get_buffer`](Self::get_buffer), calling `progress(received, total)`
-    /// (bytes) after each chunk arrives. Called on a network thread.
-    pub fn get_buffer_with_progress(
-        &self,
-        handle: u64,
-        progress: Option<Progress>,
-    ) -> Result<Vec<u8>> {
-        self.settle()?;
-        let mut data = Vec::new();
-        let sink = |total: u64, chunk: &[u8]| {
-            if data.is_empty() && total > 0 {
-                // A hint from the peer: reserve no more than one message ahead
-                // of the bytes that really arrive.
-                data.reserve(usize::try_from(total).unwrap_or(0).min(MAX_MESSAGE_BYTES));
-            }
-            data.extend_from_slice(chunk);
-            if let Some(progress) = &progress {
-                progress(data.len() as u64, total.max(data.len() as u64));
-            }
-            Ok(())
-        };
-        block_on(get_future(self.inner.clone(), handle, sink))??;
-        Ok(data)
-    }
-
     /// Downloads buffer `handle` without blocking: `sink(total, chunk)` gets
     /// each chunk in order (`total` as the worker announced it), then `done`
     /// the outcome; both run on a network thread. A sink error ends the
@@ -156,7 +93,7 @@ impl RemoteSession {
 
 /// Uploads buffer `handle` (`total` bytes, arriving as `data` chunks: at least
 /// one, each under the message limit), reporting progress.
-async fn put_future(
+pub(super) async fn put_future(
     inner: Arc<Inner>,
     handle: u64,
     spec: BufferSpec,
@@ -192,7 +129,7 @@ async fn put_future(
 }
 
 /// Streams buffer `handle` into `sink(total, chunk)`.
-async fn get_future(
+pub(super) async fn get_future(
     inner: Arc<Inner>,
     handle: u64,
     mut sink: impl FnMut(u64, &[u8]) -> Result<()>,

@@ -8,8 +8,10 @@ use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 
+#[cfg(any(test, feature = "testing"))]
+use super::block_on;
 use super::host_calls::run_host_callback;
-use super::{block_on, lock, Completion, Inner, RemoteSession};
+use super::{lock, Completion, Inner, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
 use crate::transport::proto::{
@@ -37,7 +39,7 @@ pub(super) struct ControlState {
     /// The `seq` of the last answered operation.
     acked: AtomicU64,
     /// The first failure not yet reported by `flush`.
-    failed: std::sync::Mutex<Option<Error>>,
+    pub(super) failed: std::sync::Mutex<Option<Error>>,
     /// Set when the stream ended or broke before answering everything.
     broken: std::sync::Mutex<Option<Error>>,
     changed: tokio::sync::Notify,
@@ -97,6 +99,7 @@ impl Control {
 impl ControlState {
     /// Waits until the worker answered operation `seq`; the stream's error if it
     /// broke first.
+    #[cfg(any(test, feature = "testing"))]
     async fn settled(&self, seq: u64) -> Result<()> {
         loop {
             let changed = self.changed.notified();
@@ -199,29 +202,6 @@ async fn read_answers(
 }
 
 impl RemoteSession {
-    /// Queues an execution like [`execute`](Self::execute), without waiting
-    /// for the worker: it goes on the session's ordered control stream, so
-    /// many can be in flight. An execution the worker refuses still makes its
-    /// outputs, failed with the reason (reading one raises it); [`flush`](Self::flush)
-    /// also reports the first refusal.
-    pub fn execute_async(
-        &self,
-        executable: u64,
-        inputs: &[u64],
-        outputs: &[u64],
-        stream: u64,
-    ) -> Result<()> {
-        self.send_control(
-            control_request::Op::Execute(ExecuteRequest {
-                executable,
-                inputs: inputs.to_vec(),
-                outputs: outputs.to_vec(),
-                stream,
-            }),
-            None,
-        )
-    }
-
     /// [`execute_async`](Self::execute_async), then `done` with the outcome
     /// once the execution has run on the worker (or was refused, or the
     /// worker was lost). `done` always runs exactly once, on a network thread
@@ -276,7 +256,11 @@ impl RemoteSession {
     /// Sends one operation on the control stream; `completion` runs when it
     /// has finished (executions), or at once with the error if it cannot be
     /// sent (which is also returned).
-    fn send_control(&self, op: control_request::Op, completion: Option<Completion>) -> Result<()> {
+    pub(super) fn send_control(
+        &self,
+        op: control_request::Op,
+        completion: Option<Completion>,
+    ) -> Result<()> {
         self.send_control_then(op, completion.map(finish_of))
     }
 
@@ -304,19 +288,9 @@ impl RemoteSession {
         let _ = self.send_control_then(op, Some(done));
     }
 
-    /// Waits until the worker has taken every operation sent on the control
-    /// stream; returns the first refusal since the last `flush`, if any.
-    pub fn flush(&self) -> Result<()> {
-        self.settle()?;
-        let control = lock(&self.inner.control).clone();
-        match control.and_then(|c| lock(&c.state.failed).take()) {
-            Some(err) => Err(err),
-            None => Ok(()),
-        }
-    }
-
     /// Waits until the worker has taken every control operation sent so far
     /// (requests that read or delete buffers come after them).
+    #[cfg(any(test, feature = "testing"))]
     pub(super) fn settle(&self) -> Result<()> {
         let Some(control) = lock(&self.inner.control).clone() else {
             return Ok(());

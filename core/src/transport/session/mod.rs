@@ -19,14 +19,14 @@ use tonic::transport::Channel;
 use tonic::Request;
 
 use super::proto::worker_client::WorkerClient;
-use super::proto::{
-    CloseSessionRequest, DeleteBuffersRequest, ExecuteRequest, HostInfo, LoadExecutableRequest,
-};
+use super::proto::{CloseSessionRequest, HostInfo, LoadExecutableRequest};
 use super::{runtime, SessionId, AUTHORIZATION, SESSION};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 
+#[cfg(any(test, feature = "testing"))]
+mod blocking;
 mod bulk;
 mod connect;
 mod control;
@@ -108,12 +108,6 @@ impl RemoteSession {
         &self.inner.address
     }
 
-    /// One heartbeat, now: `Ok` while the worker holds the session.
-    pub fn heartbeat(&self) -> Result<()> {
-        let inner = self.inner.clone();
-        block_on(async move { inner.heartbeat().await })?
-    }
-
     /// Ready, with `unavailable`, once the worker is lost: a heartbeat or a
     /// request failed to reach it (it died, or the link dropped). Every later
     /// call of this session fails at once with that error; a new session
@@ -125,24 +119,6 @@ impl RemoteSession {
     /// A handle no buffer of this session has used yet.
     pub fn new_handle(&self) -> u64 {
         self.inner.next_handle.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Deletes buffers of this session; `not_found` (and nothing deleted) if any
-    /// handle names no buffer.
-    pub fn delete_buffers(&self, handles: &[u64]) -> Result<()> {
-        self.settle()?;
-        let inner = self.inner.clone();
-        let request = DeleteBuffersRequest {
-            handles: handles.to_vec(),
-        };
-        block_on(async move {
-            inner.alive()?;
-            let mut rpc = inner.rpc.clone();
-            rpc.delete_buffers(inner.request(request))
-                .await
-                .map(|_| ())
-                .map_err(|s| inner.fail(&s))
-        })?
     }
 
     /// Loads `executable` (bytes of [`LoadedExecutable::serialize`](crate::LoadedExecutable::serialize),
@@ -163,49 +139,6 @@ impl RemoteSession {
                     let r = r.into_inner();
                     (r.num_input_buffers, r.num_output_buffers)
                 })
-                .map_err(|s| inner.fail(&s))
-        })?
-    }
-
-    /// Queues executable `executable` on buffers `inputs` (argument-major),
-    /// naming its output buffers `outputs`, on the controller's `stream`
-    /// (executions on one stream run in order). Returns once queued.
-    pub fn execute(
-        &self,
-        executable: u64,
-        inputs: &[u64],
-        outputs: &[u64],
-        stream: u64,
-    ) -> Result<()> {
-        self.settle()?;
-        let inner = self.inner.clone();
-        let request = ExecuteRequest {
-            executable,
-            inputs: inputs.to_vec(),
-            outputs: outputs.to_vec(),
-            stream,
-        };
-        block_on(async move {
-            inner.alive()?;
-            let mut rpc = inner.rpc.clone();
-            rpc.execute(inner.request(request))
-                .await
-                .map(|_| ())
-                .map_err(|s| inner.fail(&s))
-        })?
-    }
-
-    /// Closes the session on the worker (idempotent).
-    pub fn disconnect(&self) -> Result<()> {
-        if self.inner.closed.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let inner = self.inner.clone();
-        block_on(async move {
-            let mut rpc = inner.rpc.clone();
-            rpc.close_session(inner.request(CloseSessionRequest {}))
-                .await
-                .map(|_| ())
                 .map_err(|s| inner.fail(&s))
         })?
     }
