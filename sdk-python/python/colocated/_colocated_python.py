@@ -172,7 +172,7 @@ class _Site:
     output specs ``out_specs_fn`` declares, and the Python forms of the
     outputs (tree structure, sharding objects)."""
 
-    __slots__ = ("_declared_shardings", "declared_treedef", "function", "leaves", "treedef")
+    __slots__ = ("_declared_shardings", "declared_treedef", "function", "leaves", "local_keys", "treedef")
 
     def __init__(self, function: ColocatedFunction, treedef, leaves: list) -> None:
         self.function = function
@@ -180,6 +180,8 @@ class _Site:
         self.leaves = leaves
         self.declared_treedef = None
         self._declared_shardings = None
+        # Keys of callables handed to the local host (see `_LOCAL_PROGRAMS`).
+        self.local_keys = []
 
     def declared(self):
         """The spec leaves ``out_specs_fn`` gives for this call, or None."""
@@ -215,7 +217,9 @@ class _Site:
             return _dumps_with_callbacks(host_call)
         key = next(_NEXT_LOCAL)
         _LOCAL_PROGRAMS[key] = host_call
-        # Loading takes it (the executable keeps the callable alive).
+        # Loading takes it (the executable keeps the callable alive); the call
+        # drops it if nothing loaded it.
+        self.local_keys.append(key)
         return _LOCAL_PREFIX + str(key).encode(), []
 
     def entry(self, structure: bytes, origins: list) -> tuple:
@@ -299,7 +303,12 @@ class ColocatedFunction(_colocated.FunctionBase):
         _check_arrays(leaves, "function arguments")
         impls = [leaf._impl for leaf in leaves]
         tree, _flat = _tree_key(treedef)
-        return self._state.call_general(tree, impls, _Site(self, treedef, leaves), obj)
+        site = _Site(self, treedef, leaves)
+        try:
+            return self._state.call_general(tree, impls, site, obj)
+        finally:
+            for key in site.local_keys:
+                _LOCAL_PROGRAMS.pop(key, None)
 
     def __repr__(self) -> str:
         return f"colocated_python({getattr(self._fn, '__qualname__', self._fn)!r})"
