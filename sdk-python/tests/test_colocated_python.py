@@ -846,15 +846,3 @@ def test_a_cached_flat_call_still_checks_the_device_rules():
     assert isinstance(err, colocated.InvalidArgumentError), repr(err)
     assert "different device lists" in error_text(err)
 
-
-def test_a_call_whose_program_fails_to_compile_leaves_no_callable_behind():
-    from colocated import _colocated_python
-
-    d = colocated.devices()
-    x = colocated.device_put(np.arange(2, dtype=np.int32), colocated.NamedSharding(colocated.Mesh(d[:2], ("x",)), colocated.P("x")))
-    # An output spec on a device outside the call: refused before any host loads the program.
-    wrong = colocated.ShapeDtypeStruct((2,), np.int32, sharding=colocated.SingleDeviceSharding(d[3]))
-    f = colocated.colocated_python(lambda x: x).specialize(out_specs_fn=lambda x: wrong)
-    with pytest.raises(colocated.InvalidArgumentError, match="outputs must use the inputs' devices"):
-        f(x)
-    assert not _colocated_python._LOCAL_PROGRAMS
