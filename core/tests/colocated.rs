@@ -128,6 +128,16 @@ fn call_spec(inputs: &[Array]) -> CallSpec {
     }
 }
 
+/// Calls `f` (a test function, `name`) with `inputs`, as no object's method.
+fn call(
+    client: &Client,
+    f: &ColocatedFunction<()>,
+    name: &'static str,
+    inputs: &[Array],
+) -> Result<colocated_core::Call<()>> {
+    f.call(client, &call_spec(inputs), inputs, &Site::of(name), None)
+}
+
 fn named(devices: Vec<Device>, axis: &str) -> Sharding {
     let n = devices.len();
     Sharding::named(devices, vec![n], vec![axis.into()], vec![vec![0]]).unwrap()
@@ -213,15 +223,7 @@ fn discovery_on_the_local_host_keeps_an_inputs_sharding_and_caches_the_program()
     );
     let f = function(None);
     let inputs = [x.clone()];
-    let first = f
-        .call(
-            &client,
-            &call_spec(&inputs),
-            &inputs,
-            &Site::of("add_one"),
-            None,
-        )
-        .unwrap();
+    let first = call(&client, &f, "add_one", &inputs).unwrap();
     assert!(first.status.is_none(), "discovery ran synchronously");
     assert!(first.outputs[0].spec().matches(x.spec()));
     assert!(
@@ -233,15 +235,7 @@ fn discovery_on_the_local_host_keeps_an_inputs_sharding_and_caches_the_program()
         i32_values(&first.outputs[0].to_host_bytes().unwrap()),
         [2, 3, 4, 5]
     );
-    let second = f
-        .call(
-            &client,
-            &call_spec(&inputs),
-            &inputs,
-            &Site::of("add_one"),
-            None,
-        )
-        .unwrap();
+    let second = call(&client, &f, "add_one", &inputs).unwrap();
     second.status.unwrap().wait().unwrap();
     assert_eq!(
         i32_values(&second.outputs[0].to_host_bytes().unwrap()),
@@ -259,32 +253,16 @@ fn discovery_takes_an_output_with_a_sharding_of_its_own_and_refuses_one_outside_
     let devices = client.devices()[..2].to_vec();
     let x = i32_array(&client, &[1, 2], named(devices.clone(), "x"));
     let inputs = [x];
-    let call = function(None)
-        .call(
-            &client,
-            &call_spec(&inputs),
-            &inputs,
-            &Site::of("reversed"),
-            None,
-        )
-        .unwrap();
-    let out = &call.outputs[0];
-    assert_eq!(call.entry.outputs().origins, vec![OutputOrigin::New]);
+    let ran = call(&client, &function(None), "reversed", &inputs).unwrap();
+    let out = &ran.outputs[0];
+    assert_eq!(ran.entry.outputs().origins, vec![OutputOrigin::New]);
     assert_eq!(
         out.sharding().devices(),
         [devices[1].clone(), devices[0].clone()]
     );
     assert_eq!(i32_values(&out.to_host_bytes().unwrap()), [10, 20]);
 
-    let err = function(None)
-        .call(
-            &client,
-            &call_spec(&inputs),
-            &inputs,
-            &Site::of("escapes"),
-            None,
-        )
-        .map(|_| ());
+    let err = call(&client, &function(None), "escapes", &inputs).map(|_| ());
     assert_error(
         err,
         ErrorCode::InvalidArgument,
@@ -297,23 +275,16 @@ fn an_argument_less_call_needs_devices_and_runs_on_them() {
     let _serial = serial();
     define_functions();
     let client = local_client(4);
-    let err = function(None)
-        .call(&client, &call_spec(&[]), &[], &Site::of("iota"), None)
-        .map(|_| ());
+    let err = call(&client, &function(None), "iota", &[]).map(|_| ());
     assert_error(
         err,
         ErrorCode::InvalidArgument,
         "must be first specialized with devices",
     );
     let devices = client.devices()[1..3].to_vec();
-    let call = function(Some(devices.clone()))
-        .call(&client, &call_spec(&[]), &[], &Site::of("iota"), None)
-        .unwrap();
-    assert_eq!(call.outputs[0].sharding().devices(), devices.as_slice());
-    assert_eq!(
-        i32_values(&call.outputs[0].to_host_bytes().unwrap()),
-        [0, 1]
-    );
+    let ran = call(&client, &function(Some(devices.clone())), "iota", &[]).unwrap();
+    assert_eq!(ran.outputs[0].sharding().devices(), devices.as_slice());
+    assert_eq!(i32_values(&ran.outputs[0].to_host_bytes().unwrap()), [0, 1]);
 }
 
 #[test]
@@ -327,25 +298,22 @@ fn declared_outputs_run_asynchronously_and_a_wrong_output_is_refused() {
         name: "add_one",
         declared: Some(vec![x.spec().clone()]),
     };
-    let call = function(None)
+    let ran = function(None)
         .call(&client, &call_spec(&inputs), &inputs, &site, None)
         .unwrap();
-    call.status.unwrap().wait().unwrap();
-    assert_eq!(
-        i32_values(&call.outputs[0].to_host_bytes().unwrap()),
-        [2, 3]
-    );
+    ran.status.unwrap().wait().unwrap();
+    assert_eq!(i32_values(&ran.outputs[0].to_host_bytes().unwrap()), [2, 3]);
 
     // "reversed" makes another sharding than the one declared.
     let site = Site {
         name: "reversed",
         declared: Some(vec![x.spec().clone()]),
     };
-    let call = function(None)
+    let ran = function(None)
         .call(&client, &call_spec(&inputs), &inputs, &site, None)
         .unwrap();
     assert_error(
-        call.status.unwrap().wait(),
+        ran.status.unwrap().wait(),
         ErrorCode::InvalidArgument,
         "was expected",
     );
@@ -387,10 +355,10 @@ fn an_object_is_built_once_per_host_and_destroyed_when_its_handle_goes() {
     let f = function(None);
     let site = Site::of(define_touch(&object, &builds, &drops));
     for _ in 0..3 {
-        let call = f
+        let ran = f
             .call(&client, &call_spec(&inputs), &inputs, &site, Some(&object))
             .unwrap();
-        if let Some(status) = call.status {
+        if let Some(status) = ran.status {
             status.wait().unwrap();
         }
     }
@@ -465,59 +433,33 @@ fn discovery_on_workers_derives_global_specs_of_outputs_of_any_sharding() {
     let inputs = [x.clone()];
 
     // An output with an input's sharding on each host: that input's global sharding.
-    let call = function(None)
-        .call(
-            &client,
-            &call_spec(&inputs),
-            &inputs,
-            &Site::of("add_one"),
-            None,
-        )
-        .unwrap();
-    assert!(call.outputs[0].spec().matches(x.spec()));
+    let ran = call(&client, &function(None), "add_one", &inputs).unwrap();
+    assert!(ran.outputs[0].spec().matches(x.spec()));
     assert_eq!(
-        i32_values(&call.outputs[0].to_host_bytes().unwrap()),
+        i32_values(&ran.outputs[0].to_host_bytes().unwrap()),
         [2, 3, 4, 5]
     );
 
     // A sharding of the function's own on each host (its devices reversed):
     // the hosts' blocks stacked in host order.
-    let call = function(None)
-        .call(
-            &client,
-            &call_spec(&inputs),
-            &inputs,
-            &Site::of("reversed"),
-            None,
-        )
-        .unwrap();
-    let out = &call.outputs[0];
+    let ran = call(&client, &function(None), "reversed", &inputs).unwrap();
+    let out = &ran.outputs[0];
     assert_eq!(out.shape(), [4]);
     let want = [&devices[1], &devices[0], &devices[3], &devices[2]];
     assert_eq!(out.sharding().devices().iter().collect::<Vec<_>>(), want);
     assert_eq!(i32_values(&out.to_host_bytes().unwrap()), [10, 20, 30, 40]);
 
     // No arguments, specialized with devices: each host's block of [0, 1].
-    let call = function(Some(devices.clone()))
-        .call(&client, &call_spec(&[]), &[], &Site::of("iota"), None)
-        .unwrap();
-    assert_eq!(call.outputs[0].sharding().devices(), devices.as_slice());
+    let ran = call(&client, &function(Some(devices.clone())), "iota", &[]).unwrap();
+    assert_eq!(ran.outputs[0].sharding().devices(), devices.as_slice());
     assert_eq!(
-        i32_values(&call.outputs[0].to_host_bytes().unwrap()),
+        i32_values(&ran.outputs[0].to_host_bytes().unwrap()),
         [0, 1, 0, 1]
     );
     assert_eq!(parked_results(None), 0, "every parked result was taken");
 
     // One host fails after the other parked: nothing stays parked.
-    let err = function(None)
-        .call(
-            &client,
-            &call_spec(&inputs),
-            &inputs,
-            &Site::of("fails_where_4"),
-            None,
-        )
-        .map(|_| ());
+    let err = call(&client, &function(None), "fails_where_4", &inputs).map(|_| ());
     assert_error(err, ErrorCode::InvalidArgument, "not on this host");
     assert_eq!(
         parked_results(None),
@@ -535,7 +477,7 @@ fn objects_on_workers_go_with_their_handle_and_with_their_session() {
     let call_on = |client: &Client, object: &ColocatedObject, name: &'static str| {
         let x = i32_array(client, &[1, 2], named(client.devices().to_vec(), "x"));
         let inputs = [x];
-        let call = function(None)
+        let ran = function(None)
             .call(
                 client,
                 &call_spec(&inputs),
@@ -544,7 +486,7 @@ fn objects_on_workers_go_with_their_handle_and_with_their_session() {
                 Some(object),
             )
             .unwrap();
-        if let Some(status) = call.status {
+        if let Some(status) = ran.status {
             status.wait().unwrap();
         }
     };
@@ -567,9 +509,7 @@ fn objects_on_workers_go_with_their_handle_and_with_their_session() {
     let name = define_touch(&orphan, &builds, &drops);
     let x = i32_array(&client, &[1, 2], named(client.devices().to_vec(), "x"));
     let inputs = [x];
-    function(None)
-        .call(&client, &call_spec(&inputs), &inputs, &Site::of(name), None)
-        .unwrap();
+    call(&client, &function(None), name, &inputs).unwrap();
     drop(inputs);
     assert_eq!(host_objects(None), 2);
     drop(client);
