@@ -53,7 +53,7 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::RemoteSession>()?;
     m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;
     m.add_function(wrap_pyfunction!(remote::worker_flags, m)?)?;
-    m.add_function(wrap_pyfunction!(remote::check_worker_flags, m)?)?;
+    m.add_class::<remote::WorkerConfig>()?;
     m.add_function(wrap_pyfunction!(remote::load_plugin, m)?)?;
     m.add_function(wrap_pyfunction!(remote::init_worker_logging, m)?)?;
     m.add("PLATFORM_NAME", colocated_core::PLATFORM_NAME)?;

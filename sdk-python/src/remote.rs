@@ -92,109 +92,70 @@ pub fn worker_flags() -> Vec<(
         .collect()
 }
 
-/// The worker's options from the values of the worker flags (core's rules,
-/// as `colocated worker` applies them); `token` (a session worker's one-time
-/// token) replaces the token the flags give.
-#[allow(clippy::too_many_arguments)]
-fn worker_options(
-    listen: String,
-    token_file: Option<std::path::PathBuf>,
-    insecure: bool,
-    tls_cert: Option<std::path::PathBuf>,
-    tls_key: Option<std::path::PathBuf>,
-    heartbeat_interval: f64,
-    session_timeout: f64,
-    exit_after_idle: Option<f64>,
-    token: Option<String>,
-) -> PyResult<WorkerOptions> {
-    let given = token.map(Token::new).transpose().map_err(py_err)?;
-    let flags = WorkerFlags {
-        listen,
-        // A given token stands for the flags' (which then name none).
-        insecure: insecure || given.is_some(),
-        token_file: if given.is_some() { None } else { token_file },
-        tls_cert,
-        tls_key,
-        heartbeat_interval,
-        session_timeout,
-        exit_after_idle,
-        ..Default::default()
-    };
-    let mut options = flags.options().map_err(py_err)?;
-    if given.is_some() {
-        options.token = given;
-    }
-    Ok(options)
+/// A worker's options, checked: made from the values of the worker flags by
+/// core's rules, as `colocated worker` makes them (`InvalidArgumentError`
+/// naming a bad flag); `token` (a session worker's one-time token) replaces
+/// the token the flags give.
+#[pyclass(module = "colocated._colocated", frozen)]
+pub struct WorkerConfig {
+    options: WorkerOptions,
 }
 
-/// Checks the values of the worker flags as `start_worker` would
-/// (`InvalidArgumentError` naming a bad flag), starting nothing.
-#[pyfunction]
-#[pyo3(signature = (*, listen, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, token=None))]
-#[allow(clippy::too_many_arguments)]
-pub fn check_worker_flags(
-    listen: String,
-    token_file: Option<std::path::PathBuf>,
-    insecure: bool,
-    tls_cert: Option<std::path::PathBuf>,
-    tls_key: Option<std::path::PathBuf>,
-    heartbeat_interval: f64,
-    session_timeout: f64,
-    exit_after_idle: Option<f64>,
-    token: Option<String>,
-) -> PyResult<()> {
-    worker_options(
-        listen,
-        token_file,
-        insecure,
-        tls_cert,
-        tls_key,
-        heartbeat_interval,
-        session_timeout,
-        exit_after_idle,
-        token,
-    )
-    .map(drop)
+#[pymethods]
+impl WorkerConfig {
+    #[new]
+    #[pyo3(signature = (*, listen, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, token=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        listen: String,
+        token_file: Option<std::path::PathBuf>,
+        insecure: bool,
+        tls_cert: Option<std::path::PathBuf>,
+        tls_key: Option<std::path::PathBuf>,
+        heartbeat_interval: f64,
+        session_timeout: f64,
+        exit_after_idle: Option<f64>,
+        token: Option<String>,
+    ) -> PyResult<Self> {
+        let given = token.map(Token::new).transpose().map_err(py_err)?;
+        let flags = WorkerFlags {
+            listen,
+            // A given token stands for the flags' (which then name none).
+            insecure: insecure || given.is_some(),
+            token_file: if given.is_some() { None } else { token_file },
+            tls_cert,
+            tls_key,
+            heartbeat_interval,
+            session_timeout,
+            exit_after_idle,
+            ..Default::default()
+        };
+        let mut options = flags.options().map_err(py_err)?;
+        if given.is_some() {
+            options.token = given;
+        }
+        Ok(WorkerConfig { options })
+    }
 }
 
 /// Starts a worker serving `client` (the package's default client, so that
 /// devices in pickled programs resolve to the served ones; it runs native and
-/// Python programs), configured by the values of the worker flags (see
-/// `worker_flags` and `check_worker_flags`). With `isolate` (a command line:
+/// Python programs) as `config` says. With `isolate` (a command line:
 /// program, then arguments), the worker is a supervisor that runs each
 /// session in a child worker of that command (given `--listen HOST:0
 /// --token-file F --single-session`) and redirects the controller there.
 /// `single_session=True` serves exactly one session: `idle_expired` becomes
 /// true once it ended, or when none opened within the handshake deadline.
 #[pyfunction]
-#[pyo3(signature = (client, *, listen, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, token=None, isolate=None, single_session=false))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (client, config, *, isolate=None, single_session=false))]
 pub fn start_worker(
     py: Python<'_>,
     client: PyRef<'_, Client>,
-    listen: String,
-    token_file: Option<std::path::PathBuf>,
-    insecure: bool,
-    tls_cert: Option<std::path::PathBuf>,
-    tls_key: Option<std::path::PathBuf>,
-    heartbeat_interval: f64,
-    session_timeout: f64,
-    exit_after_idle: Option<f64>,
-    token: Option<String>,
+    config: PyRef<'_, WorkerConfig>,
     isolate: Option<Vec<String>>,
     single_session: bool,
 ) -> PyResult<WorkerHandle> {
-    let mut options = worker_options(
-        listen,
-        token_file,
-        insecure,
-        tls_cert,
-        tls_key,
-        heartbeat_interval,
-        session_timeout,
-        exit_after_idle,
-        token,
-    )?;
+    let mut options = config.options.clone();
     let client = client.inner.get().map_err(py_err)?.clone();
     options.single_session = single_session;
     options.isolate = match isolate {

@@ -378,41 +378,35 @@ def worker_flags() -> list[tuple[str, str, str | None, bool, str]]:
     ``colocated worker`` is built from too): ``(name, kind, default, repeatable,
     help)``, ``kind`` one of ``switch``, ``address``, ``count``, ``seconds``, ``path``."""
 
-def check_worker_flags(
-    *,
-    listen: str,
-    token_file: str | os.PathLike | None = None,
-    insecure: bool = False,
-    tls_cert: str | os.PathLike | None = None,
-    tls_key: str | os.PathLike | None = None,
-    heartbeat_interval: float,
-    session_timeout: float,
-    exit_after_idle: float | None = None,
-    token: str | None = None,
-) -> None:
-    """Checks the values of the worker flags as ``start_worker`` would
-    (``InvalidArgumentError`` naming a bad flag), starting nothing."""
+class WorkerConfig:
+    """A worker's options, checked: made from the values of the worker flags by
+    the runtime's rules, as ``colocated worker`` makes them
+    (``InvalidArgumentError`` naming a bad flag). ``token`` (a session worker's
+    one-time token) replaces the token the flags give."""
+
+    def __init__(
+        self,
+        *,
+        listen: str,
+        token_file: str | os.PathLike | None = None,
+        insecure: bool = False,
+        tls_cert: str | os.PathLike | None = None,
+        tls_key: str | os.PathLike | None = None,
+        heartbeat_interval: float,
+        session_timeout: float,
+        exit_after_idle: float | None = None,
+        token: str | None = None,
+    ) -> None: ...
 
 def start_worker(
     client: Client,
+    config: WorkerConfig,
     *,
-    listen: str,
-    token_file: str | os.PathLike | None = None,
-    insecure: bool = False,
-    tls_cert: str | os.PathLike | None = None,
-    tls_key: str | os.PathLike | None = None,
-    heartbeat_interval: float,
-    session_timeout: float,
-    exit_after_idle: float | None = None,
-    token: str | None = None,
     isolate: list[str] | None = None,
     single_session: bool = False,
 ) -> WorkerHandle:
-    """Starts a worker on ``listen`` serving ``client`` (native and Python programs),
-    configured by the values of the worker flags (checked by the runtime, as
-    ``colocated worker`` does). Requests must carry the token of ``token_file``,
-    else ``COLOCATED_TOKEN``'s; ``insecure=True`` serves anyone; ``token`` (a
-    session worker's one-time token) replaces both.
+    """Starts a worker serving ``client`` (native and Python programs) as
+    ``config`` says.
     With ``exit_after_idle``, ``WorkerHandle.idle_expired`` becomes true once the
     worker has had no session for that many seconds (or, with ``single_session``,
     once its one session ended or none opened within the handshake deadline).

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     # Every flag is checked before anything starts: a bad one is a usage
     # error (status 2), as with `colocated worker`.
     try:
-        _colocated.check_worker_flags(**flags, token=token)
+        config = _colocated.WorkerConfig(**flags, token=token)
     except ColocatedError as e:
         parser.error(str(e))
     if args.cpu_devices is not None:
@@ -155,13 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         _stop_when_stdin_closes(stop)
     isolate = _child_command(args) if args.isolate and not args.single_session else None
     try:
-        worker = _colocated.start_worker(
-            _client.client(),
-            **flags,
-            token=token,
-            isolate=isolate,
-            single_session=args.single_session,
-        )
+        worker = _colocated.start_worker(_client.client(), config, isolate=isolate, single_session=args.single_session)
     except ColocatedError as e:  # a taken port, an unusable certificate
         raise SystemExit(f"colocated: {e}") from None
     print(f"listening on {worker.address}", flush=True)
