@@ -149,6 +149,71 @@ def test_an_output_with_a_sharding_the_function_makes_gets_a_global_spec(cluster
     assert np.asarray(z).tolist() == [0, 10]
 
 
+def test_discovery_on_workers_refuses_results_that_differ_between_hosts(cluster):
+    client, workers = cluster(2)
+    x = sharded_arange(4, client.devices())
+    first = workers[0].pid
+
+    @colocated.colocated_python
+    def two_shapes(x):
+        return {"x": x} if os.getpid() == first else [x]
+
+    with pytest.raises(colocated.InvalidArgumentError, match="different structures on different hosts"):
+        two_shapes(x)
+
+    @colocated.colocated_python
+    def two_lengths(x):
+        return colocated.device_put(np.zeros(3 if os.getpid() == first else 5, np.int32), x.sharding.mesh.devices[0])
+
+    with pytest.raises(colocated.InvalidArgumentError, match="output 0 differs"):
+        two_lengths(x)
+
+    @colocated.colocated_python
+    def parked(x):
+        from colocated import _colocated
+
+        return x * 0 + _colocated.parked_results()
+
+    np.testing.assert_array_equal(np.asarray(parked(x)), [0, 0, 0, 0])
+
+
+def test_out_specs_fn_runs_asynchronously_on_workers(cluster):
+    client, workers = cluster(2)
+    x = sharded_arange(4, client.devices())
+
+    @colocated.colocated_python
+    def pid_of(x):
+        return x * 0 + os.getpid()
+
+    pid_of = pid_of.specialize(out_specs_fn=lambda x: x)
+    y = pid_of(x)  # compiled from the declared specs, no discovery run
+    assert y.sharding == x.sharding
+    assert np.asarray(y).tolist() == [workers[0].pid] * 2 + [workers[1].pid] * 2
+    assert pid_of.cache_info().misses == 1
+
+
+def test_a_constructor_that_raised_on_a_worker_raises_again_on_every_call(cluster, tmp_path):
+    client, _ = cluster(1)
+    marks = str(tmp_path / "marks")
+    os.mkdir(marks)
+
+    @colocated.colocated_python_class
+    class Fragile:
+        def __init__(self):
+            open(os.path.join(marks, f"attempt-{time.monotonic_ns()}"), "w").close()
+            raise RuntimeError("no such device file")
+
+        def echo(self, x):
+            return x
+
+    obj = Fragile()
+    x = sharded_arange(2, client.devices())
+    for _ in range(3):
+        with pytest.raises(colocated.ColocatedError, match="no such device file"):
+            obj.echo(x)
+    assert len(os.listdir(marks)) == 1, "built once; its error kept"
+
+
 def test_host_callbacks_run_in_the_controller(cluster):
     client, workers = cluster(2)
     seen = []
