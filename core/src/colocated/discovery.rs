@@ -128,8 +128,14 @@ fn global_outputs(reports: &[pb::Report], call: &CallSpec, devices: &[Device]) -
                 .iter()
                 .zip(&x.shape)
                 .zip(&out.input_shape)
-                .map(|((&o, &g), &n)| if n != 0 { o * (g / n) } else { o })
-                .collect();
+                .map(|((&o, &g), &n)| match g.checked_div(n) {
+                    Some(ratio) if n > 0 => o.checked_mul(ratio),
+                    _ => Some(o),
+                })
+                .collect::<Option<Vec<i64>>>()
+                .ok_or_else(|| {
+                    Error::invalid_argument(format!("output {k}'s global shape overflows"))
+                })?;
             specs.push(ArraySpec::new(shape, dtype, x.sharding.clone())?);
             origins.push(OutputOrigin::Input(j as usize));
             continue;
@@ -188,18 +194,94 @@ fn from_layout(
         if hosts.iter().any(|h| h.len() != layout.positions.len()) {
             return Err(unknown("does not span each host's devices of the call"));
         }
+        let overflow = || Error::invalid_argument(format!("output {k}'s global shape overflows"));
         let Some(first) = mesh_shape.first_mut() else {
             return Err(unknown("has a mesh without axes"));
         };
-        *first *= n;
+        *first = first.checked_mul(n).ok_or_else(overflow)?;
         for (dim, axes) in partition.iter().enumerate() {
             if axes.contains(&0) {
                 if let Some(d) = shape.get_mut(dim) {
-                    *d *= n as i64;
+                    *d = d.checked_mul(n as i64).ok_or_else(overflow)?;
                 }
             }
         }
     }
     let sharding = Sharding::named(devices, mesh_shape, layout.axis_names.clone(), partition)?;
     Ok((shape, sharding))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{Client, ClientOptions};
+    use crate::error::ErrorCode;
+
+    fn report(
+        shape: Vec<i64>,
+        layout: pb::HostLayout,
+        same_as_input: Option<u32>,
+        input_shape: Vec<i64>,
+    ) -> pb::Report {
+        pb::Report {
+            structure: vec![1],
+            outputs: vec![pb::OutputReport {
+                shape,
+                dtype: crate::dtype::DType::I32 as u32,
+                layout: Some(layout),
+                same_as_input,
+                input_shape,
+            }],
+        }
+    }
+
+    fn layout(positions: Vec<u32>, mesh: Vec<u64>) -> pb::HostLayout {
+        pb::HostLayout {
+            positions,
+            mesh_shape: mesh,
+            axis_names: vec!["x".into()],
+            partition: vec![pb::Axes { mesh_axes: vec![0] }],
+        }
+    }
+
+    #[test]
+    fn hostile_or_inconsistent_reports_get_errors_not_panics() {
+        let client = Client::new_local(ClientOptions {
+            num_cpu_devices: Some(2),
+            executor_threads: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+        let devices = client.devices().to_vec();
+        let sharding = Sharding::replicated(devices.clone()).unwrap();
+        let x = crate::array::ArraySpec::new(vec![4], crate::dtype::DType::I32, sharding).unwrap();
+        let call = CallSpec {
+            tree: 0,
+            leaves: vec![x],
+        };
+        let cases = [
+            // A huge output from a host holding 1 of 4 elements: the product overflows.
+            report(
+                vec![i64::MAX],
+                layout(vec![0, 1], vec![2]),
+                Some(0),
+                vec![1],
+            ),
+            // A mesh as big as usize can hold.
+            report(vec![2], layout(vec![0, 1], vec![u64::MAX]), None, vec![]),
+            // A device the host lacks, an input the call lacks, no layout.
+            report(vec![2], layout(vec![7], vec![1]), None, vec![]),
+            report(vec![2], layout(vec![0], vec![1]), Some(9), vec![2]),
+            pb::Report {
+                structure: vec![],
+                outputs: vec![pb::OutputReport::default()],
+            },
+        ];
+        for (i, r) in cases.into_iter().enumerate() {
+            let err = global_outputs(&[r], &call, &devices).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::InvalidArgument, "case {i}: {err}");
+        }
+        let err = global_outputs(&[], &call, &devices).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Internal, "{err}");
+    }
 }
