@@ -7,7 +7,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use colocated_core::transport::fuzzing::{
-    copy_shards, encode_input, sample_executable, Rpc, COPY_FUNCTION,
+    colocated_seeds, copy_shards, encode_input, sample_executable, Rpc, COPY_FUNCTION,
 };
 use colocated_core::transport::proto::{
     control_request, BufferSpec, ControlRequest, DeleteBuffersRequest, ExecuteRequest,
@@ -221,5 +221,8 @@ fn executable_seeds() -> Result<()> {
 fn main() -> Result<()> {
     control_seeds();
     buffer_seeds();
+    for (name, input) in colocated_seeds() {
+        write("colocated_protocol", name, &input);
+    }
     executable_seeds()
 }

@@ -62,7 +62,7 @@ impl Reports {
         let reports = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
             .into_iter()
             .collect::<Result<Vec<_>>>()?;
-        global_outputs(&reports, call, devices)
+        global_outputs(&reports, call, &by_host(devices))
     }
 }
 
@@ -81,9 +81,14 @@ fn by_host(devices: &[Device]) -> Vec<Vec<Device>> {
     hosts
 }
 
-fn global_outputs(reports: &[pb::Report], call: &CallSpec, devices: &[Device]) -> Result<Outputs> {
-    let hosts = by_host(devices);
-    if reports.len() != hosts.len() {
+/// The global outputs of a call of `call` whose devices on each host are
+/// `hosts` (hosts in order), from the hosts' `reports`.
+pub(super) fn global_outputs(
+    reports: &[pb::Report],
+    call: &CallSpec,
+    hosts: &[Vec<Device>],
+) -> Result<Outputs> {
+    if reports.is_empty() || reports.len() != hosts.len() {
         return Err(Error::internal(format!(
             "{} of {} hosts reported their outputs during discovery",
             reports.len(),
@@ -143,7 +148,7 @@ fn global_outputs(reports: &[pb::Report], call: &CallSpec, devices: &[Device]) -
         let layout = out.layout.as_ref().ok_or_else(|| {
             Error::invalid_argument(format!("output {k} was reported without its sharding"))
         })?;
-        let (shape, sharding) = from_layout(k, layout, &out.shape, &hosts)?;
+        let (shape, sharding) = from_layout(k, layout, &out.shape, hosts)?;
         specs.push(ArraySpec::new(shape, dtype, sharding)?);
         origins.push(OutputOrigin::New);
     }
@@ -278,10 +283,10 @@ mod tests {
             },
         ];
         for (i, r) in cases.into_iter().enumerate() {
-            let err = global_outputs(&[r], &call, &devices).unwrap_err();
+            let err = global_outputs(&[r], &call, std::slice::from_ref(&devices)).unwrap_err();
             assert_eq!(err.code(), ErrorCode::InvalidArgument, "case {i}: {err}");
         }
-        let err = global_outputs(&[], &call, &devices).unwrap_err();
+        let err = global_outputs(&[], &call, std::slice::from_ref(&devices)).unwrap_err();
         assert_eq!(err.code(), ErrorCode::Internal, "{err}");
     }
 }

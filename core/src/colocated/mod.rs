@@ -18,6 +18,8 @@
 
 mod discovery;
 mod function;
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing;
 mod host;
 mod objects;
 mod spec;

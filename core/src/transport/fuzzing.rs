@@ -112,6 +112,28 @@ pub fn buffer_chunks(data: &[u8]) {
     }
 }
 
+/// Runs `data` through the colocated protocol's decoders on a local client:
+/// first byte even, the rest is the payload of a `colocated` program to load;
+/// odd, length-delimited discovery reports from which the controller derives
+/// a call's global outputs. Panics only where they break (a bug).
+pub fn colocated_protocol(data: &[u8]) {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    let Some((choice, body)) = data.split_first() else {
+        return;
+    };
+    let client = CLIENT.get_or_init(local_client);
+    if choice % 2 == 0 {
+        crate::colocated::fuzzing::load(client, body);
+    } else {
+        crate::colocated::fuzzing::reports(client, body);
+    }
+}
+
+/// Seed inputs of [`colocated_protocol`]: `(name, input)`.
+pub fn colocated_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    crate::colocated::fuzzing::seeds()
+}
+
 /// The RPC paths a [`router_requests`] input picks from (bits 0–2 of its first
 /// byte; 7 takes the path from the input).
 const ROUTER_PATHS: [&str; 7] = [
