@@ -10,9 +10,9 @@ use crate::dispatch::{Job, Task};
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
+use crate::future::Progress;
 use crate::storage::{DenseBytes, HostMemory, Storage};
 use crate::transport::encode_strings;
-use crate::transport::session::Progress;
 use bytes::Bytes;
 
 /// How `buffer_from_host` may use the caller's memory (PJRT's semantics).

@@ -13,8 +13,7 @@ use crate::future::Event;
 use crate::remote::RemoteHost;
 use crate::transport::session::{ConnectOptions, RemoteSession};
 
-/// The platform name every client reports.
-pub const PLATFORM_NAME: &str = "colocated";
+pub use crate::device::PLATFORM_NAME;
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use crate::array::ArraySpec;
 use crate::client::Client;
 use crate::device::Device;
 use crate::dtype::DType;
@@ -15,6 +14,7 @@ use crate::host_callback::LoadedHostCallback;
 use crate::program::{Program, LANGUAGE_COLOCATED};
 use crate::remote::{host_local, local_spec, RemoteExecutable, RemoteHost};
 use crate::sharding::{same_device_set, Sharding};
+use crate::spec::ArraySpec;
 
 /// Options of [`Client::compile`] and [`Client::deserialize_and_load`].
 #[derive(Clone, Debug, Default)]
@@ -108,10 +108,9 @@ impl Client {
             };
             hosts.push(plan_host(self, h, HostRun::Local(loaded), &program)?);
         }
-        let fingerprint = format::fingerprint(&format::encode(&to_proto(
-            &program,
-            options.host_callbacks.len(),
-        )));
+        let fingerprint = format::fingerprint(&format::encode(
+            &program.to_proto(options.host_callbacks.len()),
+        ));
         Ok(LoadedExecutable(Arc::new(ExecutableInner {
             client: self.clone(),
             program,
@@ -324,34 +323,4 @@ fn plan_host(client: &Client, host: usize, run: HostRun, program: &Program) -> R
         output_shards,
         host_specs,
     })
-}
-
-pub(crate) fn to_proto(program: &Program, num_host_callbacks: usize) -> pb::Executable {
-    let spec = |s: &ArraySpec| pb::ArraySpec {
-        dtype: s.dtype as u32,
-        shape: s.shape.clone(),
-        sharding: Some(pb::Sharding {
-            device_ids: ids(s.sharding.devices()),
-            mesh_shape: s.sharding.mesh_shape().iter().map(|n| *n as u64).collect(),
-            axis_names: s.sharding.axis_names().to_vec(),
-            partition: s
-                .sharding
-                .partition()
-                .iter()
-                .map(|axes| pb::DimPartition {
-                    mesh_axes: axes.iter().map(|a| *a as u32).collect(),
-                })
-                .collect(),
-        }),
-    };
-    pb::Executable {
-        name: program.name.clone(),
-        language: program.language.clone(),
-        payload: program.payload.clone(),
-        input_specs: program.input_specs.iter().map(spec).collect(),
-        output_specs: program.output_specs.iter().map(spec).collect(),
-        device_ids: ids(&program.devices),
-        num_host_callbacks: num_host_callbacks as u32,
-        platform_name: crate::client::PLATFORM_NAME.to_string(),
-    }
 }

@@ -3,6 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+/// The platform name every client reports.
+pub const PLATFORM_NAME: &str = "colocated";
+
 use crate::error::{Error, Result};
 
 /// A device attribute value.

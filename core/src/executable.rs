@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::array::{Array, ArraySpec};
+use crate::array::Array;
 use crate::buffer::{Buffer, UsageHold};
 use crate::client::Client;
 use crate::device::Device;
@@ -15,6 +15,7 @@ use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
 use crate::remote::{RemoteBuffer, RemoteExecutable};
+use crate::spec::ArraySpec;
 use crate::storage::Storage;
 
 /// Input shard counts and output shards of a single-device run.
@@ -187,10 +188,7 @@ impl LoadedExecutable {
     }
     /// Versioned bytes for [`Client::deserialize_and_load`].
     pub fn serialize(&self) -> Vec<u8> {
-        format::encode(&crate::compiler::to_proto(
-            &self.0.program,
-            self.0.callbacks.len(),
-        ))
+        format::encode(&self.0.program.to_proto(self.0.callbacks.len()))
     }
 
     /// Runs the program once per host with that host's shards of `args`.

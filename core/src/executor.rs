@@ -327,8 +327,8 @@ pub struct OutputShard {
 pub struct ExecutionContext<'a> {
     pub(crate) client: &'a Client,
     pub(crate) program: &'a crate::program::Program,
-    pub(crate) host_input_specs: &'a [crate::array::ArraySpec],
-    pub(crate) host_output_specs: &'a [crate::array::ArraySpec],
+    pub(crate) host_input_specs: &'a [crate::spec::ArraySpec],
+    pub(crate) host_output_specs: &'a [crate::spec::ArraySpec],
     pub(crate) inputs: &'a [Buffer],
     pub(crate) input_counts: &'a [usize],
     pub(crate) output_shards: &'a [OutputShard],
@@ -361,13 +361,13 @@ impl<'a> ExecutionContext<'a> {
     /// The input specs restricted to this host's shards (the program's own
     /// when the host holds every shard): [`inputs`](Self::inputs) assemble
     /// into arrays of these, argument by argument.
-    pub fn host_input_specs(&self) -> &'a [crate::array::ArraySpec] {
+    pub fn host_input_specs(&self) -> &'a [crate::spec::ArraySpec] {
         self.host_input_specs
     }
 
     /// The output specs restricted to this host's shards: the program makes
     /// [`output_shards`](Self::output_shards) of arrays of these.
-    pub fn host_output_specs(&self) -> &'a [crate::array::ArraySpec] {
+    pub fn host_output_specs(&self) -> &'a [crate::spec::ArraySpec] {
         self.host_output_specs
     }
 

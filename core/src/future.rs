@@ -315,6 +315,13 @@ impl Future for Event {
     }
 }
 
+/// Runs once with the outcome of an operation: on a network thread, so it must
+/// not block.
+pub type Completion = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// A progress report of a bulk transfer: `(bytes done, bytes in all)`.
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

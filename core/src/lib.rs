@@ -45,11 +45,12 @@ mod host_callback;
 mod program;
 mod remote;
 mod sharding;
+mod spec;
 mod storage;
 pub mod trace;
 pub mod transport;
 
-pub use array::{Array, ArraySpec};
+pub use array::Array;
 pub use buffer::{Buffer, ExternalReference, HostBufferSemantics};
 pub use client::{
     Client, ClientOptions, ClusterOptions, Host, DEFAULT_MAX_EXECUTOR_THREADS, PLATFORM_NAME,
@@ -74,4 +75,5 @@ pub use future::Event;
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
 pub use program::{Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
 pub use sharding::{Replica, Sharding};
+pub use spec::ArraySpec;
 pub use storage::HostMemory;

@@ -1,7 +1,8 @@
 //! Programs: what the compiler takes.
 
-use crate::array::ArraySpec;
-use crate::device::Device;
+use crate::device::{Device, PLATFORM_NAME};
+use crate::format::pb;
+use crate::spec::ArraySpec;
 
 /// Language tag of programs whose payload names a function in each host's registry
 /// of native functions.
@@ -51,4 +52,41 @@ impl Program {
             devices,
         }
     }
+}
+
+impl Program {
+    /// The program's persisted form (see `proto/executable.proto`).
+    pub(crate) fn to_proto(&self, num_host_callbacks: usize) -> pb::Executable {
+        let spec = |s: &ArraySpec| pb::ArraySpec {
+            dtype: s.dtype as u32,
+            shape: s.shape.clone(),
+            sharding: Some(pb::Sharding {
+                device_ids: device_ids(s.sharding.devices()),
+                mesh_shape: s.sharding.mesh_shape().iter().map(|n| *n as u64).collect(),
+                axis_names: s.sharding.axis_names().to_vec(),
+                partition: s
+                    .sharding
+                    .partition()
+                    .iter()
+                    .map(|axes| pb::DimPartition {
+                        mesh_axes: axes.iter().map(|a| *a as u32).collect(),
+                    })
+                    .collect(),
+            }),
+        };
+        pb::Executable {
+            name: self.name.clone(),
+            language: self.language.clone(),
+            payload: self.payload.clone(),
+            input_specs: self.input_specs.iter().map(spec).collect(),
+            output_specs: self.output_specs.iter().map(spec).collect(),
+            device_ids: device_ids(&self.devices),
+            num_host_callbacks: num_host_callbacks as u32,
+            platform_name: PLATFORM_NAME.to_string(),
+        }
+    }
+}
+
+fn device_ids(devices: &[Device]) -> Vec<u32> {
+    devices.iter().map(Device::id).collect()
 }

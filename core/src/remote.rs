@@ -13,18 +13,19 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::array::ArraySpec;
 use crate::buffer::Buffer;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::pb;
 use crate::future::Event;
+use crate::future::{Completion, Progress};
 use crate::program::Program;
 use crate::sharding::Sharding;
+use crate::spec::ArraySpec;
 use crate::storage::Storage;
 use crate::transport::proto::BufferSpec;
-use crate::transport::session::{Completion, Progress, RemoteSession};
+use crate::transport::session::RemoteSession;
 use crate::transport::{StringDecoder, STRINGS_VERSION};
 
 /// How often an upload waiting for the network checks that its worker is
@@ -385,7 +386,7 @@ pub(crate) fn host_local(
             output_specs,
             device_ids,
             num_host_callbacks: num_host_callbacks as u32,
-            platform_name: crate::client::PLATFORM_NAME.to_string(),
+            platform_name: crate::device::PLATFORM_NAME.to_string(),
         },
     })
 }

@@ -7,12 +7,12 @@ use prost::Message;
 
 use super::pb;
 use super::spec::CallSpec;
-use crate::array::ArraySpec;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::host_callback::LoadedHostCallback;
 use crate::sharding::Sharding;
+use crate::spec::ArraySpec;
 
 /// Where an output's global spec came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,7 +259,7 @@ mod tests {
         .unwrap();
         let devices = client.devices().to_vec();
         let sharding = Sharding::replicated(devices.clone()).unwrap();
-        let x = crate::array::ArraySpec::new(vec![4], crate::dtype::DType::I32, sharding).unwrap();
+        let x = crate::spec::ArraySpec::new(vec![4], crate::dtype::DType::I32, sharding).unwrap();
         let call = CallSpec {
             tree: 0,
             leaves: vec![x],

@@ -9,12 +9,12 @@ use prost::Message;
 use super::discovery::global_outputs;
 use super::pb;
 use super::spec::CallSpec;
-use crate::array::ArraySpec;
 use crate::client::Client;
 use crate::compiler::CompileOptions;
 use crate::dtype::DType;
 use crate::program::{Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE};
 use crate::sharding::Sharding;
+use crate::spec::ArraySpec;
 
 /// At most this many reports are read from one input.
 const MAX_REPORTS: usize = 8;
@@ -61,8 +61,9 @@ pub fn reports(client: &Client, mut data: &[u8]) {
 }
 
 /// Seed inputs: `(name, input)` with the first byte as
-/// `transport::fuzzing::colocated_protocol` reads it.
-pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+/// `transport::fuzzing::colocated_protocol` reads it; the discovery run's
+/// program calls the native function `native`.
+pub fn seeds(native: &str) -> Vec<(&'static str, Vec<u8>)> {
     let op = |op: pb::op::Op| pb::Op { op: Some(op) }.encode_to_vec();
     let with = |choice: u8, body: Vec<u8>| {
         let mut input = vec![choice];
@@ -72,7 +73,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let discover = op(pb::op::Op::Discover(pb::Discover {
         key: 7,
         language: LANGUAGE_NATIVE.into(),
-        payload: crate::transport::fuzzing::COPY_FUNCTION.as_bytes().to_vec(),
+        payload: native.as_bytes().to_vec(),
         report_callback: 0,
     }));
     let layout = pb::HostLayout {

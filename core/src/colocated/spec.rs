@@ -7,10 +7,10 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::array::ArraySpec;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::sharding::same_device_set;
+use crate::spec::ArraySpec;
 
 /// The spec of a call: the SDK's tree structure (an opaque hash of it, e.g. of an
 /// optree treedef) and the spec of every leaf array, in flattening order.

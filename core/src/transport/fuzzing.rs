@@ -47,7 +47,6 @@ use super::{
     SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
     SESSION,
 };
-use crate::array::ArraySpec;
 use crate::buffer::Buffer;
 use crate::client::{Client, ClientOptions};
 use crate::compiler::CompileOptions;
@@ -56,6 +55,7 @@ use crate::error::{Error, Result};
 use crate::executor::ExecutionContext;
 use crate::program::Program;
 use crate::sharding::Sharding;
+use crate::spec::ArraySpec;
 
 /// The native function of [`sample_executable`]: copies input shard `i` to
 /// output shard `i`.
@@ -131,7 +131,7 @@ pub fn colocated_protocol(data: &[u8]) {
 
 /// Seed inputs of [`colocated_protocol`]: `(name, input)`.
 pub fn colocated_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    crate::colocated::fuzzing::seeds()
+    crate::colocated::fuzzing::seeds(COPY_FUNCTION)
 }
 
 /// The RPC paths a [`router_requests`] input picks from (bits 0–2 of its first

@@ -33,15 +33,9 @@ mod control;
 mod host_calls;
 mod liveness;
 
+pub use crate::future::{Completion, Progress};
 pub use connect::ConnectOptions;
 use control::Control;
-
-/// Runs once with the outcome of an operation: on a network thread, so it must
-/// not block.
-pub type Completion = Box<dyn FnOnce(Result<()>) + Send>;
-
-/// A progress report of a bulk transfer: `(bytes done, bytes in all)`.
-pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
 /// An open session on a worker host. Heartbeats keep it open while the value
 /// lives; dropping it (or [`RemoteSession::disconnect`]) closes it on the worker.

@@ -43,7 +43,7 @@ impl Service {
             self.0
                 .client
                 .load_decoded(decoded, CompileOptions { host_callbacks }, Some(scope))?;
-        let count = |specs: &[crate::array::ArraySpec]| -> Result<u32> {
+        let count = |specs: &[crate::spec::ArraySpec]| -> Result<u32> {
             let n: usize = specs.iter().map(|s| s.sharding.devices().len()).sum();
             u32::try_from(n).map_err(|_| Error::invalid_argument("too many shards"))
         };

@@ -128,7 +128,7 @@ impl Service {
     fn host_info(&self) -> HostInfo {
         let client = &self.0.client;
         HostInfo {
-            platform_name: crate::client::PLATFORM_NAME.to_string(),
+            platform_name: crate::device::PLATFORM_NAME.to_string(),
             platform_version: client.platform_version().to_string(),
             devices: client
                 .devices()
