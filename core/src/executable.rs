@@ -251,6 +251,10 @@ impl LoadedExecutable {
         // reaches its wait (and runs the task inline) before an executor takes it.
         let mut statuses: (Option<Event>, Vec<Event>) = (None, Vec::new());
         let mut tasks: (Option<Task>, Vec<Task>) = (None, Vec::new());
+        // Parts for workers go first: sending one is quick, and a local part
+        // that runs long (or waits for the workers' parts) must not hold them
+        // back. Each host still sees its parts in the stream's order.
+        let mut remote_tasks: Vec<Task> = Vec::new();
         for (h, plan) in self.0.hosts.iter().enumerate() {
             let inputs: Vec<Buffer> = plan
                 .input_positions
@@ -261,6 +265,9 @@ impl LoadedExecutable {
             let (outs, status, task) = self.prepare(h, inputs, None, &stream);
             match (&tasks.0, task) {
                 (_, None) => {}
+                (_, Some(task)) if matches!(plan.run, HostRun::Remote(_)) => {
+                    remote_tasks.push(task)
+                }
                 (None, Some(task)) => tasks.0 = Some(task),
                 (Some(_), Some(task)) => tasks.1.push(task),
             }
@@ -288,7 +295,7 @@ impl LoadedExecutable {
                 Ok(Array::from_parts(spec.clone(), buffers))
             })
             .collect::<Result<Vec<_>>>()?;
-        for mut task in tasks.0.into_iter().chain(tasks.1) {
+        for mut task in remote_tasks.into_iter().chain(tasks.0).chain(tasks.1) {
             task.waiter_first &= !detached;
             self.enqueue(&stream, task);
         }

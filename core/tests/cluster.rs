@@ -452,6 +452,44 @@ fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
     assert_eq!(a.runs.load(Ordering::SeqCst), 1);
 }
 
+#[test]
+fn a_programs_parts_on_workers_go_out_before_its_local_part_runs() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let mut opts = options(&[&a], &token, true);
+    opts.local.num_cpu_devices = Some(1);
+    let client = Client::connect(&opts).unwrap();
+    // The local part waits for the worker's part to have run: it can only if
+    // the worker's part was sent before the local one started.
+    let runs = a.runs.clone();
+    client
+        .register_native_function("count", move |_ctx| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while runs.load(Ordering::SeqCst) == 0 {
+                if std::time::Instant::now() > deadline {
+                    return Err(colocated_core::Error::deadline_exceeded(
+                        "the worker's part never ran while the local part waited",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(())
+        })
+        .unwrap();
+    let exe = client
+        .compile(
+            Program::native("count", vec![], vec![], client.devices().to_vec()),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    exe.execute(&[], &ExecuteOptions::default())
+        .unwrap()
+        .status
+        .wait()
+        .unwrap();
+    assert_eq!(a.runs.load(Ordering::SeqCst), 1);
+}
+
 /// Strings of every kind a string buffer must carry: empty ones, non-ASCII,
 /// and long ones that span the chunks of a transfer.
 fn sample_strings(n: usize) -> Vec<String> {
