@@ -226,9 +226,17 @@ fn plan_remote(
     remote
         .session
         .set_host_callbacks(handle, options.host_callbacks.clone());
-    remote
-        .session
-        .load_executable(handle, format::encode(&local.executable))?;
+    let controller_ids = remote
+        .local_ids
+        .iter()
+        .enumerate()
+        .map(|(i, &local)| (local, remote.first_device + i as u32))
+        .collect();
+    remote.session.load_executable_for(
+        handle,
+        format::encode(&local.executable),
+        controller_ids,
+    )?;
     let mut output_shards = Vec::new();
     for (o, (spec, positions)) in program
         .output_specs

@@ -80,6 +80,50 @@ impl std::fmt::Display for SessionKey {
     }
 }
 
+thread_local! {
+    /// While a worker loads a program a controller sent: the controller's id
+    /// of each of the host's devices -> the host's own id.
+    static CONTROLLER_IDS: std::cell::RefCell<Option<HashMap<u32, u32>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Makes a controller's device ids current on this thread while a worker
+/// loads its program; restores the outer ones when dropped.
+pub(crate) struct ControllerIds(Option<HashMap<u32, u32>>);
+
+impl ControllerIds {
+    /// `ids`: controller id -> this host's id.
+    pub(crate) fn enter(ids: HashMap<u32, u32>) -> ControllerIds {
+        ControllerIds(CONTROLLER_IDS.with(|c| c.replace(Some(ids))))
+    }
+}
+
+impl Drop for ControllerIds {
+    fn drop(&mut self) {
+        let outer = self.0.take();
+        CONTROLLER_IDS.with(|c| *c.borrow_mut() = outer);
+    }
+}
+
+/// This host's id of the device the controller calls `id`, for a language
+/// executor that meets device ids while it loads a program (Python's
+/// unpickling of captured devices): `Ok(None)` when this thread is not
+/// loading a program a controller sent with its ids (ids are this process's
+/// own), `not_found` for a device of the controller that is not on this host.
+pub fn controller_device_id(id: u32) -> Result<Option<u32>> {
+    CONTROLLER_IDS.with(|c| match &*c.borrow() {
+        None => Ok(None),
+        Some(ids) if ids.is_empty() => Ok(None),
+        Some(ids) => ids.get(&id).copied().map(Some).ok_or_else(|| {
+            let mut known: Vec<u32> = ids.keys().copied().collect();
+            known.sort_unstable();
+            Error::not_found(format!(
+                "device {id} of the controller is not on this host (its devices are {known:?} there)"
+            ))
+        }),
+    })
+}
+
 /// Gives the memory that the C allocator (glibc's `malloc`) holds free back
 /// to the system (`malloc_trim(0)`); elsewhere a no-op. A worker calls it
 /// after freeing a session; a language executor whose runtime frees through

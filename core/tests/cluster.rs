@@ -957,6 +957,7 @@ fn a_timed_out_session_is_ended_for_every_executor_once_its_programs_ran() {
                 LoadExecutableRequest {
                     handle,
                     executable: executable.into(),
+                    controller_device_ids: Default::default(),
                 },
                 Some(&id),
             ))

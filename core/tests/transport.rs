@@ -411,6 +411,29 @@ fn bad_executions_are_refused_before_anything_runs() {
         .load_executable(exe, executable_for_worker("add_one", 0))
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::AlreadyExists, "{err}");
+    // The controller's ids of the worker's devices must name devices it has,
+    // each controller id once.
+    for (ids, text) in [
+        (vec![(99, 0)], "which this host lacks"),
+        (vec![(0, 5), (1, 5)], "twice"),
+    ] {
+        let err = session
+            .load_executable_for(
+                session.new_handle(),
+                executable_for_worker("add_one", 0),
+                ids.into_iter().collect(),
+            )
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+        assert!(err.message().contains(text), "{err}");
+    }
+    session
+        .load_executable_for(
+            session.new_handle(),
+            executable_for_worker("add_one", 0),
+            [(0, 4), (1, 5)].into_iter().collect(),
+        )
+        .unwrap();
 }
 
 #[test]

@@ -79,6 +79,7 @@ fn control_seeds() {
         let load = LoadExecutableRequest {
             handle,
             executable: sample_executable().into(),
+            controller_device_ids: Default::default(),
         };
         write(target, name, &encode_input(Rpc::LoadExecutable, &[load]));
     }

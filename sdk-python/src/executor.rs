@@ -368,6 +368,15 @@ pub fn host_object(py: Python<'_>, obj_id: u64, build: Py<PyAny>) -> PyResult<Py
     }
 }
 
+/// This host's id of the device the controller calls `id`, while a worker
+/// loads a program that controller sent (None otherwise: ids are this
+/// process's own). Raises `NotFoundError` for a device of the controller that
+/// is not on this host.
+#[pyfunction]
+pub fn controller_device_id(id: u32) -> PyResult<Option<u32>> {
+    core::controller_device_id(id).map_err(py_err)
+}
+
 /// How many objects of colocated classes the running program's session
 /// (`every_session`: all sessions) holds on this host.
 #[pyfunction]

@@ -46,6 +46,7 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(executor::call_host_callback, m)?)?;
     m.add_function(wrap_pyfunction!(executor::current_session, m)?)?;
     m.add_function(wrap_pyfunction!(executor::host_object, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::controller_device_id, m)?)?;
     m.add_function(wrap_pyfunction!(executor::host_objects, m)?)?;
     m.add_function(wrap_pyfunction!(executor::parked_results, m)?)?;
     m.add_class::<remote::WorkerHandle>()?;

@@ -149,6 +149,31 @@ def test_an_output_with_a_sharding_the_function_makes_gets_a_global_spec(cluster
     assert np.asarray(z).tolist() == [0, 10]
 
 
+def test_a_sharding_captured_in_a_function_names_the_workers_devices(cluster):
+    client, _ = cluster(2, devices=2)
+    second = client.devices()[2:]  # the second worker's, which calls them 0 and 1
+    captured = colocated.NamedSharding(colocated.Mesh(second[::-1], ("y",)), colocated.P("y"))
+
+    @colocated.colocated_python
+    def onto_captured(x):
+        return colocated.device_put(np.asarray(x) * 10, captured)
+
+    y = onto_captured(sharded_arange(2, second))
+    assert [d.id for d in y.sharding._device_assignment] == [3, 2]
+    assert np.asarray(y).tolist() == [0, 10]
+    assert y.sharding.spec == colocated.P("y")
+
+    # A device of another host cannot be captured for this one.
+    elsewhere = colocated.SingleDeviceSharding(client.devices()[0])
+
+    @colocated.colocated_python
+    def onto_elsewhere(x):
+        return colocated.device_put(np.asarray(x), elsewhere)
+
+    with pytest.raises(colocated.ColocatedError, match="device 0 of the controller is not on this host"):
+        onto_elsewhere(sharded_arange(2, second))
+
+
 def test_discovery_on_workers_refuses_results_that_differ_between_hosts(cluster):
     client, workers = cluster(2)
     x = sharded_arange(4, client.devices())

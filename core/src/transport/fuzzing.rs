@@ -541,6 +541,7 @@ impl Harness {
         let load = LoadExecutableRequest {
             handle: 1,
             executable: self.executable.clone().into(),
+            controller_device_ids: Default::default(),
         };
         check(
             "loading the sample executable",

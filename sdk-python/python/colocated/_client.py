@@ -157,7 +157,9 @@ def local_devices() -> list[_colocated.Device]:
 def _device_by_id(device_id: int, client_id: int | None = None, nonce: int | None = None) -> _colocated.Device:
     """The device with this global id (used to unpickle devices): of client
     ``client_id`` when the device was pickled in this process and that client
-    lives, else of the default client, as JAX resolves pickled devices.
+    lives, else of the default client, as JAX resolves pickled devices (on a
+    worker loading a controller's program, the id is the controller's, and
+    names one of this host's devices: ``NotFoundError`` for another host's).
 
     Raises ``InvalidArgumentError`` (JAX's "Invalid device ID") when the client
     has no such device.
@@ -165,6 +167,11 @@ def _device_by_id(device_id: int, client_id: int | None = None, nonce: int | Non
     c = _CLIENTS.get(client_id) if nonce == _PROCESS_NONCE else None
     if c is None:
         c = client()
+        # A worker loading a controller's program: the controller's ids name
+        # this host's devices by their ids here.
+        local = _colocated.controller_device_id(device_id)
+        if local is not None:
+            device_id = local
     try:
         return c.device(device_id)
     except NotFoundError:

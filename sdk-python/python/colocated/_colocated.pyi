@@ -329,6 +329,10 @@ def host_object(obj_id: int, build: Callable[[], object]) -> object:
     """The object ``obj_id`` of the running program's session on this host, built
     by ``build()`` on first use; a constructor's exception is raised again."""
 
+def controller_device_id(id: int) -> int | None:
+    """This host's id of the controller's device ``id`` while a worker loads that
+    controller's program (None otherwise); ``NotFoundError`` for another host's."""
+
 def host_objects(every_session: bool = False) -> int:
     """Objects the running program's session (or every session) holds on this host."""
 

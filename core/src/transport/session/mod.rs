@@ -119,10 +119,24 @@ impl RemoteSession {
     /// for the worker's devices) as `handle` of this session; returns how many
     /// input buffers an execution takes and how many it makes.
     pub fn load_executable(&self, handle: u64, executable: Vec<u8>) -> Result<(u32, u32)> {
+        self.load_executable_for(handle, executable, std::collections::HashMap::new())
+    }
+
+    /// [`load_executable`](Self::load_executable), telling the worker the
+    /// controller's id of each of its devices (worker id -> controller id):
+    /// while it loads the program, devices named by the controller's ids
+    /// resolve to its own ([`crate::controller_device_id`]).
+    pub fn load_executable_for(
+        &self,
+        handle: u64,
+        executable: Vec<u8>,
+        controller_device_ids: std::collections::HashMap<u32, u32>,
+    ) -> Result<(u32, u32)> {
         let inner = self.inner.clone();
         let request = LoadExecutableRequest {
             handle,
             executable: Bytes::from(executable),
+            controller_device_ids,
         };
         block_on(async move {
             inner.alive()?;

@@ -39,6 +39,21 @@ impl Service {
             .map(|index| self.host_callback_proxy(id, request.handle, index))
             .collect();
         let scope = self.with_session(id, |session| Ok(session.scope.clone()))?;
+        // The controller's ids of this host's devices, for the load only.
+        let mut by_controller = std::collections::HashMap::new();
+        for (&local, &controller) in &request.controller_device_ids {
+            self.0.client.lookup_device(local).map_err(|_| {
+                Error::invalid_argument(format!(
+                    "controller_device_ids names device {local}, which this host lacks"
+                ))
+            })?;
+            if by_controller.insert(controller, local).is_some() {
+                return Err(Error::invalid_argument(format!(
+                    "controller_device_ids gives controller device {controller} twice"
+                )));
+            }
+        }
+        let _ids = crate::executor::ControllerIds::enter(by_controller);
         let exe =
             self.0
                 .client
