@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::array::Array;
+use crate::buffer::Storage;
 use crate::buffer::{Buffer, UsageHold};
 use crate::client::Client;
 use crate::device::Device;
@@ -16,7 +17,6 @@ use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
 use crate::remote::{RemoteBuffer, RemoteExecutable};
 use crate::spec::ArraySpec;
-use crate::storage::Storage;
 
 /// Input shard counts and output shards of a single-device run.
 type Layout = (Vec<usize>, Vec<OutputShard>);

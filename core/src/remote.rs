@@ -14,6 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::buffer::Buffer;
+use crate::buffer::Storage;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -23,7 +24,6 @@ use crate::future::{Completion, Progress};
 use crate::program::Program;
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
-use crate::storage::Storage;
 use crate::transport::proto::BufferSpec;
 use crate::transport::session::RemoteSession;
 use crate::transport::{StringDecoder, STRINGS_VERSION};

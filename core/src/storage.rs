@@ -29,6 +29,11 @@ unsafe impl Send for DenseBytes {}
 unsafe impl Sync for DenseBytes {}
 
 impl DenseBytes {
+    /// The number of bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// A fresh allocation of `len` bytes; `fill` must write every byte through the
     /// pointer it is given before returning.
     pub fn allocate_with(len: usize, fill: impl FnOnce(*mut u8)) -> Result<DenseBytes> {
@@ -175,72 +180,5 @@ impl HostMemory {
     /// The bytes, to become a buffer's storage.
     pub(crate) fn into_dense(self) -> DenseBytes {
         self.0
-    }
-}
-
-/// What a buffer holds: bytes or strings on this host, or a handle of the
-/// bytes a worker host holds.
-pub(crate) enum Storage {
-    Dense(DenseBytes),
-    Strings(Box<[Box<str>]>),
-    Remote(crate::remote::RemoteBuffer),
-}
-
-impl Storage {
-    /// Bytes that `to_host` writes: the dense bytes, or for strings `(n + 1)`
-    /// little-endian `u64` offsets followed by the concatenated UTF-8 bytes.
-    /// (0 for remote data: its size comes from the buffer's dims.)
-    pub fn on_host_size(&self) -> usize {
-        match self {
-            Storage::Dense(b) => b.len,
-            Storage::Strings(s) => (s.len() + 1) * 8 + s.iter().map(|x| x.len()).sum::<usize>(),
-            Storage::Remote(_) => 0,
-        }
-    }
-
-    /// Writes the on-host form into `dst`, which is exactly `on_host_size()` long
-    /// (remote data is downloaded instead; see `Buffer::to_host_raw`).
-    pub fn write_to(&self, dst: &mut [u8]) -> Result<()> {
-        match self {
-            Storage::Dense(b) => dst.copy_from_slice(b.as_slice()),
-            Storage::Remote(_) => {
-                return Err(Error::internal("remote data is downloaded, not copied"))
-            }
-            Storage::Strings(strings) => {
-                let (offsets, bytes) = dst.split_at_mut((strings.len() + 1) * 8);
-                let mut at = 0usize;
-                for (i, s) in strings.iter().enumerate() {
-                    offsets[i * 8..i * 8 + 8].copy_from_slice(&(at as u64).to_le_bytes());
-                    bytes[at..at + s.len()].copy_from_slice(s.as_bytes());
-                    at += s.len();
-                }
-                let n = strings.len();
-                offsets[n * 8..n * 8 + 8].copy_from_slice(&(at as u64).to_le_bytes());
-            }
-        }
-        Ok(())
-    }
-
-    /// The elements of string data; `invalid_argument` for any other.
-    pub fn strings(&self) -> Result<&[Box<str>]> {
-        match self {
-            Storage::Strings(s) => Ok(s),
-            Storage::Dense(_) | Storage::Remote(_) => {
-                Err(Error::invalid_argument("not a string buffer"))
-            }
-        }
-    }
-
-    /// A deep copy (used by device-to-device copies).
-    pub fn deep_copy(&self) -> Result<Storage> {
-        Ok(match self {
-            Storage::Dense(b) => Storage::Dense(DenseBytes::copy_of(b.as_slice())?),
-            Storage::Strings(s) => Storage::Strings(s.clone()),
-            Storage::Remote(_) => {
-                return Err(Error::internal(
-                    "a copy of remote data goes through its worker",
-                ))
-            }
-        })
     }
 }
