@@ -11,7 +11,7 @@ use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::future::Progress;
-use crate::remote::RemoteBuffer;
+use crate::remote::{RemoteBuffer, UploadTarget};
 use crate::storage::{DenseBytes, HostMemory};
 use crate::transport::encode_strings;
 use bytes::Bytes;
@@ -267,7 +267,7 @@ impl Buffer {
                 dims,
                 Event::new(),
             );
-            host.upload_copy(&buffer, src, None);
+            host.upload_copy(buffer.clone(), src, None);
             return Ok((buffer, Event::ready_ok()));
         }
         let (bytes, done) = match semantics {
@@ -332,7 +332,7 @@ impl Buffer {
                 dims,
                 Event::new(),
             );
-            host.upload_copy(&buffer, memory.as_slice(), None);
+            host.upload_copy(buffer.clone(), memory.as_slice(), None);
             return Ok(buffer);
         }
         let buffer = Buffer::new(
@@ -418,7 +418,7 @@ impl Buffer {
                 dims,
                 Event::new(),
             );
-            host.upload(&buffer, Bytes::from(encoded), None);
+            host.upload(buffer.clone(), Bytes::from(encoded), None);
             return Ok(buffer);
         }
         let elements = strings.iter().map(|s| Box::from(s.as_ref())).collect();
@@ -912,7 +912,7 @@ impl Buffer {
             Storage::Dense(bytes) => match to {
                 // Local to a worker.
                 Some(host) => {
-                    host.upload_copy(dst, bytes.as_slice(), progress);
+                    host.upload_copy(dst.clone(), bytes.as_slice(), progress);
                     drop(hold);
                 }
                 None => dst.0.ready.set_if_pending(Err(Error::internal(
@@ -923,7 +923,7 @@ impl Buffer {
                 // Local to a worker.
                 Some(host) => {
                     match encode_strings(strings) {
-                        Ok(encoded) => host.upload(dst, Bytes::from(encoded), progress),
+                        Ok(encoded) => host.upload(dst.clone(), Bytes::from(encoded), progress),
                         Err(e) => dst.0.ready.set_if_pending(Err(e)),
                     }
                     drop(hold);
@@ -943,7 +943,7 @@ impl Buffer {
                     move |strings| match (strings, to) {
                         (Err(e), _) => out.0.ready.set_if_pending(Err(e)),
                         (Ok(strings), Some(host)) => match encode_strings(&strings) {
-                            Ok(encoded) => host.upload(&out, Bytes::from(encoded), progress),
+                            Ok(encoded) => host.upload(out.clone(), Bytes::from(encoded), progress),
                             Err(e) => out.0.ready.set_if_pending(Err(e)),
                         },
                         (Ok(strings), None) => {
@@ -978,7 +978,7 @@ impl Buffer {
                     let data =
                         std::mem::take(&mut *received.lock().unwrap_or_else(|e| e.into_inner()));
                     match to {
-                        Some(host) => host.upload(&out, Bytes::from(data), progress),
+                        Some(host) => host.upload(out.clone(), Bytes::from(data), progress),
                         None => {
                             out.fill(Storage::Dense(DenseBytes::owning(data)));
                             out.0.ready.set_if_pending(Ok(()));
@@ -1060,4 +1060,26 @@ fn device_of(client: &Client, memory_space: &MemorySpace) -> Result<Device> {
         .first()
         .ok_or_else(|| Error::internal(format!("{memory_space:?} has no device")))?;
     client.lookup_device(*id)
+}
+
+/// A pending buffer of a worker's device is what an upload fills.
+impl UploadTarget for Buffer {
+    fn spec(&self) -> (&Device, DType, &[i64]) {
+        (self.device(), self.dtype(), self.dims())
+    }
+
+    fn finish(self, result: Result<()>, remote: Option<RemoteBuffer>) {
+        match (result, remote) {
+            (Ok(()), Some(remote)) => {
+                self.fill(Storage::Remote(remote));
+                self.ready_event().set_if_pending(Ok(()));
+            }
+            (Ok(()), None) => {
+                self.ready_event().set_if_pending(Err(Error::internal(
+                    "an upload ended without the worker's copy",
+                )));
+            }
+            (Err(e), _) => self.ready_event().set_if_pending(Err(e)),
+        }
+    }
 }

@@ -13,8 +13,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::buffer::Buffer;
-use crate::buffer::Storage;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -71,11 +69,16 @@ impl RemoteHost {
         Ok(())
     }
 
-    /// Uploads `data` (the bytes the buffer travels as) into `buffer`
-    /// (pending, of a device of this host): the buffer becomes ready once the
-    /// worker has it.
-    pub fn upload(self: &Arc<Self>, buffer: &Buffer, data: Bytes, progress: Option<Progress>) {
-        if let Some((handle, spec, done)) = self.start_upload(buffer) {
+    /// Uploads `data` (the bytes the target travels as) into `target` (a
+    /// pending buffer of a device of this host), which the worker's copy
+    /// fills once it has it.
+    pub fn upload(
+        self: &Arc<Self>,
+        target: impl UploadTarget,
+        data: Bytes,
+        progress: Option<Progress>,
+    ) {
+        if let Some((handle, spec, done)) = self.start_upload(target) {
             self.session
                 .put_buffer_then(handle, spec, data, progress, done);
         }
@@ -88,8 +91,13 @@ impl RemoteHost {
     /// writes into warm memory. The wait for the network ends if the worker is
     /// lost. (On a thread of the network runtime, which must not block,
     /// nothing waits: every chunk is queued.)
-    pub fn upload_copy(self: &Arc<Self>, buffer: &Buffer, src: &[u8], progress: Option<Progress>) {
-        let Some((handle, spec, done)) = self.start_upload(buffer) else {
+    pub fn upload_copy(
+        self: &Arc<Self>,
+        target: impl UploadTarget,
+        src: &[u8],
+        progress: Option<Progress>,
+    ) {
+        let Some((handle, spec, done)) = self.start_upload(target) else {
             return;
         };
         let may_block = tokio::runtime::Handle::try_current().is_err();
@@ -144,36 +152,44 @@ impl RemoteHost {
         }
     }
 
-    /// A new handle for `buffer` on this worker, its spec there, and the
-    /// completion that fills the buffer when the upload ends; `None` (with
-    /// the buffer failed) when its device is not this host's.
-    fn start_upload(self: &Arc<Self>, buffer: &Buffer) -> Option<(u64, BufferSpec, Completion)> {
-        let spec = match self.local_id(buffer.device()) {
+    /// A new handle for `target` on this worker, its spec there, and the
+    /// completion that finishes the target when the upload ends; `None` (with
+    /// the target finished, failed) when its device is not this host's.
+    fn start_upload(
+        self: &Arc<Self>,
+        target: impl UploadTarget,
+    ) -> Option<(u64, BufferSpec, Completion)> {
+        let (device, dtype, dims) = target.spec();
+        let spec = match self.local_id(device) {
             Ok(device) => BufferSpec {
                 device,
-                dtype: buffer.dtype() as u32,
-                dims: buffer.dims().to_vec(),
+                dtype: dtype as u32,
+                dims: dims.to_vec(),
             },
             Err(e) => {
-                buffer.ready_event().set_if_pending(Err(e));
+                target.finish(Err(e), None);
                 return None;
             }
         };
         let handle = self.session.new_handle();
-        let (host, out) = (self.clone(), buffer.clone());
+        let host = self.clone();
         let done: Completion = Box::new(move |result| {
-            let storage = Storage::Remote(RemoteBuffer { host, handle });
-            match result {
-                Ok(()) => {
-                    out.fill(storage);
-                    out.ready_event().set_if_pending(Ok(()));
-                }
-                // The worker may hold part of it: `storage` deletes it.
-                Err(e) => out.ready_event().set_if_pending(Err(e)),
-            }
+            // On failure the worker may hold part of it: dropping this deletes it.
+            target.finish(result, Some(RemoteBuffer { host, handle }));
         });
         Some((handle, spec, done))
     }
+}
+
+/// What an upload fills: a pending buffer of a device of the host.
+pub(crate) trait UploadTarget: Send + 'static {
+    /// Its device, element type and dimensions.
+    fn spec(&self) -> (&Device, DType, &[i64]);
+
+    /// Called once: with the worker's copy when the upload ended (on success
+    /// the target takes it; on failure dropping it deletes what the worker
+    /// holds), or with none when the upload could not start.
+    fn finish(self, result: Result<()>, remote: Option<RemoteBuffer>);
 }
 
 /// A buffer held by a worker, under `handle` of the client's session there.
