@@ -57,6 +57,8 @@ pub struct PyEntry {
 struct PySite {
     site: Py<PyAny>,
     error: Mutex<Option<PyErr>>,
+    /// The client of the call (its shardings' devices).
+    client: core::Client,
 }
 
 impl PySite {
@@ -129,10 +131,20 @@ impl core::CallSite for PySite {
                     core::OutputOrigin::New => None,
                 })
                 .collect();
+            let shardings = outputs
+                .specs
+                .iter()
+                .map(|spec| {
+                    Py::new(
+                        py,
+                        Sharding::wrap(self.client.clone(), spec.sharding.clone()),
+                    )
+                })
+                .collect::<PyResult<Vec<_>>>()?;
             let (out_treedef, out_shardings, flat_arity, out_leaf) = site
                 .call_method1(
                     pyo3::intern!(py, "entry"),
-                    (PyBytes::new(py, &outputs.structure), origins),
+                    (PyBytes::new(py, &outputs.structure), origins, shardings),
                 )?
                 .extract()?;
             Ok(PyEntry {
@@ -141,6 +153,21 @@ impl core::CallSite for PySite {
                 out_treedef,
                 out_leaf,
             })
+        })
+    }
+
+    /// Two hosts' pickled structures compared as Python objects (their bytes
+    /// may differ, e.g. in a dict's insertion order).
+    fn same_structure(&self, a: &[u8], b: &[u8]) -> bool {
+        Python::attach(|py| {
+            self.site
+                .bind(py)
+                .call_method1(
+                    pyo3::intern!(py, "same_structure"),
+                    (PyBytes::new(py, a), PyBytes::new(py, b)),
+                )
+                .and_then(|same| same.extract::<bool>())
+                .unwrap_or(false)
         })
     }
 }
@@ -155,11 +182,18 @@ pub struct ColocatedObject {
 
 #[pymethods]
 impl ColocatedObject {
-    /// A new object (with a random id).
+    /// A new object (with a random id), or with `obj_id` a new handle of
+    /// that existing object (in a forked child, which cannot use its
+    /// parent's handles).
     #[new]
-    fn new() -> Self {
+    #[pyo3(signature = (obj_id=None))]
+    fn new(obj_id: Option<u64>) -> Self {
+        let object = match obj_id {
+            Some(id) => core::ColocatedObject::with_id(id),
+            None => core::ColocatedObject::new(),
+        };
         ColocatedObject {
-            inner: ForkSafe::new(core::ColocatedObject::new()),
+            inner: ForkSafe::new(object),
         }
     }
 
@@ -167,6 +201,13 @@ impl ColocatedObject {
     #[getter]
     fn id(&self) -> PyResult<u64> {
         Ok(self.inner.get().map_err(py_err)?.id())
+    }
+
+    /// False in a child forked after the handle was made (it cannot be used
+    /// there; make another with the same id).
+    #[getter]
+    fn usable(&self) -> bool {
+        self.inner.get().is_ok()
     }
 }
 
@@ -341,6 +382,7 @@ impl FunctionState {
         let site = PySite {
             site,
             error: Mutex::new(None),
+            client: client.clone(),
         };
         let called = py.detach(|| function.call(&client, &spec, &inputs, &site, object));
         let call = match called {

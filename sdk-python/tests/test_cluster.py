@@ -202,6 +202,41 @@ def test_discovery_on_workers_refuses_results_that_differ_between_hosts(cluster)
     np.testing.assert_array_equal(np.asarray(parked(x)), [0, 0, 0, 0])
 
 
+def test_workers_results_compare_as_trees_and_keep_their_shardings_details(cluster):
+    client, workers = cluster(2)
+    x = sharded_arange(4, client.devices())
+    first = workers[0].pid
+
+    @colocated.colocated_python
+    def keyed(x):
+        # The same dict, built in another order on each host.
+        keys = ["a", "b"] if os.getpid() == first else ["b", "a"]
+        return {k: x for k in keys}
+
+    out = keyed(x)
+    assert sorted(out) == ["a", "b"]
+    np.testing.assert_array_equal(np.asarray(out["a"]), np.arange(4))
+
+    @colocated.colocated_python
+    def pinned(x):
+        mesh = colocated.Mesh(x.sharding.mesh.devices, ("x",), (colocated.AxisType.Explicit,))
+        return colocated.device_put(np.asarray(x), colocated.NamedSharding(mesh, colocated.P("x"), memory_kind="pinned_host"))
+
+    y = pinned(x)
+    assert y.sharding.memory_kind == "pinned_host"
+    assert y.sharding.mesh.axis_types == (colocated.AxisType.Explicit,)
+    assert [d.id for d in y.sharding._device_assignment] == [d.id for d in x.sharding._device_assignment]
+
+    @colocated.colocated_python
+    def same_everywhere(x):
+        # Each host's copy over its devices: not blocks of one array.
+        mesh = colocated.Mesh(x.sharding.mesh.devices, ("x",))
+        return colocated.device_put(np.int32(os.getpid()), colocated.NamedSharding(mesh, colocated.P()))
+
+    with pytest.raises(colocated.InvalidArgumentError, match="splits no dimension over its first mesh axis"):
+        same_everywhere(x)
+
+
 def test_out_specs_fn_runs_asynchronously_on_workers(cluster):
     client, workers = cluster(2)
     x = sharded_arange(4, client.devices())

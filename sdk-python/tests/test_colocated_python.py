@@ -846,3 +846,55 @@ def test_a_cached_flat_call_still_checks_the_device_rules():
     assert isinstance(err, colocated.InvalidArgumentError), repr(err)
     assert "different device lists" in error_text(err)
 
+
+
+def test_structures_whose_hashes_collide_get_programs_of_their_own():
+    # hash(-1) == hash(-2) in Python: two structures with one hash.
+    seen = []
+
+    @colocated.colocated_python
+    def keys(tree):
+        seen.append(sorted(tree))
+        return next(iter(tree.values()))
+
+    x = put(1)
+    keys({-1: x})
+    keys({-2: x})
+    assert seen == [[-1], [-2]]
+    assert keys.cache_info().misses == 2
+
+
+def test_an_output_keeps_the_sharding_object_the_function_made():
+    d = colocated.devices()
+    mesh = Mesh(d[:2], ("x",), (colocated.AxisType.Explicit,))
+    made = NamedSharding(mesh, P("x"), memory_kind="pinned_host")
+    one = NamedSharding(Mesh(d[:1], ("y",)), P())
+
+    @colocated.colocated_python
+    def remake(x):
+        return colocated.device_put(np.asarray(x), made)
+
+    @colocated.colocated_python
+    def on_one(x):
+        return colocated.device_put(np.asarray(x), one)
+
+    x = colocated.device_put(np.arange(2, dtype=np.int32), NamedSharding(Mesh(d[:2], ("x",)), P("x")))
+    y = colocated.device_put(np.int32(3), d[0])
+    for _ in range(2):  # discovery, then the compiled program
+        a = remake(x)
+        assert a.sharding == made and a.sharding.memory_kind == "pinned_host"
+        assert a.sharding.mesh.axis_types == (colocated.AxisType.Explicit,)
+        b = on_one(y)
+        assert isinstance(b.sharding, NamedSharding) and b.sharding == one
+    assert remake.cache_info().hits == 1
+
+
+def test_an_output_structure_need_not_pickle_on_the_local_host():
+    lock = threading.Lock()  # cannot be pickled
+
+    @colocated.colocated_python
+    def keyed(x):
+        return {lock: x}
+
+    out = keyed(put(5))
+    assert int(out[lock]) == 5

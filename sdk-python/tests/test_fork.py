@@ -82,3 +82,27 @@ def test_a_colocated_function_keeps_working_in_a_forked_child():
 
     assert fork_and_run(child) == 0
     assert int(add_one(colocated.device_put(np.int32(2)))) == 3
+
+
+def test_an_object_made_before_a_fork_keeps_working_in_the_child():
+    @colocated.colocated_python_class
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def incr(self, x):
+            self.n += 1
+            return x + self.n
+
+    counter = Counter()
+    x = colocated.device_put(np.int32(0))
+    assert int(counter.incr(x)) == 1
+
+    def child():
+        # The child's copy of the object goes on from the parent's state.
+        y = counter.incr(colocated.device_put(np.int32(0)))
+        z = counter.incr(colocated.device_put(np.int32(0)))
+        return 0 if (int(y), int(z)) == (2, 3) else 8
+
+    assert fork_and_run(child) == 0
+    assert int(counter.incr(x)) == 2, "the parent's object is its own"

@@ -58,16 +58,23 @@ impl Reports {
 
     /// The global outputs of a call of `call` on `devices` (see the rules in
     /// the module docs of `colocated`), checked to agree across hosts.
-    pub fn outputs(&self, call: &CallSpec, devices: &[Device]) -> Result<Outputs> {
+    /// `same(a, b)` says whether two hosts' structures are the same (the
+    /// language's rule; their bytes may differ).
+    pub fn outputs(
+        &self,
+        call: &CallSpec,
+        devices: &[Device],
+        same: &dyn Fn(&[u8], &[u8]) -> bool,
+    ) -> Result<Outputs> {
         let reports = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
             .into_iter()
             .collect::<Result<Vec<_>>>()?;
-        global_outputs(&reports, call, &by_host(devices))
+        global_outputs(&reports, call, &by_host(devices), same)
     }
 }
 
 /// The call's devices per host, hosts in order of first appearance.
-fn by_host(devices: &[Device]) -> Vec<Vec<Device>> {
+pub(super) fn by_host(devices: &[Device]) -> Vec<Vec<Device>> {
     let mut hosts: Vec<Vec<Device>> = Vec::new();
     for d in devices {
         match hosts
@@ -87,6 +94,7 @@ pub(super) fn global_outputs(
     reports: &[pb::Report],
     call: &CallSpec,
     hosts: &[Vec<Device>],
+    same: &dyn Fn(&[u8], &[u8]) -> bool,
 ) -> Result<Outputs> {
     if reports.is_empty() || reports.len() != hosts.len() {
         return Err(Error::internal(format!(
@@ -96,7 +104,11 @@ pub(super) fn global_outputs(
         )));
     }
     let first = &reports[0];
-    if reports.iter().any(|r| r.structure != first.structure) {
+    if reports
+        .iter()
+        .skip(1)
+        .any(|r| !same(&r.structure, &first.structure))
+    {
         return Err(Error::invalid_argument(
             "the colocated function returned different structures on different hosts",
         ));
@@ -177,6 +189,9 @@ fn from_layout(
              give the function out_specs_fn"
         ))
     };
+    if hosts.iter().any(|h| layout.positions.len() > h.len()) {
+        return Err(unknown("names more devices than a host has in the call"));
+    }
     let mut devices = Vec::new();
     for host in hosts {
         for &p in &layout.positions {
@@ -203,6 +218,14 @@ fn from_layout(
         let Some(first) = mesh_shape.first_mut() else {
             return Err(unknown("has a mesh without axes"));
         };
+        // Blocks stack along a dimension split over the first mesh axis;
+        // without one, the hosts' arrays would claim to be copies of each
+        // other, which nothing checks.
+        if !partition.iter().any(|axes| axes.contains(&0)) {
+            return Err(unknown(
+                "splits no dimension over its first mesh axis (the hosts' arrays are not blocks of one)",
+            ));
+        }
         *first = first.checked_mul(n).ok_or_else(overflow)?;
         for (dim, axes) in partition.iter().enumerate() {
             if axes.contains(&0) {
@@ -283,10 +306,12 @@ mod tests {
             },
         ];
         for (i, r) in cases.into_iter().enumerate() {
-            let err = global_outputs(&[r], &call, std::slice::from_ref(&devices)).unwrap_err();
+            let err = global_outputs(&[r], &call, std::slice::from_ref(&devices), &|a, b| a == b)
+                .unwrap_err();
             assert_eq!(err.code(), ErrorCode::InvalidArgument, "case {i}: {err}");
         }
-        let err = global_outputs(&[], &call, std::slice::from_ref(&devices)).unwrap_err();
+        let err =
+            global_outputs(&[], &call, std::slice::from_ref(&devices), &|a, b| a == b).unwrap_err();
         assert_eq!(err.code(), ErrorCode::Internal, "{err}");
     }
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use prost::Message;
 
-use super::discovery::{Outputs, Reports};
+use super::discovery::{by_host, Outputs, Reports};
+use super::host::take_parked;
 use super::objects::{compile_op, ColocatedObject};
 use super::pb;
 use super::spec::{CacheInfo, CallSpec, SpecCache};
@@ -15,6 +16,7 @@ use crate::compiler::CompileOptions;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::executable::{ExecuteOptions, Execution, LoadedExecutable};
+use crate::executor::SessionKey;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 use crate::program::{Program, LANGUAGE_COLOCATED};
@@ -48,6 +50,13 @@ pub trait CallSite {
 
     /// What the SDK keeps with the program compiled for `outputs`.
     fn entry(&self, outputs: &Outputs) -> Result<Self::Entry>;
+
+    /// Whether two hosts' output structures (from a discovery run) are the
+    /// same: by default, the same bytes; a language whose encoding is not
+    /// canonical (a dict's insertion order, say) compares them its own way.
+    fn same_structure(&self, a: &[u8], b: &[u8]) -> bool {
+        a == b
+    }
 }
 
 /// A program compiled for one input spec.
@@ -183,6 +192,11 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
         object: Option<&ColocatedObject>,
     ) -> Result<Call<E>> {
         let devices = self.check(spec)?;
+        if let Some(object) = object {
+            // Before it runs: a call that fails after building the object on a
+            // host must still be able to destroy it there.
+            object.will_run(client, &devices);
+        }
         let call = match self.cache.get(spec) {
             Some(entry) => {
                 let run = entry.execute(inputs)?;
@@ -206,7 +220,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
             },
         };
         if let Some(object) = object {
-            object.ran(client, &call.entry.devices, call.status.as_ref());
+            object.running(call.status.as_ref());
         }
         Ok(call)
     }
@@ -289,12 +303,24 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
                 host_callbacks: callbacks,
             },
         )?;
+        let same = |a: &[u8], b: &[u8]| site.same_structure(a, b);
+        let all_local = devices
+            .iter()
+            .all(|d| client.remote(d.host_index()).is_none());
         let popped = (|| {
             probe
                 .execute(inputs, &ExecuteOptions::default())?
                 .status
                 .wait()?;
-            let outputs = reports.outputs(spec, &devices)?;
+            let outputs = reports.outputs(spec, &devices, &same)?;
+            if all_local {
+                // The controller's own host parked them: its arrays as they
+                // are (their memory, their buffers), no program to pop them.
+                let arrays = take_parked(SessionKey::LOCAL, key).ok_or_else(|| {
+                    Error::internal("the discovery run parked nothing on the local host")
+                })?;
+                return Ok::<_, Error>((outputs, arrays));
+            }
             let pop = Program {
                 name: format!("{} (results)", self.name),
                 language: LANGUAGE_COLOCATED.to_string(),
@@ -315,17 +341,25 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
         let (outputs, arrays) = match popped {
             Ok(popped) => popped,
             Err(e) => {
-                // Hosts where the probe ran keep its outputs until told otherwise.
-                let dropped = compile_op(
-                    client,
-                    "drop discovery results",
-                    pb::op::Op::Drop(key),
-                    devices,
-                )
-                .and_then(|drop| drop.execute(&[], &ExecuteOptions::default()))
-                .and_then(|run| run.status.wait());
-                if let Err(d) = dropped {
-                    tracing::debug!("cannot drop a failed discovery run's results: {d}");
+                // Hosts where the probe ran keep its outputs until told
+                // otherwise: each host on its own (a lost worker has freed
+                // everything already and must not keep the others' parked).
+                for host in by_host(&devices) {
+                    if client.remote(host[0].host_index()).is_none() {
+                        drop(take_parked(SessionKey::LOCAL, key));
+                        continue;
+                    }
+                    let dropped = compile_op(
+                        client,
+                        "drop discovery results",
+                        pb::op::Op::Drop(key),
+                        host,
+                    )
+                    .and_then(|drop| drop.execute(&[], &ExecuteOptions::default()))
+                    .and_then(|run| run.status.wait());
+                    if let Err(d) = dropped {
+                        tracing::debug!("cannot drop a failed discovery run's results: {d}");
+                    }
                 }
                 return Err(e);
             }

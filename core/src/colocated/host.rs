@@ -27,7 +27,7 @@ fn parked() -> std::sync::MutexGuard<'static, Parked> {
     PARKED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn take_parked(session: SessionKey, key: u64) -> Option<Vec<Array>> {
+pub(super) fn take_parked(session: SessionKey, key: u64) -> Option<Vec<Array>> {
     parked().remove(&(session, key))
 }
 

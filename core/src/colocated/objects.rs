@@ -106,9 +106,9 @@ pub struct ColocatedObject {
 struct ObjectState {
     /// Status of calls that may still be running.
     pending: Vec<Event>,
-    /// The program that destroys the object on each worker host it ran on,
-    /// compiled then (`None`: the host was lost, which freed it already).
-    forgets: HashMap<usize, Option<LoadedExecutable>>,
+    /// The program that destroys the object on each worker host (by client
+    /// and host index) it ran on, compiled before its first call there.
+    forgets: HashMap<(u64, usize), LoadedExecutable>,
 }
 
 impl std::fmt::Debug for ColocatedObject {
@@ -138,41 +138,60 @@ impl ColocatedObject {
         self.id
     }
 
-    /// Records a call on the object over `devices` whose status is `status`
-    /// (`None`: it already finished). On the first call on a worker host it
-    /// compiles the program that will destroy the object there, so that
-    /// dropping the handle only submits it.
-    pub(crate) fn ran(&self, client: &Client, devices: &[Device], status: Option<&Event>) {
+    /// A handle of the existing object `id`, for an SDK that must make its
+    /// handle anew (in a forked child, which cannot use its parent's).
+    /// Dropping it destroys the object as [`new`](Self::new)'s does.
+    pub fn with_id(id: u64) -> ColocatedObject {
+        ColocatedObject {
+            id,
+            state: Mutex::new(ObjectState::default()),
+        }
+    }
+
+    /// A call on the object over `devices` is about to run: on the first call
+    /// on a worker host (of `client`), compiles the program that will
+    /// destroy the object there, so that dropping the handle only submits
+    /// it (compiled again on a later call if the worker was unreachable).
+    pub(crate) fn will_run(&self, client: &Client, devices: &[Device]) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for device in devices {
+            let host = (device.client_id(), device.host_index());
+            if client.remote(host.1).is_none() || state.forgets.contains_key(&host) {
+                continue;
+            }
+            let on_host: Vec<Device> = devices
+                .iter()
+                .filter(|d| d.host_index() == host.1)
+                .cloned()
+                .collect();
+            match compile_op(
+                client,
+                "destroy colocated object",
+                pb::op::Op::ForgetObject(self.id),
+                on_host,
+            ) {
+                Ok(forget) => {
+                    state.forgets.insert(host, forget);
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        object = self.id,
+                        "cannot prepare the object's destruction on a worker: {e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A call on the object was submitted; `status` (`None`: it finished)
+    /// is ready when it has run.
+    pub(crate) fn running(&self, status: Option<&Event>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.pending.retain(|e| !e.is_ready());
         if let Some(status) = status {
             if !status.is_ready() {
                 state.pending.push(status.clone());
             }
-        }
-        for device in devices {
-            let host = device.host_index();
-            if client.remote(host).is_none() || state.forgets.contains_key(&host) {
-                continue;
-            }
-            let on_host: Vec<Device> = devices
-                .iter()
-                .filter(|d| d.host_index() == host)
-                .cloned()
-                .collect();
-            let forget = compile_op(
-                client,
-                "destroy colocated object",
-                pb::op::Op::ForgetObject(self.id),
-                on_host,
-            );
-            if let Err(e) = &forget {
-                tracing::debug!(
-                    object = self.id,
-                    "cannot prepare the object's destruction on a worker: {e}"
-                );
-            }
-            state.forgets.insert(host, forget.ok());
         }
     }
 }
@@ -186,7 +205,7 @@ impl Drop for ColocatedObject {
             .into_iter()
             .filter(|e| !e.is_ready())
             .collect();
-        let programs: Vec<LoadedExecutable> = state.forgets.into_values().flatten().collect();
+        let programs: Vec<LoadedExecutable> = state.forgets.into_values().collect();
         if !programs.is_empty() {
             if pending.is_empty() {
                 // In this thread's program order: its later calls there see

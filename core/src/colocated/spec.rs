@@ -208,21 +208,34 @@ impl<V: Clone> SpecCache<V> {
         }
     }
 
-    /// Stores `value` for `spec` (replacing any entry).
+    /// Stores `value` for `spec` (replacing any entry). A replaced entry is
+    /// dropped after the cache's lock is released (dropping an SDK's value
+    /// may run user code that uses the cache).
     pub fn insert(&self, spec: &CallSpec, value: V) {
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        maps.by_identity
-            .insert(ByIdentity(spec.clone()), value.clone());
-        maps.by_value.insert(ByValue(spec.clone()), value);
+        let replaced = {
+            let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            let a = maps
+                .by_identity
+                .insert(ByIdentity(spec.clone()), value.clone());
+            let b = maps.by_value.insert(ByValue(spec.clone()), value);
+            (a, b)
+        };
+        drop(replaced);
     }
 
-    /// Drops every entry and resets the counts.
+    /// Drops every entry (after releasing the cache's lock, see
+    /// [`insert`](Self::insert)) and resets the counts.
     pub fn clear(&self) {
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        maps.by_identity.clear();
-        maps.by_value.clear();
-        self.hits.store(0, Ordering::Relaxed);
-        self.misses.store(0, Ordering::Relaxed);
+        let dropped = {
+            let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+            self.hits.store(0, Ordering::Relaxed);
+            self.misses.store(0, Ordering::Relaxed);
+            (
+                std::mem::take(&mut maps.by_identity),
+                std::mem::take(&mut maps.by_value),
+            )
+        };
+        drop(dropped);
     }
 
     /// Hits, misses and size.

@@ -320,10 +320,15 @@ class ColocatedObject:
     """A colocated object's handle: dropping it destroys the object on every host
     it ran on, after the calls already made on it."""
 
-    def __init__(self) -> None: ...
+    def __init__(self, obj_id: int | None = None) -> None:
+        """A new object, or with ``obj_id`` a new handle of that existing object
+        (in a forked child, which cannot use its parent's handles)."""
     @property
     def id(self) -> int:
         """The object's id on its hosts (see ``host_object``)."""
+    @property
+    def usable(self) -> bool:
+        """False in a child forked after the handle was made."""
 
 def host_object(obj_id: int, build: Callable[[], object]) -> object:
     """The object ``obj_id`` of the running program's session on this host, built

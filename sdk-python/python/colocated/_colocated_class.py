@@ -77,7 +77,11 @@ class _Method:
         self._function = function
 
     def __call__(self, *args, **kwargs):
-        return self._function._call(args, kwargs, self._handle)[0]
+        owner = self._owner()
+        handle = owner._live_handle() if owner is not None else self._handle
+        if not handle.usable:
+            handle = None  # a forked child's call on an object it cannot destroy
+        return self._function._call(args, kwargs, handle)[0]
 
     def specialize(self, in_specs=None, out_specs_fn=None, devices=None) -> _Method:
         """This method specialized as :meth:`ColocatedFunction.specialize` (beyond
@@ -108,6 +112,13 @@ def colocated_python_class(cls):
             self._handle = _colocated.ColocatedObject()
             self._ref = _ObjectRef(cls, self._handle.id, (args, kwargs))
             self._methods = {}
+
+        def _live_handle(self):
+            """The object's handle, made anew in a forked child (the parent's
+            cannot be used there)."""
+            if not self._handle.usable:
+                self._handle = _colocated.ColocatedObject(self._ref.obj_id)
+            return self._handle
 
         def __getattr__(self, name: str):
             if name.startswith("__"):

@@ -41,7 +41,7 @@ from ._array import clear_caches as _array_clear_caches
 from ._dtypes import core_name
 from ._errors import InvalidArgumentError
 from ._host_callback import _dumps_with_callbacks
-from ._sharding import ShapeDtypeStruct
+from ._sharding import NamedSharding, ShapeDtypeStruct, _sharding_from_core
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
 
@@ -82,14 +82,23 @@ def _flat_arity(treedef) -> int | None:
     return n if treedef == flat else None
 
 
+#: An id per distinct call structure that is not flat (equal structures, one id).
+_TREE_IDS: dict = {}
+_NEXT_TREE_ID = itertools.count(1)
+
+
 def _tree_key(treedef) -> tuple[int, int | None]:
     """The runtime's unsigned 64-bit key of a call's tree structure, and its flat
     arity (see ``_flat_arity``). Flat calls share one key space with the native
-    fast path; other structures use their hash."""
+    fast path; every other structure has an id of its own (never a hash, which
+    two structures can share)."""
     n = _flat_arity(treedef)
     if n is not None:
         return _FLAT_KEY | n, n
-    return hash(treedef) & 0xFFFF_FFFF_FFFF_FFFF, None
+    key = _TREE_IDS.get(treedef)
+    if key is None:
+        key = _TREE_IDS.setdefault(treedef, next(_NEXT_TREE_ID))
+    return key, None
 
 
 def _is_leaf(treedef) -> bool:
@@ -126,8 +135,12 @@ class _HostCall:
     """What runs on each host: unflattens the arguments, calls the function, and
     flattens the outputs (or, when discovering, parks them for the controller)."""
 
-    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None) -> None:
+    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, local=False) -> None:
         self.fn = fn
+        # Handed to the local host by reference: a discovery run keeps its
+        # result here for the controller (the same process) instead of pickling.
+        self.local = local
+        self.discovered = None
         self.in_treedef = in_treedef
         self.flat = _flat_arity(in_treedef) is not None
         # The callers' sharding objects: the function sees its inputs as it was
@@ -158,12 +171,34 @@ class _HostCall:
         leaves, treedef = _flatten(out)
         _check_arrays(leaves, "function outputs")
         if self.out_treedef is None:
-            return [leaf._impl for leaf in leaves], cloudpickle.dumps(treedef)
+            if self.local:
+                self.discovered = (leaves, treedef)
+                return [leaf._impl for leaf in leaves], b""
+            return [leaf._impl for leaf in leaves], _dump_structure(treedef, leaves)
         if treedef != self.out_treedef:
             raise InvalidArgumentError(
                 f"the function returned {treedef} but its output specs say {self.out_treedef}"
             )
         return [leaf._impl for leaf in leaves]
+
+
+def _dump_structure(treedef, leaves) -> bytes:
+    """A worker's discovered output structure, for the controller: the tree
+    and, per leaf, what of its sharding the runtime does not carry (memory
+    kind, axis types)."""
+    return cloudpickle.dumps((treedef, [_annotation(leaf.sharding) for leaf in leaves]))
+
+
+def _annotation(sharding) -> tuple:
+    types = tuple(t.name for t in sharding.mesh.axis_types) if isinstance(sharding, NamedSharding) else None
+    return (sharding.memory_kind, types)
+
+
+def _own_sharding(core, annotation):
+    """The Python sharding of an output over ``core`` (a runtime sharding) with
+    a worker's ``annotation`` (see ``_dump_structure``)."""
+    memory_kind, axis_types = annotation
+    return _sharding_from_core(core, memory_kind, axis_types)
 
 
 class _Site:
@@ -172,7 +207,7 @@ class _Site:
     output specs ``out_specs_fn`` declares, and the Python forms of the
     outputs (tree structure, sharding objects)."""
 
-    __slots__ = ("_declared_shardings", "declared_treedef", "function", "leaves", "local_keys", "treedef")
+    __slots__ = ("_declared_shardings", "declared_treedef", "function", "leaves", "local_keys", "probe", "treedef")
 
     def __init__(self, function: ColocatedFunction, treedef, leaves: list) -> None:
         self.function = function
@@ -182,6 +217,8 @@ class _Site:
         self._declared_shardings = None
         # Keys of callables handed to the local host (see `_LOCAL_PROGRAMS`).
         self.local_keys = []
+        # The local host's discovery run, when the call is on it alone.
+        self.probe = None
 
     def declared(self):
         """The spec leaves ``out_specs_fn`` gives for this call, or None."""
@@ -198,12 +235,37 @@ class _Site:
         self._declared_shardings = [spec.sharding for spec in specs]
         return [_spec_leaf(spec) for spec in specs]
 
+    def _discovered(self, structure: bytes) -> tuple:
+        """The output tree and each leaf's sharding annotation (or, from the
+        local host, its sharding object) of a discovery run."""
+        if self.probe is not None and self.probe.discovered is not None:
+            leaves, treedef = self.probe.discovered
+            return treedef, [leaf.sharding for leaf in leaves]
+        return cloudpickle.loads(structure)
+
     def _out_treedef(self, structure: bytes | None):
         if structure is None:
             return None
         if self.declared_treedef is not None:
             return self.declared_treedef
-        return cloudpickle.loads(structure)
+        return self._discovered(structure)[0]
+
+    def _out_sharding(self, j, own, core):
+        """An output's sharding object: the caller's object of input ``j`` when
+        the output has that input's sharding in every respect (memory kind
+        and axis types included), else its own: the object the function made
+        on the local host, or one over ``core`` with what a worker said of it."""
+        from_worker = isinstance(own, tuple)
+        if j is not None:
+            theirs = self.leaves[j].sharding
+            if (_annotation(theirs) == own) if from_worker else (theirs == own):
+                return theirs
+        return _own_sharding(core, own) if from_worker else own
+
+    def same_structure(self, a: bytes, b: bytes) -> bool:
+        """Whether two workers' discovered structures are the same (as trees,
+        whatever their pickled bytes)."""
+        return cloudpickle.loads(a) == cloudpickle.loads(b)
 
     def payload(self, remote: bool, structure: bytes | None) -> tuple[bytes, list]:
         """The program's payload and host callbacks: the host callable, for
@@ -212,9 +274,11 @@ class _Site:
         sharding (the callers' objects name devices of other hosts)."""
         fn = self.function._fn
         in_shardings = [None] * len(self.leaves) if remote else [leaf.sharding for leaf in self.leaves]
-        host_call = _HostCall(fn, self.treedef, in_shardings, self._out_treedef(structure))
+        host_call = _HostCall(fn, self.treedef, in_shardings, self._out_treedef(structure), local=not remote)
         if remote:
             return _dumps_with_callbacks(host_call)
+        if structure is None:
+            self.probe = host_call
         key = next(_NEXT_LOCAL)
         _LOCAL_PROGRAMS[key] = host_call
         # Loading takes it (the executable keeps the callable alive); the call
@@ -222,16 +286,18 @@ class _Site:
         self.local_keys.append(key)
         return _LOCAL_PREFIX + str(key).encode(), []
 
-    def entry(self, structure: bytes, origins: list) -> tuple:
+    def entry(self, structure: bytes, origins: list, cores: list) -> tuple:
         """What the native fast path keeps with the compiled program: the
         output tree, the output sharding objects (an input's own object for an
-        output with its sharding; None: derived from the array), the flat
-        arity and whether the output is one array."""
-        out_treedef = self._out_treedef(structure)
+        output with its sharding; for another output, the function's own
+        object on the local host, else one over the global sharding ``cores``
+        with what the worker said of it), the flat arity and whether the
+        output is one array."""
         if self.declared_treedef is not None:
-            shardings = self._declared_shardings
+            out_treedef, shardings = self.declared_treedef, self._declared_shardings
         else:
-            shardings = [None if j is None else self.leaves[j].sharding for j in origins]
+            out_treedef, owns = self._discovered(structure)
+            shardings = [self._out_sharding(j, own, core) for j, own, core in zip(origins, owns, cores)]
         return out_treedef, shardings, _flat_arity(self.treedef), _is_leaf(out_treedef)
 
 
