@@ -254,7 +254,19 @@ impl LoadedExecutable {
         // Parts for workers go first: sending one is quick, and a local part
         // that runs long (or waits for the workers' parts) must not hold them
         // back. Each host still sees its parts in the stream's order.
+        // (Only a program over both kinds of host needs it: the others keep
+        // their one task unallocated.)
         let mut remote_tasks: Vec<Task> = Vec::new();
+        let mixed = self
+            .0
+            .hosts
+            .iter()
+            .any(|p| matches!(p.run, HostRun::Local(_)))
+            && self
+                .0
+                .hosts
+                .iter()
+                .any(|p| matches!(p.run, HostRun::Remote(_)));
         for (h, plan) in self.0.hosts.iter().enumerate() {
             let inputs: Vec<Buffer> = plan
                 .input_positions
@@ -265,7 +277,7 @@ impl LoadedExecutable {
             let (outs, status, task) = self.prepare(h, inputs, None, &stream);
             match (&tasks.0, task) {
                 (_, None) => {}
-                (_, Some(task)) if matches!(plan.run, HostRun::Remote(_)) => {
+                (_, Some(task)) if mixed && matches!(plan.run, HostRun::Remote(_)) => {
                     remote_tasks.push(task)
                 }
                 (None, Some(task)) => tasks.0 = Some(task),
