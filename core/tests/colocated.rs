@@ -135,7 +135,7 @@ fn call(
     name: &'static str,
     inputs: &[Array],
 ) -> Result<colocated_core::Call<()>> {
-    f.call(client, &call_spec(inputs), inputs, &Site::of(name), None)
+    f.call(client, &call_spec(inputs), inputs, &Site::of(name), &[])
 }
 
 fn named(devices: Vec<Device>, axis: &str) -> Sharding {
@@ -299,7 +299,7 @@ fn declared_outputs_run_asynchronously_and_a_wrong_output_is_refused() {
         declared: Some(vec![x.spec().clone()]),
     };
     let ran = function(None)
-        .call(&client, &call_spec(&inputs), &inputs, &site, None)
+        .call(&client, &call_spec(&inputs), &inputs, &site, &[])
         .unwrap();
     ran.status.unwrap().wait().unwrap();
     assert_eq!(i32_values(&ran.outputs[0].to_host_bytes().unwrap()), [2, 3]);
@@ -310,7 +310,7 @@ fn declared_outputs_run_asynchronously_and_a_wrong_output_is_refused() {
         declared: Some(vec![x.spec().clone()]),
     };
     let ran = function(None)
-        .call(&client, &call_spec(&inputs), &inputs, &site, None)
+        .call(&client, &call_spec(&inputs), &inputs, &site, &[])
         .unwrap();
     assert_error(
         ran.status.unwrap().wait(),
@@ -356,7 +356,7 @@ fn an_object_is_built_once_per_host_and_destroyed_when_its_handle_goes() {
     let site = Site::of(define_touch(&object, &builds, &drops));
     for _ in 0..3 {
         let ran = f
-            .call(&client, &call_spec(&inputs), &inputs, &site, Some(&object))
+            .call(&client, &call_spec(&inputs), &inputs, &site, &[&object])
             .unwrap();
         if let Some(status) = ran.status {
             status.wait().unwrap();
@@ -483,7 +483,7 @@ fn objects_on_workers_go_with_their_handle_and_with_their_session() {
                 &call_spec(&inputs),
                 &inputs,
                 &Site::of(name),
-                Some(object),
+                &[object],
             )
             .unwrap();
         if let Some(status) = ran.status {

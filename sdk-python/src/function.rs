@@ -343,16 +343,18 @@ impl FunctionState {
     /// function does — the cached program, or one compiled for the outputs
     /// `site.declared()` gives, or a synchronous discovery run. `site` (a
     /// `_Site`) supplies the payloads and the Python forms of the outputs;
-    /// `object` is the colocated object the call is a method of. Returns the
-    /// result tree and the call's status (None when it already finished).
-    #[pyo3(signature = (tree, arrays, site, object=None))]
+    /// `objects` are the colocated objects the call uses (the one it is a
+    /// method of, those among its arguments; handles a forked child cannot
+    /// use are left out). Returns the result tree and the call's status
+    /// (None when it already finished).
+    #[pyo3(signature = (tree, arrays, site, objects=Vec::new()))]
     fn call_general<'py>(
         &self,
         py: Python<'py>,
         tree: u64,
         arrays: Vec<PyRef<'py, ArrayImpl>>,
         site: Py<PyAny>,
-        object: Option<PyRef<'py, ColocatedObject>>,
+        objects: Vec<PyRef<'py, ColocatedObject>>,
     ) -> PyResult<(Bound<'py, PyAny>, Option<Event>)> {
         let function = self.function()?;
         let inputs = arrays
@@ -374,17 +376,15 @@ impl FunctionState {
                 )))
             }
         };
-        let object = object
-            .as_ref()
-            .map(|o| o.inner.get().map_err(py_err))
-            .transpose()?;
+        let objects: Vec<&core::ColocatedObject> =
+            objects.iter().filter_map(|o| o.inner.get().ok()).collect();
         crate::streams::enter_call_scope(py)?;
         let site = PySite {
             site,
             error: Mutex::new(None),
             client: client.clone(),
         };
-        let called = py.detach(|| function.call(&client, &spec, &inputs, &site, object));
+        let called = py.detach(|| function.call(&client, &spec, &inputs, &site, &objects));
         let call = match called {
             Ok(call) => call,
             Err(e) => {

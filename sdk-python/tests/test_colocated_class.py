@@ -388,3 +388,34 @@ def test_clear_caches_never_destroys_live_objects(state):
     assert int(other.incr(x)) == 2
     del other
     assert eventually(lambda: state.destroyed == 2)
+
+
+def test_an_object_passed_to_a_queued_call_is_destroyed_after_that_call(state):
+    Counter = make_counter_class(state)
+    gate = threading.Event()
+    counter = Counter()
+    x = put(1)
+    counter.incr(x)
+    assert (state.constructed, state.destroyed) == (1, 0)
+
+    @colocated.colocated_python
+    def blocker(x):
+        gate.wait(GATE_WAIT)
+        return x
+
+    @colocated.colocated_python
+    def uses(c, x):
+        return c.incr(x)
+
+    blocker = blocker.specialize(out_specs_fn=lambda x: x)
+    uses = uses.specialize(out_specs_fn=lambda c, x: x)
+    first = blocker(x)  # holds the thread's program order
+    y = uses(counter, x)  # queued behind it, with the object as an argument
+    del counter
+    gc.collect()
+    assert state.destroyed == 0, "destroyed before a call that uses it ran"
+    gate.set()
+    assert int(wait_bounded(y)) == 2, "the queued call found the object, not a new one"
+    wait_bounded(first)
+    assert eventually(lambda: state.destroyed == 1), "the object is destroyed once the call ran"
+    assert state.constructed == 1

@@ -181,18 +181,20 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
     /// Calls the function with `inputs` (whose specs, with the SDK's tree
     /// key, are `spec`) on the calling thread's stream; `client` compiles
     /// what the call lacks (the inputs' client, or the specialized devices').
-    /// `object`: the colocated object the call is a method of, which learns
-    /// the hosts it runs on. Blocks only for a discovery run.
+    /// `objects`: the colocated objects the call uses (the one it is a
+    /// method of, objects among its arguments), which learn the hosts it runs
+    /// on and wait for it before they are destroyed. Blocks only for a
+    /// discovery run.
     pub fn call<S: CallSite<Entry = E>>(
         &self,
         client: &Client,
         spec: &CallSpec,
         inputs: &[Array],
         site: &S,
-        object: Option<&ColocatedObject>,
+        objects: &[&ColocatedObject],
     ) -> Result<Call<E>> {
         let devices = self.check(spec)?;
-        if let Some(object) = object {
+        for object in objects {
             // Before it runs: a call that fails after building the object on a
             // host must still be able to destroy it there.
             object.will_run(client, &devices);
@@ -219,7 +221,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
                 None => self.discover(client, spec, inputs, devices, site)?,
             },
         };
-        if let Some(object) = object {
+        for object in objects {
             object.running(call.status.as_ref());
         }
         Ok(call)

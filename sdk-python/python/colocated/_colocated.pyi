@@ -308,7 +308,7 @@ class FunctionState:
         """The whole call natively when its arguments are positional Arrays and a
         program is cached for their spec; ``NotImplemented`` otherwise."""
     def call_general(
-        self, tree: int, arrays: list[ArrayImpl], site: object, object: ColocatedObject | None = None
+        self, tree: int, arrays: list[ArrayImpl], site: object, objects: list[ColocatedObject] = ...
     ) -> tuple[object, Event | None]:
         """Any call: the cached program, one compiled for ``site.declared()``, or a
         synchronous discovery run. Returns the result tree and the status (None

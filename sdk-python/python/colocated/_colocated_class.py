@@ -27,7 +27,7 @@ import weakref
 import optree
 
 from . import _colocated
-from ._colocated_python import NAMESPACE, ColocatedFunction
+from ._colocated_python import _OBJECT_HANDLES, NAMESPACE, ColocatedFunction
 
 
 class _ObjectRef:
@@ -152,6 +152,9 @@ def colocated_python_class(cls):
     Wrapper.__module__ = cls.__module__
     # An object passed to another colocated call travels as its reference and
     # arrives on the host as the real object.
+    # A call with the object among its arguments uses it too (its destruction
+    # waits for that call, on every host the call ran on).
+    _OBJECT_HANDLES[Wrapper] = Wrapper._live_handle
     optree.register_pytree_node(
         Wrapper,
         lambda w: ((), w._ref),

@@ -370,14 +370,37 @@ class ColocatedFunction(_colocated.FunctionBase):
         impls = [leaf._impl for leaf in leaves]
         tree, _flat = _tree_key(treedef)
         site = _Site(self, treedef, leaves)
+        # The objects the call uses: it is a method of `obj`, and objects among
+        # its arguments are built (or used) on its hosts too.
+        objects = [] if obj is None else [obj]
+        if _OBJECT_HANDLES:
+            objects += _argument_objects(args, kwargs)
         try:
-            return self._state.call_general(tree, impls, site, obj)
+            return self._state.call_general(tree, impls, site, objects)
         finally:
             for key in site.local_keys:
                 _LOCAL_PROGRAMS.pop(key, None)
 
     def __repr__(self) -> str:
         return f"colocated_python({getattr(self._fn, '__qualname__', self._fn)!r})"
+
+
+#: How to find the handle of a colocated object among a call's arguments, by
+#: wrapper class (``_colocated_class`` registers each); empty until one exists.
+_OBJECT_HANDLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _argument_objects(args, kwargs) -> list:
+    """The usable handles of the colocated objects among ``args`` and ``kwargs``
+    (outside the colocated namespace their wrappers are leaves)."""
+    handles = []
+    for leaf in optree.tree_leaves((args, kwargs), none_is_leaf=False):
+        live = _OBJECT_HANDLES.get(type(leaf))
+        if live is not None:
+            handle = live(leaf)
+            if handle.usable:
+                handles.append(handle)
+    return handles
 
 
 def colocated_python(fn) -> ColocatedFunction:
