@@ -11,7 +11,6 @@
 //! operator names with `--plugin`, loaded before it serves anyone: a controller
 //! can never make a worker load a library.
 
-use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -85,7 +84,7 @@ const DEFAULT_LOG: &str = "colocated=warn";
 
 fn main() -> ExitCode {
     colocated_core::trace::init_with_default_log(DEFAULT_LOG);
-    let matches = command().get_matches_from(std::env::args_os().collect::<Vec<OsString>>());
+    let matches = command().get_matches();
     let result = match matches.subcommand() {
         Some(("worker", worker)) => run_worker(worker_flags(worker)),
         _ => Err("no such command".to_string()),

@@ -259,14 +259,7 @@ impl Buffer {
         if let Some(host) = client.remote(device.host_index()) {
             // Copied during the call, whatever the semantics, chunk by chunk
             // while the chunks already copied travel.
-            let buffer = Buffer::new(
-                client,
-                device.clone(),
-                memory_space,
-                dtype,
-                dims,
-                Event::new(),
-            );
+            let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
             host.upload_copy(buffer.clone(), src, None);
             return Ok((buffer, Event::ready_ok()));
         }
@@ -324,14 +317,7 @@ impl Buffer {
         }
         let memory_space = placement(client, device, None)?;
         if let Some(host) = client.remote(device.host_index()) {
-            let buffer = Buffer::new(
-                client,
-                device.clone(),
-                memory_space,
-                dtype,
-                dims,
-                Event::new(),
-            );
+            let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
             host.upload_copy(buffer.clone(), memory.as_slice(), None);
             return Ok(buffer);
         }
@@ -410,14 +396,7 @@ impl Buffer {
         if let Some(host) = client.remote(device.host_index()) {
             host.check_dtype(DType::String)?;
             let encoded = encode_strings(strings)?;
-            let buffer = Buffer::new(
-                client,
-                device.clone(),
-                memory_space,
-                DType::String,
-                dims,
-                Event::new(),
-            );
+            let buffer = Buffer::pending(client, device, memory_space, DType::String, dims);
             host.upload(buffer.clone(), Bytes::from(encoded), None);
             return Ok(buffer);
         }
@@ -1060,6 +1039,27 @@ fn device_of(client: &Client, memory_space: &MemorySpace) -> Result<Device> {
         .first()
         .ok_or_else(|| Error::internal(format!("{memory_space:?} has no device")))?;
     client.lookup_device(*id)
+}
+
+impl Buffer {
+    /// A buffer of `dtype[dims]` on `device` that is not ready yet: what an
+    /// upload to the device's worker fills.
+    fn pending(
+        client: &Client,
+        device: &Device,
+        memory_space: MemorySpace,
+        dtype: DType,
+        dims: &[i64],
+    ) -> Buffer {
+        Buffer::new(
+            client,
+            device.clone(),
+            memory_space,
+            dtype,
+            dims,
+            Event::new(),
+        )
+    }
 }
 
 /// A pending buffer of a worker's device is what an upload fills.
