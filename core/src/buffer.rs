@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::client::Client;
 use crate::device::{Device, MemorySpace};
-use crate::dispatch::{Job, Task};
+use crate::dispatch::Task;
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
@@ -834,10 +834,10 @@ impl Buffer {
             let task = Task {
                 deps: vec![self.0.ready.clone()],
                 completion: Event::ready_ok(),
-                run: Job::Call(Box::new(move |status| match status {
+                run: Box::new(move |status: Result<()>| match status {
                     Ok(()) => src.transfer(&dst, hold, progress),
                     Err(e) => dst.0.ready.set_if_pending(Err(e)),
-                })),
+                }),
                 waiter_first: false,
             };
             client
@@ -850,7 +850,7 @@ impl Buffer {
         let task = Task {
             deps: vec![self.0.ready.clone()],
             completion: ready.clone(),
-            run: Job::Call(Box::new(move |status| {
+            run: Box::new(move |status: Result<()>| {
                 let _span = tracing::debug_span!(
                     "copy_to_device",
                     from = src.0.device.id(),
@@ -869,7 +869,7 @@ impl Buffer {
                     }
                     Err(e) => dst.0.ready.set_if_pending(Err(e)),
                 }
-            })),
+            }),
             waiter_first: false,
         };
         let stream = client.current_stream();

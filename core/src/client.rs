@@ -1,14 +1,14 @@
 //! The client: topology (hosts, devices, memory spaces) and the local host runtime.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::device::{
     CpuBackend, Device, DeviceBackend, DeviceInner, MemoryKind, MemorySpace, MemorySpaceInner,
 };
 use crate::dispatch::{thread_stream, Dispatcher, Stream};
 use crate::error::{Error, Result};
-use crate::executor::{Executors, NativeRegistry};
 use crate::future::Event;
 use crate::remote::RemoteHost;
 use crate::transport::session::{ConnectOptions, RemoteSession};
@@ -106,11 +106,14 @@ impl Host {
     }
 }
 
-/// The in-process host: its dispatcher and its registry of native functions.
+/// The in-process host: its dispatcher, and what it runs programs with.
 pub(crate) struct LocalHost {
     pub dispatcher: Dispatcher,
-    pub natives: Arc<NativeRegistry>,
-    pub executors: Executors,
+    /// The host's languages. The registry belongs to the `executor` layer,
+    /// which sits above the client (its programs see buffers and the
+    /// client): the client only keeps it, and `executor::Languages::of`
+    /// makes and reads it.
+    pub languages: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
 pub(crate) struct ClientInner {
@@ -308,7 +311,6 @@ impl Client {
         }
         memory_spaces.extend(host_spaces);
         let dispatcher = Dispatcher::new(threads, max_threads, id, "local")?;
-        let natives = Arc::new(NativeRegistry::default());
         tracing::debug!(
             client = id,
             devices = total,
@@ -323,8 +325,7 @@ impl Client {
             hosts,
             local: LocalHost {
                 dispatcher,
-                executors: Executors::new(natives.clone()),
-                natives,
+                languages: OnceLock::new(),
             },
             remotes,
         })))

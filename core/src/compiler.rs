@@ -92,7 +92,7 @@ impl Client {
                 hosts.push(plan_remote(h, remote, &program, &options)?);
                 continue;
             }
-            let executors = &self.0.local.executors;
+            let executors = crate::executor::Languages::of(self);
             let loaded = if program.language == LANGUAGE_COLOCATED {
                 crate::colocated::load(&program, executors)?
             } else {

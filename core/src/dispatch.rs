@@ -60,12 +60,22 @@ fn now_nanos() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// What a task runs. Executions, the hot path, are stored inline in the queue
-/// slot; anything else is a boxed closure.
-pub(crate) enum Job {
-    Execute(crate::executable::ExecJob),
-    Call(Box<dyn FnOnce(Result<()>) + Send>),
+/// What a task runs: called once, on the thread that runs the task, with the
+/// combined status of its dependencies and the task's completion. Closures
+/// over the status are jobs; executions implement it on their own state. The
+/// dispatcher knows nothing of what it runs, so it sits below the object model.
+pub(crate) trait Work: Send {
+    fn run(self: Box<Self>, status: Result<()>, done: &Event);
 }
+
+impl<F: FnOnce(Result<()>) + Send> Work for F {
+    fn run(self: Box<Self>, status: Result<()>, _done: &Event) {
+        (*self)(status)
+    }
+}
+
+/// A task's work, boxed.
+pub(crate) type Job = Box<dyn Work>;
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -480,10 +490,7 @@ fn run_task(task: Task, stream_id: u64) {
     let status = deps.iter().find_map(Event::error).map_or(Ok(()), Err);
     drop(deps);
     let done = &completion;
-    let outcome = catch_unwind(AssertUnwindSafe(move || match run {
-        Job::Execute(job) => job.run(status, done),
-        Job::Call(f) => f(status),
-    }));
+    let outcome = catch_unwind(AssertUnwindSafe(move || run.run(status, done)));
     if outcome.is_err() {
         tracing::error!(
             stream = stream_id,
@@ -833,10 +840,10 @@ mod tests {
         Task {
             deps: vec![],
             completion: completion.clone(),
-            run: Job::Call(Box::new(move |status| {
+            run: Box::new(move |status: Result<()>| {
                 f();
                 done.set_if_pending(status);
-            })),
+            }),
             waiter_first: false,
         }
     }

@@ -8,7 +8,7 @@ use crate::buffer::Storage;
 use crate::buffer::{Buffer, UsageHold};
 use crate::client::Client;
 use crate::device::Device;
-use crate::dispatch::{Job, Stream, Task};
+use crate::dispatch::{Stream, Task, Work};
 use crate::error::{Error, Result};
 use crate::executor::{ExecutionContext, LoadedProgram, OutputShard, SessionKey, SessionScope};
 use crate::format;
@@ -96,7 +96,7 @@ impl std::fmt::Debug for LoadedExecutable {
 
 /// One host's part of an execution, queued on its stream (inline in the queue
 /// slot: submitting allocates nothing for it).
-pub(crate) struct ExecJob {
+struct ExecJob {
     exe: LoadedExecutable,
     plan_index: usize,
     inputs: Vec<Buffer>,
@@ -107,9 +107,9 @@ pub(crate) struct ExecJob {
     stream_id: u64,
 }
 
-impl ExecJob {
+impl Work for ExecJob {
     /// Runs the program (unless a dependency failed) and completes `done`.
-    pub(crate) fn run(self, status: Result<()>, done: &Event) {
+    fn run(self: Box<Self>, status: Result<()>, done: &Event) {
         let ExecJob {
             exe,
             plan_index,
@@ -118,7 +118,7 @@ impl ExecJob {
             layout,
             outputs,
             stream_id,
-        } = self;
+        } = *self;
         let plan = &exe.0.hosts[plan_index];
         let span = tracing::debug_span!(
             "execute",
@@ -138,7 +138,7 @@ impl ExecJob {
         let result = match (&plan.run, status) {
             (_, Err(e)) => Err(e),
             (HostRun::Local(program), Ok(())) => {
-                exe.run_program(program, &inputs, counts, shards, specs, &outputs)
+                exe.run_program(program, plan.host, &inputs, counts, shards, specs, &outputs)
             }
             (HostRun::Remote(executable), Ok(())) => {
                 // Completes `done` when the worker reports; the worker keeps
@@ -522,7 +522,7 @@ impl LoadedExecutable {
         let task = Task {
             deps,
             completion: completion.clone(),
-            run: Job::Execute(job),
+            run: Box::new(job),
             waiter_first: match &plan.run {
                 HostRun::Local(program) => program.waiter_first(),
                 HostRun::Remote(_) => false,
@@ -536,9 +536,11 @@ impl LoadedExecutable {
         self.0.client.0.local.dispatcher.submit(stream, task);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run_program(
         &self,
         program: &Arc<dyn LoadedProgram>,
+        host: usize,
         inputs: &[Buffer],
         input_counts: &[usize],
         shards: &[OutputShard],
@@ -575,6 +577,7 @@ impl LoadedExecutable {
         let mut ctx = ExecutionContext {
             client: &self.0.client,
             program: &self.0.program,
+            host,
             host_input_specs: host_inputs,
             host_output_specs: host_outputs,
             inputs: &views,
@@ -584,6 +587,7 @@ impl LoadedExecutable {
             callbacks: &self.0.callbacks,
             session,
             discovery: None,
+            native_data: None,
         };
         program.run(&mut ctx).map_err(|e| {
             e.context(format!(

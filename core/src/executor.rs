@@ -196,41 +196,89 @@ where
 /// registry.
 struct NativeExecutor(Arc<NativeRegistry>);
 
-struct NativeProgram(Arc<NativeFn>);
+struct NativeProgram {
+    function: Arc<NativeFn>,
+    /// What follows the name in the payload (see [`native_payload`]).
+    data: Option<Arc<[u8]>>,
+}
 
 impl LoadedProgram for NativeProgram {
     fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()> {
-        (self.0)(ctx)
+        ctx.native_data = self.data.clone();
+        let ran = (self.function)(ctx);
+        ctx.native_data = None;
+        ran
     }
 }
 
 impl LanguageExecutor for NativeExecutor {
     fn load(&self, program: &crate::program::Program) -> Result<Arc<dyn LoadedProgram>> {
-        let name = std::str::from_utf8(&program.payload).map_err(|_| {
+        let (name, data) = split_native_payload(&program.payload);
+        let name = std::str::from_utf8(name).map_err(|_| {
             Error::invalid_argument("a native program's payload must be a UTF-8 function name")
         })?;
-        Ok(Arc::new(NativeProgram(self.0.resolve(name)?)))
+        Ok(Arc::new(NativeProgram {
+            function: self.0.resolve(name)?,
+            data: (!data.is_empty()).then(|| data.into()),
+        }))
     }
 }
 
-/// A host's language executors, by language tag.
-pub(crate) struct Executors {
-    by_language: RwLock<HashMap<String, Arc<dyn LanguageExecutor>>>,
+/// The payload of a `native` program: the function's name, and the data the
+/// function reads with [`ExecutionContext::native_data`] (e.g. the id of the
+/// colocated object it is a method of), after a NUL byte when not empty.
+pub fn native_payload(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut payload = name.as_bytes().to_vec();
+    if !data.is_empty() {
+        payload.push(0);
+        payload.extend_from_slice(data);
+    }
+    payload
 }
 
-impl Executors {
-    /// The built-in executors (`native`, over `natives`).
-    pub fn new(natives: Arc<NativeRegistry>) -> Executors {
-        let mut by_language: HashMap<String, Arc<dyn LanguageExecutor>> = HashMap::new();
-        by_language.insert(
-            crate::program::LANGUAGE_NATIVE.to_string(),
-            Arc::new(NativeExecutor(natives)),
-        );
-        Executors {
-            by_language: RwLock::new(by_language),
+/// A `native` payload's (name, data): split at the first NUL byte.
+fn split_native_payload(payload: &[u8]) -> (&[u8], &[u8]) {
+    match payload.iter().position(|b| *b == 0) {
+        Some(at) => (&payload[..at], &payload[at + 1..]),
+        None => (payload, &[]),
+    }
+}
+
+/// The local host's languages: its executors by language tag, and the
+/// registry of native functions the built-in `native` executor resolves.
+pub(crate) struct Languages {
+    by_language: RwLock<HashMap<String, Arc<dyn LanguageExecutor>>>,
+    natives: Arc<NativeRegistry>,
+}
+
+impl Languages {
+    /// The client's languages (made on first use, with the built-in
+    /// `native` executor).
+    pub fn of(client: &Client) -> &Languages {
+        let slot = client
+            .0
+            .local
+            .languages
+            .get_or_init(|| Box::new(Languages::new()));
+        match slot.downcast_ref::<Languages>() {
+            Some(languages) => languages,
+            // Only this function fills the slot.
+            None => unreachable!("a client's language slot holds its languages"),
         }
     }
 
+    fn new() -> Languages {
+        let natives = Arc::new(NativeRegistry::default());
+        let mut by_language: HashMap<String, Arc<dyn LanguageExecutor>> = HashMap::new();
+        by_language.insert(
+            crate::program::LANGUAGE_NATIVE.to_string(),
+            Arc::new(NativeExecutor(natives.clone())),
+        );
+        Languages {
+            by_language: RwLock::new(by_language),
+            natives,
+        }
+    }
     pub fn register(&self, language: &str, executor: Arc<dyn LanguageExecutor>) -> Result<()> {
         if language.is_empty() {
             return Err(Error::invalid_argument(
@@ -296,6 +344,11 @@ impl NativeRegistry {
         if name.is_empty() {
             return Err(Error::invalid_argument("a native function needs a name"));
         }
+        if name.contains('\0') {
+            return Err(Error::invalid_argument(
+                "a native function's name cannot contain a NUL byte (it ends the name in a program's payload)",
+            ));
+        }
         let mut map = self.functions.write().unwrap_or_else(|e| e.into_inner());
         if map.contains_key(name) {
             return Err(Error::already_exists(format!(
@@ -326,16 +379,13 @@ impl Client {
         name: &str,
         func: impl Fn(&mut ExecutionContext<'_>) -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
-        self.0.local.natives.register(name, Arc::new(func))
+        Languages::of(self).natives.register(name, Arc::new(func))
     }
 
     /// Lets the local host run programs of `language` (an SDK registers `python`).
     /// Fails with `already_exists` if the language has an executor.
     pub fn register_executor(&self, language: &str, executor: impl LanguageExecutor) -> Result<()> {
-        self.0
-            .local
-            .executors
-            .register(language, Arc::new(executor))
+        Languages::of(self).register(language, Arc::new(executor))
     }
 
     /// The program languages host `host` runs (sorted), e.g. `["native"]`.
@@ -348,7 +398,7 @@ impl Client {
         }
         Ok(match self.remote(host) {
             Some(remote) => remote.session.host().languages.clone(),
-            None => self.0.local.executors.languages(),
+            None => Languages::of(self).languages(),
         })
     }
 }
@@ -371,6 +421,8 @@ pub struct OutputShard {
 pub struct ExecutionContext<'a> {
     pub(crate) client: &'a Client,
     pub(crate) program: &'a crate::program::Program,
+    /// The index of the host it runs on, in its client's hosts.
+    pub(crate) host: usize,
     pub(crate) host_input_specs: &'a [crate::spec::ArraySpec],
     pub(crate) host_output_specs: &'a [crate::spec::ArraySpec],
     pub(crate) inputs: &'a [Buffer],
@@ -381,6 +433,8 @@ pub struct ExecutionContext<'a> {
     pub(crate) session: SessionKey,
     /// Set while a colocated discovery run takes the program's outputs.
     pub(crate) discovery: Option<Arc<dyn DiscoverySink>>,
+    /// Set while a native function with data runs.
+    pub(crate) native_data: Option<Arc<[u8]>>,
 }
 
 /// Takes the outputs of a discovery run (see
@@ -413,6 +467,23 @@ impl<'a> ExecutionContext<'a> {
     /// [`output_shards`](Self::output_shards) of arrays of these.
     pub fn host_output_specs(&self) -> &'a [crate::spec::ArraySpec] {
         self.host_output_specs
+    }
+
+    /// A `native` program's data: what follows its function's name in the
+    /// payload (see [`native_payload`]); empty for other languages.
+    pub fn native_data(&self) -> &[u8] {
+        self.native_data.as_deref().unwrap_or_default()
+    }
+
+    /// The program's devices on this host, in the program's order: where a
+    /// program without inputs, or a discovery run, puts its outputs.
+    pub fn devices(&self) -> Vec<Device> {
+        self.program
+            .devices
+            .iter()
+            .filter(|d| d.host_index() == self.host)
+            .cloned()
+            .collect()
     }
 
     /// The client (to create output buffers).

@@ -67,8 +67,8 @@ pub use dtype::DType;
 pub use error::{bound_text, Error, ErrorCode, Result};
 pub use executable::{ExecuteOptions, Execution, LoadedExecutable};
 pub use executor::{
-    controller_device_id, release_freed_memory, ExecutionContext, LanguageExecutor, LoadedProgram,
-    NativeFn, OutputShard, SessionKey,
+    controller_device_id, native_payload, release_freed_memory, ExecutionContext, LanguageExecutor,
+    LoadedProgram, NativeFn, OutputShard, SessionKey,
 };
 pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
 pub use future::Event;

@@ -13,7 +13,7 @@ use super::pb;
 use crate::array::Array;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::executor::{DiscoverySink, ExecutionContext, Executors, LoadedProgram, SessionKey};
+use crate::executor::{DiscoverySink, ExecutionContext, Languages, LoadedProgram, SessionKey};
 use crate::program::{Program, LANGUAGE_COLOCATED};
 
 /// Outputs of discovery runs, parked until the controller pops them: by
@@ -59,7 +59,7 @@ pub(crate) fn end_session(session: SessionKey) {
 
 /// Loads a `colocated` program; a discovery run loads the program it runs
 /// with the host's executor of that language.
-pub(crate) fn load(program: &Program, executors: &Executors) -> Result<Arc<dyn LoadedProgram>> {
+pub(crate) fn load(program: &Program, executors: &Languages) -> Result<Arc<dyn LoadedProgram>> {
     let op = pb::Op::decode(program.payload.as_slice())
         .map_err(|e| Error::invalid_argument(format!("malformed colocated program: {e}")))?;
     Ok(match op.op {

@@ -8,7 +8,7 @@ use tonic::codegen::http;
 
 use super::{lock, Session, Shared};
 use crate::client::Client;
-use crate::dispatch::{Job, Task};
+use crate::dispatch::Task;
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::transport::{SessionId, SESSION};
@@ -56,7 +56,7 @@ pub(super) fn end_session(
                 let task = Task {
                     deps: Vec::new(),
                     completion: done.clone(),
-                    run: Job::Call(Box::new(move |_| marked.set_if_pending(Ok(())))),
+                    run: Box::new(move |_| marked.set_if_pending(Ok(()))),
                     waiter_first: false,
                 };
                 client.0.local.dispatcher.submit(stream, task);
@@ -74,7 +74,7 @@ pub(super) fn end_session(
         if std::panic::catch_unwind(|| crate::colocated::end_session(key)).is_err() {
             tracing::error!(session = %id, "freeing the session's colocated objects panicked");
         }
-        for executor in client.0.local.executors.all() {
+        for executor in crate::executor::Languages::of(&client).all() {
             let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 executor.session_ended(key)
             }));
