@@ -6,8 +6,10 @@
  * colocated runs programs on the hosts that own a set of devices, driven from one
  * controller. This header exposes its PJRT/IFRT-style object model: clients,
  * devices, memory spaces, buffers and sharded arrays, a compiler, loaded
- * executables, loaded host callbacks and events (futures); and the plugin ABI,
- * through which shared libraries add native functions to a host.
+ * executables, loaded host callbacks and events (futures); colocated functions
+ * and objects (the colocated protocol: outputs discovered by a first run, a
+ * program per input spec, objects destroyed on every host they ran on); and the
+ * plugin ABI, through which shared libraries add native functions to a host.
  *
  * Conventions
  * - Every fallible function returns `colocated_error*`: NULL on success, else an
@@ -95,6 +97,9 @@ typedef struct colocated_callback_result colocated_callback_result;
 typedef struct colocated_loaded_host_callback colocated_loaded_host_callback;
 typedef struct colocated_loaded_executable colocated_loaded_executable;
 typedef struct colocated_execution_context colocated_execution_context;
+typedef struct colocated_function colocated_function;
+typedef struct colocated_call colocated_call;
+typedef struct colocated_object colocated_object;
 
 /** The `struct_size` of a caller that knows `type` up to and including `last_field`
  * (as PJRT's PJRT_STRUCT_SIZE). `sizeof(type)` is also accepted. */
@@ -156,7 +161,7 @@ typedef struct colocated_execution_context colocated_execution_context;
 /**
  * Minor version of the C API. Bumped for every additive change.
  */
-#define COLOCATED_API_VERSION_MINOR 2
+#define COLOCATED_API_VERSION_MINOR 3
 
 /**
  * `(major << 16) | minor`, as [`colocated_api_version`] returns it.
@@ -659,6 +664,131 @@ typedef struct {
 } colocated_connect_options;
 
 /**
+ * The spec of an array: dtype, global dims and sharding.
+ */
+typedef struct {
+  /**
+   * Size of the caller's struct.
+   */
+  size_t struct_size;
+  /**
+   * Element type (`colocated_dtype`).
+   */
+  uint32_t dtype;
+  /**
+   * Global dimensions (NULL for a scalar).
+   */
+  const int64_t *dims;
+  /**
+   * Number of dimensions.
+   */
+  size_t num_dims;
+  /**
+   * Layout (required).
+   */
+  const colocated_sharding *sharding;
+} colocated_array_spec;
+
+/**
+ * Arguments of `colocated_function_create`.
+ */
+typedef struct {
+  /**
+   * Size of the caller's struct.
+   */
+  size_t struct_size;
+  /**
+   * The client that compiles the function's programs (required).
+   */
+  const colocated_client *client;
+  /**
+   * A name for traces and errors. Copied.
+   */
+  colocated_string_view name;
+  /**
+   * The hosts' language (default `"native"`). Copied.
+   */
+  colocated_string_view language;
+  /**
+   * For `native`: the function's name in the hosts' registries (required
+   * then). Copied.
+   */
+  colocated_string_view native_function;
+  /**
+   * Bytes the hosts' program gets: for `native`, what
+   * `colocated_execution_context_native_data` returns; for another
+   * language, its whole payload. Copied.
+   */
+  const uint8_t *data;
+  /**
+   * Bytes at `data`.
+   */
+  size_t data_size;
+  /**
+   * Specializes the function to these devices (borrowed during the call):
+   * calls without inputs run there, and calls with inputs must use them.
+   */
+  const colocated_device *const *devices;
+  /**
+   * Entries at `devices` (0: not specialized).
+   */
+  size_t num_devices;
+  /**
+   * When not NULL: the outputs every call produces (`num_out_specs` of
+   * them, read during the call), and calls never run to discover them.
+   * When NULL, the first call of each input spec runs synchronously and
+   * learns the outputs from what the hosts set with
+   * `colocated_execution_context_set_host_outputs`.
+   */
+  const colocated_array_spec *const *out_specs;
+  /**
+   * Entries at `out_specs`.
+   */
+  size_t num_out_specs;
+} colocated_function_args;
+
+/**
+ * Arguments of `colocated_function_call`.
+ */
+typedef struct {
+  /**
+   * Size of the caller's struct.
+   */
+  size_t struct_size;
+  /**
+   * The inputs (borrowed during the call), all on one device set.
+   */
+  const colocated_array *const *inputs;
+  /**
+   * Entries at `inputs`.
+   */
+  size_t num_inputs;
+  /**
+   * The objects the call uses (borrowed during the call): each is
+   * destroyed only after this call has run.
+   */
+  const colocated_object *const *objects;
+  /**
+   * Entries at `objects`.
+   */
+  size_t num_objects;
+} colocated_function_call_args;
+
+/**
+ * Destructor of user data, called exactly once.
+ */
+typedef void (*colocated_destructor)(void *user_data);
+
+/**
+ * Builds a host's value of a colocated object: sets `*value` (and, if it
+ * needs one, `*destructor`, called once with the value when the object is
+ * destroyed) and returns NULL, or returns an error the runtime takes over.
+ */
+typedef colocated_error *(*colocated_object_builder)(void *user_data,
+                                                     void **value,
+                                                     colocated_destructor *destructor);
+
+/**
  * One device attribute (borrowed from the device).
  */
 typedef struct {
@@ -691,32 +821,6 @@ typedef struct {
  * for long.
  */
 typedef void (*colocated_event_callback)(colocated_error *error, void *user_data);
-
-/**
- * The spec of an array: dtype, global dims and sharding.
- */
-typedef struct {
-  /**
-   * Size of the caller's struct.
-   */
-  size_t struct_size;
-  /**
-   * Element type (`colocated_dtype`).
-   */
-  uint32_t dtype;
-  /**
-   * Global dimensions (NULL for a scalar).
-   */
-  const int64_t *dims;
-  /**
-   * Number of dimensions.
-   */
-  size_t num_dims;
-  /**
-   * Layout (required).
-   */
-  const colocated_sharding *sharding;
-} colocated_array_spec;
 
 /**
  * A colocated program (SPEC: name, language, payload, specs, devices).
@@ -810,11 +914,6 @@ typedef colocated_error *(*colocated_host_callback_fn)(void *user_data,
                                                        const uint8_t *input,
                                                        size_t input_size,
                                                        colocated_callback_result *result);
-
-/**
- * Destructor of user data, called exactly once.
- */
-typedef void (*colocated_destructor)(void *user_data);
 
 /**
  * Arguments of `colocated_client_make_loaded_host_callback`.
@@ -1489,6 +1588,169 @@ colocated_error *colocated_stream_id(const colocated_stream *handle_, uint64_t *
 void colocated_stream_destroy(colocated_stream *stream);
 
 /**
+ * Creates a colocated function. The caller owns `*out`. Errors:
+ * `invalid_argument` (no client; an empty, non-UTF-8 or `colocated`
+ * language; `native` without a function name or with a NUL byte in it; an
+ * empty device list given as not NULL; bad out specs).
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_function_create(const colocated_function_args *args,
+                                           colocated_function **out);
+
+/**
+ * Destroys a function handle; calls already made still run. Accepts NULL.
+ * Thread-safety: any thread, once per handle.
+ */
+void colocated_function_destroy(colocated_function *function);
+
+/**
+ * Calls `function` on the calling thread's stream. With a program compiled
+ * for the inputs' spec (or declared outputs), it returns at once and
+ * `colocated_call_status` is ready when the call has run; otherwise the
+ * call first runs synchronously on every host to discover its outputs.
+ * The caller owns `*out`. Errors: `invalid_argument` for inputs on
+ * different device sets, inputs off the specialized devices, a call
+ * without inputs of a function not specialized with devices, outputs that
+ * differ between hosts or that the rules cannot place (see the SPEC);
+ * whatever the hosts' programs returned during discovery.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_function_call(const colocated_function *function,
+                                         const colocated_function_call_args *args,
+                                         colocated_call **out);
+
+/**
+ * The number of output arrays of a call.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_call_num_outputs(const colocated_call *call, size_t *out);
+
+/**
+ * Output `index` of a call, as a new array handle the caller owns (ready
+ * when the call has run). Errors: `invalid_argument` for an index out of
+ * range.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_call_output(const colocated_call *call,
+                                       size_t index,
+                                       colocated_array **out);
+
+/**
+ * The call's status: an event the caller owns, ready (with the call's
+ * error, if any) when the call has run on every host.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_call_status(const colocated_call *call, colocated_event **out);
+
+/**
+ * The structure of the call's outputs as the hosts reported it to
+ * `colocated_execution_context_set_host_outputs` during discovery (empty
+ * for declared outputs): `*data` is borrowed from the call.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_call_structure(const colocated_call *call,
+                                          const uint8_t **data,
+                                          size_t *size);
+
+/**
+ * Destroys a call handle; its outputs and status stay valid in the handles
+ * taken from it. Accepts NULL.
+ * Thread-safety: any thread, once per handle.
+ */
+void colocated_call_destroy(colocated_call *call);
+
+/**
+ * Creates a colocated object with a fresh id. The caller owns `*out`.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_object_create(colocated_object **out);
+
+/**
+ * The object's id: what its functions' hosts pass to
+ * `colocated_execution_context_host_object` (put it in the function's
+ * `data`).
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_object_id(const colocated_object *object, uint64_t *out);
+
+/**
+ * Destroys the object: on every host a call using it ran on, once those
+ * calls have run, its value's destructor runs. Accepts NULL.
+ * Thread-safety: any thread, once per handle.
+ */
+void colocated_object_destroy(colocated_object *object);
+
+/**
+ * This host's value of object `id` for the running call's session: built
+ * with `build(user_data, ...)` by the first call that asks on this host
+ * (one at a time), then the same `*value` for every call until the object
+ * is destroyed (or its session ends on a worker). If `build` failed, every
+ * call gets a copy of its error, and `build` is not called again. `*value`
+ * stays valid during the calling native function's call. Errors: the
+ * builder's; `invalid_argument` for a value another language built.
+ * Thread-safety: the calling native function's thread; values must be
+ * usable from any thread.
+ */
+colocated_error *colocated_execution_context_host_object(const colocated_execution_context *context,
+                                                         uint64_t id,
+                                                         colocated_object_builder build,
+                                                         void *user_data,
+                                                         void **value);
+
+/**
+ * A native program's data: the `data` of its colocated function (see
+ * `colocated_function_args`), borrowed during the call; empty otherwise.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_native_data(const colocated_execution_context *context,
+                                                         const uint8_t **data,
+                                                         size_t *size);
+
+/**
+ * True while the program runs to discover its outputs (the first call of a
+ * colocated function of an input spec, without declared outputs): then
+ * `colocated_execution_context_set_host_outputs` takes any arrays over the
+ * call's devices of this host, and their structure.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_discovering(const colocated_execution_context *context,
+                                                         bool *out);
+
+/**
+ * The session the program runs for (0 for the controller's own host): what
+ * a host keys state that outlives a call by.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_session(const colocated_execution_context *context,
+                                                     uint64_t *out);
+
+/**
+ * Input `index` of this host, as an array (a new handle the caller owns)
+ * of the host's shards of that argument. Errors: `invalid_argument` for an
+ * index out of range; `unimplemented` when the host's shards of an input
+ * do not make one array of their own.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_host_input(const colocated_execution_context *context,
+                                                        size_t index,
+                                                        colocated_array **out);
+
+/**
+ * Sets every output from this host's output arrays (borrowed during the
+ * call), one per output, each checked against its spec. While discovering,
+ * the arrays may be any arrays over the call's devices of this host, and
+ * `structure` (`structure_size` bytes, the same on every host; the
+ * controller hands it back with `colocated_call_structure`) describes them.
+ * Errors: `invalid_argument` for outputs that do not match their specs.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_set_host_outputs(colocated_execution_context *context,
+                                                              const colocated_array *const *outputs,
+                                                              size_t num_outputs,
+                                                              const uint8_t *structure,
+                                                              size_t structure_size);
+
+/**
  * The device's global id.
  *
  * Thread-safety: any thread.
@@ -2002,6 +2264,16 @@ colocated_error *colocated_execution_context_call_host_callback(const colocated_
                                                                 const uint8_t *input,
                                                                 size_t input_size,
                                                                 colocated_bytes **out);
+
+/**
+ * The program's devices on this host, in the program's order (`*devices`
+ * is borrowed, valid during the call): where a function without inputs, or
+ * a discovery run, puts its outputs.
+ * Thread-safety: the calling native function's thread.
+ */
+colocated_error *colocated_execution_context_devices(const colocated_execution_context *context,
+                                                     const colocated_device *const **devices,
+                                                     size_t *num_devices);
 
 /**
  * Loads the plugin library `path` (UTF-8; a path without a directory names a

@@ -112,7 +112,7 @@ unsafe fn compile_options(options: *const colocated_compile_options) -> Result<C
     Ok(CompileOptions { host_callbacks })
 }
 
-unsafe fn specs(
+pub(crate) unsafe fn specs(
     list: *const *const colocated_array_spec,
     n: usize,
     what: &str,

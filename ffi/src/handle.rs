@@ -350,5 +350,7 @@ mod tests {
         no_trailing_padding::<crate::executable::colocated_program>();
         no_trailing_padding::<crate::executable::colocated_compile_options>();
         no_trailing_padding::<crate::executable::colocated_execute_options>();
+        no_trailing_padding::<crate::colocated::colocated_function_args>();
+        no_trailing_padding::<crate::colocated::colocated_function_call_args>();
     }
 }

@@ -166,6 +166,7 @@ fn call_native(
         ctx: (ctx as *mut ExecutionContext<'_>).cast(),
         client: &client,
         output_devices,
+        devices: std::cell::OnceCell::new(),
     };
     // SAFETY: the C function's contract; every pointer passed is valid during the
     // call.
@@ -184,16 +185,25 @@ pub struct colocated_execution_context {
     ctx: *mut c_void,
     client: *const colocated_client,
     output_devices: Vec<*const colocated_device>,
+    /// The program's devices on this host (made when first asked for).
+    devices: std::cell::OnceCell<Vec<*const colocated_device>>,
 }
 
 impl colocated_execution_context {
-    fn core(&self) -> &ExecutionContext<'static> {
+    /// The C view of the running program's client.
+    pub(crate) fn shell(&self) -> Arc<ClientShell> {
+        // SAFETY: `client` points to the lent client handle of the running
+        // call, which outlives this struct (both live in `call_native`).
+        unsafe { (*self.client).shell.clone() }
+    }
+
+    pub(crate) fn core(&self) -> &ExecutionContext<'static> {
         // SAFETY: `ctx` points to the ExecutionContext of the running call, which
         // outlives this struct (created and dropped inside `call_native`).
         unsafe { &*self.ctx.cast::<ExecutionContext<'static>>() }
     }
 
-    fn core_mut(&mut self) -> &mut ExecutionContext<'static> {
+    pub(crate) fn core_mut(&mut self) -> &mut ExecutionContext<'static> {
         // SAFETY: as in `core`; `&mut self` makes the access exclusive.
         unsafe { &mut *self.ctx.cast::<ExecutionContext<'static>>() }
     }
@@ -316,6 +326,31 @@ pub unsafe extern "C" fn colocated_execution_context_call_host_callback(
         }
         let answer = c.core().call_host_callback(index, input)?;
         put_box(out, colocated_bytes::make(answer), "out")
+    })
+}
+
+/// The program's devices on this host, in the program's order (`*devices`
+/// is borrowed, valid during the call): where a function without inputs, or
+/// a discovery run, puts its outputs.
+/// Thread-safety: the calling native function's thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_execution_context_devices(
+    context: *const colocated_execution_context,
+    devices: *mut *const *const colocated_device,
+    num_devices: *mut usize,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(context, "context")?;
+        let list = c.devices.get_or_init(|| {
+            let shell = c.shell();
+            c.core()
+                .devices()
+                .iter()
+                .map(|d| shell.device_handle(d))
+                .collect()
+        });
+        put(devices, list.as_ptr(), "devices")?;
+        put(num_devices, list.len(), "num_devices")
     })
 }
 

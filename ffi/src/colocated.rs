@@ -1,0 +1,569 @@
+//! Colocated functions and objects over core's protocol: the call rules, the
+//! cache per input spec, discovery of outputs, and objects destroyed on every
+//! host they ran on. C supplies what the Python SDK's decorator supplies: a
+//! payload (a native function's name and data) and, optionally, the outputs
+//! every call produces.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use colocated_core::{
+    host_object, native_payload, ArraySpec, CallSite, CallSpec, ColocatedFunction, ColocatedObject,
+    Device, Error, Event, OutputOrigin, Outputs, Payload, Result, LANGUAGE_NATIVE,
+};
+
+use crate::array::colocated_array;
+use crate::client::{colocated_client, device_list, ClientShell};
+use crate::device::colocated_device;
+use crate::error::colocated_error;
+use crate::event::colocated_event;
+use crate::executable::{colocated_array_spec, specs};
+use crate::handle::{
+    colocated_string_view, get, handle, put, put_box, read_versioned, slice, tagged, take,
+    versioned,
+};
+use crate::native::{colocated_destructor, colocated_execution_context};
+use crate::{boundary, boundary_void};
+
+/// Arguments of `colocated_function_create`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct colocated_function_args {
+    /// Size of the caller's struct.
+    pub struct_size: usize,
+    /// The client that compiles the function's programs (required).
+    pub client: *const colocated_client,
+    /// A name for traces and errors. Copied.
+    pub name: colocated_string_view,
+    /// The hosts' language (default `"native"`). Copied.
+    pub language: colocated_string_view,
+    /// For `native`: the function's name in the hosts' registries (required
+    /// then). Copied.
+    pub native_function: colocated_string_view,
+    /// Bytes the hosts' program gets: for `native`, what
+    /// `colocated_execution_context_native_data` returns; for another
+    /// language, its whole payload. Copied.
+    pub data: *const u8,
+    /// Bytes at `data`.
+    pub data_size: usize,
+    /// Specializes the function to these devices (borrowed during the call):
+    /// calls without inputs run there, and calls with inputs must use them.
+    pub devices: *const *const colocated_device,
+    /// Entries at `devices` (0: not specialized).
+    pub num_devices: usize,
+    /// When not NULL: the outputs every call produces (`num_out_specs` of
+    /// them, read during the call), and calls never run to discover them.
+    /// When NULL, the first call of each input spec runs synchronously and
+    /// learns the outputs from what the hosts set with
+    /// `colocated_execution_context_set_host_outputs`.
+    pub out_specs: *const *const colocated_array_spec,
+    /// Entries at `out_specs`.
+    pub num_out_specs: usize,
+}
+versioned!(colocated_function_args, required: client, fields: [struct_size, client, name, language, native_function, data, data_size, devices, num_devices, out_specs, num_out_specs]);
+
+/// What a C function supplies to core for a call without a compiled program.
+struct FixedSite {
+    payload: Vec<u8>,
+    outputs: Option<Vec<ArraySpec>>,
+}
+
+impl CallSite for FixedSite {
+    type Entry = ();
+
+    fn payload(&self, _: &[Device], _: Option<&Outputs>) -> Result<Payload> {
+        Ok(Payload {
+            bytes: self.payload.clone(),
+            host_callbacks: Vec::new(),
+        })
+    }
+
+    fn declared_outputs(&self) -> Result<Option<Outputs>> {
+        Ok(self.outputs.as_ref().map(|specs| Outputs {
+            structure: Vec::new(),
+            origins: vec![OutputOrigin::New; specs.len()],
+            specs: specs.clone(),
+        }))
+    }
+
+    fn entry(&self, _: &Outputs) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A colocated function: its specialization and its cache of compiled
+/// programs per input spec. Owned by the caller; destroy with
+/// `colocated_function_destroy`.
+///
+/// Thread-safety: any thread; calls may run concurrently.
+#[repr(C)]
+pub struct colocated_function {
+    tag: u64,
+    function: ColocatedFunction<()>,
+    site: FixedSite,
+    shell: Arc<ClientShell>,
+}
+
+/// The result of one call: its output arrays (ready later), its status, and
+/// the output structure the hosts reported. Owned by the caller; destroy
+/// with `colocated_call_destroy`.
+///
+/// Thread-safety: any thread.
+#[repr(C)]
+pub struct colocated_call {
+    tag: u64,
+    outputs: Vec<colocated_core::Array>,
+    status: Event,
+    structure: Vec<u8>,
+    shell: Arc<ClientShell>,
+}
+
+/// A colocated object: an id the hosts key their state by (see
+/// `colocated_execution_context_host_object`). Destroying the handle
+/// destroys the object on every host a call using it ran on, after those
+/// calls. Owned by the caller.
+///
+/// Thread-safety: any thread.
+#[repr(C)]
+pub struct colocated_object {
+    tag: u64,
+    object: ColocatedObject,
+}
+
+tagged! {
+    colocated_function => 0xC010_CA7E_0000_0050,
+    colocated_call => 0xC010_CA7E_0000_0051,
+    colocated_object => 0xC010_CA7E_0000_0052,
+}
+
+/// Creates a colocated function. The caller owns `*out`. Errors:
+/// `invalid_argument` (no client; an empty, non-UTF-8 or `colocated`
+/// language; `native` without a function name or with a NUL byte in it; an
+/// empty device list given as not NULL; bad out specs).
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_function_create(
+    args: *const colocated_function_args,
+    out: *mut *mut colocated_function,
+) -> *mut colocated_error {
+    boundary(|| {
+        let a = read_versioned(args, false)?;
+        let client = handle(a.client, "client")?;
+        let name = a.name.to_str("name")?;
+        let language = match a.language.to_str("language")? {
+            "" => LANGUAGE_NATIVE,
+            language => language,
+        };
+        let data = slice(a.data, a.data_size, "data")?;
+        let payload = if language == LANGUAGE_NATIVE {
+            let function = a.native_function.to_str("native_function")?;
+            if function.is_empty() || function.contains('\0') {
+                return Err(Error::invalid_argument(
+                    "a native colocated function needs native_function: a name without NUL bytes",
+                ));
+            }
+            native_payload(function, data)
+        } else {
+            data.to_vec()
+        };
+        let devices = if a.devices.is_null() {
+            None
+        } else {
+            Some(device_list(a.devices, a.num_devices)?)
+        };
+        let outputs = if a.out_specs.is_null() {
+            None
+        } else {
+            Some(specs(a.out_specs, a.num_out_specs, "out_specs")?)
+        };
+        let function = ColocatedFunction::new(name, language, devices, None)?;
+        let tag = <colocated_function as crate::handle::Tagged>::TAG;
+        put_box(
+            out,
+            colocated_function {
+                tag,
+                function,
+                site: FixedSite { payload, outputs },
+                shell: client.shell.clone(),
+            },
+            "out",
+        )
+    })
+}
+
+/// Destroys a function handle; calls already made still run. Accepts NULL.
+/// Thread-safety: any thread, once per handle.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_function_destroy(function: *mut colocated_function) {
+    boundary_void(|| drop(take(function)));
+}
+
+/// Arguments of `colocated_function_call`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct colocated_function_call_args {
+    /// Size of the caller's struct.
+    pub struct_size: usize,
+    /// The inputs (borrowed during the call), all on one device set.
+    pub inputs: *const *const colocated_array,
+    /// Entries at `inputs`.
+    pub num_inputs: usize,
+    /// The objects the call uses (borrowed during the call): each is
+    /// destroyed only after this call has run.
+    pub objects: *const *const colocated_object,
+    /// Entries at `objects`.
+    pub num_objects: usize,
+}
+versioned!(colocated_function_call_args, required: struct_size, fields: [struct_size, inputs, num_inputs, objects, num_objects]);
+
+/// Calls `function` on the calling thread's stream. With a program compiled
+/// for the inputs' spec (or declared outputs), it returns at once and
+/// `colocated_call_status` is ready when the call has run; otherwise the
+/// call first runs synchronously on every host to discover its outputs.
+/// The caller owns `*out`. Errors: `invalid_argument` for inputs on
+/// different device sets, inputs off the specialized devices, a call
+/// without inputs of a function not specialized with devices, outputs that
+/// differ between hosts or that the rules cannot place (see the SPEC);
+/// whatever the hosts' programs returned during discovery.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_function_call(
+    function: *const colocated_function,
+    args: *const colocated_function_call_args,
+    out: *mut *mut colocated_call,
+) -> *mut colocated_error {
+    boundary(|| {
+        let f = handle(function, "function")?;
+        let a = read_versioned(args, true)?;
+        if out.is_null() {
+            return Err(Error::invalid_argument("out-parameter out is NULL"));
+        }
+        let inputs = slice(a.inputs, a.num_inputs, "inputs")?
+            .iter()
+            .enumerate()
+            .map(|(i, x)| handle(*x, &format!("inputs[{i}]")).map(|x| x.array.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let objects = slice(a.objects, a.num_objects, "objects")?
+            .iter()
+            .enumerate()
+            .map(|(i, o)| handle(*o, &format!("objects[{i}]")).map(|o| &o.object))
+            .collect::<Result<Vec<_>>>()?;
+        let spec = CallSpec {
+            tree: inputs.len() as u64,
+            leaves: inputs.iter().map(|x| x.spec().clone()).collect(),
+        };
+        let call = f
+            .function
+            .call(&f.shell.client, &spec, &inputs, &f.site, &objects)?;
+        let tag = <colocated_call as crate::handle::Tagged>::TAG;
+        put_box(
+            out,
+            colocated_call {
+                tag,
+                outputs: call.outputs,
+                status: call.status.unwrap_or_else(Event::ready_ok),
+                structure: call.entry.outputs().structure.clone(),
+                shell: f.shell.clone(),
+            },
+            "out",
+        )
+    })
+}
+
+/// The number of output arrays of a call.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_call_num_outputs(
+    call: *const colocated_call,
+    out: *mut usize,
+) -> *mut colocated_error {
+    get(call, out, |c| c.outputs.len())
+}
+
+/// Output `index` of a call, as a new array handle the caller owns (ready
+/// when the call has run). Errors: `invalid_argument` for an index out of
+/// range.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_call_output(
+    call: *const colocated_call,
+    index: usize,
+    out: *mut *mut colocated_array,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(call, "call")?;
+        let array = c.outputs.get(index).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "output {index} is out of range (the call has {})",
+                c.outputs.len()
+            ))
+        })?;
+        put_box(
+            out,
+            colocated_array::make(array.clone(), c.shell.clone()),
+            "out",
+        )
+    })
+}
+
+/// The call's status: an event the caller owns, ready (with the call's
+/// error, if any) when the call has run on every host.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_call_status(
+    call: *const colocated_call,
+    out: *mut *mut colocated_event,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(call, "call")?;
+        put_box(out, colocated_event::make(c.status.clone()), "out")
+    })
+}
+
+/// The structure of the call's outputs as the hosts reported it to
+/// `colocated_execution_context_set_host_outputs` during discovery (empty
+/// for declared outputs): `*data` is borrowed from the call.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_call_structure(
+    call: *const colocated_call,
+    data: *mut *const u8,
+    size: *mut usize,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(call, "call")?;
+        put(data, c.structure.as_ptr(), "data")?;
+        put(size, c.structure.len(), "size")
+    })
+}
+
+/// Destroys a call handle; its outputs and status stay valid in the handles
+/// taken from it. Accepts NULL.
+/// Thread-safety: any thread, once per handle.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_call_destroy(call: *mut colocated_call) {
+    boundary_void(|| drop(take(call)));
+}
+
+/// Creates a colocated object with a fresh id. The caller owns `*out`.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_object_create(
+    out: *mut *mut colocated_object,
+) -> *mut colocated_error {
+    boundary(|| {
+        let tag = <colocated_object as crate::handle::Tagged>::TAG;
+        put_box(
+            out,
+            colocated_object {
+                tag,
+                object: ColocatedObject::new(),
+            },
+            "out",
+        )
+    })
+}
+
+/// The object's id: what its functions' hosts pass to
+/// `colocated_execution_context_host_object` (put it in the function's
+/// `data`).
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_object_id(
+    object: *const colocated_object,
+    out: *mut u64,
+) -> *mut colocated_error {
+    get(object, out, |o| o.object.id())
+}
+
+/// Destroys the object: on every host a call using it ran on, once those
+/// calls have run, its value's destructor runs. Accepts NULL.
+/// Thread-safety: any thread, once per handle.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_object_destroy(object: *mut colocated_object) {
+    boundary_void(|| drop(take(object)));
+}
+
+/// Builds a host's value of a colocated object: sets `*value` (and, if it
+/// needs one, `*destructor`, called once with the value when the object is
+/// destroyed) and returns NULL, or returns an error the runtime takes over.
+pub type colocated_object_builder = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        value: *mut *mut c_void,
+        destructor: *mut colocated_destructor,
+    ) -> *mut colocated_error,
+>;
+
+/// A host's value of an object built by C.
+struct CValue {
+    ptr: *mut c_void,
+    destructor: colocated_destructor,
+}
+
+// SAFETY: the contract of `colocated_execution_context_host_object`: values
+// are used from any thread.
+unsafe impl Send for CValue {}
+// SAFETY: as above.
+unsafe impl Sync for CValue {}
+
+impl Drop for CValue {
+    fn drop(&mut self) {
+        if let Some(d) = self.destructor {
+            // SAFETY: the builder gave this destructor for this value.
+            unsafe { d(self.ptr) };
+        }
+    }
+}
+
+/// This host's value of object `id` for the running call's session: built
+/// with `build(user_data, ...)` by the first call that asks on this host
+/// (one at a time), then the same `*value` for every call until the object
+/// is destroyed (or its session ends on a worker). If `build` failed, every
+/// call gets a copy of its error, and `build` is not called again. `*value`
+/// stays valid during the calling native function's call. Errors: the
+/// builder's; `invalid_argument` for a value another language built.
+/// Thread-safety: the calling native function's thread; values must be
+/// usable from any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_execution_context_host_object(
+    context: *const colocated_execution_context,
+    id: u64,
+    build: colocated_object_builder,
+    user_data: *mut c_void,
+    value: *mut *mut c_void,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(context, "context")?;
+        let Some(build) = build else {
+            return Err(Error::invalid_argument("build is NULL"));
+        };
+        if value.is_null() {
+            return Err(Error::invalid_argument("out-parameter value is NULL"));
+        }
+        let built = host_object(c.core().session(), id, || {
+            let mut made: *mut c_void = std::ptr::null_mut();
+            let mut destructor: colocated_destructor = None;
+            // SAFETY: the builder's contract; both out-pointers are valid.
+            let err = unsafe { build(user_data, &mut made, &mut destructor) };
+            // SAFETY: the builder returns NULL or an error it hands over.
+            match unsafe { colocated_error::take(err) } {
+                Some(e) => Err(Arc::new(e)),
+                None => Ok(Arc::new(CValue {
+                    ptr: made,
+                    destructor,
+                })),
+            }
+        });
+        match built {
+            Ok(v) => match v.downcast_ref::<CValue>() {
+                Some(v) => put(value, v.ptr, "value"),
+                None => Err(Error::invalid_argument(format!(
+                    "object {id} was built by another language on this host"
+                ))),
+            },
+            Err(e) => Err(e.downcast_ref::<Error>().cloned().unwrap_or_else(|| {
+                Error::invalid_argument(format!(
+                    "object {id} failed to build in another language on this host"
+                ))
+            })),
+        }
+    })
+}
+
+/// A native program's data: the `data` of its colocated function (see
+/// `colocated_function_args`), borrowed during the call; empty otherwise.
+/// Thread-safety: the calling native function's thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_execution_context_native_data(
+    context: *const colocated_execution_context,
+    data: *mut *const u8,
+    size: *mut usize,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(context, "context")?;
+        let bytes = c.core().native_data();
+        put(data, bytes.as_ptr(), "data")?;
+        put(size, bytes.len(), "size")
+    })
+}
+
+/// True while the program runs to discover its outputs (the first call of a
+/// colocated function of an input spec, without declared outputs): then
+/// `colocated_execution_context_set_host_outputs` takes any arrays over the
+/// call's devices of this host, and their structure.
+/// Thread-safety: the calling native function's thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_execution_context_discovering(
+    context: *const colocated_execution_context,
+    out: *mut bool,
+) -> *mut colocated_error {
+    get(context, out, |c| c.core().discovering())
+}
+
+/// The session the program runs for (0 for the controller's own host): what
+/// a host keys state that outlives a call by.
+/// Thread-safety: the calling native function's thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_execution_context_session(
+    context: *const colocated_execution_context,
+    out: *mut u64,
+) -> *mut colocated_error {
+    get(context, out, |c| c.core().session().as_u64())
+}
+
+/// Input `index` of this host, as an array (a new handle the caller owns)
+/// of the host's shards of that argument. Errors: `invalid_argument` for an
+/// index out of range; `unimplemented` when the host's shards of an input
+/// do not make one array of their own.
+/// Thread-safety: the calling native function's thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_execution_context_host_input(
+    context: *const colocated_execution_context,
+    index: usize,
+    out: *mut *mut colocated_array,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(context, "context")?;
+        let mut arrays = c.core().host_input_arrays()?;
+        if index >= arrays.len() {
+            return Err(Error::invalid_argument(format!(
+                "input {index} is out of range (the program has {})",
+                arrays.len()
+            )));
+        }
+        let array = arrays.swap_remove(index);
+        put_box(out, colocated_array::make(array, c.shell()), "out")
+    })
+}
+
+/// Sets every output from this host's output arrays (borrowed during the
+/// call), one per output, each checked against its spec. While discovering,
+/// the arrays may be any arrays over the call's devices of this host, and
+/// `structure` (`structure_size` bytes, the same on every host; the
+/// controller hands it back with `colocated_call_structure`) describes them.
+/// Errors: `invalid_argument` for outputs that do not match their specs.
+/// Thread-safety: the calling native function's thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_execution_context_set_host_outputs(
+    context: *mut colocated_execution_context,
+    outputs: *const *const colocated_array,
+    num_outputs: usize,
+    structure: *const u8,
+    structure_size: usize,
+) -> *mut colocated_error {
+    boundary(|| {
+        handle(context, "context")?;
+        let arrays = slice(outputs, num_outputs, "outputs")?
+            .iter()
+            .enumerate()
+            .map(|(i, x)| handle(*x, &format!("outputs[{i}]")).map(|x| x.array.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let structure = slice(structure, structure_size, "structure")?.to_vec();
+        // SAFETY: checked non-NULL and of the right type just above.
+        let c = unsafe { &mut *context };
+        let discovering = c.core().discovering();
+        c.core_mut()
+            .set_host_outputs(arrays, discovering.then_some(structure))
+    })
+}
