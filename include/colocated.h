@@ -783,6 +783,8 @@ typedef void (*colocated_destructor)(void *user_data);
  * Builds a host's value of a colocated object: sets `*value` (and, if it
  * needs one, `*destructor`, called once with the value when the object is
  * destroyed) and returns NULL, or returns an error the runtime takes over.
+ * On error `*value` and `*destructor` are ignored: the builder frees what it
+ * made.
  */
 typedef colocated_error *(*colocated_object_builder)(void *user_data,
                                                      void **value,
@@ -1645,7 +1647,8 @@ colocated_error *colocated_call_status(const colocated_call *call, colocated_eve
 /**
  * The structure of the call's outputs as the hosts reported it to
  * `colocated_execution_context_set_host_outputs` during discovery (empty
- * for declared outputs): `*data` is borrowed from the call.
+ * for declared outputs): `*data` is borrowed from the call (NULL when
+ * `*size` is 0).
  * Thread-safety: any thread.
  */
 colocated_error *colocated_call_structure(const colocated_call *call,
@@ -1686,8 +1689,11 @@ void colocated_object_destroy(colocated_object *object);
  * (one at a time), then the same `*value` for every call until the object
  * is destroyed (or its session ends on a worker). If `build` failed, every
  * call gets a copy of its error, and `build` is not called again. `*value`
- * stays valid during the calling native function's call. Errors: the
- * builder's; `invalid_argument` for a value another language built.
+ * stays valid until the calling native function returns. The object is
+ * destroyed on a host only after the calls that list it in
+ * `colocated_function_call_args.objects`: a call must list every object its
+ * hosts use. Errors: the builder's; `invalid_argument` for a value another
+ * language built.
  * Thread-safety: the calling native function's thread; values must be
  * usable from any thread.
  */
@@ -1699,7 +1705,8 @@ colocated_error *colocated_execution_context_host_object(const colocated_executi
 
 /**
  * A native program's data: the `data` of its colocated function (see
- * `colocated_function_args`), borrowed during the call; empty otherwise.
+ * `colocated_function_args`), borrowed during the call (NULL when `*size`
+ * is 0); empty for a function without data.
  * Thread-safety: the calling native function's thread.
  */
 colocated_error *colocated_execution_context_native_data(const colocated_execution_context *context,
@@ -2206,7 +2213,7 @@ colocated_error *colocated_client_register_native_function(const colocated_clien
 /**
  * The client (borrowed, valid during the call) — to create output buffers.
  *
- * Thread-safety: any thread.
+ * Thread-safety: the calling native function's thread.
  */
 colocated_error *colocated_execution_context_client(const colocated_execution_context *handle_,
                                                     const colocated_client **out);
@@ -2214,7 +2221,7 @@ colocated_error *colocated_execution_context_client(const colocated_execution_co
 /**
  * How many output shards the function must set.
  *
- * Thread-safety: any thread.
+ * Thread-safety: the calling native function's thread.
  */
 colocated_error *colocated_execution_context_num_outputs(const colocated_execution_context *handle_,
                                                          size_t *out);

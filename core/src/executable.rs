@@ -94,8 +94,8 @@ impl std::fmt::Debug for LoadedExecutable {
     }
 }
 
-/// One host's part of an execution, queued on its stream (inline in the queue
-/// slot: submitting allocates nothing for it).
+/// One host's part of an execution, queued on its stream as boxed work (one
+/// allocation per submission; the queue's slots stay small).
 struct ExecJob {
     exe: LoadedExecutable,
     plan_index: usize,
@@ -588,6 +588,7 @@ impl LoadedExecutable {
             session,
             discovery: None,
             native_data: None,
+            host_outputs_set: false,
         };
         program.run(&mut ctx).map_err(|e| {
             e.context(format!(

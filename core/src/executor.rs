@@ -435,6 +435,8 @@ pub struct ExecutionContext<'a> {
     pub(crate) discovery: Option<Arc<dyn DiscoverySink>>,
     /// Set while a native function with data runs.
     pub(crate) native_data: Option<Arc<[u8]>>,
+    /// Whether `set_host_outputs` ran.
+    pub(crate) host_outputs_set: bool,
 }
 
 /// Takes the outputs of a discovery run (see
@@ -597,6 +599,12 @@ impl<'a> ExecutionContext<'a> {
         outputs: Vec<Array>,
         structure: Option<Vec<u8>>,
     ) -> Result<()> {
+        if self.host_outputs_set {
+            return Err(Error::invalid_argument(
+                "the program's outputs were already set (set_host_outputs runs once per call)",
+            ));
+        }
+        self.host_outputs_set = true;
         if let Some(sink) = self.discovery.clone() {
             let structure = structure.ok_or_else(|| {
                 Error::internal("a discovery run must give the structure of its outputs")

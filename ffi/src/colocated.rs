@@ -95,7 +95,8 @@ impl CallSite for FixedSite {
 /// programs per input spec. Owned by the caller; destroy with
 /// `colocated_function_destroy`.
 ///
-/// Thread-safety: any thread; calls may run concurrently.
+/// Thread-safety: any thread; calls may run concurrently (two first calls of
+/// one input spec made at once may both run to discover the outputs).
 #[repr(C)]
 pub struct colocated_function {
     tag: u64,
@@ -155,6 +156,23 @@ pub unsafe extern "C" fn colocated_function_create(
             language => language,
         };
         let data = slice(a.data, a.data_size, "data")?;
+        if a.devices.is_null() && a.num_devices > 0 {
+            return Err(Error::invalid_argument(format!(
+                "devices is NULL but num_devices is {}",
+                a.num_devices
+            )));
+        }
+        if a.out_specs.is_null() && a.num_out_specs > 0 {
+            return Err(Error::invalid_argument(format!(
+                "out_specs is NULL but num_out_specs is {}",
+                a.num_out_specs
+            )));
+        }
+        if language != LANGUAGE_NATIVE && a.native_function.size > 0 {
+            return Err(Error::invalid_argument(format!(
+                "native_function is for native functions; a '{language}' function's payload is its data"
+            )));
+        }
         let payload = if language == LANGUAGE_NATIVE {
             let function = a.native_function.to_str("native_function")?;
             if function.is_empty() || function.contains('\0') {
@@ -322,7 +340,8 @@ pub unsafe extern "C" fn colocated_call_status(
 
 /// The structure of the call's outputs as the hosts reported it to
 /// `colocated_execution_context_set_host_outputs` during discovery (empty
-/// for declared outputs): `*data` is borrowed from the call.
+/// for declared outputs): `*data` is borrowed from the call (NULL when
+/// `*size` is 0).
 /// Thread-safety: any thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_call_structure(
@@ -332,7 +351,7 @@ pub unsafe extern "C" fn colocated_call_structure(
 ) -> *mut colocated_error {
     boundary(|| {
         let c = handle(call, "call")?;
-        put(data, c.structure.as_ptr(), "data")?;
+        put(data, non_empty(&c.structure), "data")?;
         put(size, c.structure.len(), "size")
     })
 }
@@ -387,6 +406,8 @@ pub unsafe extern "C" fn colocated_object_destroy(object: *mut colocated_object)
 /// Builds a host's value of a colocated object: sets `*value` (and, if it
 /// needs one, `*destructor`, called once with the value when the object is
 /// destroyed) and returns NULL, or returns an error the runtime takes over.
+/// On error `*value` and `*destructor` are ignored: the builder frees what it
+/// made.
 pub type colocated_object_builder = Option<
     unsafe extern "C" fn(
         user_data: *mut c_void,
@@ -421,8 +442,11 @@ impl Drop for CValue {
 /// (one at a time), then the same `*value` for every call until the object
 /// is destroyed (or its session ends on a worker). If `build` failed, every
 /// call gets a copy of its error, and `build` is not called again. `*value`
-/// stays valid during the calling native function's call. Errors: the
-/// builder's; `invalid_argument` for a value another language built.
+/// stays valid until the calling native function returns. The object is
+/// destroyed on a host only after the calls that list it in
+/// `colocated_function_call_args.objects`: a call must list every object its
+/// hosts use. Errors: the builder's; `invalid_argument` for a value another
+/// language built.
 /// Thread-safety: the calling native function's thread; values must be
 /// usable from any thread.
 #[no_mangle]
@@ -456,12 +480,18 @@ pub unsafe extern "C" fn colocated_execution_context_host_object(
             }
         });
         match built {
-            Ok(v) => match v.downcast_ref::<CValue>() {
-                Some(v) => put(value, v.ptr, "value"),
-                None => Err(Error::invalid_argument(format!(
-                    "object {id} was built by another language on this host"
-                ))),
-            },
+            Ok(v) => {
+                let ptr = match v.downcast_ref::<CValue>() {
+                    Some(c_value) => c_value.ptr,
+                    None => {
+                        return Err(Error::invalid_argument(format!(
+                            "object {id} was built by another language on this host"
+                        )))
+                    }
+                };
+                c.held.borrow_mut().push(v);
+                put(value, ptr, "value")
+            }
             Err(e) => Err(e.downcast_ref::<Error>().cloned().unwrap_or_else(|| {
                 Error::invalid_argument(format!(
                     "object {id} failed to build in another language on this host"
@@ -472,7 +502,8 @@ pub unsafe extern "C" fn colocated_execution_context_host_object(
 }
 
 /// A native program's data: the `data` of its colocated function (see
-/// `colocated_function_args`), borrowed during the call; empty otherwise.
+/// `colocated_function_args`), borrowed during the call (NULL when `*size`
+/// is 0); empty for a function without data.
 /// Thread-safety: the calling native function's thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_execution_context_native_data(
@@ -483,7 +514,7 @@ pub unsafe extern "C" fn colocated_execution_context_native_data(
     boundary(|| {
         let c = handle(context, "context")?;
         let bytes = c.core().native_data();
-        put(data, bytes.as_ptr(), "data")?;
+        put(data, non_empty(bytes), "data")?;
         put(size, bytes.len(), "size")
     })
 }
@@ -566,4 +597,13 @@ pub unsafe extern "C" fn colocated_execution_context_set_host_outputs(
         c.core_mut()
             .set_host_outputs(arrays, discovering.then_some(structure))
     })
+}
+
+/// A borrowed byte string for C: NULL when empty (never a dangling pointer).
+fn non_empty(bytes: &[u8]) -> *const u8 {
+    if bytes.is_empty() {
+        std::ptr::null()
+    } else {
+        bytes.as_ptr()
+    }
 }

@@ -167,6 +167,7 @@ fn call_native(
         client: &client,
         output_devices,
         devices: std::cell::OnceCell::new(),
+        held: std::cell::RefCell::new(Vec::new()),
     };
     // SAFETY: the C function's contract; every pointer passed is valid during the
     // call.
@@ -187,6 +188,9 @@ pub struct colocated_execution_context {
     output_devices: Vec<*const colocated_device>,
     /// The program's devices on this host (made when first asked for).
     devices: std::cell::OnceCell<Vec<*const colocated_device>>,
+    /// Values of colocated objects handed out during the call: kept alive
+    /// until it returns, whatever happens to their objects meanwhile.
+    pub(crate) held: std::cell::RefCell<Vec<colocated_core::HostValue>>,
 }
 
 impl colocated_execution_context {
@@ -211,7 +215,7 @@ impl colocated_execution_context {
 
 /// The client (borrowed, valid during the call) — to create output buffers.
 ///
-/// Thread-safety: any thread.
+/// Thread-safety: the calling native function's thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_execution_context_client(
     handle_: *const colocated_execution_context,
@@ -221,7 +225,7 @@ pub unsafe extern "C" fn colocated_execution_context_client(
 }
 /// How many output shards the function must set.
 ///
-/// Thread-safety: any thread.
+/// Thread-safety: the calling native function's thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_execution_context_num_outputs(
     handle_: *const colocated_execution_context,

@@ -16,7 +16,7 @@ static atomic_int twice_discovering;
  * its sharding. */
 static colocated_error *native_twice(void *user_data, colocated_execution_context *ctx,
                                      const colocated_buffer *const *inputs, size_t num_inputs) {
-  (void)user_data, (void)inputs, (void)num_inputs;
+  (void)inputs, (void)num_inputs;
   atomic_fetch_add(&twice_calls, 1);
   bool discovering = false;
   colocated_error *err = colocated_execution_context_discovering(ctx, &discovering);
@@ -50,6 +50,9 @@ static colocated_error *native_twice(void *user_data, colocated_execution_contex
   if ((err = colocated_array_from_host(&args, &out))) goto done;
   const colocated_array *outs[1] = {out};
   err = colocated_execution_context_set_host_outputs(ctx, outs, 1, (const uint8_t *)STRUCTURE, strlen(STRUCTURE));
+  /* "twice_again" sets its outputs a second time, which must be refused. */
+  if (!err && user_data)
+    err = colocated_execution_context_set_host_outputs(ctx, outs, 1, (const uint8_t *)STRUCTURE, strlen(STRUCTURE));
   colocated_array_destroy(out);
 done:
   colocated_sharding_destroy(sharding);
@@ -114,6 +117,8 @@ static void read_output(const colocated_call *call, float *values, size_t n) {
 }
 
 TEST(a_function_discovers_its_outputs_then_runs_from_its_cache) {
+  atomic_store(&twice_calls, 0);
+  atomic_store(&twice_discovering, 0);
   colocated_client *client = make_client(2, 2);
   register_native(client, "twice", native_twice, NULL, NULL);
   size_t n;
@@ -157,6 +162,7 @@ TEST(a_function_discovers_its_outputs_then_runs_from_its_cache) {
 }
 
 TEST(declared_outputs_skip_discovery_and_are_checked_against_what_the_host_sets) {
+  atomic_store(&twice_discovering, 0);
   colocated_client *client = make_client(2, 2);
   register_native(client, "twice", native_twice, NULL, NULL);
   size_t n;
@@ -193,6 +199,15 @@ TEST(declared_outputs_skip_discovery_and_are_checked_against_what_the_host_sets)
 }
 
 static atomic_int built, destroyed, build_failures;
+/* While set, "count" waits before it counts. */
+static atomic_int gate_closed;
+
+static void reset_counters(void) {
+  atomic_store(&built, 0);
+  atomic_store(&destroyed, 0);
+  atomic_store(&build_failures, 0);
+  atomic_store(&gate_closed, 0);
+}
 
 static void free_counter(void *value) {
   free(value);
@@ -220,6 +235,7 @@ static colocated_error *build_failing(void *user_data, void **value, colocated_d
 static colocated_error *native_count(void *user_data, colocated_execution_context *ctx,
                                      const colocated_buffer *const *inputs, size_t num_inputs) {
   (void)inputs, (void)num_inputs;
+  for (int i = 0; i < 5000 && atomic_load(&gate_closed); ++i) harness_sleep_ms(1);
   const uint8_t *data;
   size_t size;
   colocated_error *err = colocated_execution_context_native_data(ctx, &data, &size);
@@ -289,6 +305,7 @@ static colocated_call *call_on(const colocated_function *function, const colocat
 }
 
 TEST(an_object_is_built_once_per_host_and_destroyed_after_its_calls) {
+  reset_counters();
   colocated_client *client = make_client(1, 2);
   register_native(client, "count", native_count, NULL, NULL);
   colocated_object *object = NULL;
@@ -316,14 +333,19 @@ TEST(an_object_is_built_once_per_host_and_destroyed_after_its_calls) {
   CHECK(atomic_load(&built) == 2);
   CHECK(atomic_load(&destroyed) == 0);
 
-  /* A call still queued keeps the object: destroyed after it has run. */
+  /* A call still running keeps the object: destroyed after it has run. */
+  atomic_store(&gate_closed, 1);
   call = call_on(count, object);
   colocated_object_destroy(object);
+  harness_sleep_ms(20);
+  CHECK(atomic_load(&destroyed) == 0);
+  atomic_store(&gate_closed, 0);
   read_output(call, &got, 1);
   CHECK(got == 4);
   colocated_call_destroy(call);
   for (int i = 0; i < 500 && atomic_load(&destroyed) < 1; ++i) harness_sleep_ms(2);
   CHECK(atomic_load(&destroyed) == 1);
+  CHECK(atomic_load(&built) == 2);
   colocated_object_destroy(other);
   CHECK(atomic_load(&destroyed) == 2);
 
@@ -333,6 +355,7 @@ TEST(an_object_is_built_once_per_host_and_destroyed_after_its_calls) {
 }
 
 TEST(an_object_whose_builder_failed_gives_every_call_its_error) {
+  reset_counters();
   colocated_client *client = make_client(1, 2);
   register_native(client, "count", native_count, (void *)1, NULL);
   colocated_object *object = NULL;
@@ -390,6 +413,15 @@ TEST(a_call_without_inputs_needs_devices_and_bad_arguments_are_refused) {
   args.devices = devices;
   args.num_devices = 0;
   CHECK_CODE_MSG(colocated_function_create(&args, &f), COLOCATED_INVALID_ARGUMENT, "at least one");
+  args.devices = NULL;
+  args.num_devices = 1;
+  CHECK_CODE_MSG(colocated_function_create(&args, &f), COLOCATED_INVALID_ARGUMENT, "devices is NULL");
+  args.num_devices = 0;
+  args.num_out_specs = 1;
+  CHECK_CODE_MSG(colocated_function_create(&args, &f), COLOCATED_INVALID_ARGUMENT, "out_specs is NULL");
+  args.num_out_specs = 0;
+  args.language = sv("python");
+  CHECK_CODE_MSG(colocated_function_create(&args, &f), COLOCATED_INVALID_ARGUMENT, "native_function is for");
   /* A function name with a NUL byte cannot be registered (it ends names in payloads). */
   colocated_native_function_args native = {sizeof native};
   native.name = (colocated_string_view){"a\0b", 3};
@@ -408,5 +440,25 @@ TEST(a_call_without_inputs_needs_devices_and_bad_arguments_are_refused) {
   colocated_sharding_destroy(split);
   colocated_function_destroy(on_first);
   colocated_function_destroy(twice);
+  colocated_client_destroy(client);
+}
+
+TEST(a_host_that_sets_its_outputs_twice_fails_the_call) {
+  colocated_client *client = make_client(2, 2);
+  register_native(client, "twice_again", native_twice, (void *)1, NULL);
+  size_t n;
+  const colocated_device *const *devices = client_devices(client, &n);
+  colocated_sharding *split = make_split(client, devices, 2);
+  colocated_function *again = make_function(client, "twice_again", NULL, 0, NULL, 0);
+  float x[2] = {1, 2};
+  colocated_array *input = make_input(client, split, x, 2);
+  colocated_function_call_args args = {sizeof args};
+  args.inputs = (const colocated_array *const *)&input;
+  args.num_inputs = 1;
+  colocated_call *call = NULL;
+  CHECK_CODE_MSG(colocated_function_call(again, &args, &call), COLOCATED_INVALID_ARGUMENT, "already set");
+  colocated_array_destroy(input);
+  colocated_function_destroy(again);
+  colocated_sharding_destroy(split);
   colocated_client_destroy(client);
 }
