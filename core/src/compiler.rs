@@ -114,6 +114,7 @@ impl Client {
         Ok(LoadedExecutable(Arc::new(ExecutableInner {
             client: self.clone(),
             program,
+            mixed: crate::executable::mixed(&hosts),
             hosts,
             callbacks: options.host_callbacks,
             fingerprint,

@@ -18,6 +18,12 @@ use crate::program::Program;
 use crate::remote::{RemoteBuffer, RemoteExecutable};
 use crate::spec::ArraySpec;
 
+/// Whether `plans` run on both the local host and workers.
+pub(crate) fn mixed(plans: &[HostPlan]) -> bool {
+    plans.iter().any(|p| matches!(p.run, HostRun::Local(_)))
+        && plans.iter().any(|p| matches!(p.run, HostRun::Remote(_)))
+}
+
 /// Input shard counts and output shards of a single-device run.
 type Layout = (Vec<usize>, Vec<OutputShard>);
 
@@ -54,6 +60,9 @@ pub(crate) struct ExecutableInner {
     pub client: Client,
     pub program: Program,
     pub hosts: Vec<HostPlan>,
+    /// Whether `hosts` has both the local host and workers (its executions
+    /// then send the workers' parts first).
+    pub mixed: bool,
     pub callbacks: Vec<LoadedHostCallback>,
     pub fingerprint: String,
     /// The worker session the executable was loaded in (`None`: the
@@ -257,16 +266,7 @@ impl LoadedExecutable {
         // (Only a program over both kinds of host needs it: the others keep
         // their one task unallocated.)
         let mut remote_tasks: Vec<Task> = Vec::new();
-        let mixed = self
-            .0
-            .hosts
-            .iter()
-            .any(|p| matches!(p.run, HostRun::Local(_)))
-            && self
-                .0
-                .hosts
-                .iter()
-                .any(|p| matches!(p.run, HostRun::Remote(_)));
+        let mixed = self.0.mixed;
         for (h, plan) in self.0.hosts.iter().enumerate() {
             let inputs: Vec<Buffer> = plan
                 .input_positions

@@ -227,13 +227,30 @@ impl LanguageExecutor for NativeExecutor {
 /// The payload of a `native` program: the function's name, and the data the
 /// function reads with [`ExecutionContext::native_data`] (e.g. the id of the
 /// colocated object it is a method of), after a NUL byte when not empty.
-pub fn native_payload(name: &str, data: &[u8]) -> Vec<u8> {
+/// `invalid_argument` for an empty name or one with a NUL byte (no native
+/// function has such a name).
+pub fn native_payload(name: &str, data: &[u8]) -> Result<Vec<u8>> {
+    check_native_name(name)?;
     let mut payload = name.as_bytes().to_vec();
     if !data.is_empty() {
         payload.push(0);
         payload.extend_from_slice(data);
     }
-    payload
+    Ok(payload)
+}
+
+/// A native function's name is not empty and has no NUL byte (which ends the
+/// name in a program's payload).
+fn check_native_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::invalid_argument("a native function needs a name"));
+    }
+    if name.contains('\0') {
+        return Err(Error::invalid_argument(
+            "a native function's name cannot contain a NUL byte (it ends the name in a program's payload)",
+        ));
+    }
+    Ok(())
 }
 
 /// A `native` payload's (name, data): split at the first NUL byte.
@@ -341,14 +358,7 @@ pub(crate) struct NativeRegistry {
 
 impl NativeRegistry {
     pub fn register(&self, name: &str, func: Arc<NativeFn>) -> Result<()> {
-        if name.is_empty() {
-            return Err(Error::invalid_argument("a native function needs a name"));
-        }
-        if name.contains('\0') {
-            return Err(Error::invalid_argument(
-                "a native function's name cannot contain a NUL byte (it ends the name in a program's payload)",
-            ));
-        }
+        check_native_name(name)?;
         let mut map = self.functions.write().unwrap_or_else(|e| e.into_inner());
         if map.contains_key(name) {
             return Err(Error::already_exists(format!(

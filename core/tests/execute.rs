@@ -1437,3 +1437,42 @@ fn a_registered_language_executor_loads_at_compile_and_runs_per_host() {
         vec![11, 12, 13, 14]
     );
 }
+
+#[test]
+fn a_native_program_reads_the_data_after_its_name_and_bad_names_are_refused() {
+    let client = client(4);
+    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let log = seen.clone();
+    client
+        .register_native_function("with_data", move |ctx| {
+            log.lock().unwrap().push(ctx.native_data().to_vec());
+            Ok(())
+        })
+        .unwrap();
+    let devices = client.devices()[..1].to_vec();
+    for data in [&b""[..], b"\x00object 7\x00"] {
+        let payload = native_payload("with_data", data).unwrap();
+        let program = Program {
+            payload,
+            ..Program::native("with_data", vec![], vec![], devices.clone())
+        };
+        let exe = client.compile(program, CompileOptions::default()).unwrap();
+        exe.execute(&[], &ExecuteOptions::default())
+            .unwrap()
+            .status
+            .wait()
+            .unwrap();
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![vec![], b"\x00object 7\x00".to_vec()]
+    );
+    for bad in ["", "a\0b"] {
+        let err = native_payload(bad, b"x").unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+        let err = client
+            .register_native_function(bad, |_| Ok(()))
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    }
+}

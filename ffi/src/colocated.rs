@@ -156,18 +156,6 @@ pub unsafe extern "C" fn colocated_function_create(
             language => language,
         };
         let data = slice(a.data, a.data_size, "data")?;
-        if a.devices.is_null() && a.num_devices > 0 {
-            return Err(Error::invalid_argument(format!(
-                "devices is NULL but num_devices is {}",
-                a.num_devices
-            )));
-        }
-        if a.out_specs.is_null() && a.num_out_specs > 0 {
-            return Err(Error::invalid_argument(format!(
-                "out_specs is NULL but num_out_specs is {}",
-                a.num_out_specs
-            )));
-        }
         if language != LANGUAGE_NATIVE && a.native_function.size > 0 {
             return Err(Error::invalid_argument(format!(
                 "native_function is for native functions; a '{language}' function's payload is its data"
@@ -175,25 +163,18 @@ pub unsafe extern "C" fn colocated_function_create(
         }
         let payload = if language == LANGUAGE_NATIVE {
             let function = a.native_function.to_str("native_function")?;
-            if function.is_empty() || function.contains('\0') {
-                return Err(Error::invalid_argument(
-                    "a native colocated function needs native_function: a name without NUL bytes",
-                ));
-            }
-            native_payload(function, data)
+            native_payload(function, data).map_err(|e| e.context("native_function"))?
         } else {
             data.to_vec()
         };
-        let devices = if a.devices.is_null() {
-            None
-        } else {
-            Some(device_list(a.devices, a.num_devices)?)
-        };
-        let outputs = if a.out_specs.is_null() {
-            None
-        } else {
-            Some(specs(a.out_specs, a.num_out_specs, "out_specs")?)
-        };
+        // NULL means "not given"; NULL with a count is refused (`slice`).
+        let given = |list_is_null: bool, count: usize| !list_is_null || count > 0;
+        let devices = given(a.devices.is_null(), a.num_devices)
+            .then(|| device_list(a.devices, a.num_devices))
+            .transpose()?;
+        let outputs = given(a.out_specs.is_null(), a.num_out_specs)
+            .then(|| specs(a.out_specs, a.num_out_specs, "out_specs"))
+            .transpose()?;
         let function = ColocatedFunction::new(name, language, devices, None)?;
         let tag = <colocated_function as crate::handle::Tagged>::TAG;
         put_box(
@@ -556,14 +537,17 @@ pub unsafe extern "C" fn colocated_execution_context_host_input(
 ) -> *mut colocated_error {
     boundary(|| {
         let c = handle(context, "context")?;
-        let mut arrays = c.core().host_input_arrays()?;
-        if index >= arrays.len() {
-            return Err(Error::invalid_argument(format!(
+        let arrays = c
+            .host_inputs
+            .get_or_init(|| c.core().host_input_arrays())
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let array = arrays.get(index).cloned().ok_or_else(|| {
+            Error::invalid_argument(format!(
                 "input {index} is out of range (the program has {})",
                 arrays.len()
-            )));
-        }
-        let array = arrays.swap_remove(index);
+            ))
+        })?;
         put_box(out, colocated_array::make(array, c.shell()), "out")
     })
 }

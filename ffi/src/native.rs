@@ -168,6 +168,7 @@ fn call_native(
         output_devices,
         devices: std::cell::OnceCell::new(),
         held: std::cell::RefCell::new(Vec::new()),
+        host_inputs: std::cell::OnceCell::new(),
     };
     // SAFETY: the C function's contract; every pointer passed is valid during the
     // call.
@@ -191,6 +192,8 @@ pub struct colocated_execution_context {
     /// Values of colocated objects handed out during the call: kept alive
     /// until it returns, whatever happens to their objects meanwhile.
     pub(crate) held: std::cell::RefCell<Vec<colocated_core::HostValue>>,
+    /// This host's input arrays (assembled when first asked for).
+    pub(crate) host_inputs: std::cell::OnceCell<Result<Vec<colocated_core::Array>>>,
 }
 
 impl colocated_execution_context {

@@ -23,6 +23,10 @@ static colocated_error *native_twice(void *user_data, colocated_execution_contex
   if (err) return err;
   if (discovering) atomic_fetch_add(&twice_discovering, 1);
   colocated_array *in = NULL;
+  /* The program has one input: index 1 is refused. */
+  colocated_error *beyond = colocated_execution_context_host_input(ctx, 1, &in);
+  EXPECT(beyond != NULL && colocated_error_get_code(beyond) == COLOCATED_INVALID_ARGUMENT);
+  colocated_error_destroy(beyond);
   if ((err = colocated_execution_context_host_input(ctx, 0, &in))) return err;
   const int64_t *dims;
   size_t num_dims;
