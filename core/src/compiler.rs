@@ -7,7 +7,9 @@ use crate::client::Client;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::executable::{ExecutableInner, HostPlan, HostRun, HostSpecs, LoadedExecutable};
+use crate::executable::{
+    ExecutableInner, HostPlan, HostRun, HostSpecs, LoadedExecutable, LocalRun, WorkerRun,
+};
 use crate::executor::{OutputShard, SessionScope};
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
@@ -106,7 +108,7 @@ impl Client {
                 })?;
                 executor.load(&program)?
             };
-            hosts.push(plan_host(self, h, HostRun::Local(loaded), &program)?);
+            hosts.push(plan_host(self, h, Box::new(LocalRun(loaded)), &program)?);
         }
         let fingerprint = format::fingerprint(&format::encode(
             &program.to_proto(options.host_callbacks.len()),
@@ -257,7 +259,7 @@ fn plan_remote(
     }
     Ok(HostPlan {
         host,
-        run: HostRun::Remote(Arc::new(RemoteExecutable {
+        run: Box::new(WorkerRun(RemoteExecutable {
             host: remote.clone(),
             handle,
         })),
@@ -272,7 +274,12 @@ fn plan_remote(
 
 /// Which shards of each input and output live on host `host` (of this
 /// process), and the specs it sees when it lacks some.
-fn plan_host(client: &Client, host: usize, run: HostRun, program: &Program) -> Result<HostPlan> {
+fn plan_host(
+    client: &Client,
+    host: usize,
+    run: Box<dyn HostRun>,
+    program: &Program,
+) -> Result<HostPlan> {
     let positions = |spec: &ArraySpec| -> Vec<usize> {
         spec.sharding
             .devices()

@@ -120,6 +120,13 @@ impl DenseBytes {
     }
 }
 
+/// Lets [`bytes::Bytes::from_owner`] send the bytes without a copy.
+impl AsRef<[u8]> for DenseBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 impl Drop for DenseBytes {
     fn drop(&mut self) {
         match &mut self.owner {

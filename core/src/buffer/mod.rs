@@ -11,10 +11,13 @@ use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::future::Progress;
-use crate::remote::{RemoteBuffer, UploadTarget};
+use crate::remote::RemoteBuffer;
 use crate::storage::{DenseBytes, HostMemory};
-use crate::transport::encode_strings;
-use bytes::Bytes;
+use host::HostData;
+
+mod host;
+mod local;
+mod on_worker;
 
 /// What a buffer holds: bytes or strings on this host, or a handle of the
 /// bytes a worker host holds.
@@ -256,35 +259,20 @@ impl Buffer {
         } else {
             std::slice::from_raw_parts(data, len)
         };
-        if let Some(host) = client.remote(device.host_index()) {
-            // Copied during the call, whatever the semantics, chunk by chunk
-            // while the chunks already copied travel.
+        let host = host::of(client, device.host_index());
+        if semantics != HostBufferSemantics::ImmutableZeroCopy || !host.in_process() {
+            // Copied during the call (on its way to a worker, whatever the
+            // semantics: chunk by chunk while the chunks already copied travel).
             let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
-            host.upload_copy(buffer.clone(), src, None);
+            host.put_copy(&buffer, src, None);
             return Ok((buffer, Event::ready_ok()));
         }
-        let (bytes, done) = match semantics {
-            HostBufferSemantics::ImmutableOnlyDuringCall
-            | HostBufferSemantics::ImmutableUntilTransferCompletes => {
-                (DenseBytes::copy_of(src)?, Event::ready_ok())
-            }
-            HostBufferSemantics::ImmutableZeroCopy => {
-                let done = Event::new();
-                let on_release = done.clone();
-                let release: Box<dyn FnOnce() + Send> =
-                    Box::new(move || on_release.set_if_pending(Ok(())));
-                (DenseBytes::borrowed(data, len, Some(release)), done)
-            }
-        };
-        let buffer = Buffer::new(
-            client,
-            device.clone(),
-            memory_space,
-            dtype,
-            dims,
-            Event::ready_ok(),
-        );
-        buffer.fill(Storage::Dense(bytes));
+        let done = Event::new();
+        let on_release = done.clone();
+        let release: Box<dyn FnOnce() + Send> = Box::new(move || on_release.set_if_pending(Ok(())));
+        let bytes = DenseBytes::borrowed(data, len, Some(release));
+        let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
+        buffer.finish(Ok(Arc::new(Storage::Dense(bytes))));
         Ok((buffer, done))
     }
 
@@ -316,20 +304,9 @@ impl Buffer {
             )));
         }
         let memory_space = placement(client, device, None)?;
-        if let Some(host) = client.remote(device.host_index()) {
-            let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
-            host.upload_copy(buffer.clone(), memory.as_slice(), None);
-            return Ok(buffer);
-        }
-        let buffer = Buffer::new(
-            client,
-            device.clone(),
-            memory_space,
-            dtype,
-            dims,
-            Event::ready_ok(),
-        );
-        buffer.fill(Storage::Dense(memory.into_dense()));
+        let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
+        let data = Arc::new(Storage::Dense(memory.into_dense()));
+        host::of(client, device.host_index()).put(&buffer, data, None);
         Ok(buffer)
     }
 
@@ -375,9 +352,10 @@ impl Buffer {
     /// Creates a string buffer (UTF-8 elements, row-major) on `device`, in
     /// `memory_space` (default: the device's default memory space). The
     /// strings are copied during the call. On a worker's device the buffer is
-    /// ready once the worker has them (`resource_exhausted` now if they take
-    /// over [`MAX_STRING_BUFFER_BYTES`](crate::transport::MAX_STRING_BUFFER_BYTES)
-    /// on the wire; `unimplemented` for a worker too old for strings).
+    /// ready once the worker has them (and fails with `resource_exhausted` if
+    /// they take over
+    /// [`MAX_STRING_BUFFER_BYTES`](crate::transport::MAX_STRING_BUFFER_BYTES)
+    /// on the wire; `unimplemented` now for a worker too old for strings).
     pub fn from_strings<S: AsRef<str>>(
         client: &Client,
         strings: &[S],
@@ -393,21 +371,12 @@ impl Buffer {
             )));
         }
         let memory_space = placement(client, device, memory_space)?;
-        if let Some(host) = client.remote(device.host_index()) {
-            host.check_dtype(DType::String)?;
-            let encoded = encode_strings(strings)?;
-            let buffer = Buffer::pending(client, device, memory_space, DType::String, dims);
-            host.upload(buffer.clone(), Bytes::from(encoded), None);
-            return Ok(buffer);
-        }
+        let host = host::of(client, device.host_index());
+        host.check_dtype(DType::String)?;
         let elements = strings.iter().map(|s| Box::from(s.as_ref())).collect();
-        Ok(Buffer::of_strings(
-            client,
-            elements,
-            dims,
-            device,
-            memory_space,
-        ))
+        let buffer = Buffer::pending(client, device, memory_space, DType::String, dims);
+        host.put(&buffer, Arc::new(Storage::Strings(elements)), None);
+        Ok(buffer)
     }
 
     /// A ready string buffer of this host that takes `elements` over (their
@@ -450,6 +419,23 @@ impl Buffer {
             data: Mutex::new(Slot::Pending),
             life: AtomicUsize::new(0),
         }))
+    }
+
+    /// Finishes a pending buffer: fills it with `data` and makes it ready,
+    /// or fails it.
+    pub(crate) fn finish(&self, data: Result<Arc<Storage>>) {
+        match data {
+            Ok(data) => {
+                self.fill_shared(data);
+                self.0.ready.set_if_pending(Ok(()));
+            }
+            Err(e) => self.0.ready.set_if_pending(Err(e)),
+        }
+    }
+
+    /// The host that holds this buffer's data.
+    fn host(&self) -> &dyn HostData {
+        host::of(&self.0.client, self.0.device.host_index())
     }
 
     /// Stores the data of a pending buffer (ignored if the buffer was deleted).
@@ -604,18 +590,7 @@ impl Buffer {
             return Err(Error::invalid_argument("destination is NULL"));
         }
         let dst = HostDst(dst, len);
-        if self.is_remote() && self.0.dtype == DType::String {
-            let done = Event::new();
-            let out = done.clone();
-            self.strings_then(None, move |strings| {
-                out.set_if_pending(strings.and_then(|s| write_on_host(&s, dst)));
-            })?;
-            return Ok(done);
-        }
-        if self.is_remote() {
-            return self.download(dst, None);
-        }
-        if self.0.ready.is_ready() {
+        if self.host().in_process() && self.0.ready.is_ready() {
             // Copied during the call: the storage handle taken by `copy_out` keeps
             // the data alive even if another thread deletes the buffer meanwhile.
             return self
@@ -623,41 +598,16 @@ impl Buffer {
                 .map(|()| Event::ready_ok())
                 .or_else(|e| Ok(Event::ready(Err(e))));
         }
+        // Once ready, the host writes it (a worker's data is downloaded
+        // straight into `dst`), without blocking any thread.
         let hold = self.hold()?;
         let done = Event::new();
         let (me, out) = (self.clone(), done.clone());
         self.0.ready.on_ready(move |status| {
-            out.set_if_pending(status.and_then(|()| me.copy_out(dst)));
-            drop(hold);
-        });
-        Ok(done)
-    }
-
-    /// True when the data lives on a worker host.
-    fn is_remote(&self) -> bool {
-        self.0.client.remote(self.0.device.host_index()).is_some()
-    }
-
-    /// `to_host_raw` of a buffer on a worker: downloads straight into `dst`
-    /// once the buffer is ready, without blocking any thread.
-    fn download(&self, dst: HostDst, progress: Option<Progress>) -> Result<Event> {
-        let hold = self.hold()?;
-        let done = Event::new();
-        let (me, out) = (self.clone(), done.clone());
-        self.0.ready.on_ready(move |status| {
-            let storage = match status.and_then(|()| me.storage()) {
-                Ok(storage) => storage,
-                Err(e) => return out.set_if_pending(Err(e)),
+            match status.and_then(|()| me.storage()) {
+                Ok(held) => me.host().read_into(&me, held, dst, hold, out),
+                Err(e) => out.set_if_pending(Err(e)),
             };
-            let Storage::Remote(remote) = &*storage else {
-                return out.set_if_pending(Err(Error::internal(format!(
-                    "{me:?} is on a worker but its data is not"
-                ))));
-            };
-            let len = dst.len();
-            let write = move |at: usize, chunk: &[u8]| dst.write_at(at, chunk);
-            // The hold and the storage keep the worker's copy until the end.
-            remote.download(len, write, progress, (hold, storage.clone()), out);
         });
         Ok(done)
     }
@@ -729,28 +679,19 @@ impl Buffer {
         }
         let hold = self.hold()?;
         let me = self.clone();
-        self.0.ready.on_ready(move |status| {
-            let storage = match status.and_then(|()| me.storage()) {
-                Ok(storage) => storage,
-                Err(e) => return done(Err(e)),
-            };
-            let Storage::Remote(remote) = &*storage else {
-                drop(hold);
-                return done(Ok(storage));
-            };
-            // The hold and the storage keep the worker's copy until the end.
-            let keep = (hold, storage.clone());
-            remote.download_strings(me.num_elements(), progress, keep, move |strings| {
-                done(strings.map(|s| Arc::new(Storage::Strings(s))))
+        self.0
+            .ready
+            .on_ready(move |status| match status.and_then(|()| me.storage()) {
+                Ok(held) => me.host().fetch(&me, held, hold, progress, Box::new(done)),
+                Err(e) => done(Err(e)),
             });
-        });
         Ok(())
     }
 
     /// Waits until ready, then pins the data (see [`ExternalReference`]).
     pub fn acquire_external_reference(&self) -> Result<ExternalReference> {
         self.check_live()?;
-        if self.is_remote() {
+        if !self.host().in_process() {
             return Err(Error::failed_precondition(format!(
                 "{self:?} lives on worker {}: copy it to a local device, or read it with to_host",
                 self.0.client.hosts()[self.0.device.host_index()].name()
@@ -809,9 +750,7 @@ impl Buffer {
         let dst_host = device.host_index();
         let crosses = self.0.device.host_index() != dst_host;
         for host in [self.0.device.host_index(), dst_host] {
-            if let Some(remote) = client.remote(host) {
-                remote.check_dtype(self.0.dtype)?;
-            }
+            host::of(client, host).check_dtype(self.0.dtype)?;
         }
         if self.0.dtype == DType::String && device.kind() != "cpu" {
             return Err(Error::invalid_argument(
@@ -828,7 +767,7 @@ impl Buffer {
             ready.clone(),
         );
         let (src, dst) = (self.clone(), out.clone());
-        if crosses || self.is_remote() {
+        if crosses || !self.host().in_process() {
             // Not ordered by the stream's completion: the transfer runs on the
             // network threads, and `out` is ready when it is there.
             let task = Task {
@@ -879,93 +818,24 @@ impl Buffer {
 
     /// Copies this ready buffer's data into `dst` (pending) across hosts:
     /// local to worker, worker to local, or worker to worker (through this
-    /// process). `dst` becomes ready, or fails, when the data is there.
+    /// process): read on this buffer's host, put on `dst`'s. `dst` becomes
+    /// ready, or fails, when the data is there. `progress` follows the bytes
+    /// that cross into a worker, else those that come into this process.
     fn transfer(&self, dst: &Buffer, hold: UsageHold, progress: Option<Progress>) {
-        let client = &self.0.client;
-        let storage = match self.storage() {
+        let held = match self.storage() {
             Ok(s) => s,
-            Err(e) => return dst.0.ready.set_if_pending(Err(e)),
+            Err(e) => return dst.finish(Err(e)),
         };
-        let to = client.remote(dst.0.device.host_index()).cloned();
-        match &*storage {
-            Storage::Dense(bytes) => match to {
-                // Local to a worker.
-                Some(host) => {
-                    host.upload_copy(dst.clone(), bytes.as_slice(), progress);
-                    drop(hold);
-                }
-                None => dst.0.ready.set_if_pending(Err(Error::internal(
-                    "a copy across hosts with neither end on a worker",
-                ))),
-            },
-            Storage::Strings(strings) => match to {
-                // Local to a worker.
-                Some(host) => {
-                    match encode_strings(strings) {
-                        Ok(encoded) => host.upload(dst.clone(), Bytes::from(encoded), progress),
-                        Err(e) => dst.0.ready.set_if_pending(Err(e)),
-                    }
-                    drop(hold);
-                }
-                None => dst.0.ready.set_if_pending(Err(Error::internal(
-                    "a copy across hosts with neither end on a worker",
-                ))),
-            },
-            Storage::Remote(remote) if self.0.dtype == DType::String => {
-                let download_progress = if to.is_none() { progress.clone() } else { None };
-                let out = dst.clone();
-                let keep = (hold, storage.clone());
-                remote.download_strings(
-                    self.num_elements(),
-                    download_progress,
-                    keep,
-                    move |strings| match (strings, to) {
-                        (Err(e), _) => out.0.ready.set_if_pending(Err(e)),
-                        (Ok(strings), Some(host)) => match encode_strings(&strings) {
-                            Ok(encoded) => host.upload(out.clone(), Bytes::from(encoded), progress),
-                            Err(e) => out.0.ready.set_if_pending(Err(e)),
-                        },
-                        (Ok(strings), None) => {
-                            out.fill(Storage::Strings(strings));
-                            out.0.ready.set_if_pending(Ok(()));
-                        }
-                    },
-                );
-            }
-            Storage::Remote(remote) => {
-                let len = checked_byte_size(self.0.dtype, &self.0.dims).unwrap_or(0);
-                let received = Arc::new(Mutex::new(vec![0u8; len]));
-                let sink = received.clone();
-                let write = move |at: usize, chunk: &[u8]| {
-                    let mut data = sink.lock().unwrap_or_else(|e| e.into_inner());
-                    data[at..at + chunk.len()].copy_from_slice(chunk);
-                };
-                let done = Event::new();
-                let download_progress = if to.is_none() { progress.clone() } else { None };
-                remote.download(
-                    len,
-                    write,
-                    download_progress,
-                    (hold, storage.clone()),
-                    done.clone(),
-                );
-                let out = dst.clone();
-                done.on_ready(move |status| {
-                    if let Err(e) = status {
-                        return out.0.ready.set_if_pending(Err(e));
-                    }
-                    let data =
-                        std::mem::take(&mut *received.lock().unwrap_or_else(|e| e.into_inner()));
-                    match to {
-                        Some(host) => host.upload(out.clone(), Bytes::from(data), progress),
-                        None => {
-                            out.fill(Storage::Dense(DenseBytes::owning(data)));
-                            out.0.ready.set_if_pending(Ok(()));
-                        }
-                    }
-                });
-            }
-        }
+        let (read_progress, put_progress) = match dst.host().in_process() {
+            true => (progress, None),
+            false => (None, progress),
+        };
+        let out = dst.clone();
+        let put: host::Fetched = Box::new(move |data| match data {
+            Ok(data) => out.host().put(&out, data, put_progress),
+            Err(e) => out.finish(Err(e)),
+        });
+        self.host().fetch(self, held, hold, read_progress, put);
     }
 
     fn data(&self) -> MutexGuard<'_, Slot> {
@@ -1059,27 +929,5 @@ impl Buffer {
             dims,
             Event::new(),
         )
-    }
-}
-
-/// A pending buffer of a worker's device is what an upload fills.
-impl UploadTarget for Buffer {
-    fn spec(&self) -> (&Device, DType, &[i64]) {
-        (self.device(), self.dtype(), self.dims())
-    }
-
-    fn finish(self, result: Result<()>, remote: Option<RemoteBuffer>) {
-        match (result, remote) {
-            (Ok(()), Some(remote)) => {
-                self.fill(Storage::Remote(remote));
-                self.ready_event().set_if_pending(Ok(()));
-            }
-            (Ok(()), None) => {
-                self.ready_event().set_if_pending(Err(Error::internal(
-                    "an upload ended without the worker's copy",
-                )));
-            }
-            (Err(e), _) => self.ready_event().set_if_pending(Err(e)),
-        }
     }
 }

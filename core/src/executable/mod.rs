@@ -4,41 +4,38 @@
 use std::sync::Arc;
 
 use crate::array::Array;
-use crate::buffer::Storage;
 use crate::buffer::{Buffer, UsageHold};
 use crate::client::Client;
 use crate::device::Device;
 use crate::dispatch::{Stream, Task, Work};
 use crate::error::{Error, Result};
-use crate::executor::{ExecutionContext, LoadedProgram, OutputShard, SessionKey, SessionScope};
+use crate::executor::{OutputShard, SessionScope};
 use crate::format;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 use crate::program::Program;
-use crate::remote::{RemoteBuffer, RemoteExecutable};
 use crate::spec::ArraySpec;
+
+mod host;
+mod local;
+mod on_worker;
+
+pub(crate) use host::HostRun;
+pub(crate) use local::LocalRun;
+pub(crate) use on_worker::WorkerRun;
 
 /// Whether `plans` run on both the local host and workers.
 pub(crate) fn mixed(plans: &[HostPlan]) -> bool {
-    plans.iter().any(|p| matches!(p.run, HostRun::Local(_)))
-        && plans.iter().any(|p| matches!(p.run, HostRun::Remote(_)))
+    plans.iter().any(|p| p.run.in_process()) && plans.iter().any(|p| !p.run.in_process())
 }
 
 /// Input shard counts and output shards of a single-device run.
 type Layout = (Vec<usize>, Vec<OutputShard>);
 
-/// How a host runs its part.
-pub(crate) enum HostRun {
-    /// In this process: the program as the language executor prepared it.
-    Local(Arc<dyn LoadedProgram>),
-    /// On a worker, which loaded the host-local program.
-    Remote(Arc<RemoteExecutable>),
-}
-
 /// The part of an executable that runs on one host.
 pub(crate) struct HostPlan {
     pub host: usize,
-    pub run: HostRun,
+    pub run: Box<dyn HostRun>,
     /// Per input: positions (in the input's sharding) of the shards on this host.
     pub input_positions: Vec<Vec<usize>>,
     pub input_counts: Vec<usize>,
@@ -144,28 +141,26 @@ impl Work for ExecJob {
                 plan.host_specs.as_deref(),
             ),
         };
-        let result = match (&plan.run, status) {
-            (_, Err(e)) => Err(e),
-            (HostRun::Local(program), Ok(())) => {
-                exe.run_program(program, plan.host, &inputs, counts, shards, specs, &outputs)
-            }
-            (HostRun::Remote(executable), Ok(())) => {
-                // Completes `done` when the worker reports; the worker keeps
-                // the inputs it needs.
-                let sent = remote_execute(executable, &inputs, &outputs, stream_id, done);
-                drop(holds);
-                drop(span);
-                if let Err(e) = sent {
-                    done.set_if_pending(Err(e));
-                }
-                return;
-            }
+        let part = host::Part {
+            host: plan.host,
+            inputs: &inputs,
+            input_counts: counts,
+            output_shards: shards,
+            host_specs: specs,
+            outputs: &outputs,
+            stream_id,
+        };
+        let result = match status {
+            Err(e) => Some(Err(e)),
+            Ok(()) => plan.run.run(&exe, part, done),
         };
         drop(holds);
         // Close the span before waking waiters: a finished wait implies a recorded
         // span.
         drop(span);
-        done.set_if_pending(result);
+        if let Some(result) = result {
+            done.set_if_pending(result);
+        }
     }
 }
 
@@ -277,9 +272,7 @@ impl LoadedExecutable {
             let (outs, status, task) = self.prepare(h, inputs, None, &stream);
             match (&tasks.0, task) {
                 (_, None) => {}
-                (_, Some(task)) if mixed && matches!(plan.run, HostRun::Remote(_)) => {
-                    remote_tasks.push(task)
-                }
+                (_, Some(task)) if mixed && !plan.run.in_process() => remote_tasks.push(task),
                 (None, Some(task)) => tasks.0 = Some(task),
                 (Some(_), Some(task)) => tasks.1.push(task),
             }
@@ -425,10 +418,10 @@ impl LoadedExecutable {
             .ok_or_else(|| {
                 Error::invalid_argument(format!("{} has no part on host {host}", self.name()))
             })?;
-        if let HostRun::Remote(executable) = &self.0.hosts[index].run {
+        if !self.0.hosts[index].run.in_process() {
             return Err(Error::unimplemented(format!(
                 "single-device runs on worker {} are not supported yet; use execute",
-                executable.host.session.address()
+                self.0.client.hosts()[host].name()
             )));
         }
         Ok(index)
@@ -523,10 +516,7 @@ impl LoadedExecutable {
             deps,
             completion: completion.clone(),
             run: Box::new(job),
-            waiter_first: match &plan.run {
-                HostRun::Local(program) => program.waiter_first(),
-                HostRun::Remote(_) => false,
-            },
+            waiter_first: plan.run.waiter_first(),
         };
         (outputs, completion, Some(task))
     }
@@ -535,132 +525,6 @@ impl LoadedExecutable {
     fn enqueue(&self, stream: &Stream, task: Task) {
         self.0.client.0.local.dispatcher.submit(stream, task);
     }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run_program(
-        &self,
-        program: &Arc<dyn LoadedProgram>,
-        host: usize,
-        inputs: &[Buffer],
-        input_counts: &[usize],
-        shards: &[OutputShard],
-        host_specs: Option<&HostSpecs>,
-        outputs: &[Buffer],
-    ) -> Result<()> {
-        // The program sees views that share the data: a caller deleting an input
-        // after submission does not take it away from the running program.
-        let views = inputs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| b.view().map_err(|e| e.context(format!("input shard {i}"))))
-            .collect::<Result<Vec<_>>>()?;
-        let program_specs = &self.0.program;
-        let (host_inputs, host_outputs) = match host_specs {
-            Some(specs) => (&specs.inputs[..], &specs.outputs[..]),
-            None => (
-                &program_specs.input_specs[..],
-                &program_specs.output_specs[..],
-            ),
-        };
-        let session = match &self.0.session {
-            // Its session ended: what would run now would outlive it.
-            Some(scope) if scope.has_ended() => {
-                return Err(Error::cancelled(format!(
-                    "{} program '{}': its session ended",
-                    self.0.program.language,
-                    self.name()
-                )))
-            }
-            Some(scope) => scope.key(),
-            None => SessionKey::LOCAL,
-        };
-        let mut ctx = ExecutionContext {
-            client: &self.0.client,
-            program: &self.0.program,
-            host,
-            host_input_specs: host_inputs,
-            host_output_specs: host_outputs,
-            inputs: &views,
-            input_counts,
-            output_shards: shards,
-            outputs: vec![None; shards.len()],
-            callbacks: &self.0.callbacks,
-            session,
-            discovery: None,
-            native_data: None,
-            host_outputs_set: false,
-        };
-        program.run(&mut ctx).map_err(|e| {
-            e.context(format!(
-                "{} program '{}'",
-                self.0.program.language,
-                self.name()
-            ))
-        })?;
-        for (i, (produced, out)) in ctx.outputs.into_iter().zip(outputs).enumerate() {
-            let produced = produced.ok_or_else(|| {
-                Error::internal(format!(
-                    "{} program '{}' did not set output shard {i}",
-                    self.0.program.language,
-                    self.name()
-                ))
-            })?;
-            produced.ready_event().wait()?;
-            out.fill_shared(produced.storage()?);
-        }
-        Ok(())
-    }
-}
-
-/// Sends one host's part of an execution to its worker; `done` completes, and
-/// `outputs` fill, when the worker reports it ran.
-fn remote_execute(
-    executable: &Arc<RemoteExecutable>,
-    inputs: &[Buffer],
-    outputs: &[Buffer],
-    stream_id: u64,
-    done: &Event,
-) -> Result<()> {
-    let host = &executable.host;
-    let handles = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, b)| match &*b.storage()? {
-            Storage::Remote(r) if Arc::ptr_eq(&r.host, host) => Ok(r.handle),
-            _ => Err(Error::internal(format!(
-                "input shard {i} is not on worker {}",
-                host.session.address()
-            ))),
-        })
-        .collect::<Result<Vec<u64>>>()?;
-    let made: Vec<u64> = outputs.iter().map(|_| host.session.new_handle()).collect();
-    let (host_out, outs, done) = (host.clone(), outputs.to_vec(), done.clone());
-    let handles_out = made.clone();
-    // Held until the worker reports: the executable (and its host callbacks)
-    // stays loaded while this execution runs.
-    let running = executable.clone();
-    host.session.execute_then(
-        executable.handle,
-        &handles,
-        &made,
-        stream_id,
-        Box::new(move |result| {
-            // Whatever happened, the worker's output buffers (failed ones
-            // too) are freed when these go.
-            let storages = handles_out.into_iter().map(|handle| RemoteBuffer {
-                host: host_out.clone(),
-                handle,
-            });
-            if result.is_ok() {
-                for (out, storage) in outs.iter().zip(storages) {
-                    out.fill(Storage::Remote(storage));
-                }
-            }
-            drop(running);
-            done.set_if_pending(result);
-        }),
-    );
-    Ok(())
 }
 
 fn check_arg(i: usize, got: &ArraySpec, want: &ArraySpec) -> Result<()> {
