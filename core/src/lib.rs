@@ -33,6 +33,7 @@ mod buffer;
 mod client;
 mod colocated;
 mod compiler;
+mod default_client;
 mod device;
 mod dispatch;
 mod dtype;
@@ -61,6 +62,10 @@ pub use colocated::{
     SpecCache,
 };
 pub use compiler::CompileOptions;
+pub use default_client::{
+    configure, default_client, num_cpu_devices_from_env, reset_default_client, set_default_client,
+    NUM_CPU_DEVICES_ENV,
+};
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
 pub use dispatch::{forget_stream_scope, set_stream_scope, Stream};
 pub use dtype::DType;
