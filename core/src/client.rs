@@ -336,6 +336,18 @@ impl Client {
         self.0.remotes.get(index).and_then(Option::as_ref)
     }
 
+    /// Ends the sessions with the client's workers now, instead of when the
+    /// last object of the client goes: the workers free what the sessions
+    /// hold, and work in flight there and every later use of a worker's
+    /// device fail with `cancelled` (each [`host_lost`](Self::host_lost)
+    /// event carries it). The local host stays usable. Closing twice does
+    /// nothing.
+    pub fn close(&self) {
+        for remote in self.0.remotes.iter().flatten() {
+            remote.session.close();
+        }
+    }
+
     /// Ready, with `unavailable`, once host `index`'s worker is lost (see
     /// [`RemoteSession::lost`]); never ready for the local host.
     pub fn host_lost(&self, index: usize) -> Result<Event> {

@@ -263,6 +263,43 @@ fn deleting_an_array_frees_its_shards_on_the_workers() {
 }
 
 #[test]
+fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&a], &token, true)).unwrap();
+    let on_a = client.devices()[1].clone();
+    let local = client.devices()[0].clone();
+    let x = Buffer::from_bytes(&client, &i32_bytes(&[1]), DType::I32, &[1], &on_a).unwrap();
+    x.ready_event().wait().unwrap();
+    let gate = compile_on(&client, "gate", &on_a);
+    let pending = gate
+        .execute(&[], &ExecuteOptions::default())
+        .unwrap()
+        .status;
+    assert_eq!(a.worker.session_count(), 1);
+    client.close();
+    // While objects of the client live, its session is gone from the worker.
+    eventually("the worker ends the session", || {
+        a.worker.session_count() == 0 && a.worker.buffer_count() == 0
+    });
+    let err = pending.wait_timeout(Duration::from_secs(2)).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Cancelled, "{err}");
+    assert!(err.message().contains("closed"), "{err}");
+    assert_error(x.to_host_vec(), ErrorCode::Cancelled, "closed");
+    assert_error(
+        Buffer::from_bytes(&client, &i32_bytes(&[2]), DType::I32, &[1], &on_a)
+            .and_then(|b| b.to_host_vec()),
+        ErrorCode::Cancelled,
+        "closed",
+    );
+    // The local host stays usable; closing again does nothing.
+    let y = Buffer::from_bytes(&client, &i32_bytes(&[7]), DType::I32, &[1], &local).unwrap();
+    assert_eq!(i32_values(&y.to_host_vec().unwrap()), vec![7]);
+    client.close();
+    a.gate.lock().unwrap().set(Ok(())).unwrap();
+}
+
+#[test]
 fn a_failing_program_on_a_worker_fails_the_outputs_with_its_error() {
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);

@@ -55,6 +55,12 @@ impl Inner {
         if self.lost.error().is_none() {
             tracing::warn!(worker = %self.address, error = %err, "worker lost");
         }
+        self.end(err);
+    }
+
+    /// Ends the session with `err`: the lost event carries it, and
+    /// everything in flight fails with it.
+    pub(super) fn end(&self, err: Error) {
         self.lost.set_if_pending(Err(err.clone()));
         self.lost_signal.send_replace(true);
         // Executions in flight there will never finish.

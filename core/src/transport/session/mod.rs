@@ -152,13 +152,24 @@ impl RemoteSession {
     }
 }
 
-impl Drop for RemoteSession {
-    fn drop(&mut self) {
+impl RemoteSession {
+    /// Ends the session now: work in flight there and every later request
+    /// fail with `cancelled`, and the worker frees what the session holds
+    /// (best effort, never blocking: the worker also frees it once
+    /// heartbeats stop). Closing twice does nothing.
+    pub fn close(&self) {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;
         }
-        // Best effort, never blocking: the worker also frees the session once
-        // heartbeats stop.
+        let err = Error::cancelled(format!(
+            "the session with worker {} was closed",
+            self.inner.address
+        ));
+        self.inner.end(err);
+        self.send_close();
+    }
+
+    fn send_close(&self) {
         let inner = self.inner.clone();
         if let Ok(runtime) = runtime() {
             runtime.spawn(async move {
@@ -169,6 +180,14 @@ impl Drop for RemoteSession {
                 )
                 .await;
             });
+        }
+    }
+}
+
+impl Drop for RemoteSession {
+    fn drop(&mut self) {
+        if !self.inner.closed.swap(true, Ordering::SeqCst) {
+            self.send_close();
         }
     }
 }
