@@ -369,3 +369,31 @@ pub fn colocated_cpu_devices(devices: Vec<PyRef<'_, Device>>) -> PyResult<Vec<De
         .map(|d| Device::new(client.clone(), d))
         .collect())
 }
+
+/// Sets the options of the process's default client (core's rule: before its
+/// first use, else `FailedPreconditionError`; counts of at least 1).
+#[pyfunction]
+#[pyo3(signature = (num_cpu_devices=None))]
+pub fn configure_default(num_cpu_devices: Option<usize>) -> PyResult<()> {
+    core::configure(local_options(num_cpu_devices, None)).map_err(py_err)
+}
+
+/// The process's default client, created on first use from the configured
+/// options (else `COLOCATED_NUM_CPU_DEVICES`). The caller keeps the wrapper:
+/// each call wraps the client anew.
+#[pyfunction]
+pub fn default_client(py: Python<'_>) -> PyResult<Client> {
+    let client = py.detach(core::default_client).map_err(py_err)?;
+    Client::wrap(py, client)
+}
+
+/// Makes `client` the process's default client (`None`: lets it go).
+#[pyfunction]
+pub fn set_default_client(client: Option<PyRef<'_, Client>>) -> PyResult<()> {
+    let client = client
+        .map(|c| c.inner.get().cloned())
+        .transpose()
+        .map_err(py_err)?;
+    core::set_default_client(client);
+    Ok(())
+}

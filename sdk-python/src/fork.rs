@@ -17,6 +17,9 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 #[pyfunction]
 pub fn after_fork_in_child() {
     GENERATION.fetch_add(1, Ordering::SeqCst);
+    // The parent's default client is leaked, not dropped; the next use
+    // creates a fresh one.
+    colocated_core::reset_default_client();
 }
 
 /// A core object tagged with the fork generation it was made in.

@@ -68,7 +68,7 @@ def cluster(token_file):
         return client, workers
 
     yield start
-    _client._client = previous
+    _client._set_default(previous)
     gc.collect()
     for w in started:
         w.stop()

@@ -514,7 +514,7 @@ def test_reconnecting_to_a_restarted_worker_works(token_file):
 
         np.testing.assert_array_equal(np.asarray(add_one(y)), [1, 2, 3, 4])
     finally:
-        _client._client = previous
+        _client._set_default(previous)
         gc.collect()
         worker.stop()
 
@@ -548,7 +548,7 @@ def test_a_call_over_the_controllers_host_and_a_worker_runs_on_both(token_file):
         np.testing.assert_array_equal(np.asarray(add_one(add_one(x))), np.arange(8) + 2)
         assert np.asarray(where(x)).tolist() == [os.getpid()] * 4 + [worker.pid] * 4
     finally:
-        _client._client = previous
+        _client._set_default(previous)
         gc.collect()
         worker.stop()
 
@@ -572,6 +572,6 @@ def test_a_client_that_is_not_the_default_keeps_its_own_devices(token_file):
         assert y.sharding == x.sharding
         np.testing.assert_array_equal(np.asarray(y), np.arange(6) + 1)
     finally:
-        _client._client = previous
+        _client._set_default(previous)
         gc.collect()
         worker.stop()

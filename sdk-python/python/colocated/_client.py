@@ -12,13 +12,11 @@ import threading
 import weakref
 
 from . import _colocated
-from ._errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-
-_ENV_NUM_CPU_DEVICES = "COLOCATED_NUM_CPU_DEVICES"
+from ._errors import InvalidArgumentError, NotFoundError
 
 _lock = threading.Lock()
+#: The wrapper of core's default client, once this package has used it.
 _client: _colocated.Client | None = None
-_num_cpu_devices: int | None = None
 
 #: Tags what this process pickles: a device unpickled in the same process goes
 #: back to its own client, one unpickled elsewhere to that process's default.
@@ -41,31 +39,13 @@ def configure(*, num_cpu_devices: int | None = None) -> None:
     Raises ``FailedPreconditionError`` once the default client exists, and
     ``InvalidArgumentError`` for a count that is not a positive integer.
     """
-    global _num_cpu_devices
     if num_cpu_devices is not None and (
         isinstance(num_cpu_devices, bool) or not isinstance(num_cpu_devices, int) or num_cpu_devices < 1
     ):
         raise InvalidArgumentError(f"num_cpu_devices must be a positive integer, got {num_cpu_devices!r}")
     with _lock:
-        if _client is not None:
-            raise FailedPreconditionError(
-                "colocated.configure() must be called before the first use of colocated; "
-                f"the default client already exists with {len(_client.devices())} devices"
-            )
-        _num_cpu_devices = num_cpu_devices
-
-
-def _env_num_cpu_devices() -> int | None:
-    text = os.environ.get(_ENV_NUM_CPU_DEVICES)
-    if text is None or text.strip() == "":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidArgumentError(f"{_ENV_NUM_CPU_DEVICES} must be a positive integer, got {text!r}")
-    return value
+        # The rule (before first use) and the options are core's, shared by every SDK.
+        _colocated.configure_default(num_cpu_devices)
 
 
 def connect(
@@ -100,7 +80,6 @@ def connect(
     bad arguments (both ``token`` and ``token_file``, an unreadable token file
     or an empty token).
     """
-    global _client
     if isinstance(addresses, str):
         addresses = [addresses]
     addresses = list(addresses)
@@ -125,9 +104,16 @@ def connect(
     )
     _register(c)
     if default:
-        with _lock:
-            _client = c
+        _set_default(c)
     return c
+
+
+def _set_default(c: _colocated.Client | None) -> None:
+    """Makes ``c`` the default client (``None``: the next use creates one)."""
+    global _client
+    with _lock:
+        _colocated.set_default_client(c)
+        _client = c
 
 
 def client() -> _colocated.Client:
@@ -139,8 +125,8 @@ def client() -> _colocated.Client:
         return c
     with _lock:
         if _client is None:
-            n = _num_cpu_devices if _num_cpu_devices is not None else _env_num_cpu_devices()
-            _client = _register(_colocated.Client(n))
+            # Core's default client: the configured options, else the environment.
+            _client = _register(_colocated.default_client())
         return _client
 
 

@@ -60,6 +60,15 @@ def colocated_cpu_devices(devices: list[Device]) -> list[Device]:
     """Maps each device to the CPU device of the same host, in order, in the
     devices' own client (``InvalidArgumentError`` for devices of several clients)."""
 
+def configure_default(num_cpu_devices: int | None = None) -> None:
+    """Sets the options of the process's default client (before its first use)."""
+
+def default_client() -> Client:
+    """The process's default client, created on first use."""
+
+def set_default_client(client: Client | None) -> None:
+    """Makes ``client`` the process's default client (``None``: lets it go)."""
+
 class Host:
     """A host of a client: the in-process host or a worker."""
 
