@@ -2,6 +2,7 @@
 #   make demo   builds everything and runs the demo
 #   make test   runs every test
 #   make python builds the Python SDK into build/venv (make test-python tests it)
+#   make node   builds the Node SDK in sdk-node (make test-node tests it)
 #   make fuzz   runs each fuzz target (fuzz/) for FUZZ_SECONDS
 CARGO ?= cargo
 CC ?= cc
@@ -17,11 +18,15 @@ export CARGO_TARGET_DIR := $(TARGET_DIR)
 VENV := $(BUILD)/venv
 VENV_PY := $(VENV)/bin/python
 PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm absl-py
+NODE_DIR := $(CURDIR)/sdk-node
+NODE_BIN := $(NODE_DIR)/node_modules/.bin
+NODE_DEPS := $(NODE_DIR)/node_modules/.package-lock.json
+PLUGIN := $(BUILD)/libadd_one_plugin.so
 
 CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
 LDLIBS := -lpthread -ldl -lm
 
-PHONY_EXTRA := bench-rust bench-python fuzz fuzz-tools
+PHONY_EXTRA := bench-rust bench-python fuzz fuzz-tools node test-node check-node-binding
 .PHONY: all build demo test test-rust test-c test-abi test-python python $(PHONY_EXTRA) check-header header abi-manifest bench lint tools clean
 
 all: build
@@ -36,13 +41,40 @@ tools:
 $(BUILD):
 	mkdir -p $(BUILD)
 
-demo: build python | $(BUILD)
+demo: build python node $(PLUGIN) | $(BUILD)
 	$(CC) $(CFLAGS_COMMON) examples/demo.c -o $(BUILD)/demo -L$(DEBUG_DIR) -lcolocated -Wl,-rpath,$(DEBUG_DIR) $(LDLIBS)
 	$(BUILD)/demo
 	@echo
 	COLOCATED_NUM_CPU_DEVICES=4 $(VENV_PY) examples/demo.py
 	@echo
 	$(VENV_PY) examples/cluster_demo.py
+	@echo
+	COLOCATED_WORKER_BIN=$(DEBUG_DIR)/colocated COLOCATED_PLUGIN=$(PLUGIN) node examples/demo.mjs
+
+# The example plugin (the tests' `plugin_add_one_i32` and `plugin_fail`).
+$(PLUGIN): tests/plugin/add_one_plugin.c include/colocated.h | $(BUILD)
+	$(CC) -std=c11 -shared -fPIC -Iinclude $< -o $@
+
+# The Node SDK's npm packages, exactly as the committed lock file says.
+$(NODE_DEPS): $(NODE_DIR)/package-lock.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund
+
+# The Node addon (debug) and its generated binding (binding.js, binding.d.ts).
+node: $(NODE_DEPS)
+	cd $(NODE_DIR) && $(NODE_BIN)/napi build --platform --js binding.js --dts binding.d.ts
+
+# The committed binding files must be what the Rust crate generates, as the
+# C header must be what cbindgen generates.
+check-node-binding: node
+	@git diff --exit-code -- sdk-node/binding.js sdk-node/binding.d.ts || \
+	  (echo "sdk-node/binding.js or binding.d.ts is stale: run 'make node' and commit them" && exit 1)
+
+# Real worker processes (the `colocated` executable) on 127.0.0.1, and the
+# types as a TypeScript user sees them.
+test-node: node
+	$(CARGO) build -p colocated-cli
+	cd $(NODE_DIR) && $(NODE_BIN)/tsc -p tsconfig.json
+	cd $(NODE_DIR) && node --test --test-concurrency=1 tests/
 
 header: tools
 	cd ffi && cbindgen --config cbindgen.toml --crate colocated-ffi --quiet --output ../include/colocated.h
@@ -52,7 +84,7 @@ check-header: tools | $(BUILD)
 	@diff -u include/colocated.h $(BUILD)/colocated.h || \
 	  (echo "include/colocated.h is stale: run 'make header' and commit it" && exit 1)
 
-test: check-header test-rust test-c test-abi test-python
+test: check-header test-rust test-c test-abi test-python check-node-binding test-node
 
 test-rust:
 	$(CARGO) test --workspace
@@ -116,10 +148,11 @@ fuzz: fuzz-tools
 	echo "fuzz: $$passed passed, $$failed failed"; \
 	test $$failed -eq 0
 
-lint:
+lint: $(NODE_DEPS)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	ruff check tests examples sdk-python
+	cd $(NODE_DIR) && $(NODE_BIN)/biome check . ../examples/demo.mjs
 
 clean:
 	$(CARGO) clean

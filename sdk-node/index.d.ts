@@ -1,0 +1,84 @@
+// Types of the npm package `colocated`. The classes and functions of the
+// native binding are generated from the Rust crate (binding.d.ts); this file
+// adds what index.js defines: the error classes, `P`, `blockUntilReady`, and
+// `Array` as the name of `ColocatedArray` (as JAX's `jax.Array`).
+
+import type { PartitionSpec } from './binding'
+
+export type {
+  ConfigureOptions,
+  ConnectOptions,
+  Execution,
+  Host,
+  ProgramOptions,
+  PutOptions,
+  Shard,
+  TypedArray,
+} from './binding'
+export {
+  Client,
+  ColocatedArray,
+  ColocatedArray as Array,
+  client,
+  colocatedCpuDevices,
+  compile,
+  configure,
+  connect,
+  Device,
+  deserializeAndLoad,
+  devicePut,
+  devices,
+  LoadedExecutable,
+  localDevices,
+  Mesh,
+  makeArrayFromSingleDeviceArrays,
+  NamedSharding,
+  PartitionSpec,
+  ShapeDtypeStruct,
+  SingleDeviceSharding,
+} from './binding'
+
+/** A partition spec: `P('x', null)`, `P(['x', 'y'])`. */
+export declare function P(...entries: (string | string[] | null)[]): PartitionSpec
+
+/**
+ * Resolves with `tree` once every array in it (nested in arrays and plain
+ * objects) is ready; rejects with the first error.
+ */
+export declare function blockUntilReady<T>(tree: T): Promise<T>
+
+/** The canonical error codes (core's, as in the Python SDK). */
+export type ErrorCode =
+  | 'cancelled'
+  | 'invalid_argument'
+  | 'deadline_exceeded'
+  | 'not_found'
+  | 'already_exists'
+  | 'permission_denied'
+  | 'resource_exhausted'
+  | 'failed_precondition'
+  | 'unimplemented'
+  | 'internal'
+  | 'unavailable'
+  | 'unauthenticated'
+
+/** Every error of colocated: a canonical `code` and, for user code that failed on a host, its stack there. */
+export declare class ColocatedError extends Error {
+  constructor(message: string, options?: { code?: ErrorCode; remoteStack?: string | null; cause?: unknown })
+  /** The canonical code. */
+  readonly code: ErrorCode
+  /** The stack (traceback) user code left on the host where it failed, or null. */
+  readonly remoteStack: string | null
+}
+export declare class CancelledError extends ColocatedError {}
+export declare class InvalidArgumentError extends ColocatedError {}
+export declare class DeadlineExceededError extends ColocatedError {}
+export declare class NotFoundError extends ColocatedError {}
+export declare class AlreadyExistsError extends ColocatedError {}
+export declare class PermissionDeniedError extends ColocatedError {}
+export declare class ResourceExhaustedError extends ColocatedError {}
+export declare class FailedPreconditionError extends ColocatedError {}
+export declare class UnimplementedError extends ColocatedError {}
+export declare class InternalError extends ColocatedError {}
+export declare class UnavailableError extends ColocatedError {}
+export declare class UnauthenticatedError extends ColocatedError {}

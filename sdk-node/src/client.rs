@@ -1,0 +1,315 @@
+//! Clients, hosts and devices; the default client (core's), and connecting
+//! to workers.
+
+use std::time::Duration;
+
+use colocated_core as core;
+use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either};
+use napi::{Env, Task};
+use napi_derive::napi;
+
+use crate::errors::{to_js, OrThrow};
+
+/// A device: where a buffer lives and a program runs.
+#[napi]
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) client: core::Client,
+    pub(crate) inner: core::Device,
+}
+
+#[napi]
+impl Device {
+    /// Global id, unique in its client.
+    #[napi(getter)]
+    pub fn id(&self) -> u32 {
+        self.inner.id()
+    }
+
+    /// Kind of device (`"cpu"`).
+    #[napi(getter)]
+    pub fn kind(&self) -> String {
+        self.inner.kind().to_string()
+    }
+
+    /// The process (host) that owns it: 0 for the controller when it is a
+    /// host, worker `i` is process `i + 1`.
+    #[napi(getter)]
+    pub fn process_index(&self) -> u32 {
+        self.inner.process_index()
+    }
+
+    /// The memory kinds it can address (`"device"`, …).
+    #[napi(getter)]
+    pub fn memory_kinds(&self) -> Vec<String> {
+        let kinds = self.inner.memory_kinds();
+        kinds.iter().map(|k| k.name().to_string()).collect()
+    }
+
+    /// `CpuDevice(id=0)`.
+    #[napi(js_name = "toString")]
+    pub fn to_js_string(&self) -> String {
+        self.inner.to_string()
+    }
+}
+
+impl Device {
+    pub(crate) fn of(client: &core::Client, inner: &core::Device) -> Device {
+        Device {
+            client: client.clone(),
+            inner: inner.clone(),
+        }
+    }
+}
+
+/// A host of a client: the controller's process or a worker.
+#[napi(object)]
+pub struct Host {
+    /// Index among the client's hosts.
+    pub index: u32,
+    /// Process index its devices report.
+    pub process_index: u32,
+    /// `"local"` or the worker's address.
+    pub name: String,
+    /// Ids of its devices.
+    pub device_ids: Vec<u32>,
+    /// True for a worker (reached over the network).
+    pub is_remote: bool,
+}
+
+/// A client: hosts with devices, on which arrays live and programs run.
+#[napi]
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: core::Client,
+}
+
+#[napi]
+impl Client {
+    /// Every device, in id order.
+    #[napi]
+    pub fn devices(&self) -> Vec<Device> {
+        let devices = self.inner.devices();
+        devices.iter().map(|d| Device::of(&self.inner, d)).collect()
+    }
+
+    /// The devices this process can address: every device, workers' too
+    /// (as in the Python SDK: the controller addresses its workers' devices).
+    #[napi]
+    pub fn local_devices(&self) -> Vec<Device> {
+        let devices = self.inner.addressable_devices();
+        devices.iter().map(|d| Device::of(&self.inner, d)).collect()
+    }
+
+    /// The hosts, in index order (this process first when it is one).
+    #[napi]
+    pub fn hosts(&self) -> Vec<Host> {
+        self.inner
+            .hosts()
+            .iter()
+            .map(|h| Host {
+                index: h.index() as u32,
+                process_index: h.process_index(),
+                name: h.name().to_string(),
+                device_ids: h.device_ids().to_vec(),
+                is_remote: h.is_remote(),
+            })
+            .collect()
+    }
+
+    /// An id of the client, unique in this process.
+    #[napi(getter)]
+    pub fn id(&self) -> i64 {
+        self.inner.id() as i64
+    }
+
+    /// Ends the client's sessions with its workers now (the workers free
+    /// what they hold for it); work there fails with `CancelledError`. The
+    /// local host stays usable.
+    #[napi]
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Loads a plugin library into this process's host: its native functions
+    /// become programs of language `'native'` here. Returns their names.
+    /// Throws `InvalidArgumentError` for a library that is not a plugin.
+    #[napi]
+    pub fn load_plugin(&self, env: Env, path: String) -> napi::Result<Vec<String>> {
+        colocated_plugin::load_plugin(&self.inner, std::path::Path::new(&path)).js(&env)
+    }
+}
+
+/// Options of the default client (see `configure`).
+#[napi(object)]
+pub struct ConfigureOptions {
+    /// CPU devices of this process (default: `COLOCATED_NUM_CPU_DEVICES`,
+    /// else the number of cores).
+    pub num_cpu_devices: Option<u32>,
+    /// Executor threads of this process (default: the number of cores).
+    pub executor_threads: Option<u32>,
+}
+
+/// Sets the options of the default client; call it before the first use.
+/// Throws `FailedPreconditionError` once the default client exists.
+#[napi]
+pub fn configure(env: Env, options: ConfigureOptions) -> napi::Result<()> {
+    core::configure(core::ClientOptions {
+        num_cpu_devices: options.num_cpu_devices.map(|n| n as usize),
+        executor_threads: options.executor_threads.map(|n| n as usize),
+        max_executor_threads: None,
+    })
+    .js(&env)
+}
+
+/// The default client: this process with CPU devices, unless `connect` made
+/// another one the default. Created on first use.
+#[napi]
+pub fn client(env: Env) -> napi::Result<Client> {
+    let inner = core::default_client().js(&env)?;
+    Ok(Client { inner })
+}
+
+/// Every device of the default client, in id order (`jax.devices()`).
+#[napi]
+pub fn devices(env: Env) -> napi::Result<Vec<Device>> {
+    Ok(client(env)?.devices())
+}
+
+/// The default client's addressable devices (`jax.local_devices()`).
+#[napi]
+pub fn local_devices(env: Env) -> napi::Result<Vec<Device>> {
+    Ok(client(env)?.local_devices())
+}
+
+/// The CPU devices of the same hosts as `devices`, in order.
+#[napi]
+pub fn colocated_cpu_devices(
+    env: Env,
+    devices: Vec<ClassInstance<Device>>,
+) -> napi::Result<Vec<Device>> {
+    let Some(first) = devices.first() else {
+        return Ok(Vec::new());
+    };
+    let client = first.client.clone();
+    let inner: Vec<core::Device> = devices.iter().map(|d| d.inner.clone()).collect();
+    let cpus = client.colocated_cpu_devices(&inner).js(&env)?;
+    Ok(cpus.iter().map(|d| Device::of(&client, d)).collect())
+}
+
+/// Options of `connect`.
+#[napi(object)]
+pub struct ConnectOptions {
+    /// The workers' token (else `tokenFile`, else `COLOCATED_TOKEN`; none
+    /// connects only to an `--insecure` worker).
+    pub token: Option<String>,
+    /// A file holding the token.
+    pub token_file: Option<String>,
+    /// PEM of the CA that signed the workers' certificates (its path, or its
+    /// bytes): the connections use TLS.
+    pub tls_ca: Option<Either<String, napi::bindgen_prelude::Buffer>>,
+    /// The name the workers' certificates must carry (default: each
+    /// address's host).
+    pub tls_domain: Option<String>,
+    /// Makes this process a host too (process 0).
+    pub include_local: Option<bool>,
+    /// Milliseconds to connect to each worker (default 10000).
+    pub timeout: Option<f64>,
+    /// Makes the new client the default one (default true).
+    pub default: Option<bool>,
+    /// CPU devices of this process, with `includeLocal`.
+    pub num_cpu_devices: Option<u32>,
+}
+
+/// Connecting to workers, on libuv's thread pool.
+pub struct Connect {
+    options: core::Result<core::ClusterOptions>,
+    make_default: bool,
+}
+
+impl Task for Connect {
+    type Output = core::Result<core::Client>;
+    type JsValue = Client;
+
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        let options = std::mem::replace(
+            &mut self.options,
+            Err(core::Error::internal("connect ran twice")),
+        );
+        Ok(options.and_then(|o| core::Client::connect(&o)))
+    }
+
+    fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<Client> {
+        let inner = output.map_err(|e| to_js(&env, &e))?;
+        if self.make_default {
+            core::set_default_client(Some(inner.clone()));
+        }
+        Ok(Client { inner })
+    }
+}
+
+/// Connects to worker hosts (`"HOST:PORT"` each; worker `i` is process
+/// `i + 1`) and resolves with a client of them. Rejects with
+/// `UnavailableError` for a worker that cannot be reached,
+/// `UnauthenticatedError` for a refused token, `InvalidArgumentError` for bad
+/// options.
+#[napi(ts_return_type = "Promise<Client>")]
+pub fn connect(
+    addresses: Either<String, Vec<String>>,
+    options: Option<ConnectOptions>,
+) -> AsyncTask<Connect> {
+    let options = options.unwrap_or(ConnectOptions {
+        token: None,
+        token_file: None,
+        tls_ca: None,
+        tls_domain: None,
+        include_local: None,
+        timeout: None,
+        default: None,
+        num_cpu_devices: None,
+    });
+    let make_default = options.default.unwrap_or(true);
+    AsyncTask::new(Connect {
+        options: cluster_options(addresses, options),
+        make_default,
+    })
+}
+
+fn cluster_options(
+    addresses: Either<String, Vec<String>>,
+    options: ConnectOptions,
+) -> core::Result<core::ClusterOptions> {
+    let addresses = match addresses {
+        Either::A(one) => vec![one],
+        Either::B(many) => many,
+    };
+    let token = core::transport::Token::resolve(
+        options.token.as_deref(),
+        options.token_file.as_deref().map(std::path::Path::new),
+    )?;
+    let timeout = match options.timeout {
+        None => Duration::from_secs(10),
+        Some(ms) => core::transport::worker::seconds("timeout", ms / 1000.0)?,
+    };
+    let tls_ca = match options.tls_ca {
+        None => None,
+        Some(Either::A(path)) => Some(std::fs::read(&path).map_err(|e| {
+            core::Error::invalid_argument(format!("cannot read tlsCa {path}: {e}"))
+        })?),
+        Some(Either::B(bytes)) => Some(bytes.to_vec()),
+    };
+    let mut connect = core::transport::session::ConnectOptions::new("", token);
+    connect.timeout = timeout;
+    connect.tls_ca = tls_ca;
+    connect.tls_domain = options.tls_domain;
+    let local = core::ClientOptions {
+        num_cpu_devices: options.num_cpu_devices.map(|n| n as usize),
+        ..Default::default()
+    };
+    Ok(core::ClusterOptions::uniform(
+        addresses,
+        &connect,
+        options.include_local.unwrap_or(false),
+        local,
+    ))
+}

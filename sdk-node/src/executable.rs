@@ -1,0 +1,223 @@
+//! Programs: compiled (loaded on every host they run on), executed in program
+//! order, serialized and loaded again.
+
+use colocated_core as core;
+use napi::bindgen_prelude::{AsyncTask, Buffer, ClassInstance, Either, Object};
+use napi::{Env, Task};
+use napi_derive::napi;
+
+use crate::array::ColocatedArray;
+use crate::client::{Client, Device};
+use crate::errors::{invalid, to_js, OrThrow};
+use crate::promise::settle;
+use crate::sharding::ShapeDtypeStruct;
+
+/// What `compile` takes.
+#[napi(object)]
+pub struct ProgramOptions<'a> {
+    /// A name for people and traces (default: a native function's name).
+    pub name: Option<String>,
+    /// The language tag: `'native'` (a function registered on every host),
+    /// or a language an SDK made the payload for (`'python'`, `'node'`).
+    pub language: String,
+    /// For `native`: the function's name; else the language's payload.
+    pub payload: Either<String, Buffer>,
+    /// The inputs' specs, in argument order.
+    pub in_specs: Vec<ClassInstance<'a, ShapeDtypeStruct>>,
+    /// The outputs' specs, in result order.
+    pub out_specs: Vec<ClassInstance<'a, ShapeDtypeStruct>>,
+    /// The devices it runs on (default: those of its specs' shardings).
+    pub devices: Option<Vec<ClassInstance<'a, Device>>>,
+}
+
+/// Compiles a program for the hosts of its devices (loading it on their
+/// workers) and resolves with the executable. Rejects with
+/// `InvalidArgumentError` for specs that do not fit the devices,
+/// `UnimplementedError` for a language a host lacks, `NotFoundError` for a
+/// native function a host does not know.
+#[napi(ts_return_type = "Promise<LoadedExecutable>")]
+pub fn compile(env: Env, program: ProgramOptions) -> napi::Result<AsyncTask<Compile>> {
+    let (client, program) = to_program(program).js(&env)?;
+    Ok(AsyncTask::new(Compile {
+        client,
+        work: Some(Work::Compile(program)),
+    }))
+}
+
+fn to_program(p: ProgramOptions) -> core::Result<(core::Client, core::Program)> {
+    let specs = |list: &[ClassInstance<ShapeDtypeStruct>]| -> Vec<core::ArraySpec> {
+        list.iter().map(|s| s.inner.clone()).collect()
+    };
+    let (input_specs, output_specs) = (specs(&p.in_specs), specs(&p.out_specs));
+    let client = p
+        .in_specs
+        .iter()
+        .chain(&p.out_specs)
+        .map(|s| s.client.clone())
+        .next()
+        .or_else(|| {
+            let devices = p.devices.as_ref()?;
+            devices.first().map(|d| d.client.clone())
+        })
+        .ok_or_else(|| invalid("a program needs specs or devices"))?;
+    let devices = match &p.devices {
+        Some(devices) => devices.iter().map(|d| d.inner.clone()).collect(),
+        None => {
+            let first = input_specs
+                .iter()
+                .chain(&output_specs)
+                .next()
+                .ok_or_else(|| invalid("a program without specs needs devices"))?;
+            first.sharding.devices().to_vec()
+        }
+    };
+    let payload = match p.payload {
+        Either::A(text) => text.into_bytes(),
+        Either::B(bytes) => bytes.to_vec(),
+    };
+    let name = match (&p.name, p.language.as_str()) {
+        (Some(name), _) => name.clone(),
+        (None, core::LANGUAGE_NATIVE) => String::from_utf8_lossy(&payload).into_owned(),
+        (None, language) => format!("{language} program"),
+    };
+    Ok((
+        client,
+        core::Program {
+            name,
+            language: p.language,
+            payload,
+            input_specs,
+            output_specs,
+            devices,
+        },
+    ))
+}
+
+enum Work {
+    Compile(core::Program),
+    Load(Vec<u8>),
+}
+
+/// Compiling or loading, on libuv's thread pool (loading on workers waits
+/// for them).
+pub struct Compile {
+    client: core::Client,
+    work: Option<Work>,
+}
+
+impl Task for Compile {
+    type Output = core::Result<core::LoadedExecutable>;
+    type JsValue = LoadedExecutable;
+
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        let options = core::CompileOptions::default();
+        Ok(match self.work.take() {
+            Some(Work::Compile(program)) => self.client.compile(program, options),
+            Some(Work::Load(bytes)) => self.client.deserialize_and_load(&bytes, options),
+            None => Err(core::Error::internal("a compile ran twice")),
+        })
+    }
+
+    fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<LoadedExecutable> {
+        let inner = output.map_err(|e| to_js(&env, &e))?;
+        Ok(LoadedExecutable {
+            client: self.client.clone(),
+            inner,
+        })
+    }
+}
+
+/// Loads bytes of `LoadedExecutable.serialize()` (from this SDK or another:
+/// a Python program serialized by the Python SDK runs on Python workers) on
+/// `client` (default: the default client).
+#[napi(ts_return_type = "Promise<LoadedExecutable>")]
+pub fn deserialize_and_load(
+    env: Env,
+    bytes: Buffer,
+    client: Option<ClassInstance<Client>>,
+) -> napi::Result<AsyncTask<Compile>> {
+    let client = match client {
+        Some(c) => c.inner.clone(),
+        None => core::default_client().js(&env)?,
+    };
+    Ok(AsyncTask::new(Compile {
+        client,
+        work: Some(Work::Load(bytes.to_vec())),
+    }))
+}
+
+/// A compiled program, ready to run on its devices.
+#[napi]
+pub struct LoadedExecutable {
+    client: core::Client,
+    inner: core::LoadedExecutable,
+}
+
+/// What `execute` returns at once.
+#[napi(object, object_from_js = false)]
+pub struct Execution<'e> {
+    /// One array per output spec, ready when the program has run.
+    pub outputs: Vec<ColocatedArray>,
+    /// Resolves when every host has run its part; rejects with the first
+    /// failure.
+    #[napi(ts_type = "Promise<void>")]
+    pub done: Object<'e>,
+}
+
+#[napi]
+impl LoadedExecutable {
+    /// The program's name.
+    #[napi(getter)]
+    pub fn name(&self) -> String {
+        self.inner.name().to_string()
+    }
+
+    /// Its devices.
+    #[napi(getter)]
+    pub fn devices(&self) -> Vec<Device> {
+        let devices = self.inner.devices();
+        devices
+            .iter()
+            .map(|d| Device::of(&self.client, d))
+            .collect()
+    }
+
+    /// A stable fingerprint of the program.
+    #[napi(getter)]
+    pub fn fingerprint(&self) -> String {
+        self.inner.fingerprint().to_string()
+    }
+
+    /// Runs the program once per host on `args` (arrays of the input
+    /// specs), after the work this thread queued before it. Returns the
+    /// outputs at once. Throws `InvalidArgumentError` for arguments that do
+    /// not match the specs, `FailedPreconditionError` for a deleted one.
+    #[napi]
+    pub fn execute<'e>(
+        &self,
+        env: &'e Env,
+        args: Vec<ClassInstance<ColocatedArray>>,
+    ) -> napi::Result<Execution<'e>> {
+        let args: Vec<core::Array> = args.iter().map(|a| a.inner.clone()).collect();
+        let run = self
+            .inner
+            .execute(&args, &core::ExecuteOptions::default())
+            .js(env)?;
+        let done = settle(env, &run.status, |_| Ok(()))?;
+        let outputs = run
+            .outputs
+            .into_iter()
+            .map(|inner| ColocatedArray {
+                client: self.client.clone(),
+                inner,
+            })
+            .collect();
+        Ok(Execution { outputs, done })
+    }
+
+    /// The program as bytes, for `deserializeAndLoad`.
+    #[napi]
+    pub fn serialize(&self) -> Buffer {
+        self.inner.serialize().into()
+    }
+}

@@ -1,0 +1,94 @@
+// Real worker processes (the `colocated worker` executable) on 127.0.0.1 for
+// the tests, with the test plugin (`tests/plugin/add_one_plugin.c`) loaded.
+
+const { spawn, execFileSync } = require('node:child_process')
+const crypto = require('node:crypto')
+const fs = require('node:fs')
+const os = require('node:os')
+const path = require('node:path')
+
+const ROOT = path.join(__dirname, '..', '..')
+const TMP = fs.mkdtempSync(path.join(os.tmpdir(), 'colocated-node-'))
+
+/** The worker executable (built by `make node-test`'s dependencies). */
+function workerBin() {
+  return process.env.COLOCATED_WORKER_BIN ?? path.join(ROOT, 'target', 'debug', 'colocated')
+}
+
+let plugin
+/** The test plugin, compiled once per test file. */
+function pluginPath() {
+  if (plugin === undefined) {
+    plugin = path.join(TMP, 'libadd_one_plugin.so')
+    const source = path.join(ROOT, 'tests', 'plugin', 'add_one_plugin.c')
+    const include = path.join(ROOT, 'include')
+    execFileSync(process.env.CC ?? 'cc', ['-std=c11', '-shared', '-fPIC', '-I', include, source, '-o', plugin])
+  }
+  return plugin
+}
+
+/** A fresh token in a file only this user reads: `{token, file}`. */
+function tokenFile() {
+  const token = crypto.randomBytes(24).toString('hex')
+  const file = path.join(TMP, `token-${crypto.randomBytes(4).toString('hex')}`)
+  fs.writeFileSync(file, token, { mode: 0o600 })
+  return { token, file }
+}
+
+/**
+ * Starts a worker with `devices` CPU devices that accepts `token`'s file;
+ * resolves with `{address, pid, kill(signal), stop()}` once it prints its
+ * `listening on HOST:PORT` line.
+ */
+function startWorker({ devices = 1, token }) {
+  const args = ['worker', '--listen', '127.0.0.1:0', '--cpu-devices', String(devices)]
+  args.push('--token-file', token.file, '--plugin', pluginPath())
+  const child = spawn(workerBin(), args, { stdio: ['pipe', 'pipe', 'inherit'] })
+  return new Promise((resolve, reject) => {
+    let out = ''
+    const timer = setTimeout(() => reject(new Error(`worker did not start: ${out}`)), 20000)
+    child.once('error', reject)
+    child.once('exit', (code) => reject(new Error(`worker exited with ${code}: ${out}`)))
+    child.stdout.on('data', (chunk) => {
+      out += chunk
+      const match = /^listening on (\S+)$/m.exec(out)
+      if (!match) return
+      clearTimeout(timer)
+      child.removeAllListeners('exit')
+      const exited = new Promise((done) => child.once('exit', done))
+      resolve({
+        address: match[1],
+        pid: child.pid,
+        kill: (signal = 'SIGKILL') => {
+          child.kill(signal)
+          return exited
+        },
+        stop: () => {
+          if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM')
+          return exited
+        },
+      })
+    })
+  })
+}
+
+/** Element values of every dtype, as a typed array or a JS array. */
+const SAMPLES = {
+  bool: [new Uint8Array([1, 0, 1, 1, 0, 0, 1, 0]), 'Uint8Array'],
+  int8: [new Int8Array([-128, -1, 0, 1, 2, 3, 4, 127]), 'Int8Array'],
+  uint8: [new Uint8Array([0, 1, 2, 3, 4, 5, 6, 255]), 'Uint8Array'],
+  int16: [new Int16Array([-32768, -1, 0, 1, 2, 3, 4, 32767]), 'Int16Array'],
+  uint16: [new Uint16Array([0, 1, 2, 3, 4, 5, 6, 65535]), 'Uint16Array'],
+  int32: [new Int32Array([-(2 ** 31), -1, 0, 1, 2, 3, 4, 2 ** 31 - 1]), 'Int32Array'],
+  uint32: [new Uint32Array([0, 1, 2, 3, 4, 5, 6, 2 ** 32 - 1]), 'Uint32Array'],
+  int64: [new BigInt64Array([-(2n ** 63n), -1n, 0n, 1n, 2n, 3n, 4n, 2n ** 63n - 1n]), 'BigInt64Array'],
+  uint64: [new BigUint64Array([0n, 1n, 2n, 3n, 4n, 5n, 6n, 2n ** 64n - 1n]), 'BigUint64Array'],
+  // float16 and bfloat16 travel as their bits.
+  float16: [new Uint16Array([0x3c00, 0x4000, 0xc000, 0, 0x7bff, 0x0001, 0x8000, 0x7c00]), 'Uint16Array'],
+  bfloat16: [new Uint16Array([0x3f80, 0x4000, 0xc000, 0, 0x7f7f, 0x0001, 0x8000, 0x7f80]), 'Uint16Array'],
+  float32: [new Float32Array([1.5, -2.25, 0, 3.4e38, -0, 1e-45, Number.POSITIVE_INFINITY, 7]), 'Float32Array'],
+  float64: [new Float64Array([1.5, -2.25, 0, 1.7e308, -0, 5e-324, Number.NEGATIVE_INFINITY, 7]), 'Float64Array'],
+  string: [['a', '', 'héllo', 'x'.repeat(1000), '日本', 'b', 'c', 'd'], 'Array'],
+}
+
+module.exports = { startWorker, tokenFile, pluginPath, SAMPLES, ROOT }

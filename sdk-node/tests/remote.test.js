@@ -1,0 +1,147 @@
+// The Node SDK driving real worker processes on 127.0.0.1: arrays over three
+// hosts, programs once per host, tokens, lost workers, an event loop that
+// never waits.
+
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const c = require('..')
+const { SAMPLES, startWorker, tokenFile } = require('./helpers.js')
+
+const token = tokenFile()
+let workers = []
+let client
+
+test.before(async () => {
+  workers = await Promise.all([0, 1, 2].map(() => startWorker({ devices: 2, token })))
+  client = await c.connect(
+    workers.map((w) => w.address),
+    { tokenFile: token.file, timeout: 5000 },
+  )
+})
+
+test.after(async () => {
+  client?.close()
+  await Promise.all(workers.map((w) => w.stop()))
+})
+
+/** A sharding of `n` of the client's devices over axis 'x'. */
+function over(devices) {
+  return new c.NamedSharding(new c.Mesh(devices, ['x']), c.P('x'))
+}
+
+test('a client of three workers: hosts, global device ids, the default client', () => {
+  assert.deepEqual(
+    client.devices().map((d) => [d.id, d.processIndex]),
+    [
+      [0, 1],
+      [1, 1],
+      [2, 2],
+      [3, 2],
+      [4, 3],
+      [5, 3],
+    ],
+  )
+  assert.deepEqual(
+    client.hosts().map((h) => [h.name, h.isRemote]),
+    workers.map((w) => [w.address, true]),
+  )
+  assert.equal(client.localDevices().length, 6)
+  // connect() made it the default client.
+  assert.equal(c.devices().length, 6)
+})
+
+test('every dtype round-trips sharded across the three workers', async () => {
+  const sharding = over([0, 2, 4].map((i) => client.devices()[i]))
+  for (const [dtype, [values]] of Object.entries(SAMPLES)) {
+    // 8 elements over 3 devices do not split: 24 do.
+    const data =
+      dtype === 'string'
+        ? [...values, ...values, ...values]
+        : Array.from(values).concat(Array.from(values), Array.from(values))
+    const typed = dtype === 'string' ? data : new values.constructor(data)
+    const x = c.devicePut(typed, sharding, { dtype })
+    await x.ready()
+    assert.deepEqual(Array.from(await x.toTypedArray()), Array.from(typed), dtype)
+    assert.deepEqual(
+      x.addressableShards.map((s) => s.device.processIndex),
+      [1, 2, 3],
+    )
+  }
+})
+
+test('a program over arrays on three hosts runs once per host with its shards', async () => {
+  const sharding = over(client.devices())
+  const spec = new c.ShapeDtypeStruct([12], 'int32', sharding)
+  const exe = await c.compile({ language: 'native', payload: 'plugin_add_one_i32', inSpecs: [spec], outSpecs: [spec] })
+  const x = c.devicePut(
+    new Int32Array(12).map((_, i) => i * 10),
+    sharding,
+  )
+  let y = x
+  for (let i = 0; i < 3; i++) y = exe.execute([y]).outputs[0]
+  assert.deepEqual(
+    Array.from(await y.toTypedArray()),
+    Array.from({ length: 12 }, (_, i) => i * 10 + 3),
+  )
+  // Moved between hosts and back to the controller's view.
+  const moved = c.devicePut(y, over(client.devices().slice().reverse()))
+  assert.deepEqual(
+    Array.from(await moved.toTypedArray()),
+    Array.from({ length: 12 }, (_, i) => i * 10 + 3),
+  )
+})
+
+test('a wrong token is refused with UnauthenticatedError', async () => {
+  await assert.rejects(
+    c.connect(workers[0].address, { token: 'not-the-token', default: false, timeout: 5000 }),
+    (e) => e instanceof c.UnauthenticatedError && e.code === 'unauthenticated',
+  )
+  await assert.rejects(c.connect('127.0.0.1:1', { token: 'x', default: false, timeout: 1000 }), c.UnavailableError)
+  await assert.rejects(c.connect([], { default: false }), c.InvalidArgumentError)
+})
+
+test('the event loop keeps turning during a 256 MiB put to a worker and back', async () => {
+  let ticks = 0
+  const timer = setInterval(() => ticks++, 1)
+  const n = 64 << 20
+  const data = new Float32Array(n)
+  data[0] = 1
+  data[n - 1] = 42
+  const x = c.devicePut(data, client.devices()[2])
+  const afterPut = ticks
+  await x.ready()
+  const back = await x.toTypedArray()
+  clearInterval(timer)
+  assert.equal(back[0], 1)
+  assert.equal(back[n - 1], 42)
+  assert.ok(ticks > afterPut, `${ticks - afterPut} ticks while the data travelled`)
+  x.delete()
+})
+
+test('kill -9 of a worker fails its pending work with UnavailableError, fast', async () => {
+  const spare = await startWorker({ devices: 1, token })
+  const other = await startWorker({ devices: 1, token })
+  const two = await c.connect([spare.address, other.address], { tokenFile: token.file, default: false, timeout: 5000 })
+  const onSpare = c.devicePut(new Float32Array(1 << 20), two.devices()[0])
+  await onSpare.ready()
+  await spare.kill('SIGKILL')
+  const started = Date.now()
+  // A read of data that lived there, and new work there, both fail.
+  await assert.rejects(onSpare.toTypedArray(), (e) => e instanceof c.UnavailableError)
+  await assert.rejects(c.devicePut([1], two.devices()[0]).ready(), c.UnavailableError)
+  assert.ok(Date.now() - started < 2000, `${Date.now() - started} ms`)
+  // The other worker serves on.
+  assert.deepEqual(Array.from(await c.devicePut([7], two.devices()[1]).toTypedArray()), [7])
+  two.close()
+  await other.stop()
+})
+
+test('close() ends the sessions: later work fails with CancelledError', async () => {
+  const w = await startWorker({ devices: 1, token })
+  const one = await c.connect(w.address, { tokenFile: token.file, default: false, timeout: 5000 })
+  const x = c.devicePut([1, 2], one.devices()[0])
+  await x.ready()
+  one.close()
+  await assert.rejects(x.toTypedArray(), (e) => e instanceof c.CancelledError && /closed/.test(e.message))
+  await w.stop()
+})

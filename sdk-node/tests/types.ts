@@ -1,0 +1,36 @@
+// Type-checks the package's declarations as a TypeScript user sees them
+// (`tsc --noEmit`, run by `make test-node`); it is not executed.
+import * as c from 'colocated'
+
+async function main(): Promise<void> {
+  c.configure({ numCpuDevices: 4 })
+  const devices: c.Device[] = c.devices()
+  const mesh = new c.Mesh(devices, ['x'])
+  const sharding = new c.NamedSharding(mesh, c.P('x'))
+  const x: c.Array = c.devicePut(new Float32Array(8), sharding, { dtype: 'float32' })
+  const shape: number[] = x.shape
+  const data = await x.toTypedArray()
+  const spec = new c.ShapeDtypeStruct(shape, x.dtype, sharding)
+  const exe: c.LoadedExecutable = await c.compile({
+    language: 'native',
+    payload: 'f',
+    inSpecs: [spec],
+    outSpecs: [spec],
+  })
+  const run: c.Execution = exe.execute([x])
+  await run.done
+  await c.blockUntilReady({ out: run.outputs })
+  const remote: c.Client = await c.connect(['127.0.0.1:1'], { token: 't', timeout: 1000, default: false })
+  remote.close()
+  try {
+    c.devicePut([1])
+  } catch (e) {
+    if (e instanceof c.ColocatedError) {
+      const code: c.ErrorCode = e.code
+      void code
+    }
+  }
+  void data
+}
+
+void main
