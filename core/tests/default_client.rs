@@ -5,8 +5,8 @@
 mod common;
 
 use colocated_core::{
-    configure, default_client, num_cpu_devices_from_env, reset_default_client,
-    set_default_client, ClientOptions, ErrorCode, NUM_CPU_DEVICES_ENV,
+    configure, default_client, num_cpu_devices_from_env, reset_default_client, set_default_client,
+    ClientOptions, ErrorCode, NUM_CPU_DEVICES_ENV,
 };
 use common::assert_error;
 
