@@ -26,7 +26,7 @@ PLUGIN := $(BUILD)/libadd_one_plugin.so
 CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
 LDLIBS := -lpthread -ldl -lm
 
-PHONY_EXTRA := bench-rust bench-python fuzz fuzz-tools node test-node check-node-binding
+PHONY_EXTRA := bench-rust bench-python bench-node fuzz fuzz-tools node test-node check-node-binding
 .PHONY: all build demo test test-rust test-c test-abi test-python python $(PHONY_EXTRA) check-header header abi-manifest bench lint tools clean
 
 all: build
@@ -115,7 +115,7 @@ test-python: python
 
 BENCH_VENV := $(BUILD)/bench-venv
 
-bench: bench-rust bench-python
+bench: bench-rust bench-python bench-node
 
 bench-rust:
 	$(CARGO) bench --workspace
@@ -127,6 +127,12 @@ bench-python: | $(BUILD)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "jax[cpu]" ray pytest ./sdk-python
 	cd $(BUILD) && COLOCATED_NUM_CPU_DEVICES=2 $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_colocated.py
 	cd $(BUILD) && $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_remote.py
+
+# The Node SDK's figures, on a release build of the addon and the worker.
+bench-node: $(NODE_DEPS) $(PLUGIN)
+	$(CARGO) build --release -p colocated-cli
+	cd $(NODE_DIR) && $(NODE_BIN)/napi build --platform --release --js binding.js --dts binding.d.ts
+	COLOCATED_WORKER_BIN=$(TARGET_DIR)/release/colocated COLOCATED_PLUGIN=$(PLUGIN) node $(NODE_DIR)/bench/bench.mjs
 
 fuzz-tools:
 	@command -v cargo-fuzz >/dev/null 2>&1 && cargo-fuzz --version | grep -q " $(CARGO_FUZZ_VERSION)$$" || \

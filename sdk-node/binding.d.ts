@@ -205,6 +205,12 @@ export declare class SingleDeviceSharding {
 }
 
 /**
+ * Does nothing: the baseline of a call across the napi boundary, for the
+ * benchmarks.
+ */
+export declare function _noop(): void
+
+/**
  * Called once by `errors.js`: `make(code, message, remoteStack)` returns the
  * error object of that code.
  */

@@ -844,6 +844,7 @@ module.exports.NamedSharding = nativeBinding.NamedSharding
 module.exports.PartitionSpec = nativeBinding.PartitionSpec
 module.exports.ShapeDtypeStruct = nativeBinding.ShapeDtypeStruct
 module.exports.SingleDeviceSharding = nativeBinding.SingleDeviceSharding
+module.exports._noop = nativeBinding._noop
 module.exports._setErrorFactory = nativeBinding._setErrorFactory
 module.exports.client = nativeBinding.client
 module.exports.colocatedCpuDevices = nativeBinding.colocatedCpuDevices

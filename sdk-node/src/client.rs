@@ -197,6 +197,11 @@ pub fn colocated_cpu_devices(
     Ok(cpus.iter().map(|d| Device::of(&client, d)).collect())
 }
 
+/// Does nothing: the baseline of a call across the napi boundary, for the
+/// benchmarks.
+#[napi(js_name = "_noop")]
+pub fn noop() {}
+
 /// Options of `connect`.
 #[napi(object)]
 pub struct ConnectOptions {
