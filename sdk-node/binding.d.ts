@@ -42,6 +42,13 @@ export declare class Client {
    */
   close(): void
   /**
+   * Settles when host `index` is lost (a worker that stopped answering):
+   * rejects with its error (`UnavailableError`, or `CancelledError` after
+   * `close()`). Never settles for the local host, and does not keep the
+   * process alive. (`client.on('hostLost', …)` is built on it.)
+   */
+  _hostLost(index: number): Promise<void>
+  /**
    * Loads a plugin library into this process's host: its native functions
    * become programs of language `'native'` here. Returns their names.
    * Throws `InvalidArgumentError` for a library that is not a plugin.

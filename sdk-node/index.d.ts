@@ -3,7 +3,7 @@
 // adds what index.js defines: the error classes, `P`, `blockUntilReady`, and
 // `Array` as the name of `ColocatedArray` (as JAX's `jax.Array`).
 
-import type { PartitionSpec } from './binding'
+import type { Host, PartitionSpec } from './binding'
 
 export type {
   ConfigureOptions,
@@ -37,6 +37,21 @@ export {
   ShapeDtypeStruct,
   SingleDeviceSharding,
 } from './binding'
+
+declare module './binding' {
+  interface Client {
+    /**
+     * `'hostLost'`: a worker of the client was lost (it stopped answering,
+     * or `close()` ended its session: then with `CancelledError`). Emitted
+     * once per lost worker; listeners keep nothing alive.
+     */
+    on(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
+    once(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
+    off(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
+    addListener(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
+    removeListener(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
+  }
+}
 
 /** A partition spec: `P('x', null)`, `P(['x', 'y'])`. */
 export declare function P(...entries: (string | string[] | null)[]): PartitionSpec

@@ -2,6 +2,7 @@
 // the Rust crate in this directory), its error classes, and the few helpers
 // that are JavaScript's own (`P`, `blockUntilReady`).
 
+const { EventEmitter } = require('node:events')
 const binding = require('./binding.js')
 const errors = require('./errors.js')
 
@@ -89,6 +90,36 @@ module.exports.blockUntilReady = async function blockUntilReady(tree) {
   visit(tree)
   await Promise.all(pending)
   return tree
+}
+
+// `client.on('hostLost', (host, error) => …)`: a worker of the client was
+// lost (stopped answering; after close(), with CancelledError). Listeners
+// belong to the Client object they were added to; they keep nothing alive.
+const emitters = new WeakMap()
+function emitterOf(client) {
+  let emitter = emitters.get(client)
+  if (emitter === undefined) {
+    emitter = new EventEmitter()
+    emitters.set(client, emitter)
+    for (const host of client.hosts()) {
+      if (!host.isRemote) continue
+      client._hostLost(host.index).then(
+        () => {},
+        (error) => emitter.emit('hostLost', host, errors.translate(error)),
+      )
+    }
+  }
+  return emitter
+}
+const EVENTS = new Set(['hostLost'])
+for (const method of ['on', 'once', 'off', 'addListener', 'removeListener']) {
+  binding.Client.prototype[method] = function (event, listener) {
+    if (!EVENTS.has(event)) {
+      throw new errors.InvalidArgumentError(`a Client emits 'hostLost', not ${JSON.stringify(event)}`)
+    }
+    emitterOf(this)[method](event, listener)
+    return this
+  }
 }
 
 for (const [name, value] of Object.entries(errors)) {

@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use colocated_core as core;
-use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either};
+use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either, Object};
 use napi::{Env, Task};
 use napi_derive::napi;
 
 use crate::errors::{to_js, OrThrow};
+use crate::promise::settle_weak;
 
 /// A device: where a buffer lives and a program runs.
 #[napi]
@@ -129,6 +130,16 @@ impl Client {
     #[napi]
     pub fn close(&self) {
         self.inner.close();
+    }
+
+    /// Settles when host `index` is lost (a worker that stopped answering):
+    /// rejects with its error (`UnavailableError`, or `CancelledError` after
+    /// `close()`). Never settles for the local host, and does not keep the
+    /// process alive. (`client.on('hostLost', …)` is built on it.)
+    #[napi(js_name = "_hostLost", ts_return_type = "Promise<void>")]
+    pub fn host_lost<'e>(&self, env: &'e Env, index: u32) -> napi::Result<Object<'e>> {
+        let lost = self.inner.host_lost(index as usize).js(env)?;
+        settle_weak(env, &lost, |_| Ok(()))
     }
 
     /// Loads a plugin library into this process's host: its native functions

@@ -23,6 +23,8 @@ type Make = Box<dyn FnOnce(Env) -> napi::Result<sys::napi_value> + Send>;
 struct Settle {
     deferred: sys::napi_deferred,
     outcome: core::Result<Make>,
+    /// Whether it counts among the pending Promises that keep the loop alive.
+    keep_alive: bool,
 }
 
 // SAFETY: the deferred is only used on the JavaScript thread that made it
@@ -109,7 +111,8 @@ unsafe extern "C" fn call_js(
             }
         };
     }
-    if let Some(s) = SETTLER.with(Cell::get) {
+    let settler = SETTLER.with(Cell::get).filter(|_| job.keep_alive);
+    if let Some(s) = settler {
         let left = s.pending.get().saturating_sub(1);
         s.pending.set(left);
         if left == 0 {
@@ -120,7 +123,32 @@ unsafe extern "C" fn call_js(
 }
 
 /// A Promise of `value(env)` once `event` is ready, or of the event's error.
+/// While it is pending, the event loop stays alive (as for any pending
+/// operation).
 pub fn settle<'e, T, F>(env: &'e Env, event: &Event, value: F) -> napi::Result<Object<'e>>
+where
+    T: ToNapiValue + 'static,
+    F: FnOnce(Env) -> napi::Result<T> + Send + 'static,
+{
+    settle_with(env, event, value, true)
+}
+
+/// [`settle`], but the pending Promise does not keep the event loop alive:
+/// for events that may never come (a worker's loss).
+pub fn settle_weak<'e, T, F>(env: &'e Env, event: &Event, value: F) -> napi::Result<Object<'e>>
+where
+    T: ToNapiValue + 'static,
+    F: FnOnce(Env) -> napi::Result<T> + Send + 'static,
+{
+    settle_with(env, event, value, false)
+}
+
+fn settle_with<'e, T, F>(
+    env: &'e Env,
+    event: &Event,
+    value: F,
+    keep_alive: bool,
+) -> napi::Result<Object<'e>>
 where
     T: ToNapiValue + 'static,
     F: FnOnce(Env) -> napi::Result<T> + Send + 'static,
@@ -136,11 +164,15 @@ where
             &mut promise
         ))?;
     }
-    if settler.pending.get() == 0 {
-        // SAFETY: on the JavaScript thread that owns the function.
-        unsafe { napi::check_status!(sys::napi_ref_threadsafe_function(env.raw(), settler.tsfn))? };
+    if keep_alive {
+        if settler.pending.get() == 0 {
+            // SAFETY: on the JavaScript thread that owns the function.
+            unsafe {
+                napi::check_status!(sys::napi_ref_threadsafe_function(env.raw(), settler.tsfn))?
+            };
+        }
+        settler.pending.set(settler.pending.get() + 1);
     }
-    settler.pending.set(settler.pending.get() + 1);
     let tsfn = settler.tsfn as usize;
     // Carried as an address: the closure runs on another thread, which only
     // hands it back.
@@ -154,6 +186,7 @@ where
         let job = Box::new(Settle {
             deferred: deferred as sys::napi_deferred,
             outcome: status.map(|()| make),
+            keep_alive,
         });
         // SAFETY: the function lives for the thread's life (never released);
         // a closing environment refuses the call, and the job is freed here.

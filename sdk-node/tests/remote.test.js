@@ -122,6 +122,7 @@ test('kill -9 of a worker fails its pending work with UnavailableError, fast', a
   const spare = await startWorker({ devices: 1, token })
   const other = await startWorker({ devices: 1, token })
   const two = await c.connect([spare.address, other.address], { tokenFile: token.file, default: false, timeout: 5000 })
+  const lost = new Promise((resolve) => two.once('hostLost', (host, error) => resolve({ host, error })))
   const onSpare = c.devicePut(new Float32Array(1 << 20), two.devices()[0])
   await onSpare.ready()
   await spare.kill('SIGKILL')
@@ -130,6 +131,11 @@ test('kill -9 of a worker fails its pending work with UnavailableError, fast', a
   await assert.rejects(onSpare.toTypedArray(), (e) => e instanceof c.UnavailableError)
   await assert.rejects(c.devicePut([1], two.devices()[0]).ready(), c.UnavailableError)
   assert.ok(Date.now() - started < 2000, `${Date.now() - started} ms`)
+  // The client says which host it lost, once.
+  const { host, error } = await lost
+  assert.deepEqual([host.index, host.name, host.isRemote], [0, spare.address, true])
+  assert.ok(error instanceof c.UnavailableError, String(error))
+  assert.throws(() => two.on('hostFound', () => {}), c.InvalidArgumentError)
   // The other worker serves on.
   assert.deepEqual(Array.from(await c.devicePut([7], two.devices()[1]).toTypedArray()), [7])
   two.close()

@@ -21,6 +21,11 @@ async function main(): Promise<void> {
   await run.done
   await c.blockUntilReady({ out: run.outputs })
   const remote: c.Client = await c.connect(['127.0.0.1:1'], { token: 't', timeout: 1000, default: false })
+  remote.on('hostLost', (host, error) => {
+    const index: number = host.index
+    const code: c.ErrorCode = error.code
+    void [index, code]
+  })
   remote.close()
   try {
     c.devicePut([1])
