@@ -69,12 +69,13 @@ check-node-binding: node
 	@git diff --exit-code -- sdk-node/binding.js sdk-node/binding.d.ts || \
 	  (echo "sdk-node/binding.js or binding.d.ts is stale: run 'make node' and commit them" && exit 1)
 
-# Real worker processes (the `colocated` executable) on 127.0.0.1, and the
-# types as a TypeScript user sees them.
-test-node: node
+# Real worker processes (the `colocated` executable, and Python workers of
+# the Python SDK for the cross-language test) on 127.0.0.1, and the types as a
+# TypeScript user sees them.
+test-node: node python
 	$(CARGO) build -p colocated-cli
 	cd $(NODE_DIR) && $(NODE_BIN)/tsc -p tsconfig.json
-	cd $(NODE_DIR) && node --test --test-concurrency=1 tests/
+	cd $(NODE_DIR) && COLOCATED_PYTHON=$(VENV_PY) node --test --test-concurrency=1 tests/
 
 header: tools
 	cd ffi && cbindgen --config cbindgen.toml --crate colocated-ffi --quiet --output ../include/colocated.h

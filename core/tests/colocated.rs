@@ -319,6 +319,50 @@ fn declared_outputs_run_asynchronously_and_a_wrong_output_is_refused() {
     );
 }
 
+#[test]
+fn a_program_compiled_ahead_serializes_and_runs_where_it_is_loaded() {
+    let _serial = serial();
+    define_functions();
+    let client = local_client(2);
+    let x = i32_array(&client, &[1, 2], named(client.devices().to_vec(), "x"));
+    let spec = call_spec(std::slice::from_ref(&x));
+    let f = function(None);
+    // Without declared outputs there is nothing to compile ahead: discovery
+    // would run the function.
+    assert_error(
+        f.compile_ahead(&client, &spec, &Site::of("add_one"))
+            .map(|_| ()),
+        ErrorCode::InvalidArgument,
+        "needs its output specs declared",
+    );
+    let site = Site {
+        name: "add_one",
+        declared: Some(vec![x.spec().clone()]),
+    };
+    let entry = f.compile_ahead(&client, &spec, &site).unwrap();
+    // The serialized program runs where it is loaded, as any executable.
+    let loaded = client
+        .deserialize_and_load(
+            &entry.executable().serialize(),
+            colocated_core::CompileOptions::default(),
+        )
+        .unwrap();
+    let run = loaded
+        .execute(
+            std::slice::from_ref(&x),
+            &colocated_core::ExecuteOptions::default(),
+        )
+        .unwrap();
+    run.status.wait().unwrap();
+    assert_eq!(i32_values(&run.outputs[0].to_host_bytes().unwrap()), [2, 3]);
+    // A call of that spec takes the program compiled ahead.
+    let hits = f.cache_info().hits;
+    let ran = call(&client, &f, "add_one", std::slice::from_ref(&x)).unwrap();
+    ran.status.unwrap().wait().unwrap();
+    assert_eq!(f.cache_info().hits, hits + 1);
+    assert!(std::sync::Arc::ptr_eq(&ran.entry, &entry));
+}
+
 // -- objects ----------------------------------------------------------------------
 
 /// Defines `touch-<id>`: builds (once) object `id` of the running program's

@@ -15,6 +15,12 @@ function workerBin() {
   return process.env.COLOCATED_WORKER_BIN ?? path.join(ROOT, 'target', 'debug', 'colocated')
 }
 
+/** The Python of the Python SDK's venv (`make python`), or null without it. */
+function pythonBin() {
+  const bin = process.env.COLOCATED_PYTHON ?? path.join(ROOT, 'build', 'venv', 'bin', 'python')
+  return fs.existsSync(bin) ? bin : null
+}
+
 let plugin
 /** The test plugin, compiled once per test file. */
 function pluginPath() {
@@ -36,14 +42,20 @@ function tokenFile() {
 }
 
 /**
- * Starts a worker with `devices` CPU devices that accepts `token`'s file;
+ * Starts a worker with `devices` CPU devices that accepts `token`'s file
+ * (`colocated worker` with the test plugin, or with `python`, the Python
+ * SDK's `python -m colocated.worker`);
  * resolves with `{address, pid, kill(signal), stop()}` once it prints its
  * `listening on HOST:PORT` line.
  */
-function startWorker({ devices = 1, token }) {
-  const args = ['worker', '--listen', '127.0.0.1:0', '--cpu-devices', String(devices)]
-  args.push('--token-file', token.file, '--plugin', pluginPath())
-  const child = spawn(workerBin(), args, { stdio: ['pipe', 'pipe', 'inherit'] })
+function startWorker({ devices = 1, token, python = false }) {
+  const args = ['--listen', '127.0.0.1:0', '--cpu-devices', String(devices), '--token-file', token.file]
+  // The test plugin checks that the loader refuses bad registrations; the
+  // loader's warnings of those are expected.
+  const env = { ...process.env, COLOCATED_LOG: 'warn,colocated_plugin=error' }
+  const child = python
+    ? spawn(pythonBin(), ['-m', 'colocated.worker', ...args], { stdio: ['pipe', 'pipe', 'inherit'], env })
+    : spawn(workerBin(), ['worker', ...args, '--plugin', pluginPath()], { stdio: ['pipe', 'pipe', 'inherit'], env })
   return new Promise((resolve, reject) => {
     let out = ''
     const timer = setTimeout(() => reject(new Error(`worker did not start: ${out}`)), 20000)
@@ -91,4 +103,4 @@ const SAMPLES = {
   string: [['a', '', 'héllo', 'x'.repeat(1000), '日本', 'b', 'c', 'd'], 'Array'],
 }
 
-module.exports = { startWorker, tokenFile, pluginPath, SAMPLES, ROOT }
+module.exports = { startWorker, tokenFile, pluginPath, pythonBin, SAMPLES, ROOT, TMP }

@@ -397,6 +397,50 @@ impl FunctionState {
         Ok((result, status))
     }
 
+    /// Compiles the program for the call spec (`tree` key, spec leaves) ahead
+    /// of a call, with the outputs `site.declared()` gives (core's
+    /// `compile_ahead`): its payload is portable (cloudpickled), so the
+    /// executable serializes for any client of the same hosts. Raises
+    /// `InvalidArgumentError` without declared outputs.
+    #[pyo3(signature = (tree, specs, site))]
+    fn compile_ahead(
+        &self,
+        py: Python<'_>,
+        tree: u64,
+        specs: Vec<SpecLeaf<'_>>,
+        site: Py<PyAny>,
+    ) -> PyResult<Executable> {
+        let function = self.function()?;
+        let spec = core::CallSpec {
+            tree,
+            leaves: specs.iter().map(array_spec).collect::<PyResult<_>>()?,
+        };
+        let client = match (specs.first(), &self.devices_client) {
+            (Some(leaf), _) => leaf.2.get()?.0.clone(),
+            (None, Some(client)) => client.get().map_err(py_err)?.clone(),
+            (None, None) => {
+                return Err(py_err(core::Error::invalid_argument(
+                    "compiling a function without arguments needs it specialized with devices",
+                )))
+            }
+        };
+        let site = PySite {
+            site,
+            error: Mutex::new(None),
+            client: client.clone(),
+        };
+        let compiled = py.detach(|| function.compile_ahead(&client, &spec, &site));
+        match compiled {
+            Ok(entry) => Ok(Executable {
+                inner: ForkSafe::new(entry.executable().clone()),
+            }),
+            Err(e) => {
+                let raised = site.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+                Err(raised.unwrap_or_else(|| to_py(py, &e)))
+            }
+        }
+    }
+
     /// `(hits, misses, currsize)`.
     fn cache_info(&self) -> PyResult<(u64, u64, usize)> {
         let info = self.function()?.cache_info();

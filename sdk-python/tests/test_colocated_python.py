@@ -251,6 +251,35 @@ def test_out_specs_fn_makes_every_call_asynchronous(state):
     assert state.finished == [True, True]
 
 
+def test_compile_ahead_gives_a_serializable_program_that_later_calls_take(state):
+    state.runs = 0
+
+    def add_one(x):
+        state.runs += 1
+        return x + 1
+
+    x = put(41)
+    spec = ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
+    with pytest.raises(colocated.InvalidArgumentError, match="needs its output specs declared"):
+        colocated.colocated_python(add_one).compile(spec)
+    f = colocated.colocated_python(add_one).specialize(out_specs_fn=lambda x: x)
+    with pytest.raises(colocated.InvalidArgumentError, match="leaf 0 is a int"):
+        f.compile(3)
+    exe = f.compile(spec)
+    assert state.runs == 0  # compiled, not run
+    # The portable bytes of a `python` program (what another SDK loads).
+    data = exe.serialize()
+    assert b"python" in data and len(data) > 100
+    outputs, status = exe.execute([x._impl])
+    status.wait()
+    assert int(colocated._array._wrap(outputs[0], x.sharding)) == 42
+    # A call of that spec takes the program compiled ahead.
+    before = counts(f)
+    assert int(wait_bounded(f(x))) == 42
+    assert counts(f)[0] == before[0] + 1
+    assert state.runs == 2
+
+
 def test_first_call_is_synchronous_then_calls_are_asynchronous(state):
     state.gate = threading.Event()
     state.gate.set()

@@ -227,6 +227,32 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
         Ok(call)
     }
 
+    /// Compiles the program for input spec `spec` ahead of any call (or
+    /// returns the one a call compiled), with the outputs `site` declares:
+    /// what a caller serializes to load elsewhere (another process, another
+    /// SDK's client of the same hosts). Its calls then take the cache.
+    /// `invalid_argument` under the call rules, and when `site` declares no
+    /// outputs (discovering them means running the function).
+    pub fn compile_ahead<S: CallSite<Entry = E>>(
+        &self,
+        client: &Client,
+        spec: &CallSpec,
+        site: &S,
+    ) -> Result<Arc<Entry<E>>> {
+        let devices = self.check(spec)?;
+        if let Some(entry) = self.cache.get(spec) {
+            return Ok(entry);
+        }
+        let outputs = site.declared_outputs()?.ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "compiling {} ahead of a call needs its output specs declared \
+                 (out_specs_fn): discovering them runs the function",
+                self.name
+            ))
+        })?;
+        self.compile(client, spec, devices, site, outputs)
+    }
+
     fn compile<S: CallSite<Entry = E>>(
         &self,
         client: &Client,

@@ -322,6 +322,8 @@ class FunctionState:
         """Any call: the cached program, one compiled for ``site.declared()``, or a
         synchronous discovery run. Returns the result tree and the status (None
         when it already finished)."""
+    def compile_ahead(self, tree: int, specs: list[tuple[str, list[int], Sharding]], site: object) -> Executable:
+        """Compiles the program for the call spec ahead of a call, with declared outputs."""
     def cache_info(self) -> tuple[int, int, int]: ...
     def clear(self) -> None: ...
 

@@ -119,7 +119,9 @@ def _spec_leaf(x) -> tuple:
     )
 
 
-def _spec_of(x: Array) -> ShapeDtypeStruct:
+def _spec_of(x) -> ShapeDtypeStruct:
+    if isinstance(x, ShapeDtypeStruct):
+        return x
     return ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
 
 
@@ -207,10 +209,22 @@ class _Site:
     output specs ``out_specs_fn`` declares, and the Python forms of the
     outputs (tree structure, sharding objects)."""
 
-    __slots__ = ("_declared_shardings", "declared_treedef", "function", "leaves", "local_keys", "probe", "treedef")
+    __slots__ = (
+        "_declared_shardings",
+        "declared_treedef",
+        "function",
+        "leaves",
+        "local_keys",
+        "portable",
+        "probe",
+        "treedef",
+    )
 
-    def __init__(self, function: ColocatedFunction, treedef, leaves: list) -> None:
+    def __init__(self, function: ColocatedFunction, treedef, leaves: list, portable: bool = False) -> None:
         self.function = function
+        # A program compiled ahead to be serialized: its payload travels by
+        # value even for the controller's own host.
+        self.portable = portable
         self.treedef = treedef
         self.leaves = leaves
         self.declared_treedef = None
@@ -273,6 +287,7 @@ class _Site:
         Across hosts the inputs are each host's part of each array, with its own
         sharding (the callers' objects name devices of other hosts)."""
         fn = self.function._fn
+        remote = remote or self.portable
         in_shardings = [None] * len(self.leaves) if remote else [leaf.sharding for leaf in self.leaves]
         host_call = _HostCall(fn, self.treedef, in_shardings, self._out_treedef(structure), local=not remote)
         if remote:
@@ -377,6 +392,28 @@ class ColocatedFunction(_colocated.FunctionBase):
             objects += _argument_objects(args, kwargs)
         try:
             return self._state.call_general(tree, impls, site, objects)
+        finally:
+            for key in site.local_keys:
+                _LOCAL_PROGRAMS.pop(key, None)
+
+    def compile(self, *args, **kwargs):
+        """Compiles the program for arguments of these specs (``ShapeDtypeStruct``
+        leaves with shardings, or Arrays) ahead of a call, with the outputs
+        ``out_specs_fn`` declares, and returns the ``Executable``: its
+        ``serialize()`` bytes load on any client of the same hosts (Node's
+        ``deserializeAndLoad`` among them), where the program runs on Python
+        hosts. Later calls of that spec take it. Raises ``InvalidArgumentError``
+        without ``out_specs_fn`` (discovering the outputs runs the function)."""
+        leaves, treedef = _flatten((args, kwargs))
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, (Array, ShapeDtypeStruct)):
+                raise InvalidArgumentError(
+                    f"compile takes ShapeDtypeStructs or Arrays; leaf {i} is a {type(leaf).__name__}"
+                )
+        tree, _flat = _tree_key(treedef)
+        site = _Site(self, treedef, leaves, portable=True)
+        try:
+            return self._state.compile_ahead(tree, [_spec_leaf(leaf) for leaf in leaves], site)
         finally:
             for key in site.local_keys:
                 _LOCAL_PROGRAMS.pop(key, None)
