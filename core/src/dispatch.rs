@@ -144,6 +144,26 @@ thread_local! {
     static STREAM_SCOPE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// The streams whose tasks this thread is running now, innermost last.
     static RUNNING_HERE: RefCell<Vec<*const StreamQueue>> = const { RefCell::new(Vec::new()) };
+    /// Streams this thread uses instead of its own (see [`with_stream`]),
+    /// innermost last.
+    static STREAM_OVERRIDES: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `stream` as the calling thread's stream of its client: what
+/// `f` submits without naming a stream queues on `stream`, in program order
+/// with what other threads queued there. For an SDK whose one logical thread
+/// of calls runs on several OS threads (Node's event loop, and libuv's pool
+/// for the calls that wait). Code inside a task still gets streams of its own.
+pub fn with_stream<R>(stream: &Stream, f: impl FnOnce() -> R) -> R {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            STREAM_OVERRIDES.with(|o| o.borrow_mut().pop());
+        }
+    }
+    STREAM_OVERRIDES.with(|o| o.borrow_mut().push(stream.clone()));
+    let _pop = Pop;
+    f()
 }
 
 /// A default stream of a thread: (dispatcher, task depth, scope, stream).
@@ -157,6 +177,15 @@ type StreamKey = (u64, usize, u64, Stream);
 /// not queue behind the very task that makes them.
 pub(crate) fn thread_stream(owner_id: u64) -> Stream {
     let depth = RUNNING_HERE.with(|r| r.borrow().len());
+    if depth == 0 {
+        let chosen = STREAM_OVERRIDES.with(|o| {
+            let o = o.borrow();
+            o.iter().rev().find(|s| s.owner() == owner_id).cloned()
+        });
+        if let Some(stream) = chosen {
+            return stream;
+        }
+    }
     let scope = STREAM_SCOPE.with(|s| s.get());
     THREAD_STREAMS.with(|streams| {
         let mut streams = streams.borrow_mut();

@@ -1476,3 +1476,54 @@ fn a_native_program_reads_the_data_after_its_name_and_bad_names_are_refused() {
         assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
     }
 }
+
+#[test]
+fn with_stream_queues_another_threads_work_in_program_order_on_that_stream() {
+    let client = client(1);
+    let device = client.devices()[0].clone();
+    let gate = Event::new();
+    register_gate(&client, "with_stream_gate", &gate);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = order.clone();
+    client
+        .register_native_function("with_stream_mark", move |_ctx| {
+            seen.lock().unwrap().push("mark");
+            Ok(())
+        })
+        .unwrap();
+    let gated = compile_nullary(&client, "with_stream_gate", &device);
+    let mark = compile_nullary(&client, "with_stream_mark", &device);
+    // This thread's stream: the gate holds it.
+    let stream = client.current_stream();
+    let held = gated
+        .execute(&[], &ExecuteOptions::default())
+        .unwrap()
+        .status;
+    // Another thread queues with this thread's stream, without naming it.
+    let (s, m) = (stream.clone(), mark.clone());
+    let queued = std::thread::spawn(move || {
+        with_stream(&s, || m.execute(&[], &ExecuteOptions::default()))
+            .unwrap()
+            .status
+    })
+    .join()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "ran before the gate opened"
+    );
+    assert!(!queued.is_ready());
+    gate.set(Ok(())).unwrap();
+    held.wait().unwrap();
+    queued.wait().unwrap();
+    assert_eq!(*order.lock().unwrap(), ["mark"]);
+    // Without it, the other thread's work runs on a stream of its own, at once.
+    let free = std::thread::spawn(move || {
+        mark.execute(&[], &ExecuteOptions::default())
+            .unwrap()
+            .status
+            .wait_timeout(Duration::from_secs(2))
+    });
+    free.join().unwrap().unwrap();
+}
