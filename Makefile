@@ -49,7 +49,7 @@ demo: build python node $(PLUGIN) | $(BUILD)
 	@echo
 	$(VENV_PY) examples/cluster_demo.py
 	@echo
-	COLOCATED_WORKER_BIN=$(DEBUG_DIR)/colocated COLOCATED_PLUGIN=$(PLUGIN) node examples/demo.mjs
+	COLOCATED_PLUGIN=$(PLUGIN) node examples/demo.mjs
 
 # The example plugin (the tests' `plugin_add_one_i32` and `plugin_fail`).
 $(PLUGIN): tests/plugin/add_one_plugin.c include/colocated.h | $(BUILD)

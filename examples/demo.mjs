@@ -1,6 +1,7 @@
-// The Node SDK: a controller with local devices, then two worker processes on
-// loopback. Run by `make demo` (after `make node`), with the worker executable
-// and the example plugin's path in COLOCATED_WORKER_BIN and COLOCATED_PLUGIN.
+// The Node SDK: a controller with local devices, then two Node worker
+// processes on loopback (`colocated worker` of the npm package) that run a
+// native function of a plugin and a JavaScript function. Run by `make demo`
+// (after `make node`), with the example plugin's path in COLOCATED_PLUGIN.
 import { spawn } from 'node:child_process'
 import crypto from 'node:crypto'
 import fs from 'node:fs'
@@ -44,7 +45,8 @@ const workers = await Promise.all(
         // loader refuses bad registrations; the loader's warnings of those
         // are not news here.
         const env = { ...process.env, COLOCATED_LOG: 'warn,colocated_plugin=error' }
-        const child = spawn(process.env.COLOCATED_WORKER_BIN, [...args, '--plugin', process.env.COLOCATED_PLUGIN], {
+        const bin = new URL('../sdk-node/bin/colocated.js', import.meta.url).pathname
+        const child = spawn(process.execPath, [bin, ...args, '--plugin', process.env.COLOCATED_PLUGIN], {
           stdio: ['ignore', 'pipe', 'inherit'],
           env,
         })
@@ -79,6 +81,22 @@ for (const shard of outputs[0].addressableShards) {
   console.log(`process ${shard.device.processIndex} ${shard.device}: ${Array.from(await shard.data.toTypedArray())}`)
 }
 console.log(`gathered: ${Array.from(await outputs[0].toTypedArray())}`)
+
+// A JavaScript function, once per host with that host's part of the array.
+const onHosts = colocated.colocated(async (x) => {
+  const mine = await x.toTypedArray()
+  return colocated.devicePut(
+    mine.map((v) => v * 10 + process.pid * 1000),
+    x.sharding,
+  )
+})
+const tagged = await onHosts(outputs[0])
+for (const shard of tagged.addressableShards) {
+  const values = Array.from(await shard.data.toTypedArray())
+  console.log(
+    `JavaScript on process ${shard.device.processIndex}: pid ${Math.floor(values[0] / 1000)}, got ${values.map((v) => (v % 1000) / 10)}`,
+  )
+}
 
 client.close()
 for (const { child } of workers) {

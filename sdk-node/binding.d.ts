@@ -113,6 +113,63 @@ export declare class Device {
   toString(): string
 }
 
+/**
+ * Controller-side state of a colocated JavaScript function (used by
+ * `colocated.js`).
+ */
+export declare class FunctionState {
+  /** `devices`: the specialized devices (let calls without arguments run). */
+  constructor(name: string, devices?: Array<Device> | undefined | null)
+  /**
+   * The call if a program is compiled for its spec (`tree`: the key of the
+   * arguments' structure): run at once, on this thread's stream. Null
+   * otherwise (then `call`).
+   */
+  callCached(tree: number, inputs: Array<ColocatedArray>): CallResult | null
+  /**
+   * Any call: compiles a program (its `payload`: the function and the
+   * arguments' structure) for the declared outputs, or discovers them by
+   * running the function once on every host of the call. Runs on libuv's
+   * thread pool, queued on this thread's stream.
+   */
+  call(tree: number, inputs: Array<ColocatedArray>, declared: Declared | undefined | null, payload: string): Promise<CallResult>
+  /** Hits, misses and size of the cache of compiled programs. */
+  cacheInfo(): Array<number>
+  /** Drops every compiled program. */
+  clear(): void
+}
+
+/**
+ * One run of a `node` program on this host, handed to the JavaScript runner,
+ * which answers it once with `resolve` or `reject`.
+ */
+export declare class HostCall {
+  /** The loaded program's id (the runner caches the function by it). */
+  get program(): number
+  /** The function: `{"source": …}` or `{"module": …, "export": …}`. */
+  get payload(): string
+  /** This host's part of each argument. */
+  get inputs(): Array<ColocatedArray>
+  /**
+   * The program's devices on this host (where outputs of a call without
+   * arguments go).
+   */
+  get devices(): Array<Device>
+  /** True in the first call of an input spec, whose outputs are discovered. */
+  get discovering(): boolean
+  /**
+   * Answers with the output arrays (the leaves of the result, in order)
+   * and the description of the result's tree.
+   */
+  resolve(outputs: Array<ColocatedArray>, structure: string): void
+  /**
+   * Answers with the error the function threw: its code when it is a
+   * `ColocatedError` (else `internal`, as user code that failed), and its
+   * stack, which reaches the caller as `remoteStack`.
+   */
+  reject(message: string, stack?: string | undefined | null, code?: string | undefined | null): void
+}
+
 /** A compiled program, ready to run on its devices. */
 export declare class LoadedExecutable {
   /** The program's name. */
@@ -211,6 +268,16 @@ export declare class SingleDeviceSharding {
   toString(): string
 }
 
+/** A running worker. */
+export declare class WorkerHandle {
+  /** `HOST:PORT` it listens on. */
+  get address(): string
+  /** True once it has had no session for `--exit-after-idle` seconds. */
+  get idleExpired(): boolean
+  /** Stops serving: ends every session (their objects are freed). */
+  shutdown(): void
+}
+
 /**
  * Does nothing: the baseline of a call across the napi boundary, for the
  * benchmarks.
@@ -222,6 +289,33 @@ export declare function _noop(): void
  * error object of that code.
  */
 export declare function _setErrorFactory(make: (arg: [string, string, string | undefined | null]) => unknown): void
+
+/**
+ * Called once by `colocated.js` on the main thread: the function that runs
+ * host calls. It does not keep the process alive.
+ */
+export declare function _setRunner(run: (arg: HostCall) => unknown): void
+
+/**
+ * Starts serving this process's devices with `values` (checked by core's
+ * rules: `InvalidArgumentError` naming a bad flag). The worker's client
+ * becomes the default one: the functions it runs place their outputs with
+ * it.
+ */
+export declare function _startWorker(values: WorkerValues): WorkerHandle
+
+/** The flags every worker takes. */
+export declare function _workerFlags(): Array<WorkerFlagInfo>
+
+/**
+ * A call's result: the output leaves, the description of their tree, and
+ * the call's completion (null when the call already ran: a discovery).
+ */
+export interface CallResult {
+  outputs: Array<ColocatedArray>
+  structure: string
+  done?: Promise<void> | null
+}
 
 /**
  * The default client: this process with CPU devices, unless `connect` made
@@ -294,6 +388,12 @@ export interface ConnectOptions {
   default?: boolean
   /** CPU devices of this process, with `includeLocal`. */
   numCpuDevices?: number
+}
+
+/** The outputs `outSpecsFn` declares: the leaves' specs and the tree. */
+export interface Declared {
+  specs: Array<ShapeDtypeStruct>
+  structure: string
 }
 
 /**
@@ -387,4 +487,32 @@ export interface Shard {
   index: Array<Array<number>>
   /** The shard, as an array on its device. */
   data: ColocatedArray
+}
+
+/** One flag of a worker's command line (core's table). */
+export interface WorkerFlagInfo {
+  /** The long name, without `--`. */
+  name: string
+  /** `switch`, `address`, `count`, `seconds` or `path`. */
+  kind: string
+  /** The default value as text. */
+  default?: string
+  /** True when it may be given several times. */
+  repeatable: boolean
+  /** The help text. */
+  help: string
+}
+
+/** The values of the worker flags, as parsed (text already converted). */
+export interface WorkerValues {
+  listen: string
+  cpuDevices?: number
+  tokenFile?: string
+  insecure: boolean
+  tlsCert?: string
+  tlsKey?: string
+  heartbeatInterval: number
+  sessionTimeout: number
+  plugins: Array<string>
+  exitAfterIdle?: number
 }

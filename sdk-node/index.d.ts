@@ -3,7 +3,7 @@
 // adds what index.js defines: the error classes, `P`, `blockUntilReady`, and
 // `Array` as the name of `ColocatedArray` (as JAX's `jax.Array`).
 
-import type { Host, PartitionSpec } from './binding'
+import type { ColocatedArray, Device, Host, PartitionSpec } from './binding'
 
 export type {
   ConfigureOptions,
@@ -61,6 +61,37 @@ export declare function P(...entries: (string | string[] | null)[]): PartitionSp
  * objects) is ready; rejects with the first error.
  */
 export declare function blockUntilReady<T>(tree: T): Promise<T>
+
+/** A function that runs on the hosts of its arguments' devices (see `colocated`). */
+export interface ColocatedFunction<Args extends unknown[], Result> {
+  /** Runs it with each host's part of each argument; resolves with the result tree (arrays ready later). */
+  (...args: Args): Promise<Result>
+  /**
+   * A copy that declares its outputs (`outSpecsFn`: the arguments' specs to the
+   * result's `ShapeDtypeStruct`s; no discovery run) and/or runs without
+   * arguments on `devices`. Specifying a field twice throws InvalidArgumentError.
+   */
+  specialize(options: {
+    outSpecsFn?: (...specs: unknown[]) => unknown
+    devices?: Device[]
+  }): ColocatedFunction<Args, Result>
+  /** Hits, misses and size of the cache of compiled programs per input spec. */
+  cacheInfo(): { hits: number; misses: number; currsize: number }
+}
+
+/**
+ * Wraps a self-contained function (it travels as its source; inside it,
+ * `colocated` and `require` are available) or `{module, export}` (the host
+ * imports it) to run on the hosts that own its arguments' devices, with each
+ * host's part of each argument: this process, or Node workers
+ * (`npx colocated worker`). It may be async, and returns arrays, or arrays
+ * and plain objects of them. The first call of an input spec discovers the
+ * outputs by running it once per host.
+ */
+export declare function colocated<Args extends ColocatedArray[], Result>(
+  fn: (...args: Args) => Result | Promise<Result>,
+): ColocatedFunction<Args, Awaited<Result>>
+export declare function colocated(fn: { module: string; export?: string }): ColocatedFunction<ColocatedArray[], unknown>
 
 /** The canonical error codes (core's, as in the Python SDK). */
 export type ErrorCode =

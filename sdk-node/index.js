@@ -122,6 +122,8 @@ for (const method of ['on', 'once', 'off', 'addListener', 'removeListener']) {
   }
 }
 
+require('./colocated.js')(binding, module.exports)
+
 for (const [name, value] of Object.entries(errors)) {
   if (name !== 'fromCore' && name !== 'translate') module.exports[name] = value
 }

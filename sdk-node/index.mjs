@@ -1,5 +1,5 @@
 // ESM entry of the npm package `colocated` (the CommonJS entry, index.js, holds it).
-import colocated from './index.js'
+import pkg from './index.js'
 
 const {
   ColocatedArray,
@@ -13,6 +13,7 @@ const {
   SingleDeviceSharding,
   P,
   blockUntilReady,
+  colocated,
   client,
   colocatedCpuDevices,
   compile,
@@ -36,7 +37,7 @@ const {
   InternalError,
   UnavailableError,
   UnauthenticatedError,
-} = colocated
+} = pkg
 
 export {
   AlreadyExistsError,
@@ -47,6 +48,7 @@ export {
   ColocatedArray as Array,
   ColocatedError,
   client,
+  colocated,
   colocatedCpuDevices,
   compile,
   configure,
@@ -76,4 +78,4 @@ export {
   UnimplementedError,
 }
 
-export default colocated
+export default pkg

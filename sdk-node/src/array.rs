@@ -184,7 +184,7 @@ fn put(
     let (client, sharding) = match sharding {
         Some(s) if !is_nullish(s) => sharding_of(env, s)?,
         _ => {
-            let client = core::default_client()?;
+            let client = crate::client::default_client()?;
             let device = client
                 .devices()
                 .first()

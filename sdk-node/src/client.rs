@@ -151,6 +151,21 @@ impl Client {
     }
 }
 
+/// Makes `client` run `node` programs in this process (once per client).
+pub(crate) fn with_node(client: core::Client) -> core::Client {
+    if let Err(e) = client.register_executor(crate::program::LANGUAGE, crate::program::NodeExecutor)
+    {
+        // Registered already (another wrapper of the same client did it).
+        debug_assert_eq!(e.code(), core::ErrorCode::AlreadyExists, "{e}");
+    }
+    client
+}
+
+/// The default client, running `node` programs.
+pub(crate) fn default_client() -> core::Result<core::Client> {
+    core::default_client().map(with_node)
+}
+
 /// Options of the default client (see `configure`).
 #[napi(object)]
 pub struct ConfigureOptions {
@@ -177,7 +192,7 @@ pub fn configure(env: Env, options: ConfigureOptions) -> napi::Result<()> {
 /// another one the default. Created on first use.
 #[napi]
 pub fn client(env: Env) -> napi::Result<Client> {
-    let inner = core::default_client().js(&env)?;
+    let inner = default_client().js(&env)?;
     Ok(Client { inner })
 }
 
@@ -256,7 +271,7 @@ impl Task for Connect {
     }
 
     fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<Client> {
-        let inner = output.map_err(|e| to_js(&env, &e))?;
+        let inner = with_node(output.map_err(|e| to_js(&env, &e))?);
         if self.make_default {
             core::set_default_client(Some(inner.clone()));
         }

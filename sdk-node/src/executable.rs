@@ -138,7 +138,7 @@ pub fn deserialize_and_load(
 ) -> napi::Result<AsyncTask<Compile>> {
     let client = match client {
         Some(c) => c.inner.clone(),
-        None => core::default_client().js(&env)?,
+        None => crate::client::default_client().js(&env)?,
     };
     Ok(AsyncTask::new(Compile {
         client,

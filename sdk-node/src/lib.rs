@@ -22,5 +22,8 @@ mod client;
 mod convert;
 mod errors;
 mod executable;
+mod function;
+mod program;
 mod promise;
 mod sharding;
+mod worker;

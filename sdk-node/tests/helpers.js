@@ -43,28 +43,35 @@ function tokenFile() {
 
 /**
  * Starts a worker with `devices` CPU devices that accepts `token`'s file
- * (`colocated worker` with the test plugin, or with `python`, the Python
+ * (`colocated worker` with the test plugin; with `node`, this package's
+ * `colocated worker`, which runs JavaScript too; with `python`, the Python
  * SDK's `python -m colocated.worker`);
  * resolves with `{address, pid, kill(signal), stop()}` once it prints its
  * `listening on HOST:PORT` line.
  */
-function startWorker({ devices = 1, token, python = false }) {
+function startWorker({ devices = 1, token, python = false, node = false }) {
   const args = ['--listen', '127.0.0.1:0', '--cpu-devices', String(devices), '--token-file', token.file]
   // The test plugin checks that the loader refuses bad registrations; the
   // loader's warnings of those are expected.
   const env = { ...process.env, COLOCATED_LOG: 'warn,colocated_plugin=error' }
-  const child = python
-    ? spawn(pythonBin(), ['-m', 'colocated.worker', ...args], { stdio: ['pipe', 'pipe', 'inherit'], env })
-    : spawn(workerBin(), ['worker', ...args, '--plugin', pluginPath()], { stdio: ['pipe', 'pipe', 'inherit'], env })
+  const stdio = ['pipe', 'pipe', 'inherit']
+  const nodeBin = path.join(__dirname, '..', 'bin', 'colocated.js')
+  let child
+  if (python) child = spawn(pythonBin(), ['-m', 'colocated.worker', ...args], { stdio, env })
+  else if (node) child = spawn(process.execPath, [nodeBin, 'worker', ...args, '--plugin', pluginPath()], { stdio, env })
+  else child = spawn(workerBin(), ['worker', ...args, '--plugin', pluginPath()], { stdio, env })
   return new Promise((resolve, reject) => {
     let out = ''
     const timer = setTimeout(() => reject(new Error(`worker did not start: ${out}`)), 20000)
     child.once('error', reject)
     child.once('exit', (code) => reject(new Error(`worker exited with ${code}: ${out}`)))
-    child.stdout.on('data', (chunk) => {
+    const onData = (chunk) => {
       out += chunk
       const match = /^listening on (\S+)$/m.exec(out)
       if (!match) return
+      // Once: later output (a Python worker's) must not start over.
+      child.stdout.off('data', onData)
+      child.stdout.resume()
       clearTimeout(timer)
       child.removeAllListeners('exit')
       const exited = new Promise((done) => child.once('exit', done))
@@ -80,7 +87,8 @@ function startWorker({ devices = 1, token, python = false }) {
           return exited
         },
       })
-    })
+    }
+    child.stdout.on('data', onData)
   })
 }
 

@@ -20,6 +20,12 @@ async function main(): Promise<void> {
   const run: c.Execution = exe.execute([x])
   await run.done
   await c.blockUntilReady({ out: run.outputs })
+  const addOne = c
+    .colocated(async (a: c.Array) => c.devicePut(await a.toTypedArray(), a.sharding))
+    .specialize({ outSpecsFn: (s) => s })
+  const y: c.Array = await addOne(x)
+  void y
+  void addOne.cacheInfo().hits
   const remote: c.Client = await c.connect(['127.0.0.1:1'], { token: 't', timeout: 1000, default: false })
   remote.on('hostLost', (host, error) => {
     const index: number = host.index

@@ -1,0 +1,200 @@
+// `colocated(fn)`: JavaScript functions that run on the hosts that own their
+// arguments' devices (the `node` language). Core owns the protocol (call
+// rules, the cache per input spec, discovery); this file is what is
+// JavaScript's own: flattening arguments and results (arrays, plain objects
+// and arrays of them), evaluating a function's source on a host, and keeping
+// the calls of the event loop in program order.
+
+const errors = require('./errors.js')
+
+module.exports = function install(binding, exports) {
+  const { ColocatedArray, FunctionState } = binding
+
+  // -- trees ------------------------------------------------------------------
+
+  /**
+   * The leaves (arrays) of `tree` in order, and its skeleton: 0 for a leaf,
+   * an array or a plain object of skeletons, null for null/undefined.
+   */
+  function flatten(tree, what, Leaf = ColocatedArray) {
+    const leaves = []
+    const walk = (x) => {
+      if (x instanceof Leaf) {
+        leaves.push(x)
+        return 0
+      }
+      if (x === null || x === undefined) return null
+      if (Array.isArray(x)) return x.map(walk)
+      if (typeof x === 'object' && Object.getPrototypeOf(x) === Object.prototype) {
+        return Object.fromEntries(Object.entries(x).map(([k, v]) => [k, walk(v)]))
+      }
+      throw new errors.InvalidArgumentError(
+        `${what} are arrays (and arrays and plain objects of them), not ${typeof x === 'object' ? x.constructor?.name : typeof x}`,
+      )
+    }
+    return { leaves, skeleton: walk(tree) }
+  }
+
+  /** The tree of `skeleton` with `leaves` in order. */
+  function unflatten(skeleton, leaves) {
+    let at = 0
+    const build = (s) => {
+      if (s === 0) return leaves[at++]
+      if (s === null) return null
+      if (Array.isArray(s)) return s.map(build)
+      return Object.fromEntries(Object.entries(s).map(([k, v]) => [k, build(v)]))
+    }
+    return build(skeleton)
+  }
+
+  // Each distinct structure of arguments gets a small key (core caches
+  // programs per structure and specs).
+  const treeKeys = new Map()
+  const treeKey = (skeleton) => {
+    const text = JSON.stringify(skeleton)
+    let key = treeKeys.get(text)
+    if (key === undefined) {
+      key = treeKeys.size + 1
+      treeKeys.set(text, key)
+    }
+    return key
+  }
+
+  // -- hosts ----------------------------------------------------------------
+
+  // Functions loaded on this host, by program id.
+  const loaded = new Map()
+
+  async function load(call) {
+    let fn = loaded.get(call.program)
+    if (fn !== undefined) return fn
+    const payload = JSON.parse(call.payload)
+    if (typeof payload.source === 'string') {
+      // A self-contained function, evaluated in the global scope; it may
+      // use `require` and `colocated` (this package).
+      fn = new Function('require', 'colocated', `return (${payload.source})`)(require, exports)
+    } else {
+      const module = await import(payload.module)
+      fn = module[payload.export]
+    }
+    if (typeof fn !== 'function') {
+      throw new errors.InvalidArgumentError(`the program's payload is not a function: ${call.payload.slice(0, 200)}`)
+    }
+    loaded.set(call.program, fn)
+    return fn
+  }
+
+  /** Runs one host call (from an executor thread) on the event loop. */
+  async function run(call) {
+    try {
+      const fn = await load(call)
+      // The arguments' structure travels with the program (one per input spec).
+      const args = unflatten(JSON.parse(call.payload).args, call.inputs)
+      const result = await fn(...args)
+      const { leaves, skeleton } = flatten(result, 'a colocated function’s results')
+      call.resolve(leaves, JSON.stringify(skeleton))
+    } catch (err) {
+      const code = err instanceof errors.ColocatedError ? err.code : null
+      call.reject(String(err?.message ?? err), typeof err?.stack === 'string' ? err.stack : null, code)
+    }
+  }
+  binding._setRunner(run)
+
+  // -- the controller -------------------------------------------------------
+
+  // A call that compiles or discovers runs on libuv's pool; colocated calls
+  // made meanwhile (of any function) wait for it to queue its program, so
+  // that they keep the event loop's program order.
+  let tail = null
+  const follow = (pending) => {
+    const settled = pending.then(
+      () => {},
+      () => {},
+    )
+    tail = settled
+    settled.then(() => {
+      if (tail === settled) tail = null
+    })
+  }
+
+  /** `ShapeDtypeStruct` of an array. */
+  const specOf = (x) => new binding.ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
+
+  /**
+   * Wraps `fn` (a self-contained function, or `{module, export}` naming a
+   * module's export) to run on the hosts of its arguments' devices, with
+   * each host's part of each argument. A call returns a Promise of the
+   * result tree (arrays ready later, in program order). The first call of an
+   * input spec discovers the outputs by running the function once per host;
+   * `specialize({outSpecsFn})` declares them instead, `devices` lets calls
+   * without arguments run.
+   */
+  function colocated(fn, options = {}) {
+    let what
+    let name
+    if (typeof fn === 'function') {
+      what = { source: fn.toString() }
+      name = fn.name || 'colocated'
+    } else if (fn !== null && typeof fn === 'object' && typeof fn.module === 'string') {
+      what = { module: fn.module, export: fn.export ?? 'default' }
+      name = `${fn.module}#${fn.export ?? 'default'}`
+    } else {
+      throw new errors.InvalidArgumentError('colocated() takes a function or {module, export}')
+    }
+    const state = new FunctionState(name, options.devices ?? null)
+
+    const call = (...args) => {
+      let leaves
+      let skeleton
+      try {
+        ;({ leaves, skeleton } = flatten(args, 'colocated function arguments'))
+      } catch (err) {
+        return Promise.reject(err)
+      }
+      const key = treeKey(skeleton)
+      const start = () => {
+        const hit = state.callCached(key, leaves)
+        if (hit !== null) return finish(hit)
+        let declared = null
+        if (options.outSpecsFn) {
+          const out = options.outSpecsFn(...unflatten(skeleton, leaves.map(specOf)))
+          const specs = flatten(out, 'out specs', binding.ShapeDtypeStruct)
+          declared = { specs: specs.leaves, structure: JSON.stringify(specs.skeleton) }
+        }
+        const payload = JSON.stringify({ ...what, args: skeleton })
+        return state.call(key, leaves, declared, payload).then(finish)
+      }
+      const finish = (result) => unflatten(JSON.parse(result.structure), result.outputs)
+      if (tail !== null) {
+        const queued = tail.then(start)
+        follow(queued)
+        return queued
+      }
+      try {
+        const result = start()
+        if (result instanceof Promise) {
+          follow(result)
+          return result
+        }
+        return Promise.resolve(result)
+      } catch (err) {
+        return Promise.reject(errors.translate(err))
+      }
+    }
+    call.specialize = (more = {}) => {
+      for (const key of ['outSpecsFn', 'devices']) {
+        if (more[key] !== undefined && options[key] !== undefined) {
+          throw new errors.InvalidArgumentError(`${key} already specified`)
+        }
+      }
+      return colocated(fn, { ...options, ...more })
+    }
+    call.cacheInfo = () => {
+      const [hits, misses, currsize] = state.cacheInfo()
+      return { hits, misses, currsize }
+    }
+    return call
+  }
+
+  exports.colocated = colocated
+}

@@ -1,0 +1,288 @@
+//! The controller's side of `colocated(fn)`: core's colocated function (call
+//! rules, cache per input spec, discovery) over a call site that supplies the
+//! function's payload and the outputs `outSpecsFn` declares. The JavaScript
+//! side (`colocated.js`) flattens arguments and results and keeps the calls of
+//! the event loop in program order.
+
+use std::sync::Arc;
+
+use colocated_core as core;
+use napi::bindgen_prelude::{AsyncTask, ClassInstance, Null, Object, ToNapiValue, TypeName};
+use napi::{sys, Env, JsValue, Task, ValueType};
+use napi_derive::napi;
+
+use crate::array::ColocatedArray;
+use crate::client::Device;
+use crate::errors::{invalid, to_js, OrThrow};
+use crate::program::LANGUAGE;
+use crate::promise::settle;
+use crate::sharding::ShapeDtypeStruct;
+
+/// What a compiled program keeps for the SDK: the description of its result
+/// tree.
+struct NodeEntry {
+    structure: String,
+}
+
+/// The call site of one call: the payload, and the declared outputs.
+struct Site {
+    payload: Vec<u8>,
+    declared: Option<(Vec<core::ArraySpec>, String)>,
+}
+
+impl core::CallSite for Site {
+    type Entry = NodeEntry;
+
+    fn payload(
+        &self,
+        _devices: &[core::Device],
+        _outputs: Option<&core::Outputs>,
+    ) -> core::Result<core::Payload> {
+        Ok(core::Payload {
+            bytes: self.payload.clone(),
+            host_callbacks: Vec::new(),
+        })
+    }
+
+    fn declared_outputs(&self) -> core::Result<Option<core::Outputs>> {
+        Ok(self
+            .declared
+            .as_ref()
+            .map(|(specs, structure)| core::Outputs {
+                structure: structure.clone().into_bytes(),
+                origins: vec![core::OutputOrigin::New; specs.len()],
+                specs: specs.clone(),
+            }))
+    }
+
+    fn entry(&self, outputs: &core::Outputs) -> core::Result<NodeEntry> {
+        let structure = String::from_utf8(outputs.structure.clone())
+            .map_err(|_| invalid("a host described its result with bytes that are not text"))?;
+        Ok(NodeEntry { structure })
+    }
+}
+
+/// Controller-side state of a colocated JavaScript function (used by
+/// `colocated.js`).
+#[napi]
+pub struct FunctionState {
+    inner: Arc<core::ColocatedFunction<NodeEntry>>,
+    devices_client: Option<core::Client>,
+}
+
+/// A call's result: the output leaves, the description of their tree, and
+/// the call's completion (null when the call already ran: a discovery).
+#[napi(object, object_from_js = false)]
+pub struct CallResult<'e> {
+    pub outputs: Vec<ColocatedArray>,
+    pub structure: String,
+    #[napi(ts_type = "Promise<void> | null")]
+    pub done: Option<Object<'e>>,
+}
+
+/// The outputs `outSpecsFn` declares: the leaves' specs and the tree.
+#[napi(object, object_to_js = false)]
+pub struct Declared<'a> {
+    pub specs: Vec<ClassInstance<'a, ShapeDtypeStruct>>,
+    pub structure: String,
+}
+
+#[napi]
+impl FunctionState {
+    /// `devices`: the specialized devices (let calls without arguments run).
+    #[napi(constructor)]
+    pub fn new(
+        env: Env,
+        name: String,
+        devices: Option<Vec<ClassInstance<Device>>>,
+    ) -> napi::Result<Self> {
+        let devices_client = devices
+            .as_ref()
+            .and_then(|d| d.first())
+            .map(|d| d.client.clone());
+        let devices = devices.map(|ds| ds.iter().map(|d| d.inner.clone()).collect());
+        let inner = core::ColocatedFunction::new(name, LANGUAGE, devices, None).js(&env)?;
+        Ok(FunctionState {
+            inner: Arc::new(inner),
+            devices_client,
+        })
+    }
+
+    /// The call if a program is compiled for its spec (`tree`: the key of the
+    /// arguments' structure): run at once, on this thread's stream. Null
+    /// otherwise (then `call`).
+    #[napi]
+    pub fn call_cached<'e>(
+        &self,
+        env: &'e Env,
+        tree: u32,
+        inputs: Vec<ClassInstance<ColocatedArray>>,
+    ) -> napi::Result<Option<CallResult<'e>>> {
+        let (client, arrays) = self.arguments(&inputs).js(env)?;
+        let spec = call_spec(tree, &arrays);
+        let Some(entry) = self.inner.cached(&spec).js(env)? else {
+            return Ok(None);
+        };
+        let run = entry.execute(&arrays).js(env)?;
+        let done = settle(env, &run.status, |_| Ok(()))?;
+        Ok(Some(CallResult {
+            outputs: wrap(&client, run.outputs),
+            structure: entry.data.structure.clone(),
+            done: Some(done),
+        }))
+    }
+
+    /// Any call: compiles a program (its `payload`: the function and the
+    /// arguments' structure) for the declared outputs, or discovers them by
+    /// running the function once on every host of the call. Runs on libuv's
+    /// thread pool, queued on this thread's stream.
+    #[napi(ts_return_type = "Promise<CallResult>")]
+    pub fn call(
+        &self,
+        env: Env,
+        tree: u32,
+        inputs: Vec<ClassInstance<ColocatedArray>>,
+        declared: Option<Declared>,
+        payload: String,
+    ) -> napi::Result<AsyncTask<Call>> {
+        let (client, arrays) = self.arguments(&inputs).js(&env)?;
+        let declared = declared.map(|d| {
+            let specs = d.specs.iter().map(|s| s.inner.clone()).collect();
+            (specs, d.structure)
+        });
+        Ok(AsyncTask::new(Call {
+            function: self.inner.clone(),
+            stream: client.current_stream(),
+            spec: call_spec(tree, &arrays),
+            inputs: arrays,
+            site: Site {
+                payload: payload.into_bytes(),
+                declared,
+            },
+            client,
+        }))
+    }
+
+    /// Hits, misses and size of the cache of compiled programs.
+    #[napi]
+    pub fn cache_info(&self) -> Vec<i64> {
+        let info = self.inner.cache_info();
+        vec![info.hits as i64, info.misses as i64, info.currsize as i64]
+    }
+
+    /// Drops every compiled program.
+    #[napi]
+    pub fn clear(&self) {
+        self.inner.clear();
+    }
+}
+
+impl FunctionState {
+    /// The call's client (its arguments', else the specialized devices')
+    /// and its arguments.
+    fn arguments(
+        &self,
+        inputs: &[ClassInstance<ColocatedArray>],
+    ) -> core::Result<(core::Client, Vec<core::Array>)> {
+        let client = match (inputs.first(), &self.devices_client) {
+            (Some(a), _) => a.client.clone(),
+            (None, Some(c)) => c.clone(),
+            (None, None) => {
+                return Err(invalid(
+                    "a call without arguments needs the function specialized with devices",
+                ))
+            }
+        };
+        Ok((client, inputs.iter().map(|a| a.inner.clone()).collect()))
+    }
+}
+
+fn call_spec(tree: u32, arrays: &[core::Array]) -> core::CallSpec {
+    core::CallSpec {
+        tree: u64::from(tree),
+        leaves: arrays.iter().map(|a| a.spec().clone()).collect(),
+    }
+}
+
+fn wrap(client: &core::Client, arrays: Vec<core::Array>) -> Vec<ColocatedArray> {
+    arrays
+        .into_iter()
+        .map(|inner| ColocatedArray {
+            client: client.clone(),
+            inner,
+        })
+        .collect()
+}
+
+/// A call that may compile or discover, on libuv's thread pool.
+pub struct Call {
+    function: Arc<core::ColocatedFunction<NodeEntry>>,
+    client: core::Client,
+    stream: core::Stream,
+    spec: core::CallSpec,
+    inputs: Vec<core::Array>,
+    site: Site,
+}
+
+/// What the pool thread hands back: the call's outputs and tree, and its
+/// completion when it still runs.
+pub struct Called {
+    client: core::Client,
+    outputs: Vec<core::Array>,
+    structure: String,
+    status: Option<core::Event>,
+}
+
+impl Task for Call {
+    type Output = core::Result<Called>;
+    type JsValue = Called;
+
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        let (function, client, spec, inputs, site) = (
+            &self.function,
+            &self.client,
+            &self.spec,
+            &self.inputs,
+            &self.site,
+        );
+        // Queued on the event loop's stream: in program order with its calls.
+        let called = core::with_stream(&self.stream, || {
+            function.call(client, spec, inputs, site, &[])
+        });
+        Ok(called.map(|call| Called {
+            client: client.clone(),
+            outputs: call.outputs,
+            structure: call.entry.data.structure.clone(),
+            status: call.status,
+        }))
+    }
+
+    fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<Called> {
+        output.map_err(|e| to_js(&env, &e))
+    }
+}
+
+impl TypeName for Called {
+    fn type_name() -> &'static str {
+        "CallResult"
+    }
+
+    fn value_type() -> ValueType {
+        ValueType::Object
+    }
+}
+
+/// A `CallResult` object, its `done` a Promise of the call's completion.
+impl ToNapiValue for Called {
+    unsafe fn to_napi_value(env: sys::napi_env, val: Self) -> napi::Result<sys::napi_value> {
+        let env = Env::from_raw(env);
+        let mut result = Object::new(&env)?;
+        result.set("outputs", wrap(&val.client, val.outputs))?;
+        result.set("structure", val.structure)?;
+        match &val.status {
+            Some(status) => result.set("done", settle(&env, status, |_| Ok(()))?)?,
+            None => result.set("done", Null)?,
+        }
+        Ok(result.raw())
+    }
+}

@@ -1,0 +1,135 @@
+//! A Node worker: this process serving its devices to controllers, running
+//! `node` programs on its event loop and native plugins (`npx colocated
+//! worker`, in `bin/colocated.js`). Its flags are core's table, which every
+//! worker's parser is built from; their values become options by core's rules.
+
+use std::sync::Mutex;
+
+use colocated_core as core;
+use core::transport::worker::{FlagKind, Worker, WorkerFlags, WORKER_FLAGS};
+use napi::Env;
+use napi_derive::napi;
+
+use crate::client::with_node;
+use crate::errors::OrThrow;
+
+/// One flag of a worker's command line (core's table).
+#[napi(object)]
+pub struct WorkerFlagInfo {
+    /// The long name, without `--`.
+    pub name: String,
+    /// `switch`, `address`, `count`, `seconds` or `path`.
+    pub kind: String,
+    /// The default value as text.
+    pub default: Option<String>,
+    /// True when it may be given several times.
+    pub repeatable: bool,
+    /// The help text.
+    pub help: String,
+}
+
+/// The flags every worker takes.
+#[napi(js_name = "_workerFlags")]
+pub fn worker_flags() -> Vec<WorkerFlagInfo> {
+    WORKER_FLAGS
+        .iter()
+        .map(|f| WorkerFlagInfo {
+            name: f.name.to_string(),
+            kind: match f.kind {
+                FlagKind::Switch => "switch",
+                FlagKind::Address => "address",
+                FlagKind::Count => "count",
+                FlagKind::Seconds => "seconds",
+                FlagKind::Path => "path",
+            }
+            .to_string(),
+            default: f.default.map(str::to_string),
+            repeatable: f.repeatable,
+            help: f.help.to_string(),
+        })
+        .collect()
+}
+
+/// The values of the worker flags, as parsed (text already converted).
+#[napi(object)]
+pub struct WorkerValues {
+    pub listen: String,
+    pub cpu_devices: Option<u32>,
+    pub token_file: Option<String>,
+    pub insecure: bool,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+    pub heartbeat_interval: f64,
+    pub session_timeout: f64,
+    pub plugins: Vec<String>,
+    pub exit_after_idle: Option<f64>,
+}
+
+/// A running worker.
+#[napi]
+pub struct WorkerHandle {
+    worker: Mutex<Option<Worker>>,
+    address: String,
+}
+
+#[napi]
+impl WorkerHandle {
+    /// `HOST:PORT` it listens on.
+    #[napi(getter)]
+    pub fn address(&self) -> String {
+        self.address.clone()
+    }
+
+    /// True once it has had no session for `--exit-after-idle` seconds.
+    #[napi(getter)]
+    pub fn idle_expired(&self) -> bool {
+        let worker = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        worker.as_ref().is_some_and(Worker::idle_expired)
+    }
+
+    /// Stops serving: ends every session (their objects are freed).
+    #[napi]
+    pub fn shutdown(&self, env: Env) -> napi::Result<()> {
+        let worker = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match worker {
+            Some(w) => w.shutdown().js(&env),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Starts serving this process's devices with `values` (checked by core's
+/// rules: `InvalidArgumentError` naming a bad flag). The worker's client
+/// becomes the default one: the functions it runs place their outputs with
+/// it.
+#[napi(js_name = "_startWorker")]
+pub fn start_worker(env: Env, values: WorkerValues) -> napi::Result<WorkerHandle> {
+    let flags = WorkerFlags {
+        listen: values.listen,
+        cpu_devices: values.cpu_devices.map(|n| n as usize),
+        token_file: values.token_file.map(Into::into),
+        insecure: values.insecure,
+        tls_cert: values.tls_cert.map(Into::into),
+        tls_key: values.tls_key.map(Into::into),
+        heartbeat_interval: values.heartbeat_interval,
+        session_timeout: values.session_timeout,
+        plugins: values.plugins.iter().map(Into::into).collect(),
+        exit_after_idle: values.exit_after_idle,
+    };
+    let options = flags.options().js(&env)?;
+    let client = core::Client::new_local(core::ClientOptions {
+        num_cpu_devices: flags.cpu_devices,
+        ..Default::default()
+    })
+    .js(&env)?;
+    let client = with_node(client);
+    for path in &flags.plugins {
+        colocated_plugin::load_plugin(&client, path).js(&env)?;
+    }
+    let worker = Worker::start(client.clone(), options).js(&env)?;
+    core::set_default_client(Some(client));
+    Ok(WorkerHandle {
+        address: worker.local_addr().to_string(),
+        worker: Mutex::new(Some(worker)),
+    })
+}

@@ -1,0 +1,150 @@
+// colocated(fn): JavaScript functions on the hosts of their arguments, on this
+// process's devices and on Node workers (real processes on 127.0.0.1).
+
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const c = require('..')
+const { startWorker, tokenFile } = require('./helpers.js')
+
+c.configure({ numCpuDevices: 4 })
+const sharded = () => new c.NamedSharding(new c.Mesh(c.devices(), ['x']), c.P('x'))
+
+// Host code shares state with the test through the global object (local
+// host: same process).
+globalThis.runs = 0
+
+test('a function runs on the local host with its arrays; the first call discovers, later ones hit the cache', async () => {
+  const addOne = c.colocated(async (x) => {
+    globalThis.runs++
+    const data = await x.toTypedArray()
+    return colocated.devicePut(
+      data.map((v) => v + 1),
+      x.sharding,
+    )
+  })
+  globalThis.runs = 0
+  const x = c.devicePut(new Float32Array([0, 1, 2, 3, 4, 5, 6, 7]), sharded())
+  const y = await addOne(x)
+  assert.deepEqual(y.shape, [8])
+  assert.equal(String(y.sharding), String(x.sharding))
+  assert.deepEqual(Array.from(await y.toTypedArray()), [1, 2, 3, 4, 5, 6, 7, 8])
+  assert.deepEqual(addOne.cacheInfo(), { hits: 0, misses: 1, currsize: 1 })
+  // Queued back to back: program order chains them.
+  const calls = [addOne(y), addOne(y)]
+  const [a, b] = await Promise.all(calls)
+  assert.deepEqual(Array.from(await b.toTypedArray()), [2, 3, 4, 5, 6, 7, 8, 9])
+  assert.deepEqual(Array.from(await a.toTypedArray()), [2, 3, 4, 5, 6, 7, 8, 9])
+  assert.deepEqual(addOne.cacheInfo(), { hits: 2, misses: 1, currsize: 1 })
+  assert.equal(globalThis.runs, 3)
+})
+
+test('results are trees of arrays; declared outputs need no discovery run', async () => {
+  const x = c.devicePut(new Int32Array([1, 2, 3, 4]), sharded())
+  const tree = c.colocated((a, b) => ({ first: a, both: [a, b], none: null }))
+  const out = await tree(x, x)
+  assert.deepEqual(Object.keys(out), ['first', 'both', 'none'])
+  assert.equal(out.both.length, 2)
+  assert.equal(out.none, null)
+  assert.deepEqual(Array.from(await out.both[1].toTypedArray()), [1, 2, 3, 4])
+
+  globalThis.runs = 0
+  const declared = c
+    .colocated((v) => {
+      globalThis.runs++
+      return v
+    })
+    .specialize({ outSpecsFn: (spec) => spec })
+  const y = await declared(x)
+  // Returned before the function ran (no discovery), ready later.
+  await y.ready()
+  assert.equal(globalThis.runs, 1)
+  assert.deepEqual(Array.from(await y.toTypedArray()), [1, 2, 3, 4])
+  assert.throws(() => declared.specialize({ outSpecsFn: (s) => s }), c.InvalidArgumentError)
+})
+
+test('a function without arguments runs on the devices it is specialized with', async () => {
+  const device = c.devices()[2]
+  const make = c
+    .colocated(() => colocated.devicePut([7, 8], colocated.devices()[2], { dtype: 'int32' }))
+    .specialize({ devices: [device] })
+  const out = await make()
+  assert.equal(out.sharding.device.id, 2)
+  assert.deepEqual(Array.from(await out.toTypedArray()), [7, 8])
+  await assert.rejects(
+    c.colocated(() => null)(),
+    (e) => e instanceof c.InvalidArgumentError && /without arguments needs/.test(e.message),
+  )
+})
+
+test('errors: the function’s own, with its stack; bad arguments and results', async () => {
+  const x = c.devicePut([1, 2], c.devices()[0])
+  const fails = c.colocated(function failing() {
+    throw new Error('boom')
+  })
+  await assert.rejects(
+    fails(x),
+    (e) => e instanceof c.InternalError && /boom/.test(e.message) && /failing/.test(e.remoteStack),
+  )
+  const typed = c.colocated(() => {
+    throw new colocated.NotFoundError('no such thing')
+  })
+  await assert.rejects(typed(x), (e) => e instanceof c.NotFoundError && /no such thing/.test(e.message))
+  await assert.rejects(
+    c.colocated(() => 42)(x),
+    (e) => e instanceof c.InvalidArgumentError && /results are arrays/.test(e.message),
+  )
+  await assert.rejects(c.colocated((v) => v)(x, 3), c.InvalidArgumentError)
+  assert.throws(() => c.colocated(42), c.InvalidArgumentError)
+})
+
+test('on Node workers: once per host with its shards, outputs assembled', async () => {
+  const token = tokenFile()
+  const workers = await Promise.all([0, 1, 2].map(() => startWorker({ devices: 2, token, node: true })))
+  try {
+    const client = await c.connect(
+      workers.map((w) => w.address),
+      { tokenFile: token.file, default: false },
+    )
+    const sharding = new c.NamedSharding(new c.Mesh(client.devices(), ['x']), c.P('x'))
+    const x = c.devicePut(
+      new Int32Array(12).map((_, i) => i),
+      sharding,
+    )
+    // Each host: its block (4 of the 12), and the pid of the process that ran it.
+    const where = c.colocated(async (v) => {
+      const data = await v.toTypedArray()
+      return {
+        doubled: colocated.devicePut(
+          data.map((n) => n * 2),
+          v.sharding,
+        ),
+        pid: colocated.devicePut(
+          data.map(() => process.pid),
+          v.sharding,
+        ),
+        size: colocated.devicePut(
+          data.map(() => data.length),
+          v.sharding,
+        ),
+      }
+    })
+    const out = await where(x)
+    assert.deepEqual(
+      Array.from(await out.doubled.toTypedArray()),
+      Array.from({ length: 12 }, (_, i) => i * 2),
+    )
+    assert.deepEqual(Array.from(await out.size.toTypedArray()), Array(12).fill(4))
+    const pids = Array.from(await out.pid.toTypedArray())
+    assert.deepEqual(
+      [pids[0], pids[4], pids[8]],
+      workers.map((w) => w.pid),
+    )
+    // The second call takes the compiled program.
+    const again = await where(x)
+    assert.deepEqual(Array.from(await again.doubled.toTypedArray()), Array.from(await out.doubled.toTypedArray()))
+    assert.equal(where.cacheInfo().hits, 1)
+    client.close()
+  } finally {
+    await Promise.all(workers.map((w) => w.stop()))
+  }
+})
