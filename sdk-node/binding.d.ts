@@ -123,16 +123,16 @@ export declare class FunctionState {
   /**
    * The call if a program is compiled for its spec (`tree`: the key of the
    * arguments' structure): run at once, on this thread's stream. Null
-   * otherwise (then `call`).
+   * otherwise (then `call`). `objects`: the colocated objects the call uses.
    */
-  callCached(tree: number, inputs: Array<ColocatedArray>): CallResult | null
+  callCached(tree: number, inputs: Array<ColocatedArray>, objects?: Array<ObjectHandle> | undefined | null): CallResult | null
   /**
    * Any call: compiles a program (its `payload`: the function and the
    * arguments' structure) for the declared outputs, or discovers them by
    * running the function once on every host of the call. Runs on libuv's
    * thread pool, queued on this thread's stream.
    */
-  call(tree: number, inputs: Array<ColocatedArray>, declared: Declared | undefined | null, payload: string): Promise<CallResult>
+  call(tree: number, inputs: Array<ColocatedArray>, declared: Declared | undefined | null, payload: string, objects?: Array<ObjectHandle> | undefined | null): Promise<CallResult>
   /** Hits, misses and size of the cache of compiled programs. */
   cacheInfo(): Array<number>
   /** Drops every compiled program. */
@@ -155,6 +155,17 @@ export declare class HostCall {
    * arguments go).
    */
   get devices(): Array<Device>
+  /**
+   * The session the call runs for (`"0"`: this process's own client):
+   * what it keeps on this host is the session's.
+   */
+  get session(): string
+  /**
+   * Marks object `id` of the call's session as kept on this host: when
+   * core destroys it (its handle went, or its session ended), the runner's
+   * forgetter hears of it.
+   */
+  holdObject(id: string): void
   /** True in the first call of an input spec, whose outputs are discovered. */
   get discovering(): boolean
   /**
@@ -226,6 +237,23 @@ export declare class NamedSharding {
 }
 
 /**
+ * The handle of a colocated object: dropping it (when JavaScript collects
+ * it, or at `dispose()`) destroys the object on every host it ran on, after
+ * the calls made on it.
+ */
+export declare class ObjectHandle {
+  /** A new object (built on each host by its first call there). */
+  constructor()
+  /** The object's id (as hosts key it). */
+  get id(): string
+  /**
+   * Destroys the object on every host now (after the calls made on it);
+   * later calls on it fail with `FailedPreconditionError`.
+   */
+  dispose(): void
+}
+
+/**
  * How each array dimension is split over mesh axes: a name, several names
  * (major first), or `null` (not split). Made with `P('x', null)`.
  */
@@ -289,6 +317,12 @@ export declare function _noop(): void
  * error object of that code.
  */
 export declare function _setErrorFactory(make: (arg: [string, string, string | undefined | null]) => unknown): void
+
+/**
+ * Called once by `colocated.js`: the function that drops objects of
+ * colocated classes from the runner's table.
+ */
+export declare function _setForgetter(forget: (arg: Forget) => unknown): void
 
 /**
  * Called once by `colocated.js` on the main thread: the function that runs
@@ -424,6 +458,15 @@ export interface Execution {
    * failure.
    */
   done: Promise<void>
+}
+
+/**
+ * What the runner is told to forget: object `object` of `session`, or
+ * every object of a session that ended (`object` null).
+ */
+export interface Forget {
+  session: string
+  object?: string
 }
 
 /** A host of a client: the controller's process or a worker. */

@@ -84,10 +84,75 @@ module.exports = function install(binding, exports) {
     return fn
   }
 
+  // Objects of colocated classes kept on this host: by `session:id`, a
+  // Promise of {value} or {error} (the constructor's error, thrown again to
+  // every call). Core tells the forgetter when one goes.
+  const objects = new Map()
+  const dispose = (entry) =>
+    entry.then((built) => {
+      const value = built.value
+      if (value !== undefined && typeof value[Symbol.dispose] === 'function') value[Symbol.dispose]()
+    })
+  binding._setForgetter((job) => {
+    for (const [key, entry] of objects) {
+      const [session, id] = key.split(':')
+      if (session === job.session && (job.object === null || job.object === undefined || id === job.object)) {
+        objects.delete(key)
+        dispose(entry).catch(() => {})
+      }
+    }
+  })
+
+  /** The object a method call runs on: built on its first call here. */
+  function hostObject(call, object) {
+    call.holdObject(object.id)
+    const key = `${call.session}:${object.id}`
+    let entry = objects.get(key)
+    if (entry === undefined) {
+      entry = (async () => {
+        try {
+          const Class = await loadClass(object.class)
+          return { value: new Class(...object.args) }
+        } catch (error) {
+          return { error }
+        }
+      })()
+      objects.set(key, entry)
+    }
+    return entry
+  }
+
+  const classes = new Map()
+  async function loadClass(what) {
+    const key = JSON.stringify(what)
+    let Class = classes.get(key)
+    if (Class === undefined) {
+      Class =
+        typeof what.source === 'string'
+          ? new Function('require', 'colocated', `return (${what.source})`)(require, exports)
+          : (await import(what.module))[what.export]
+      if (typeof Class !== 'function') throw new errors.InvalidArgumentError(`not a class: ${key.slice(0, 200)}`)
+      classes.set(key, Class)
+    }
+    return Class
+  }
+
   /** Runs one host call (from an executor thread) on the event loop. */
   async function run(call) {
     try {
-      const fn = await load(call)
+      const payload = JSON.parse(call.payload)
+      let fn
+      if (payload.object !== undefined) {
+        const built = await hostObject(call, payload.object)
+        if (built.error !== undefined) throw built.error
+        const method = built.value[payload.method]
+        if (typeof method !== 'function') {
+          throw new errors.InvalidArgumentError(`the object has no method ${JSON.stringify(payload.method)}`)
+        }
+        fn = (...args) => method.apply(built.value, args)
+      } else {
+        fn = await load(call)
+      }
       // The arguments' structure travels with the program (one per input spec).
       const args = unflatten(JSON.parse(call.payload).args, call.inputs)
       const result = await fn(...args)
@@ -142,6 +207,28 @@ module.exports = function install(binding, exports) {
       throw new errors.InvalidArgumentError('colocated() takes a function or {module, export}')
     }
     const state = new FunctionState(name, options.devices ?? null)
+    const call = caller(state, what, options, null)
+    call.specialize = (more = {}) => {
+      for (const key of ['outSpecsFn', 'devices']) {
+        if (more[key] !== undefined && options[key] !== undefined) {
+          throw new errors.InvalidArgumentError(`${key} already specified`)
+        }
+      }
+      return colocated(fn, { ...options, ...more })
+    }
+    call.cacheInfo = () => {
+      const [hits, misses, currsize] = state.cacheInfo()
+      return { hits, misses, currsize }
+    }
+    return call
+  }
+
+  /**
+   * The calls of `state` (a colocated function, or one method of one object:
+   * `object` = {handle, payload}): flattening, the cache, program order.
+   */
+  function caller(state, what, options, object) {
+    const handles = object === null ? null : [object.handle]
 
     const call = (...args) => {
       let leaves
@@ -153,7 +240,7 @@ module.exports = function install(binding, exports) {
       }
       const key = treeKey(skeleton)
       const start = () => {
-        const hit = state.callCached(key, leaves)
+        const hit = state.callCached(key, leaves, handles)
         if (hit !== null) return finish(hit)
         let declared = null
         if (options.outSpecsFn) {
@@ -161,8 +248,8 @@ module.exports = function install(binding, exports) {
           const specs = flatten(out, 'out specs', binding.ShapeDtypeStruct)
           declared = { specs: specs.leaves, structure: JSON.stringify(specs.skeleton) }
         }
-        const payload = JSON.stringify({ ...what, args: skeleton })
-        return state.call(key, leaves, declared, payload).then(finish)
+        const payload = JSON.stringify({ ...what, ...(object === null ? {} : object.payload), args: skeleton })
+        return state.call(key, leaves, declared, payload, handles).then(finish)
       }
       const finish = (result) => unflatten(JSON.parse(result.structure), result.outputs)
       if (tail !== null) {
@@ -181,20 +268,73 @@ module.exports = function install(binding, exports) {
         return Promise.reject(errors.translate(err))
       }
     }
-    call.specialize = (more = {}) => {
-      for (const key of ['outSpecsFn', 'devices']) {
-        if (more[key] !== undefined && options[key] !== undefined) {
-          throw new errors.InvalidArgumentError(`${key} already specified`)
-        }
-      }
-      return colocated(fn, { ...options, ...more })
-    }
-    call.cacheInfo = () => {
-      const [hits, misses, currsize] = state.cacheInfo()
-      return { hits, misses, currsize }
-    }
     return call
   }
 
+  /**
+   * Wraps a class (self-contained: it travels as its source; or {module,
+   * export}) so that its instances live on the hosts of their methods'
+   * arguments: built on each host by the first call there (with the
+   * constructor's arguments, which must survive JSON), the same object for
+   * later calls of any method, and destroyed on every host when the wrapper
+   * is garbage-collected or disposed (`dispose()`, `using`): the host object's
+   * `[Symbol.dispose]()` runs then. A constructor's error is thrown again by
+   * every call. Methods are called like colocated functions.
+   */
+  function colocatedClass(Class, options = {}) {
+    let what
+    let name
+    if (typeof Class === 'function') {
+      what = { source: Class.toString() }
+      name = Class.name || 'ColocatedClass'
+    } else if (Class !== null && typeof Class === 'object' && typeof Class.module === 'string') {
+      what = { module: Class.module, export: Class.export ?? 'default' }
+      name = `${Class.module}#${Class.export ?? 'default'}`
+    } else {
+      throw new errors.InvalidArgumentError('colocatedClass() takes a class or {module, export}')
+    }
+    const methods =
+      typeof Class === 'function'
+        ? Object.getOwnPropertyNames(Class.prototype).filter((m) => m !== 'constructor')
+        : (options.methods ?? [])
+    const Wrapper = class {
+      #handle = new binding.ObjectHandle()
+      #args
+      #calls = new Map()
+      constructor(...args) {
+        this.#args = JSON.parse(JSON.stringify(args))
+      }
+      _call(method, args) {
+        let call = this.#calls.get(method)
+        if (call === undefined) {
+          const state = new FunctionState(`${name}.${method}`, options.devices ?? null)
+          const payload = { object: { id: this.#handle.id, class: what, args: this.#args }, method }
+          call = caller(state, {}, options[method] ?? {}, { handle: this.#handle, payload })
+          this.#calls.set(method, call)
+        }
+        return call(...args)
+      }
+      /** Destroys the object on every host now (after the calls made on it). */
+      dispose() {
+        this.#handle.dispose()
+      }
+      [Symbol.dispose]() {
+        this.dispose()
+      }
+    }
+    Object.defineProperty(Wrapper, 'name', { value: name })
+    for (const method of methods) {
+      Object.defineProperty(Wrapper.prototype, method, {
+        value: function (...args) {
+          return this._call(method, args)
+        },
+        writable: true,
+        configurable: true,
+      })
+    }
+    return Wrapper
+  }
+
   exports.colocated = colocated
+  exports.colocatedClass = colocatedClass
 }

@@ -93,6 +93,32 @@ export declare function colocated<Args extends ColocatedArray[], Result>(
 ): ColocatedFunction<Args, Awaited<Result>>
 export declare function colocated(fn: { module: string; export?: string }): ColocatedFunction<ColocatedArray[], unknown>
 
+/**
+ * Wraps a class (self-contained, or `{module, export}` with `methods`) whose
+ * instances live on the hosts of their methods' arguments: built on each host
+ * by the first call there (constructor arguments must survive JSON), the same
+ * object for later calls, destroyed on every host when the wrapper is
+ * garbage-collected or disposed (`dispose()`, `using`; the host object's
+ * `[Symbol.dispose]()` runs). A constructor's error is thrown again by every
+ * call. Each method returns a Promise, as a colocated function does.
+ */
+export declare function colocatedClass<Args extends unknown[], Instance>(
+  Class: new (...args: Args) => Instance,
+): new (
+  ...args: Args
+) => {
+  [K in keyof Instance]: Instance[K] extends (...a: infer A) => infer R ? (...a: A) => Promise<Awaited<R>> : never
+} & {
+  dispose(): void
+  [Symbol.dispose](): void
+}
+export declare function colocatedClass(
+  Class: { module: string; export?: string },
+  options: { methods: string[] },
+): new (
+  ...args: unknown[]
+) => Record<string, (...args: ColocatedArray[]) => Promise<unknown>> & { dispose(): void }
+
 /** The canonical error codes (core's, as in the Python SDK). */
 export type ErrorCode =
   | 'cancelled'

@@ -140,6 +140,12 @@ row(
 )
 row('', '', `worker_threads postMessage ${us(postMessage)}`, `${(localCall / postMessage).toFixed(2)}x`)
 
+// A local call of a JavaScript `x => x` (declared outputs: no discovery).
+const identity = c.colocated((x) => x).specialize({ outSpecsFn: (spec) => spec })
+const jsCall = await perCall(async () => (await identity(one)).ready(), 3000)
+row('local JS call + await (x => x)', us(jsCall), `napi no-op ${us(noop)}`, `${(jsCall / noop).toFixed(1)}x`)
+row('', '', `worker_threads postMessage ${us(postMessage)}`, `${(jsCall / postMessage).toFixed(2)}x`)
+
 // Pipelined: 1000 calls queued without waiting (program order), then the
 // last one awaited.
 const pipelined = (exe, x) =>

@@ -110,25 +110,30 @@ impl FunctionState {
 
     /// The call if a program is compiled for its spec (`tree`: the key of the
     /// arguments' structure): run at once, on this thread's stream. Null
-    /// otherwise (then `call`).
+    /// otherwise (then `call`). `objects`: the colocated objects the call uses.
     #[napi]
     pub fn call_cached<'e>(
         &self,
         env: &'e Env,
         tree: u32,
         inputs: Vec<ClassInstance<ColocatedArray>>,
+        objects: Option<Vec<ClassInstance<ObjectHandle>>>,
     ) -> napi::Result<Option<CallResult<'e>>> {
         let (client, arrays) = self.arguments(&inputs).js(env)?;
         let spec = call_spec(tree, &arrays);
-        let Some(entry) = self.inner.cached(&spec).js(env)? else {
+        let objects = live_objects(objects.as_deref()).js(env)?;
+        let refs: Vec<&core::ColocatedObject> = objects.iter().map(|o| o.as_ref()).collect();
+        let Some(call) = self.inner.call_cached(&client, &spec, &arrays, &refs).js(env)? else {
             return Ok(None);
         };
-        let run = entry.execute(&arrays).js(env)?;
-        let done = settle(env, &run.status, |_| Ok(()))?;
+        let done = match &call.status {
+            Some(status) => Some(settle(env, status, |_| Ok(()))?),
+            None => None,
+        };
         Ok(Some(CallResult {
-            outputs: wrap(&client, run.outputs),
-            structure: entry.data.structure.clone(),
-            done: Some(done),
+            outputs: wrap(&client, call.outputs),
+            structure: call.entry.data.structure.clone(),
+            done,
         }))
     }
 
@@ -144,8 +149,10 @@ impl FunctionState {
         inputs: Vec<ClassInstance<ColocatedArray>>,
         declared: Option<Declared>,
         payload: String,
+        objects: Option<Vec<ClassInstance<ObjectHandle>>>,
     ) -> napi::Result<AsyncTask<Call>> {
         let (client, arrays) = self.arguments(&inputs).js(&env)?;
+        let objects = live_objects(objects.as_deref()).js(&env)?;
         let declared = declared.map(|d| {
             let specs = d.specs.iter().map(|s| s.inner.clone()).collect();
             (specs, d.structure)
@@ -160,6 +167,7 @@ impl FunctionState {
                 declared,
             },
             client,
+            objects,
         }))
     }
 
@@ -197,6 +205,59 @@ impl FunctionState {
     }
 }
 
+/// The handle of a colocated object: dropping it (when JavaScript collects
+/// it, or at `dispose()`) destroys the object on every host it ran on, after
+/// the calls made on it.
+#[napi]
+pub struct ObjectHandle {
+    inner: std::sync::Mutex<Option<Arc<core::ColocatedObject>>>,
+    id: u64,
+}
+
+#[napi]
+impl ObjectHandle {
+    /// A new object (built on each host by its first call there).
+    #[napi(constructor)]
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        let object = core::ColocatedObject::new();
+        ObjectHandle {
+            id: object.id(),
+            inner: std::sync::Mutex::new(Some(Arc::new(object))),
+        }
+    }
+
+    /// The object's id (as hosts key it).
+    #[napi(getter)]
+    pub fn id(&self) -> String {
+        self.id.to_string()
+    }
+
+    /// Destroys the object on every host now (after the calls made on it);
+    /// later calls on it fail with `FailedPreconditionError`.
+    #[napi]
+    pub fn dispose(&self) {
+        let taken = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(taken);
+    }
+}
+
+/// The live objects of a call; `failed_precondition` for a disposed one.
+fn live_objects(
+    objects: Option<&[ClassInstance<ObjectHandle>]>,
+) -> core::Result<Vec<Arc<core::ColocatedObject>>> {
+    objects
+        .unwrap_or_default()
+        .iter()
+        .map(|o| {
+            let inner = o.inner.lock().unwrap_or_else(|e| e.into_inner());
+            inner.clone().ok_or_else(|| {
+                core::Error::failed_precondition(format!("object {} was disposed", o.id))
+            })
+        })
+        .collect()
+}
+
 fn call_spec(tree: u32, arrays: &[core::Array]) -> core::CallSpec {
     core::CallSpec {
         tree: u64::from(tree),
@@ -217,6 +278,7 @@ fn wrap(client: &core::Client, arrays: Vec<core::Array>) -> Vec<ColocatedArray> 
 /// A call that may compile or discover, on libuv's thread pool.
 pub struct Call {
     function: Arc<core::ColocatedFunction<NodeEntry>>,
+    objects: Vec<Arc<core::ColocatedObject>>,
     client: core::Client,
     stream: core::Stream,
     spec: core::CallSpec,
@@ -246,8 +308,9 @@ impl Task for Call {
             &self.site,
         );
         // Queued on the event loop's stream: in program order with its calls.
+        let objects: Vec<&core::ColocatedObject> = self.objects.iter().map(|o| o.as_ref()).collect();
         let called = core::with_stream(&self.stream, || {
-            function.call(client, spec, inputs, site, &[])
+            function.call(client, spec, inputs, site, &objects)
         });
         Ok(called.map(|call| Called {
             client: client.clone(),

@@ -51,6 +51,7 @@ type Answer = core::Result<(Vec<core::Array>, String)>;
 /// which answers it once with `resolve` or `reject`.
 #[napi]
 pub struct HostCall {
+    session: core::SessionKey,
     program: u64,
     payload: String,
     client: core::Client,
@@ -96,6 +97,30 @@ impl HostCall {
             .collect()
     }
 
+    /// The session the call runs for (`"0"`: this process's own client):
+    /// what it keeps on this host is the session's.
+    #[napi(getter)]
+    pub fn session(&self) -> String {
+        self.session.as_u64().to_string()
+    }
+
+    /// Marks object `id` of the call's session as kept on this host: when
+    /// core destroys it (its handle went, or its session ended), the runner's
+    /// forgetter hears of it.
+    #[napi]
+    pub fn hold_object(&self, id: String) -> napi::Result<()> {
+        let id: u64 = id
+            .parse()
+            .map_err(|_| napi::Error::from_reason(format!("bad object id {id:?}")))?;
+        let session = self.session;
+        // Built once per session and id; the JavaScript object lives in the
+        // runner's table, which this marker's drop clears.
+        let _ = core::host_object(session, id, || {
+            Ok(Arc::new(Kept { session, id }) as core::HostValue)
+        });
+        Ok(())
+    }
+
     /// True in the first call of an input spec, whose outputs are discovered.
     #[napi(getter)]
     pub fn discovering(&self) -> bool {
@@ -136,10 +161,68 @@ impl HostCall {
     }
 }
 
+/// What the runner is told to forget: object `object` of `session`, or
+/// every object of a session that ended (`object` null).
+#[napi(object)]
+pub struct Forget {
+    pub session: String,
+    pub object: Option<String>,
+}
+
+type Forgetter = ThreadsafeFunction<Forget, Unknown<'static>, Forget, Status, false, true>;
+
+static FORGETTER: Mutex<Option<Arc<Forgetter>>> = Mutex::new(None);
+
+/// Called once by `colocated.js`: the function that drops objects of
+/// colocated classes from the runner's table.
+#[napi(js_name = "_setForgetter")]
+pub fn set_forgetter(forget: Function<Forget, Unknown<'static>>) -> napi::Result<()> {
+    let tsfn = forget
+        .build_threadsafe_function::<Forget>()
+        .callee_handled::<false>()
+        .weak::<true>()
+        .build()?;
+    *FORGETTER.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(tsfn));
+    Ok(())
+}
+
+fn forget(job: Forget) {
+    let forgetter = FORGETTER.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(forgetter) = forgetter {
+        // A closing environment has nothing left to forget.
+        let _ = forgetter.call(job, ThreadsafeFunctionCallMode::NonBlocking);
+    }
+}
+
+/// Core's record of an object the runner keeps: dropped when core destroys
+/// the object, which tells the runner.
+struct Kept {
+    session: core::SessionKey,
+    id: u64,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        forget(Forget {
+            session: self.session.as_u64().to_string(),
+            object: Some(self.id.to_string()),
+        });
+    }
+}
+
 /// Runs `node` programs on this process's JavaScript thread.
 pub struct NodeExecutor;
 
 impl core::LanguageExecutor for NodeExecutor {
+    /// Everything the session's programs kept here goes (core destroyed its
+    /// objects already; this clears the rest of the runner's table).
+    fn session_ended(&self, session: core::SessionKey) {
+        forget(Forget {
+            session: session.as_u64().to_string(),
+            object: None,
+        });
+    }
+
     fn load(&self, program: &core::Program) -> core::Result<Arc<dyn core::LoadedProgram>> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let payload = String::from_utf8(program.payload.clone()).map_err(|_| {
@@ -168,6 +251,7 @@ impl core::LoadedProgram for NodeProgram {
         let (sender, receiver) = mpsc::channel();
         let discovering = ctx.discovering();
         let call = HostCall {
+            session: ctx.session(),
             program: self.id,
             payload: self.payload.clone(),
             client: ctx.client().clone(),

@@ -26,6 +26,17 @@ async function main(): Promise<void> {
   const y: c.Array = await addOne(x)
   void y
   void addOne.cacheInfo().hits
+  class Acc {
+    total = 0
+    add(a: c.Array): c.Array {
+      return a
+    }
+  }
+  const Remote = c.colocatedClass(Acc)
+  const acc = new Remote()
+  const added: c.Array = await acc.add(x)
+  acc.dispose()
+  void added
   const remote: c.Client = await c.connect(['127.0.0.1:1'], { token: 't', timeout: 1000, default: false })
   remote.on('hostLost', (host, error) => {
     const index: number = host.index

@@ -178,6 +178,35 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
         Ok(self.cache.get_hit(spec))
     }
 
+    /// The call if a program is compiled for `spec` (counting a hit): run at
+    /// once on the calling thread's stream, never blocking, with `objects`
+    /// told as [`call`](Self::call) tells them. `None` on a miss, which is
+    /// left uncounted for the [`call`](Self::call) the SDK makes next.
+    pub fn call_cached(
+        &self,
+        client: &Client,
+        spec: &CallSpec,
+        inputs: &[Array],
+        objects: &[&ColocatedObject],
+    ) -> Result<Option<Call<E>>> {
+        let devices = self.check(spec)?;
+        let Some(entry) = self.cache.get_hit(spec) else {
+            return Ok(None);
+        };
+        for object in objects {
+            object.will_run(client, &devices);
+        }
+        let run = entry.execute(inputs)?;
+        for object in objects {
+            object.running(Some(&run.status));
+        }
+        Ok(Some(Call {
+            entry,
+            outputs: run.outputs,
+            status: Some(run.status),
+        }))
+    }
+
     /// Calls the function with `inputs` (whose specs, with the SDK's tree
     /// key, are `spec`) on the calling thread's stream; `client` compiles
     /// what the call lacks (the inputs' client, or the specialized devices').

@@ -1,0 +1,129 @@
+// colocatedClass(Class): objects that live on the hosts of their methods'
+// arguments, on this process's devices and on Node workers.
+
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const fs = require('node:fs')
+const path = require('node:path')
+const c = require('..')
+const { startWorker, tokenFile, TMP } = require('./helpers.js')
+
+c.configure({ numCpuDevices: 2 })
+
+// Host code shares state with the test through the global object (local host).
+globalThis.built = 0
+globalThis.disposed = 0
+
+class Accumulator {
+  constructor(start) {
+    globalThis.built = (globalThis.built ?? 0) + 1
+    this.total = start
+  }
+  async add(x) {
+    const data = await x.toTypedArray()
+    this.total += data.reduce((a, b) => a + b, 0)
+    return colocated.devicePut(
+      data.map(() => this.total),
+      x.sharding,
+    )
+  }
+  [Symbol.dispose]() {
+    globalThis.disposed = (globalThis.disposed ?? 0) + 1
+  }
+}
+
+test('an object is built once on its host, keeps its state across calls, and is destroyed on dispose', async () => {
+  globalThis.built = 0
+  globalThis.disposed = 0
+  const Remote = c.colocatedClass(Accumulator)
+  const acc = new Remote(100)
+  assert.equal(globalThis.built, 0) // lazily: nothing runs yet
+  const x = c.devicePut(new Int32Array([1, 2]), c.devices()[0])
+  assert.deepEqual(Array.from(await (await acc.add(x)).toTypedArray()), [103, 103])
+  assert.deepEqual(Array.from(await (await acc.add(x)).toTypedArray()), [106, 106])
+  assert.equal(globalThis.built, 1)
+  // Another object is another host object.
+  const other = new Remote(0)
+  assert.deepEqual(Array.from(await (await other.add(x)).toTypedArray()), [3, 3])
+  assert.equal(globalThis.built, 2)
+  acc.dispose()
+  const deadline = Date.now() + 2000
+  while (globalThis.disposed < 1 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10))
+  assert.equal(globalThis.disposed, 1)
+  await assert.rejects(acc.add(x), (e) => e instanceof c.FailedPreconditionError && /disposed/.test(e.message))
+  // The other object lives on.
+  assert.deepEqual(Array.from(await (await other.add(x)).toTypedArray()), [6, 6])
+  other.dispose()
+})
+
+test('a constructor’s error is thrown again by every call, and the constructor runs once', async () => {
+  globalThis.attempts = 0
+  class Broken {
+    constructor() {
+      globalThis.attempts++
+      throw new Error('cannot build')
+    }
+    use(x) {
+      return x
+    }
+  }
+  const b = new (c.colocatedClass(Broken))()
+  const x = c.devicePut([1], c.devices()[1])
+  for (let i = 0; i < 2; i++) {
+    await assert.rejects(
+      b.use(x),
+      (e) => e instanceof c.InternalError && /cannot build/.test(e.message) && /Broken/.test(e.remoteStack),
+    )
+  }
+  assert.equal(globalThis.attempts, 1)
+  assert.throws(() => c.colocatedClass(3), c.InvalidArgumentError)
+})
+
+test('on Node workers: one object per host, destroyed there when disposed', async () => {
+  const token = tokenFile()
+  const workers = await Promise.all([0, 1].map(() => startWorker({ devices: 1, token, node: true })))
+  try {
+    const client = await c.connect(
+      workers.map((w) => w.address),
+      { tokenFile: token.file, default: false },
+    )
+    const dir = fs.mkdtempSync(path.join(TMP, 'disposed-'))
+    // Each host's object counts its calls and, when destroyed, leaves a file
+    // named by its pid.
+    class Counter {
+      constructor(dir) {
+        this.dir = dir
+        this.calls = 0
+      }
+      async tick(x) {
+        this.calls++
+        const data = await x.toTypedArray()
+        return colocated.devicePut(
+          data.map(() => this.calls * 1e6 + process.pid),
+          x.sharding,
+        )
+      }
+      [Symbol.dispose]() {
+        require('node:fs').writeFileSync(`${this.dir}/${process.pid}`, String(this.calls))
+      }
+    }
+    const counter = new (c.colocatedClass(Counter))(dir)
+    const sharding = new c.NamedSharding(new c.Mesh(client.devices(), ['x']), c.P('x'))
+    const x = c.devicePut(new Int32Array([0, 0]), sharding)
+    await counter.tick(x)
+    const second = Array.from(await (await counter.tick(x)).toTypedArray())
+    assert.deepEqual(
+      second,
+      workers.map((w) => 2e6 + w.pid),
+    )
+    counter.dispose()
+    const files = () => fs.readdirSync(dir).sort()
+    const deadline = Date.now() + 5000
+    while (files().length < 2 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20))
+    assert.deepEqual(files(), workers.map((w) => String(w.pid)).sort())
+    for (const w of workers) assert.equal(fs.readFileSync(path.join(dir, String(w.pid)), 'utf8'), '2')
+    client.close()
+  } finally {
+    await Promise.all(workers.map((w) => w.stop()))
+  }
+})
