@@ -75,6 +75,7 @@ check-node-binding: node
 test-node: node python
 	$(CARGO) build -p colocated-cli
 	cd $(NODE_DIR) && $(NODE_BIN)/tsc -p tsconfig.json
+	cd $(NODE_DIR) && rm -rf tests/ts-out && $(NODE_BIN)/tsc -p tsconfig.decorators.json
 	cd $(NODE_DIR) && COLOCATED_PYTHON=$(VENV_PY) node --test --test-concurrency=1 tests/
 
 header: tools

@@ -62,6 +62,12 @@ module.exports = function install(binding, exports) {
 
   // -- hosts ----------------------------------------------------------------
 
+  const notByValue = () =>
+    new errors.InvalidArgumentError(
+      'this function or class is not self-contained (a TypeScript decorator compiled it, or it refers to names around it): ' +
+        'only the process that defined it can run it; for other hosts, name it as {module, export}',
+    )
+
   // Functions loaded on this host, by program id.
   const loaded = new Map()
 
@@ -70,12 +76,17 @@ module.exports = function install(binding, exports) {
     if (fn !== undefined) return fn
     const payload = JSON.parse(call.payload)
     if (typeof payload.source === 'string') {
-      // A self-contained function, evaluated in the global scope; it may
-      // use `require` and `colocated` (this package).
+      // A self-contained function, evaluated in the global scope (on every
+      // host alike); it may use `require` and `colocated` (this package).
       fn = new Function('require', 'colocated', `return (${payload.source})`)(require, exports)
-    } else {
+    } else if (payload.pid === process.pid && local.has(payload.local)) {
+      // Not self-contained: this process runs it as it is.
+      fn = local.get(payload.local)
+    } else if (typeof payload.module === 'string') {
       const module = await import(payload.module)
       fn = module[payload.export]
+    } else {
+      throw notByValue()
     }
     if (typeof fn !== 'function') {
       throw new errors.InvalidArgumentError(`the program's payload is not a function: ${call.payload.slice(0, 200)}`)
@@ -127,10 +138,11 @@ module.exports = function install(binding, exports) {
     const key = JSON.stringify(what)
     let Class = classes.get(key)
     if (Class === undefined) {
-      Class =
-        typeof what.source === 'string'
-          ? new Function('require', 'colocated', `return (${what.source})`)(require, exports)
-          : (await import(what.module))[what.export]
+      if (typeof what.source === 'string') {
+        Class = new Function('require', 'colocated', `return (${what.source})`)(require, exports)
+      } else if (what.pid === process.pid && local.has(what.local)) Class = local.get(what.local)
+      else if (typeof what.module === 'string') Class = (await import(what.module))[what.export]
+      else throw notByValue()
       if (typeof Class !== 'function') throw new errors.InvalidArgumentError(`not a class: ${key.slice(0, 200)}`)
       classes.set(key, Class)
     }
@@ -167,6 +179,55 @@ module.exports = function install(binding, exports) {
 
   // -- the controller -------------------------------------------------------
 
+  const isDecoratorContext = (x, kind) => x !== null && typeof x === 'object' && x.kind === kind && 'name' in x
+
+  // Functions and classes of this process, by id: this process's own host
+  // runs them by reference (as Python's SDK does), which needs no source (a
+  // class a TypeScript decorator compiled is not self-contained).
+  const local = new Map()
+  let nextLocal = 1
+  /** What a host needs to find `value`: its source (if it travels by it) and, here, a reference. */
+  function describe(value, isClass = false) {
+    const id = nextLocal++
+    local.set(id, value)
+    let source = sourceOf(value)
+    if (isClass && source !== null) {
+      // Defining a class runs its static parts, which may refer to names
+      // around it (a compiled decorator's do): then it does not travel.
+      try {
+        new Function('require', 'colocated', `return (${source})`)(require, exports)
+      } catch {
+        source = null
+      }
+    }
+    return { source, pid: process.pid, local: id }
+  }
+
+  /**
+   * `fn`'s source as an expression (a method's source, `name(x) {…}`,
+   * `async name(x) {…}` or `*name() {…}`, becomes a function expression), or
+   * null when it does not parse on its own.
+   */
+  function sourceOf(fn) {
+    const source = fn.toString()
+    const parses = (text) => {
+      try {
+        new Function(`return (${text})`)
+        return true
+      } catch {
+        return false
+      }
+    }
+    if (parses(source)) return source
+    const method = /^(async\s+)?(\*\s*)?/.exec(source)
+    const rest = source.slice(method[0].length)
+    const asFunction = `${method[1] ?? ''}function${method[2] ? '*' : ''} ${rest}`
+    if (parses(asFunction)) return asFunction
+    // Not self-contained (it refers to names around it): this process runs it
+    // by reference; other hosts cannot.
+    return null
+  }
+
   // A call that compiles or discovers runs on libuv's pool; colocated calls
   // made meanwhile (of any function) wait for it to queue its program, so
   // that they keep the event loop's program order.
@@ -195,10 +256,13 @@ module.exports = function install(binding, exports) {
    * without arguments run.
    */
   function colocated(fn, options = {}) {
+    // Used as a standard decorator (`@colocated` on a method, often static):
+    // the second argument is the decorator's context.
+    if (isDecoratorContext(options, 'method')) options = {}
     let what
     let name
     if (typeof fn === 'function') {
-      what = { source: fn.toString() }
+      what = describe(fn)
       name = fn.name || 'colocated'
     } else if (fn !== null && typeof fn === 'object' && typeof fn.module === 'string') {
       what = { module: fn.module, export: fn.export ?? 'default' }
@@ -282,10 +346,12 @@ module.exports = function install(binding, exports) {
    * every call. Methods are called like colocated functions.
    */
   function colocatedClass(Class, options = {}) {
+    // Used as a standard decorator (`@colocatedClass`).
+    if (isDecoratorContext(options, 'class')) options = {}
     let what
     let name
     if (typeof Class === 'function') {
-      what = { source: Class.toString() }
+      what = describe(Class, true)
       name = Class.name || 'ColocatedClass'
     } else if (Class !== null && typeof Class === 'object' && typeof Class.module === 'string') {
       what = { module: Class.module, export: Class.export ?? 'default' }

@@ -92,6 +92,15 @@ export declare function colocated<Args extends ColocatedArray[], Result>(
   fn: (...args: Args) => Result | Promise<Result>,
 ): ColocatedFunction<Args, Awaited<Result>>
 export declare function colocated(fn: { module: string; export?: string }): ColocatedFunction<ColocatedArray[], unknown>
+/**
+ * `@colocated` on a method (often static), a TypeScript 5 / ECMAScript
+ * standard decorator: the method runs as a colocated function. (A decorator
+ * cannot change the method's type: it returns a Promise now.)
+ */
+export declare function colocated<This, Args extends unknown[], Result>(
+  method: (this: This, ...args: Args) => Result,
+  context: ClassMethodDecoratorContext<This, (this: This, ...args: Args) => Result>,
+): (this: This, ...args: Args) => Result
 
 /**
  * Wraps a class (self-contained, or `{module, export}` with `methods`) whose
@@ -112,6 +121,16 @@ export declare function colocatedClass<Args extends unknown[], Instance>(
   dispose(): void
   [Symbol.dispose](): void
 }
+/**
+ * `@colocatedClass`, a TypeScript 5 / ECMAScript standard decorator: the
+ * class's instances live on the hosts of their methods' arguments. (A
+ * decorator cannot change the class's type: its methods return Promises now,
+ * and instances have `dispose()`.)
+ */
+export declare function colocatedClass<C extends abstract new (...args: never[]) => unknown>(
+  Class: C,
+  context: ClassDecoratorContext<C>,
+): C
 export declare function colocatedClass(
   Class: { module: string; export?: string },
   options: { methods: string[] },

@@ -123,7 +123,11 @@ impl FunctionState {
         let spec = call_spec(tree, &arrays);
         let objects = live_objects(objects.as_deref()).js(env)?;
         let refs: Vec<&core::ColocatedObject> = objects.iter().map(|o| o.as_ref()).collect();
-        let Some(call) = self.inner.call_cached(&client, &spec, &arrays, &refs).js(env)? else {
+        let Some(call) = self
+            .inner
+            .call_cached(&client, &spec, &arrays, &refs)
+            .js(env)?
+        else {
             return Ok(None);
         };
         let done = match &call.status {
@@ -308,7 +312,8 @@ impl Task for Call {
             &self.site,
         );
         // Queued on the event loop's stream: in program order with its calls.
-        let objects: Vec<&core::ColocatedObject> = self.objects.iter().map(|o| o.as_ref()).collect();
+        let objects: Vec<&core::ColocatedObject> =
+            self.objects.iter().map(|o| o.as_ref()).collect();
         let called = core::with_stream(&self.stream, || {
             function.call(client, spec, inputs, site, &objects)
         });

@@ -116,6 +116,19 @@ test('on Node workers: one object per host, destroyed there when disposed', asyn
       second,
       workers.map((w) => 2e6 + w.pid),
     )
+    // A class that refers to names around it cannot travel to a worker.
+    const outer = 5
+    class Captures {
+      static base = outer
+      get(v) {
+        return v
+      }
+    }
+    const captures = new (c.colocatedClass(Captures))()
+    await assert.rejects(
+      captures.get(x),
+      (e) => e instanceof c.InvalidArgumentError && /not self-contained/.test(e.message),
+    )
     counter.dispose()
     const files = () => fs.readdirSync(dir).sort()
     const deadline = Date.now() + 5000
