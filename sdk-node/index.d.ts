@@ -3,7 +3,7 @@
 // adds what index.js defines: the error classes, `P`, `blockUntilReady`, and
 // `Array` as the name of `ColocatedArray` (as JAX's `jax.Array`).
 
-import type { ColocatedArray, Device, Host, PartitionSpec } from './binding'
+import type { ColocatedArray, Device, Host, PartitionSpec, TypedArray } from './binding'
 
 export type {
   ConfigureOptions,
@@ -39,6 +39,20 @@ export {
 } from './binding'
 
 declare module './binding' {
+  interface ColocatedArray {
+    /** Resolves once ready; `signal` aborts the wait (CancelledError, or DeadlineExceededError for AbortSignal.timeout). */
+    ready(options?: { signal?: AbortSignal }): Promise<void>
+    /** Gathers the array; `signal` aborts the wait. */
+    toTypedArray(options?: { signal?: AbortSignal }): Promise<TypedArray | string[]>
+  }
+  interface PutOptions {
+    /** Deletes the array when it aborts (a wait for it then rejects with CancelledError). */
+    signal?: AbortSignal
+  }
+  interface ConnectOptions {
+    /** Aborts the wait for the connection. */
+    signal?: AbortSignal
+  }
   interface Client {
     /**
      * `'hostLost'`: a worker of the client was lost (it stopped answering,
@@ -60,7 +74,7 @@ export declare function P(...entries: (string | string[] | null)[]): PartitionSp
  * Resolves with `tree` once every array in it (nested in arrays and plain
  * objects) is ready; rejects with the first error.
  */
-export declare function blockUntilReady<T>(tree: T): Promise<T>
+export declare function blockUntilReady<T>(tree: T, options?: { signal?: AbortSignal }): Promise<T>
 
 /** A function that runs on the hosts of its arguments' devices (see `colocated`). */
 export interface ColocatedFunction<Args extends unknown[], Result> {

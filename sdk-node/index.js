@@ -65,6 +65,71 @@ const FUNCTIONS = [
   'makeArrayFromSingleDeviceArrays',
 ]
 
+// AbortSignal: a wait given `{signal}` rejects when the signal aborts, with
+// CancelledError (DeadlineExceededError for AbortSignal.timeout), while the
+// work itself goes on; a devicePut given one deletes its array on abort.
+function abortError(signal) {
+  const reason = signal.reason
+  const message = reason instanceof Error ? reason.message : 'the operation was aborted'
+  return reason?.name === 'TimeoutError'
+    ? new errors.DeadlineExceededError(message, { cause: reason })
+    : new errors.CancelledError(message, { cause: reason })
+}
+function abortable(promise, signal) {
+  if (signal === undefined || signal === null) return promise
+  if (!(signal instanceof AbortSignal)) {
+    return Promise.reject(new errors.InvalidArgumentError('signal must be an AbortSignal'))
+  }
+  if (signal.aborted) return Promise.reject(abortError(signal))
+  return new Promise((resolve, reject) => {
+    const onAbort = () => reject(abortError(signal))
+    signal.addEventListener('abort', onAbort, { once: true })
+    promise.then(
+      (value) => {
+        signal.removeEventListener('abort', onAbort)
+        resolve(value)
+      },
+      (err) => {
+        signal.removeEventListener('abort', onAbort)
+        reject(err)
+      },
+    )
+  })
+}
+// Arrays whose devicePut was aborted, and why.
+const aborted = new WeakMap()
+for (const method of ['ready', 'toTypedArray']) {
+  const native = binding.ColocatedArray.prototype[method]
+  binding.ColocatedArray.prototype[method] = function (options) {
+    const reason = aborted.get(this)
+    if (reason !== undefined) return Promise.reject(reason)
+    return abortable(native.call(this), options?.signal)
+  }
+}
+const nativeConnect = binding.connect
+binding.connect = (addresses, options) => abortable(nativeConnect(addresses, options), options?.signal)
+const nativeDevicePut = binding.devicePut
+binding.devicePut = (data, sharding, options) => {
+  const array = nativeDevicePut(data, sharding, options)
+  const signal = options?.signal
+  if (signal !== undefined && signal !== null) {
+    if (!(signal instanceof AbortSignal)) throw new errors.InvalidArgumentError('signal must be an AbortSignal')
+    const onAbort = () => {
+      aborted.set(array, abortError(signal))
+      array.delete()
+    }
+    if (signal.aborted) onAbort()
+    else {
+      signal.addEventListener('abort', onAbort, { once: true })
+      array.ready().then(
+        () => signal.removeEventListener('abort', onAbort),
+        () => signal.removeEventListener('abort', onAbort),
+      )
+    }
+  }
+  return array
+}
+
 for (const name of CLASSES) module.exports[name] = guardClass(binding[name])
 for (const name of FUNCTIONS) module.exports[name] = guard(binding[name])
 module.exports.Array = module.exports.ColocatedArray
@@ -76,9 +141,10 @@ module.exports.P = function P(...entries) {
 
 /**
  * Resolves with `tree` once every array in it (nested in arrays and plain
- * objects) is ready; rejects with the first error.
+ * objects) is ready; rejects with the first error, or when `options.signal`
+ * aborts.
  */
-module.exports.blockUntilReady = async function blockUntilReady(tree) {
+module.exports.blockUntilReady = async function blockUntilReady(tree, options) {
   const pending = []
   const visit = (x) => {
     if (x instanceof binding.ColocatedArray) pending.push(x.ready())
@@ -88,7 +154,7 @@ module.exports.blockUntilReady = async function blockUntilReady(tree) {
     }
   }
   visit(tree)
-  await Promise.all(pending)
+  await abortable(Promise.all(pending), options?.signal)
   return tree
 }
 

@@ -179,3 +179,30 @@ test('the event loop keeps turning during a 256 MiB put and gather', async () =>
   // The gather ran off the event loop: the timer fired meanwhile.
   assert.ok(ticks > before, `${ticks - before} ticks during the gather`)
 })
+
+test('an AbortSignal aborts waits (the work goes on) and a devicePut (its array is deleted)', async () => {
+  const slow = c.colocated(async (v) => {
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    return v
+  })
+  const x = c.devicePut(new Float32Array([1, 2]), c.devices()[0])
+  // The first call discovers (runs the function); the second is pending for 300 ms.
+  await slow(x)
+  const y = await slow(x)
+  const started = Date.now()
+  await assert.rejects(y.ready({ signal: AbortSignal.timeout(20) }), (e) => e instanceof c.DeadlineExceededError)
+  assert.ok(Date.now() - started < 250, `${Date.now() - started} ms`)
+  const controller = new AbortController()
+  const waiting = y.toTypedArray({ signal: controller.signal })
+  controller.abort(new Error('not needed'))
+  await assert.rejects(waiting, (e) => e instanceof c.CancelledError && /not needed/.test(e.message))
+  // The work itself went on.
+  assert.deepEqual(Array.from(await y.toTypedArray()), [1, 2])
+  await assert.rejects(c.blockUntilReady([y], { signal: AbortSignal.abort() }), c.CancelledError)
+
+  const put = c.devicePut(new Float32Array(4), null, { signal: AbortSignal.abort() })
+  assert.equal(put.isDeleted, true)
+  await assert.rejects(put.ready(), c.CancelledError)
+  assert.throws(() => c.devicePut([1], null, { signal: 'soon' }), c.InvalidArgumentError)
+  await assert.rejects(x.ready({ signal: {} }), c.InvalidArgumentError)
+})
