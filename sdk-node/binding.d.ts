@@ -22,6 +22,19 @@ export type TypedArray =
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+/** One call of a host callback, answered once. */
+export declare class CallbackCall {
+  /** The bytes the program sent. */
+  get input(): Buffer
+  /** Answers with `output`. */
+  resolve(output: Buffer): void
+  /**
+   * Answers with the callback's error (its stack reaches the program's
+   * caller as `remoteStack`).
+   */
+  reject(message: string, stack?: string | undefined | null, code?: string | undefined | null): void
+}
+
 /** A client: hosts with devices, on which arrays live and programs run. */
 export declare class Client {
   /** Every device, in id order. */
@@ -132,7 +145,7 @@ export declare class FunctionState {
    * running the function once on every host of the call. Runs on libuv's
    * thread pool, queued on this thread's stream.
    */
-  call(tree: number, inputs: Array<ColocatedArray>, declared: Declared | undefined | null, payload: string, objects?: Array<ObjectHandle> | undefined | null): Promise<CallResult>
+  call(tree: number, inputs: Array<ColocatedArray>, declared: Declared | undefined | null, payload: string, objects?: Array<ObjectHandle> | undefined | null, callbacks?: Array<HostCallback> | undefined | null): Promise<CallResult>
   /** Hits, misses and size of the cache of compiled programs. */
   cacheInfo(): Array<number>
   /** Drops every compiled program. */
@@ -179,6 +192,23 @@ export declare class HostCall {
    * stack, which reaches the caller as `remoteStack`.
    */
   reject(message: string, stack?: string | undefined | null, code?: string | undefined | null): void
+  /**
+   * Calls host callback `index` of the program with `input` (through the
+   * executor thread that runs this call, which holds the program's
+   * callbacks); resolves with its answer.
+   */
+  callHost(index: number, input: Buffer): Promise<Buffer>
+}
+
+/** A JavaScript function that programs call (made by `hostCallback(fn)`). */
+export declare class HostCallback {
+  /**
+   * `run(call)` answers each call with `call.resolve(bytes)` or
+   * `call.reject(message, stack)`; `name` is for messages.
+   */
+  constructor(name: string, run: (arg: CallbackCall) => unknown)
+  /** Its name. */
+  get name(): string
 }
 
 /** A compiled program, ready to run on its devices. */
@@ -509,6 +539,8 @@ export interface ProgramOptions {
   outSpecs: Array<ShapeDtypeStruct>
   /** The devices it runs on (default: those of its specs' shardings). */
   devices?: Array<Device>
+  /** Host callbacks the program may call, by index (`hostCallback(fn)`). */
+  hostCallbacks?: Array<HostCallback>
 }
 
 /** Options of `devicePut`. */

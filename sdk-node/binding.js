@@ -835,11 +835,13 @@ function __napiStampBindingTarget(exportsObject, target) {
 // linked import resolves to `undefined`.
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
+module.exports.CallbackCall = nativeBinding.CallbackCall
 module.exports.Client = nativeBinding.Client
 module.exports.ColocatedArray = nativeBinding.ColocatedArray
 module.exports.Device = nativeBinding.Device
 module.exports.FunctionState = nativeBinding.FunctionState
 module.exports.HostCall = nativeBinding.HostCall
+module.exports.HostCallback = nativeBinding.HostCallback
 module.exports.LoadedExecutable = nativeBinding.LoadedExecutable
 module.exports.Mesh = nativeBinding.Mesh
 module.exports.NamedSharding = nativeBinding.NamedSharding

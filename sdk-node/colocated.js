@@ -5,6 +5,7 @@
 // and arrays of them), evaluating a function's source on a host, and keeping
 // the calls of the event loop in program order.
 
+const { AsyncLocalStorage } = require('node:async_hooks')
 const errors = require('./errors.js')
 
 module.exports = function install(binding, exports) {
@@ -149,6 +150,48 @@ module.exports = function install(binding, exports) {
     return Class
   }
 
+  // The host call a function's code runs for (across its awaits): where
+  // `callHost` finds the program's host callbacks.
+  const current = new AsyncLocalStorage()
+
+  /** Bytes for the wire: a Buffer, a Uint8Array, or a string (UTF-8). */
+  function bytesOf(data, what) {
+    if (data === undefined || data === null) return Buffer.alloc(0)
+    if (typeof data === 'string') return Buffer.from(data, 'utf8')
+    if (data instanceof Uint8Array) return Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+    throw new errors.InvalidArgumentError(`${what} are bytes (a Buffer, a Uint8Array or a string)`)
+  }
+
+  /**
+   * Calls host callback `index` of the running program (from code that runs
+   * as a colocated function): resolves with its answer (a Buffer).
+   */
+  exports.callHost = function callHost(index, data) {
+    const call = current.getStore()
+    if (call === undefined) {
+      return Promise.reject(new errors.InvalidArgumentError('callHost is for code that runs as a colocated function'))
+    }
+    return call.callHost(index, bytesOf(data, 'a host callback’s arguments'))
+  }
+
+  /**
+   * A host callback: `fn` runs on this process's event loop whenever a
+   * program on any host calls it (bytes in, bytes out; it may be async).
+   * Give it to `compile({hostCallbacks})` or `specialize({hostCallbacks})`;
+   * programs call it by its index there (`callHost(index, bytes)`).
+   */
+  exports.hostCallback = function hostCallback(fn, name) {
+    if (typeof fn !== 'function') throw new errors.InvalidArgumentError('hostCallback() takes a function')
+    return new binding.HostCallback(name ?? (fn.name || 'host callback'), async (call) => {
+      try {
+        call.resolve(bytesOf(await fn(call.input), 'a host callback’s results'))
+      } catch (err) {
+        const code = err instanceof errors.ColocatedError ? err.code : null
+        call.reject(String(err?.message ?? err), typeof err?.stack === 'string' ? err.stack : null, code)
+      }
+    })
+  }
+
   /** Runs one host call (from an executor thread) on the event loop. */
   async function run(call) {
     try {
@@ -167,7 +210,7 @@ module.exports = function install(binding, exports) {
       }
       // The arguments' structure travels with the program (one per input spec).
       const args = unflatten(JSON.parse(call.payload).args, call.inputs)
-      const result = await fn(...args)
+      const result = await current.run(call, () => fn(...args))
       const { leaves, skeleton } = flatten(result, 'a colocated function’s results')
       call.resolve(leaves, JSON.stringify(skeleton))
     } catch (err) {
@@ -273,7 +316,7 @@ module.exports = function install(binding, exports) {
     const state = new FunctionState(name, options.devices ?? null)
     const call = caller(state, what, options, null)
     call.specialize = (more = {}) => {
-      for (const key of ['outSpecsFn', 'devices']) {
+      for (const key of ['outSpecsFn', 'devices', 'hostCallbacks']) {
         if (more[key] !== undefined && options[key] !== undefined) {
           throw new errors.InvalidArgumentError(`${key} already specified`)
         }
@@ -313,7 +356,7 @@ module.exports = function install(binding, exports) {
           declared = { specs: specs.leaves, structure: JSON.stringify(specs.skeleton) }
         }
         const payload = JSON.stringify({ ...what, ...(object === null ? {} : object.payload), args: skeleton })
-        return state.call(key, leaves, declared, payload, handles).then(finish)
+        return state.call(key, leaves, declared, payload, handles, options.hostCallbacks ?? null).then(finish)
       }
       const finish = (result) => unflatten(JSON.parse(result.structure), result.outputs)
       if (tail !== null) {
@@ -375,7 +418,8 @@ module.exports = function install(binding, exports) {
         if (call === undefined) {
           const state = new FunctionState(`${name}.${method}`, options.devices ?? null)
           const payload = { object: { id: this.#handle.id, class: what, args: this.#args }, method }
-          call = caller(state, {}, options[method] ?? {}, { handle: this.#handle, payload })
+          const methodOptions = { hostCallbacks: options.hostCallbacks, ...(options[method] ?? {}) }
+          call = caller(state, {}, methodOptions, { handle: this.#handle, payload })
           this.#calls.set(method, call)
         }
         return call(...args)

@@ -3,7 +3,7 @@
 // adds what index.js defines: the error classes, `P`, `blockUntilReady`, and
 // `Array` as the name of `ColocatedArray` (as JAX's `jax.Array`).
 
-import type { ColocatedArray, Device, Host, PartitionSpec, TypedArray } from './binding'
+import type { ColocatedArray, Device, Host, HostCallback, PartitionSpec, TypedArray } from './binding'
 
 export type {
   ConfigureOptions,
@@ -28,6 +28,7 @@ export {
   deserializeAndLoad,
   devicePut,
   devices,
+  HostCallback,
   LoadedExecutable,
   localDevices,
   Mesh,
@@ -151,6 +152,19 @@ export declare function colocatedClass(
 ): new (
   ...args: unknown[]
 ) => Record<string, (...args: ColocatedArray[]) => Promise<unknown>> & { dispose(): void }
+
+/**
+ * A host callback: `fn` runs on this process's event loop whenever a program
+ * on any host calls it (bytes in, bytes out; it may be async). Programs get it
+ * by index from `compile({hostCallbacks})` or `specialize({hostCallbacks})`.
+ */
+export declare function hostCallback(
+  fn: (input: Buffer) => Uint8Array | string | undefined | Promise<Uint8Array | string | undefined>,
+  name?: string,
+): HostCallback
+
+/** Calls host callback `index` of the running program, from code that runs as a colocated function. */
+export declare function callHost(index: number, data?: Uint8Array | string): Promise<Buffer>
 
 /** The canonical error codes (core's, as in the Python SDK). */
 export type ErrorCode =

@@ -43,6 +43,7 @@ function guardClass(cls) {
 
 const CLASSES = [
   'ColocatedArray',
+  'HostCallback',
   'Client',
   'Device',
   'LoadedExecutable',

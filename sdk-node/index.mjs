@@ -3,6 +3,7 @@ import pkg from './index.js'
 
 const {
   ColocatedArray,
+  HostCallback,
   Client,
   Device,
   LoadedExecutable,
@@ -15,6 +16,8 @@ const {
   blockUntilReady,
   colocated,
   colocatedClass,
+  hostCallback,
+  callHost,
   client,
   colocatedCpuDevices,
   compile,
@@ -48,6 +51,7 @@ export {
   ColocatedArray,
   ColocatedArray as Array,
   ColocatedError,
+  callHost,
   client,
   colocated,
   colocatedClass,
@@ -61,6 +65,8 @@ export {
   devicePut,
   devices,
   FailedPreconditionError,
+  HostCallback,
+  hostCallback,
   InternalError,
   InvalidArgumentError,
   LoadedExecutable,

@@ -200,6 +200,11 @@ fn define_functions() {
         }
         Ok(vec![x.clone()])
     });
+    // Calls host callback 0 (a program compiled without any).
+    define("calls_callback_0", |ctx, inputs| {
+        ctx.call_host_callback(0, b"not a report")?;
+        Ok(vec![inputs[0].clone()])
+    });
     // Returns an array on a device outside the call.
     define("escapes", |ctx, _inputs| {
         let outside = ctx.client().devices().last().cloned().unwrap();
@@ -317,6 +322,22 @@ fn declared_outputs_run_asynchronously_and_a_wrong_output_is_refused() {
         ErrorCode::InvalidArgument,
         "was expected",
     );
+}
+
+#[test]
+fn a_discovery_run_hides_the_protocols_report_callback_from_the_function() {
+    let _serial = serial();
+    define_functions();
+    let client = local_client(1);
+    let x = i32_array(&client, &[1], named(client.devices().to_vec(), "x"));
+    // The function has no host callbacks of its own: index 0 is out of
+    // range, not the report callback core added.
+    let err = match call(&client, &function(None), "calls_callback_0", &[x]) {
+        Ok(_) => panic!("the function reached the report callback"),
+        Err(e) => e,
+    };
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(err.message().contains("out of range"), "{err}");
 }
 
 #[test]

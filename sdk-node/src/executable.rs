@@ -7,6 +7,7 @@ use napi::{Env, Task};
 use napi_derive::napi;
 
 use crate::array::ColocatedArray;
+use crate::callback::HostCallback;
 use crate::client::{Client, Device};
 use crate::errors::{invalid, to_js, OrThrow};
 use crate::promise::settle;
@@ -28,6 +29,8 @@ pub struct ProgramOptions<'a> {
     pub out_specs: Vec<ClassInstance<'a, ShapeDtypeStruct>>,
     /// The devices it runs on (default: those of its specs' shardings).
     pub devices: Option<Vec<ClassInstance<'a, Device>>>,
+    /// Host callbacks the program may call, by index (`hostCallback(fn)`).
+    pub host_callbacks: Option<Vec<ClassInstance<'a, HostCallback>>>,
 }
 
 /// Compiles a program for the hosts of its devices (loading it on their
@@ -37,9 +40,17 @@ pub struct ProgramOptions<'a> {
 /// native function a host does not know.
 #[napi(ts_return_type = "Promise<LoadedExecutable>")]
 pub fn compile(env: Env, program: ProgramOptions) -> napi::Result<AsyncTask<Compile>> {
+    let callbacks = program
+        .host_callbacks
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.inner.clone())
+        .collect();
     let (client, program) = to_program(program).js(&env)?;
     Ok(AsyncTask::new(Compile {
         client,
+        callbacks,
         work: Some(Work::Compile(program)),
     }))
 }
@@ -102,6 +113,7 @@ enum Work {
 /// for them).
 pub struct Compile {
     client: core::Client,
+    callbacks: Vec<core::LoadedHostCallback>,
     work: Option<Work>,
 }
 
@@ -110,7 +122,9 @@ impl Task for Compile {
     type JsValue = LoadedExecutable;
 
     fn compute(&mut self) -> napi::Result<Self::Output> {
-        let options = core::CompileOptions::default();
+        let options = core::CompileOptions {
+            host_callbacks: self.callbacks.clone(),
+        };
         Ok(match self.work.take() {
             Some(Work::Compile(program)) => self.client.compile(program, options),
             Some(Work::Load(bytes)) => self.client.deserialize_and_load(&bytes, options),
@@ -142,6 +156,7 @@ pub fn deserialize_and_load(
     };
     Ok(AsyncTask::new(Compile {
         client,
+        callbacks: Vec::new(),
         work: Some(Work::Load(bytes.to_vec())),
     }))
 }

@@ -12,6 +12,7 @@ use napi::{sys, Env, JsValue, Task, ValueType};
 use napi_derive::napi;
 
 use crate::array::ColocatedArray;
+use crate::callback::HostCallback;
 use crate::client::Device;
 use crate::errors::{invalid, to_js, OrThrow};
 use crate::program::LANGUAGE;
@@ -28,6 +29,7 @@ struct NodeEntry {
 struct Site {
     payload: Vec<u8>,
     declared: Option<(Vec<core::ArraySpec>, String)>,
+    callbacks: Vec<core::LoadedHostCallback>,
 }
 
 impl core::CallSite for Site {
@@ -40,7 +42,7 @@ impl core::CallSite for Site {
     ) -> core::Result<core::Payload> {
         Ok(core::Payload {
             bytes: self.payload.clone(),
-            host_callbacks: Vec::new(),
+            host_callbacks: self.callbacks.clone(),
         })
     }
 
@@ -154,7 +156,13 @@ impl FunctionState {
         declared: Option<Declared>,
         payload: String,
         objects: Option<Vec<ClassInstance<ObjectHandle>>>,
+        callbacks: Option<Vec<ClassInstance<HostCallback>>>,
     ) -> napi::Result<AsyncTask<Call>> {
+        let callbacks = callbacks
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.inner.clone())
+            .collect();
         let (client, arrays) = self.arguments(&inputs).js(&env)?;
         let objects = live_objects(objects.as_deref()).js(&env)?;
         let declared = declared.map(|d| {
@@ -169,6 +177,7 @@ impl FunctionState {
             site: Site {
                 payload: payload.into_bytes(),
                 declared,
+                callbacks,
             },
             client,
             objects,

@@ -18,6 +18,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod array;
+mod callback;
 mod client;
 mod convert;
 mod errors;

@@ -13,13 +13,14 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use colocated_core as core;
-use napi::bindgen_prelude::{ClassInstance, Function, Unknown};
+use napi::bindgen_prelude::{Buffer, ClassInstance, Function, Object, Unknown};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
-use napi::Status;
+use napi::{Env, Status};
 use napi_derive::napi;
 
 use crate::array::ColocatedArray;
 use crate::client::Device;
+use crate::promise::settle;
 
 /// The language tag of JavaScript programs.
 pub const LANGUAGE: &str = core::LANGUAGE_NODE;
@@ -47,6 +48,38 @@ pub fn set_runner(run: Function<HostCall, Unknown<'static>>) -> napi::Result<()>
 /// the description of their tree.
 type Answer = core::Result<(Vec<core::Array>, String)>;
 
+/// What the JavaScript side sends the executor thread that waits for it.
+enum Message {
+    /// The call's answer (the last message).
+    Answer(Answer),
+    /// A call of the program's host callback `index`: the executor thread
+    /// runs it and completes `done`, with the answer in `result`.
+    HostCallback {
+        index: usize,
+        input: Vec<u8>,
+        done: core::Event,
+        result: Arc<Mutex<Option<Vec<u8>>>>,
+    },
+}
+
+/// The error of user code (a function, a callback): its own code when it
+/// threw a `ColocatedError`, else `internal`; its stack as the remote
+/// traceback.
+pub(crate) fn user_error(
+    message: String,
+    stack: Option<String>,
+    code: Option<String>,
+) -> core::Error {
+    let code = code
+        .and_then(|c| core::ErrorCode::ALL.into_iter().find(|k| k.name() == c))
+        .unwrap_or(core::ErrorCode::Internal);
+    let err = core::Error::new(code, message);
+    match stack {
+        Some(stack) => err.with_remote_traceback(stack),
+        None => err,
+    }
+}
+
 /// One run of a `node` program on this host, handed to the JavaScript runner,
 /// which answers it once with `resolve` or `reject`.
 #[napi]
@@ -58,7 +91,7 @@ pub struct HostCall {
     inputs: Vec<core::Array>,
     devices: Vec<core::Device>,
     discovering: bool,
-    answer: Mutex<Option<mpsc::Sender<Answer>>>,
+    answer: Mutex<Option<mpsc::Sender<Message>>>,
 }
 
 #[napi]
@@ -140,14 +173,47 @@ impl HostCall {
     /// stack, which reaches the caller as `remoteStack`.
     #[napi]
     pub fn reject(&self, message: String, stack: Option<String>, code: Option<String>) {
-        let code = code
-            .and_then(|c| core::ErrorCode::ALL.into_iter().find(|k| k.name() == c))
-            .unwrap_or(core::ErrorCode::Internal);
-        let mut err = core::Error::new(code, message);
-        if let Some(stack) = stack {
-            err = err.with_remote_traceback(stack);
+        self.answer(Err(user_error(message, stack, code)));
+    }
+
+    /// Calls host callback `index` of the program with `input` (through the
+    /// executor thread that runs this call, which holds the program's
+    /// callbacks); resolves with its answer.
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn call_host<'e>(
+        &self,
+        env: &'e Env,
+        index: u32,
+        input: Buffer,
+    ) -> napi::Result<Object<'e>> {
+        let done = core::Event::new();
+        let result = Arc::new(Mutex::new(None));
+        let request = Message::HostCallback {
+            index: index as usize,
+            input: input.to_vec(),
+            done: done.clone(),
+            result: result.clone(),
+        };
+        let sent = self
+            .answer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|sender| sender.send(request).is_ok())
+            .unwrap_or(false);
+        if !sent {
+            let _ = done.set(Err(core::Error::failed_precondition(
+                "a host callback was called after its program's call had answered",
+            )));
         }
-        self.answer(Err(err));
+        settle(env, &done, move |_| {
+            let bytes: Vec<u8> = result
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .unwrap_or_default();
+            Ok(Buffer::from(bytes))
+        })
     }
 }
 
@@ -156,7 +222,7 @@ impl HostCall {
         let sender = self.answer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(sender) = sender {
             // The executor thread may have given up (its run ended): nothing to do.
-            let _ = sender.send(answer);
+            let _ = sender.send(Message::Answer(answer));
         }
     }
 }
@@ -265,10 +331,30 @@ impl core::LoadedProgram for NodeProgram {
                 "the JavaScript thread of this process is gone",
             ));
         }
-        // An executor thread may wait; the event loop runs the function.
-        let (outputs, structure) = receiver.recv().map_err(|_| {
-            core::Error::cancelled("the JavaScript thread dropped the call without answering")
-        })??;
-        ctx.set_host_outputs(outputs, discovering.then(|| structure.into_bytes()))
+        // An executor thread may wait; the event loop runs the function, and
+        // the function's host callbacks run here (this thread holds them).
+        loop {
+            let message = receiver.recv().map_err(|_| {
+                core::Error::cancelled("the JavaScript thread dropped the call without answering")
+            })?;
+            match message {
+                Message::Answer(answer) => {
+                    let (outputs, structure) = answer?;
+                    return ctx
+                        .set_host_outputs(outputs, discovering.then(|| structure.into_bytes()));
+                }
+                Message::HostCallback {
+                    index,
+                    input,
+                    done,
+                    result,
+                } => {
+                    let status = ctx.call_host_callback(index, &input).map(|bytes| {
+                        *result.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes);
+                    });
+                    let _ = done.set(status);
+                }
+            }
+        }
     }
 }

@@ -14,6 +14,7 @@ use crate::array::Array;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::executor::{DiscoverySink, ExecutionContext, Languages, LoadedProgram, SessionKey};
+use crate::host_callback::LoadedHostCallback;
 use crate::program::{Program, LANGUAGE_COLOCATED};
 
 /// Outputs of discovery runs, parked until the controller pops them: by
@@ -89,6 +90,7 @@ pub(crate) fn load(program: &Program, executors: &Languages) -> Result<Arc<dyn L
                 sink: Arc::new(Sink {
                     key: d.key,
                     report_callback: d.report_callback as usize,
+                    report: None,
                 }),
             })
         }
@@ -124,9 +126,25 @@ struct Discover {
 
 impl LoadedProgram for Discover {
     fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()> {
-        ctx.discovery = Some(self.sink.clone());
+        // The function sees its own host callbacks only: the report callback
+        // (the last) is the protocol's, which user code must not reach.
+        let all = ctx.callbacks;
+        let report = all.get(self.sink.report_callback).cloned().ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "a discovery run's report callback {} is out of range (it has {})",
+                self.sink.report_callback,
+                all.len()
+            ))
+        })?;
+        ctx.callbacks = &all[..self.sink.report_callback];
+        ctx.discovery = Some(Arc::new(Sink {
+            key: self.sink.key,
+            report_callback: self.sink.report_callback,
+            report: Some(report),
+        }));
         let ran = self.inner.run(ctx);
         ctx.discovery = None;
+        ctx.callbacks = all;
         ran?;
         if parked().contains_key(&(ctx.session(), self.sink.key)) {
             Ok(())
@@ -146,6 +164,8 @@ impl LoadedProgram for Discover {
 struct Sink {
     key: u64,
     report_callback: usize,
+    /// The controller's report callback, for one run.
+    report: Option<LoadedHostCallback>,
 }
 
 impl DiscoverySink for Sink {
@@ -157,7 +177,11 @@ impl DiscoverySink for Sink {
     ) -> Result<()> {
         let report = describe(ctx, &outputs, structure)?;
         parked().insert((ctx.session(), self.key), outputs);
-        ctx.call_host_callback(self.report_callback, &report.encode_to_vec())?;
+        let callback = self
+            .report
+            .as_ref()
+            .ok_or_else(|| Error::internal("a discovery sink without its report callback"))?;
+        callback.call(&report.encode_to_vec())?;
         Ok(())
     }
 }
