@@ -140,12 +140,11 @@ export declare class FunctionState {
    */
   callCached(tree: number, inputs: Array<ColocatedArray>, objects?: Array<ObjectHandle> | undefined | null): CallResult | null
   /**
-   * Any call: compiles a program (its `payload`: the function and the
-   * arguments' structure) for the declared outputs, or discovers them by
-   * running the function once on every host of the call. Runs on libuv's
-   * thread pool, queued on this thread's stream.
+   * Any call: compiles a program for the declared outputs, or discovers
+   * them by running the function once on every host of the call. Runs on
+   * libuv's thread pool, queued on this thread's stream.
    */
-  call(tree: number, inputs: Array<ColocatedArray>, declared: Declared | undefined | null, payload: string, objects?: Array<ObjectHandle> | undefined | null, callbacks?: Array<HostCallback> | undefined | null): Promise<CallResult>
+  call(tree: number, inputs: Array<ColocatedArray>, options: CallOptions): Promise<CallResult>
   /** Hits, misses and size of the cache of compiled programs. */
   cacheInfo(): Array<number>
   /** Drops every compiled program. */
@@ -370,6 +369,18 @@ export declare function _startWorker(values: WorkerValues): WorkerHandle
 
 /** The flags every worker takes. */
 export declare function _workerFlags(): Array<WorkerFlagInfo>
+
+/** What a call that may compile needs besides its arguments. */
+export interface CallOptions {
+  /** The outputs `outSpecsFn` declares (else discovery). */
+  declared?: Declared
+  /** The program's payload: the function and the arguments' structure. */
+  payload: string
+  /** The colocated objects the call uses. */
+  objects?: Array<ObjectHandle>
+  /** The host callbacks the program may call, by index. */
+  callbacks?: Array<HostCallback>
+}
 
 /**
  * A call's result: the output leaves, the description of their tree, and

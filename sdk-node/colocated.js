@@ -356,7 +356,14 @@ module.exports = function install(binding, exports) {
           declared = { specs: specs.leaves, structure: JSON.stringify(specs.skeleton) }
         }
         const payload = JSON.stringify({ ...what, ...(object === null ? {} : object.payload), args: skeleton })
-        return state.call(key, leaves, declared, payload, handles, options.hostCallbacks ?? null).then(finish)
+        // (Absent fields are undefined: the binding reads null as an object.)
+        const callOptions = {
+          declared: declared ?? undefined,
+          payload,
+          objects: handles ?? undefined,
+          callbacks: options.hostCallbacks ?? undefined,
+        }
+        return state.call(key, leaves, callOptions).then(finish)
       }
       const finish = (result) => unflatten(JSON.parse(result.structure), result.outputs)
       if (tail !== null) {

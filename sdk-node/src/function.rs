@@ -82,6 +82,19 @@ pub struct CallResult<'e> {
     pub done: Option<Object<'e>>,
 }
 
+/// What a call that may compile needs besides its arguments.
+#[napi(object, object_to_js = false)]
+pub struct CallOptions<'a> {
+    /// The outputs `outSpecsFn` declares (else discovery).
+    pub declared: Option<Declared<'a>>,
+    /// The program's payload: the function and the arguments' structure.
+    pub payload: String,
+    /// The colocated objects the call uses.
+    pub objects: Option<Vec<ClassInstance<'a, ObjectHandle>>>,
+    /// The host callbacks the program may call, by index.
+    pub callbacks: Option<Vec<ClassInstance<'a, HostCallback>>>,
+}
+
 /// The outputs `outSpecsFn` declares: the leaves' specs and the tree.
 #[napi(object, object_to_js = false)]
 pub struct Declared<'a> {
@@ -143,29 +156,27 @@ impl FunctionState {
         }))
     }
 
-    /// Any call: compiles a program (its `payload`: the function and the
-    /// arguments' structure) for the declared outputs, or discovers them by
-    /// running the function once on every host of the call. Runs on libuv's
-    /// thread pool, queued on this thread's stream.
+    /// Any call: compiles a program for the declared outputs, or discovers
+    /// them by running the function once on every host of the call. Runs on
+    /// libuv's thread pool, queued on this thread's stream.
     #[napi(ts_return_type = "Promise<CallResult>")]
     pub fn call(
         &self,
         env: Env,
         tree: u32,
         inputs: Vec<ClassInstance<ColocatedArray>>,
-        declared: Option<Declared>,
-        payload: String,
-        objects: Option<Vec<ClassInstance<ObjectHandle>>>,
-        callbacks: Option<Vec<ClassInstance<HostCallback>>>,
+        options: CallOptions,
     ) -> napi::Result<AsyncTask<Call>> {
-        let callbacks = callbacks
+        let (client, arrays) = self.arguments(&inputs).js(&env)?;
+        let objects = live_objects(options.objects.as_deref()).js(&env)?;
+        let callbacks = options
+            .callbacks
+            .as_deref()
             .unwrap_or_default()
             .iter()
             .map(|c| c.inner.clone())
             .collect();
-        let (client, arrays) = self.arguments(&inputs).js(&env)?;
-        let objects = live_objects(objects.as_deref()).js(&env)?;
-        let declared = declared.map(|d| {
+        let declared = options.declared.map(|d| {
             let specs = d.specs.iter().map(|s| s.inner.clone()).collect();
             (specs, d.structure)
         });
@@ -175,7 +186,7 @@ impl FunctionState {
             spec: call_spec(tree, &arrays),
             inputs: arrays,
             site: Site {
-                payload: payload.into_bytes(),
+                payload: options.payload.into_bytes(),
                 declared,
                 callbacks,
             },
