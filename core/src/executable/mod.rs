@@ -352,17 +352,7 @@ impl LoadedExecutable {
             })
             .collect::<Result<_>>()?;
         let h = self.host_plan_index(device.host_index())?;
-        let stream = options
-            .stream
-            .clone()
-            .unwrap_or_else(|| self.0.client.current_stream());
-        self.0.client.check_stream(&stream)?;
-        let layout = Box::new((vec![1; args.len()], shards));
-        let (outputs, status, task) = self.prepare(h, args.to_vec(), Some(layout), &stream);
-        if let Some(task) = task {
-            self.enqueue(&stream, task);
-        }
-        Ok((outputs, status))
+        self.run_single(h, args, shards, options)
     }
 
     /// Runs a single-device executable on any `device` of the client, with whole
@@ -395,6 +385,18 @@ impl LoadedExecutable {
             })
             .collect();
         let h = self.host_plan_index(program.devices[0].host_index())?;
+        self.run_single(h, args, shards, options)
+    }
+
+    /// Queues a single-device run of plan `h` on `args` (one buffer per
+    /// input) producing `shards`, on the options' stream.
+    fn run_single(
+        &self,
+        h: usize,
+        args: &[Buffer],
+        shards: Vec<OutputShard>,
+        options: &ExecuteOptions,
+    ) -> Result<(Vec<Buffer>, Event)> {
         let stream = options
             .stream
             .clone()
