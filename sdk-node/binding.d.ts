@@ -131,8 +131,12 @@ export declare class Device {
  * `colocated.js`).
  */
 export declare class FunctionState {
-  /** `devices`: the specialized devices (let calls without arguments run). */
-  constructor(name: string, devices?: Array<Device> | undefined | null)
+  /**
+   * `devices`: the specialized devices (let calls without arguments run);
+   * `in_specs`: the arguments every call must match (the key of their
+   * structure, and their leaves' specs).
+   */
+  constructor(name: string, devices?: Array<Device> | undefined | null, inSpecs?: InSpecs | undefined | null)
   /**
    * The call if a program is compiled for its spec (`tree`: the key of the
    * arguments' structure): run at once, on this thread's stream. Null
@@ -522,6 +526,12 @@ export interface Host {
   deviceIds: Array<number>
   /** True for a worker (reached over the network). */
   isRemote: boolean
+}
+
+/** The arguments every call must match: their structure's key and specs. */
+export interface InSpecs {
+  tree: number
+  specs: Array<ShapeDtypeStruct>
 }
 
 /** The default client's addressable devices (`jax.local_devices()`). */

@@ -313,10 +313,15 @@ module.exports = function install(binding, exports) {
     } else {
       throw new errors.InvalidArgumentError('colocated() takes a function or {module, export}')
     }
-    const state = new FunctionState(name, options.devices ?? null)
+    let inSpecs
+    if (options.inSpecs !== undefined) {
+      const specs = flatten(options.inSpecs, 'in specs', binding.ShapeDtypeStruct)
+      inSpecs = { tree: treeKey(specs.skeleton), specs: specs.leaves }
+    }
+    const state = new FunctionState(name, options.devices ?? null, inSpecs)
     const call = caller(state, what, options, null)
     call.specialize = (more = {}) => {
-      for (const key of ['outSpecsFn', 'devices', 'hostCallbacks']) {
+      for (const key of ['inSpecs', 'outSpecsFn', 'devices', 'hostCallbacks']) {
         if (more[key] !== undefined && options[key] !== undefined) {
           throw new errors.InvalidArgumentError(`${key} already specified`)
         }
@@ -423,7 +428,7 @@ module.exports = function install(binding, exports) {
       _call(method, args) {
         let call = this.#calls.get(method)
         if (call === undefined) {
-          const state = new FunctionState(`${name}.${method}`, options.devices ?? null)
+          const state = new FunctionState(`${name}.${method}`, options.devices ?? null, undefined)
           const payload = { object: { id: this.#handle.id, class: what, args: this.#args }, method }
           const methodOptions = { hostCallbacks: options.hostCallbacks, ...(options[method] ?? {}) }
           call = caller(state, {}, methodOptions, { handle: this.#handle, payload })

@@ -54,6 +54,10 @@ declare module './binding' {
     /** Aborts the wait for the connection. */
     signal?: AbortSignal
   }
+  interface LoadedExecutable {
+    /** `signal` aborts the wait of `done` (the execution goes on). */
+    execute(args: Array<ColocatedArray>, options?: { signal?: AbortSignal }): Execution
+  }
   interface Client {
     /**
      * `'hostLost'`: a worker of the client was lost (it stopped answering,
@@ -87,6 +91,8 @@ export interface ColocatedFunction<Args extends unknown[], Result> {
    * arguments on `devices`. Specifying a field twice throws InvalidArgumentError.
    */
   specialize(options: {
+    /** The arguments' specs every call must match (an array of them, as the arguments). */
+    inSpecs?: unknown[]
     outSpecsFn?: (...specs: unknown[]) => unknown
     devices?: Device[]
   }): ColocatedFunction<Args, Result>

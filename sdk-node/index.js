@@ -66,7 +66,8 @@ const FUNCTIONS = [
   'makeArrayFromSingleDeviceArrays',
 ]
 
-// AbortSignal: a wait given `{signal}` rejects when the signal aborts, with
+// AbortSignal: a wait given `{signal}` (ready, toTypedArray, blockUntilReady,
+// connect, execute's done) rejects when the signal aborts, with
 // CancelledError (DeadlineExceededError for AbortSignal.timeout), while the
 // work itself goes on; a devicePut given one deletes its array on abort.
 function abortError(signal) {
@@ -106,6 +107,11 @@ for (const method of ['ready', 'toTypedArray']) {
     if (reason !== undefined) return Promise.reject(reason)
     return abortable(native.call(this), options?.signal)
   }
+}
+const nativeExecute = binding.LoadedExecutable.prototype.execute
+binding.LoadedExecutable.prototype.execute = function (args, options) {
+  const run = nativeExecute.call(this, args)
+  return { outputs: run.outputs, done: abortable(run.done, options?.signal) }
 }
 const nativeConnect = binding.connect
 binding.connect = (addresses, options) => abortable(nativeConnect(addresses, options), options?.signal)

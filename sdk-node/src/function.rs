@@ -82,6 +82,13 @@ pub struct CallResult<'e> {
     pub done: Option<Object<'e>>,
 }
 
+/// The arguments every call must match: their structure's key and specs.
+#[napi(object, object_to_js = false)]
+pub struct InSpecs<'a> {
+    pub tree: u32,
+    pub specs: Vec<ClassInstance<'a, ShapeDtypeStruct>>,
+}
+
 /// What a call that may compile needs besides its arguments.
 #[napi(object, object_to_js = false)]
 pub struct CallOptions<'a> {
@@ -104,19 +111,26 @@ pub struct Declared<'a> {
 
 #[napi]
 impl FunctionState {
-    /// `devices`: the specialized devices (let calls without arguments run).
+    /// `devices`: the specialized devices (let calls without arguments run);
+    /// `in_specs`: the arguments every call must match (the key of their
+    /// structure, and their leaves' specs).
     #[napi(constructor)]
     pub fn new(
         env: Env,
         name: String,
         devices: Option<Vec<ClassInstance<Device>>>,
+        in_specs: Option<InSpecs>,
     ) -> napi::Result<Self> {
         let devices_client = devices
             .as_ref()
             .and_then(|d| d.first())
             .map(|d| d.client.clone());
         let devices = devices.map(|ds| ds.iter().map(|d| d.inner.clone()).collect());
-        let inner = core::ColocatedFunction::new(name, LANGUAGE, devices, None).js(&env)?;
+        let in_specs = in_specs.map(|s| core::CallSpec {
+            tree: u64::from(s.tree),
+            leaves: s.specs.iter().map(|l| l.inner.clone()).collect(),
+        });
+        let inner = core::ColocatedFunction::new(name, LANGUAGE, devices, in_specs).js(&env)?;
         Ok(FunctionState {
             inner: Arc::new(inner),
             devices_client,

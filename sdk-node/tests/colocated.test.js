@@ -148,3 +148,50 @@ test('on Node workers: once per host with its shards, outputs assembled', async 
     await Promise.all(workers.map((w) => w.stop()))
   }
 })
+
+test('inSpecs: every call must match them', async () => {
+  const x = c.devicePut(new Int32Array([1, 2, 3, 4]), sharded())
+  const spec = new c.ShapeDtypeStruct([4], 'int32', x.sharding)
+  const f = c.colocated((v) => v).specialize({ inSpecs: [spec] })
+  assert.deepEqual(Array.from(await (await f(x)).toTypedArray()), [1, 2, 3, 4])
+  await assert.rejects(
+    f(c.devicePut(new Float32Array(4), sharded())),
+    (e) => e instanceof c.InvalidArgumentError && /in_specs/.test(e.message),
+  )
+  await assert.rejects(f(x, x), (e) => e instanceof c.InvalidArgumentError && /structure/.test(e.message))
+  assert.throws(() => f.specialize({ inSpecs: [spec] }), c.InvalidArgumentError)
+})
+
+test('a module’s export travels as its specifier and name', async () => {
+  const fs = require('node:fs')
+  const path = require('node:path')
+  const { pathToFileURL } = require('node:url')
+  const { TMP } = require('./helpers.js')
+  const file = path.join(TMP, 'triple.mjs')
+  fs.writeFileSync(
+    file,
+    `import { devicePut } from ${JSON.stringify(pathToFileURL(path.join(__dirname, '..', 'index.mjs')).href)}
+export async function triple(x) {
+  return devicePut((await x.toTypedArray()).map((v) => v * 3), x.sharding)
+}
+`,
+  )
+  const triple = c.colocated({ module: pathToFileURL(file).href, export: 'triple' })
+  const x = c.devicePut(new Int32Array([1, 2, 3, 4]), sharded())
+  assert.deepEqual(Array.from(await (await triple(x)).toTypedArray()), [3, 6, 9, 12])
+  await assert.rejects(c.colocated({ module: pathToFileURL(file).href, export: 'nope' })(x), c.InvalidArgumentError)
+})
+
+test('the event loop keeps turning while a long program runs', async () => {
+  let ticks = 0
+  const timer = setInterval(() => ticks++, 2)
+  const long = c.colocated(async (v) => {
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    return v
+  })
+  const x = c.devicePut(new Int32Array([1]), c.devices()[0])
+  const before = ticks
+  await (await long(x)).ready()
+  clearInterval(timer)
+  assert.ok(ticks - before > 10, `${ticks - before} ticks during a 200 ms program`)
+})

@@ -206,3 +206,14 @@ test('an AbortSignal aborts waits (the work goes on) and a devicePut (its array 
   assert.throws(() => c.devicePut([1], null, { signal: 'soon' }), c.InvalidArgumentError)
   await assert.rejects(x.ready({ signal: {} }), c.InvalidArgumentError)
 })
+
+// (The test plugin was loaded by the native programs' test above.)
+test('execute(args, {signal}) aborts the wait of done', async () => {
+  const sharding = new c.NamedSharding(new c.Mesh(c.devices(), ['x']), c.P('x'))
+  const spec = new c.ShapeDtypeStruct([8], 'int32', sharding)
+  const exe = await c.compile({ language: 'native', payload: 'plugin_add_one_i32', inSpecs: [spec], outSpecs: [spec] })
+  const x = c.devicePut(new Int32Array(8), sharding)
+  const run = exe.execute([x], { signal: AbortSignal.abort() })
+  await assert.rejects(run.done, c.CancelledError)
+  assert.deepEqual(Array.from(await run.outputs[0].toTypedArray()), Array(8).fill(1))
+})
