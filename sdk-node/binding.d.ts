@@ -335,8 +335,11 @@ export declare class WorkerHandle {
   get address(): string
   /** True once it has had no session for `--exit-after-idle` seconds. */
   get idleExpired(): boolean
-  /** Stops serving: ends every session (their objects are freed). */
-  shutdown(): void
+  /**
+   * Stops serving: ends every session (their objects are freed). Waits
+   * off the event loop (programs in flight there may still finish).
+   */
+  shutdown(): Promise<void>
 }
 
 /**

@@ -6,6 +6,7 @@
 // the calls of the event loop in program order.
 
 const { AsyncLocalStorage } = require('node:async_hooks')
+const { isMainThread } = require('node:worker_threads')
 const errors = require('./errors.js')
 
 module.exports = function install(binding, exports) {
@@ -105,7 +106,10 @@ module.exports = function install(binding, exports) {
       const value = built.value
       if (value !== undefined && typeof value[Symbol.dispose] === 'function') value[Symbol.dispose]()
     })
-  binding._setForgetter((job) => {
+  // Hosts run programs on the main thread's event loop (the process's one
+  // runner); a worker thread that loads the package drives, it does not host.
+  const setForgetter = isMainThread ? binding._setForgetter : () => {}
+  setForgetter((job) => {
     for (const [key, entry] of objects) {
       const [session, id] = key.split(':')
       if (session === job.session && (job.object === null || job.object === undefined || id === job.object)) {
@@ -154,6 +158,15 @@ module.exports = function install(binding, exports) {
   // `callHost` finds the program's host callbacks.
   const current = new AsyncLocalStorage()
 
+  /** The message of anything thrown (which may not even convert to a string). */
+  function describeError(err) {
+    try {
+      return String(err?.message ?? err)
+    } catch {
+      return 'a value that is not an Error was thrown'
+    }
+  }
+
   /** Bytes for the wire: a Buffer, a Uint8Array, or a string (UTF-8). */
   function bytesOf(data, what) {
     if (data === undefined || data === null) return Buffer.alloc(0)
@@ -187,7 +200,7 @@ module.exports = function install(binding, exports) {
         call.resolve(bytesOf(await fn(call.input), 'a host callback’s results'))
       } catch (err) {
         const code = err instanceof errors.ColocatedError ? err.code : null
-        call.reject(String(err?.message ?? err), typeof err?.stack === 'string' ? err.stack : null, code)
+        call.reject(describeError(err), typeof err?.stack === 'string' ? err.stack : null, code)
       }
     })
   }
@@ -215,10 +228,10 @@ module.exports = function install(binding, exports) {
       call.resolve(leaves, JSON.stringify(skeleton))
     } catch (err) {
       const code = err instanceof errors.ColocatedError ? err.code : null
-      call.reject(String(err?.message ?? err), typeof err?.stack === 'string' ? err.stack : null, code)
+      call.reject(describeError(err), typeof err?.stack === 'string' ? err.stack : null, code)
     }
   }
-  binding._setRunner(run)
+  if (isMainThread) binding._setRunner(run)
 
   // -- the controller -------------------------------------------------------
 
@@ -343,6 +356,12 @@ module.exports = function install(binding, exports) {
     const handles = object === null ? null : [object.handle]
 
     const call = (...args) => {
+      if (current.getStore() !== undefined) {
+        // It would wait for the very program that makes it.
+        return Promise.reject(
+          new errors.FailedPreconditionError('a colocated function cannot call colocated functions from its host code'),
+        )
+      }
       let leaves
       let skeleton
       try {
@@ -370,7 +389,11 @@ module.exports = function install(binding, exports) {
         }
         return state.call(key, leaves, callOptions).then(finish)
       }
-      const finish = (result) => unflatten(JSON.parse(result.structure), result.outputs)
+      const finish = (result) => {
+        // Failures show in the outputs; an unobserved `done` must not end the process.
+        result.done?.catch(() => {})
+        return unflatten(JSON.parse(result.structure), result.outputs)
+      }
       if (tail !== null) {
         const queued = tail.then(start)
         follow(queued)

@@ -9,7 +9,7 @@ class ColocatedError extends Error {
    * @param {{code?: string, remoteStack?: string | null}} [options]
    */
   constructor(message, options = {}) {
-    super(message)
+    super(message, options.cause === undefined ? undefined : { cause: options.cause })
     this.name = new.target.name
     /** The canonical code (`'invalid_argument'`, `'unavailable'`, …). */
     this.code = options.code ?? 'unknown'

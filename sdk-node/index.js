@@ -79,10 +79,15 @@ function abortError(signal) {
 }
 function abortable(promise, signal) {
   if (signal === undefined || signal === null) return promise
+  // The promise's own failure goes unobserved when the wait is refused.
   if (!(signal instanceof AbortSignal)) {
+    promise.catch(() => {})
     return Promise.reject(new errors.InvalidArgumentError('signal must be an AbortSignal'))
   }
-  if (signal.aborted) return Promise.reject(abortError(signal))
+  if (signal.aborted) {
+    promise.catch(() => {})
+    return Promise.reject(abortError(signal))
+  }
   return new Promise((resolve, reject) => {
     const onAbort = () => reject(abortError(signal))
     signal.addEventListener('abort', onAbort, { once: true })
@@ -100,17 +105,30 @@ function abortable(promise, signal) {
 }
 // Arrays whose devicePut was aborted, and why.
 const aborted = new WeakMap()
-for (const method of ['ready', 'toTypedArray']) {
-  const native = binding.ColocatedArray.prototype[method]
-  binding.ColocatedArray.prototype[method] = function (options) {
-    const reason = aborted.get(this)
-    if (reason !== undefined) return Promise.reject(reason)
-    return abortable(native.call(this), options?.signal)
-  }
+const nativeReady = binding.ColocatedArray.prototype.ready
+const nativeGather = binding.ColocatedArray.prototype.toTypedArray
+binding.ColocatedArray.prototype.ready = function (options) {
+  const reason = aborted.get(this)
+  if (reason !== undefined) return Promise.reject(reason)
+  return abortable(nativeReady.call(this), options?.signal)
+}
+binding.ColocatedArray.prototype.toTypedArray = function (options) {
+  const reason = aborted.get(this)
+  if (reason !== undefined) return Promise.reject(reason)
+  // The gather takes a thread of libuv's pool: only once the array is ready,
+  // so that waiting never holds one (a pool of 4 would starve).
+  const gathered = nativeReady.call(this).then(
+    () => nativeGather.call(this),
+    () => nativeGather.call(this),
+  )
+  return abortable(gathered, options?.signal)
 }
 const nativeExecute = binding.LoadedExecutable.prototype.execute
 binding.LoadedExecutable.prototype.execute = function (args, options) {
   const run = nativeExecute.call(this, args)
+  // Failures show in the outputs too; an unobserved `done` must not end the
+  // process (whoever awaits it still gets the error).
+  run.done.catch(() => {})
   return { outputs: run.outputs, done: abortable(run.done, options?.signal) }
 }
 const nativeConnect = binding.connect

@@ -62,7 +62,7 @@ function main(argv) {
   let worker
   try {
     const cpuDevices = number('cpu-devices')
-    if (cpuDevices !== undefined && (!Number.isInteger(cpuDevices) || cpuDevices < 1)) {
+    if (cpuDevices !== undefined && (!Number.isSafeInteger(cpuDevices) || cpuDevices < 1 || cpuDevices > 4096)) {
       throw new colocated.InvalidArgumentError(`--cpu-devices takes a positive count, not ${text('cpu-devices')}`)
     }
     worker = binding._startWorker({
@@ -91,12 +91,10 @@ function main(argv) {
   }, 200)
   const stop = () => {
     clearInterval(alive)
-    try {
-      worker.shutdown()
-    } catch (err) {
+    worker.shutdown().catch((err) => {
       process.stderr.write(`colocated: ${err.message}\n`)
       process.exitCode = 1
-    }
+    })
   }
   process.once('SIGTERM', stop)
   process.once('SIGINT', stop)

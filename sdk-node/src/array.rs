@@ -152,7 +152,7 @@ impl Task for Gather {
 #[napi(object)]
 pub struct PutOptions {
     /// The shape (default: the data's: a typed array is flat).
-    pub shape: Option<Vec<i64>>,
+    pub shape: Option<Vec<f64>>,
     /// The element type (default: the data's: a typed array's element type,
     /// float32 for numbers, int64 for bigints, bool, string).
     pub dtype: Option<String>,
@@ -195,7 +195,7 @@ fn put(
     };
     let (shape, dtype) = match options {
         Some(o) => (
-            o.shape,
+            o.shape.map(|s| crate::convert::dims(&s)).transpose()?,
             o.dtype.map(|d| core::DType::from_name(&d)).transpose()?,
         ),
         None => (None, None),
@@ -238,10 +238,11 @@ fn is_nullish(value: &Unknown) -> bool {
 )]
 pub fn make_array_from_single_device_arrays(
     env: Env,
-    shape: Vec<i64>,
+    shape: Vec<f64>,
     sharding: Unknown,
     arrays: Vec<ClassInstance<ColocatedArray>>,
 ) -> napi::Result<ColocatedArray> {
+    let shape = crate::convert::dims(&shape).js(&env)?;
     let (client, sharding) = sharding_of(&env, &sharding).js(&env)?;
     let Some(first) = arrays.first() else {
         return Err(invalid("no arrays were given")).js(&env);

@@ -171,18 +171,19 @@ pub(crate) fn default_client() -> core::Result<core::Client> {
 pub struct ConfigureOptions {
     /// CPU devices of this process (default: `COLOCATED_NUM_CPU_DEVICES`,
     /// else the number of cores).
-    pub num_cpu_devices: Option<u32>,
+    pub num_cpu_devices: Option<f64>,
     /// Executor threads of this process (default: the number of cores).
-    pub executor_threads: Option<u32>,
+    pub executor_threads: Option<f64>,
 }
 
 /// Sets the options of the default client; call it before the first use.
 /// Throws `FailedPreconditionError` once the default client exists.
 #[napi]
 pub fn configure(env: Env, options: ConfigureOptions) -> napi::Result<()> {
+    let count = |name, v: Option<f64>| v.map(|v| crate::convert::count(name, v, 4096)).transpose();
     core::configure(core::ClientOptions {
-        num_cpu_devices: options.num_cpu_devices.map(|n| n as usize),
-        executor_threads: options.executor_threads.map(|n| n as usize),
+        num_cpu_devices: count("numCpuDevices", options.num_cpu_devices).js(&env)?,
+        executor_threads: count("executorThreads", options.executor_threads).js(&env)?,
         max_executor_threads: None,
     })
     .js(&env)
@@ -249,7 +250,7 @@ pub struct ConnectOptions {
     /// Makes the new client the default one (default true).
     pub default: Option<bool>,
     /// CPU devices of this process, with `includeLocal`.
-    pub num_cpu_devices: Option<u32>,
+    pub num_cpu_devices: Option<f64>,
 }
 
 /// Connecting to workers, on libuv's thread pool.
@@ -334,7 +335,10 @@ fn cluster_options(
     connect.tls_ca = tls_ca;
     connect.tls_domain = options.tls_domain;
     let local = core::ClientOptions {
-        num_cpu_devices: options.num_cpu_devices.map(|n| n as usize),
+        num_cpu_devices: options
+            .num_cpu_devices
+            .map(|n| crate::convert::count("numCpuDevices", n, 4096))
+            .transpose()?,
         ..Default::default()
     };
     Ok(core::ClusterOptions::uniform(

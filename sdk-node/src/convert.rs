@@ -23,6 +23,33 @@ pub enum HostData {
 /// value implies (a typed array may only be read as a type of its element
 /// size: a `Uint16Array` as `float16`/`bfloat16`, a `Uint8Array` as `bool`);
 /// `shape` reshapes a flat value (same number of elements).
+/// A shape given as JavaScript numbers: non-negative safe integers.
+pub fn dims(shape: &[f64]) -> core::Result<Vec<i64>> {
+    shape
+        .iter()
+        .map(|&d| {
+            if d.is_finite() && d >= 0.0 && d.fract() == 0.0 && d <= 9_007_199_254_740_991.0 {
+                Ok(d as i64)
+            } else {
+                Err(invalid(format!(
+                    "a shape holds non-negative integers, not {d} (in {shape:?})"
+                )))
+            }
+        })
+        .collect()
+}
+
+/// A count given as a JavaScript number: a positive integer of at most `max`.
+pub fn count(name: &str, value: f64, max: u32) -> core::Result<usize> {
+    if value.is_finite() && value >= 1.0 && value.fract() == 0.0 && value <= f64::from(max) {
+        Ok(value as usize)
+    } else {
+        Err(invalid(format!(
+            "{name} must be a positive integer of at most {max}, not {value}"
+        )))
+    }
+}
+
 pub fn read(
     value: &Unknown,
     dtype: Option<DType>,
@@ -124,6 +151,10 @@ fn is_detached(value: &Unknown) -> bool {
     }
 }
 
+/// The deepest nesting read (an array of higher rank, or a cycle, is refused
+/// before it can overflow the stack).
+pub const MAX_RANK: usize = 64;
+
 /// A scalar of a nested array.
 enum Leaf {
     Number(f64),
@@ -139,6 +170,11 @@ fn nested(
     shape: &mut Vec<usize>,
     out: &mut Vec<Leaf>,
 ) -> core::Result<()> {
+    if depth > MAX_RANK {
+        return Err(invalid(format!(
+            "arrays nest deeper than {MAX_RANK} (a cycle?)"
+        )));
+    }
     if !value.is_array().unwrap_or(false) {
         if shape.len() != depth {
             return Err(invalid("nested arrays are ragged"));

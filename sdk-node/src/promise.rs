@@ -9,6 +9,7 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::ptr;
+use std::sync::{Arc, RwLock};
 
 use colocated_core::{self as core, Event};
 use napi::bindgen_prelude::{Object, ToNapiValue};
@@ -36,6 +37,18 @@ unsafe impl Send for Settle {}
 struct Settler {
     tsfn: sys::napi_threadsafe_function,
     pending: Cell<usize>,
+    /// Set (under the write lock) when the environment finalizes the
+    /// function; callers hold the read lock while they call it, so none
+    /// calls a freed function.
+    closed: Arc<RwLock<bool>>,
+}
+
+/// The function's finalizer (the environment is going away): no more calls.
+unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
+    // SAFETY: `data` is the `Arc` leaked for this function in `settler`,
+    // finalized once.
+    let closed = unsafe { Arc::from_raw(data.cast::<RwLock<bool>>()) };
+    *closed.write().unwrap_or_else(|e| e.into_inner()) = true;
 }
 
 thread_local! {
@@ -51,6 +64,8 @@ fn settler(env: &Env) -> napi::Result<&'static Settler> {
     let mut name = ptr::null_mut();
     let mut tsfn = ptr::null_mut();
     let text = "colocated promise";
+    let closed = Arc::new(RwLock::new(false));
+    let finalize_data = Arc::into_raw(closed.clone()).cast_mut().cast::<c_void>();
     // SAFETY: plain napi calls on the JavaScript thread with valid out-pointers.
     unsafe {
         napi::check_status!(sys::napi_create_string_utf8(
@@ -66,8 +81,8 @@ fn settler(env: &Env) -> napi::Result<&'static Settler> {
             name,
             0,
             1,
-            ptr::null_mut(),
-            None,
+            finalize_data,
+            Some(finalize),
             ptr::null_mut(),
             Some(call_js),
             &mut tsfn,
@@ -78,6 +93,7 @@ fn settler(env: &Env) -> napi::Result<&'static Settler> {
     let settler: &'static Settler = Box::leak(Box::new(Settler {
         tsfn,
         pending: Cell::new(0),
+        closed,
     }));
     SETTLER.with(|s| s.set(Some(settler)));
     Ok(settler)
@@ -174,6 +190,7 @@ where
         settler.pending.set(settler.pending.get() + 1);
     }
     let tsfn = settler.tsfn as usize;
+    let closed = settler.closed.clone();
     // Carried as an address: the closure runs on another thread, which only
     // hands it back.
     let deferred = deferred as usize;
@@ -188,9 +205,15 @@ where
             outcome: status.map(|()| make),
             keep_alive,
         });
-        // SAFETY: the function lives for the thread's life (never released);
-        // a closing environment refuses the call, and the job is freed here.
+        // The function lives until its environment finalizes it; the read
+        // lock keeps that from happening during the call.
+        let closed = closed.read().unwrap_or_else(|e| e.into_inner());
+        if *closed {
+            return;
+        }
         let data = Box::into_raw(job);
+        // SAFETY: the function is alive (not finalized, see above); a closing
+        // environment refuses the call, and the job is then freed here.
         let status = unsafe {
             sys::napi_call_threadsafe_function(
                 tsfn as sys::napi_threadsafe_function,

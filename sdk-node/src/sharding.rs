@@ -91,6 +91,9 @@ fn flatten_devices(
     shape: &mut Vec<usize>,
     out: &mut Vec<Device>,
 ) -> core::Result<()> {
+    if depth > crate::convert::MAX_RANK {
+        return Err(invalid("the mesh's device arrays nest too deep (a cycle?)"));
+    }
     let is_array = value.is_array().unwrap_or(false);
     if !is_array {
         if depth == 0 {
@@ -402,7 +405,8 @@ impl ShapeDtypeStruct {
         constructor,
         ts_args_type = "shape: number[], dtype: string, sharding: NamedSharding | SingleDeviceSharding | Device"
     )]
-    pub fn new(env: Env, shape: Vec<i64>, dtype: String, sharding: Unknown) -> napi::Result<Self> {
+    pub fn new(env: Env, shape: Vec<f64>, dtype: String, sharding: Unknown) -> napi::Result<Self> {
+        let shape = crate::convert::dims(&shape).js(&env)?;
         let (client, sharding) = sharding_of(&env, &sharding).js(&env)?;
         let dtype = core::DType::from_name(&dtype).js(&env)?;
         let inner = core::ArraySpec::new(shape, dtype, sharding).js(&env)?;

@@ -7,7 +7,8 @@ use std::sync::Mutex;
 
 use colocated_core as core;
 use core::transport::worker::{FlagKind, Worker, WorkerFlags, WORKER_FLAGS};
-use napi::Env;
+use napi::bindgen_prelude::AsyncTask;
+use napi::{Env, Task};
 use napi_derive::napi;
 
 use crate::client::with_node;
@@ -87,14 +88,30 @@ impl WorkerHandle {
         worker.as_ref().is_some_and(Worker::idle_expired)
     }
 
-    /// Stops serving: ends every session (their objects are freed).
-    #[napi]
-    pub fn shutdown(&self, env: Env) -> napi::Result<()> {
+    /// Stops serving: ends every session (their objects are freed). Waits
+    /// off the event loop (programs in flight there may still finish).
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn shutdown(&self) -> AsyncTask<Shutdown> {
         let worker = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match worker {
-            Some(w) => w.shutdown().js(&env),
-            None => Ok(()),
-        }
+        AsyncTask::new(Shutdown { worker })
+    }
+}
+
+/// A worker's shutdown, on libuv's thread pool.
+pub struct Shutdown {
+    worker: Option<Worker>,
+}
+
+impl Task for Shutdown {
+    type Output = core::Result<()>;
+    type JsValue = ();
+
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        Ok(self.worker.take().map_or(Ok(()), Worker::shutdown))
+    }
+
+    fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<()> {
+        output.map_err(|e| crate::errors::to_js(&env, &e))
     }
 }
 

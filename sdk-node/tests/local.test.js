@@ -124,6 +124,13 @@ test('bad input gets typed errors', () => {
   invalid(() => new c.NamedSharding(new c.Mesh(c.devices(), ['x']), c.P('y')), /axis 'y'/)
   invalid(() => new c.Mesh([c.devices()[0], 3], ['x']), /expected a Device, got a number/)
   invalid(() => c.makeArrayFromSingleDeviceArrays([2], c.devices()[0], [{}]), /ColocatedArray|Array/)
+  // Numbers that are not what they stand for, and cycles.
+  invalid(() => c.devicePut(new Float32Array(4), null, { shape: [2.5, 2] }), /non-negative integers/)
+  invalid(() => new c.ShapeDtypeStruct([-1], 'float32', c.devices()[0]), /non-negative integers/)
+  const cycle = [0]
+  cycle[0] = cycle
+  invalid(() => c.devicePut(cycle), /nest deeper/)
+  invalid(() => new c.Mesh(cycle, ['x']), /nest too deep|expected a Device/)
 })
 
 test('a deleted array fails later uses with FailedPreconditionError', async () => {
@@ -162,6 +169,9 @@ test('native programs: compile, execute in order, serialize and load', async () 
   const failed = fails.execute([x])
   await assert.rejects(failed.done, c.FailedPreconditionError)
   await assert.rejects(failed.outputs[0].toTypedArray(), c.FailedPreconditionError)
+  // A failure nobody awaits `done` for does not end the process.
+  const unobserved = fails.execute([x]).outputs[0]
+  await assert.rejects(unobserved.ready(), c.FailedPreconditionError)
 })
 
 test('the event loop keeps turning during a 256 MiB put and gather', async () => {
