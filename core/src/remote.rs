@@ -30,6 +30,26 @@ use crate::transport::{StringDecoder, STRINGS_VERSION};
 /// still there.
 const LOST_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
+thread_local! {
+    /// Set while a caller runs [`without_waiting`].
+    static NO_WAITING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` so that the copies to workers it starts never wait for the
+/// network: each queues all of its chunks at once (holding a copy of the
+/// data until they are sent) instead of waiting for room. For a caller that
+/// must not block, such as an event loop: the call then costs a memory copy.
+pub fn without_waiting<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            NO_WAITING.set(self.0);
+        }
+    }
+    let _reset = Reset(NO_WAITING.replace(true));
+    f()
+}
+
 /// One worker host of a client.
 pub(crate) struct RemoteHost {
     pub session: RemoteSession,
@@ -89,8 +109,8 @@ impl RemoteHost {
     /// [`INFLIGHT_CHUNKS`](crate::transport::INFLIGHT_CHUNKS) chunks wait to be sent,
     /// and sent ones go back to a pool, so the copy overlaps the network and
     /// writes into warm memory. The wait for the network ends if the worker is
-    /// lost. (On a thread of the network runtime, which must not block,
-    /// nothing waits: every chunk is queued.)
+    /// lost. (On a thread of the network runtime, which must not block, and
+    /// inside [`without_waiting`], nothing waits: every chunk is queued.)
     pub fn upload_copy(
         self: &Arc<Self>,
         target: impl UploadTarget,
@@ -100,7 +120,7 @@ impl RemoteHost {
         let Some((handle, spec, done)) = self.start_upload(target) else {
             return;
         };
-        let may_block = tokio::runtime::Handle::try_current().is_err();
+        let may_block = tokio::runtime::Handle::try_current().is_err() && !NO_WAITING.get();
         let capacity = if may_block {
             crate::transport::INFLIGHT_CHUNKS
         } else {

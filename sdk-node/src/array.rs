@@ -172,7 +172,9 @@ pub fn device_put(
     sharding: Option<Unknown>,
     options: Option<PutOptions>,
 ) -> napi::Result<ColocatedArray> {
-    put(&env, &data, sharding.as_ref(), options).js(&env)
+    // The event loop must not wait for the network: copies to workers queue
+    // their chunks at once.
+    core::without_waiting(|| put(&env, &data, sharding.as_ref(), options)).js(&env)
 }
 
 fn put(
