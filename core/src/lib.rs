@@ -78,8 +78,8 @@ pub use executor::{
 pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
 pub use future::Event;
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
-pub use remote::without_waiting;
 pub use program::{Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
+pub use remote::without_waiting;
 pub use sharding::{Replica, Sharding};
 pub use spec::ArraySpec;
 pub use storage::HostMemory;
