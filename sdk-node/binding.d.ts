@@ -62,6 +62,12 @@ export declare class Client {
    */
   _hostLost(index: number): Promise<void>
   /**
+   * A new stream of this client: work queued on it runs in its order,
+   * concurrently with other streams' (`stream.run(fn)` makes it the
+   * stream of the calls `fn` makes, across its awaits).
+   */
+  createStream(): Stream
+  /**
    * Loads a plugin library into this process's host: its native functions
    * become programs of language `'native'` here. Returns their names.
    * Throws `InvalidArgumentError` for a library that is not a plugin.
@@ -142,7 +148,7 @@ export declare class FunctionState {
    * arguments' structure): run at once, on this thread's stream. Null
    * otherwise (then `call`). `objects`: the colocated objects the call uses.
    */
-  callCached(tree: number, inputs: Array<ColocatedArray>, objects?: Array<ObjectHandle> | undefined | null): CallResult | null
+  callCached(tree: number, inputs: Array<ColocatedArray>, objects?: Array<ObjectHandle> | undefined | null, stream?: Stream | undefined | null): CallResult | null
   /**
    * Any call: compiles a program for the declared outputs, or discovers
    * them by running the function once on every host of the call. Runs on
@@ -228,7 +234,7 @@ export declare class LoadedExecutable {
    * outputs at once. Throws `InvalidArgumentError` for arguments that do
    * not match the specs, `FailedPreconditionError` for a deleted one.
    */
-  execute(args: Array<ColocatedArray>): Execution
+  execute(args: Array<ColocatedArray>, stream?: Stream | undefined | null): Execution
   /** The program as bytes, for `deserializeAndLoad`. */
   serialize(): Buffer
 }
@@ -329,6 +335,12 @@ export declare class SingleDeviceSharding {
   toString(): string
 }
 
+/** An ordered queue of work of one client (see `Client.createStream`). */
+export declare class Stream {
+  /** Its id, unique in this process. */
+  get id(): number
+}
+
 /** A running worker. */
 export declare class WorkerHandle {
   /** `HOST:PORT` it listens on. */
@@ -387,6 +399,8 @@ export interface CallOptions {
   objects?: Array<ObjectHandle>
   /** The host callbacks the program may call, by index. */
   callbacks?: Array<HostCallback>
+  /** The stream the call queues on (default: the event loop's). */
+  stream?: Stream
 }
 
 /**
@@ -576,6 +590,11 @@ export interface PutOptions {
    * float32 for numbers, int64 for bigints, bool, string).
    */
   dtype?: string
+  /**
+   * The stream a copy of an Array queues on (default: the calling
+   * context's, see `Stream.run`).
+   */
+  stream?: Stream
 }
 
 /** One device's part of an array. */

@@ -849,6 +849,7 @@ module.exports.ObjectHandle = nativeBinding.ObjectHandle
 module.exports.PartitionSpec = nativeBinding.PartitionSpec
 module.exports.ShapeDtypeStruct = nativeBinding.ShapeDtypeStruct
 module.exports.SingleDeviceSharding = nativeBinding.SingleDeviceSharding
+module.exports.Stream = nativeBinding.Stream
 module.exports.WorkerHandle = nativeBinding.WorkerHandle
 module.exports._noop = nativeBinding._noop
 module.exports._setErrorFactory = nativeBinding._setErrorFactory

@@ -8,6 +8,7 @@
 const { AsyncLocalStorage } = require('node:async_hooks')
 const { isMainThread } = require('node:worker_threads')
 const errors = require('./errors.js')
+const streams = require('./streams.js')
 
 module.exports = function install(binding, exports) {
   const { ColocatedArray, FunctionState } = binding
@@ -285,17 +286,18 @@ module.exports = function install(binding, exports) {
   }
 
   // A call that compiles or discovers runs on libuv's pool; colocated calls
-  // made meanwhile (of any function) wait for it to queue its program, so
-  // that they keep the event loop's program order.
-  let tail = null
-  const follow = (pending) => {
+  // made meanwhile on its stream (of any function) wait for it to queue its
+  // program, so that they keep the stream's program order.
+  // One queue per stream (the event loop's: key null).
+  const tails = new Map()
+  const follow = (stream, pending) => {
     const settled = pending.then(
       () => {},
       () => {},
     )
-    tail = settled
+    tails.set(stream, settled)
     settled.then(() => {
-      if (tail === settled) tail = null
+      if (tails.get(stream) === settled) tails.delete(stream)
     })
   }
 
@@ -370,8 +372,9 @@ module.exports = function install(binding, exports) {
         return Promise.reject(err)
       }
       const key = treeKey(skeleton)
+      const stream = streams.current() ?? null
       const start = () => {
-        const hit = state.callCached(key, leaves, handles)
+        const hit = state.callCached(key, leaves, handles, stream ?? undefined)
         if (hit !== null) return finish(hit)
         let declared = null
         if (options.outSpecsFn) {
@@ -386,6 +389,7 @@ module.exports = function install(binding, exports) {
           payload,
           objects: handles ?? undefined,
           callbacks: options.hostCallbacks ?? undefined,
+          stream: stream ?? undefined,
         }
         return state.call(key, leaves, callOptions).then(finish)
       }
@@ -394,15 +398,16 @@ module.exports = function install(binding, exports) {
         result.done?.catch(() => {})
         return unflatten(JSON.parse(result.structure), result.outputs)
       }
-      if (tail !== null) {
+      const tail = tails.get(stream)
+      if (tail !== undefined) {
         const queued = tail.then(start)
-        follow(queued)
+        follow(stream, queued)
         return queued
       }
       try {
         const result = start()
         if (result instanceof Promise) {
-          follow(result)
+          follow(stream, result)
           return result
         }
         return Promise.resolve(result)

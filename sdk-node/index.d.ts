@@ -3,7 +3,7 @@
 // adds what index.js defines: the error classes, `P`, `blockUntilReady`, and
 // `Array` as the name of `ColocatedArray` (as JAX's `jax.Array`).
 
-import type { ColocatedArray, Device, Host, HostCallback, PartitionSpec, TypedArray } from './binding'
+import type { ColocatedArray, Device, Host, HostCallback, PartitionSpec, Stream, TypedArray } from './binding'
 
 export type {
   ConfigureOptions,
@@ -55,8 +55,15 @@ declare module './binding' {
     signal?: AbortSignal
   }
   interface LoadedExecutable {
-    /** `signal` aborts the wait of `done` (the execution goes on). */
-    execute(args: Array<ColocatedArray>, options?: { signal?: AbortSignal }): Execution
+    /**
+     * `signal` aborts the wait of `done` (the execution goes on); `stream`
+     * (default: the calling context's, see `Stream.run`) orders it.
+     */
+    execute(args: Array<ColocatedArray>, options?: { signal?: AbortSignal; stream?: Stream }): Execution
+  }
+  interface Stream {
+    /** Runs `fn` with this stream as the stream of every call it makes (across its awaits). */
+    run<T>(fn: () => T): T
   }
   interface Client {
     /**

@@ -5,6 +5,7 @@
 const { EventEmitter } = require('node:events')
 const binding = require('./binding.js')
 const errors = require('./errors.js')
+const streams = require('./streams.js')
 
 binding._setErrorFactory(errors.fromCore)
 
@@ -44,6 +45,7 @@ function guardClass(cls) {
 const CLASSES = [
   'ColocatedArray',
   'HostCallback',
+  'Stream',
   'Client',
   'Device',
   'LoadedExecutable',
@@ -125,7 +127,7 @@ binding.ColocatedArray.prototype.toTypedArray = function (options) {
 }
 const nativeExecute = binding.LoadedExecutable.prototype.execute
 binding.LoadedExecutable.prototype.execute = function (args, options) {
-  const run = nativeExecute.call(this, args)
+  const run = nativeExecute.call(this, args, options?.stream ?? streams.current())
   // Failures show in the outputs too; an unobserved `done` must not end the
   // process (whoever awaits it still gets the error).
   run.done.catch(() => {})
@@ -135,7 +137,8 @@ const nativeConnect = binding.connect
 binding.connect = (addresses, options) => abortable(nativeConnect(addresses, options), options?.signal)
 const nativeDevicePut = binding.devicePut
 binding.devicePut = (data, sharding, options) => {
-  const array = nativeDevicePut(data, sharding, options)
+  const stream = options?.stream ?? streams.current()
+  const array = nativeDevicePut(data, sharding, stream === undefined ? options : { ...options, stream })
   const signal = options?.signal
   if (signal !== undefined && signal !== null) {
     if (!(signal instanceof AbortSignal)) throw new errors.InvalidArgumentError('signal must be an AbortSignal')
@@ -153,6 +156,15 @@ binding.devicePut = (data, sharding, options) => {
     }
   }
   return array
+}
+
+/**
+ * Runs `fn` with this stream as the stream of every call it makes (across its
+ * awaits): those calls keep their order on it, and run concurrently with
+ * other streams' work. Returns what `fn` returns.
+ */
+binding.Stream.prototype.run = function (fn) {
+  return streams.context.run(this, fn)
 }
 
 for (const name of CLASSES) module.exports[name] = guardClass(binding[name])

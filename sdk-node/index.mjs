@@ -4,6 +4,7 @@ import pkg from './index.js'
 const {
   ColocatedArray,
   HostCallback,
+  Stream,
   Client,
   Device,
   LoadedExecutable,
@@ -81,6 +82,7 @@ export {
   ResourceExhaustedError,
   ShapeDtypeStruct,
   SingleDeviceSharding,
+  Stream,
   UnauthenticatedError,
   UnavailableError,
   UnimplementedError,

@@ -6,7 +6,7 @@ use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either, FromNapiValue, Obj
 use napi::{Env, JsValue, Task};
 use napi_derive::napi;
 
-use crate::client::Device;
+use crate::client::{on_stream, Device, Stream};
 use crate::convert::{gather, read, Gathered, HostData};
 use crate::errors::{invalid, to_js, OrThrow};
 use crate::promise::settle;
@@ -149,13 +149,16 @@ impl Task for Gather {
 }
 
 /// Options of `devicePut`.
-#[napi(object)]
-pub struct PutOptions {
+#[napi(object, object_to_js = false)]
+pub struct PutOptions<'a> {
     /// The shape (default: the data's: a typed array is flat).
     pub shape: Option<Vec<f64>>,
     /// The element type (default: the data's: a typed array's element type,
     /// float32 for numbers, int64 for bigints, bool, string).
     pub dtype: Option<String>,
+    /// The stream a copy of an Array queues on (default: the calling
+    /// context's, see `Stream.run`).
+    pub stream: Option<ClassInstance<'a, Stream>>,
 }
 
 /// Puts `data` on devices: a typed array, a number, bigint, boolean or
@@ -174,7 +177,16 @@ pub fn device_put(
 ) -> napi::Result<ColocatedArray> {
     // The event loop must not wait for the network: copies to workers queue
     // their chunks at once.
-    core::without_waiting(|| put(&env, &data, sharding.as_ref(), options)).js(&env)
+    let stream = options
+        .as_ref()
+        .and_then(|o| o.stream.as_ref())
+        .map(|s| Stream {
+            inner: s.inner.clone(),
+        });
+    on_stream(stream.as_ref(), || {
+        core::without_waiting(|| put(&env, &data, sharding.as_ref(), options))
+    })
+    .js(&env)
 }
 
 fn put(

@@ -63,6 +63,29 @@ impl Device {
     }
 }
 
+/// An ordered queue of work of one client (see `Client.createStream`).
+#[napi]
+pub struct Stream {
+    pub(crate) inner: core::Stream,
+}
+
+#[napi]
+impl Stream {
+    /// Its id, unique in this process.
+    #[napi(getter)]
+    pub fn id(&self) -> i64 {
+        self.inner.id() as i64
+    }
+}
+
+/// Runs `f` with `stream` (if any) as the calling thread's stream.
+pub(crate) fn on_stream<R>(stream: Option<&Stream>, f: impl FnOnce() -> R) -> R {
+    match stream {
+        Some(s) => core::with_stream(&s.inner, f),
+        None => f(),
+    }
+}
+
 /// A host of a client: the controller's process or a worker.
 #[napi(object)]
 pub struct Host {
@@ -140,6 +163,16 @@ impl Client {
     pub fn host_lost<'e>(&self, env: &'e Env, index: u32) -> napi::Result<Object<'e>> {
         let lost = self.inner.host_lost(index as usize).js(env)?;
         settle_weak(env, &lost, |_| Ok(()))
+    }
+
+    /// A new stream of this client: work queued on it runs in its order,
+    /// concurrently with other streams' (`stream.run(fn)` makes it the
+    /// stream of the calls `fn` makes, across its awaits).
+    #[napi]
+    pub fn create_stream(&self) -> Stream {
+        Stream {
+            inner: self.inner.create_stream(),
+        }
     }
 
     /// Loads a plugin library into this process's host: its native functions

@@ -8,7 +8,7 @@ use napi_derive::napi;
 
 use crate::array::ColocatedArray;
 use crate::callback::HostCallback;
-use crate::client::{Client, Device};
+use crate::client::{Client, Device, Stream};
 use crate::errors::{invalid, to_js, OrThrow};
 use crate::promise::settle;
 use crate::sharding::ShapeDtypeStruct;
@@ -212,12 +212,13 @@ impl LoadedExecutable {
         &self,
         env: &'e Env,
         args: Vec<ClassInstance<ColocatedArray>>,
+        stream: Option<ClassInstance<Stream>>,
     ) -> napi::Result<Execution<'e>> {
         let args: Vec<core::Array> = args.iter().map(|a| a.inner.clone()).collect();
-        let run = self
-            .inner
-            .execute(&args, &core::ExecuteOptions::default())
-            .js(env)?;
+        let options = core::ExecuteOptions {
+            stream: stream.map(|s| s.inner.clone()),
+        };
+        let run = self.inner.execute(&args, &options).js(env)?;
         let done = settle(env, &run.status, |_| Ok(()))?;
         let outputs = run
             .outputs

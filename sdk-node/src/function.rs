@@ -13,7 +13,7 @@ use napi_derive::napi;
 
 use crate::array::ColocatedArray;
 use crate::callback::HostCallback;
-use crate::client::Device;
+use crate::client::{on_stream, Device, Stream};
 use crate::errors::{invalid, to_js, OrThrow};
 use crate::program::LANGUAGE;
 use crate::promise::settle;
@@ -100,6 +100,8 @@ pub struct CallOptions<'a> {
     pub objects: Option<Vec<ClassInstance<'a, ObjectHandle>>>,
     /// The host callbacks the program may call, by index.
     pub callbacks: Option<Vec<ClassInstance<'a, HostCallback>>>,
+    /// The stream the call queues on (default: the event loop's).
+    pub stream: Option<ClassInstance<'a, Stream>>,
 }
 
 /// The outputs `outSpecsFn` declares: the leaves' specs and the tree.
@@ -147,16 +149,19 @@ impl FunctionState {
         tree: u32,
         inputs: Vec<ClassInstance<ColocatedArray>>,
         objects: Option<Vec<ClassInstance<ObjectHandle>>>,
+        stream: Option<ClassInstance<Stream>>,
     ) -> napi::Result<Option<CallResult<'e>>> {
         let (client, arrays) = self.arguments(&inputs).js(env)?;
         let spec = call_spec(tree, &arrays);
         let objects = live_objects(objects.as_deref()).js(env)?;
         let refs: Vec<&core::ColocatedObject> = objects.iter().map(|o| o.as_ref()).collect();
-        let Some(call) = self
-            .inner
-            .call_cached(&client, &spec, &arrays, &refs)
-            .js(env)?
-        else {
+        let stream = stream.map(|s| Stream {
+            inner: s.inner.clone(),
+        });
+        let called = on_stream(stream.as_ref(), || {
+            self.inner.call_cached(&client, &spec, &arrays, &refs)
+        });
+        let Some(call) = called.js(env)? else {
             return Ok(None);
         };
         let done = match &call.status {
@@ -194,9 +199,13 @@ impl FunctionState {
             let specs = d.specs.iter().map(|s| s.inner.clone()).collect();
             (specs, d.structure)
         });
+        let stream = match &options.stream {
+            Some(s) => s.inner.clone(),
+            None => client.current_stream(),
+        };
         Ok(AsyncTask::new(Call {
             function: self.inner.clone(),
-            stream: client.current_stream(),
+            stream,
             spec: call_spec(tree, &arrays),
             inputs: arrays,
             site: Site {

@@ -202,3 +202,40 @@ test('the event loop keeps turning while a long program runs', async () => {
   clearInterval(timer)
   assert.ok(ticks - before > 10, `${ticks - before} ticks during a 200 ms program`)
 })
+
+test('streams: order within one, concurrency across them', async () => {
+  const x = c.devicePut(new Int32Array([1]), c.devices()[0])
+  const spec = (v) => v
+  globalThis.events = []
+  const slow = c
+    .colocated(async (v) => {
+      globalThis.events.push('slow start')
+      await new Promise((resolve) => setTimeout(resolve, 300))
+      globalThis.events.push('slow end')
+      return v
+    })
+    .specialize({ outSpecsFn: spec })
+  const fast = c
+    .colocated((v) => {
+      globalThis.events.push('fast')
+      return v
+    })
+    .specialize({ outSpecsFn: spec })
+  // Compiled once (declared outputs, no discovery runs), then measured.
+  await (await slow(x)).ready()
+  await (await fast(x)).ready()
+  globalThis.events = []
+  const client = c.client()
+  const [a, b] = [client.createStream(), client.createStream()]
+  assert.notEqual(a.id, b.id)
+  // On one stream: the fast call waits for the slow one.
+  const onA = await a.run(async () => [await slow(x), await fast(x)])
+  await c.blockUntilReady(onA)
+  assert.deepEqual(globalThis.events, ['slow start', 'slow end', 'fast'])
+  // On two streams: the fast one runs while the slow one waits.
+  globalThis.events = []
+  const slowOnA = await a.run(() => slow(x))
+  const fastOnB = await b.run(() => fast(x))
+  await c.blockUntilReady([slowOnA, fastOnB])
+  assert.deepEqual(globalThis.events, ['slow start', 'fast', 'slow end'])
+})
