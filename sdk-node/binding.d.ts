@@ -595,6 +595,12 @@ export interface PutOptions {
    * context's, see `Stream.run`).
    */
   stream?: Stream
+  /**
+   * Called with `(bytes done, bytes in all)` as the bytes that go to
+   * workers travel (on the event loop, after the fact; a put within this
+   * process reports nothing).
+   */
+  onProgress?: (done: number, total: number) => void
 }
 
 /** One device's part of an array. */

@@ -162,26 +162,14 @@ impl Array {
             .iter()
             .map(|b| b.on_host_size().map(|s| s as u64))
             .collect::<Result<_>>()?;
-        let total: u64 = sizes.iter().sum();
-        let done: Arc<Vec<std::sync::atomic::AtomicU64>> =
-            Arc::new(sizes.iter().map(|_| Default::default()).collect());
+        let reports = shard_progress(progress, &sizes);
         let buffers = self
             .0
             .buffers
             .iter()
             .zip(spec.sharding.devices())
-            .enumerate()
-            .map(|(i, (b, d))| {
-                let report = progress.clone().map(|progress| {
-                    let done = done.clone();
-                    Arc::new(move |bytes: u64, _of: u64| {
-                        use std::sync::atomic::Ordering::Relaxed;
-                        done[i].store(bytes, Relaxed);
-                        progress(done.iter().map(|d| d.load(Relaxed)).sum(), total);
-                    }) as Progress
-                });
-                b.copy_to_device_with_progress(d, report)
-            })
+            .zip(reports)
+            .map(|((b, d), report)| b.copy_to_device_with_progress(d, report))
             .collect::<Result<Vec<_>>>()?;
         Ok(Array::from_parts(spec, buffers))
     }
@@ -205,6 +193,20 @@ impl Array {
         spec: ArraySpec,
         memory_kind: Option<MemoryKind>,
     ) -> Result<Array> {
+        Array::from_host_bytes_with_progress(client, data, spec, memory_kind, None)
+    }
+
+    /// [`from_host_bytes_in`](Self::from_host_bytes_in), reporting
+    /// `progress(bytes done, bytes in all)` on network threads as the shards
+    /// that go to workers travel (over all of them; shards of this host
+    /// report nothing).
+    pub fn from_host_bytes_with_progress(
+        client: &Client,
+        data: &[u8],
+        spec: ArraySpec,
+        memory_kind: Option<MemoryKind>,
+        progress: Option<Progress>,
+    ) -> Result<Array> {
         let elem = spec
             .dtype
             .byte_size()
@@ -219,13 +221,23 @@ impl Array {
         }
         let shard = spec.sharding.shard_shape(&spec.shape)?;
         let shard_bytes = checked_byte_size(spec.dtype, &shard)?;
-        let mut buffers = Vec::with_capacity(spec.sharding.devices().len());
-        for (pos, device) in spec.sharding.devices().iter().enumerate() {
+        let devices = spec.sharding.devices();
+        let remote: Vec<u64> = devices
+            .iter()
+            .map(|d| match client.remote(d.host_index()) {
+                Some(_) => shard_bytes as u64,
+                None => 0,
+            })
+            .collect();
+        let mut reports = shard_progress(progress, &remote).into_iter();
+        let mut buffers = Vec::with_capacity(devices.len());
+        for (pos, device) in devices.iter().enumerate() {
             let memory = memory_space(device, memory_kind)?;
+            let report = reports.next().flatten();
             if shard_bytes == data.len() {
                 // The shard is the whole array (one device, or replicated).
-                buffers.push(Buffer::from_bytes_in(
-                    client, data, spec.dtype, &shard, device, memory,
+                buffers.push(Buffer::from_bytes_reporting(
+                    client, data, spec.dtype, &shard, device, memory, report,
                 )?);
                 continue;
             }
@@ -239,8 +251,8 @@ impl Array {
                 elem,
                 Direction::GlobalToShard,
             );
-            buffers.push(Buffer::from_bytes_in(
-                client, &bytes, spec.dtype, &shard, device, memory,
+            buffers.push(Buffer::from_bytes_reporting(
+                client, &bytes, spec.dtype, &shard, device, memory, report,
             )?);
         }
         // Made here to fit `spec`: one buffer per device, of the shard's shape.
@@ -433,6 +445,31 @@ impl Array {
         }
         Ok(out)
     }
+}
+
+/// One progress report per shard (of `sizes` bytes each; 0: it reports
+/// nothing) that adds up the shards' bytes into `progress(done, in all)`.
+fn shard_progress(progress: Option<Progress>, sizes: &[u64]) -> Vec<Option<Progress>> {
+    let Some(progress) = progress else {
+        return vec![None; sizes.len()];
+    };
+    let total: u64 = sizes.iter().sum();
+    let done: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new(sizes.iter().map(|_| Default::default()).collect());
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            (size > 0).then(|| {
+                let (done, progress) = (done.clone(), progress.clone());
+                Arc::new(move |bytes: u64, _of: u64| {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    done[i].store(bytes, Relaxed);
+                    progress(done.iter().map(|d| d.load(Relaxed)).sum(), total);
+                }) as Progress
+            })
+        })
+        .collect()
 }
 
 /// `device`'s memory space of `kind` (None: its default one).

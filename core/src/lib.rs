@@ -76,7 +76,7 @@ pub use executor::{
     LoadedProgram, NativeFn, OutputShard, SessionKey,
 };
 pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
-pub use future::Event;
+pub use future::{Event, Progress};
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
 pub use program::{Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
 pub use remote::without_waiting;

@@ -263,6 +263,38 @@ fn deleting_an_array_frees_its_shards_on_the_workers() {
 }
 
 #[test]
+fn a_put_of_host_bytes_reports_the_bytes_that_go_to_workers() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    // One local device and one on each worker: 3 shards of 4 int32.
+    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let spec = sharded_over(&client, 12);
+    let values: Vec<i32> = (0..12).collect();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let progress: colocated_core::Progress = Arc::new(move |done: u64, total: u64| {
+        record.lock().unwrap().push((done, total));
+    });
+    let x = Array::from_host_bytes_with_progress(
+        &client,
+        &i32_bytes(&values),
+        spec,
+        None,
+        Some(progress),
+    )
+    .unwrap();
+    assert_eq!(i32_values(&x.to_host_bytes().unwrap()), values);
+    let seen = seen.lock().unwrap();
+    // The two workers' shards (16 bytes each); the local one reports nothing.
+    assert!(seen.iter().all(|&(_, total)| total == 32), "{seen:?}");
+    assert_eq!(
+        seen.iter().map(|&(done, _)| done).max(),
+        Some(32),
+        "{seen:?}"
+    );
+}
+
+#[test]
 fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);

@@ -2,7 +2,10 @@
 //! assembled from single-device arrays.
 
 use colocated_core as core;
-use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either, FromNapiValue, Object, Unknown};
+use napi::bindgen_prelude::{
+    AsyncTask, ClassInstance, Either, FnArgs, FromNapiValue, Function, Object, Unknown,
+};
+use napi::threadsafe_function::ThreadsafeFunctionCallMode;
 use napi::{Env, JsValue, Task};
 use napi_derive::napi;
 
@@ -159,6 +162,32 @@ pub struct PutOptions<'a> {
     /// The stream a copy of an Array queues on (default: the calling
     /// context's, see `Stream.run`).
     pub stream: Option<ClassInstance<'a, Stream>>,
+    /// Called with `(bytes done, bytes in all)` as the bytes that go to
+    /// workers travel (on the event loop, after the fact; a put within this
+    /// process reports nothing).
+    #[napi(ts_type = "(done: number, total: number) => void")]
+    pub on_progress: Option<Function<'a, FnArgs<(f64, f64)>, Unknown<'static>>>,
+}
+
+/// `onProgress` as core's progress callback (called on network threads; the
+/// calls reach the event loop without waiting, and do not keep it alive).
+fn progress_of(
+    f: Option<&Function<FnArgs<(f64, f64)>, Unknown<'static>>>,
+) -> napi::Result<Option<core::Progress>> {
+    let Some(f) = f else {
+        return Ok(None);
+    };
+    let tsfn = f
+        .build_threadsafe_function::<FnArgs<(f64, f64)>>()
+        .callee_handled::<false>()
+        .weak::<true>()
+        .build()?;
+    Ok(Some(std::sync::Arc::new(move |done: u64, total: u64| {
+        let _ = tsfn.call(
+            FnArgs::from((done as f64, total as f64)),
+            ThreadsafeFunctionCallMode::NonBlocking,
+        );
+    })))
 }
 
 /// Puts `data` on devices: a typed array, a number, bigint, boolean or
@@ -207,6 +236,8 @@ fn put(
             (client, core::Sharding::single_device(device))
         }
     };
+    let progress = progress_of(options.as_ref().and_then(|o| o.on_progress.as_ref()))
+        .map_err(|e| invalid(format!("onProgress: {}", e.reason)))?;
     let (shape, dtype) = match options {
         Some(o) => (
             o.shape.map(|s| crate::convert::dims(&s)).transpose()?,
@@ -224,14 +255,14 @@ fn put(
                 "devicePut of an Array takes no shape or dtype: it keeps the array's",
             ));
         }
-        let inner = array.inner.copy_to_sharding(sharding, None)?;
+        let inner = array.inner.copy_to_sharding(sharding, progress)?;
         return Ok(ColocatedArray { client, inner });
     }
     let (shape, host) = read(data, dtype, shape)?;
     let inner = match host {
         HostData::Dense(dtype, bytes) => {
             let spec = core::ArraySpec::new(shape, dtype, sharding)?;
-            core::Array::from_host_bytes(&client, &bytes, spec)?
+            core::Array::from_host_bytes_with_progress(&client, &bytes, spec, None, progress)?
         }
         HostData::Strings(strings) => {
             let spec = core::ArraySpec::new(shape, core::DType::String, sharding)?;

@@ -118,6 +118,26 @@ test('the event loop keeps turning during a 256 MiB put to a worker and back', a
   x.delete()
 })
 
+test('onProgress follows the bytes that go to workers', async () => {
+  const reports = []
+  const n = 4 << 20 // 16 MiB of float32 over three workers
+  const sharding = over([0, 2, 4].map((i) => client.devices()[i]))
+  const x = c.devicePut(new Float32Array(n * 3), sharding, { onProgress: (done, total) => reports.push([done, total]) })
+  await x.ready()
+  // Reports come after the fact, on the event loop: wait for the last.
+  const total = n * 3 * 4
+  const deadline = Date.now() + 5000
+  while (!reports.some(([done]) => done === total) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 10))
+  assert.ok(reports.length > 1, `${reports.length} reports`)
+  assert.ok(
+    reports.every(([done, all]) => all === total && done <= total),
+    JSON.stringify(reports.slice(0, 3)),
+  )
+  assert.ok(reports.some(([done]) => done === total))
+  assert.throws(() => c.devicePut([1], null, { onProgress: 3 }), c.InvalidArgumentError)
+  x.delete()
+})
+
 test('kill -9 of a worker fails its pending work with UnavailableError, fast', async () => {
   const spare = await startWorker({ devices: 1, token })
   const other = await startWorker({ devices: 1, token })

@@ -235,6 +235,36 @@ impl Buffer {
         memory_space: Option<&MemorySpace>,
         semantics: HostBufferSemantics,
     ) -> Result<(Buffer, Event)> {
+        Buffer::from_host_reporting(
+            client,
+            data,
+            len,
+            dtype,
+            dims,
+            device,
+            memory_space,
+            semantics,
+            None,
+        )
+    }
+
+    /// [`from_host_raw`](Self::from_host_raw), with `progress` of a copy to
+    /// a worker.
+    ///
+    /// # Safety
+    /// As [`from_host_raw`](Self::from_host_raw).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn from_host_reporting(
+        client: &Client,
+        data: *const u8,
+        len: usize,
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+        memory_space: Option<&MemorySpace>,
+        semantics: HostBufferSemantics,
+        progress: Option<Progress>,
+    ) -> Result<(Buffer, Event)> {
         if dtype == DType::String {
             return Err(Error::invalid_argument(
                 "string buffers are made from strings, not bytes",
@@ -264,7 +294,7 @@ impl Buffer {
             // Copied during the call (on its way to a worker, whatever the
             // semantics: chunk by chunk while the chunks already copied travel).
             let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
-            host.put_copy(&buffer, src, None);
+            host.put_copy(&buffer, src, progress);
             return Ok((buffer, Event::ready_ok()));
         }
         let done = Event::new();
@@ -344,6 +374,36 @@ impl Buffer {
                 device,
                 memory_space,
                 HostBufferSemantics::ImmutableOnlyDuringCall,
+            )
+        }
+        .map(|(b, _)| b)
+    }
+
+    /// [`from_bytes_in`](Self::from_bytes_in), reporting `progress(bytes
+    /// sent, bytes in all)` on a network thread while a copy to a worker
+    /// travels (a copy within this host reports nothing).
+    pub(crate) fn from_bytes_reporting(
+        client: &Client,
+        data: &[u8],
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+        memory_space: Option<&MemorySpace>,
+        progress: Option<Progress>,
+    ) -> Result<Buffer> {
+        // SAFETY: `data` is a valid slice for the duration of the call, and the
+        // semantics copy it during the call.
+        unsafe {
+            Buffer::from_host_reporting(
+                client,
+                data.as_ptr(),
+                data.len(),
+                dtype,
+                dims,
+                device,
+                memory_space,
+                HostBufferSemantics::ImmutableOnlyDuringCall,
+                progress,
             )
         }
         .map(|(b, _)| b)
