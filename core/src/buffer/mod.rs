@@ -362,21 +362,7 @@ impl Buffer {
         device: &Device,
         memory_space: Option<&MemorySpace>,
     ) -> Result<Buffer> {
-        // SAFETY: `data` is a valid slice for the duration of the call, and the
-        // semantics copy it during the call.
-        unsafe {
-            Buffer::from_host_raw(
-                client,
-                data.as_ptr(),
-                data.len(),
-                dtype,
-                dims,
-                device,
-                memory_space,
-                HostBufferSemantics::ImmutableOnlyDuringCall,
-            )
-        }
-        .map(|(b, _)| b)
+        Buffer::from_bytes_reporting(client, data, dtype, dims, device, memory_space, None)
     }
 
     /// [`from_bytes_in`](Self::from_bytes_in), reporting `progress(bytes
