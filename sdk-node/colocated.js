@@ -450,6 +450,8 @@ module.exports = function install(binding, exports) {
       #handle = new binding.ObjectHandle()
       #args
       #calls = new Map()
+      #submitting = new Set()
+      #disposed = false
       constructor(...args) {
         this.#args = JSON.parse(JSON.stringify(args))
       }
@@ -462,11 +464,28 @@ module.exports = function install(binding, exports) {
           call = caller(state, {}, methodOptions, { handle: this.#handle, payload })
           this.#calls.set(method, call)
         }
-        return call(...args)
+        if (this.#disposed) {
+          return Promise.reject(new errors.FailedPreconditionError(`object ${this.#handle.id} was disposed`))
+        }
+        // Until it reaches the runtime (a call may wait behind one that
+        // compiles), dispose() waits for it.
+        const made = call(...args)
+        const submitted = made.then(
+          () => {},
+          () => {},
+        )
+        this.#submitting.add(submitted)
+        submitted.then(() => this.#submitting.delete(submitted))
+        return made
       }
-      /** Destroys the object on every host now (after the calls made on it). */
+      /**
+       * Destroys the object on every host, after the calls made on it (those
+       * still waiting to be submitted too); later calls fail.
+       */
       dispose() {
-        this.#handle.dispose()
+        this.#disposed = true
+        if (this.#submitting.size === 0) this.#handle.dispose()
+        else Promise.all(this.#submitting).then(() => this.#handle.dispose())
       }
       [Symbol.dispose]() {
         this.dispose()

@@ -56,6 +56,19 @@ test('an object is built once on its host, keeps its state across calls, and is 
   other.dispose()
 })
 
+test('dispose() right after calls still waiting to be submitted lets them run first', async () => {
+  const Remote = c.colocatedClass(Accumulator)
+  const acc = new Remote(0)
+  const x = c.devicePut(new Int32Array([1]), c.devices()[0])
+  // The first call discovers (off the event loop); the second waits behind it.
+  const first = acc.add(x)
+  const second = acc.add(x)
+  acc.dispose()
+  assert.deepEqual(Array.from(await (await first).toTypedArray()), [1])
+  assert.deepEqual(Array.from(await (await second).toTypedArray()), [2])
+  await assert.rejects(acc.add(x), (e) => e instanceof c.FailedPreconditionError && /disposed/.test(e.message))
+})
+
 test('a constructor’s error is thrown again by every call, and the constructor runs once', async () => {
   globalThis.attempts = 0
   class Broken {
