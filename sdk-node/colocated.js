@@ -98,9 +98,10 @@ module.exports = function install(binding, exports) {
     return fn
   }
 
-  // Objects of colocated classes kept on this host: by `session:id`, a
+  // Objects of colocated classes kept on this host: by session, then id, a
   // Promise of {value} or {error} (the constructor's error, thrown again to
-  // every call). Core tells the forgetter when one goes.
+  // every call: it lives here, not in core's store, because a JavaScript
+  // object cannot leave its thread). Core tells the forgetter when one goes.
   const objects = new Map()
   const dispose = (entry) =>
     entry.then((built) => {
@@ -111,20 +112,27 @@ module.exports = function install(binding, exports) {
   // runner); a worker thread that loads the package drives, it does not host.
   const setForgetter = isMainThread ? binding._setForgetter : () => {}
   setForgetter((job) => {
-    for (const [key, entry] of objects) {
-      const [session, id] = key.split(':')
-      if (session === job.session && (job.object === null || job.object === undefined || id === job.object)) {
-        objects.delete(key)
-        dispose(entry).catch(() => {})
-      }
+    const kept = objects.get(job.session)
+    if (kept === undefined) return
+    const ids = job.object === null || job.object === undefined ? [...kept.keys()] : [job.object]
+    for (const id of ids) {
+      const entry = kept.get(id)
+      if (entry === undefined) continue
+      kept.delete(id)
+      dispose(entry).catch(() => {})
     }
+    if (kept.size === 0) objects.delete(job.session)
   })
 
   /** The object a method call runs on: built on its first call here. */
   function hostObject(call, object) {
     call.holdObject(object.id)
-    const key = `${call.session}:${object.id}`
-    let entry = objects.get(key)
+    let kept = objects.get(call.session)
+    if (kept === undefined) {
+      kept = new Map()
+      objects.set(call.session, kept)
+    }
+    let entry = kept.get(object.id)
     if (entry === undefined) {
       entry = (async () => {
         try {
@@ -134,7 +142,7 @@ module.exports = function install(binding, exports) {
           return { error }
         }
       })()
-      objects.set(key, entry)
+      kept.set(object.id, entry)
     }
     return entry
   }

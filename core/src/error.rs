@@ -56,6 +56,12 @@ impl ErrorCode {
         ErrorCode::ALL.iter().copied().find(|c| *c as u32 == value)
     }
 
+    /// The code named `name` (as [`name`](Self::name) gives it); `None`
+    /// for any other text.
+    pub fn from_name(name: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.iter().copied().find(|c| c.name() == name)
+    }
+
     /// The canonical lower-case name (`"invalid_argument"`).
     pub fn name(self) -> &'static str {
         match self {
@@ -284,6 +290,15 @@ mod tests {
         assert_eq!(group(999), "999");
         assert_eq!(group(1000), "1,000");
         assert_eq!(group(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn every_code_is_found_by_its_name_and_nothing_else_is() {
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::from_name(code.name()), Some(code));
+        }
+        assert_eq!(ErrorCode::from_name("Invalid_Argument"), None);
+        assert_eq!(ErrorCode::from_name(""), None);
     }
 
     #[test]

@@ -71,7 +71,7 @@ pub(crate) fn user_error(
     code: Option<String>,
 ) -> core::Error {
     let code = code
-        .and_then(|c| core::ErrorCode::ALL.into_iter().find(|k| k.name() == c))
+        .and_then(|c| core::ErrorCode::from_name(&c))
         .unwrap_or(core::ErrorCode::Internal);
     let err = core::Error::new(code, message);
     match stack {
