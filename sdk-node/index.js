@@ -71,7 +71,8 @@ const FUNCTIONS = [
 // AbortSignal: a wait given `{signal}` (ready, toTypedArray, blockUntilReady,
 // connect, execute's done) rejects when the signal aborts, with
 // CancelledError (DeadlineExceededError for AbortSignal.timeout), while the
-// work itself goes on; a devicePut given one deletes its array on abort.
+// work itself goes on; a devicePut given one deletes its array on abort,
+// which stops its transfers to workers on the wire.
 function abortError(signal) {
   const reason = signal.reason
   const message = reason instanceof Error ? reason.message : 'the operation was aborted'
@@ -109,20 +110,30 @@ function abortable(promise, signal) {
 const aborted = new WeakMap()
 const nativeReady = binding.ColocatedArray.prototype.ready
 const nativeGather = binding.ColocatedArray.prototype.toTypedArray
+// An aborted devicePut's waits fail with the abort's reason, also when they
+// began before it (the stopped transfer's own error says less).
+function abortedWhy(array) {
+  return (err) => {
+    throw aborted.get(array) ?? err
+  }
+}
 binding.ColocatedArray.prototype.ready = function (options) {
   const reason = aborted.get(this)
   if (reason !== undefined) return Promise.reject(reason)
-  return abortable(nativeReady.call(this), options?.signal)
+  return abortable(nativeReady.call(this).catch(abortedWhy(this)), options?.signal)
 }
 binding.ColocatedArray.prototype.toTypedArray = function (options) {
   const reason = aborted.get(this)
   if (reason !== undefined) return Promise.reject(reason)
   // The gather takes a thread of libuv's pool: only once the array is ready,
   // so that waiting never holds one (a pool of 4 would starve).
-  const gathered = nativeReady.call(this).then(
-    () => nativeGather.call(this),
-    () => nativeGather.call(this),
-  )
+  const gathered = nativeReady
+    .call(this)
+    .then(
+      () => nativeGather.call(this),
+      () => nativeGather.call(this),
+    )
+    .catch(abortedWhy(this))
   return abortable(gathered, options?.signal)
 }
 const nativeExecute = binding.LoadedExecutable.prototype.execute

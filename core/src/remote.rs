@@ -23,7 +23,7 @@ use crate::program::Program;
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
 use crate::transport::proto::BufferSpec;
-use crate::transport::session::RemoteSession;
+use crate::transport::session::{RemoteSession, UploadStop};
 use crate::transport::{StringDecoder, STRINGS_VERSION};
 
 /// How often an upload waiting for the network checks that its worker is
@@ -98,9 +98,12 @@ impl RemoteHost {
         data: Bytes,
         progress: Option<Progress>,
     ) {
+        let watcher = target.clone();
         if let Some((handle, spec, done)) = self.start_upload(target) {
-            self.session
+            let stop = self
+                .session
                 .put_buffer_then(handle, spec, data, progress, done);
+            watcher.stop_if_deleted(stop);
         }
     }
 
@@ -117,6 +120,7 @@ impl RemoteHost {
         src: &[u8],
         progress: Option<Progress>,
     ) {
+        let watcher = target.clone();
         let Some((handle, spec, done)) = self.start_upload(target) else {
             return;
         };
@@ -127,8 +131,10 @@ impl RemoteHost {
             src.len().div_ceil(crate::transport::CHUNK_BYTES).max(1)
         };
         let (chunks, rx) = tokio::sync::mpsc::channel(capacity);
-        self.session
-            .put_buffer_chunks_then(handle, spec, src.len() as u64, rx, progress, done);
+        let stop =
+            self.session
+                .put_buffer_chunks_then(handle, spec, src.len() as u64, rx, progress, done);
+        watcher.stop_if_deleted(stop);
         let lost = self.session.lost();
         let send = |chunk: Bytes| {
             use tokio::sync::mpsc::error::TrySendError;
@@ -202,7 +208,12 @@ impl RemoteHost {
 }
 
 /// What an upload fills: a pending buffer of a device of the host.
-pub(crate) trait UploadTarget: Send + 'static {
+pub(crate) trait UploadTarget: Clone + Send + 'static {
+    /// Keeps `stop` while the upload runs: if nobody wants the data any
+    /// more (the buffer is deleted with no work waiting for it), it stops the
+    /// upload on the wire.
+    fn stop_if_deleted(&self, stop: UploadStop);
+
     /// Its device, element type and dimensions.
     fn spec(&self) -> (&Device, DType, &[i64]);
 

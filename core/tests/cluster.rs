@@ -295,6 +295,71 @@ fn a_put_of_host_bytes_reports_the_bytes_that_go_to_workers() {
 }
 
 #[test]
+fn deleting_an_array_while_it_uploads_stops_the_upload_on_the_wire() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let spec = ArraySpec::new(
+        vec![16 << 20],
+        DType::I32,
+        Sharding::single_device(client.devices()[0].clone()),
+    )
+    .unwrap();
+    let bytes = vec![7u8; 64 << 20]; // 32 chunks
+                                     // The first chunk's report holds the network until the test has deleted
+                                     // the array, so the upload cannot have ended first.
+    let (started, on_start) = std::sync::mpsc::channel::<()>();
+    let (deleted, on_delete) = std::sync::mpsc::channel::<()>();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let seen = reports.clone();
+    let gate = Mutex::new(Some((started, on_delete)));
+    let progress: colocated_core::Progress = Arc::new(move |done: u64, total: u64| {
+        seen.lock().unwrap().push((done, total));
+        if let Some((started, on_delete)) = gate.lock().unwrap().take() {
+            started.send(()).unwrap();
+            on_delete.recv_timeout(Duration::from_secs(30)).unwrap();
+        }
+    });
+    let x = colocated_core::without_waiting(|| {
+        Array::from_host_bytes_with_progress(&client, &bytes, spec, None, Some(progress))
+    })
+    .unwrap();
+    on_start.recv_timeout(Duration::from_secs(30)).unwrap();
+    x.delete();
+    deleted.send(()).unwrap();
+    let err = x.ready_event().wait().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Cancelled, "{err}");
+    assert!(err.message().contains("stopped"), "{err}");
+    let total = bytes.len() as u64;
+    let sent = reports.lock().unwrap().iter().map(|r| r.0).max();
+    assert!(sent < Some(total), "the whole upload went: {sent:?}");
+    // The worker keeps nothing of it, and the session still works.
+    eventually("the worker drops the partial upload", || {
+        a.worker.buffer_count() == 0
+    });
+    let y = Array::from_host_bytes(&client, &i32_bytes(&[1, 2]), sharded_over(&client, 2)).unwrap();
+    assert_eq!(i32_values(&y.to_host_bytes().unwrap()), [1, 2]);
+}
+
+#[test]
+fn deleting_an_array_that_work_waits_for_lets_its_upload_finish() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let on_a = client.devices()[0].clone();
+    let values: Vec<i32> = (0..(1 << 20)).collect();
+    let x = colocated_core::without_waiting(|| {
+        Buffer::from_bytes(&client, &i32_bytes(&values), DType::I32, &[1 << 20], &on_a)
+    })
+    .unwrap();
+    // A copy back waits for the upload; deleting meanwhile frees the buffer
+    // only after it.
+    let back = x.copy_to_device(&on_a).unwrap();
+    x.delete();
+    assert_eq!(i32_values(&back.to_host_vec().unwrap()), values);
+}
+
+#[test]
 fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);

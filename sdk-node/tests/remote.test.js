@@ -118,6 +118,26 @@ test('the event loop keeps turning during a 256 MiB put to a worker and back', a
   x.delete()
 })
 
+test('aborting a devicePut stops its transfer on the wire', async () => {
+  const controller = new AbortController()
+  const reports = []
+  const n = 64 << 20 // 256 MiB of float32
+  const x = c.devicePut(new Float32Array(n), client.devices()[2], {
+    signal: controller.signal,
+    onProgress: (done) => {
+      reports.push(done)
+      if (reports.length === 1) controller.abort(new Error('not needed'))
+    },
+  })
+  await assert.rejects(x.ready(), (e) => e instanceof c.CancelledError && e.message === 'not needed')
+  // Reports come after the fact: give the stopped transfer's last ones time.
+  await new Promise((r) => setTimeout(r, 200))
+  assert.ok(Math.max(...reports) < n * 4, `the whole transfer went: ${reports.at(-1)} bytes`)
+  // The worker keeps nothing of it; the client goes on.
+  const y = c.devicePut(new Float32Array([1, 2]), client.devices()[2])
+  assert.deepEqual([...(await y.toTypedArray())], [1, 2])
+})
+
 test('onProgress follows the bytes that go to workers', async () => {
   const reports = []
   const n = 4 << 20 // 16 MiB of float32 over three workers

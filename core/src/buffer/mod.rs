@@ -114,10 +114,15 @@ impl HostBufferSemantics {
 }
 
 enum Slot {
-    Pending,
+    /// Not filled yet; with what stops the transfer that fills it, if one
+    /// can be stopped.
+    Pending(Option<StopTransfer>),
     Ready(Arc<Storage>),
     Deleted,
 }
+
+/// Stops the transfer that fills a pending buffer.
+pub(crate) type StopTransfer = Box<dyn FnOnce() + Send>;
 
 /// In `BufferInner::life`: set once the buffer is deleted. The bits below count
 /// the usage holds (work in flight). Whoever moves `life` to exactly `DELETED`
@@ -462,7 +467,7 @@ impl Buffer {
             dtype,
             dims: dims.into(),
             ready,
-            data: Mutex::new(Slot::Pending),
+            data: Mutex::new(Slot::Pending(None)),
             life: AtomicUsize::new(0),
         }))
     }
@@ -491,8 +496,23 @@ impl Buffer {
 
     pub(crate) fn fill_shared(&self, storage: Arc<Storage>) {
         let mut data = self.data();
-        if matches!(*data, Slot::Pending) {
+        if matches!(*data, Slot::Pending(_)) {
             *data = Slot::Ready(storage);
+        }
+    }
+
+    /// Keeps `stop` while the buffer waits for its data: deleting the buffer
+    /// when no work waits for it stops the transfer (its readiness then
+    /// fails with `cancelled`). Stops at once if the buffer is deleted.
+    pub(crate) fn stop_if_deleted(&self, stop: StopTransfer) {
+        let mut data = self.data();
+        match &mut *data {
+            Slot::Pending(slot) => *slot = Some(stop),
+            Slot::Deleted => {
+                drop(data);
+                stop();
+            }
+            Slot::Ready(_) => {}
         }
     }
 
@@ -542,7 +562,11 @@ impl Buffer {
         let freed = std::mem::replace(&mut *self.data(), Slot::Deleted);
         // Dropped after unlocking: releasing zero-copy memory runs user callbacks,
         // which may use this buffer again.
-        drop(freed);
+        match freed {
+            // Nobody waits for the data it was getting.
+            Slot::Pending(Some(stop)) => stop(),
+            freed => drop(freed),
+        }
     }
 
     /// Registers in-flight work on the buffer; `failed_precondition` if deleted.
@@ -577,7 +601,7 @@ impl Buffer {
         match &*self.data() {
             Slot::Ready(s) => Ok(s.clone()),
             Slot::Deleted => Err(Error::failed_precondition(format!("{self:?} was deleted"))),
-            Slot::Pending => match self.0.ready.status() {
+            Slot::Pending(_) => match self.0.ready.status() {
                 Some(Err(e)) => Err(e),
                 _ => Err(Error::failed_precondition(format!("{self:?} is not ready"))),
             },

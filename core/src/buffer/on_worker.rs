@@ -14,6 +14,7 @@ use crate::future::{Event, Progress};
 use crate::remote::{RemoteBuffer, RemoteHost, UploadTarget};
 use crate::storage::DenseBytes;
 use crate::transport::encode_strings;
+use crate::transport::session::UploadStop;
 
 impl HostData for Arc<RemoteHost> {
     fn in_process(&self) -> bool {
@@ -123,6 +124,10 @@ fn not_on_worker(buffer: &Buffer) -> Error {
 impl UploadTarget for Buffer {
     fn spec(&self) -> (&Device, DType, &[i64]) {
         (self.device(), self.dtype(), self.dims())
+    }
+
+    fn stop_if_deleted(&self, stop: UploadStop) {
+        Buffer::stop_if_deleted(self, Box::new(move || stop.stop()));
     }
 
     fn finish(self, result: Result<()>, remote: Option<RemoteBuffer>) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{Completion, Inner, Progress, RemoteSession};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transport::buffers::chunks;
 use crate::transport::bulk::{put_call, PutBody};
 use crate::transport::proto::{BufferSpec, GetBufferRequest};
@@ -16,6 +16,8 @@ use crate::transport::runtime;
 impl RemoteSession {
     /// [`put_buffer_with_progress`](Self::put_buffer_with_progress) without
     /// blocking: `done` runs with the outcome on a network thread.
+    /// [`UploadStop::stop`] ends it early: `done` gets `cancelled`, and the
+    /// worker drops what it received.
     pub fn put_buffer_then(
         &self,
         handle: u64,
@@ -23,10 +25,10 @@ impl RemoteSession {
         data: Bytes,
         progress: Option<Progress>,
         done: Completion,
-    ) {
+    ) -> UploadStop {
         let total = data.len() as u64;
         let data = tokio_stream::iter(chunks(data));
-        self.put_stream_then(handle, spec, total, data, progress, done);
+        self.put_stream_then(handle, spec, total, data, progress, done)
     }
 
     /// Uploads buffer `handle` of `total` bytes from chunks that arrive on
@@ -34,7 +36,8 @@ impl RemoteSession {
     /// [`CHUNK_BYTES`](crate::transport::CHUNK_BYTES)), sending each as soon as
     /// it comes, so that whoever produces them overlaps with the network.
     /// `done` runs with the outcome on a network thread; fewer or more bytes
-    /// than `total` fail the upload on the worker.
+    /// than `total` fail the upload on the worker. [`UploadStop::stop`] ends
+    /// it early, as for [`put_buffer_then`](Self::put_buffer_then).
     pub fn put_buffer_chunks_then(
         &self,
         handle: u64,
@@ -43,9 +46,9 @@ impl RemoteSession {
         chunks: tokio::sync::mpsc::Receiver<Bytes>,
         progress: Option<Progress>,
         done: Completion,
-    ) {
+    ) -> UploadStop {
         let data = tokio_stream::wrappers::ReceiverStream::new(chunks);
-        self.put_stream_then(handle, spec, total, data, progress, done);
+        self.put_stream_then(handle, spec, total, data, progress, done)
     }
 
     fn put_stream_then(
@@ -56,19 +59,28 @@ impl RemoteSession {
         data: impl tokio_stream::Stream<Item = Bytes> + Send + 'static,
         progress: Option<Progress>,
         done: Completion,
-    ) {
+    ) -> UploadStop {
         // On a thread of the blocking pool: the compiler cannot prove tonic's
         // client-streaming future `Send`, so it cannot be spawned as a task.
         let inner = self.inner.clone();
+        let stopped_error = format!("the upload to worker {} was stopped", inner.address);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
         match runtime() {
             Ok(runtime) => {
                 runtime.spawn_blocking(move || {
                     let upload = put_future(inner, handle, spec, total, data, progress);
+                    let upload = async {
+                        tokio::select! {
+                            outcome = upload => outcome,
+                            Ok(()) = stopped => Err(Error::cancelled(stopped_error)),
+                        }
+                    };
                     done(tokio::runtime::Handle::current().block_on(upload));
                 });
             }
             Err(err) => done(Err(err)),
         }
+        UploadStop(stop)
     }
 
     /// Downloads buffer `handle` without blocking: `sink(total, chunk)` gets
@@ -88,6 +100,21 @@ impl RemoteSession {
             }
             Err(err) => done(Err(err)),
         }
+    }
+}
+
+/// Stops an upload that runs without blocking. Dropping it lets the upload
+/// run to its end.
+#[must_use = "dropping an UploadStop lets the upload run to its end"]
+pub struct UploadStop(tokio::sync::oneshot::Sender<()>);
+
+impl UploadStop {
+    /// Ends the upload now, if it has not ended: its request is reset (the
+    /// worker drops what it received, and keeps no handle), and its
+    /// completion gets `cancelled`.
+    pub fn stop(self) {
+        // An upload that already ended no longer listens.
+        let _ = self.0.send(());
     }
 }
 

@@ -34,6 +34,7 @@ mod host_calls;
 mod liveness;
 
 pub use crate::future::{Completion, Progress};
+pub use bulk::UploadStop;
 pub use connect::ConnectOptions;
 use control::Control;
 
