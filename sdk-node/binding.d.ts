@@ -151,10 +151,12 @@ export declare class FunctionState {
   callCached(tree: number, inputs: Array<ColocatedArray>, objects?: Array<ObjectHandle> | undefined | null, stream?: Stream | undefined | null): CallResult | null
   /**
    * Any call: compiles a program for the declared outputs, or discovers
-   * them by running the function once on every host of the call. Runs on
-   * libuv's thread pool, queued on this thread's stream.
+   * them by running the function once on every host of the call. Holds
+   * the call's place in its stream now (what the event loop queues later
+   * runs after it) and keeps its arguments (deleting them meanwhile frees
+   * them after the call); `run()` it once `reached()`.
    */
-  call(tree: number, inputs: Array<ColocatedArray>, options: CallOptions): Promise<CallResult>
+  prepare(tree: number, inputs: Array<ColocatedArray>, options: CallOptions): PendingCall
   /** Hits, misses and size of the cache of compiled programs. */
   cacheInfo(): Array<number>
   /** Drops every compiled program. */
@@ -303,6 +305,18 @@ export declare class PartitionSpec {
   get entries(): Array<Array<string>>
   /** `P('x', null)`. */
   toString(): string
+}
+
+/**
+ * A call that may compile or discover, prepared on the event loop (its
+ * place in the stream held, its arguments and objects kept) and run on
+ * libuv's thread pool once its place is reached.
+ */
+export declare class PendingCall {
+  /** Resolves once everything queued before the call on its stream ran. */
+  reached(): Promise<void>
+  /** Runs the call (once) on libuv's thread pool. */
+  run(): Promise<CallResult>
 }
 
 /**

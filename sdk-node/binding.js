@@ -847,6 +847,7 @@ module.exports.Mesh = nativeBinding.Mesh
 module.exports.NamedSharding = nativeBinding.NamedSharding
 module.exports.ObjectHandle = nativeBinding.ObjectHandle
 module.exports.PartitionSpec = nativeBinding.PartitionSpec
+module.exports.PendingCall = nativeBinding.PendingCall
 module.exports.ShapeDtypeStruct = nativeBinding.ShapeDtypeStruct
 module.exports.SingleDeviceSharding = nativeBinding.SingleDeviceSharding
 module.exports.Stream = nativeBinding.Stream

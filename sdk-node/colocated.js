@@ -2,8 +2,8 @@
 // arguments' devices (the `node` language). Core owns the protocol (call
 // rules, the cache per input spec, discovery); this file is what is
 // JavaScript's own: flattening arguments and results (arrays, plain objects
-// and arrays of them), evaluating a function's source on a host, and keeping
-// the calls of the event loop in program order.
+// and arrays of them) and evaluating a function's source on a host. Program
+// order is core's: a call that compiles holds its place in its stream.
 
 const { AsyncLocalStorage } = require('node:async_hooks')
 const { isMainThread } = require('node:worker_threads')
@@ -293,22 +293,6 @@ module.exports = function install(binding, exports) {
     return null
   }
 
-  // A call that compiles or discovers runs on libuv's pool; colocated calls
-  // made meanwhile on its stream (of any function) wait for it to queue its
-  // program, so that they keep the stream's program order.
-  // One queue per stream (the event loop's: key null).
-  const tails = new Map()
-  const follow = (stream, pending) => {
-    const settled = pending.then(
-      () => {},
-      () => {},
-    )
-    tails.set(stream, settled)
-    settled.then(() => {
-      if (tails.get(stream) === settled) tails.delete(stream)
-    })
-  }
-
   /** `ShapeDtypeStruct` of an array. */
   const specOf = (x) => new binding.ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
 
@@ -399,26 +383,21 @@ module.exports = function install(binding, exports) {
           callbacks: options.hostCallbacks ?? undefined,
           stream: stream ?? undefined,
         }
-        return state.call(key, leaves, callOptions).then(finish)
+        // Its place in the stream is held now; it compiles or discovers on
+        // libuv's pool once the work queued before it ran.
+        const pending = state.prepare(key, leaves, callOptions)
+        return pending
+          .reached()
+          .then(() => pending.run())
+          .then(finish)
       }
       const finish = (result) => {
         // Failures show in the outputs; an unobserved `done` must not end the process.
         result.done?.catch(() => {})
         return unflatten(JSON.parse(result.structure), result.outputs)
       }
-      const tail = tails.get(stream)
-      if (tail !== undefined) {
-        const queued = tail.then(start)
-        follow(stream, queued)
-        return queued
-      }
       try {
-        const result = start()
-        if (result instanceof Promise) {
-          follow(stream, result)
-          return result
-        }
-        return Promise.resolve(result)
+        return Promise.resolve(start())
       } catch (err) {
         return Promise.reject(errors.translate(err))
       }
@@ -458,7 +437,6 @@ module.exports = function install(binding, exports) {
       #handle = new binding.ObjectHandle()
       #args
       #calls = new Map()
-      #submitting = new Set()
       #disposed = false
       constructor(...args) {
         this.#args = JSON.parse(JSON.stringify(args))
@@ -475,25 +453,15 @@ module.exports = function install(binding, exports) {
         if (this.#disposed) {
           return Promise.reject(new errors.FailedPreconditionError(`object ${this.#handle.id} was disposed`))
         }
-        // Until it reaches the runtime (a call may wait behind one that
-        // compiles), dispose() waits for it.
-        const made = call(...args)
-        const submitted = made.then(
-          () => {},
-          () => {},
-        )
-        this.#submitting.add(submitted)
-        submitted.then(() => this.#submitting.delete(submitted))
-        return made
+        return call(...args)
       }
       /**
        * Destroys the object on every host, after the calls made on it (those
-       * still waiting to be submitted too); later calls fail.
+       * that still compile too: they keep it); later calls fail.
        */
       dispose() {
         this.#disposed = true
-        if (this.#submitting.size === 0) this.#handle.dispose()
-        else Promise.all(this.#submitting).then(() => this.#handle.dispose())
+        this.#handle.dispose()
       }
       [Symbol.dispose]() {
         this.dispose()

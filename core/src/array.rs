@@ -3,7 +3,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, Kept};
 use crate::client::Client;
 use crate::device::{Device, MemoryKind, MemorySpace};
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
@@ -351,6 +351,12 @@ impl Array {
     /// True when any buffer was deleted.
     pub fn is_deleted(&self) -> bool {
         self.0.buffers.iter().any(Buffer::is_deleted)
+    }
+
+    /// Keeps every buffer of `arrays` for work submitted later (see
+    /// [`Kept`]); `failed_precondition` if one is deleted already.
+    pub fn keep(arrays: &[Array]) -> Result<Kept> {
+        Kept::new(arrays.iter().flat_map(|a| a.0.buffers.iter()))
     }
 
     /// Waits for the array and gathers it into row-major host bytes.

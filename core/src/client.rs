@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use crate::device::{
     CpuBackend, Device, DeviceBackend, DeviceInner, MemoryKind, MemorySpace, MemorySpaceInner,
 };
-use crate::dispatch::{thread_stream, Dispatcher, Stream};
+use crate::dispatch::{thread_stream, Dispatcher, Stream, StreamSlot};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::remote::RemoteHost;
@@ -456,6 +456,14 @@ impl Client {
     /// A new stream: an ordering domain for executions and transfers.
     pub fn create_stream(&self) -> Stream {
         Stream::new(self.0.local.dispatcher.id())
+    }
+
+    /// Holds the next place of `stream`'s program order for work that is
+    /// not known yet (see [`StreamSlot`]); `invalid_argument` if the stream
+    /// is another client's.
+    pub fn reserve(&self, stream: &Stream) -> Result<StreamSlot> {
+        self.check_stream(stream)?;
+        Ok(self.0.local.dispatcher.reserve(stream))
     }
 
     /// `invalid_argument` unless `stream` was made by this client.

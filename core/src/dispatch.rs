@@ -166,6 +166,45 @@ pub fn with_stream<R>(stream: &Stream, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// A place held in a stream's program order for work that is not known yet:
+/// an asynchronous SDK's call that must first compile or discover off the
+/// caller's thread holds its place, so that what the caller queues after it
+/// runs after it. [`reached`](Self::reached) is ready once everything queued
+/// before has run; the stream then waits (later work stays queued) until the
+/// slot is released: by [`release_after`](Self::release_after) the held
+/// work's completion, or when the slot is dropped.
+///
+/// The held work runs on a stream of its own (the slot's stream waits for
+/// it), once `reached` is ready.
+pub struct StreamSlot {
+    reached: Event,
+    release: Option<Event>,
+}
+
+impl StreamSlot {
+    /// Ready when the work queued before the slot has run; failed if the
+    /// stream's client shut down first.
+    pub fn reached(&self) -> &Event {
+        &self.reached
+    }
+
+    /// Lets the stream go on once `done` is ready (whatever its status): the
+    /// held work's completion.
+    pub fn release_after(mut self, done: &Event) {
+        if let Some(release) = self.release.take() {
+            done.on_ready(move |_| release.set_if_pending(Ok(())));
+        }
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release.set_if_pending(Ok(()));
+        }
+    }
+}
+
 /// A default stream of a thread: (dispatcher, task depth, scope, stream).
 type StreamKey = (u64, usize, u64, Stream);
 
@@ -642,6 +681,37 @@ impl Dispatcher {
         queue.push(task);
         if waiter_first {
             queue.run_backlog();
+        }
+    }
+
+    /// Holds the next place of `stream` (see [`StreamSlot`]): a task that
+    /// marks the place reached, and one that waits for the release.
+    pub(crate) fn reserve(&self, stream: &Stream) -> StreamSlot {
+        let (reached, release) = (Event::new(), Event::new());
+        let mark = reached.clone();
+        self.submit(
+            stream,
+            Task {
+                deps: Vec::new(),
+                completion: reached.clone(),
+                run: Box::new(move |_: Result<()>| mark.set_if_pending(Ok(()))),
+                waiter_first: false,
+            },
+        );
+        let held = Event::new();
+        let done = held.clone();
+        self.submit(
+            stream,
+            Task {
+                deps: vec![release.clone()],
+                completion: held,
+                run: Box::new(move |_: Result<()>| done.set_if_pending(Ok(()))),
+                waiter_first: false,
+            },
+        );
+        StreamSlot {
+            reached,
+            release: Some(release),
         }
     }
 

@@ -52,7 +52,7 @@ pub mod trace;
 pub mod transport;
 
 pub use array::Array;
-pub use buffer::{Buffer, ExternalReference, HostBufferSemantics};
+pub use buffer::{Buffer, ExternalReference, HostBufferSemantics, Kept};
 pub use client::{
     Client, ClientOptions, ClusterOptions, Host, DEFAULT_MAX_EXECUTOR_THREADS, PLATFORM_NAME,
 };
@@ -67,7 +67,7 @@ pub use default_client::{
     NUM_CPU_DEVICES_ENV,
 };
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
-pub use dispatch::{forget_stream_scope, set_stream_scope, with_stream, Stream};
+pub use dispatch::{forget_stream_scope, set_stream_scope, with_stream, Stream, StreamSlot};
 pub use dtype::DType;
 pub use error::{bound_text, Error, ErrorCode, Result};
 pub use executable::{ExecuteOptions, Execution, LoadedExecutable};

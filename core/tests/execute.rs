@@ -1527,3 +1527,115 @@ fn with_stream_queues_another_threads_work_in_program_order_on_that_stream() {
     });
     free.join().unwrap().unwrap();
 }
+
+/// Registers `name`: appends `name` to `log`.
+fn register_mark(client: &Client, name: &'static str, log: &Arc<Mutex<Vec<&'static str>>>) {
+    let log = log.clone();
+    client
+        .register_native_function(name, move |_ctx| {
+            log.lock().unwrap().push(name);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_reserved_slot_holds_its_place_in_the_stream_until_released() {
+    let client = client(1);
+    let device = client.devices()[0].clone();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    register_mark(&client, "slot_held", &log);
+    register_mark(&client, "slot_after", &log);
+    let gate = Event::new();
+    register_gate(&client, "slot_gate", &gate);
+    let held = compile_nullary(&client, "slot_held", &device);
+    let after = compile_nullary(&client, "slot_after", &device);
+    let gated = compile_nullary(&client, "slot_gate", &device);
+    let stream = client.create_stream();
+    // Earlier work holds the stream: the slot is not reached yet.
+    let first = gated.execute(&[], &on(&stream)).unwrap().status;
+    let slot = client.reserve(&stream).unwrap();
+    // Queued after the slot: it waits for the slot's work.
+    let later = after.execute(&[], &on(&stream)).unwrap().status;
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!slot.reached().is_ready());
+    gate.set(Ok(())).unwrap();
+    first.wait().unwrap();
+    slot.reached().wait_timeout(PATIENCE).unwrap();
+    // The held work runs on a stream of its own, while `later` still waits.
+    let own = client.create_stream();
+    let work = held.execute(&[], &on(&own)).unwrap().status;
+    work.wait_timeout(PATIENCE).unwrap();
+    assert_eq!(
+        later
+            .wait_timeout(Duration::from_millis(100))
+            .unwrap_err()
+            .code(),
+        ErrorCode::DeadlineExceeded
+    );
+    slot.release_after(&work);
+    later.wait_timeout(PATIENCE).unwrap();
+    assert_eq!(*log.lock().unwrap(), ["slot_held", "slot_after"]);
+}
+
+#[test]
+fn a_dropped_slot_lets_its_stream_go_on_and_another_clients_stream_is_refused() {
+    let client = client(1);
+    let device = client.devices()[0].clone();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    register_mark(&client, "dropped_slot_after", &log);
+    let after = compile_nullary(&client, "dropped_slot_after", &device);
+    let stream = client.create_stream();
+    let slot = client.reserve(&stream).unwrap();
+    let later = after.execute(&[], &on(&stream)).unwrap().status;
+    assert!(later.wait_timeout(Duration::from_millis(50)).is_err());
+    drop(slot);
+    later.wait_timeout(PATIENCE).unwrap();
+    assert_eq!(*log.lock().unwrap(), ["dropped_slot_after"]);
+    let other = common::client(1);
+    assert_error(
+        other.reserve(&stream).map(|_| ()),
+        ErrorCode::InvalidArgument,
+        "another client",
+    );
+}
+
+#[test]
+fn kept_arrays_stay_usable_by_the_work_they_were_kept_for_after_a_delete() {
+    let client = client(4);
+    let spec = x_spec(&client);
+    register_add_one(&client);
+    let exe = compile(
+        &client,
+        "add_one_i32",
+        vec![spec.clone()],
+        vec![spec.clone()],
+        &client.devices()[..4],
+    );
+    let x = array_of(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
+    let kept = Array::keep(std::slice::from_ref(&x)).unwrap();
+    x.delete();
+    assert!(x.is_deleted());
+    // Outside the kept work, the array is deleted.
+    assert_error(
+        exe.execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+            .map(|_| ()),
+        ErrorCode::FailedPrecondition,
+        "deleted",
+    );
+    // The work it was kept for still runs with it.
+    let run = kept
+        .use_in(|| exe.execute(std::slice::from_ref(&x), &ExecuteOptions::default()))
+        .unwrap();
+    drop(kept);
+    assert_eq!(
+        i32_values(&run.outputs[0].to_host_bytes().unwrap()),
+        [2, 3, 4, 5, 6, 7, 8, 9]
+    );
+    // Keeping a deleted array is refused.
+    assert_error(
+        Array::keep(&[x]).map(|_| ()),
+        ErrorCode::FailedPrecondition,
+        "deleted",
+    );
+}

@@ -1,8 +1,9 @@
 //! The controller's side of `colocated(fn)`: core's colocated function (call
 //! rules, cache per input spec, discovery) over a call site that supplies the
 //! function's payload and the outputs `outSpecsFn` declares. The JavaScript
-//! side (`colocated.js`) flattens arguments and results and keeps the calls of
-//! the event loop in program order.
+//! side (`colocated.js`) flattens arguments and results. A call that compiles
+//! or discovers holds its place in its stream (core's `StreamSlot`), so the
+//! event loop's calls keep program order while it runs on libuv's pool.
 
 use std::sync::Arc;
 
@@ -176,16 +177,18 @@ impl FunctionState {
     }
 
     /// Any call: compiles a program for the declared outputs, or discovers
-    /// them by running the function once on every host of the call. Runs on
-    /// libuv's thread pool, queued on this thread's stream.
-    #[napi(ts_return_type = "Promise<CallResult>")]
-    pub fn call(
+    /// them by running the function once on every host of the call. Holds
+    /// the call's place in its stream now (what the event loop queues later
+    /// runs after it) and keeps its arguments (deleting them meanwhile frees
+    /// them after the call); `run()` it once `reached()`.
+    #[napi]
+    pub fn prepare(
         &self,
         env: Env,
         tree: u32,
         inputs: Vec<ClassInstance<ColocatedArray>>,
         options: CallOptions,
-    ) -> napi::Result<AsyncTask<Call>> {
+    ) -> napi::Result<PendingCall> {
         let (client, arrays) = self.arguments(&inputs).js(&env)?;
         let objects = live_objects(options.objects.as_deref()).js(&env)?;
         let callbacks = options
@@ -203,19 +206,26 @@ impl FunctionState {
             Some(s) => s.inner.clone(),
             None => client.current_stream(),
         };
-        Ok(AsyncTask::new(Call {
-            function: self.inner.clone(),
-            stream,
-            spec: call_spec(tree, &arrays),
-            inputs: arrays,
-            site: Site {
-                payload: options.payload.into_bytes(),
-                declared,
-                callbacks,
-            },
-            client,
-            objects,
-        }))
+        let kept = core::Array::keep(&arrays).js(&env)?;
+        let slot = client.reserve(&stream).js(&env)?;
+        let reached = slot.reached().clone();
+        Ok(PendingCall {
+            reached,
+            call: std::sync::Mutex::new(Some(Call {
+                function: self.inner.clone(),
+                slot: Some(slot),
+                kept,
+                spec: call_spec(tree, &arrays),
+                inputs: arrays,
+                site: Site {
+                    payload: options.payload.into_bytes(),
+                    declared,
+                    callbacks,
+                },
+                client,
+                objects,
+            })),
+        })
     }
 
     /// Hits, misses and size of the cache of compiled programs.
@@ -322,12 +332,45 @@ fn wrap(client: &core::Client, arrays: Vec<core::Array>) -> Vec<ColocatedArray> 
         .collect()
 }
 
-/// A call that may compile or discover, on libuv's thread pool.
+/// A call that may compile or discover, prepared on the event loop (its
+/// place in the stream held, its arguments and objects kept) and run on
+/// libuv's thread pool once its place is reached.
+#[napi]
+pub struct PendingCall {
+    reached: core::Event,
+    call: std::sync::Mutex<Option<Call>>,
+}
+
+#[napi]
+impl PendingCall {
+    /// Resolves once everything queued before the call on its stream ran.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn reached<'e>(&self, env: &'e Env) -> napi::Result<Object<'e>> {
+        settle(env, &self.reached, |_| Ok(()))
+    }
+
+    /// Runs the call (once) on libuv's thread pool.
+    #[napi(ts_return_type = "Promise<CallResult>")]
+    pub fn run(&self, env: Env) -> napi::Result<AsyncTask<Call>> {
+        let call = self.call.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match call {
+            Some(call) => Ok(AsyncTask::new(call)),
+            None => Err(to_js(
+                &env,
+                &core::Error::failed_precondition("this call already ran"),
+            )),
+        }
+    }
+}
+
+/// A call that may compile or discover (see [`PendingCall`]).
 pub struct Call {
     function: Arc<core::ColocatedFunction<NodeEntry>>,
     objects: Vec<Arc<core::ColocatedObject>>,
     client: core::Client,
-    stream: core::Stream,
+    /// Its place in the stream, released when the call completes.
+    slot: Option<core::StreamSlot>,
+    kept: core::Kept,
     spec: core::CallSpec,
     inputs: Vec<core::Array>,
     site: Site,
@@ -354,12 +397,21 @@ impl Task for Call {
             &self.inputs,
             &self.site,
         );
-        // Queued on the event loop's stream: in program order with its calls.
+        // Its stream waits at the call's place: the call runs on a stream of
+        // its own, and the place is released when it completes.
         let objects: Vec<&core::ColocatedObject> =
             self.objects.iter().map(|o| o.as_ref()).collect();
-        let called = core::with_stream(&self.stream, || {
-            function.call(client, spec, inputs, site, &objects)
+        let own = client.create_stream();
+        let called = self.kept.use_in(|| {
+            core::with_stream(&own, || function.call(client, spec, inputs, site, &objects))
         });
+        if let (Some(slot), Ok(call)) = (self.slot.take(), &called) {
+            if let Some(status) = &call.status {
+                slot.release_after(status);
+            }
+        }
+        // Otherwise (done already, or failed) the place goes with the slot.
+        self.slot = None;
         Ok(called.map(|call| Called {
             client: client.clone(),
             outputs: call.outputs,

@@ -239,3 +239,35 @@ test('streams: order within one, concurrency across them', async () => {
   await c.blockUntilReady([slowOnA, fastOnB])
   assert.deepEqual(globalThis.events, ['slow start', 'fast', 'slow end'])
 })
+
+test('a call that compiles holds its place: a delete and an execute made after it wait for it', async () => {
+  const device = c.devices()[0]
+  const x = c.devicePut(new Int32Array([5]), device)
+  const z = c.devicePut(new Int32Array([6]), device)
+  await c.blockUntilReady([x, z])
+  globalThis.events = []
+  // A first call: it discovers its outputs on libuv's pool.
+  const first = c.colocated(async (v) => {
+    await new Promise((resolve) => setTimeout(resolve, 100))
+    globalThis.events.push('colocated')
+    return v
+  })
+  // A program made without colocated(): it logs when it runs.
+  const spec = new c.ShapeDtypeStruct([1], 'int32', new c.SingleDeviceSharding(device))
+  const logged = await c.compile({
+    name: 'logged',
+    language: 'node',
+    payload: JSON.stringify({ source: "(v) => { globalThis.events.push('execute'); return v }", args: [0] }),
+    inSpecs: [spec],
+    outSpecs: [spec],
+    devices: [device],
+  })
+  const y = first(x)
+  x.delete()
+  const run = logged.execute([z])
+  await run.done
+  assert.deepEqual(Array.from(await (await y).toTypedArray()), [5])
+  assert.deepEqual(globalThis.events, ['colocated', 'execute'])
+  assert.equal(x.isDeleted, true)
+  await assert.rejects(first(x), c.FailedPreconditionError)
+})

@@ -130,6 +130,54 @@ pub(crate) type StopTransfer = Box<dyn FnOnce() + Send>;
 /// releasing holds, the submission path, is lock-free.
 const DELETED: usize = 1 << (usize::BITS - 1);
 
+/// Buffers kept, now, for work that an asynchronous SDK submits later (after
+/// a compile, on another thread): deleting them meanwhile frees their data
+/// only after that work, as if it had been submitted when they were kept.
+/// The work must run inside [`use_in`](Self::use_in), which lets it use them.
+pub struct Kept(Vec<UsageHold>);
+
+impl Kept {
+    /// Keeps `buffers`; `failed_precondition` if one is deleted already.
+    pub fn new<'a>(buffers: impl IntoIterator<Item = &'a Buffer>) -> Result<Kept> {
+        Ok(Kept(
+            buffers
+                .into_iter()
+                .map(Buffer::hold)
+                .collect::<Result<_>>()?,
+        ))
+    }
+
+    /// Runs `f`, in which the kept buffers may be used even if they were
+    /// deleted since they were kept.
+    pub fn use_in<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Pop(usize);
+        impl Drop for Pop {
+            fn drop(&mut self) {
+                KEPT.with(|k| k.borrow_mut().truncate(self.0));
+            }
+        }
+        let depth = KEPT.with(|k| {
+            let mut kept = k.borrow_mut();
+            let depth = kept.len();
+            kept.extend(self.0.iter().map(|h| Arc::as_ptr(&h.0 .0) as usize));
+            depth
+        });
+        let _pop = Pop(depth);
+        f()
+    }
+}
+
+thread_local! {
+    /// The buffers of the [`Kept`]s whose work this thread runs (addresses).
+    static KEPT: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether the calling thread runs work a [`Kept`] kept `buffer` for.
+fn kept_here(buffer: &Buffer) -> bool {
+    let at = Arc::as_ptr(&buffer.0) as usize;
+    KEPT.with(|k| k.borrow().contains(&at))
+}
+
 /// Keeps a buffer's data alive for one piece of in-flight work (an execution, a
 /// copy, a `to_host`), even if the buffer is deleted meanwhile.
 pub(crate) struct UsageHold(Buffer);
@@ -569,11 +617,17 @@ impl Buffer {
         }
     }
 
-    /// Registers in-flight work on the buffer; `failed_precondition` if deleted.
+    /// Registers in-flight work on the buffer; `failed_precondition` if deleted
+    /// (unless the calling thread runs work a [`Kept`] kept it for).
     pub(crate) fn hold(&self) -> Result<UsageHold> {
         let mut life = self.0.life.load(Ordering::Acquire);
         loop {
             if life & DELETED != 0 {
+                if kept_here(self) {
+                    // A kept hold keeps `life` above DELETED: the data is there.
+                    self.0.life.fetch_add(1, Ordering::AcqRel);
+                    return Ok(UsageHold(self.clone()));
+                }
                 return Err(Error::failed_precondition(format!("{self:?} was deleted")));
             }
             match self.0.life.compare_exchange_weak(
@@ -588,9 +642,10 @@ impl Buffer {
         }
     }
 
-    /// `failed_precondition` if deleted.
+    /// `failed_precondition` if deleted (and not kept for the calling
+    /// thread's work, see [`Kept`]).
     pub fn check_live(&self) -> Result<()> {
-        if self.is_deleted() {
+        if self.is_deleted() && !kept_here(self) {
             return Err(Error::failed_precondition(format!("{self:?} was deleted")));
         }
         Ok(())
