@@ -381,16 +381,16 @@ export declare function _noop(): void
 export declare function _setErrorFactory(make: (arg: [string, string, string | undefined | null]) => unknown): void
 
 /**
- * Called once by `colocated.js`: the function that drops objects of
- * colocated classes from the runner's table.
+ * Called once per JavaScript thread by `colocated.js`: the function that
+ * drops objects of colocated classes from that thread's runner's table.
  */
-export declare function _setForgetter(forget: (arg: Forget) => unknown): void
+export declare function _setForgetter(forget: (arg: Forget) => unknown, thread: number): void
 
 /**
- * Called once by `colocated.js` on the main thread: the function that runs
- * host calls. It does not keep the process alive.
+ * Called once per JavaScript thread by `colocated.js`: the function that
+ * runs host calls there. It does not keep the thread alive.
  */
-export declare function _setRunner(run: (arg: HostCall) => unknown): void
+export declare function _setRunner(run: (arg: HostCall) => unknown, thread: number): void
 
 /**
  * Starts serving this process's devices with `values` (checked by core's

@@ -6,7 +6,7 @@
 // order is core's: a call that compiles holds its place in its stream.
 
 const { AsyncLocalStorage } = require('node:async_hooks')
-const { isMainThread } = require('node:worker_threads')
+const { threadId } = require('node:worker_threads')
 const errors = require('./errors.js')
 const streams = require('./streams.js')
 
@@ -82,7 +82,7 @@ module.exports = function install(binding, exports) {
       // A self-contained function, evaluated in the global scope (on every
       // host alike); it may use `require` and `colocated` (this package).
       fn = new Function('require', 'colocated', `return (${payload.source})`)(require, exports)
-    } else if (payload.pid === process.pid && local.has(payload.local)) {
+    } else if (payload.pid === process.pid && payload.thread === threadId && local.has(payload.local)) {
       // Not self-contained: this process runs it as it is.
       fn = local.get(payload.local)
     } else if (typeof payload.module === 'string') {
@@ -108,10 +108,9 @@ module.exports = function install(binding, exports) {
       const value = built.value
       if (value !== undefined && typeof value[Symbol.dispose] === 'function') value[Symbol.dispose]()
     })
-  // Hosts run programs on the main thread's event loop (the process's one
-  // runner); a worker thread that loads the package drives, it does not host.
-  const setForgetter = isMainThread ? binding._setForgetter : () => {}
-  setForgetter((job) => {
+  // Every JavaScript thread that loads the package hosts: it runs the
+  // programs of the functions it defined (others' run on the main thread).
+  binding._setForgetter((job) => {
     const kept = objects.get(job.session)
     if (kept === undefined) return
     const ids = job.object === null || job.object === undefined ? [...kept.keys()] : [job.object]
@@ -122,7 +121,7 @@ module.exports = function install(binding, exports) {
       dispose(entry).catch(() => {})
     }
     if (kept.size === 0) objects.delete(job.session)
-  })
+  }, threadId)
 
   /** The object a method call runs on: built on its first call here. */
   function hostObject(call, object) {
@@ -240,7 +239,7 @@ module.exports = function install(binding, exports) {
       call.reject(describeError(err), typeof err?.stack === 'string' ? err.stack : null, code)
     }
   }
-  if (isMainThread) binding._setRunner(run)
+  binding._setRunner(run, threadId)
 
   // -- the controller -------------------------------------------------------
 
@@ -265,7 +264,7 @@ module.exports = function install(binding, exports) {
         source = null
       }
     }
-    return { source, pid: process.pid, local: id }
+    return { source, pid: process.pid, thread: threadId, local: id }
   }
 
   /**

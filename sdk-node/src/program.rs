@@ -1,12 +1,14 @@
 //! The `node` language: JavaScript functions that hosts run. A program's
 //! payload is the function (its source, or a module and export name, as
 //! JSON: JavaScript's own form of it, as cloudpickle is Python's); a host
-//! runs it on its JavaScript thread (the event loop of this process) with its
+//! runs it on a JavaScript thread (an event loop of this process) with its
 //! input arrays, and hands core the arrays it returns.
 //!
 //! An executor thread that runs a `node` program hands a [`HostCall`] to the
-//! JavaScript runner (`colocated.js`, through a threadsafe function) and
-//! waits for its answer; the event loop never waits for it.
+//! JavaScript runner (`colocated.js`, through a threadsafe function) of the
+//! thread the program belongs to (the one that defined its function, a
+//! `worker_threads` thread too; else the main thread) and waits for its
+//! answer; the event loop never waits for it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -25,23 +27,60 @@ use crate::promise::settle;
 /// The language tag of JavaScript programs.
 pub const LANGUAGE: &str = core::LANGUAGE_NODE;
 
-/// The runner of this process: `colocated.js`'s `run(call)`, which runs a
-/// host call on the event loop and answers it.
+/// A JavaScript thread's runner: `colocated.js`'s `run(call)`, which runs a
+/// host call on that thread's event loop and answers it.
 type Runner = ThreadsafeFunction<HostCall, Unknown<'static>, HostCall, Status, false, true>;
 
-static RUNNER: Mutex<Option<Arc<Runner>>> = Mutex::new(None);
+/// The runners of this process's JavaScript threads, by `threadId` (the
+/// main thread's is 0).
+static RUNNERS: Mutex<Vec<(u32, Arc<Runner>)>> = Mutex::new(Vec::new());
 
-/// Called once by `colocated.js` on the main thread: the function that runs
-/// host calls. It does not keep the process alive.
+/// Called once per JavaScript thread by `colocated.js`: the function that
+/// runs host calls there. It does not keep the thread alive.
 #[napi(js_name = "_setRunner")]
-pub fn set_runner(run: Function<HostCall, Unknown<'static>>) -> napi::Result<()> {
+pub fn set_runner(run: Function<HostCall, Unknown<'static>>, thread: u32) -> napi::Result<()> {
     let tsfn = run
         .build_threadsafe_function::<HostCall>()
         .callee_handled::<false>()
         .weak::<true>()
         .build()?;
-    *RUNNER.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(tsfn));
+    let mut runners = RUNNERS.lock().unwrap_or_else(|e| e.into_inner());
+    runners.retain(|(t, _)| *t != thread);
+    runners.push((thread, Arc::new(tsfn)));
     Ok(())
+}
+
+/// The thread a program made by this process belongs to (its payload says
+/// `pid` and `thread`): the one that defined the function, which may be
+/// the only one that can run it. Others' programs run on the main thread.
+fn home_thread(payload: &str) -> u32 {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(payload) else {
+        return 0;
+    };
+    let ours =
+        value.get("pid").and_then(serde_json::Value::as_u64) == Some(u64::from(std::process::id()));
+    match value.get("thread").and_then(serde_json::Value::as_u64) {
+        Some(thread) if ours => u32::try_from(thread).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The runner of thread `home`, else the main thread's, else any.
+fn runner_for(home: u32) -> Option<(u32, Arc<Runner>)> {
+    let runners = RUNNERS.lock().unwrap_or_else(|e| e.into_inner());
+    [home, 0]
+        .iter()
+        .find_map(|want| runners.iter().find(|(t, _)| t == want))
+        .or(runners.first())
+        .cloned()
+}
+
+/// Forgets the runner of `thread` (its environment is gone).
+fn drop_runner(thread: u32) {
+    RUNNERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(t, _)| *t != thread);
 }
 
 /// What a host's run of a `node` program gets back: its output arrays and
@@ -237,26 +276,40 @@ pub struct Forget {
 
 type Forgetter = ThreadsafeFunction<Forget, Unknown<'static>, Forget, Status, false, true>;
 
-static FORGETTER: Mutex<Option<Arc<Forgetter>>> = Mutex::new(None);
+/// The forgetters of this process's JavaScript threads, by `threadId`.
+static FORGETTERS: Mutex<Vec<(u32, Arc<Forgetter>)>> = Mutex::new(Vec::new());
 
-/// Called once by `colocated.js`: the function that drops objects of
-/// colocated classes from the runner's table.
+/// Called once per JavaScript thread by `colocated.js`: the function that
+/// drops objects of colocated classes from that thread's runner's table.
 #[napi(js_name = "_setForgetter")]
-pub fn set_forgetter(forget: Function<Forget, Unknown<'static>>) -> napi::Result<()> {
+pub fn set_forgetter(forget: Function<Forget, Unknown<'static>>, thread: u32) -> napi::Result<()> {
     let tsfn = forget
         .build_threadsafe_function::<Forget>()
         .callee_handled::<false>()
         .weak::<true>()
         .build()?;
-    *FORGETTER.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(tsfn));
+    let mut forgetters = FORGETTERS.lock().unwrap_or_else(|e| e.into_inner());
+    forgetters.retain(|(t, _)| *t != thread);
+    forgetters.push((thread, Arc::new(tsfn)));
     Ok(())
 }
 
+/// Tells every thread's runner (each keeps only its own objects).
 fn forget(job: Forget) {
-    let forgetter = FORGETTER.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if let Some(forgetter) = forgetter {
-        // A closing environment has nothing left to forget.
-        let _ = forgetter.call(job, ThreadsafeFunctionCallMode::NonBlocking);
+    let forgetters: Vec<(u32, Arc<Forgetter>)> =
+        FORGETTERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for (thread, forgetter) in forgetters {
+        let job = Forget {
+            session: job.session.clone(),
+            object: job.object.clone(),
+        };
+        if forgetter.call(job, ThreadsafeFunctionCallMode::NonBlocking) == Status::Closing {
+            // That thread's environment is gone, and its objects with it.
+            FORGETTERS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|(t, _)| *t != thread);
+        }
     }
 }
 
@@ -296,6 +349,7 @@ impl core::LanguageExecutor for NodeExecutor {
         })?;
         Ok(Arc::new(NodeProgram {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
+            home: home_thread(&payload),
             payload,
         }))
     }
@@ -303,13 +357,14 @@ impl core::LanguageExecutor for NodeExecutor {
 
 struct NodeProgram {
     id: u64,
+    /// The JavaScript thread that runs it (see [`home_thread`]).
+    home: u32,
     payload: String,
 }
 
 impl core::LoadedProgram for NodeProgram {
     fn run(&self, ctx: &mut core::ExecutionContext<'_>) -> core::Result<()> {
-        let runner = RUNNER.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let runner = runner.ok_or_else(|| {
+        let (thread, runner) = runner_for(self.home).ok_or_else(|| {
             core::Error::unimplemented(
                 "this process runs no JavaScript: the colocated package was not loaded",
             )
@@ -327,9 +382,10 @@ impl core::LoadedProgram for NodeProgram {
             answer: Mutex::new(Some(sender)),
         };
         if runner.call(call, ThreadsafeFunctionCallMode::NonBlocking) != Status::Ok {
-            return Err(core::Error::unavailable(
-                "the JavaScript thread of this process is gone",
-            ));
+            drop_runner(thread);
+            return Err(core::Error::unavailable(format!(
+                "the JavaScript thread {thread} of this process is gone"
+            )));
         }
         // An executor thread may wait; the event loop runs the function, and
         // the function's host callbacks run here (this thread holds them).

@@ -271,3 +271,41 @@ test('a call that compiles holds its place: a delete and an execute made after i
   assert.equal(x.isDeleted, true)
   await assert.rejects(first(x), c.FailedPreconditionError)
 })
+
+test('a worker thread hosts the functions it defines; the main thread hosts its own', async () => {
+  const { Worker } = require('node:worker_threads')
+  const where = c.colocated((x) =>
+    colocated.devicePut(new Int32Array([require('node:worker_threads').threadId]), x.sharding),
+  )
+  const code = `
+    const { parentPort } = require('node:worker_threads')
+    const c = require(${JSON.stringify(require('node:path').join(__dirname, '..'))})
+    const offset = 40
+    // Travels as its source, and runs on this thread.
+    const where = c.colocated((x) => colocated.devicePut(new Int32Array([require('node:worker_threads').threadId]), x.sharding))
+    // Refers to a name around it and has no source of its own (bound):
+    // only this thread can run it.
+    const plus = c.colocated(async function (x) {
+      const [v] = await x.toTypedArray()
+      return c.devicePut(new Int32Array([v + offset]), x.sharding)
+    }.bind(null))
+    ;(async () => {
+      const x = c.devicePut(new Int32Array([2]), c.devices()[0])
+      const [ran] = await (await where(x)).toTypedArray()
+      const [sum] = await (await plus(x)).toTypedArray()
+      parentPort.postMessage({ ran, sum })
+    })().catch((e) => parentPort.postMessage({ error: String(e) }))
+  `
+  const worker = new Worker(code, { eval: true })
+  const thread = worker.threadId
+  const answer = await new Promise((resolve, reject) => {
+    worker.once('message', resolve)
+    worker.once('error', reject)
+  })
+  await worker.terminate()
+  assert.notEqual(thread, 0)
+  assert.deepEqual(answer, { ran: thread, sum: 42 })
+  // The main thread's functions still run here, also after that thread ended.
+  const x = c.devicePut(new Int32Array([0]), c.devices()[0])
+  assert.deepEqual(Array.from(await (await where(x)).toTypedArray()), [0])
+})
