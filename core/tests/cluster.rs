@@ -1211,3 +1211,35 @@ fn a_supervisor_refuses_old_controllers_and_reports_a_child_that_fails() {
     let _ = std::fs::remove_file(&marks);
     worker.shutdown().unwrap();
 }
+
+#[test]
+fn closing_a_session_that_is_gone_succeeds_but_needs_the_token() {
+    use colocated_core::transport::proto::worker_client::WorkerClient;
+    use colocated_core::transport::proto::CloseSessionRequest;
+    use colocated_core::transport::{AUTHORIZATION, SESSION};
+
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // A session the worker no longer has: closed twice, or closed while the
+    // worker stopped and ended it.
+    let close = |token: &str| {
+        runtime.block_on(async {
+            let mut rpc = WorkerClient::connect(format!("http://{}", a.worker.local_addr()))
+                .await
+                .unwrap();
+            let mut request = tonic::Request::new(CloseSessionRequest {});
+            let metadata = request.metadata_mut();
+            let bearer = format!("Bearer {token}");
+            metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
+            metadata.insert(SESSION, "0123456789abcdef0123456789abcdef".parse().unwrap());
+            rpc.close_session(request).await.map(|_| ())
+        })
+    };
+    close(token.expose()).unwrap();
+    let refused = close("not-the-token").unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+}

@@ -17,6 +17,9 @@ use crate::transport::to_status;
 
 /// The path of the one RPC that needs no session.
 const OPEN_SESSION_PATH: &str = "/colocated.remote.v1.Worker/OpenSession";
+/// The path of the RPC that may name a session that is gone (closing one
+/// twice, or racing the worker's shutdown, is not a stranger's request).
+const CLOSE_SESSION_PATH: &str = "/colocated.remote.v1.Worker/CloseSession";
 
 impl Service {
     /// The checks of every request, made by the router before any of its body
@@ -38,9 +41,10 @@ impl Service {
         let headers = request.headers();
         self.authenticate(headers, peer)?;
         self.0.admission.authenticated(peer)?;
-        if request.uri().path() != OPEN_SESSION_PATH {
+        let path = request.uri().path();
+        if path != OPEN_SESSION_PATH {
             let id = session_id(headers).map_err(|e| self.refused(peer, e))?;
-            if !lock(&self.0.sessions).contains_key(&id) {
+            if path != CLOSE_SESSION_PATH && !lock(&self.0.sessions).contains_key(&id) {
                 return Err(self.refused(peer, unknown_session()));
             }
         }

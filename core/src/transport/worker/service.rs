@@ -386,7 +386,10 @@ impl WorkerRpc for Service {
         &self,
         request: Request<CloseSessionRequest>,
     ) -> std::result::Result<Response<CloseSessionResponse>, Status> {
-        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        // A session that is gone already is closed: nothing to refuse.
+        self.authenticate(request.metadata().as_ref(), request.remote_addr())
+            .map_err(|e| to_status(&e))?;
+        let id = session_id(request.metadata().as_ref()).map_err(|e| to_status(&e))?;
         let removed = lock(&self.0.sessions).remove(&id);
         if let Some(session) = removed {
             tracing::info!(session = %id, client = %session.client_name, "session closed");
