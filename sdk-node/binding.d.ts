@@ -537,12 +537,14 @@ export interface Execution {
 }
 
 /**
- * What the runner is told to forget: object `object` of `session`, or
- * every object of a session that ended (`object` null).
+ * What the runner is told to forget: object `object` of `session`, every
+ * object of a session that ended (`object` null), or (`program` set) the
+ * function of a program that was unloaded.
  */
 export interface Forget {
   session: string
   object?: string
+  program?: number
 }
 
 /** A host of a client: the controller's process or a worker. */

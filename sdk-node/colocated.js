@@ -111,6 +111,10 @@ module.exports = function install(binding, exports) {
   // Every JavaScript thread that loads the package hosts: it runs the
   // programs of the functions it defined (others' run on the main thread).
   binding._setForgetter((job) => {
+    if (job.program !== null && job.program !== undefined) {
+      loaded.delete(job.program)
+      return
+    }
     const kept = objects.get(job.session)
     if (kept === undefined) return
     const ids = job.object === null || job.object === undefined ? [...kept.keys()] : [job.object]
@@ -240,6 +244,9 @@ module.exports = function install(binding, exports) {
     }
   }
   binding._setRunner(run, threadId)
+
+  /** What this thread hosts now (for diagnostics and tests). */
+  exports._hosted = () => ({ programs: loaded.size, sessions: objects.size })
 
   // -- the controller -------------------------------------------------------
 

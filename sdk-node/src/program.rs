@@ -266,12 +266,14 @@ impl HostCall {
     }
 }
 
-/// What the runner is told to forget: object `object` of `session`, or
-/// every object of a session that ended (`object` null).
+/// What the runner is told to forget: object `object` of `session`, every
+/// object of a session that ended (`object` null), or (`program` set) the
+/// function of a program that was unloaded.
 #[napi(object)]
 pub struct Forget {
     pub session: String,
     pub object: Option<String>,
+    pub program: Option<i64>,
 }
 
 type Forgetter = ThreadsafeFunction<Forget, Unknown<'static>, Forget, Status, false, true>;
@@ -302,6 +304,7 @@ fn forget(job: Forget) {
         let job = Forget {
             session: job.session.clone(),
             object: job.object.clone(),
+            program: job.program,
         };
         if forgetter.call(job, ThreadsafeFunctionCallMode::NonBlocking) == Status::Closing {
             // That thread's environment is gone, and its objects with it.
@@ -325,6 +328,7 @@ impl Drop for Kept {
         forget(Forget {
             session: self.session.as_u64().to_string(),
             object: Some(self.id.to_string()),
+            program: None,
         });
     }
 }
@@ -339,6 +343,7 @@ impl core::LanguageExecutor for NodeExecutor {
         forget(Forget {
             session: session.as_u64().to_string(),
             object: None,
+            program: None,
         });
     }
 
@@ -360,6 +365,17 @@ struct NodeProgram {
     /// The JavaScript thread that runs it (see [`home_thread`]).
     home: u32,
     payload: String,
+}
+
+/// An unloaded program's function goes from the runner's cache.
+impl Drop for NodeProgram {
+    fn drop(&mut self) {
+        forget(Forget {
+            session: String::new(),
+            object: None,
+            program: Some(self.id as i64),
+        });
+    }
 }
 
 impl core::LoadedProgram for NodeProgram {

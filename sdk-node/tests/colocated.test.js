@@ -309,3 +309,36 @@ test('a worker thread hosts the functions it defines; the main thread hosts its 
   const x = c.devicePut(new Int32Array([0]), c.devices()[0])
   assert.deepEqual(Array.from(await (await where(x)).toTypedArray()), [0])
 })
+
+test('a Node worker forgets the functions of programs it unloaded (a closed session’s)', async () => {
+  const token = tokenFile()
+  const [worker] = await Promise.all([startWorker({ devices: 1, token, node: true })])
+  try {
+    // What the worker hosts, asked by a program of a session of its own.
+    const hosted = async () => {
+      const client = await c.connect(worker.address, { tokenFile: token.file, default: false })
+      const x = c.devicePut(new Int32Array([0]), client.devices()[0])
+      const probe = c
+        .colocated((v) => colocated.devicePut(new Int32Array([colocated._hosted().programs]), v.sharding))
+        .specialize({ outSpecsFn: (v) => v })
+      const [programs] = await (await probe(x)).toTypedArray()
+      client.close()
+      return programs
+    }
+    const before = await hosted()
+    const client = await c.connect(worker.address, { tokenFile: token.file, default: false })
+    const x = c.devicePut(new Int32Array([1]), client.devices()[0])
+    for (let i = 0; i < 5; i++) {
+      const f = c.colocated(new Function('v', `return v /* ${i} */`))
+      await (await f(x)).ready()
+    }
+    client.close()
+    // The session's programs go once the worker ended it.
+    const deadline = Date.now() + 5000
+    let after = await hosted()
+    while (after > before && Date.now() < deadline) after = await hosted()
+    assert.equal(after, before)
+  } finally {
+    await worker.stop()
+  }
+})
