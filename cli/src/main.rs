@@ -1,5 +1,9 @@
 //! `colocated`: the command line of the colocated runtime.
 //!
+//! `colocated status [HOST:PORT...]` prints one line per worker (version,
+//! devices, sessions, uptime), finding them as a controller does when no
+//! address is given, and exits 1 if one does not answer.
+//!
 //! `colocated worker` serves this machine's devices to a controller over gRPC
 //! (SPEC §6). It prints exactly one line, `listening on HOST:PORT`, to stdout
 //! once it accepts connections, logs to stderr (`COLOCATED_LOG`; by default
@@ -16,42 +20,87 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use colocated_core::transport::worker::{FlagKind, Worker, WorkerFlags, WORKER_FLAGS};
+use colocated_core::transport::worker::{
+    FlagKind, StatusFlags, Worker, WorkerFlag, WorkerFlags, STATUS_FLAGS, WORKER_FLAGS,
+};
 use colocated_core::{Client, ClientOptions};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
+/// The argument of one flag of core's tables.
+fn arg_of(flag: &WorkerFlag) -> Arg {
+    let mut arg = Arg::new(flag.name).long(flag.name).help(flag.help);
+    arg = match flag.kind {
+        FlagKind::Switch => arg.action(ArgAction::SetTrue),
+        FlagKind::Count => arg.value_parser(clap::value_parser!(usize)).value_name("N"),
+        FlagKind::Seconds => arg
+            .value_parser(clap::value_parser!(f64))
+            .value_name("SECONDS"),
+        FlagKind::Path => arg
+            .value_parser(clap::value_parser!(PathBuf))
+            .value_name("FILE"),
+        FlagKind::Address => arg.value_name("HOST:PORT"),
+        FlagKind::Port => arg.value_name("PORT"),
+        FlagKind::Name => arg.value_name("NAME"),
+    };
+    if flag.repeatable {
+        arg = arg.action(ArgAction::Append);
+    }
+    if let Some(default) = flag.default {
+        arg = arg.default_value(default);
+    }
+    arg
+}
+
 /// The command line: `colocated worker` with the flags of [`WORKER_FLAGS`]
-/// (the table `python -m colocated.worker` is built from too).
+/// (the table `python -m colocated.worker` is built from too), and
+/// `colocated status` with those of [`STATUS_FLAGS`].
 fn command() -> Command {
     let worker = WORKER_FLAGS.iter().fold(
         Command::new("worker").about("Serves this machine's devices to a controller."),
-        |worker, flag| {
-            let mut arg = Arg::new(flag.name).long(flag.name).help(flag.help);
-            arg = match flag.kind {
-                FlagKind::Switch => arg.action(ArgAction::SetTrue),
-                FlagKind::Count => arg.value_parser(clap::value_parser!(usize)).value_name("N"),
-                FlagKind::Seconds => arg
-                    .value_parser(clap::value_parser!(f64))
-                    .value_name("SECONDS"),
-                FlagKind::Path => arg
-                    .value_parser(clap::value_parser!(PathBuf))
-                    .value_name("FILE"),
-                FlagKind::Address => arg.value_name("HOST:PORT"),
-            };
-            if flag.repeatable {
-                arg = arg.action(ArgAction::Append);
-            }
-            if let Some(default) = flag.default {
-                arg = arg.default_value(default);
-            }
-            worker.arg(arg)
-        },
+        |worker, flag| worker.arg(arg_of(flag)),
+    );
+    let status = STATUS_FLAGS.iter().fold(
+        Command::new("status")
+            .about(
+                "One line per worker: version, devices, sessions, uptime. Exits 1 if one does \
+                 not answer.",
+            )
+            .arg(
+                Arg::new("addresses")
+                    .value_name("HOST:PORT")
+                    .num_args(0..)
+                    .help("The workers (default: found as --cluster says)."),
+            ),
+        |status, flag| status.arg(arg_of(flag)),
     );
     Command::new("colocated")
         .version(env!("CARGO_PKG_VERSION"))
         .about("The colocated runtime's command line")
         .subcommand_required(true)
         .subcommand(worker)
+        .subcommand(status)
+}
+
+/// The status flags' values from parsed `matches`.
+fn status_flags(matches: &ArgMatches) -> StatusFlags {
+    StatusFlags {
+        addresses: matches
+            .get_many::<String>("addresses")
+            .map(|a| a.cloned().collect())
+            .unwrap_or_default(),
+        token_file: matches.get_one::<PathBuf>("token-file").cloned(),
+        tls_ca: matches.get_one::<PathBuf>("tls-ca").cloned(),
+        tls_domain: matches.get_one::<String>("tls-domain").cloned(),
+        timeout: matches
+            .get_one::<f64>("timeout")
+            .copied()
+            .unwrap_or_default(),
+        cluster: matches
+            .get_one::<String>("cluster")
+            .cloned()
+            .unwrap_or_default(),
+        port: matches.get_one::<String>("port").cloned(),
+    }
 }
 
 /// The worker flags' values from parsed `matches`.
@@ -63,6 +112,7 @@ fn worker_flags(matches: &ArgMatches) -> WorkerFlags {
             .get_one::<String>("listen")
             .cloned()
             .unwrap_or_default(),
+        port: matches.get_one::<String>("port").cloned(),
         cpu_devices: matches.get_one::<usize>("cpu-devices").copied(),
         token_file: path("token-file"),
         insecure: matches.get_flag("insecure"),
@@ -87,6 +137,22 @@ fn main() -> ExitCode {
     let matches = command().get_matches();
     let result = match matches.subcommand() {
         Some(("worker", worker)) => run_worker(worker_flags(worker)),
+        Some(("status", status)) => {
+            return match status_flags(status).run() {
+                Ok((report, all)) => {
+                    print!("{report}");
+                    if all {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    }
+                }
+                Err(e) => {
+                    eprintln!("colocated: {}", e.message());
+                    ExitCode::from(2)
+                }
+            }
+        }
         _ => Err("no such command".to_string()),
     };
     match result {

@@ -63,6 +63,7 @@ fn open_request(min: u32, max: u32) -> OpenSessionRequest {
         min_version: min,
         max_version: max,
         client_name: "test".into(),
+        software_version: String::new(),
     }
 }
 

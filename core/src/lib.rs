@@ -31,6 +31,7 @@
 mod array;
 mod buffer;
 mod client;
+pub mod cluster;
 mod colocated;
 mod compiler;
 mod default_client;

@@ -1076,6 +1076,7 @@ fn a_timed_out_session_is_ended_for_every_executor_once_its_programs_ran() {
                     min_version: 1,
                     max_version: 2,
                     client_name: "silent".into(),
+                    software_version: String::new(),
                 },
                 None,
             ))
@@ -1168,6 +1169,7 @@ fn a_supervisor_refuses_old_controllers_and_reports_a_child_that_fails() {
             min_version: 1,
             max_version: REDIRECT_VERSION - 1,
             client_name: "old".into(),
+            software_version: String::new(),
         });
         let bearer = format!("Bearer {}", token.expose());
         request
@@ -1236,10 +1238,137 @@ fn closing_a_session_that_is_gone_succeeds_but_needs_the_token() {
             let bearer = format!("Bearer {token}");
             metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
             metadata.insert(SESSION, "0123456789abcdef0123456789abcdef".parse().unwrap());
-            rpc.close_session(request).await.map(|_| ())
+            rpc.close_session(request)
+                .await
+                .map(|_| ())
+                .map_err(|s| s.code())
         })
     };
     close(token.expose()).unwrap();
     let refused = close("not-the-token").unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    assert_eq!(refused, tonic::Code::Unauthenticated);
+}
+
+#[test]
+fn a_workers_health_says_its_version_devices_sessions_and_uptime_and_needs_the_token() {
+    use colocated_core::transport::session::{health, status_report};
+    use colocated_core::transport::VERSION;
+
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 2);
+    let address = a.worker.local_addr().to_string();
+    let mut ask = ConnectOptions::new(address.clone(), Some(token.clone()));
+    ask.timeout = Duration::from_secs(5);
+    let idle = health(&ask).unwrap();
+    assert_eq!(idle.version, VERSION);
+    assert_eq!(idle.devices, ["cpu", "cpu"]);
+    assert_eq!(idle.sessions, 0);
+    assert!(idle.protocol.0 <= idle.protocol.1);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let busy = health(&ask).unwrap();
+    assert_eq!(busy.sessions, 1);
+    assert!(busy.uptime >= idle.uptime);
+    let line = busy.to_string();
+    for part in [
+        address.as_str(),
+        &format!("colocated {VERSION}"),
+        "2 cpu devices",
+        "native",
+        "1 session ",
+        "up ",
+    ] {
+        assert!(line.contains(part), "{part:?} in {line:?}");
+    }
+    // A wrong token learns nothing.
+    let stranger = ConnectOptions::new(address.clone(), Some(Token::new("wrong").unwrap()));
+    assert_eq!(
+        health(&stranger).unwrap_err().code(),
+        ErrorCode::Unauthenticated
+    );
+    // `colocated status`: a line per worker, in order; one that does not
+    // answer says why, and the report says not all did.
+    let nobody = "127.0.0.1:1".to_string();
+    let (report, all) = status_report(&[address.clone(), nobody.clone()], &ask);
+    let lines: Vec<&str> = report.lines().collect();
+    assert_eq!(lines.len(), 2, "{report}");
+    assert!(lines[0].starts_with(&address), "{report}");
+    assert!(
+        lines[1].starts_with(&format!("{nobody}  unavailable")),
+        "{report}"
+    );
+    assert!(!all);
+    assert!(status_report(std::slice::from_ref(&address), &ask).1);
+    drop(client);
+}
+
+#[test]
+fn a_controller_and_a_worker_of_different_releases_refuse_each_other_naming_both() {
+    use colocated_core::transport::proto::worker_client::WorkerClient;
+    use colocated_core::transport::proto::OpenSessionRequest;
+    use colocated_core::transport::{versions_compatible, AUTHORIZATION, VERSION};
+
+    assert!(versions_compatible("0.1.0", "0.1.7"));
+    assert!(versions_compatible("1.2.3", "1.2.0-rc1"));
+    assert!(!versions_compatible("0.1.0", "0.2.0"));
+    assert!(!versions_compatible("1.0.0", "2.0.0"));
+    assert!(!versions_compatible("dev", "0.1.0"));
+    assert!(versions_compatible("dev", "dev"));
+
+    let token = Token::generate().unwrap();
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut worker_options = WorkerOptions::new(Some(token.clone()));
+    worker_options.software_version = "0.99.0".into();
+    let worker = Worker::start(client, worker_options).unwrap();
+    // This controller refuses the worker.
+    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
+    connect.timeout = Duration::from_secs(5);
+    let err = Client::connect(&ClusterOptions {
+        workers: vec![connect],
+        include_local: false,
+        local: ClientOptions::default(),
+    })
+    .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FailedPrecondition, "{err}");
+    for part in ["0.99.0", VERSION, "version mismatch"] {
+        assert!(err.message().contains(part), "{part:?} in {err}");
+    }
+    // ... and closes the session it opened there.
+    eventually("the refused session is closed", || {
+        worker.session_count() == 0
+    });
+    // The worker refuses a controller of another release.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refused = runtime.block_on(async {
+        let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
+            .await
+            .unwrap();
+        let mut request = tonic::Request::new(OpenSessionRequest {
+            min_version: 1,
+            max_version: 3,
+            client_name: "future".into(),
+            software_version: "7.0.0".into(),
+        });
+        let bearer = format!("Bearer {}", token.expose());
+        request
+            .metadata_mut()
+            .insert(AUTHORIZATION, bearer.parse().unwrap());
+        rpc.open_session(request)
+            .await
+            .map(|_| ())
+            .map_err(|s| (s.code(), s.message().to_string()))
+    });
+    let (code, message) = refused.unwrap_err();
+    assert_eq!(code, tonic::Code::FailedPrecondition);
+    assert!(
+        message.contains("7.0.0") && message.contains("0.99.0"),
+        "{message}"
+    );
+    assert_eq!(worker.session_count(), 0);
 }

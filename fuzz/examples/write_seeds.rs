@@ -92,6 +92,7 @@ fn control_seeds() {
             min_version,
             max_version,
             client_name: "seed".into(),
+            software_version: String::new(),
         };
         write(target, name, &encode_input(Rpc::OpenSession, &[open]));
     }

@@ -67,6 +67,7 @@ function main(argv) {
     }
     worker = binding._startWorker({
       listen: text('listen'),
+      port: text('port'),
       cpuDevices,
       tokenFile: text('token-file'),
       insecure: parsed.insecure ?? false,

@@ -19,7 +19,7 @@ use crate::errors::OrThrow;
 pub struct WorkerFlagInfo {
     /// The long name, without `--`.
     pub name: String,
-    /// `switch`, `address`, `count`, `seconds` or `path`.
+    /// `switch`, `address`, `count`, `seconds`, `path`, `port` or `name`.
     pub kind: String,
     /// The default value as text.
     pub default: Option<String>,
@@ -42,6 +42,8 @@ pub fn worker_flags() -> Vec<WorkerFlagInfo> {
                 FlagKind::Count => "count",
                 FlagKind::Seconds => "seconds",
                 FlagKind::Path => "path",
+                FlagKind::Port => "port",
+                FlagKind::Name => "name",
             }
             .to_string(),
             default: f.default.map(str::to_string),
@@ -55,6 +57,7 @@ pub fn worker_flags() -> Vec<WorkerFlagInfo> {
 #[napi(object)]
 pub struct WorkerValues {
     pub listen: String,
+    pub port: Option<String>,
     pub cpu_devices: Option<u32>,
     pub token_file: Option<String>,
     pub insecure: bool,
@@ -123,6 +126,7 @@ impl Task for Shutdown {
 pub fn start_worker(env: Env, values: WorkerValues) -> napi::Result<WorkerHandle> {
     let flags = WorkerFlags {
         listen: values.listen,
+        port: values.port,
         cpu_devices: values.cpu_devices.map(|n| n as usize),
         token_file: values.token_file.map(Into::into),
         insecure: values.insecure,

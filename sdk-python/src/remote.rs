@@ -68,7 +68,8 @@ impl WorkerHandle {
 
 /// The flags of a worker's command line, from core's table (which `colocated
 /// worker` is built from too): `(name, kind, default, repeatable, help)` per
-/// flag, `kind` one of `switch`, `address`, `count`, `seconds`, `path`.
+/// flag, `kind` one of `switch`, `address`, `count`, `seconds`, `path`,
+/// `port`, `name`.
 #[pyfunction]
 pub fn worker_flags() -> Vec<(
     &'static str,
@@ -86,6 +87,8 @@ pub fn worker_flags() -> Vec<(
                 FlagKind::Count => "count",
                 FlagKind::Seconds => "seconds",
                 FlagKind::Path => "path",
+                FlagKind::Port => "port",
+                FlagKind::Name => "name",
             };
             (f.name, kind, f.default, f.repeatable, f.help)
         })
@@ -104,10 +107,11 @@ pub struct WorkerConfig {
 #[pymethods]
 impl WorkerConfig {
     #[new]
-    #[pyo3(signature = (*, listen, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, token=None))]
+    #[pyo3(signature = (*, listen, port=None, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, token=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         listen: String,
+        port: Option<String>,
         token_file: Option<std::path::PathBuf>,
         insecure: bool,
         tls_cert: Option<std::path::PathBuf>,
@@ -120,6 +124,7 @@ impl WorkerConfig {
         let given = token.map(Token::new).transpose().map_err(py_err)?;
         let flags = WorkerFlags {
             listen,
+            port,
             // A given token stands for the flags' (which then name none).
             insecure: insecure || given.is_some(),
             token_file: if given.is_some() { None } else { token_file },

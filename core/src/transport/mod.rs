@@ -43,6 +43,36 @@ pub mod proto {
     tonic::include_proto!("colocated.remote.v1");
 }
 
+/// This build's colocated version, which controllers and workers exchange
+/// when a session opens (see [`versions_compatible`]).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Whether a controller and a worker of colocated versions `a` and `b` may
+/// work together: the same release line, major.minor (`0.1.0` and `0.1.3`
+/// do, `0.1.0` and `0.2.0` do not). A version that is not `X.Y.Z` is
+/// compatible only with itself.
+pub fn versions_compatible(a: &str, b: &str) -> bool {
+    fn line(version: &str) -> Option<(u64, u64)> {
+        let mut parts = version.split(['.', '-', '+']);
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        Some((major, minor))
+    }
+    match (line(a), line(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The error of a controller and a worker (`which`: "this worker", "worker
+/// HOST:PORT") of incompatible versions.
+pub(crate) fn version_mismatch(controller: &str, worker: &str, which: &str) -> Error {
+    Error::failed_precondition(format!(
+        "version mismatch: the controller runs colocated {controller} and {which} \
+         colocated {worker}; install one release (major.minor) on every host"
+    ))
+}
+
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// The newest protocol version this build speaks: 2 adds string buffers

@@ -396,7 +396,7 @@ class WorkerHandle:
 def worker_flags() -> list[tuple[str, str, str | None, bool, str]]:
     """The flags of a worker's command line, from the runtime's table (which
     ``colocated worker`` is built from too): ``(name, kind, default, repeatable,
-    help)``, ``kind`` one of ``switch``, ``address``, ``count``, ``seconds``, ``path``."""
+    help)``, ``kind`` one of ``switch``, ``address``, ``count``, ``seconds``, ``path``, ``port``, ``name``."""
 
 class WorkerConfig:
     """A worker's options, checked: made from the values of the worker flags by
@@ -408,6 +408,7 @@ class WorkerConfig:
         self,
         *,
         listen: str,
+        port: str | None = None,
         token_file: str | os.PathLike | None = None,
         insecure: bool = False,
         tls_cert: str | os.PathLike | None = None,

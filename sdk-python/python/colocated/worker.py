@@ -28,8 +28,8 @@ from . import _client, _colocated
 from ._errors import ColocatedError
 
 #: How argparse reads each kind of value of the runtime's table of flags.
-_TYPES = {"address": str, "count": int, "seconds": float, "path": str}
-_METAVARS = {"address": "HOST:PORT", "count": "N", "seconds": "SECONDS", "path": "FILE"}
+_TYPES = {"address": str, "count": int, "seconds": float, "path": str, "port": str, "name": str}
+_METAVARS = {"address": "HOST:PORT", "count": "N", "seconds": "SECONDS", "path": "FILE", "port": "PORT|auto", "name": "NAME"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     token = _single_session_token(args) if args.single_session else None
     flags = {
         "listen": args.listen,
+        "port": args.port,
         "token_file": None if args.single_session else args.token_file,
         "insecure": args.insecure and not args.single_session,
         "tls_cert": args.tls_cert,

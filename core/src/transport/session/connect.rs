@@ -16,10 +16,10 @@ use super::{block_on, Inner, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
 use crate::transport::proto::worker_client::WorkerClient;
-use crate::transport::proto::{OpenSessionRequest, OpenSessionResponse};
+use crate::transport::proto::{CloseSessionRequest, OpenSessionRequest, OpenSessionResponse};
 use crate::transport::{
-    from_status, runtime, SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX,
-    PROTOCOL_VERSION_MIN,
+    from_status, runtime, version_mismatch, versions_compatible, SessionId, Token, AUTHORIZATION,
+    MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, SESSION, VERSION,
 };
 
 /// `HOST` of `HOST:PORT` (without the brackets of an IPv6 address).
@@ -87,13 +87,8 @@ fn redirect_address(dialed: &str, redirect: &str) -> Result<String> {
     })
 }
 
-/// Connects to `address` with `token` (and the rest of `options`) and sends
-/// `OpenSession`.
-fn open_session(
-    options: &ConnectOptions,
-    address: &str,
-    token: &Option<Token>,
-) -> Result<(Opened, OpenSessionResponse)> {
+/// The endpoint of `address` with `options`' TLS and timeouts.
+pub(super) fn endpoint(options: &ConnectOptions, address: &str) -> Result<Endpoint> {
     let scheme = if options.tls_ca.is_some() {
         "https"
     } else {
@@ -121,19 +116,38 @@ fn open_session(
             .tls_config(tls)
             .map_err(|e| Error::invalid_argument(format!("bad TLS configuration: {e}")))?;
     }
-    let authorization = token
+    Ok(endpoint)
+}
+
+/// The `authorization` header value of `token`.
+pub(super) fn authorization(
+    token: &Option<Token>,
+) -> Result<Option<MetadataValue<tonic::metadata::Ascii>>> {
+    token
         .as_ref()
         .map(|t| {
             MetadataValue::try_from(format!("Bearer {}", t.expose()))
                 .map_err(|_| Error::invalid_argument("the token cannot travel in a header"))
         })
-        .transpose()?;
+        .transpose()
+}
+
+/// Connects to `address` with `token` (and the rest of `options`) and sends
+/// `OpenSession`.
+fn open_session(
+    options: &ConnectOptions,
+    address: &str,
+    token: &Option<Token>,
+) -> Result<(Opened, OpenSessionResponse)> {
+    let endpoint = endpoint(options, address)?;
+    let authorization = authorization(token)?;
     let address = address.to_string();
     let timeout = options.timeout;
     let request = OpenSessionRequest {
         min_version: PROTOCOL_VERSION_MIN,
         max_version: PROTOCOL_VERSION_MAX,
         client_name: options.client_name.clone(),
+        software_version: VERSION.to_string(),
     };
     let connect_authorization = authorization.clone();
     let (rpc, channel, response) = block_on(async move {
@@ -201,6 +215,26 @@ impl RemoteSession {
             channel,
             authorization,
         } = opened;
+        let worker = &response.software_version;
+        if !worker.is_empty() && !versions_compatible(VERSION, worker) {
+            let worker: String = worker.chars().take(64).collect();
+            let which = format!("worker {}", options.address);
+            // Nothing will use the session it opened.
+            let (mut rpc, id) = (rpc.clone(), response.session_id.clone());
+            if let (Ok(runtime), Ok(id)) = (runtime(), SessionId::from_bytes(&id)) {
+                let mut request = Request::new(CloseSessionRequest {});
+                if let Some(value) = authorization.clone() {
+                    request.metadata_mut().insert(AUTHORIZATION, value);
+                }
+                if let Ok(value) = MetadataValue::try_from(id.to_string()) {
+                    request.metadata_mut().insert(SESSION, value);
+                }
+                runtime.spawn(async move {
+                    let _ = rpc.close_session(request).await;
+                });
+            }
+            return Err(version_mismatch(VERSION, &worker, &which));
+        }
         if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION_MAX).contains(&response.version) {
             return Err(Error::failed_precondition(format!(
                 "worker {} chose protocol version {}, outside {}..={}",

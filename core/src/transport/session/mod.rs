@@ -30,6 +30,7 @@ mod blocking;
 mod bulk;
 mod connect;
 mod control;
+mod health;
 mod host_calls;
 mod liveness;
 
@@ -37,6 +38,7 @@ pub use crate::future::{Completion, Progress};
 pub use bulk::UploadStop;
 pub use connect::ConnectOptions;
 use control::Control;
+pub use health::{health, status_report, WorkerHealth};
 
 /// An open session on a worker host. Heartbeats keep it open while the value
 /// lives; dropping it (or [`RemoteSession::disconnect`]) closes it on the worker.

@@ -37,7 +37,9 @@ mod routes;
 mod service;
 mod sessions;
 
-pub use flags::{seconds, FlagKind, WorkerFlag, WorkerFlags, WORKER_FLAGS};
+pub use flags::{
+    seconds, FlagKind, StatusFlags, WorkerFlag, WorkerFlags, STATUS_FLAGS, WORKER_FLAGS,
+};
 
 use routes::Routes;
 pub(super) use service::Service;
@@ -81,6 +83,10 @@ pub struct WorkerOptions {
     /// [`Worker::idle_expired`] becomes true once that session ended, or if
     /// none opened within `handshake_timeout` (a supervisor's child).
     pub single_session: bool,
+    /// The colocated version the worker reports and checks controllers
+    /// against (default: this build's, [`VERSION`](crate::transport::VERSION)).
+    /// Tests set another to stand for a worker of another release.
+    pub software_version: String,
 }
 
 /// A worker's TLS certificate chain and private key, PEM-encoded.
@@ -112,6 +118,7 @@ impl WorkerOptions {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             isolate: None,
             single_session: false,
+            software_version: crate::transport::VERSION.to_string(),
         }
     }
 }
@@ -134,6 +141,10 @@ pub(super) struct Shared {
     admission: Arc<Admission>,
     refusals: RefusalLog,
     idle: Arc<IdleWatch>,
+    /// `WorkerOptions::software_version`.
+    software_version: String,
+    /// When the worker started (its uptime in `Health`).
+    started: std::time::Instant,
     /// A supervisor's session workers (`WorkerOptions::isolate`).
     children: Option<Arc<Children>>,
     /// `WorkerOptions::single_session`, and whether its session was taken.
@@ -203,6 +214,8 @@ impl Worker {
             admission: Admission::new(options.handshake_timeout),
             refusals: RefusalLog::default(),
             idle: Arc::default(),
+            software_version: options.software_version.clone(),
+            started: std::time::Instant::now(),
             children: options
                 .isolate
                 .clone()

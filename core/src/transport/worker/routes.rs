@@ -20,6 +20,8 @@ const OPEN_SESSION_PATH: &str = "/colocated.remote.v1.Worker/OpenSession";
 /// The path of the RPC that may name a session that is gone (closing one
 /// twice, or racing the worker's shutdown, is not a stranger's request).
 const CLOSE_SESSION_PATH: &str = "/colocated.remote.v1.Worker/CloseSession";
+/// The path of the RPC about the worker itself, which needs no session.
+const HEALTH_PATH: &str = "/colocated.remote.v1.Worker/Health";
 
 impl Service {
     /// The checks of every request, made by the router before any of its body
@@ -42,7 +44,7 @@ impl Service {
         self.authenticate(headers, peer)?;
         self.0.admission.authenticated(peer)?;
         let path = request.uri().path();
-        if path != OPEN_SESSION_PATH {
+        if path != OPEN_SESSION_PATH && path != HEALTH_PATH {
             let id = session_id(headers).map_err(|e| self.refused(peer, e))?;
             if path != CLOSE_SESSION_PATH && !lock(&self.0.sessions).contains_key(&id) {
                 return Err(self.refused(peer, unknown_session()));

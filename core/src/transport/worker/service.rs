@@ -24,13 +24,13 @@ use crate::transport::proto::worker_server::Worker as WorkerRpc;
 use crate::transport::proto::{
     CloseSessionRequest, CloseSessionResponse, ControlRequest, ControlResponse,
     DeleteBuffersRequest, DeleteBuffersResponse, DeviceInfo, ExecuteRequest, ExecuteResponse,
-    GetBufferRequest, HeartbeatRequest, HeartbeatResponse, HostInfo, LoadExecutableRequest,
-    LoadExecutableResponse, OpenSessionRequest, OpenSessionResponse, PutBufferChunk,
-    PutBufferResponse,
+    GetBufferRequest, HealthRequest, HealthResponse, HeartbeatRequest, HeartbeatResponse, HostInfo,
+    LoadExecutableRequest, LoadExecutableResponse, OpenSessionRequest, OpenSessionResponse,
+    PutBufferChunk, PutBufferResponse,
 };
 use crate::transport::{
-    to_status, SessionId, AUTHORIZATION, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
-    REDIRECT_VERSION,
+    to_status, version_mismatch, SessionId, AUTHORIZATION, PROTOCOL_VERSION_MAX,
+    PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
 };
 
 pub(in crate::transport) struct Service(pub(in crate::transport) Arc<Shared>);
@@ -67,6 +67,7 @@ impl Service {
             session_timeout_ms: millis(self.0.session_timeout),
             redirect_address: address.to_string(),
             redirect_token: token.expose().to_string(),
+            software_version: self.0.software_version.clone(),
         }))
     }
 
@@ -336,6 +337,14 @@ impl WorkerRpc for Service {
                 req.min_version, req.max_version, PROTOCOL_VERSION_MIN, PROTOCOL_VERSION_MAX
             )));
         }
+        let controller = &req.software_version;
+        if !controller.is_empty()
+            && !crate::transport::versions_compatible(controller, &self.0.software_version)
+        {
+            let controller: String = controller.chars().take(64).collect();
+            let err = version_mismatch(&controller, &self.0.software_version, "this worker");
+            return Err(to_status(&err));
+        }
         let client_name: String = req.client_name.chars().take(256).collect();
         if let Some(children) = &self.0.children {
             return self.redirect(children.clone(), version, client_name).await;
@@ -371,6 +380,27 @@ impl WorkerRpc for Service {
             session_timeout_ms: millis(self.0.session_timeout),
             redirect_address: String::new(),
             redirect_token: String::new(),
+            software_version: self.0.software_version.clone(),
+        }))
+    }
+
+    async fn health(
+        &self,
+        request: Request<HealthRequest>,
+    ) -> std::result::Result<Response<HealthResponse>, Status> {
+        self.authenticate(request.metadata().as_ref(), request.remote_addr())
+            .map_err(|e| to_status(&e))?;
+        let sessions = match &self.0.children {
+            Some(children) => children.live(),
+            None => lock(&self.0.sessions).len(),
+        };
+        Ok(Response::new(HealthResponse {
+            software_version: self.0.software_version.clone(),
+            protocol_min: PROTOCOL_VERSION_MIN,
+            protocol_max: PROTOCOL_VERSION_MAX,
+            host: Some(self.host_info()),
+            sessions: u32::try_from(sessions).unwrap_or(u32::MAX),
+            uptime_ms: u64::try_from(self.0.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         }))
     }
 
