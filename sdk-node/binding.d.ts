@@ -400,6 +400,17 @@ export declare function _setRunner(run: (arg: HostCall) => unknown, thread: numb
  */
 export declare function _startWorker(values: WorkerValues): WorkerHandle
 
+/**
+ * `colocated status`: resolves with one line per worker and whether all
+ * answered (asked on libuv's thread pool). Rejects with
+ * `InvalidArgumentError` naming a bad flag, `NotFoundError` when no worker
+ * is given or found.
+ */
+export declare function _status(values: StatusValues): Promise<[string, boolean]>
+
+/** The flags of `colocated status` after its addresses. */
+export declare function _statusFlags(): Array<WorkerFlagInfo>
+
 /** The flags every worker takes. */
 export declare function _workerFlags(): Array<WorkerFlagInfo>
 
@@ -464,12 +475,14 @@ export interface ConfigureOptions {
 
 /**
  * Connects to worker hosts (`"HOST:PORT"` each; worker `i` is process
- * `i + 1`) and resolves with a client of them. Rejects with
- * `UnavailableError` for a worker that cannot be reached,
- * `UnauthenticatedError` for a refused token, `InvalidArgumentError` for bad
- * options.
+ * `i + 1`; none: those `options.cluster` finds) and resolves with a client
+ * of them, waiting up to `timeout` for workers that are still starting.
+ * Rejects with `UnavailableError` for workers that cannot be reached (each
+ * named), `UnauthenticatedError` for a refused token, `NotFoundError` when
+ * no worker is given or found (saying where it looked),
+ * `InvalidArgumentError` for bad options.
  */
-export declare function connect(addresses: string | Array<string>, options?: ConnectOptions | undefined | null): Promise<Client>
+export declare function connect(addresses?: string | Array<string> | undefined | null, options?: ConnectOptions | undefined | null): Promise<Client>
 
 /** Options of `connect`. */
 export interface ConnectOptions {
@@ -498,6 +511,29 @@ export interface ConnectOptions {
   default?: boolean
   /** CPU devices of this process, with `includeLocal`. */
   numCpuDevices?: number
+  /**
+   * Without addresses, where to find the workers: `'auto'` (the default:
+   * `COLOCATED_WORKERS`, then the Slurm job, then Kubernetes), `'env'`,
+   * `'slurm'` or `'kubernetes'`.
+   */
+  cluster?: string
+  /**
+   * Without addresses, the workers' port (default: the Slurm job's,
+   * `61440 + SLURM_JOB_ID % 4096`; 61440 in Kubernetes).
+   */
+  port?: number
+  /**
+   * Kubernetes: the workers' headless Service (else
+   * `COLOCATED_KUBERNETES_SERVICE`).
+   */
+  service?: string
+  /**
+   * Kubernetes: how many workers its StatefulSet runs (else
+   * `COLOCATED_KUBERNETES_REPLICAS`).
+   */
+  replicas?: number
+  /** Kubernetes: their namespace (default: this pod's, else `default`). */
+  namespace?: string
 }
 
 /** The outputs `outSpecsFn` declares: the leaves' specs and the tree. */
@@ -629,11 +665,22 @@ export interface Shard {
   data: ColocatedArray
 }
 
+/** The values of `colocated status`'s flags, as parsed. */
+export interface StatusValues {
+  addresses: Array<string>
+  tokenFile?: string
+  tlsCa?: string
+  tlsDomain?: string
+  timeout: number
+  cluster: string
+  port?: string
+}
+
 /** One flag of a worker's command line (core's table). */
 export interface WorkerFlagInfo {
   /** The long name, without `--`. */
   name: string
-  /** `switch`, `address`, `count`, `seconds` or `path`. */
+  /** `switch`, `address`, `count`, `seconds`, `path`, `port` or `name`. */
   kind: string
   /** The default value as text. */
   default?: string
@@ -646,6 +693,7 @@ export interface WorkerFlagInfo {
 /** The values of the worker flags, as parsed (text already converted). */
 export interface WorkerValues {
   listen: string
+  port?: string
   cpuDevices?: number
   tokenFile?: string
   insecure: boolean

@@ -54,6 +54,8 @@ declare module './binding' {
     /** Aborts the wait for the connection. */
     signal?: AbortSignal
   }
+  /** Connects to the workers `options.cluster` finds (as `connect(null, options)`). */
+  function connect(options: ConnectOptions): Promise<Client>
   interface LoadedExecutable {
     /**
      * `signal` aborts the wait of `done` (the execution goes on); `stream`

@@ -145,7 +145,14 @@ binding.LoadedExecutable.prototype.execute = function (args, options) {
   return { outputs: run.outputs, done: abortable(run.done, options?.signal) }
 }
 const nativeConnect = binding.connect
-binding.connect = (addresses, options) => abortable(nativeConnect(addresses, options), options?.signal)
+// connect(options) finds the workers (as connect(null, options) does).
+binding.connect = (addresses, options) => {
+  if (addresses !== null && typeof addresses === 'object' && !Array.isArray(addresses)) {
+    options = addresses
+    addresses = undefined
+  }
+  return abortable(nativeConnect(addresses ?? undefined, options), options?.signal)
+}
 const nativeDevicePut = binding.devicePut
 binding.devicePut = (data, sharding, options) => {
   const stream = options?.stream ?? streams.current()

@@ -72,6 +72,29 @@ impl ClusterOptions {
     }
 }
 
+impl ClusterOptions {
+    /// Options for the workers at `addresses` or, when none are given, for
+    /// those `discovery` finds ([`find_workers`](crate::cluster::find_workers):
+    /// `COLOCATED_WORKERS`, the Slurm job, Kubernetes), each reached as
+    /// `connect` says. `not_found` when none are given or found (listing
+    /// where it looked).
+    pub fn find(
+        addresses: &[String],
+        discovery: &crate::cluster::Discovery,
+        connect: &ConnectOptions,
+        include_local: bool,
+        local: ClientOptions,
+    ) -> Result<ClusterOptions> {
+        let found = crate::cluster::find_workers(addresses, discovery, &crate::cluster::System)?;
+        Ok(ClusterOptions::uniform(
+            found.addresses,
+            connect,
+            include_local,
+            local,
+        ))
+    }
+}
+
 /// A host: a process that owns devices and runs programs on them.
 #[derive(Clone, Debug)]
 pub struct Host {
@@ -152,6 +175,29 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// A session with the worker of `options`, retrying while it refuses
+/// connections (it has not started listening yet) until `options.timeout`
+/// has passed.
+fn connect_when_up(options: &ConnectOptions) -> Result<RemoteSession> {
+    let deadline = std::time::Instant::now() + options.timeout;
+    loop {
+        match RemoteSession::connect(options) {
+            Err(e) if e.code() == crate::error::ErrorCode::Unavailable => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(Error::unavailable(format!(
+                        "{} (waited {:?} for it)",
+                        e.message(),
+                        options.timeout
+                    )));
+                }
+                std::thread::sleep(left.min(std::time::Duration::from_millis(100)));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 impl Client {
     /// A client whose only host is this process, with CPU devices.
     pub fn new_local(options: ClientOptions) -> Result<Client> {
@@ -159,25 +205,58 @@ impl Client {
     }
 
     /// A client of worker hosts (and of this process too, if
-    /// `options.include_local`): connects to every worker, in order, and opens
-    /// a session on each. Devices get global ids host after host; a worker's
-    /// devices report `process_index` `i + 1`.
+    /// `options.include_local`): connects to every worker at once and opens a
+    /// session on each, waiting for workers that do not accept connections
+    /// yet (still starting, as when a cluster manager starts them with the
+    /// controller) until each one's `timeout`. Devices get global ids host
+    /// after host; a worker's devices report `process_index` `i + 1`.
     ///
     /// Errors: no host at all (`invalid_argument`); a worker that cannot be
-    /// reached (`unavailable`), refuses the token (`unauthenticated`) or speaks
-    /// no common protocol version (`failed_precondition`), each naming the
-    /// worker.
+    /// reached in time (`unavailable`), refuses the token (`unauthenticated`)
+    /// or speaks no common protocol or release (`failed_precondition`). With
+    /// one worker failing, its error; with several, one error that names
+    /// each (its code: the first that is not `unavailable`, if any).
     pub fn connect(options: &ClusterOptions) -> Result<Client> {
         if options.workers.is_empty() && !options.include_local {
             return Err(Error::invalid_argument(
                 "a client needs at least one host: name workers or include the local host",
             ));
         }
-        let sessions = options
-            .workers
-            .iter()
-            .map(RemoteSession::connect)
-            .collect::<Result<Vec<_>>>()?;
+        let attempts: Vec<Result<RemoteSession>> = std::thread::scope(|scope| {
+            let started: Vec<_> = options
+                .workers
+                .iter()
+                .map(|worker| scope.spawn(move || connect_when_up(worker)))
+                .collect();
+            started
+                .into_iter()
+                .map(|attempt| {
+                    attempt
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::internal("connecting panicked")))
+                })
+                .collect()
+        });
+        let total = attempts.len();
+        let (sessions, failures): (Vec<_>, Vec<_>) = attempts.into_iter().partition(Result::is_ok);
+        let mut failures: Vec<Error> = failures.into_iter().filter_map(Result::err).collect();
+        match failures.len() {
+            0 => {}
+            1 => return Err(failures.remove(0)),
+            n => {
+                let code = failures
+                    .iter()
+                    .map(Error::code)
+                    .find(|c| *c != crate::error::ErrorCode::Unavailable)
+                    .unwrap_or(crate::error::ErrorCode::Unavailable);
+                let each: Vec<String> = failures.iter().map(|e| e.message().to_string()).collect();
+                return Err(Error::new(
+                    code,
+                    format!("{n} of {total} workers failed: {}", each.join("; ")),
+                ));
+            }
+        }
+        let sessions = sessions.into_iter().filter_map(Result::ok).collect();
         Client::build(&options.local, options.include_local, sessions)
     }
 

@@ -1,5 +1,9 @@
 #!/usr/bin/env node
 
+// `npx colocated status [HOST:PORT ...]`: one line per worker (version,
+// devices, sessions, uptime), found as a controller finds them when no address
+// is given; exits 1 if one does not answer.
+//
 // `npx colocated worker --listen HOST:PORT --cpu-devices N --token-file F`:
 // this machine's devices served to controllers, running `node` programs on
 // this process's event loop and native plugins. The flags are core's table,
@@ -10,10 +14,10 @@ const { parseArgs } = require('node:util')
 const colocated = require('../index.js')
 const binding = require('../binding.js')
 
-const USAGE = 'usage: colocated worker [--flag value ...] (see --help)'
+const USAGE = 'usage: colocated {worker,status} [--flag value ...] (colocated COMMAND --help)'
 
-function help(flags) {
-  const lines = ['colocated worker: serve this machine’s devices to controllers.', '']
+function help(flags, title) {
+  const lines = [title, '']
   for (const f of flags) {
     const value = f.kind === 'switch' ? '' : ` <${f.kind}>`
     const extra = [
@@ -28,26 +32,69 @@ function help(flags) {
   return lines.join('\n')
 }
 
-function main(argv) {
-  const [command, ...rest] = argv
-  const flags = binding._workerFlags()
-  if (command !== 'worker') {
-    process.stderr.write(`colocated: unknown command ${JSON.stringify(command ?? '')}\n${USAGE}\n`)
-    return 2
-  }
+/** `args` parsed by core's table `flags`: `{values, positionals}`, or null after a usage error. */
+function parse(args, flags, positionals) {
   const options = { help: { type: 'boolean' } }
   for (const f of flags) {
     options[f.name] = { type: f.kind === 'switch' ? 'boolean' : 'string', multiple: f.repeatable }
   }
-  let parsed
   try {
-    parsed = parseArgs({ args: rest, options, strict: true, allowPositionals: false }).values
+    return parseArgs({ args, options, strict: true, allowPositionals: positionals })
   } catch (err) {
     process.stderr.write(`colocated: ${err.message}\n${USAGE}\n`)
+    return null
+  }
+}
+
+/** `colocated status [HOST:PORT ...]`: one line per worker; 1 if one does not answer. */
+function statusCommand(rest) {
+  const flags = binding._statusFlags()
+  const parsed = parse(rest, flags, true)
+  if (parsed === null) return 2
+  if (parsed.values.help) {
+    process.stdout.write(
+      `${help(flags, 'colocated status [HOST:PORT ...]: one line per worker (version, devices, sessions, uptime).')}\n`,
+    )
+    return 0
+  }
+  const text = (name) => parsed.values[name] ?? flags.find((f) => f.name === name)?.default ?? undefined
+  const timeout = Number(text('timeout'))
+  binding
+    ._status({
+      addresses: parsed.positionals,
+      tokenFile: text('token-file'),
+      tlsCa: text('tls-ca'),
+      tlsDomain: text('tls-domain'),
+      timeout: Number.isFinite(timeout) ? timeout : Number.NaN,
+      cluster: text('cluster'),
+      port: text('port'),
+    })
+    .then(
+      ([report, everyone]) => {
+        process.stdout.write(report)
+        process.exitCode = everyone ? 0 : 1
+      },
+      (err) => {
+        process.stderr.write(`colocated: ${err.message}\n`)
+        process.exitCode = 2
+      },
+    )
+  return undefined
+}
+
+function main(argv) {
+  const [command, ...rest] = argv
+  if (command === 'status') return statusCommand(rest)
+  if (command !== 'worker') {
+    process.stderr.write(`colocated: unknown command ${JSON.stringify(command ?? '')}\n${USAGE}\n`)
     return 2
   }
+  const flags = binding._workerFlags()
+  const args = parse(rest, flags, false)
+  if (args === null) return 2
+  const parsed = args.values
   if (parsed.help) {
-    process.stdout.write(`${help(flags)}\n`)
+    process.stdout.write(`${help(flags, 'colocated worker: serve this machine’s devices to controllers.')}\n`)
     return 0
   }
   const text = (name) => parsed[name] ?? flags.find((f) => f.name === name)?.default ?? undefined
@@ -102,5 +149,5 @@ function main(argv) {
   return undefined
 }
 
-const status = main(process.argv.slice(2))
-if (status !== undefined) process.exitCode = status
+const exitStatus = main(process.argv.slice(2))
+if (exitStatus !== undefined) process.exitCode = exitStatus

@@ -284,12 +284,37 @@ pub struct ConnectOptions {
     pub default: Option<bool>,
     /// CPU devices of this process, with `includeLocal`.
     pub num_cpu_devices: Option<f64>,
+    /// Without addresses, where to find the workers: `'auto'` (the default:
+    /// `COLOCATED_WORKERS`, then the Slurm job, then Kubernetes), `'env'`,
+    /// `'slurm'` or `'kubernetes'`.
+    pub cluster: Option<String>,
+    /// Without addresses, the workers' port (default: the Slurm job's,
+    /// `61440 + SLURM_JOB_ID % 4096`; 61440 in Kubernetes).
+    pub port: Option<u32>,
+    /// Kubernetes: the workers' headless Service (else
+    /// `COLOCATED_KUBERNETES_SERVICE`).
+    pub service: Option<String>,
+    /// Kubernetes: how many workers its StatefulSet runs (else
+    /// `COLOCATED_KUBERNETES_REPLICAS`).
+    pub replicas: Option<u32>,
+    /// Kubernetes: their namespace (default: this pod's, else `default`).
+    pub namespace: Option<String>,
 }
 
-/// Connecting to workers, on libuv's thread pool.
+/// Finding and connecting to workers, on libuv's thread pool.
 pub struct Connect {
-    options: core::Result<core::ClusterOptions>,
+    options: core::Result<Found>,
     make_default: bool,
+}
+
+/// What `connect` looks for: the addresses given, else where to find them,
+/// and how to reach them.
+pub struct Found {
+    addresses: Vec<String>,
+    discovery: core::cluster::Discovery,
+    connect: core::transport::session::ConnectOptions,
+    include_local: bool,
+    local: core::ClientOptions,
 }
 
 impl Task for Connect {
@@ -301,7 +326,16 @@ impl Task for Connect {
             &mut self.options,
             Err(core::Error::internal("connect ran twice")),
         );
-        Ok(options.and_then(|o| core::Client::connect(&o)))
+        Ok(options.and_then(|o| {
+            let options = core::ClusterOptions::find(
+                &o.addresses,
+                &o.discovery,
+                &o.connect,
+                o.include_local,
+                o.local,
+            )?;
+            core::Client::connect(&options)
+        }))
     }
 
     fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<Client> {
@@ -314,13 +348,15 @@ impl Task for Connect {
 }
 
 /// Connects to worker hosts (`"HOST:PORT"` each; worker `i` is process
-/// `i + 1`) and resolves with a client of them. Rejects with
-/// `UnavailableError` for a worker that cannot be reached,
-/// `UnauthenticatedError` for a refused token, `InvalidArgumentError` for bad
-/// options.
+/// `i + 1`; none: those `options.cluster` finds) and resolves with a client
+/// of them, waiting up to `timeout` for workers that are still starting.
+/// Rejects with `UnavailableError` for workers that cannot be reached (each
+/// named), `UnauthenticatedError` for a refused token, `NotFoundError` when
+/// no worker is given or found (saying where it looked),
+/// `InvalidArgumentError` for bad options.
 #[napi(ts_return_type = "Promise<Client>")]
 pub fn connect(
-    addresses: Either<String, Vec<String>>,
+    addresses: Option<Either<String, Vec<String>>>,
     options: Option<ConnectOptions>,
 ) -> AsyncTask<Connect> {
     let options = options.unwrap_or(ConnectOptions {
@@ -332,6 +368,11 @@ pub fn connect(
         timeout: None,
         default: None,
         num_cpu_devices: None,
+        cluster: None,
+        port: None,
+        service: None,
+        replicas: None,
+        namespace: None,
     });
     let make_default = options.default.unwrap_or(true);
     AsyncTask::new(Connect {
@@ -341,12 +382,13 @@ pub fn connect(
 }
 
 fn cluster_options(
-    addresses: Either<String, Vec<String>>,
+    addresses: Option<Either<String, Vec<String>>>,
     options: ConnectOptions,
-) -> core::Result<core::ClusterOptions> {
+) -> core::Result<Found> {
     let addresses = match addresses {
-        Either::A(one) => vec![one],
-        Either::B(many) => many,
+        None => Vec::new(),
+        Some(Either::A(one)) => vec![one],
+        Some(Either::B(many)) => many,
     };
     let token = core::transport::Token::resolve(
         options.token.as_deref(),
@@ -374,10 +416,26 @@ fn cluster_options(
             .transpose()?,
         ..Default::default()
     };
-    Ok(core::ClusterOptions::uniform(
+    let port = options
+        .port
+        .map(|p| {
+            u16::try_from(p)
+                .map_err(|_| core::Error::invalid_argument(format!("port {p} is not a port")))
+        })
+        .transpose()?;
+    let discovery = core::cluster::Discovery {
+        cluster: options.cluster.unwrap_or_default(),
+        port,
+        service: options.service,
+        replicas: options.replicas.map(|n| n as usize),
+        namespace: options.namespace,
+        timeout,
+    };
+    Ok(Found {
         addresses,
-        &connect,
-        options.include_local.unwrap_or(false),
+        discovery,
+        connect,
+        include_local: options.include_local.unwrap_or(false),
         local,
-    ))
+    })
 }

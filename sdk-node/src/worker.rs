@@ -32,9 +32,66 @@ pub struct WorkerFlagInfo {
 /// The flags every worker takes.
 #[napi(js_name = "_workerFlags")]
 pub fn worker_flags() -> Vec<WorkerFlagInfo> {
-    WORKER_FLAGS
+    WORKER_FLAGS.iter().map(flag_info).collect()
+}
+
+/// The flags of `colocated status` after its addresses.
+#[napi(js_name = "_statusFlags")]
+pub fn status_flags() -> Vec<WorkerFlagInfo> {
+    core::transport::worker::STATUS_FLAGS
         .iter()
-        .map(|f| WorkerFlagInfo {
+        .map(flag_info)
+        .collect()
+}
+
+/// The values of `colocated status`'s flags, as parsed.
+#[napi(object)]
+pub struct StatusValues {
+    pub addresses: Vec<String>,
+    pub token_file: Option<String>,
+    pub tls_ca: Option<String>,
+    pub tls_domain: Option<String>,
+    pub timeout: f64,
+    pub cluster: String,
+    pub port: Option<String>,
+}
+
+/// `colocated status`: resolves with one line per worker and whether all
+/// answered (asked on libuv's thread pool). Rejects with
+/// `InvalidArgumentError` naming a bad flag, `NotFoundError` when no worker
+/// is given or found.
+#[napi(js_name = "_status", ts_return_type = "Promise<[string, boolean]>")]
+pub fn status(values: StatusValues) -> AsyncTask<Status> {
+    AsyncTask::new(Status(core::transport::worker::StatusFlags {
+        addresses: values.addresses,
+        token_file: values.token_file.map(Into::into),
+        tls_ca: values.tls_ca.map(Into::into),
+        tls_domain: values.tls_domain,
+        timeout: values.timeout,
+        cluster: values.cluster,
+        port: values.port,
+    }))
+}
+
+/// `colocated status`, on libuv's thread pool.
+pub struct Status(core::transport::worker::StatusFlags);
+
+impl Task for Status {
+    type Output = core::Result<(String, bool)>;
+    type JsValue = (String, bool);
+
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        Ok(self.0.run())
+    }
+
+    fn resolve(&mut self, env: Env, output: Self::Output) -> napi::Result<(String, bool)> {
+        output.map_err(|e| crate::errors::to_js(&env, &e))
+    }
+}
+
+fn flag_info(f: &core::transport::worker::WorkerFlag) -> WorkerFlagInfo {
+    {
+        WorkerFlagInfo {
             name: f.name.to_string(),
             kind: match f.kind {
                 FlagKind::Switch => "switch",
@@ -49,8 +106,8 @@ pub fn worker_flags() -> Vec<WorkerFlagInfo> {
             default: f.default.map(str::to_string),
             repeatable: f.repeatable,
             help: f.help.to_string(),
-        })
-        .collect()
+        }
+    }
 }
 
 /// The values of the worker flags, as parsed (text already converted).

@@ -46,11 +46,12 @@ function tokenFile() {
  * (`colocated worker` with the test plugin; with `node`, this package's
  * `colocated worker`, which runs JavaScript too; with `python`, the Python
  * SDK's `python -m colocated.worker`);
- * resolves with `{address, pid, kill(signal), stop()}` once it prints its
+ * listening on `listen`; resolves with `{address, pid, kill(signal), stop()}`
+ * once it prints its
  * `listening on HOST:PORT` line.
  */
-function startWorker({ devices = 1, token, python = false, node = false }) {
-  const args = ['--listen', '127.0.0.1:0', '--cpu-devices', String(devices), '--token-file', token.file]
+function startWorker({ devices = 1, token, python = false, node = false, listen = '127.0.0.1:0' }) {
+  const args = ['--listen', listen, '--cpu-devices', String(devices), '--token-file', token.file]
   // The test plugin checks that the loader refuses bad registrations; the
   // loader's warnings of those are expected.
   const env = { ...process.env, COLOCATED_LOG: 'warn,colocated_plugin=error' }

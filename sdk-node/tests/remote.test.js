@@ -191,3 +191,62 @@ test('close() ends the sessions: later work fails with CancelledError', async ()
   await assert.rejects(x.toTypedArray(), (e) => e instanceof c.CancelledError && /closed/.test(e.message))
   await w.stop()
 })
+
+/** A port nothing listens on now. */
+function freePort() {
+  return new Promise((resolve) => {
+    const server = require('node:net').createServer()
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address()
+      server.close(() => resolve(port))
+    })
+  })
+}
+
+test('connect() without addresses finds COLOCATED_WORKERS and waits for workers still starting', async () => {
+  const ports = [await freePort(), await freePort()]
+  const saved = process.env.COLOCATED_WORKERS
+  process.env.COLOCATED_WORKERS = ports.map((p) => `127.0.0.1:${p}`).join(',')
+  const started = []
+  try {
+    // The controller waits while the workers come up.
+    const connecting = c.connect({ tokenFile: token.file, default: false, timeout: 30000 })
+    for (const port of ports) started.push(await startWorker({ token, listen: `127.0.0.1:${port}` }))
+    const found = await connecting
+    assert.deepEqual(
+      found.devices().map((d) => d.processIndex),
+      [1, 2],
+    )
+    found.close()
+    await assert.rejects(c.connect({ cluster: 'mesos', default: false }), c.InvalidArgumentError)
+    delete process.env.COLOCATED_WORKERS
+    await assert.rejects(
+      c.connect({ cluster: 'env', default: false }),
+      (e) => e instanceof c.NotFoundError && e.message.includes('COLOCATED_WORKERS'),
+    )
+  } finally {
+    if (saved === undefined) delete process.env.COLOCATED_WORKERS
+    else process.env.COLOCATED_WORKERS = saved
+    await Promise.all(started.map((w) => w.stop()))
+  }
+})
+
+test('npx colocated status prints one line per worker and exits 1 if one does not answer', async () => {
+  const { execFile } = require('node:child_process')
+  const bin = require('node:path').join(__dirname, '..', 'bin', 'colocated.js')
+  const run = (args) =>
+    new Promise((resolve) => {
+      execFile(process.execPath, [bin, 'status', ...args, '--token-file', token.file], (err, stdout, stderr) =>
+        resolve({ code: err ? err.code : 0, stdout, stderr }),
+      )
+    })
+  const ok = await run([workers[0].address, workers[1].address])
+  assert.equal(ok.code, 0, ok.stderr)
+  const lines = ok.stdout.trim().split('\n')
+  assert.equal(lines.length, 2)
+  assert.match(lines[0], new RegExp(`^${workers[0].address}  colocated \\d+\\.\\d+\\.\\d+ .*2 cpu devices`))
+  const gone = `127.0.0.1:${await freePort()}`
+  const one = await run([workers[0].address, gone, '--timeout', '0.5'])
+  assert.equal(one.code, 1)
+  assert.match(one.stdout.trim().split('\n')[1], new RegExp(`^${gone}  unavailable`))
+})

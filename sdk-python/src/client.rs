@@ -32,16 +32,18 @@ impl Client {
         Client::wrap(py, client)
     }
 
-    /// Connects to the workers at `addresses` (`HOST:PORT` each); worker `i`
-    /// becomes process `i + 1`, and the in-process host (process 0, with
-    /// `num_cpu_devices` devices) is a host too when `include_local`. Blocks
-    /// (without the GIL) for at most `timeout` seconds per worker. The token
+    /// Connects to the workers at `addresses` (`HOST:PORT` each), or, when
+    /// none are given, to those found as `cluster` says (core's
+    /// `find_workers`: `COLOCATED_WORKERS`, the Slurm job, Kubernetes); worker
+    /// `i` becomes process `i + 1`, and the in-process host (process 0, with
+    /// `num_cpu_devices` devices) is a host too when `include_local`. Waits
+    /// (without the GIL) up to `timeout` seconds for each worker. The token
     /// is `token`, else the one in `token_file`, else `COLOCATED_TOKEN`'s. Raises
     /// `UnavailableError` for a worker that cannot be reached,
     /// `UnauthenticatedError` for a refused token, `InvalidArgumentError` for
     /// bad options.
     #[staticmethod]
-    #[pyo3(signature = (addresses, *, token=None, token_file=None, tls_ca=None, tls_domain=None, include_local=false, timeout=10.0, num_cpu_devices=None, executor_threads=None))]
+    #[pyo3(signature = (addresses, *, token=None, token_file=None, tls_ca=None, tls_domain=None, include_local=false, timeout=10.0, num_cpu_devices=None, executor_threads=None, cluster=String::from("auto"), port=None, service=None, replicas=None, namespace=None))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -54,6 +56,11 @@ impl Client {
         timeout: f64,
         num_cpu_devices: Option<usize>,
         executor_threads: Option<usize>,
+        cluster: String,
+        port: Option<u16>,
+        service: Option<String>,
+        replicas: Option<usize>,
+        namespace: Option<String>,
     ) -> PyResult<Self> {
         let token = crate::remote::token_from(token, token_file)?;
         let timeout = crate::remote::seconds("timeout", timeout)?;
@@ -62,11 +69,35 @@ impl Client {
         connect.tls_ca = tls_ca;
         connect.tls_domain = tls_domain;
         let local = local_options(num_cpu_devices, executor_threads);
-        let options = core::ClusterOptions::uniform(addresses, &connect, include_local, local);
+        let discovery = core::cluster::Discovery {
+            cluster,
+            port,
+            service,
+            replicas,
+            namespace,
+            timeout,
+        };
         let client = py
-            .detach(|| core::Client::connect(&options))
+            .detach(|| {
+                let options = core::ClusterOptions::find(
+                    &addresses,
+                    &discovery,
+                    &connect,
+                    include_local,
+                    local,
+                )?;
+                core::Client::connect(&options)
+            })
             .map_err(|e| crate::errors::to_py(py, &e))?;
         Client::wrap(py, client)
+    }
+
+    /// Ends the sessions with this client's workers now: they free what they
+    /// hold for it, and work in flight there and later uses fail with
+    /// `CancelledError`. Closing twice does nothing.
+    fn close(&self) -> PyResult<()> {
+        self.inner.get().map_err(py_err)?.close();
+        Ok(())
     }
 
     /// The hosts, in index order: the in-process host first when it is one.

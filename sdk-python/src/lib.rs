@@ -57,6 +57,8 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::RemoteSession>()?;
     m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;
     m.add_function(wrap_pyfunction!(remote::worker_flags, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::status_flags, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::status, m)?)?;
     m.add_class::<remote::WorkerConfig>()?;
     m.add_function(wrap_pyfunction!(remote::load_plugin, m)?)?;
     m.add_function(wrap_pyfunction!(remote::init_worker_logging, m)?)?;

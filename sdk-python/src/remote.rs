@@ -66,6 +66,74 @@ impl WorkerHandle {
     }
 }
 
+/// A flag of core's tables as `(name, kind, default, repeatable, help)`.
+fn flag_info(
+    f: &core::transport::worker::WorkerFlag,
+) -> (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    bool,
+    &'static str,
+) {
+    let kind = match f.kind {
+        FlagKind::Switch => "switch",
+        FlagKind::Address => "address",
+        FlagKind::Count => "count",
+        FlagKind::Seconds => "seconds",
+        FlagKind::Path => "path",
+        FlagKind::Port => "port",
+        FlagKind::Name => "name",
+    };
+    (f.name, kind, f.default, f.repeatable, f.help)
+}
+
+/// The flags of `colocated status` after its addresses, from core's table
+/// (as `worker_flags`).
+#[pyfunction]
+pub fn status_flags() -> Vec<(
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    bool,
+    &'static str,
+)> {
+    core::transport::worker::STATUS_FLAGS
+        .iter()
+        .map(flag_info)
+        .collect()
+}
+
+/// `colocated status`: one line per worker (those given, else those found
+/// as `cluster` says) and whether all answered. Waits without the GIL.
+/// `InvalidArgumentError` naming a bad flag, `NotFoundError` when no worker
+/// is given or found.
+#[pyfunction]
+#[pyo3(signature = (addresses, *, token_file=None, tls_ca=None, tls_domain=None, timeout, cluster, port=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn status(
+    py: Python<'_>,
+    addresses: Vec<String>,
+    token_file: Option<std::path::PathBuf>,
+    tls_ca: Option<std::path::PathBuf>,
+    tls_domain: Option<String>,
+    timeout: f64,
+    cluster: String,
+    port: Option<String>,
+) -> PyResult<(String, bool)> {
+    let flags = core::transport::worker::StatusFlags {
+        addresses,
+        token_file,
+        tls_ca,
+        tls_domain,
+        timeout,
+        cluster,
+        port,
+    };
+    py.detach(|| flags.run())
+        .map_err(|e| crate::errors::to_py(py, &e))
+}
+
 /// The flags of a worker's command line, from core's table (which `colocated
 /// worker` is built from too): `(name, kind, default, repeatable, help)` per
 /// flag, `kind` one of `switch`, `address`, `count`, `seconds`, `path`,
@@ -78,21 +146,7 @@ pub fn worker_flags() -> Vec<(
     bool,
     &'static str,
 )> {
-    WORKER_FLAGS
-        .iter()
-        .map(|f| {
-            let kind = match f.kind {
-                FlagKind::Switch => "switch",
-                FlagKind::Address => "address",
-                FlagKind::Count => "count",
-                FlagKind::Seconds => "seconds",
-                FlagKind::Path => "path",
-                FlagKind::Port => "port",
-                FlagKind::Name => "name",
-            };
-            (f.name, kind, f.default, f.repeatable, f.help)
-        })
-        .collect()
+    WORKER_FLAGS.iter().map(flag_info).collect()
 }
 
 /// A worker's options, checked: made from the values of the worker flags by

@@ -451,6 +451,7 @@ impl Peer {
             min_version: PROTOCOL_VERSION_MIN,
             max_version: PROTOCOL_VERSION_MAX,
             client_name: "fuzzing".into(),
+            software_version: crate::transport::VERSION.into(),
         };
         let response = check(
             "opening a session",

@@ -49,8 +49,9 @@ def configure(*, num_cpu_devices: int | None = None) -> None:
 
 
 def connect(
-    addresses,
+    workers=None,
     *,
+    cluster: str = "auto",
     token: str | None = None,
     token_file: str | os.PathLike | None = None,
     tls_ca: str | os.PathLike | bytes | None = None,
@@ -59,11 +60,24 @@ def connect(
     default: bool = True,
     timeout: float = 10.0,
     num_cpu_devices: int | None = None,
+    port: int | None = None,
+    service: str | None = None,
+    replicas: int | None = None,
+    namespace: str | None = None,
 ) -> _colocated.Client:
     """Connects to worker hosts and returns a client of them.
 
-    ``addresses``: ``"HOST:PORT"`` of each worker (``colocated worker`` or
-    ``python -m colocated.worker``); worker ``i`` becomes process ``i + 1``. The
+    ``workers``: ``"HOST:PORT"`` of each worker (``colocated worker`` or
+    ``python -m colocated.worker``); worker ``i`` becomes process ``i + 1``.
+    Without them, the workers are found as ``cluster`` says: ``"auto"`` looks
+    at ``COLOCATED_WORKERS`` (comma-separated addresses), then the Slurm job
+    (``SLURM_JOB_NODELIST``; the port is ``port``, else the job's, ``61440 +
+    SLURM_JOB_ID % 4096``, which ``colocated worker --port auto`` listens on),
+    then Kubernetes (the pods ``NAME-i.SERVICE.NAMESPACE.svc`` of a
+    StatefulSet behind the headless Service ``service``, ``replicas`` of them;
+    or ``COLOCATED_KUBERNETES_SERVICE`` and ``COLOCATED_KUBERNETES_REPLICAS``);
+    ``"env"``, ``"slurm"`` or ``"kubernetes"`` looks there only. Nothing found
+    raises ``NotFoundError`` saying where it looked. The
     token comes from ``token``, else ``token_file``, else the environment
     variable ``COLOCATED_TOKEN``; ``None`` of them connects without one (only an
     ``--insecure`` worker accepts that). ``tls_ca``: a PEM file (or its bytes)
@@ -72,17 +86,21 @@ def connect(
     certificate. ``include_local`` makes this process a host too (process 0,
     with ``num_cpu_devices`` CPU devices). The client becomes the default one
     (``colocated.devices()``, ``device_put`` without a device, unpickled
-    devices) unless ``default=False``. ``timeout`` bounds connecting to each
-    worker, in seconds.
+    devices) unless ``default=False``. ``timeout``: how long to wait for each
+    worker to answer, in seconds (workers that are still starting are waited
+    for); the error names every worker that did not.
 
     Raises ``UnavailableError`` for a worker that cannot be reached,
     ``UnauthenticatedError`` for a refused token, ``InvalidArgumentError`` for
     bad arguments (both ``token`` and ``token_file``, an unreadable token file
     or an empty token).
     """
-    if isinstance(addresses, str):
-        addresses = [addresses]
-    addresses = list(addresses)
+    if workers is None:
+        addresses = []
+    elif isinstance(workers, str):
+        addresses = [workers]
+    else:
+        addresses = list(workers)
     for address in addresses:
         if not isinstance(address, str):
             raise InvalidArgumentError(f"worker addresses are 'HOST:PORT' strings, got {type(address).__name__}")
@@ -101,6 +119,11 @@ def connect(
         include_local=include_local,
         timeout=timeout,
         num_cpu_devices=num_cpu_devices,
+        cluster=cluster,
+        port=port,
+        service=service,
+        replicas=replicas,
+        namespace=namespace,
     )
     _register(c)
     if default:

@@ -30,9 +30,18 @@ class Client:
         timeout: float = 10.0,
         num_cpu_devices: int | None = None,
         executor_threads: int | None = None,
+        cluster: str = "auto",
+        port: int | None = None,
+        service: str | None = None,
+        replicas: int | None = None,
+        namespace: str | None = None,
     ) -> Client:
-        """Connects to the workers at ``addresses``; worker ``i`` is process ``i + 1``.
-        The token is ``token``, else the one in ``token_file``, else ``COLOCATED_TOKEN``'s."""
+        """Connects to the workers at ``addresses`` (else those ``cluster`` finds);
+        worker ``i`` is process ``i + 1``. The token is ``token``, else the one in
+        ``token_file``, else ``COLOCATED_TOKEN``'s."""
+    def close(self) -> None:
+        """Ends the sessions with this client's workers now: they free what they hold
+        for it; work in flight there and later uses fail with ``CancelledError``."""
     def hosts(self) -> list[Host]:
         """The hosts, in index order: the in-process host first when it is one."""
     @property
@@ -397,6 +406,23 @@ def worker_flags() -> list[tuple[str, str, str | None, bool, str]]:
     """The flags of a worker's command line, from the runtime's table (which
     ``colocated worker`` is built from too): ``(name, kind, default, repeatable,
     help)``, ``kind`` one of ``switch``, ``address``, ``count``, ``seconds``, ``path``, ``port``, ``name``."""
+
+def status_flags() -> list[tuple[str, str, str | None, bool, str]]:
+    """The flags of ``colocated status`` after its addresses, from the runtime's
+    table (as ``worker_flags``)."""
+
+def status(
+    addresses: list[str],
+    *,
+    token_file: str | os.PathLike | None = None,
+    tls_ca: str | os.PathLike | None = None,
+    tls_domain: str | None = None,
+    timeout: float,
+    cluster: str,
+    port: str | None = None,
+) -> tuple[str, bool]:
+    """``colocated status``: one line per worker (those given, else those found as
+    ``cluster`` says), and whether all answered."""
 
 class WorkerConfig:
     """A worker's options, checked: made from the values of the worker flags by

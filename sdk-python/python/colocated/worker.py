@@ -32,12 +32,12 @@ _TYPES = {"address": str, "count": int, "seconds": float, "path": str, "port": s
 _METAVARS = {"address": "HOST:PORT", "count": "N", "seconds": "SECONDS", "path": "FILE", "port": "PORT|auto", "name": "NAME"}
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m colocated.worker", description=__doc__.splitlines()[0])
-    # The flags every worker takes: the runtime's table, which `colocated
-    # worker` is built from too (the runtime checks their values).
-    for name, kind, default, repeatable, help_text in _colocated.worker_flags():
+def add_flags(parser: argparse.ArgumentParser, table) -> None:
+    """Adds the flags of one of the runtime's tables (``worker_flags()``,
+    ``status_flags()``) to ``parser``; the runtime checks their values."""
+    for name, kind, default, repeatable, help_text in table:
         flag = f"--{name}"
+        help_text = help_text.replace("%", "%%")  # argparse formats help
         if kind == "switch":
             parser.add_argument(flag, action="store_true", help=help_text)
         elif repeatable:
@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
         else:
             value = None if default is None else _TYPES[kind](default)
             parser.add_argument(flag, type=_TYPES[kind], default=value, metavar=_METAVARS[kind], help=help_text)
+
+
+def _parser(prog: str = "python -m colocated.worker") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    # The flags every worker takes: the runtime's table, which `colocated
+    # worker` is built from too.
+    add_flags(parser, _colocated.worker_flags())
     isolation = parser.add_mutually_exclusive_group()
     isolation.add_argument(
         "--isolate-sessions",
@@ -116,9 +123,9 @@ def _stop_when_stdin_closes(stop: threading.Event) -> None:
     threading.Thread(target=watch, name="colocated-supervisor-watch", daemon=True).start()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m colocated.worker") -> int:
     """Runs a worker until SIGINT or SIGTERM; returns the exit status."""
-    parser = _parser()
+    parser = _parser(prog)
     args = parser.parse_args(argv)
     # Before anything makes a client (which would install the library's
     # silent default): an operator sees warnings and refusals.
