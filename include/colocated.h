@@ -1455,19 +1455,21 @@ colocated_error *colocated_client_create_local(const colocated_client_options *o
 
 /**
  * Creates a client of worker hosts (and of this process too, with
- * `include_local`): connects to each worker in order and opens a session on it.
+ * `include_local`): connects to every worker and opens a session on each.
  * Devices get global ids host after host. `options` is required and only read
  * during the call. On success `*out` is a new client the caller owns (destroy
  * with `colocated_client_destroy`; the sessions close, without blocking, once
  * every object made from the client is gone); on error `*out` is not written.
  *
- * Blocking: connects to the workers one after another, waiting up to `timeout_ms`
- * for each.
+ * Blocking: connects to the workers at once, waiting up to `timeout_ms` for
+ * each (a worker that refuses connections, still starting, is tried again
+ * until then).
  * Errors: `invalid_argument` for a bad options struct, an address that does not
  * parse, a bad token, out-of-range counts or no host at all (no workers and
- * `include_local` 0); `unavailable` for a worker that cannot be reached;
+ * `include_local` 0); `unavailable` for a worker that cannot be reached (for
+ * several failing workers, one error names each);
  * `unauthenticated` for a token a worker refuses; `failed_precondition` for a
- * worker that speaks no common protocol version or has no devices;
+ * worker that speaks no common protocol version or release, or has no devices;
  * `unimplemented` for a worker with devices this build cannot drive. Messages
  * about a worker name its address.
  * Thread-safety: any thread.
