@@ -194,3 +194,58 @@ def test_the_colocated_command_serves_and_reports(no_cluster, token_file):
         assert run.returncode == 2 and "unknown command" in run.stderr, run.stderr
     finally:
         worker.stop()
+
+
+def slurm_here():
+    """Why a real Slurm job cannot run here (None when it can)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return "Slurm is not installed (tests/slurm/setup.sh installs a single-node cluster)"
+    states = subprocess.run(["sinfo", "-h", "-o", "%t %n"], capture_output=True, text=True, check=False)
+    idle = [line.split()[1] for line in states.stdout.splitlines() if line.split()[0] == "idle"]
+    if not idle:
+        return f"no idle Slurm node: {states.stdout.strip() or states.stderr.strip()}"
+    address = socket.gethostbyname(idle[0])
+    if not address.startswith("127."):
+        return f"the Slurm node {idle[0]} is {address}, not a loopback address"
+    return None
+
+
+def test_a_real_slurm_job_serves_one_worker_per_node_and_its_controller_finds_them(tmp_path, token_file):
+    import subprocess
+    import sys
+
+    why = slurm_here()
+    if why is not None:
+        pytest.skip(why)
+    out = tmp_path / "job.out"
+    controller = tmp_path / "controller.py"
+    controller.write_text(
+        "import numpy as np, os, colocated\n"
+        f"client = colocated.connect(token_file={str(token_file)!r}, timeout=60)\n"
+        "(host,) = client.hosts()\n"
+        "x = colocated.device_put(np.arange(4), client.devices()[0])\n"
+        "print('job', os.environ['SLURM_JOB_ID'], 'host', host.name, 'sum', int(np.asarray(x).sum()), flush=True)\n"
+        "client.close()\n"
+    )
+    # The README's recipe: a worker per node with `srun ... --port auto`, the
+    # controller in the batch script. (Loopback only: --listen 127.0.0.1.)
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH --nodes=1 --ntasks-per-node=1 --output={out}\n"
+        "set -eu\n"
+        f"srun --overlap --ntasks-per-node=1 {sys.executable} -m colocated.worker --listen 127.0.0.1:0 "
+        f"--port auto --cpu-devices 2 --token-file {token_file} --exit-after-idle 60 --shared-interpreter &\n"
+        f"{sys.executable} {controller}\n"
+        "kill %1\n"
+    )
+    run = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=180, check=False)
+    log = out.read_text() if out.exists() else ""
+    assert run.returncode == 0, f"{run.stdout}{run.stderr}{log}"
+    (line,) = [line for line in log.splitlines() if line.startswith("job ")]
+    _, job, _, host, _, total = line.split()
+    assert host.endswith(f":{61440 + int(job) % 4096}"), line
+    assert total == "6", line
