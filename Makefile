@@ -26,7 +26,22 @@ PLUGIN := $(BUILD)/libadd_one_plugin.so
 CFLAGS_COMMON := -std=c11 -Wall -Wextra -Wno-missing-field-initializers -Werror -Iinclude
 LDLIBS := -lpthread -ldl -lm
 
-PHONY_EXTRA := bench-rust bench-python bench-node fuzz fuzz-tools node test-node check-node-binding
+# `make install PREFIX=...`: libcolocated (shared, with its SONAME and
+# versioned symbols; static), the header, a pkg-config file and a CMake
+# package. PROFILE=debug installs the debug build (the tests do).
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+PROFILE ?= release
+INSTALL_LIB_DIR := $(TARGET_DIR)/$(PROFILE)
+API_MAJOR := $(shell sed -n 's/^\#define COLOCATED_API_VERSION_MAJOR \([0-9]*\)/\1/p' include/colocated.h)
+API_MINOR := $(shell sed -n 's/^\#define COLOCATED_API_VERSION_MINOR \([0-9]*\)/\1/p' include/colocated.h)
+RELEASE := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+SONAME := libcolocated.so.$(API_MAJOR)
+SOFILE := $(SONAME).$(API_MINOR).0
+# What the static library needs (`rustc --print native-static-libs`).
+NATIVE_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+
+PHONY_EXTRA := bench-rust bench-python bench-node fuzz fuzz-tools node test-node check-node-binding install test-install wheel test-wheel
 .PHONY: all build demo test test-rust test-c test-abi test-python python $(PHONY_EXTRA) check-header header abi-manifest bench lint tools clean
 
 all: build
@@ -86,7 +101,37 @@ check-header: tools | $(BUILD)
 	@diff -u include/colocated.h $(BUILD)/colocated.h || \
 	  (echo "include/colocated.h is stale: run 'make header' and commit it" && exit 1)
 
-test: check-header test-rust test-c test-abi test-python check-node-binding test-node
+test: check-header test-rust test-c test-abi test-install test-python test-wheel check-node-binding test-node
+
+install:
+	$(CARGO) build -p colocated-ffi $(if $(filter release,$(PROFILE)),--release,)
+	mkdir -p $(BUILD)/install
+	@# The shared library is linked here from the static one, with the
+	@# version script (rustc's own would hide ours).
+	$(CC) -shared -Wl,--whole-archive $(INSTALL_LIB_DIR)/libcolocated.a -Wl,--no-whole-archive \
+	  -Wl,--version-script=ffi/install/colocated.map -Wl,-soname,$(SONAME) -Wl,-z,relro,-z,now \
+	  -Wl,--gc-sections $(NATIVE_LIBS) -o $(BUILD)/install/$(SOFILE)
+	install -d $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(LIBDIR)/cmake/colocated $(DESTDIR)$(PREFIX)/include
+	install -m 755 $(BUILD)/install/$(SOFILE) $(DESTDIR)$(LIBDIR)/$(SOFILE)
+	ln -sf $(SOFILE) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libcolocated.so
+	install -m 644 $(INSTALL_LIB_DIR)/libcolocated.a $(DESTDIR)$(LIBDIR)/libcolocated.a
+	install -m 644 include/colocated.h $(DESTDIR)$(PREFIX)/include/colocated.h
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@VERSION@|$(RELEASE)|' \
+	  -e 's|@NATIVE_LIBS@|$(NATIVE_LIBS)|' ffi/install/colocated.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/colocated.pc
+	sed -e 's|@LIBDIR_NAME@|$(notdir $(LIBDIR))|g' -e 's|@SOVERSION@|$(API_MAJOR)|g' \
+	  -e 's|@CMAKE_NATIVE_LIBS@|$(subst $(eval) ,;,$(patsubst -l%,%,$(NATIVE_LIBS)))|' \
+	  ffi/install/colocatedConfig.cmake.in > $(DESTDIR)$(LIBDIR)/cmake/colocated/colocatedConfig.cmake
+	sed -e 's|@VERSION@|$(RELEASE)|' -e 's|@VERSION_MAJOR@|$(word 1,$(subst ., ,$(RELEASE)))|' \
+	  -e 's|@VERSION_MINOR@|$(word 2,$(subst ., ,$(RELEASE)))|' \
+	  ffi/install/colocatedConfigVersion.cmake.in > $(DESTDIR)$(LIBDIR)/cmake/colocated/colocatedConfigVersion.cmake
+
+# An install (of the debug build) into build/prefix, and C programs built
+# against it as users build theirs: pkg-config (shared and static) and CMake.
+test-install:
+	rm -rf $(BUILD)/prefix
+	$(MAKE) --no-print-directory install PREFIX=$(BUILD)/prefix PROFILE=debug
+	sh tests/install/check.sh $(BUILD)/prefix $(SONAME) $(SOFILE) $(RELEASE)
 
 test-rust:
 	$(CARGO) test --workspace
@@ -114,6 +159,18 @@ python: $(VENV_PY)
 
 test-python: python
 	$(VENV_PY) -m pytest sdk-python/tests -q
+
+# The Python SDK's abi3 wheel, into build/wheels (PROFILE=debug: a debug build).
+wheel: $(VENV_PY)
+	$(VENV)/bin/maturin build --quiet -m sdk-python/Cargo.toml -o $(BUILD)/wheels \
+	  $(if $(filter release,$(PROFILE)),--release,--profile dev)
+
+# The wheel (a debug build) installed into a fresh venv: it is abi3, carries
+# the native code, and installs the `colocated` command, which serves and reports.
+test-wheel:
+	rm -rf $(BUILD)/wheels
+	$(MAKE) --no-print-directory wheel PROFILE=debug
+	sh tests/install/wheel.sh $(BUILD)/wheels $(BUILD)/wheel-venv $(PYTHON)
 
 BENCH_VENV := $(BUILD)/bench-venv
 

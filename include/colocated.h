@@ -161,7 +161,7 @@ typedef struct colocated_object colocated_object;
 /**
  * Minor version of the C API. Bumped for every additive change.
  */
-#define COLOCATED_API_VERSION_MINOR 3
+#define COLOCATED_API_VERSION_MINOR 4
 
 /**
  * `(major << 16) | minor`, as [`colocated_api_version`] returns it.
@@ -1161,6 +1161,16 @@ extern "C" {
  * Thread-safety: any thread.
  */
 uint32_t colocated_api_version(void);
+
+/**
+ * The release of the library that is loaded (`"0.1.0"`): a NUL-terminated
+ * string the library owns, valid for the life of the process. The same
+ * release a worker and a controller exchange when a session opens (they
+ * refuse another major.minor). Needs no client. API 1.4.
+ *
+ * Thread-safety: any thread.
+ */
+const char *colocated_version(void);
 
 /**
  * A sharding in which each of `devices` holds the whole array. `*out` is caller

@@ -56,6 +56,18 @@ pub extern "C" fn colocated_api_version() -> u32 {
     COLOCATED_API_VERSION
 }
 
+/// The release of the library that is loaded (`"0.1.0"`): a NUL-terminated
+/// string the library owns, valid for the life of the process. The same
+/// release a worker and a controller exchange when a session opens (they
+/// refuse another major.minor). Needs no client. API 1.4.
+///
+/// Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn colocated_version() -> *const std::ffi::c_char {
+    const RELEASE: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+    RELEASE.as_ptr().cast()
+}
+
 use colocated_core::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

@@ -24,6 +24,16 @@ TEST(api_version_matches_the_header_this_was_built_against) {
   CHECK_EQ_U64(v, COLOCATED_API_VERSION);
 }
 
+TEST(the_release_is_readable_without_a_client_and_is_a_dotted_version) {
+  const char *release = colocated_version();
+  CHECK(release != NULL);
+  CHECK(release == colocated_version()); /* static: the same string every time */
+  unsigned major = 0, minor = 0, patch = 0;
+  int end = 0;
+  CHECK(sscanf(release, "%u.%u.%u%n", &major, &minor, &patch, &end) == 3);
+  CHECK(end > 0 && (release[end] == '\0' || release[end] == '-' || release[end] == '+'));
+}
+
 TEST(error_code_names_are_static_lower_case_and_unknown_for_non_codes) {
   static const struct {
     uint32_t code;
