@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 
 use colocated_core as core;
-use core::transport::worker::{FlagKind, Worker, WorkerFlags, WORKER_FLAGS};
+use core::transport::worker::{Worker, WorkerFlags, WORKER_FLAGS};
 use napi::bindgen_prelude::AsyncTask;
 use napi::{Env, Task};
 use napi_derive::napi;
@@ -90,23 +90,12 @@ impl Task for Status {
 }
 
 fn flag_info(f: &core::transport::worker::WorkerFlag) -> WorkerFlagInfo {
-    {
-        WorkerFlagInfo {
-            name: f.name.to_string(),
-            kind: match f.kind {
-                FlagKind::Switch => "switch",
-                FlagKind::Address => "address",
-                FlagKind::Count => "count",
-                FlagKind::Seconds => "seconds",
-                FlagKind::Path => "path",
-                FlagKind::Port => "port",
-                FlagKind::Name => "name",
-            }
-            .to_string(),
-            default: f.default.map(str::to_string),
-            repeatable: f.repeatable,
-            help: f.help.to_string(),
-        }
+    WorkerFlagInfo {
+        name: f.name.to_string(),
+        kind: f.kind.name().to_string(),
+        default: f.default.map(str::to_string),
+        repeatable: f.repeatable,
+        help: f.help.to_string(),
     }
 }
 

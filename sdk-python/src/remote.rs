@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use colocated_core as core;
 use core::transport::isolate::IsolateCommand;
-use core::transport::worker::{FlagKind, Worker, WorkerFlags, WorkerOptions, WORKER_FLAGS};
+use core::transport::worker::{Worker, WorkerFlags, WorkerOptions, WORKER_FLAGS};
 use core::transport::Token;
 use pyo3::prelude::*;
 
@@ -67,37 +67,23 @@ impl WorkerHandle {
 }
 
 /// A flag of core's tables as `(name, kind, default, repeatable, help)`.
-fn flag_info(
-    f: &core::transport::worker::WorkerFlag,
-) -> (
+type FlagInfo = (
     &'static str,
     &'static str,
     Option<&'static str>,
     bool,
     &'static str,
-) {
-    let kind = match f.kind {
-        FlagKind::Switch => "switch",
-        FlagKind::Address => "address",
-        FlagKind::Count => "count",
-        FlagKind::Seconds => "seconds",
-        FlagKind::Path => "path",
-        FlagKind::Port => "port",
-        FlagKind::Name => "name",
-    };
-    (f.name, kind, f.default, f.repeatable, f.help)
+);
+
+/// One flag of core's tables as a [`FlagInfo`].
+fn flag_info(f: &core::transport::worker::WorkerFlag) -> FlagInfo {
+    (f.name, f.kind.name(), f.default, f.repeatable, f.help)
 }
 
 /// The flags of `colocated status` after its addresses, from core's table
 /// (as `worker_flags`).
 #[pyfunction]
-pub fn status_flags() -> Vec<(
-    &'static str,
-    &'static str,
-    Option<&'static str>,
-    bool,
-    &'static str,
-)> {
+pub fn status_flags() -> Vec<FlagInfo> {
     core::transport::worker::STATUS_FLAGS
         .iter()
         .map(flag_info)
@@ -139,13 +125,7 @@ pub fn status(
 /// flag, `kind` one of `switch`, `address`, `count`, `seconds`, `path`,
 /// `port`, `name`.
 #[pyfunction]
-pub fn worker_flags() -> Vec<(
-    &'static str,
-    &'static str,
-    Option<&'static str>,
-    bool,
-    &'static str,
-)> {
+pub fn worker_flags() -> Vec<FlagInfo> {
     WORKER_FLAGS.iter().map(flag_info).collect()
 }
 

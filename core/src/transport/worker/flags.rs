@@ -29,6 +29,22 @@ pub enum FlagKind {
     Port,
 }
 
+impl FlagKind {
+    /// Its name in SDKs' parsers: `switch`, `address`, `count`, `seconds`,
+    /// `path`, `port` or `name`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlagKind::Switch => "switch",
+            FlagKind::Address => "address",
+            FlagKind::Count => "count",
+            FlagKind::Seconds => "seconds",
+            FlagKind::Path => "path",
+            FlagKind::Port => "port",
+            FlagKind::Name => "name",
+        }
+    }
+}
+
 /// One flag of a worker's command line.
 #[derive(Clone, Copy, Debug)]
 pub struct WorkerFlag {
