@@ -97,7 +97,8 @@ test('a wrong token is refused with UnauthenticatedError', async () => {
     (e) => e instanceof c.UnauthenticatedError && e.code === 'unauthenticated',
   )
   await assert.rejects(c.connect('127.0.0.1:1', { token: 'x', default: false, timeout: 1000 }), c.UnavailableError)
-  await assert.rejects(c.connect([], { default: false }), c.InvalidArgumentError)
+  // No addresses: the workers are looked for (and none is found here).
+  await assert.rejects(c.connect([], { default: false, cluster: 'env' }), c.NotFoundError)
 })
 
 test('the event loop keeps turning during a 256 MiB put to a worker and back', async () => {
