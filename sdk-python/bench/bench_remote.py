@@ -133,11 +133,21 @@ def tcp_throughput() -> float:
 def ray_actor_call_us() -> float | None:
     """Median ``ray.get(actor.add_one.remote(1))`` on a local Ray, or None
     without Ray."""
+    # Loopback only, and no usage report: Ray otherwise binds this machine's
+    # interface address (and turns 127.0.0.1 into it) and reports usage.
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     try:
         import ray
     except ImportError:
         return None
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
     try:
 
         @ray.remote
