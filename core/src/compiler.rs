@@ -87,11 +87,18 @@ impl Client {
                 host_indices.push(d.host_index());
             }
         }
+        // Workers load their parts at once (a round trip each, not one after
+        // another).
+        let remote_plans = load_on_workers(self, &host_indices, &program, &options);
+        let mut remote_plans = remote_plans.into_iter();
         let mut hosts = Vec::with_capacity(host_indices.len());
         for &h in &host_indices {
             let host = &self.hosts()[h];
-            if let Some(remote) = self.remote(h) {
-                hosts.push(plan_remote(h, remote, &program, &options)?);
+            if self.remote(h).is_some() {
+                let plan = remote_plans.next().unwrap_or_else(|| {
+                    Err(Error::internal(format!("no plan for worker host {h}")))
+                });
+                hosts.push(plan?);
                 continue;
             }
             let executors = crate::executor::Languages::of(self);
@@ -208,13 +215,54 @@ fn ids(devices: &[Device]) -> Vec<u32> {
     devices.iter().map(Device::id).collect()
 }
 
-/// Loads the host-local form of `program` on worker `remote` (host `host`).
-fn plan_remote(
+/// [`plan_remote`] on every worker host among `hosts` (in their order): every
+/// load request goes out first, then the answers are awaited together, so
+/// compiling for N workers costs about one round trip, not N.
+fn load_on_workers(
+    client: &Client,
+    hosts: &[usize],
+    program: &Program,
+    options: &CompileOptions,
+) -> Vec<Result<HostPlan>> {
+    let mut started: Vec<Result<Started>> = hosts
+        .iter()
+        .filter_map(|&h| {
+            client
+                .remote(h)
+                .map(|r| start_remote(h, r, program, options))
+        })
+        .collect();
+    let loads: Vec<Option<LoadTask>> = started
+        .iter_mut()
+        .map(|s| s.as_mut().ok().and_then(|s| s.load.take()))
+        .collect();
+    let answers = crate::transport::session::wait_all(loads);
+    started
+        .into_iter()
+        .zip(answers)
+        .map(|(started, answer)| finish_remote(started?, answer?, program))
+        .collect()
+}
+
+/// A load request sent to a worker: its answer comes later.
+type LoadTask = tokio::task::JoinHandle<Result<(u32, u32)>>;
+
+/// A worker's part of a program whose load request is out.
+struct Started {
+    host: usize,
+    remote: Arc<RemoteHost>,
+    local: crate::remote::HostLocal,
+    handle: u64,
+    load: Option<LoadTask>,
+}
+
+/// Sends the host-local form of `program` to worker `remote` (host `host`).
+fn start_remote(
     host: usize,
     remote: &Arc<RemoteHost>,
     program: &Program,
     options: &CompileOptions,
-) -> Result<HostPlan> {
+) -> Result<Started> {
     let address = remote.session.address();
     if !remote.session.host().languages.contains(&program.language) {
         return Err(Error::unimplemented(format!(
@@ -235,11 +283,31 @@ fn plan_remote(
         .enumerate()
         .map(|(i, &local)| (local, remote.first_device + i as u32))
         .collect();
-    remote.session.load_executable_for(
+    let load = remote.session.load_executable_started(
         handle,
         format::encode(&local.executable),
         controller_ids,
     )?;
+    Ok(Started {
+        host,
+        remote: remote.clone(),
+        local,
+        handle,
+        load: Some(load),
+    })
+}
+
+/// The plan of a worker's part once the worker loaded it (`loaded`: its
+/// answer).
+fn finish_remote(started: Started, loaded: (u32, u32), program: &Program) -> Result<HostPlan> {
+    let _ = loaded;
+    let Started {
+        host,
+        remote,
+        local,
+        handle,
+        ..
+    } = started;
     let mut output_shards = Vec::new();
     for (o, (spec, positions)) in program
         .output_specs
@@ -260,7 +328,7 @@ fn plan_remote(
     Ok(HostPlan {
         host,
         run: Box::new(WorkerRun(RemoteExecutable {
-            host: remote.clone(),
+            host: remote,
             handle,
         })),
         input_counts: local.input_positions.iter().map(Vec::len).collect(),

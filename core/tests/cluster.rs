@@ -1372,3 +1372,48 @@ fn a_controller_and_a_worker_of_different_releases_refuse_each_other_naming_both
     );
     assert_eq!(worker.session_count(), 0);
 }
+
+#[test]
+fn compiling_for_workers_loads_on_all_at_once_and_a_refusal_unloads_the_others() {
+    let token = Token::generate().unwrap();
+    // Workers 0 and 2 have `only_some`; worker 1 does not.
+    let workers: Vec<Worker> = (0..3)
+        .map(|i| {
+            let client = Client::new_local(ClientOptions {
+                num_cpu_devices: Some(1),
+                executor_threads: Some(1),
+                ..Default::default()
+            })
+            .unwrap();
+            if i != 1 {
+                client
+                    .register_native_function("only_some", |_ctx| Ok(()))
+                    .unwrap();
+            }
+            Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+        })
+        .collect();
+    let mut connect = ConnectOptions::new(String::new(), Some(token.clone()));
+    connect.timeout = Duration::from_secs(5);
+    let client = Client::connect(&ClusterOptions::uniform(
+        workers.iter().map(|w| w.local_addr().to_string()),
+        &connect,
+        false,
+        ClientOptions::default(),
+    ))
+    .unwrap();
+    let program = Program::native("only_some", vec![], vec![], client.devices().to_vec());
+    let err = client
+        .compile(program, CompileOptions::default())
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(
+        err.message().contains(&workers[1].local_addr().to_string()),
+        "{err}"
+    );
+    // The workers that loaded it unload it again.
+    eventually("the loaded parts are unloaded", || {
+        workers.iter().all(|w| w.executable_count() == 0)
+    });
+    drop(client);
+}

@@ -148,8 +148,10 @@ const ROUTER_PATHS: [&str; 7] = [
 
 /// Runs `data` as one request through the worker's router, as a stranger (or
 /// a controller with a bad session) sends it: every request that lacks the
-/// token, or names no open session where one is needed, must be refused with
-/// a gRPC error before a byte of its body is read. Panics otherwise.
+/// token, or names no open session where one is needed (every RPC but
+/// `OpenSession` and `Health`; `CloseSession` needs a well-formed id only),
+/// must be refused with a gRPC error before a byte of its body is read.
+/// Panics otherwise.
 ///
 /// The input: one byte (bits 0–2: the path, [`ROUTER_PATHS`] or 7 for the
 /// input's own; bits 3–4: the authorization — none, the token, a wrong token,
@@ -198,7 +200,16 @@ pub fn router_requests(data: &[u8]) {
         .and_then(|s| std::str::from_utf8(s).ok())
         .and_then(|s| SessionId::parse(s).ok())
         .is_some_and(|id| id == harness.bystander);
-    if authorized && (open_session || bystander) {
+    // Needs the token only: the worker's health.
+    let sessionless = uri.path() == "/colocated.remote.v1.Worker/Health";
+    // Closing a session that is gone is not refused: it needs the token and
+    // a well-formed session id only.
+    let closing = uri.path() == ROUTER_PATHS[6]
+        && session
+            .as_deref()
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .is_some_and(|s| SessionId::parse(s).is_ok());
+    if authorized && (open_session || bystander || sessionless || closing) {
         // Admitted: what follows is the other targets' business (and must not
         // open sessions or touch the bystander's here).
         return;

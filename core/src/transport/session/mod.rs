@@ -84,6 +84,31 @@ fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
     Ok(runtime()?.block_on(future))
 }
 
+/// Waits (blocking the calling thread, which must not be one of an async
+/// runtime) for every request of `tasks` at once: their outcomes, in order
+/// (`None`, a request that never went out: `internal`).
+pub fn wait_all<T: Send + 'static>(
+    tasks: Vec<Option<tokio::task::JoinHandle<Result<T>>>>,
+) -> Vec<Result<T>> {
+    let count = tasks.len();
+    let waited = block_on(async move {
+        let mut outcomes = Vec::with_capacity(count);
+        for task in tasks {
+            outcomes.push(match task {
+                Some(task) => task.await.unwrap_or_else(|e| {
+                    Err(Error::internal(format!("a request's task failed: {e}")))
+                }),
+                None => Err(Error::internal("a request that was never sent")),
+            });
+        }
+        outcomes
+    });
+    match waited {
+        Ok(outcomes) => outcomes,
+        Err(e) => (0..count).map(|_| Err(e.clone())).collect(),
+    }
+}
+
 impl RemoteSession {
     /// The session id the worker gave.
     pub fn id(&self) -> SessionId {
@@ -135,13 +160,28 @@ impl RemoteSession {
         executable: Vec<u8>,
         controller_device_ids: std::collections::HashMap<u32, u32>,
     ) -> Result<(u32, u32)> {
+        let load = self.load_executable_started(handle, executable, controller_device_ids)?;
+        wait_all(vec![Some(load)])
+            .pop()
+            .unwrap_or_else(|| Err(Error::internal("a load without an answer")))
+    }
+
+    /// [`load_executable_for`](Self::load_executable_for) without waiting:
+    /// the request goes out on a network thread now; [`wait_all`] waits for
+    /// its answer (and for others' at the same time).
+    pub fn load_executable_started(
+        &self,
+        handle: u64,
+        executable: Vec<u8>,
+        controller_device_ids: std::collections::HashMap<u32, u32>,
+    ) -> Result<tokio::task::JoinHandle<Result<(u32, u32)>>> {
         let inner = self.inner.clone();
         let request = LoadExecutableRequest {
             handle,
             executable: Bytes::from(executable),
             controller_device_ids,
         };
-        block_on(async move {
+        Ok(runtime()?.spawn(async move {
             inner.alive()?;
             let mut rpc = inner.rpc.clone();
             rpc.load_executable(inner.bulk_request(request))
@@ -151,7 +191,7 @@ impl RemoteSession {
                     (r.num_input_buffers, r.num_output_buffers)
                 })
                 .map_err(|s| inner.fail(&s))
-        })?
+        }))
     }
 }
 
