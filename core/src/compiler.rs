@@ -232,6 +232,10 @@ fn load_on_workers(
                 .map(|r| start_remote(h, r, program, options))
         })
         .collect();
+    if started.is_empty() {
+        // No worker: nothing may start the network runtime.
+        return Vec::new();
+    }
     let loads: Vec<Option<LoadTask>> = started
         .iter_mut()
         .map(|s| s.as_mut().ok().and_then(|s| s.load.take()))
