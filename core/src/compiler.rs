@@ -215,9 +215,10 @@ fn ids(devices: &[Device]) -> Vec<u32> {
     devices.iter().map(Device::id).collect()
 }
 
-/// [`plan_remote`] on every worker host among `hosts` (in their order): every
-/// load request goes out first, then the answers are awaited together, so
-/// compiling for N workers costs about one round trip, not N.
+/// The plans of the worker hosts among `hosts` (in their order): every load
+/// request goes out first ([`start_remote`]), then the answers are awaited
+/// together ([`finish_remote`]), so compiling for N workers costs about one
+/// round trip, not N.
 fn load_on_workers(
     client: &Client,
     hosts: &[usize],
@@ -244,7 +245,11 @@ fn load_on_workers(
     started
         .into_iter()
         .zip(answers)
-        .map(|(started, answer)| finish_remote(started?, answer?, program))
+        .map(|(started, loaded)| {
+            let started = started?;
+            loaded?;
+            finish_remote(started, program)
+        })
         .collect()
 }
 
@@ -301,10 +306,8 @@ fn start_remote(
     })
 }
 
-/// The plan of a worker's part once the worker loaded it (`loaded`: its
-/// answer).
-fn finish_remote(started: Started, loaded: (u32, u32), program: &Program) -> Result<HostPlan> {
-    let _ = loaded;
+/// The plan of a worker's part once the worker loaded it.
+fn finish_remote(started: Started, program: &Program) -> Result<HostPlan> {
     let Started {
         host,
         remote,

@@ -107,6 +107,40 @@ fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> Clust
     }
 }
 
+/// A raw gRPC call to the worker at `address`, for requests the controller
+/// never sends (its own runtime: the test thread is not in one).
+fn raw_rpc<T>(
+    address: std::net::SocketAddr,
+    call: impl AsyncFnOnce(
+        colocated_core::transport::proto::worker_client::WorkerClient<tonic::transport::Channel>,
+    ) -> T,
+) -> T {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let rpc = colocated_core::transport::proto::worker_client::WorkerClient::connect(format!(
+            "http://{address}"
+        ))
+        .await
+        .unwrap();
+        call(rpc).await
+    })
+}
+
+/// `message` with the bearer `token` and, if given, the `session` id.
+fn signed<T>(message: T, token: &str, session: Option<&str>) -> tonic::Request<T> {
+    use colocated_core::transport::{AUTHORIZATION, SESSION};
+    let mut request = tonic::Request::new(message);
+    let metadata = request.metadata_mut();
+    metadata.insert(AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+    if let Some(session) = session {
+        metadata.insert(SESSION, session.parse().unwrap());
+    }
+    request
+}
+
 fn sharded_over(client: &Client, n: i64) -> ArraySpec {
     let devices = client.devices().to_vec();
     let mesh = vec![devices.len()];
@@ -1216,37 +1250,26 @@ fn a_supervisor_refuses_old_controllers_and_reports_a_child_that_fails() {
 
 #[test]
 fn closing_a_session_that_is_gone_succeeds_but_needs_the_token() {
-    use colocated_core::transport::proto::worker_client::WorkerClient;
     use colocated_core::transport::proto::CloseSessionRequest;
-    use colocated_core::transport::{AUTHORIZATION, SESSION};
 
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     // A session the worker no longer has: closed twice, or closed while the
     // worker stopped and ended it.
     let close = |token: &str| {
-        runtime.block_on(async {
-            let mut rpc = WorkerClient::connect(format!("http://{}", a.worker.local_addr()))
-                .await
-                .unwrap();
-            let mut request = tonic::Request::new(CloseSessionRequest {});
-            let metadata = request.metadata_mut();
-            let bearer = format!("Bearer {token}");
-            metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
-            metadata.insert(SESSION, "0123456789abcdef0123456789abcdef".parse().unwrap());
-            rpc.close_session(request)
+        let gone = Some("0123456789abcdef0123456789abcdef");
+        raw_rpc(a.worker.local_addr(), async |mut rpc| {
+            rpc.close_session(signed(CloseSessionRequest {}, token, gone))
                 .await
                 .map(|_| ())
                 .map_err(|s| s.code())
         })
     };
     close(token.expose()).unwrap();
-    let refused = close("not-the-token").unwrap_err();
-    assert_eq!(refused, tonic::Code::Unauthenticated);
+    assert_eq!(
+        close("not-the-token").unwrap_err(),
+        tonic::Code::Unauthenticated
+    );
 }
 
 #[test]
@@ -1303,9 +1326,8 @@ fn a_workers_health_says_its_version_devices_sessions_and_uptime_and_needs_the_t
 
 #[test]
 fn a_controller_and_a_worker_of_different_releases_refuse_each_other_naming_both() {
-    use colocated_core::transport::proto::worker_client::WorkerClient;
     use colocated_core::transport::proto::OpenSessionRequest;
-    use colocated_core::transport::{versions_compatible, AUTHORIZATION, VERSION};
+    use colocated_core::transport::{versions_compatible, VERSION};
 
     assert!(versions_compatible("0.1.0", "0.1.7"));
     assert!(versions_compatible("1.2.3", "1.2.0-rc1"));
@@ -1341,25 +1363,14 @@ fn a_controller_and_a_worker_of_different_releases_refuse_each_other_naming_both
         worker.session_count() == 0
     });
     // The worker refuses a controller of another release.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let refused = runtime.block_on(async {
-        let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
-            .await
-            .unwrap();
-        let mut request = tonic::Request::new(OpenSessionRequest {
-            min_version: 1,
-            max_version: 3,
-            client_name: "future".into(),
-            software_version: "7.0.0".into(),
-        });
-        let bearer = format!("Bearer {}", token.expose());
-        request
-            .metadata_mut()
-            .insert(AUTHORIZATION, bearer.parse().unwrap());
-        rpc.open_session(request)
+    let future = OpenSessionRequest {
+        min_version: 1,
+        max_version: 3,
+        client_name: "future".into(),
+        software_version: "7.0.0".into(),
+    };
+    let refused = raw_rpc(worker.local_addr(), async |mut rpc| {
+        rpc.open_session(signed(future, token.expose(), None))
             .await
             .map(|_| ())
             .map_err(|s| (s.code(), s.message().to_string()))
