@@ -1,17 +1,30 @@
-//! A controller and N workers (in this process, on loopback, one CPU device
-//! each), for N = 1, 4, 16, 64: how connecting, compiling and a fan-out
+//! A controller and N worker processes on loopback (one CPU device each): how
+//! connecting, compiling, the controller's memory and idle CPU, and a fan-out
 //! execution grow with N, each beside the same-run floor of raw TCP: a 1-byte
-//! ping-pong to N echo servers at once (one thread each, as the workers have
-//! their own connections).
+//! ping-pong to N echo processes at once.
+//!
+//! The workers and echo servers are this benchmark's own executable started
+//! again in another role (`COLOCATED_SCALE_ROLE`), so every figure is of real
+//! processes and sockets: a worker is core's `Worker`, as `colocated worker`
+//! runs it, with the native function the fan-out calls registered.
+//!
+//! `CPU/host` is the controller's CPU time per host per fan-out call: what
+//! sizing thousands of hosts on paper starts from.
+//!
+//! `COLOCATED_SCALE_N` (comma-separated) picks the sizes; the default is
+//! 1, 2, 4, 8, 16, 64, 256. `COLOCATED_SCALE_IDLE_SECS` is how long idle CPU is
+//! measured (default 7: two idle heartbeat periods).
 //!
 //! Targets (issue: remote speed): connect and compile in parallel (about one
-//! round trip, not N); fan-out execute + await <= 2x the raw TCP fan-out.
-//! The machine, not the design, bounds absolute figures at large N on a small
-//! VM: compare with the floor of the same run.
+//! round trip, not N); fan-out execute + await <= 2x the raw TCP fan-out;
+//! idle controller CPU at 256 hosts <= 1% of a core. The machine, not the
+//! design, bounds absolute figures at large N on a small VM: compare with the
+//! floor of the same run.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use colocated_core::transport::session::ConnectOptions;
 use colocated_core::transport::worker::{Worker, WorkerOptions};
@@ -24,13 +37,19 @@ use colocated_core::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+const ROLE: &str = "COLOCATED_SCALE_ROLE";
+const TOKEN: &str = "COLOCATED_SCALE_TOKEN";
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
 
-/// A worker with one CPU device and the native no-op every program here runs.
-fn worker(token: &Token) -> Worker {
+/// Role `worker`: a worker with one CPU device and the native function every
+/// program here runs; prints its address, and stops when stdin closes (when
+/// the benchmark ends, however it ends).
+fn serve_worker() {
+    let token = Token::new(std::env::var(TOKEN).expect("token")).expect("token");
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),
         executor_threads: Some(1),
@@ -47,30 +66,68 @@ fn worker(token: &Token) -> Worker {
             Ok(())
         })
         .expect("register");
-    Worker::start(client, WorkerOptions::new(Some(token.clone()))).expect("worker")
+    let worker = Worker::start(client, WorkerOptions::new(Some(token))).expect("worker");
+    println!("listening on {}", worker.local_addr());
+    std::io::stdout().flush().ok();
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    let _ = worker.shutdown();
 }
 
-/// `n` echo servers of single bytes, and a client connection to each.
-fn echo_fan(n: usize) -> Vec<TcpStream> {
-    (0..n)
+/// Role `echo`: echoes single bytes on one connection; prints its address.
+fn serve_echo() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    println!("listening on {}", listener.local_addr().expect("addr"));
+    std::io::stdout().flush().ok();
+    // Ends with the benchmark: its stdin closes.
+    std::thread::spawn(|| {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        std::process::exit(0);
+    });
+    let (mut s, _) = listener.accept().expect("accept");
+    s.set_nodelay(true).ok();
+    let mut b = [0u8; 1];
+    while s.read_exact(&mut b).is_ok() {
+        if s.write_all(&b).is_err() {
+            break;
+        }
+    }
+}
+
+/// `n` processes of this executable in `role`, and the address each prints.
+fn spawn(role: &str, n: usize, token: &Token) -> (Vec<Child>, Vec<String>) {
+    let exe = std::env::current_exe().expect("exe");
+    let mut children: Vec<Child> = (0..n)
         .map(|_| {
-            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-            let addr = listener.local_addr().expect("addr");
-            std::thread::spawn(move || {
-                let (mut s, _) = listener.accept().expect("accept");
-                s.set_nodelay(true).ok();
-                let mut b = [0u8; 1];
-                while s.read_exact(&mut b).is_ok() {
-                    if s.write_all(&b).is_err() {
-                        break;
-                    }
-                }
-            });
-            let s = TcpStream::connect(addr).expect("connect");
-            s.set_nodelay(true).ok();
-            s
+            Command::new(&exe)
+                .env(ROLE, role)
+                .env(TOKEN, token.expose())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn")
         })
-        .collect()
+        .collect();
+    let addresses = children
+        .iter_mut()
+        .map(|child| {
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().expect("stdout"))
+                .read_line(&mut line)
+                .expect("address");
+            line.trim()
+                .strip_prefix("listening on ")
+                .expect("a `listening on` line")
+                .to_string()
+        })
+        .collect();
+    (children, addresses)
+}
+
+fn stop(children: Vec<Child>) {
+    for mut child in children {
+        drop(child.stdin.take());
+        let _ = child.wait();
+    }
 }
 
 /// Median seconds of one ping to every echo server and every pong back.
@@ -85,8 +142,9 @@ fn tcp_fan_out(streams: &mut [TcpStream]) -> f64 {
         }
     };
     one(streams);
+    let runs = if streams.len() >= 64 { 50 } else { 200 };
     median(
-        (0..200)
+        (0..runs)
             .map(|_| {
                 let start = Instant::now();
                 one(streams);
@@ -96,23 +154,70 @@ fn tcp_fan_out(streams: &mut [TcpStream]) -> f64 {
     )
 }
 
+/// This process's resident memory, in bytes.
+fn resident_bytes() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0.0);
+    pages * 4096.0
+}
+
+/// This process's CPU time (user + system), in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: `getrusage` fills the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+fn sizes() -> Vec<usize> {
+    std::env::var("COLOCATED_SCALE_N")
+        .ok()
+        .map(|s| {
+            s.split(',')
+                .map(|n| n.trim().parse().expect("COLOCATED_SCALE_N: numbers"))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![1, 2, 4, 8, 16, 64, 256])
+}
+
 fn main() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("worker") => return serve_worker(),
+        Ok("echo") => return serve_echo(),
+        _ => {}
+    }
+    let idle_secs: f64 = std::env::var("COLOCATED_SCALE_IDLE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7.0);
     let token = Token::generate().expect("token");
-    println!("scale: a controller and N in-process workers on loopback (1 CPU device each)");
+    println!("scale: a controller and N worker processes on loopback (1 CPU device each)");
     println!(
-        "{:>4}  {:>10}  {:>10}  {:>18}  {:>20}  {:>6}",
-        "N", "connect", "compile", "fan-out exec+wait", "raw TCP fan-out", "ratio"
+        "{:>4}  {:>9}  {:>9}  {:>11}  {:>9}  {:>13}  {:>10}  {:>15}  {:>6}",
+        "N",
+        "connect",
+        "compile",
+        "mem/worker",
+        "idle CPU",
+        "fan-out exec",
+        "CPU/host",
+        "raw TCP fan-out",
+        "ratio"
     );
-    for n in [1usize, 4, 16, 64] {
-        let workers: Vec<Worker> = (0..n).map(|_| worker(&token)).collect();
+    for n in sizes() {
+        let (workers, addresses) = spawn("worker", n, &token);
+        let memory_before = resident_bytes();
         let mut connect = ConnectOptions::new(String::new(), Some(token.clone()));
-        connect.timeout = std::time::Duration::from_secs(30);
-        let options = ClusterOptions::uniform(
-            workers.iter().map(|w| w.local_addr().to_string()),
-            &connect,
-            false,
-            ClientOptions::default(),
-        );
+        connect.timeout = Duration::from_secs(60);
+        let options = ClusterOptions::uniform(addresses, &connect, false, ClientOptions::default());
         let start = Instant::now();
         let client = Client::connect(&options).expect("connect");
         let connected = start.elapsed().as_secs_f64();
@@ -153,7 +258,17 @@ fn main() {
             out.status.wait().expect("run");
         };
         run();
-        let runs = if n >= 64 { 50 } else { 200 };
+        let memory = (resident_bytes() - memory_before).max(0.0) / n as f64;
+        // Idle: sessions open, nothing asked of them.
+        std::thread::sleep(Duration::from_millis(500));
+        let (cpu, wall) = (cpu_seconds(), Instant::now());
+        std::thread::sleep(Duration::from_secs_f64(idle_secs));
+        let idle = (cpu_seconds() - cpu) / wall.elapsed().as_secs_f64();
+        let runs = std::env::var("COLOCATED_SCALE_RUNS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(if n >= 64 { 50 } else { 200 });
+        let cpu = cpu_seconds();
         let fan_out = median(
             (0..runs)
                 .map(|_| {
@@ -163,13 +278,25 @@ fn main() {
                 })
                 .collect(),
         );
-        let mut streams = echo_fan(n);
+        let cpu_per_host = (cpu_seconds() - cpu) / (runs * n) as f64;
+        let (echoes, echo_addresses) = spawn("echo", n, &token);
+        let mut streams: Vec<TcpStream> = echo_addresses
+            .iter()
+            .map(|a| {
+                let s = TcpStream::connect(a).expect("connect");
+                s.set_nodelay(true).ok();
+                s
+            })
+            .collect();
         let tcp = tcp_fan_out(&mut streams);
         println!(
-            "{n:>4}  {:>7.1} ms  {:>7.2} ms  {:>15.0} µs  {:>17.0} µs  {:>5.1}x",
+            "{n:>4}  {:>6.1} ms  {:>6.2} ms  {:>7.2} MiB  {:>8.2}%  {:>10.0} µs  {:>7.1} µs  {:>12.0} µs  {:>5.1}x",
             connected * 1e3,
             compiled * 1e3,
+            memory / (1024.0 * 1024.0),
+            idle * 100.0,
             fan_out * 1e6,
+            cpu_per_host * 1e6,
             tcp * 1e6,
             fan_out / tcp
         );
@@ -177,8 +304,7 @@ fn main() {
         drop(x);
         drop(client);
         drop(streams);
-        for w in workers {
-            let _ = w.shutdown();
-        }
+        stop(echoes);
+        stop(workers);
     }
 }

@@ -11,7 +11,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
-use super::liveness::{heartbeat_timeout, send_heartbeats};
+use super::liveness::{watch, Beat};
 use super::{block_on, Inner, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
@@ -100,10 +100,7 @@ pub(super) fn endpoint(options: &ConnectOptions, address: &str) -> Result<Endpoi
         .timeout(options.timeout)
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(crate::transport::STREAM_WINDOW_BYTES))
-        .initial_connection_window_size(Some(crate::transport::CONNECTION_WINDOW_BYTES))
-        .http2_keep_alive_interval(Duration::from_secs(1))
-        .keep_alive_timeout(Duration::from_secs(2))
-        .keep_alive_while_idle(true);
+        .initial_connection_window_size(Some(crate::transport::CONNECTION_WINDOW_BYTES));
     if let Some(ca) = &options.tls_ca {
         let domain = match &options.tls_domain {
             Some(domain) => domain.clone(),
@@ -266,11 +263,14 @@ impl RemoteSession {
             lost: Event::new(),
             lost_signal: tokio::sync::watch::Sender::new(false),
             control: std::sync::Mutex::new(None),
-            heartbeat_timeout: heartbeat_timeout(response.heartbeat_interval_ms),
+            beat: Beat::new(response.heartbeat_interval_ms, response.session_timeout_ms),
             host_callbacks: std::sync::Mutex::new(HashMap::new()),
         });
-        let interval = Duration::from_millis(u64::from(response.heartbeat_interval_ms.max(100)));
-        runtime()?.spawn(send_heartbeats(Arc::downgrade(&inner), interval));
-        Ok(RemoteSession { inner })
+        watch(&inner)?;
+        let session = RemoteSession { inner };
+        // Open from the start: a worker that dies ends it at once, so an idle
+        // session learns of it without waiting for a heartbeat.
+        session.open_control()?;
+        Ok(session)
     }
 }

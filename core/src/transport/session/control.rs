@@ -96,6 +96,15 @@ impl Control {
     }
 }
 
+impl Control {
+    /// Whether an operation waits for the worker: not yet taken, or taken
+    /// and not finished.
+    pub(super) fn waiting(&self) -> bool {
+        let sent = lock(&self.sender).sent;
+        self.state.acked.load(Ordering::SeqCst) < sent || !lock(&self.state.pending).is_empty()
+    }
+}
+
 impl ControlState {
     /// Waits until the worker answered operation `seq`; the stream's error if it
     /// broke first.
@@ -166,6 +175,13 @@ async fn read_answers(
                     continue;
                 }
                 let result = answer_result(&answer);
+                if !answer.finished {
+                    // The worker took an operation just now (and counted it
+                    // as the session's heartbeat).
+                    if let Some(inner) = inner.upgrade() {
+                        inner.beat.heard();
+                    }
+                }
                 if answer.finished {
                     let data = std::mem::take(&mut answer.data);
                     state.complete(answer.seq, result.map(|()| data));
@@ -300,6 +316,11 @@ impl RemoteSession {
             return Ok(());
         }
         block_on(async move { control.state.settled(sent).await })?
+    }
+
+    /// Opens the control stream (see `control`).
+    pub(super) fn open_control(&self) -> Result<()> {
+        self.control().map(drop)
     }
 
     /// The control stream, opened on first use (without blocking: operations

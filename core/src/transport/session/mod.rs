@@ -67,8 +67,8 @@ struct Inner {
     lost_signal: tokio::sync::watch::Sender<bool>,
     /// The control stream, opened on first use.
     control: std::sync::Mutex<Option<Arc<Control>>>,
-    /// Bound of a heartbeat: a worker silent for this long is lost.
-    heartbeat_timeout: Duration,
+    /// When to send heartbeats, and when the worker was last heard.
+    beat: liveness::Beat,
     /// Host callbacks of the session's executables, by executable handle.
     host_callbacks: std::sync::Mutex<HashMap<u64, Vec<LoadedHostCallback>>>,
 }

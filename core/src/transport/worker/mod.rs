@@ -245,7 +245,11 @@ impl Worker {
             .max_frame_size(Some(super::MAX_FRAME_BYTES))
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
-            .http2_keepalive_interval(Some(options.heartbeat_interval))
+            // Finds dead peers. A live controller's heartbeats (every third of
+            // the session timeout when idle) come before a ping is due.
+            .http2_keepalive_interval(Some(
+                (options.session_timeout / 2).max(options.heartbeat_interval),
+            ))
             .http2_keepalive_timeout(Some(options.heartbeat_interval * 2))
             .add_service(service);
         let served = runtime.spawn(server.serve_with_incoming_shutdown(incoming, async {

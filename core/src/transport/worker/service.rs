@@ -33,6 +33,9 @@ use crate::transport::{
     PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
 };
 
+/// How often an operation of a control stream marks its session as alive.
+const TOUCH_EVERY: Duration = Duration::from_millis(100);
+
 pub(in crate::transport) struct Service(pub(in crate::transport) Arc<Shared>);
 
 impl Service {
@@ -178,6 +181,7 @@ impl WorkerRpc for Service {
             // However the stream ends, host callbacks waiting on it fail.
             let _detach = DetachCalls(service.0.clone(), id);
             let mut expected = 1u64;
+            let mut touched = Instant::now();
             loop {
                 let message = tokio::select! {
                     message = ops.message() => message,
@@ -194,6 +198,15 @@ impl WorkerRpc for Service {
                         return;
                     }
                 };
+                // An operation counts as the session's heartbeat (at most
+                // one lock of the sessions per tenth of a second for it).
+                if touched.elapsed() >= TOUCH_EVERY {
+                    touched = Instant::now();
+                    let _ = service.with_session(id, |session| {
+                        session.last_seen = touched;
+                        Ok(())
+                    });
+                }
                 let seq = op.seq;
                 let result = if seq == expected {
                     expected += 1;
