@@ -393,35 +393,62 @@ impl Array {
         let elem = spec.dtype.byte_size().unwrap_or(1);
         let replicated = spec.sharding.is_fully_replicated();
         let wanted = if replicated { 1 } else { self.0.buffers.len() };
+        // Everything that can fail is known before the first read starts.
+        let shards = (0..wanted)
+            .map(|pos| Ok((self.0.buffers[pos].on_host_size()?, self.shard_index(pos)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let base = out.as_mut_ptr();
         // Every shard's read starts before the first wait: shards on workers
-        // download in parallel.
+        // download in parallel. A shard whose block is one run of `out` is
+        // read straight into it; others into memory of their own, then
+        // copied. A block that several shards hold (partial replication) is
+        // read once.
+        let mut seen = std::collections::HashSet::with_capacity(wanted);
         let mut reads = Vec::with_capacity(wanted);
-        for b in &self.0.buffers[..wanted] {
-            let mut shard = vec![0u8; b.on_host_size()?];
-            // SAFETY: `shard` is exactly that long, and is neither moved nor
-            // touched until its event is ready: every event is waited for
-            // below before `reads` is dropped, even on an error.
-            let done = unsafe { b.to_host_raw(shard.as_mut_ptr(), shard.len()) };
-            reads.push((shard, done));
+        for (pos, (size, index)) in shards.into_iter().enumerate() {
+            if !seen.insert(index.clone()) {
+                continue;
+            }
+            let buffer = &self.0.buffers[pos];
+            let run = contiguous_run(&spec.shape, &index, elem)
+                .filter(|run| run.len() == size && run.end <= out.len());
+            let (staged, done) = match run {
+                // SAFETY: the run lies inside `out`, the runs of different
+                // blocks do not overlap, and `out` is not touched until every
+                // read's event is ready: every event is waited for below.
+                Some(run) => (None, unsafe {
+                    buffer.to_host_raw(base.add(run.start), size)
+                }),
+                None => {
+                    let mut shard = vec![0u8; size];
+                    // SAFETY: `shard` is exactly that long, and is neither
+                    // moved nor touched until its event is ready: every
+                    // event is waited for below before `reads` is dropped.
+                    let done = unsafe { buffer.to_host_raw(shard.as_mut_ptr(), size) };
+                    (Some(shard), done)
+                }
+            };
+            reads.push((staged, index, done));
         }
         let waited: Vec<Result<()>> = reads
             .iter()
-            .map(|(_, done)| match done {
+            .map(|(_, _, done)| match done {
                 Ok(event) => event.wait(),
                 Err(e) => Err(e.clone()),
             })
             .collect();
-        for (pos, ((shard, _), status)) in reads.iter().zip(waited).enumerate() {
+        for ((staged, index, _), status) in reads.iter().zip(waited) {
             status?;
-            let index = self.shard_index(pos)?;
-            copy_block(
-                shard,
-                &spec.shape,
-                &index,
-                out,
-                elem,
-                Direction::ShardToGlobal,
-            );
+            if let Some(shard) = staged {
+                copy_block(
+                    shard,
+                    &spec.shape,
+                    index,
+                    out,
+                    elem,
+                    Direction::ShardToGlobal,
+                );
+            }
         }
         Ok(())
     }
@@ -492,6 +519,28 @@ enum Direction {
 
 /// Copies the block `index` of a row-major global array (of `shape`) between the
 /// global bytes and a dense shard, one contiguous innermost run at a time.
+/// The bytes of a row-major array of `shape` (elements of `elem` bytes) that
+/// block `index` covers, when they are one run: every dimension after the
+/// first one the block cuts is whole, and every one before it has one index.
+fn contiguous_run(shape: &[i64], index: &[Range<i64>], elem: usize) -> Option<Range<usize>> {
+    let mut cut = shape.len();
+    while cut > 0 && index[cut - 1].start == 0 && index[cut - 1].end == shape[cut - 1] {
+        cut -= 1;
+    }
+    if cut > 1 && index[..cut - 1].iter().any(|r| r.end - r.start != 1) {
+        return None;
+    }
+    let start = shape.iter().zip(index).try_fold(0i64, |at, (&dim, r)| {
+        at.checked_mul(dim)?.checked_add(r.start)
+    })?;
+    let len = index
+        .iter()
+        .try_fold(1i64, |n, r| n.checked_mul(r.end - r.start))?;
+    let start = usize::try_from(start).ok()?.checked_mul(elem)?;
+    let len = usize::try_from(len).ok()?.checked_mul(elem)?;
+    Some(start..start.checked_add(len)?)
+}
+
 fn copy_block(
     src: &[u8],
     shape: &[i64],
@@ -560,4 +609,30 @@ fn element_indices<'a>(
         }
         flat
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::contiguous_run;
+
+    #[test]
+    fn a_block_is_one_run_when_only_its_leading_dimensions_are_cut() {
+        let shape = [4, 6, 2];
+        // Rows 1..3 of a (4, 6, 2) array of 4-byte elements.
+        assert_eq!(
+            contiguous_run(&shape, &[1..3, 0..6, 0..2], 4),
+            Some(48..144)
+        );
+        // One row, columns 2..4: a run too.
+        assert_eq!(contiguous_run(&shape, &[2..3, 2..4, 0..2], 1), Some(28..32));
+        // Two rows cut in the columns: not one run.
+        assert_eq!(contiguous_run(&shape, &[0..2, 0..3, 0..2], 1), None);
+        // The last dimension cut over several rows: not one run.
+        assert_eq!(contiguous_run(&shape, &[0..4, 0..6, 0..1], 1), None);
+        // The whole array, and a scalar.
+        assert_eq!(contiguous_run(&shape, &[0..4, 0..6, 0..2], 2), Some(0..96));
+        assert_eq!(contiguous_run(&[], &[], 8), Some(0..8));
+        // An empty block is an empty run.
+        assert_eq!(contiguous_run(&shape, &[2..2, 0..6, 0..2], 1), Some(24..24));
+    }
 }

@@ -23,6 +23,7 @@ use crate::program::Program;
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
 use crate::transport::proto::BufferSpec;
+use crate::transport::reports_progress;
 use crate::transport::session::{RemoteSession, UploadStop};
 use crate::transport::{StringDecoder, STRINGS_VERSION};
 
@@ -257,9 +258,14 @@ impl RemoteBuffer {
                 .as_mut()
                 .ok_or_else(|| Error::internal("bytes after the end of a download"))?;
             decoder.push(chunk).map_err(|e| bad_strings(&address, e))?;
+            let before = received;
             received += chunk.len() as u64;
-            if let Some(progress) = &progress {
-                progress(received, total.max(received));
+            let total = total.max(received);
+            if let Some(progress) = progress
+                .as_ref()
+                .filter(|_| reports_progress(before, received, total))
+            {
+                progress(received, total);
             }
             Ok(())
         };
@@ -331,8 +337,9 @@ impl RemoteBuffer {
                 })?;
             write(at, chunk);
             counter.store(end, Ordering::Relaxed);
-            if let Some(progress) = &progress {
-                progress(end as u64, len as u64);
+            let (at, end, len) = (at as u64, end as u64, len as u64);
+            if let Some(progress) = progress.as_ref().filter(|_| reports_progress(at, end, len)) {
+                progress(end, len);
             }
             Ok(())
         };

@@ -563,3 +563,55 @@ fn small_reads_on_the_control_stream_follow_earlier_operations_and_check_their_s
     assert!(err.message().contains("GetBuffer"), "{err}");
     assert_eq!(session.get_buffer(big).unwrap().len(), len);
 }
+
+/// Downloads leave the worker from the buffer's memory, framed by hand: any
+/// gRPC client still reads them as `BufferChunk` messages (the first with the
+/// total), and a missing buffer is its gRPC error.
+#[test]
+fn any_grpc_client_downloads_a_buffer() {
+    use colocated_core::transport::proto::worker_client::WorkerClient;
+    use colocated_core::transport::proto::GetBufferRequest;
+    use colocated_core::transport::{AUTHORIZATION, SESSION};
+
+    let (worker, token) = worker(|_| {});
+    let session = connect(&worker, &token);
+    let bytes = 5 * CHUNK_BYTES / 2 + 3;
+    let data = pattern(bytes);
+    let handle = session.new_handle();
+    session
+        .put_buffer(handle, spec(0, DType::U8, &[bytes as i64]), data.clone())
+        .unwrap();
+    let request = |handle: u64| {
+        let mut request = tonic::Request::new(GetBufferRequest { handle });
+        let metadata = request.metadata_mut();
+        let bearer = format!("Bearer {}", token.expose());
+        metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
+        metadata.insert(SESSION, session.id().to_string().parse().unwrap());
+        request
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (chunks, missing) = runtime.block_on(async {
+        let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
+            .await
+            .unwrap();
+        let mut stream = rpc.get_buffer(request(handle)).await.unwrap().into_inner();
+        let mut chunks = Vec::new();
+        while let Some(chunk) = stream.message().await.unwrap() {
+            chunks.push(chunk);
+        }
+        let missing = match rpc.get_buffer(request(handle + 100)).await {
+            Ok(mut stream) => stream.get_mut().message().await.unwrap_err(),
+            Err(status) => status,
+        };
+        (chunks, missing)
+    });
+    assert_eq!(chunks.len(), 3, "chunks of CHUNK_BYTES");
+    assert_eq!(chunks[0].total_bytes, bytes as u64);
+    assert!(chunks[1..].iter().all(|c| c.total_bytes == 0));
+    let got: Vec<u8> = chunks.iter().flat_map(|c| c.data.iter().copied()).collect();
+    assert_eq!(got, data.to_vec());
+    assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
+}

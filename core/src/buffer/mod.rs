@@ -178,6 +178,22 @@ fn kept_here(buffer: &Buffer) -> bool {
     KEPT.with(|k| k.borrow().contains(&at))
 }
 
+/// Dense data shared as `Bytes` ([`Buffer::shared_bytes`]), held.
+struct HeldBytes {
+    storage: Arc<Storage>,
+    _hold: UsageHold,
+}
+
+impl AsRef<[u8]> for HeldBytes {
+    fn as_ref(&self) -> &[u8] {
+        match &*self.storage {
+            Storage::Dense(bytes) => bytes.as_slice(),
+            // Made only of dense data.
+            _ => &[],
+        }
+    }
+}
+
 /// Keeps a buffer's data alive for one piece of in-flight work (an execution, a
 /// copy, a `to_host`), even if the buffer is deleted meanwhile.
 pub(crate) struct UsageHold(Buffer);
@@ -661,6 +677,21 @@ impl Buffer {
                 _ => Err(Error::failed_precondition(format!("{self:?} is not ready"))),
             },
         }
+    }
+
+    /// A ready dense buffer's data as `Bytes` without a copy: they keep the
+    /// data, and a hold on the buffer, alive until the last view of them
+    /// goes. `None` for data that is not dense bytes of this process.
+    pub(crate) fn shared_bytes(&self) -> Result<Option<bytes::Bytes>> {
+        let hold = self.hold()?;
+        let storage = self.storage()?;
+        if !matches!(*storage, Storage::Dense(_)) {
+            return Ok(None);
+        }
+        Ok(Some(bytes::Bytes::from_owner(HeldBytes {
+            storage,
+            _hold: hold,
+        })))
     }
 
     /// A new buffer sharing this ready buffer's data, with its own deletion state.

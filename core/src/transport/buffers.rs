@@ -63,6 +63,13 @@ pub(crate) fn wire_bytes(buffer: &Buffer) -> Result<Vec<u8>> {
     encode_strings(storage.strings()?)
 }
 
+/// Whether a download that went from `before` to `after` bytes of `total`
+/// reports progress: once per [`CHUNK_BYTES`] and at the end (the data
+/// arrives in frames of a few KiB).
+pub(crate) fn reports_progress(before: u64, after: u64, total: u64) -> bool {
+    after >= total || after / CHUNK_BYTES as u64 != before / CHUNK_BYTES as u64
+}
+
 /// `data` cut into chunks of at most `CHUNK_BYTES` (views, no copies); one empty
 /// chunk for empty data, so that a transfer always has a first message.
 pub(crate) fn chunks(data: Bytes) -> Vec<Bytes> {

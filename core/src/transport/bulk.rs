@@ -1,9 +1,10 @@
-//! `PutBuffer` without tonic's codec: the bulk upload path, copy-free on both
-//! ends.
+//! `PutBuffer` and `GetBuffer` without tonic's codec: the bulk paths, copy-free
+//! on both ends.
 //!
-//! The wire format is the protocol's own, a gRPC client stream of
-//! `PutBufferChunk` messages, so any gRPC client can still upload. Both ends
-//! handle the bytes of this one RPC themselves, because tonic's codec copies
+//! The wire format is the protocol's own, gRPC streams of `PutBufferChunk`
+//! and `BufferChunk` messages, so any gRPC client can still upload and
+//! download. Both ends handle the bytes of these two RPCs themselves, because
+//! tonic's codec copies
 //! every byte once more on each side (into its encode buffer on the way out,
 //! into its decode buffer on the way in), and at 256 MiB those copies cost
 //! about a fifth of the throughput:
@@ -15,6 +16,11 @@
 //!   each piece of `data` to its sink as a view of the received frame, which
 //!   copies it into the buffer's memory (or, for a string buffer, decodes its
 //!   elements from it: see [`strings`](super::strings)).
+//!
+//! Downloads are the mirror image: the worker answers with
+//! [`download_answer`] (each chunk's prefix, then the buffer's own memory as
+//! it is), and the controller's [`get_call`] parses the answer as it arrives
+//! and writes each piece of data straight to its destination.
 //!
 //! The parser checks what tonic's decoder and prost would, and is stricter in
 //! three ways: a chunk's `data` must come after its other fields (the order in
@@ -37,15 +43,34 @@ use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
-use super::proto::{BufferSpec, PutBufferChunk, PutBufferResponse};
+use super::buffers::chunks;
+use super::proto::{BufferChunk, BufferSpec, GetBufferRequest, PutBufferChunk, PutBufferResponse};
 use super::{CHUNK_BYTES, MAX_MESSAGE_BYTES};
 use crate::error::{Error, Result};
 
 /// The HTTP/2 path of the `PutBuffer` RPC.
 pub(crate) const PUT_BUFFER_PATH: &str = "/colocated.remote.v1.Worker/PutBuffer";
 
-/// The field number of `PutBufferChunk.data`.
-const DATA_FIELD: u32 = 3;
+/// The HTTP/2 path of the `GetBuffer` RPC.
+pub(crate) const GET_BUFFER_PATH: &str = "/colocated.remote.v1.Worker/GetBuffer";
+
+/// A message of a bulk stream: fields, then a run of bytes (`data`).
+pub(crate) trait Chunk: Message + Default {
+    /// The field number of `data`.
+    const DATA_FIELD: u32;
+    /// The RPC whose stream it is, for errors.
+    const RPC: &'static str;
+}
+
+impl Chunk for PutBufferChunk {
+    const DATA_FIELD: u32 = 3;
+    const RPC: &'static str = "PutBuffer";
+}
+
+impl Chunk for BufferChunk {
+    const DATA_FIELD: u32 = 1;
+    const RPC: &'static str = "GetBuffer";
+}
 
 /// gRPC's message header: a compression flag and the length (big endian).
 const GRPC_HEADER_BYTES: usize = 5;
@@ -63,7 +88,13 @@ pub(crate) fn chunk_prefix(handle: u64, spec: Option<BufferSpec>, data_len: usiz
         spec,
         data: Bytes::new(),
     };
-    let data_header = key_len(DATA_FIELD) + encoded_len_varint(data_len as u64);
+    prefix(&fields, data_len)
+}
+
+/// The bytes before a chunk's data on the wire: gRPC's message header,
+/// `fields` (whose `data` is empty), and the key and length of `data`.
+pub(crate) fn prefix<M: Chunk>(fields: &M, data_len: usize) -> Bytes {
+    let data_header = key_len(M::DATA_FIELD) + encoded_len_varint(data_len as u64);
     let prefix = fields.encoded_len() + data_header;
     let mut out = BytesMut::with_capacity(GRPC_HEADER_BYTES + prefix);
     out.put_u8(0);
@@ -72,7 +103,7 @@ pub(crate) fn chunk_prefix(handle: u64, spec: Option<BufferSpec>, data_len: usiz
     out.put_u32((prefix + data_len) as u32);
     // Cannot fail: `out` has room for the encoded length.
     let _ = fields.encode(&mut out);
-    encode_key(DATA_FIELD, WireType::LengthDelimited, &mut out);
+    encode_key(M::DATA_FIELD, WireType::LengthDelimited, &mut out);
     encode_varint(data_len as u64, &mut out);
     out.freeze()
 }
@@ -151,24 +182,8 @@ where
     C::ResponseBody: Send + 'static,
     <C::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError>,
 {
-    let mut request = http::Request::new(tonic::body::Body::new(body));
-    *request.method_mut() = http::Method::POST;
-    *request.version_mut() = http::Version::HTTP_2;
-    *request.uri_mut() = http::Uri::from_static(PUT_BUFFER_PATH);
-    let headers = request.headers_mut();
-    *headers = metadata.into_headers();
-    headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/grpc"),
-    );
-    std::future::poll_fn(|cx| channel.poll_ready(cx))
-        .await
-        .map_err(|e| Status::from_error(e.into()))?;
-    let answer = channel
-        .call(request)
-        .await
-        .map_err(|e| Status::from_error(e.into()))?;
+    let request = grpc_request(PUT_BUFFER_PATH, metadata, tonic::body::Body::new(body));
+    let answer = call(&mut channel, request).await?;
     // A status in the headers is the whole answer ("trailers-only"): an
     // error, since a stored upload is answered with a message.
     if let Some(status) = Status::from_header_map(answer.headers()) {
@@ -191,6 +206,44 @@ where
     Ok(())
 }
 
+/// A gRPC request to `path` with `metadata` and `body`, as tonic's generated
+/// client makes it.
+fn grpc_request(
+    path: &'static str,
+    metadata: MetadataMap,
+    body: tonic::body::Body,
+) -> http::Request<tonic::body::Body> {
+    let mut request = http::Request::new(body);
+    *request.method_mut() = http::Method::POST;
+    *request.version_mut() = http::Version::HTTP_2;
+    *request.uri_mut() = http::Uri::from_static(path);
+    let headers = request.headers_mut();
+    *headers = metadata.into_headers();
+    headers.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    request
+}
+
+/// Sends `request` on `channel` once it is ready: the answer's head.
+async fn call<C>(
+    channel: &mut C,
+    request: http::Request<tonic::body::Body>,
+) -> std::result::Result<http::Response<C::ResponseBody>, Status>
+where
+    C: GrpcService<tonic::body::Body>,
+{
+    std::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .map_err(|e| Status::from_error(e.into()))?;
+    channel
+        .call(request)
+        .await
+        .map_err(|e| Status::from_error(e.into()))
+}
+
 /// An upload's answer without its message: not a stored upload.
 fn no_message() -> Status {
     Status::internal("the worker answered an upload with no message")
@@ -199,18 +252,142 @@ fn no_message() -> Status {
 /// The answer to a whole upload: gRPC's answer of one empty message
 /// (`PutBufferResponse {}`: no compression, length 0), then status OK.
 pub(crate) fn empty_answer() -> http::Response<tonic::body::Body> {
+    grpc_answer(
+        [
+            Frame::data(Bytes::from_static(&[0; GRPC_HEADER_BYTES])),
+            Frame::trailers(ok_trailers()),
+        ]
+        .into(),
+    )
+}
+
+/// gRPC's trailers of a call that succeeded.
+fn ok_trailers() -> http::HeaderMap {
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-    let frames = [
-        Frame::data(Bytes::from_static(&[0; GRPC_HEADER_BYTES])),
-        Frame::trailers(trailers),
-    ];
-    let mut answer = http::Response::new(tonic::body::Body::new(Frames(frames.into())));
+    trailers
+}
+
+/// A gRPC answer whose body is `frames`.
+fn grpc_answer(frames: VecDeque<Frame<Bytes>>) -> http::Response<tonic::body::Body> {
+    let mut answer = http::Response::new(tonic::body::Body::new(Frames(frames)));
     answer.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
     );
     answer
+}
+
+/// The answer to a download of `data`: `BufferChunk` messages of at most
+/// [`CHUNK_BYTES`] of data, each sent as its prefix ([`prefix`]) and then
+/// its bytes as they are (views of `data`, no copies); the first announces
+/// the total. Then status OK.
+pub(crate) fn download_answer(data: Bytes) -> http::Response<tonic::body::Body> {
+    let mut total_bytes = data.len() as u64;
+    let mut frames = VecDeque::new();
+    for chunk in chunks(data) {
+        let fields = BufferChunk {
+            data: Bytes::new(),
+            total_bytes: std::mem::take(&mut total_bytes),
+        };
+        frames.push_back(Frame::data(prefix(&fields, chunk.len())));
+        if !chunk.is_empty() {
+            frames.push_back(Frame::data(chunk));
+        }
+    }
+    frames.push_back(Frame::trailers(ok_trailers()));
+    grpc_answer(frames)
+}
+
+/// The body of a unary request: `message` as one gRPC message.
+fn unary_body(message: &impl Message) -> tonic::body::Body {
+    let len = message.encoded_len();
+    let mut out = BytesMut::with_capacity(GRPC_HEADER_BYTES + len);
+    out.put_u8(0);
+    // A request message of the protocol: a few bytes.
+    out.put_u32(len as u32);
+    // Cannot fail: `out` has room for the message.
+    let _ = message.encode(&mut out);
+    tonic::body::Body::new(Frames([Frame::data(out.freeze())].into()))
+}
+
+/// The gRPC status of an answer that has none: from its HTTP status, as
+/// gRPC's clients map it.
+fn status_of_http(status: http::StatusCode) -> Status {
+    let code = match status.as_u16() {
+        400 => Code::Internal,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::Unimplemented,
+        429 | 502 | 503 | 504 => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    Status::new(
+        code,
+        format!("the worker answered HTTP {status} without a gRPC status"),
+    )
+}
+
+/// Calls `GetBuffer` for buffer `handle` on `channel` (a tonic `Channel`)
+/// with `metadata` (the token and the session), as tonic's generated client
+/// calls it, and parses the answer as it arrives: each chunk's fields, then
+/// its data as views of the received frames, go to `sink`. A status that is
+/// not OK becomes `fail(status)`; a malformed answer or the sink's error ends
+/// the call with that error.
+pub(crate) async fn get_call<C>(
+    mut channel: C,
+    metadata: MetadataMap,
+    handle: u64,
+    sink: &mut impl ChunkSink<BufferChunk>,
+    fail: impl Fn(&Status) -> Error,
+) -> Result<()>
+where
+    C: GrpcService<tonic::body::Body>,
+    C::ResponseBody: http_body::Body<Data = Bytes>,
+    <C::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError>,
+{
+    let body = unary_body(&GetBufferRequest { handle });
+    let request = grpc_request(GET_BUFFER_PATH, metadata, body);
+    let answer = call(&mut channel, request).await.map_err(|s| fail(&s))?;
+    // A status in the headers is the whole answer ("trailers-only").
+    if let Some(status) = Status::from_header_map(answer.headers()) {
+        return Err(fail(&match status.code() {
+            Code::Ok => Status::internal("the worker answered a download with no data"),
+            _ => status,
+        }));
+    }
+    if answer.status() != http::StatusCode::OK {
+        return Err(fail(&status_of_http(answer.status())));
+    }
+    let mut body = std::pin::pin!(answer.into_body());
+    let mut parser = ChunkParser::<BufferChunk>::default();
+    loop {
+        let frame = std::future::poll_fn(|cx| http_body::Body::poll_frame(body.as_mut(), cx)).await;
+        let frame = match frame {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return Err(fail(&Status::from_error(e.into()))),
+            None => {
+                return Err(fail(&Status::internal(
+                    "a download ended without its status",
+                )))
+            }
+        };
+        let trailers = match frame.into_data() {
+            Ok(data) => {
+                parser.push(data, sink)?;
+                continue;
+            }
+            Err(frame) => frame.into_trailers(),
+        };
+        let Ok(trailers) = trailers else { continue };
+        return match Status::from_header_map(&trailers) {
+            Some(status) if status.code() == Code::Ok => parser.finish(),
+            Some(status) => Err(fail(&status)),
+            None => Err(fail(&Status::internal(
+                "a download's trailers carry no status",
+            ))),
+        };
+    }
 }
 
 /// A body of the given frames, in order.
@@ -233,9 +410,9 @@ impl http_body::Body for Frames {
 }
 
 /// Where [`ChunkParser`] delivers a stream's chunks, in order.
-pub(crate) trait ChunkSink {
+pub(crate) trait ChunkSink<M> {
     /// A chunk's fields other than `data` (left empty), before its data.
-    fn fields(&mut self, chunk: PutBufferChunk) -> Result<()>;
+    fn fields(&mut self, chunk: M) -> Result<()>;
     /// The next bytes of the current chunk's data.
     fn data(&mut self, bytes: &[u8]) -> Result<()>;
 }
@@ -252,13 +429,13 @@ enum State {
     Data(usize),
 }
 
-/// Parses a `PutBuffer` request body (gRPC messages of `PutBufferChunk`) as
-/// its frames arrive, with the checks of tonic's decoder and prost's: no
+/// Parses a bulk stream (gRPC messages of a [`Chunk`]: a `PutBuffer` request
+/// body, a `GetBuffer` answer body) as its frames arrive, with the checks of
+/// tonic's decoder and prost's: no
 /// compression, messages within [`MAX_MESSAGE_BYTES`], well-formed fields.
 /// It holds back only the bytes of a field it has not seen whole (at most
 /// [`MAX_FIELDS_BYTES`]); data goes to the sink as it comes.
-#[derive(Default)]
-pub(crate) struct ChunkParser {
+pub(crate) struct ChunkParser<M> {
     /// Received bytes not parsed yet, in order.
     queue: VecDeque<Bytes>,
     queued: usize,
@@ -271,15 +448,31 @@ pub(crate) struct ChunkParser {
     /// the sink).
     data_seen: bool,
     messages: u64,
+    chunk: std::marker::PhantomData<fn(M)>,
+}
+
+impl<M> Default for ChunkParser<M> {
+    fn default() -> Self {
+        ChunkParser {
+            queue: VecDeque::new(),
+            queued: 0,
+            state: State::Header,
+            message_left: 0,
+            fields: Vec::new(),
+            data_seen: false,
+            messages: 0,
+            chunk: std::marker::PhantomData,
+        }
+    }
 }
 
 /// A varint at the start of `bytes`: its value and length, `None` if `bytes`
 /// ends inside it, an error if it is longer than ten bytes or overflows.
-fn varint(bytes: &[u8]) -> Result<Option<(u64, usize)>> {
+fn varint<M: Chunk>(bytes: &[u8]) -> Result<Option<(u64, usize)>> {
     let mut value = 0u64;
     for (i, &b) in bytes.iter().enumerate().take(10) {
         if i == 9 && b > 1 {
-            return Err(malformed("a varint overflows 64 bits"));
+            return Err(malformed::<M>("a varint overflows 64 bits"));
         }
         value |= u64::from(b & 0x7f) << (7 * i);
         if b & 0x80 == 0 {
@@ -287,19 +480,19 @@ fn varint(bytes: &[u8]) -> Result<Option<(u64, usize)>> {
         }
     }
     if bytes.len() >= 10 {
-        return Err(malformed("a varint is longer than ten bytes"));
+        return Err(malformed::<M>("a varint is longer than ten bytes"));
     }
     Ok(None)
 }
 
 /// The error of a stream that is not well-formed.
-fn malformed(what: &str) -> Error {
-    Error::invalid_argument(format!("malformed PutBuffer stream: {what}"))
+fn malformed<M: Chunk>(what: &str) -> Error {
+    Error::invalid_argument(format!("malformed {} stream: {what}", M::RPC))
 }
 
-impl ChunkParser {
+impl<M: Chunk> ChunkParser<M> {
     /// Parses the next frame of the body, delivering what it completes.
-    pub(crate) fn push(&mut self, frame: Bytes, sink: &mut impl ChunkSink) -> Result<()> {
+    pub(crate) fn push(&mut self, frame: Bytes, sink: &mut impl ChunkSink<M>) -> Result<()> {
         if !frame.is_empty() {
             self.queued += frame.len();
             self.queue.push_back(frame);
@@ -311,17 +504,20 @@ impl ChunkParser {
     /// The body ended: it must end between messages, after at least one.
     pub(crate) fn finish(&self) -> Result<()> {
         if self.state != State::Header || self.queued > 0 {
-            return Err(malformed("the stream ended inside a message"));
+            return Err(malformed::<M>("the stream ended inside a message"));
         }
         if self.messages == 0 {
-            return Err(Error::invalid_argument("an empty PutBuffer stream"));
+            return Err(Error::invalid_argument(format!(
+                "an empty {} stream",
+                M::RPC
+            )));
         }
         Ok(())
     }
 
     /// Parses one thing (a header, a field, a run of data, a message's end);
     /// `false` when it needs more bytes.
-    fn step(&mut self, sink: &mut impl ChunkSink) -> Result<bool> {
+    fn step(&mut self, sink: &mut impl ChunkSink<M>) -> Result<bool> {
         match self.state {
             State::Header => {
                 if self.queued < GRPC_HEADER_BYTES {
@@ -332,16 +528,18 @@ impl ChunkParser {
                 match header[0] {
                     0 => {}
                     1 => {
-                        return Err(Error::invalid_argument(
-                            "compressed PutBuffer messages are not accepted",
-                        ))
+                        return Err(Error::invalid_argument(format!(
+                            "compressed {} messages are not accepted",
+                            M::RPC
+                        )))
                     }
-                    flag => return Err(malformed(&format!("compression flag {flag}"))),
+                    flag => return Err(malformed::<M>(&format!("compression flag {flag}"))),
                 }
                 let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
                 if len > MAX_MESSAGE_BYTES {
                     return Err(Error::resource_exhausted(format!(
-                        "a PutBuffer message of {len} bytes is over the limit of {MAX_MESSAGE_BYTES}"
+                        "a {} message of {len} bytes is over the limit of {MAX_MESSAGE_BYTES}",
+                        M::RPC
                     )));
                 }
                 self.messages += 1;
@@ -387,33 +585,33 @@ impl ChunkParser {
 
     /// Parses the field that starts here: `data` starts streaming, any other
     /// field is kept (once whole) for the message's fields.
-    fn field(&mut self, sink: &mut impl ChunkSink) -> Result<bool> {
+    fn field(&mut self, sink: &mut impl ChunkSink<M>) -> Result<bool> {
         // A key and a length take at most 20 bytes.
         let mut head = [0u8; 20];
         let seen = self.peek(&mut head[..self.message_left.min(20)]);
         let whole = seen == self.message_left.min(20);
         let head = &head[..seen];
-        let truncated = || malformed("a message ends inside a field");
-        let Some((key, key_bytes)) = varint(head)? else {
+        let truncated = || malformed::<M>("a message ends inside a field");
+        let Some((key, key_bytes)) = varint::<M>(head)? else {
             return if whole { Err(truncated()) } else { Ok(false) };
         };
         let number = key >> 3;
         if number == 0 || number > u64::from(u32::MAX >> 3) {
-            return Err(malformed(&format!("field number {number}")));
+            return Err(malformed::<M>(&format!("field number {number}")));
         }
         let length = |at: usize| -> Result<Option<(usize, usize)>> {
-            match varint(&head[at..])? {
+            match varint::<M>(&head[at..])? {
                 Some((len, n)) => Ok(Some((usize::try_from(len).unwrap_or(usize::MAX), n))),
                 None if whole => Err(truncated()),
                 None => Ok(None),
             }
         };
-        if number == u64::from(DATA_FIELD) {
+        if number == u64::from(M::DATA_FIELD) {
             if key & 7 != WireType::LengthDelimited as u64 {
-                return Err(malformed("`data` is not length-delimited"));
+                return Err(malformed::<M>("`data` is not length-delimited"));
             }
             if self.data_seen {
-                return Err(malformed("a chunk has `data` twice"));
+                return Err(malformed::<M>("a chunk has `data` twice"));
             }
             let Some((len, len_bytes)) = length(key_bytes)? else {
                 return Ok(false);
@@ -429,12 +627,12 @@ impl ChunkParser {
             return Ok(true);
         }
         if self.data_seen {
-            return Err(malformed(
+            return Err(malformed::<M>(
                 "a chunk has fields after `data` (the spec must come first)",
             ));
         }
         let size = match key & 7 {
-            0 => match varint(&head[key_bytes..])? {
+            0 => match varint::<M>(&head[key_bytes..])? {
                 Some((_, n)) => key_bytes + n,
                 None if whole => return Err(truncated()),
                 None => return Ok(false),
@@ -445,14 +643,15 @@ impl ChunkParser {
                 Some((len, n)) => (key_bytes + n).saturating_add(len),
                 None => return Ok(false),
             },
-            wire => return Err(malformed(&format!("wire type {wire}"))),
+            wire => return Err(malformed::<M>(&format!("wire type {wire}"))),
         };
         if size > self.message_left {
             return Err(truncated());
         }
         if self.fields.len() + size > MAX_FIELDS_BYTES {
             return Err(Error::resource_exhausted(format!(
-                "a PutBuffer chunk's fields take over {MAX_FIELDS_BYTES} bytes"
+                "a {} chunk's fields take over {MAX_FIELDS_BYTES} bytes",
+                M::RPC
             )));
         }
         if self.queued < size {
@@ -467,9 +666,9 @@ impl ChunkParser {
     }
 
     /// Decodes the current message's fields (checked by prost) for the sink.
-    fn deliver_fields(&mut self, sink: &mut impl ChunkSink) -> Result<()> {
-        let chunk = PutBufferChunk::decode(&self.fields[..])
-            .map_err(|e| malformed(&format!("a chunk does not decode: {e}")))?;
+    fn deliver_fields(&mut self, sink: &mut impl ChunkSink<M>) -> Result<()> {
+        let chunk = M::decode(&self.fields[..])
+            .map_err(|e| malformed::<M>(&format!("a chunk does not decode: {e}")))?;
         sink.fields(chunk)
     }
 
@@ -521,13 +720,15 @@ mod tests {
     use super::*;
     use crate::error::ErrorCode;
 
+    const DATA_FIELD: u32 = PutBufferChunk::DATA_FIELD;
+
     /// What a sink saw: every chunk's fields, and its data.
     #[derive(Default)]
     struct Seen {
         chunks: Vec<PutBufferChunk>,
     }
 
-    impl ChunkSink for Seen {
+    impl ChunkSink<PutBufferChunk> for Seen {
         fn fields(&mut self, chunk: PutBufferChunk) -> Result<()> {
             self.chunks.push(chunk);
             Ok(())
@@ -562,7 +763,7 @@ mod tests {
 
     /// `body` parsed in frames of `frame` bytes.
     fn parse(body: &[u8], frame: usize) -> Result<Seen> {
-        let mut parser = ChunkParser::default();
+        let mut parser = ChunkParser::<PutBufferChunk>::default();
         let mut seen = Seen::default();
         for piece in body.chunks(frame.max(1)) {
             parser.push(Bytes::copy_from_slice(piece), &mut seen)?;
@@ -754,7 +955,7 @@ mod tests {
     #[test]
     fn a_sink_error_ends_the_parse() {
         struct Refuse;
-        impl ChunkSink for Refuse {
+        impl ChunkSink<PutBufferChunk> for Refuse {
             fn fields(&mut self, _: PutBufferChunk) -> Result<()> {
                 Ok(())
             }
@@ -762,7 +963,7 @@ mod tests {
                 Err(Error::failed_precondition("too much"))
             }
         }
-        let mut parser = ChunkParser::default();
+        let mut parser = ChunkParser::<PutBufferChunk>::default();
         let err = parser
             .push(Bytes::from(body(&[b"abc"])), &mut Refuse)
             .unwrap_err();

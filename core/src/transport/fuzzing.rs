@@ -39,8 +39,8 @@ use tonic::{Code, Request, Status, Streaming};
 
 use super::proto::worker_server::Worker as WorkerRpc;
 use super::proto::{
-    BufferSpec, CloseSessionRequest, ControlRequest, GetBufferRequest, HeartbeatRequest,
-    LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
+    BufferSpec, CloseSessionRequest, ControlRequest, HeartbeatRequest, LoadExecutableRequest,
+    OpenSessionRequest, PutBufferChunk,
 };
 use super::worker::{Service, Worker, WorkerOptions};
 use super::{
@@ -492,16 +492,9 @@ impl Peer {
     }
 
     async fn get(&self, id: SessionId, handle: u64) -> std::result::Result<Vec<u8>, Status> {
-        let mut chunks = self
-            .service()
-            .get_buffer(self.request(GetBufferRequest { handle }, Some(id)))
-            .await?
-            .into_inner();
-        let mut data = Vec::new();
-        while let Some(chunk) = chunks.next().await {
-            data.extend_from_slice(&chunk?.data);
-        }
-        Ok(data)
+        let data = self.service().download(id, handle).await;
+        data.map(|data| data.to_vec())
+            .map_err(|e| super::to_status(&e))
     }
 
     async fn close(&self, id: SessionId) {

@@ -32,6 +32,7 @@ pub mod session;
 mod strings;
 pub mod worker;
 
+pub(crate) use buffers::reports_progress;
 pub use buffers::CHUNK_BYTES;
 pub(crate) use buffers::{copy_chunk, INFLIGHT_CHUNKS};
 pub(crate) use strings::{encode_strings, StringDecoder};

@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::bulk::{get_future, put_future};
 use super::*;
-use crate::transport::buffers::chunks;
+use crate::transport::buffers::{chunks, reports_progress};
 use crate::transport::proto::{control_request, BufferSpec, DeleteBuffersRequest, ExecuteRequest};
 use crate::transport::MAX_MESSAGE_BYTES;
 
@@ -64,9 +64,14 @@ impl RemoteSession {
                 // of the bytes that really arrive.
                 data.reserve(usize::try_from(total).unwrap_or(0).min(MAX_MESSAGE_BYTES));
             }
+            let before = data.len() as u64;
             data.extend_from_slice(chunk);
-            if let Some(progress) = &progress {
-                progress(data.len() as u64, total.max(data.len() as u64));
+            let (received, total) = (data.len() as u64, total.max(data.len() as u64));
+            if let Some(progress) = progress
+                .as_ref()
+                .filter(|_| reports_progress(before, received, total))
+            {
+                progress(received, total);
             }
             Ok(())
         };

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use super::{Completion, Inner, Progress, RemoteSession};
 use crate::error::{Error, Result};
 use crate::transport::buffers::chunks;
-use crate::transport::bulk::{put_call, PutBody};
-use crate::transport::proto::{BufferSpec, GetBufferRequest};
+use crate::transport::bulk::{get_call, put_call, ChunkSink, PutBody};
+use crate::transport::proto::{BufferChunk, BufferSpec};
 use crate::transport::runtime;
 
 impl RemoteSession {
@@ -155,28 +155,42 @@ pub(super) async fn put_future(
     Ok(())
 }
 
-/// Streams buffer `handle` into `sink(total, chunk)`.
+/// Streams buffer `handle` into `sink(total, chunk)`: each piece of data as
+/// it arrives, a view of the received frame (see
+/// [`get_call`](crate::transport::bulk::get_call)).
 pub(super) async fn get_future(
     inner: Arc<Inner>,
     handle: u64,
-    mut sink: impl FnMut(u64, &[u8]) -> Result<()>,
+    sink: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
     inner.alive()?;
-    let mut rpc = inner.rpc.clone();
-    let download = async {
-        let mut stream = rpc
-            .get_buffer(inner.bulk_request(GetBufferRequest { handle }))
-            .await
-            .map_err(|s| inner.fail(&s))?
-            .into_inner();
-        let mut total = 0u64;
-        while let Some(chunk) = stream.message().await.map_err(|s| inner.fail(&s))? {
-            if chunk.total_bytes > 0 {
-                total = chunk.total_bytes;
-            }
-            sink(total, &chunk.data)?;
+    let (metadata, _, ()) = inner.bulk_request(()).into_parts();
+    let mut sink = Download { total: 0, sink };
+    let download = get_call(
+        inner.channel.clone(),
+        metadata,
+        handle,
+        &mut sink,
+        |status| inner.fail(status),
+    );
+    inner.unless_lost(download).await
+}
+
+/// A download's sink, with the total the worker announced.
+struct Download<F> {
+    total: u64,
+    sink: F,
+}
+
+impl<F: FnMut(u64, &[u8]) -> Result<()>> ChunkSink<BufferChunk> for Download<F> {
+    fn fields(&mut self, chunk: BufferChunk) -> Result<()> {
+        if chunk.total_bytes > 0 {
+            self.total = chunk.total_bytes;
         }
         Ok(())
-    };
-    inner.unless_lost(download).await
+    }
+
+    fn data(&mut self, bytes: &[u8]) -> Result<()> {
+        (self.sink)(self.total, bytes)
+    }
 }

@@ -1,6 +1,6 @@
 //! The worker's end of bulk data: `PutBuffer` uploads received frame by
-//! frame straight into the buffer's memory, and `GetBuffer` downloads sent in
-//! chunks.
+//! frame straight into the buffer's memory, and `GetBuffer` downloads sent
+//! from the buffer's own memory (see [`bulk`](crate::transport::bulk)).
 
 use bytes::Bytes;
 use tonic::codegen::http;
@@ -11,10 +11,15 @@ use super::service::Service;
 use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::transport::buffers::{buffer_owning, check_spec, chunks, receive_buffer, CheckedSpec};
-use crate::transport::bulk::{empty_answer, ChunkParser, ChunkSink};
-use crate::transport::proto::{BufferChunk, PutBufferChunk};
-use crate::transport::{to_status, SessionId, StringDecoder};
+use crate::transport::buffers::{
+    buffer_owning, check_spec, receive_buffer, wire_bytes, CheckedSpec,
+};
+use crate::transport::bulk::{download_answer, empty_answer, ChunkParser, ChunkSink};
+use crate::transport::proto::{GetBufferRequest, PutBufferChunk};
+use crate::transport::{from_status, to_status, SessionId, StringDecoder};
+
+/// Most bytes of a `GetBuffer` request's message (a handle: a few bytes).
+const MAX_GET_REQUEST_BYTES: usize = 1 << 10;
 
 impl Service {
     /// Receives buffer uploads of a `PutBuffer` body as its frames arrive
@@ -57,6 +62,69 @@ impl Service {
             Err(e) => to_status(&e).into_http(),
         }
     }
+}
+
+impl Service {
+    /// Serves a `GetBuffer` request that arrives as HTTP/2 (the worker's route
+    /// for it): the buffer's bytes, sent from its memory without copies.
+    pub(super) async fn get_http(
+        self,
+        request: http::Request<tonic::body::Body>,
+    ) -> http::Response<tonic::body::Body> {
+        let (parts, body) = request.into_parts();
+        let request = Request::from_http(http::Request::from_parts(parts, ()));
+        let result = async {
+            let id = self.session(&request)?;
+            let handle = read_get_request(body).await?.handle;
+            self.download(id, handle).await
+        };
+        match result.await {
+            Ok(data) => download_answer(data),
+            Err(e) => to_status(&e).into_http(),
+        }
+    }
+
+    /// Buffer `handle` of session `id` as it travels, once it is ready: a
+    /// dense buffer's own memory (kept alive, and held, until the last of it
+    /// is sent), a string buffer's encoding.
+    pub(in crate::transport) async fn download(&self, id: SessionId, handle: u64) -> Result<Bytes> {
+        let buffer = self.with_session(id, |session| {
+            session
+                .buffers
+                .get(&handle)
+                .cloned()
+                .ok_or_else(|| Error::not_found(format!("no buffer {handle} in this session")))
+        })?;
+        let (ready, readied) = tokio::sync::oneshot::channel();
+        buffer.ready_event().on_ready(move |status| {
+            let _ = ready.send(status);
+        });
+        readied
+            .await
+            .map_err(|_| Error::internal("a buffer's readiness was dropped"))??;
+        if let Some(bytes) = buffer.shared_bytes()? {
+            return Ok(bytes);
+        }
+        // Strings: encoded on the blocking pool, not on a network thread.
+        let data = tokio::task::spawn_blocking(move || wire_bytes(&buffer))
+            .await
+            .map_err(|e| Error::internal(format!("the encoding task failed: {e}")))??;
+        Ok(Bytes::from(data))
+    }
+}
+
+/// The one message of a `GetBuffer` request body.
+async fn read_get_request(body: tonic::body::Body) -> Result<GetBufferRequest> {
+    use tonic::codec::Codec;
+    let decoder =
+        tonic::codec::ProstCodec::<GetBufferRequest, GetBufferRequest>::default().decoder();
+    let mut messages =
+        tonic::codec::Streaming::new_request(decoder, body, None, Some(MAX_GET_REQUEST_BYTES));
+    messages
+        .message()
+        .await
+        .map_err(|s| from_status(&s))?
+        .ok_or_else(|| Error::invalid_argument("a GetBuffer request without its message"))
 }
 
 /// An upload in progress: the buffer a `PutBuffer` stream fills, made by its
@@ -107,7 +175,7 @@ impl<'a> Upload<'a> {
     }
 }
 
-impl ChunkSink for Upload<'_> {
+impl ChunkSink<PutBufferChunk> for Upload<'_> {
     fn fields(&mut self, chunk: PutBufferChunk) -> Result<()> {
         if let Some((handle, _, _)) = &self.target {
             if chunk.spec.is_some() || (chunk.handle != 0 && chunk.handle != *handle) {
@@ -184,22 +252,4 @@ fn prefer_huge_pages(data: &mut Vec<u8>) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = data;
-}
-
-pub(super) type ChunkStream =
-    tokio_stream::Iter<std::vec::IntoIter<std::result::Result<BufferChunk, Status>>>;
-
-/// A download's messages: `data` in chunks (views, no copies).
-// tonic's streaming item type is `Result<_, Status>`, large by design.
-#[allow(clippy::result_large_err)]
-pub(super) fn chunk_stream(data: Bytes) -> ChunkStream {
-    let mut total_bytes = data.len() as u64;
-    let messages: Vec<_> = chunks(data)
-        .into_iter()
-        .map(|data| {
-            let total_bytes = std::mem::take(&mut total_bytes);
-            Ok(BufferChunk { data, total_bytes })
-        })
-        .collect();
-    tokio_stream::iter(messages)
 }

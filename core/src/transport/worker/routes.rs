@@ -11,7 +11,7 @@ use super::service::Service;
 use super::sessions::{session_id, unknown_session};
 use super::{lock, Shared};
 use crate::error::{Error, Result};
-use crate::transport::bulk::PUT_BUFFER_PATH;
+use crate::transport::bulk::{GET_BUFFER_PATH, PUT_BUFFER_PATH};
 use crate::transport::proto::worker_server::WorkerServer;
 use crate::transport::to_status;
 
@@ -60,9 +60,9 @@ impl Service {
     }
 }
 
-/// The worker's gRPC service: `PutBuffer` goes to [`Service::put_http`]
-/// (copy-free, see [`bulk`](crate::transport::bulk)), every other RPC to the generated
-/// server.
+/// The worker's gRPC service: `PutBuffer` goes to [`Service::put_http`] and
+/// `GetBuffer` to [`Service::get_http`] (copy-free, see
+/// [`bulk`](crate::transport::bulk)), every other RPC to the generated server.
 #[derive(Clone)]
 pub(in crate::transport) struct Routes {
     pub(super) grpc: WorkerServer<Service>,
@@ -91,9 +91,13 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Routes {
         if let Err(e) = Service(self.shared.clone()).admit(&request) {
             return Box::pin(async move { Ok(to_status(&e).into_http()) });
         }
-        if request.uri().path() == PUT_BUFFER_PATH {
+        let path = request.uri().path();
+        if path == PUT_BUFFER_PATH {
             let service = Service(self.shared.clone());
             Box::pin(async move { Ok(service.put_http(request).await) })
+        } else if path == GET_BUFFER_PATH {
+            let service = Service(self.shared.clone());
+            Box::pin(async move { Ok(service.get_http(request).await) })
         } else {
             self.grpc.call(request)
         }

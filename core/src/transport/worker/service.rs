@@ -11,13 +11,11 @@ use bytes::Bytes;
 use tonic::codegen::http;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::bulk::{chunk_stream, ChunkStream};
 use super::control::{control_answer, DetachCalls, Later};
 use super::sessions::{end_session, session_id, unknown_session};
 use super::{lock, Session, Shared};
 use crate::error::{Error, Result};
 use crate::executor::SessionScope;
-use crate::transport::buffers::wire_bytes;
 use crate::transport::host_calls::PendingCalls;
 use crate::transport::isolate::Children;
 use crate::transport::proto::worker_server::Worker as WorkerRpc;
@@ -155,7 +153,8 @@ fn millis(d: Duration) -> u32 {
 
 #[tonic::async_trait]
 impl WorkerRpc for Service {
-    type GetBufferStream = ChunkStream;
+    type GetBufferStream =
+        tokio_stream::Empty<std::result::Result<crate::transport::proto::BufferChunk, Status>>;
     type ControlStream = tokio_stream::wrappers::UnboundedReceiverStream<
         std::result::Result<ControlResponse, Status>,
     >;
@@ -273,23 +272,12 @@ impl WorkerRpc for Service {
         &self,
         request: Request<GetBufferRequest>,
     ) -> std::result::Result<Response<Self::GetBufferStream>, Status> {
-        let id = self.session(&request).map_err(|e| to_status(&e))?;
-        let handle = request.get_ref().handle;
-        let buffer = self
-            .with_session(id, |session| {
-                session
-                    .buffers
-                    .get(&handle)
-                    .cloned()
-                    .ok_or_else(|| Error::not_found(format!("no buffer {handle} in this session")))
-            })
-            .map_err(|e| to_status(&e))?;
-        // Waiting for the data blocks: not on the network threads.
-        let data = tokio::task::spawn_blocking(move || wire_bytes(&buffer))
-            .await
-            .map_err(|e| Status::internal(format!("the copy task failed: {e}")))?
-            .map_err(|e| to_status(&e))?;
-        Ok(Response::new(chunk_stream(Bytes::from(data))))
+        // Never called: `Routes` serves GetBuffer itself (`get_http`), from
+        // the buffer's memory.
+        let _ = request;
+        Err(Status::internal(
+            "GetBuffer is served by the worker's route, not the generated service",
+        ))
     }
 
     async fn load_executable(
