@@ -94,6 +94,49 @@ fn raw_server() -> std::net::SocketAddr {
     addr
 }
 
+/// Anonymous memory mapped for one use: never touched before.
+struct FreshMemory(*mut u8, usize);
+
+impl FreshMemory {
+    fn new(len: usize) -> FreshMemory {
+        // SAFETY: a private anonymous mapping of `len` bytes, unmapped on drop.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED, "mmap");
+        FreshMemory(at.cast(), len)
+    }
+}
+
+impl std::ops::Deref for FreshMemory {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the mapping is `self.1` bytes, readable, alive with `self`.
+        unsafe { std::slice::from_raw_parts(self.0, self.1) }
+    }
+}
+
+impl std::ops::DerefMut for FreshMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`, and writable.
+        unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
+    }
+}
+
+impl Drop for FreshMemory {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unused from here.
+        unsafe { libc::munmap(self.0.cast(), self.1) };
+    }
+}
+
 fn main() {
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),
@@ -215,7 +258,13 @@ fn main() {
     read_into(&mut warm);
     let get = median((0..3).map(|_| read_into(&mut warm)).collect());
     assert_eq!(warm[BULK - 1], 7);
-    let get_fresh = median((0..3).map(|_| read_into(&mut vec![0u8; BULK])).collect());
+    // Fresh: memory mapped for the read, as a new NumPy array of this size
+    // gets (an allocator would hand back memory it has used).
+    let get_fresh = median(
+        (0..3)
+            .map(|_| read_into(&mut FreshMemory::new(BULK)))
+            .collect(),
+    );
     drop(warm);
     drop(on_worker);
     let mut bulk = TcpStream::connect(raw).expect("connect");

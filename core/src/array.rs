@@ -9,6 +9,7 @@ use crate::device::{Device, MemoryKind, MemorySpace};
 use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::{Event, Progress};
+use crate::prefault::Prefault;
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
 
@@ -398,6 +399,9 @@ impl Array {
             .map(|pos| Ok((self.0.buffers[pos].on_host_size()?, self.shard_index(pos)?)))
             .collect::<Result<Vec<_>>>()?;
         let base = out.as_mut_ptr();
+        // Fresh destination memory (a new NumPy array, say) is faulted in on
+        // another core while the shards arrive; stopped before returning.
+        let prefault = Prefault::start(base, out.len());
         // Every shard's read starts before the first wait: shards on workers
         // download in parallel. A shard whose block is one run of `out` is
         // read straight into it; others into memory of their own, then
@@ -437,6 +441,7 @@ impl Array {
                 Err(e) => Err(e.clone()),
             })
             .collect();
+        drop(prefault);
         for ((staged, index, _), status) in reads.iter().zip(waited) {
             status?;
             if let Some(shard) = staged {

@@ -44,6 +44,7 @@ mod executor;
 mod format;
 mod future;
 mod host_callback;
+mod prefault;
 mod program;
 mod remote;
 mod sharding;

@@ -11,6 +11,7 @@ use super::service::Service;
 use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::prefault::Prefault;
 use crate::transport::buffers::{
     buffer_owning, check_spec, receive_buffer, wire_bytes, CheckedSpec,
 };
@@ -138,8 +139,9 @@ struct Upload<'a> {
 
 /// What an upload received so far.
 enum Received {
-    /// A dense buffer's bytes.
-    Dense(Vec<u8>),
+    /// A dense buffer's bytes, and the helper that faults its fresh memory in
+    /// ahead of them (first: dropped, and stopped, before the bytes).
+    Dense(Option<Prefault>, Vec<u8>),
     /// A string buffer's elements, decoded as they arrive.
     Strings(StringDecoder),
 }
@@ -160,7 +162,10 @@ impl<'a> Upload<'a> {
         };
         let client = &self.service.0.client;
         let buffer = match received {
-            Received::Dense(data) => buffer_owning(client, &spec, data),
+            Received::Dense(prefault, data) => {
+                drop(prefault);
+                buffer_owning(client, &spec, data)
+            }
             Received::Strings(decoder) => decoder.finish().map(|elements| {
                 let memory = spec.device.default_memory_space().clone();
                 Buffer::of_strings(client, elements, &spec.dims, &spec.device, memory)
@@ -197,7 +202,8 @@ impl ChunkSink<PutBufferChunk> for Upload<'_> {
         } else {
             let mut data = receive_buffer(spec.size)?;
             prefer_huge_pages(&mut data);
-            Received::Dense(data)
+            let prefault = Prefault::start(data.as_mut_ptr(), data.capacity());
+            Received::Dense(prefault, data)
         };
         self.target = Some((handle, spec, received));
         Ok(())
@@ -212,7 +218,7 @@ impl ChunkSink<PutBufferChunk> for Upload<'_> {
             Received::Strings(decoder) => decoder
                 .push(bytes)
                 .map_err(|e| e.context(format!("buffer {handle}"))),
-            Received::Dense(data) => {
+            Received::Dense(prefault, data) => {
                 if data.len() + bytes.len() > spec.size {
                     return Err(Error::invalid_argument(format!(
                         "buffer {handle} got more than the {} bytes its spec needs",
@@ -220,6 +226,9 @@ impl ChunkSink<PutBufferChunk> for Upload<'_> {
                     )));
                 }
                 data.extend_from_slice(bytes);
+                if let Some(prefault) = prefault {
+                    prefault.written(data.len());
+                }
                 Ok(())
             }
         }
