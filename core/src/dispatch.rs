@@ -42,6 +42,10 @@ pub(crate) struct Task {
     /// Leave the task to a waiting thread while its stream is being fed (see
     /// `LoadedProgram::waiter_first`).
     pub waiter_first: bool,
+    /// The task only hands work to another host (a send that never blocks):
+    /// the submitting thread runs it at once when its stream is idle, rather
+    /// than waking an executor to do it.
+    pub sends_only: bool,
 }
 
 /// How long executor threads leave a stream to its waiter after the last
@@ -411,6 +415,32 @@ impl StreamQueue {
         }
     }
 
+    /// Runs `task` on this thread now if the stream is idle (nobody runs it,
+    /// nothing waits in it) and the task's dependencies are ready; gives the
+    /// task back otherwise.
+    fn run_now(self: &Arc<Self>, task: Task) -> Option<Task> {
+        if running_here(Arc::as_ptr(self))
+            || task.deps.iter().any(|d| !d.is_ready())
+            || self.state.load(Ordering::SeqCst) != IDLE
+            || self
+                .state
+                .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return Some(task);
+        }
+        // Claimed. Tasks another thread queued just before come first: then
+        // executors run them all, in order.
+        let queued = self.has_head.load(Ordering::Relaxed) || !self.tasks.is_empty();
+        self.tasks.push(task);
+        if queued {
+            self.release();
+        } else {
+            self.run_claimed(Until::Budget(1));
+        }
+        None
+    }
+
     /// Called by an executor that popped this stream off the run queue.
     fn run_from_queue(self: &Arc<Self>) {
         if self
@@ -677,6 +707,13 @@ impl Dispatcher {
         let queue = stream.local_queue(self);
         let helper: Weak<dyn Helper> = Arc::downgrade(queue) as Weak<dyn Helper>;
         task.completion.set_helper(helper);
+        let task = match task.sends_only {
+            true => match queue.run_now(task) {
+                None => return,
+                Some(task) => task,
+            },
+            false => task,
+        };
         let waiter_first = task.waiter_first;
         queue.push(task);
         if waiter_first {
@@ -696,6 +733,7 @@ impl Dispatcher {
                 completion: reached.clone(),
                 run: Box::new(move |_: Result<()>| mark.set_if_pending(Ok(()))),
                 waiter_first: false,
+                sends_only: false,
             },
         );
         let held = Event::new();
@@ -707,6 +745,7 @@ impl Dispatcher {
                 completion: held,
                 run: Box::new(move |_: Result<()>| done.set_if_pending(Ok(()))),
                 waiter_first: false,
+                sends_only: false,
             },
         );
         StreamSlot {
@@ -944,7 +983,53 @@ mod tests {
                 done.set_if_pending(status);
             }),
             waiter_first: false,
+            sends_only: false,
         }
+    }
+
+    #[test]
+    fn a_send_runs_on_the_submitting_thread_when_its_stream_is_idle_and_keeps_order() {
+        let d = Dispatcher::new(1, 1, 9011, "t").unwrap();
+        let s = Stream::new(9011);
+        let here = std::thread::current().id();
+        let ran_on = Arc::new(Mutex::new(Vec::new()));
+        let send = |ev: &Event, ran_on: &Arc<Mutex<Vec<(u32, std::thread::ThreadId)>>>, i| {
+            let ran_on = ran_on.clone();
+            let mut t = task(ev, move || {
+                ran_on
+                    .lock()
+                    .unwrap()
+                    .push((i, std::thread::current().id()))
+            });
+            t.sends_only = true;
+            t
+        };
+        // Idle stream: the send ran before `submit` returned, on this thread.
+        let first = Event::new();
+        d.submit(&s, send(&first, &ran_on, 0));
+        assert!(first.is_ready());
+        assert_eq!(*ran_on.lock().unwrap(), vec![(0, here)]);
+        // Behind a task that has not run: queued after it, not run at once.
+        let gate = Event::new();
+        let (blocked, second) = (Event::new(), Event::new());
+        let mut waits = task(&blocked, || {});
+        waits.deps = vec![gate.clone()];
+        d.submit(&s, waits);
+        d.submit(&s, send(&second, &ran_on, 1));
+        assert!(!second.is_ready());
+        gate.set(Ok(())).unwrap();
+        second.wait().unwrap();
+        assert!(blocked.is_ready(), "in order");
+        let order: Vec<u32> = ran_on.lock().unwrap().iter().map(|r| r.0).collect();
+        assert_eq!(order, [0, 1]);
+        // A send waiting for a dependency is queued too.
+        let (dep, third) = (Event::new(), Event::new());
+        let mut t = send(&third, &ran_on, 2);
+        t.deps = vec![dep.clone()];
+        d.submit(&s, t);
+        assert!(!third.is_ready());
+        dep.set(Ok(())).unwrap();
+        third.wait().unwrap();
     }
 
     #[test]

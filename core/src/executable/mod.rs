@@ -519,6 +519,7 @@ impl LoadedExecutable {
             completion: completion.clone(),
             run: Box::new(job),
             waiter_first: plan.run.waiter_first(),
+            sends_only: !plan.run.in_process(),
         };
         (outputs, completion, Some(task))
     }
