@@ -5,9 +5,10 @@
 //! - an execution of a native no-op on the worker through a connected client
 //!   (`Client::connect`, execute, wait): one control-stream round trip, and
 //!   pipelined executions from one thread;
-//! - a 256 MiB buffer upload (`put_buffer`), and a download of a 256 MiB
-//!   array (`Array::to_host_into`, into warm and into fresh memory), against
-//!   raw TCP throughput of the same bytes into warm memory.
+//! - a 256 MiB buffer upload (`put_buffer`), a download of a 256 MiB array
+//!   (`Array::to_host_into`, into warm and into fresh memory), and a copy of
+//!   a 256 MiB buffer from one worker to another (directly, with a grant),
+//!   against raw TCP throughput of the same bytes into warm memory.
 //!
 //! Targets (issues: remote hosts, remote speed): uploads ≥ 70% of raw TCP,
 //! downloads ≥ 90%.
@@ -266,6 +267,59 @@ fn main() {
             .collect(),
     );
     drop(warm);
+    // Worker to worker: a second worker reads the array's buffer from the
+    // first (a one-time grant from the controller), not through here.
+    let second = Worker::start(
+        Client::new_local(ClientOptions {
+            num_cpu_devices: Some(1),
+            ..Default::default()
+        })
+        .expect("client"),
+        WorkerOptions::new(Some(token.clone())),
+    )
+    .expect("worker");
+    let pair = Client::connect(&ClusterOptions {
+        workers: [worker.local_addr(), second.local_addr()]
+            .map(|a| ConnectOptions::new(a.to_string(), Some(token.clone())))
+            .to_vec(),
+        include_local: false,
+        local: ClientOptions::default(),
+    })
+    .expect("connect");
+    let [from, to] = [0, 1].map(|i| pair.devices()[i].clone());
+    let source = colocated_core::Buffer::from_bytes(&pair, &data, DType::U8, &[BULK as i64], &from)
+        .expect("put");
+    source.ready_event().wait().expect("put");
+    let copy_once = || {
+        let start = Instant::now();
+        let copy = source.copy_to_device(&to).expect("copy");
+        copy.ready_event().wait().expect("copy");
+        start.elapsed().as_secs_f64()
+    };
+    copy_once();
+    let copy = median((0..3).map(|_| copy_once()).collect());
+    // The same copy through this process, as before: a read, then a put.
+    let through = median(
+        (0..3)
+            .map(|_| {
+                let start = Instant::now();
+                let bytes = source.to_host_vec().expect("read");
+                let copy = colocated_core::Buffer::from_bytes(
+                    &pair,
+                    &bytes,
+                    DType::U8,
+                    &[BULK as i64],
+                    &to,
+                )
+                .expect("put");
+                copy.ready_event().wait().expect("put");
+                start.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    drop(source);
+    drop(pair);
+    let _ = second.shutdown();
     drop(on_worker);
     let mut bulk = TcpStream::connect(raw).expect("connect");
     bulk.write_all(b"b").expect("mode");
@@ -341,6 +395,22 @@ fn main() {
         gbps(get_fresh),
         gbps(tcp_bulk),
         100.0 * tcp_bulk / get_fresh,
+        "-"
+    );
+    println!(
+        "{:<44} {:>7.2} GB/s {:>11.2} GB/s {:>7.0}% {:>10}",
+        "copy 256 MiB, worker to worker",
+        gbps(copy),
+        gbps(tcp_bulk),
+        100.0 * tcp_bulk / copy,
+        ">= 70%"
+    );
+    println!(
+        "{:<44} {:>7.2} GB/s {:>11.2} GB/s {:>7.0}% {:>10}",
+        "  the same through this process (read + put)",
+        gbps(through),
+        gbps(tcp_bulk),
+        100.0 * tcp_bulk / through,
         "-"
     );
     drop(session);

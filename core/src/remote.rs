@@ -25,7 +25,7 @@ use crate::spec::ArraySpec;
 use crate::transport::proto::BufferSpec;
 use crate::transport::reports_progress;
 use crate::transport::session::{RemoteSession, UploadStop};
-use crate::transport::{StringDecoder, STRINGS_VERSION};
+use crate::transport::{StringDecoder, COPY_VERSION, STRINGS_VERSION};
 
 /// How often an upload waiting for the network checks that its worker is
 /// still there.
@@ -237,7 +237,57 @@ impl Drop for RemoteBuffer {
     }
 }
 
+/// How long the grant of a copy between workers lives: the destination uses
+/// it at once, when it takes the fetch.
+const GRANT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl RemoteBuffer {
+    /// Whether a buffer of `dtype` here copies to worker `to` directly: both
+    /// speak [`COPY_VERSION`] (strings go through this process).
+    pub fn copies_directly_to(&self, to: &Arc<RemoteHost>, dtype: DType) -> bool {
+        dtype != DType::String
+            && !Arc::ptr_eq(&self.host, to)
+            && self.host.session.version() >= COPY_VERSION
+            && to.session.version() >= COPY_VERSION
+    }
+
+    /// Copies this buffer into `target` (a pending buffer of a device of
+    /// worker `to`; see [`copies_directly_to`](Self::copies_directly_to)):
+    /// this buffer's worker grants one read of it, and `to` reads it from
+    /// there, so the data never passes this process. `progress` follows the
+    /// bytes that arrived at `to`; `keep` lives until the copy ends.
+    pub fn copy_to_worker(
+        &self,
+        to: &Arc<RemoteHost>,
+        target: impl UploadTarget,
+        progress: Option<Progress>,
+        keep: impl Send + 'static,
+    ) {
+        let Some((handle, spec, done)) = to.start_upload(target) else {
+            return;
+        };
+        let mut grant = [0u8; 32];
+        if let Err(e) = getrandom::fill(&mut grant) {
+            return done(Err(Error::internal(format!(
+                "no randomness for a grant: {e}"
+            ))));
+        }
+        if let Err(e) = self.host.session.grant_read(self.handle, &grant, GRANT_TTL) {
+            return done(Err(e));
+        }
+        to.session.fetch_buffer_then(
+            handle,
+            spec,
+            &self.host.session,
+            &grant,
+            progress,
+            Box::new(move |result| {
+                drop(keep);
+                done(result)
+            }),
+        );
+    }
+
     /// Downloads the elements of a string buffer of `count` elements (checked
     /// as they arrive, see [`StringDecoder`]); `done` gets them, on a network
     /// thread. `keep` lives until then (it keeps the worker's copy alive).

@@ -281,6 +281,123 @@ fn buffers_copy_between_hosts_with_progress() {
 }
 
 #[test]
+fn a_copy_between_workers_goes_directly_and_reports_progress() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
+    let n = 3 << 20; // several chunks
+    let values: Vec<i32> = (0..n as i32).map(|v| v.wrapping_mul(7)).collect();
+    let bytes = i32_bytes(&values);
+    let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &on_a).unwrap();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let seen = reports.clone();
+    let progress: colocated_core::transport::session::Progress =
+        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
+    let copy = x
+        .copy_to_device_with_progress(&on_b, Some(progress))
+        .unwrap();
+    // The source may go at once: the copy keeps what it reads.
+    x.delete();
+    copy.ready_event().wait().unwrap();
+    assert_eq!(copy.to_host_vec().unwrap(), bytes);
+    let reports = reports.lock().unwrap().clone();
+    let total = bytes.len() as u64;
+    assert!(reports.len() > 1, "{reports:?}");
+    assert!(reports.iter().all(|&(_, t)| t == total), "{reports:?}");
+    assert!(reports.windows(2).all(|w| w[0].0 <= w[1].0));
+    assert_eq!(reports.last().map(|r| r.0), Some(total));
+}
+
+/// The worker-to-worker read itself: a grant lets another worker's
+/// `GetBuffer` read one buffer once, within its time to live; nothing else
+/// gets in with it.
+#[test]
+fn a_read_grant_admits_one_read_of_one_buffer() {
+    use bytes::Bytes;
+    use colocated_core::transport::proto::{BufferSpec, GetBufferRequest};
+    use colocated_core::transport::session::RemoteSession;
+    use colocated_core::transport::GRANT;
+
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let session = |w: &TestWorker| {
+        RemoteSession::connect(&ConnectOptions::new(
+            w.worker.local_addr().to_string(),
+            Some(token.clone()),
+        ))
+        .unwrap()
+    };
+    let (on_a, on_b) = (session(&a), session(&b));
+    let spec = BufferSpec {
+        device: 0,
+        dtype: DType::U8 as u32,
+        dims: vec![5],
+    };
+    let source = on_a.new_handle();
+    on_a.put_buffer(source, spec.clone(), Bytes::from_static(b"hello"))
+        .unwrap();
+    let grant = [7u8; 32];
+    on_a.grant_read(source, &grant, Duration::from_secs(60))
+        .unwrap();
+    let copied = on_b.new_handle();
+    let done = Event::new();
+    let set = done.clone();
+    on_b.fetch_buffer_then(
+        copied,
+        spec.clone(),
+        &on_a,
+        &grant,
+        None,
+        Box::new(move |r| {
+            let _ = set.set(r);
+        }),
+    );
+    done.wait().unwrap();
+    assert_eq!(on_b.get_buffer(copied).unwrap(), b"hello");
+    // Used once: the same grant is refused now, like a wrong token.
+    let hex: String = grant.iter().map(|b| format!("{b:02x}")).collect();
+    let read_with = |grant: &str| {
+        let mut request = tonic::Request::new(GetBufferRequest { handle: source });
+        request.metadata_mut().insert(GRANT, grant.parse().unwrap());
+        // The refusal's code (or none, when the read went through).
+        raw_rpc(a.worker.local_addr(), async |mut rpc| {
+            match rpc.get_buffer(request).await {
+                Ok(mut stream) => stream.get_mut().message().await.err().map(|s| s.code()),
+                Err(status) => Some(status.code()),
+            }
+        })
+    };
+    assert_eq!(read_with(&hex), Some(tonic::Code::Unauthenticated));
+    for bad in ["", "00", &"zz".repeat(32), &"ab".repeat(33)] {
+        assert_eq!(
+            read_with(bad),
+            Some(tonic::Code::Unauthenticated),
+            "{bad:?}"
+        );
+    }
+    // An expired grant is refused too; a fetch with it fails.
+    on_a.grant_read(source, &[9u8; 32], Duration::from_millis(1))
+        .unwrap();
+    on_a.heartbeat().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let late = Event::new();
+    let set = late.clone();
+    on_b.fetch_buffer_then(
+        on_b.new_handle(),
+        spec.clone(),
+        &on_a,
+        &[9u8; 32],
+        None,
+        Box::new(move |r| {
+            let _ = set.set(r);
+        }),
+    );
+    let err = late.wait().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unauthenticated, "{err}");
+}
+
+#[test]
 fn deleting_an_array_frees_its_shards_on_the_workers() {
     let token = Token::generate().unwrap();
     let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));

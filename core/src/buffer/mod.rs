@@ -975,15 +975,24 @@ impl Buffer {
     }
 
     /// Copies this ready buffer's data into `dst` (pending) across hosts:
-    /// local to worker, worker to local, or worker to worker (through this
-    /// process): read on this buffer's host, put on `dst`'s. `dst` becomes
-    /// ready, or fails, when the data is there. `progress` follows the bytes
-    /// that cross into a worker, else those that come into this process.
+    /// local to worker, worker to local, or worker to worker: read on this
+    /// buffer's host, put on `dst`'s, or from worker to worker directly when
+    /// both can. `dst` becomes ready, or fails, when the data is there.
+    /// `progress` follows the bytes that cross into a worker, else those that
+    /// come into this process.
     fn transfer(&self, dst: &Buffer, hold: UsageHold, progress: Option<Progress>) {
         let held = match self.storage() {
             Ok(s) => s,
             Err(e) => return dst.finish(Err(e)),
         };
+        if let (Storage::Remote(remote), Some(to)) =
+            (&*held, self.0.client.remote(dst.0.device.host_index()))
+        {
+            if remote.copies_directly_to(to, self.0.dtype) {
+                let keep = (held.clone(), hold);
+                return remote.copy_to_worker(to, dst.clone(), progress, keep);
+            }
+        }
         let (read_progress, put_progress) = match dst.host().in_process() {
             true => (progress, None),
             false => (None, progress),

@@ -589,8 +589,9 @@ impl Harness {
     }
 
     /// Runs the stream to its end and reads every answer: each operation is
-    /// answered once when applied, and an execution or a read once more when it
-    /// has finished; a broken request stream ends the answers with its error.
+    /// answered once when applied, and an execution, a read or a fetch once
+    /// more when it has finished (a fetch's progress in between); a broken
+    /// request stream ends the answers with its error.
     async fn control(&self, id: SessionId, wire: Wire) {
         let request = self.peer.request(wire.decode::<ControlRequest>(), Some(id));
         let Ok(answers) = self.peer.service().control(request).await else {
@@ -612,6 +613,9 @@ impl Harness {
                     "operation {} finished but was not queued",
                     answer.seq
                 );
+            } else if answer.total_bytes > 0 {
+                // A fetch's progress.
+                assert!(queued.contains(&answer.seq), "progress of an unknown fetch");
             } else if answer.code == 0 {
                 assert!(
                     queued.insert(answer.seq),

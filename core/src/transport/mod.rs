@@ -77,8 +77,13 @@ pub(crate) fn version_mismatch(controller: &str, worker: &str, which: &str) -> E
 /// The oldest protocol version this build speaks.
 pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// The newest protocol version this build speaks: 2 adds string buffers
-/// ([`STRINGS_VERSION`]), 3 redirects ([`REDIRECT_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 3;
+/// ([`STRINGS_VERSION`]), 3 redirects ([`REDIRECT_VERSION`]), 4 copies
+/// between workers ([`COPY_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 4;
+/// The protocol version that adds copies between workers: a worker grants
+/// one read of a buffer (`GrantReadRequest`), and another fetches it from
+/// there (`FetchBufferRequest`), without the data passing the controller.
+pub const COPY_VERSION: u32 = 4;
 /// The protocol version that adds redirects: a worker that isolates sessions
 /// answers `OpenSession` with the address and one-time token of a worker
 /// process of the session's own, and refuses controllers older than this.
@@ -88,6 +93,9 @@ pub const REDIRECT_VERSION: u32 = 3;
 pub const AUTHORIZATION: &str = "authorization";
 /// Metadata key of the session id (32 lower-case hex digits).
 pub const SESSION: &str = "colocated-session";
+/// Metadata key of a read grant (64 lower-case hex digits): a `GetBuffer`
+/// request of another worker presents it instead of the token and a session.
+pub const GRANT: &str = "colocated-grant";
 /// The environment variable a worker or controller reads its token from when no
 /// token file is given.
 pub const TOKEN_ENV: &str = "COLOCATED_TOKEN";

@@ -88,7 +88,7 @@ fn redirect_address(dialed: &str, redirect: &str) -> Result<String> {
 }
 
 /// The endpoint of `address` with `options`' TLS and timeouts.
-pub(super) fn endpoint(options: &ConnectOptions, address: &str) -> Result<Endpoint> {
+pub(crate) fn endpoint(options: &ConnectOptions, address: &str) -> Result<Endpoint> {
     let scheme = if options.tls_ca.is_some() {
         "https"
     } else {
@@ -265,6 +265,10 @@ impl RemoteSession {
             control: std::sync::Mutex::new(None),
             beat: Beat::new(response.heartbeat_interval_ms, response.session_timeout_ms),
             host_callbacks: std::sync::Mutex::new(HashMap::new()),
+            tls: options
+                .tls_ca
+                .clone()
+                .map(|ca| (ca, options.tls_domain.clone())),
         });
         watch(&inner)?;
         let session = RemoteSession { inner };

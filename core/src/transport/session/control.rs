@@ -5,18 +5,20 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use bytes::Bytes;
 
 #[cfg(any(test, feature = "testing"))]
 use super::block_on;
 use super::host_calls::run_host_callback;
-use super::{lock, Completion, Inner, RemoteSession};
+use super::{lock, Completion, Inner, Progress, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
 use crate::transport::proto::{
-    control_request, ControlRequest, ControlResponse, DeleteBuffersRequest, ExecuteRequest,
-    ReadBufferRequest, UnloadExecutableRequest,
+    control_request, BufferSpec, ControlRequest, ControlResponse, DeleteBuffersRequest,
+    ExecuteRequest, FetchBufferRequest, GrantReadRequest, ReadBufferRequest,
+    UnloadExecutableRequest,
 };
 use crate::transport::{from_status, runtime};
 
@@ -45,6 +47,8 @@ pub(super) struct ControlState {
     changed: tokio::sync::Notify,
     /// What to run when an execution finishes, by `seq`.
     pending: std::sync::Mutex<HashMap<u64, Finish>>,
+    /// Where the progress answers of an operation go, by `seq`.
+    progress: std::sync::Mutex<HashMap<u64, Progress>>,
 }
 
 /// What runs when an operation finishes, with the data of a read.
@@ -61,6 +65,7 @@ impl Control {
         &self,
         op: control_request::Op,
         completion: Option<Finish>,
+        progress: Option<Progress>,
         lost: &Event,
     ) -> Result<()> {
         let mut sender = lock(&self.sender);
@@ -75,6 +80,9 @@ impl Control {
         let has_completion = completion.is_some();
         if let Some(completion) = completion {
             lock(&self.state.pending).insert(seq, completion);
+        }
+        if let Some(progress) = progress {
+            lock(&self.state.progress).insert(seq, progress);
         }
         let request = ControlRequest { seq, op: Some(op) };
         if sender.tx.send(request).is_err() {
@@ -126,6 +134,7 @@ impl ControlState {
 
     /// Runs the completion of operation `seq`, if it is still waiting.
     fn complete(&self, seq: u64, result: Result<Bytes>) {
+        lock(&self.progress).remove(&seq);
         let completion = lock(&self.pending).remove(&seq);
         if let Some(completion) = completion {
             completion(result);
@@ -135,6 +144,7 @@ impl ControlState {
     /// Fails every waiting completion with `err` (the stream broke, the worker
     /// is lost).
     pub(super) fn fail_all(&self, err: &Error) {
+        lock(&self.progress).clear();
         let drained: Vec<Finish> = lock(&self.pending).drain().map(|(_, c)| c).collect();
         for completion in drained {
             completion(Err(err.clone()));
@@ -175,6 +185,12 @@ async fn read_answers(
                     continue;
                 }
                 let result = answer_result(&answer);
+                if answer.total_bytes > 0 && !answer.finished {
+                    let progress = lock(&state.progress).get(&answer.seq).cloned();
+                    if let Some(progress) = progress {
+                        progress(answer.progress_bytes, answer.total_bytes);
+                    }
+                }
                 if !answer.finished {
                     // The worker took an operation just now (and counted it
                     // as the session's heartbeat).
@@ -277,13 +293,19 @@ impl RemoteSession {
         op: control_request::Op,
         completion: Option<Completion>,
     ) -> Result<()> {
-        self.send_control_then(op, completion.map(finish_of))
+        self.send_control_then(op, completion.map(finish_of), None)
     }
 
-    /// `send_control` with a completion that gets the answer's data.
-    fn send_control_then(&self, op: control_request::Op, completion: Option<Finish>) -> Result<()> {
+    /// `send_control` with a completion that gets the answer's data, and
+    /// where progress answers go.
+    fn send_control_then(
+        &self,
+        op: control_request::Op,
+        completion: Option<Finish>,
+        progress: Option<Progress>,
+    ) -> Result<()> {
         match self.inner.alive().and_then(|()| self.control()) {
-            Ok(control) => control.send(op, completion, &self.inner.lost),
+            Ok(control) => control.send(op, completion, progress, &self.inner.lost),
             Err(err) => {
                 if let Some(completion) = completion {
                     completion(Err(err.clone()));
@@ -301,7 +323,51 @@ impl RemoteSession {
     pub fn read_small_buffer_then(&self, handle: u64, done: Box<dyn FnOnce(Result<Bytes>) + Send>) {
         let op = control_request::Op::ReadBuffer(ReadBufferRequest { handle });
         // A failure to send has run `done` already.
-        let _ = self.send_control_then(op, Some(done));
+        let _ = self.send_control_then(op, Some(done), None);
+    }
+
+    /// Lets one `GetBuffer` of another worker that presents `grant` read
+    /// buffer `handle` of this session, within `ttl` (protocol version
+    /// [`COPY_VERSION`](crate::transport::COPY_VERSION); on the control
+    /// stream, after every operation sent before, without waiting).
+    pub fn grant_read(&self, handle: u64, grant: &[u8; 32], ttl: Duration) -> Result<()> {
+        let op = control_request::Op::GrantRead(GrantReadRequest {
+            handle,
+            grant: Bytes::copy_from_slice(grant),
+            ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+        });
+        self.send_control(op, None)
+    }
+
+    /// Makes buffer `handle` of this session (`spec`) from a buffer of the
+    /// worker at `source`, which granted this read with `grant` (see
+    /// [`grant_read`](Self::grant_read)); this worker reads it from there,
+    /// over TLS as this session's connection when it has TLS. `progress`
+    /// gets the bytes that arrived there, `done` the outcome (on a network
+    /// thread, or on this one when the session is already lost).
+    pub fn fetch_buffer_then(
+        &self,
+        handle: u64,
+        spec: BufferSpec,
+        source: &RemoteSession,
+        grant: &[u8; 32],
+        progress: Option<Progress>,
+        done: Completion,
+    ) {
+        let (tls_ca_pem, tls_domain) = match &source.inner.tls {
+            Some((ca, domain)) => (Bytes::from(ca.clone()), domain.clone().unwrap_or_default()),
+            None => (Bytes::new(), String::new()),
+        };
+        let op = control_request::Op::FetchBuffer(FetchBufferRequest {
+            handle,
+            spec: Some(spec),
+            address: source.address().to_string(),
+            grant: Bytes::copy_from_slice(grant),
+            tls_ca_pem,
+            tls_domain,
+        });
+        // A failure to send has run `done` already.
+        let _ = self.send_control_then(op, Some(finish_of(done)), progress);
     }
 
     /// Waits until the worker has taken every control operation sent so far

@@ -36,6 +36,7 @@ mod liveness;
 
 pub use crate::future::{Completion, Progress};
 pub use bulk::UploadStop;
+pub(crate) use connect::endpoint;
 pub use connect::ConnectOptions;
 use control::Control;
 pub use health::{health, status_report, WorkerHealth};
@@ -71,6 +72,9 @@ struct Inner {
     beat: liveness::Beat,
     /// Host callbacks of the session's executables, by executable handle.
     host_callbacks: std::sync::Mutex<HashMap<u64, Vec<LoadedHostCallback>>>,
+    /// The CA certificates and name the connection's TLS checks, if it has
+    /// TLS (another worker that reads from this one connects the same way).
+    tls: Option<(Vec<u8>, Option<String>)>,
 }
 
 /// Runs `future` on the transport runtime and waits for it; a caller already

@@ -75,8 +75,8 @@ impl Service {
         let (parts, body) = request.into_parts();
         let request = Request::from_http(http::Request::from_parts(parts, ()));
         let result = async {
-            let id = self.session(&request)?;
-            let handle = read_get_request(body).await?.handle;
+            let handle = async { Ok(read_get_request(body).await?.handle) };
+            let (id, handle) = self.source_of(&request, handle).await?;
             self.download(id, handle).await
         };
         match result.await {

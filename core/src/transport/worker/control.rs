@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::copies::Answers;
 use super::service::Service;
 use super::{lock, Session, Shared};
 use crate::array::Array;
@@ -186,9 +187,18 @@ impl Service {
     pub(super) fn apply(
         &self,
         id: SessionId,
+        seq: u64,
         op: Option<control_request::Op>,
+        answers: &Answers,
     ) -> Result<Option<Later>> {
         match op {
+            Some(control_request::Op::GrantRead(request)) => {
+                self.grant_read(id, &request).map(|()| None)
+            }
+            // Finishes like an execution: when its buffer is ready.
+            Some(control_request::Op::FetchBuffer(request)) => self
+                .fetch(id, seq, request, answers.clone())
+                .map(|ready| Some(Later::Execution(ready))),
             Some(control_request::Op::Execute(request)) => self
                 .execute(id, &request)
                 .map(|status| Some(Later::Execution(status)))
@@ -314,6 +324,8 @@ pub(super) fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> C
         host_callback: None,
         remote_traceback,
         data: Bytes::new(),
+        progress_bytes: 0,
+        total_bytes: 0,
     }
 }
 

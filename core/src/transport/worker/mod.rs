@@ -32,6 +32,7 @@ use crate::executor::SessionScope;
 
 mod bulk;
 mod control;
+mod copies;
 mod flags;
 mod routes;
 mod service;
@@ -149,6 +150,8 @@ pub(super) struct Shared {
     children: Option<Arc<Children>>,
     /// `WorkerOptions::single_session`, and whether its session was taken.
     single_session: Option<std::sync::atomic::AtomicBool>,
+    /// Reads of buffers granted to other workers.
+    grants: copies::Grants,
 }
 
 impl Drop for Shared {
@@ -223,6 +226,7 @@ impl Worker {
             single_session: options
                 .single_session
                 .then(|| std::sync::atomic::AtomicBool::new(false)),
+            grants: copies::Grants::default(),
         });
         let service = Routes {
             grpc: WorkerServer::new(Service(shared.clone()))

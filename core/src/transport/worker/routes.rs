@@ -26,7 +26,8 @@ const HEALTH_PATH: &str = "/colocated.remote.v1.Worker/Health";
 impl Service {
     /// The checks of every request, made by the router before any of its body
     /// is read: the token, then (for every RPC but `OpenSession`) a session
-    /// that is open. A request with the token authenticates its connection
+    /// that is open; or, for a `GetBuffer` of another worker, a read grant
+    /// that is known and alive (see `copies`). A request with the token authenticates its connection
     /// (see [`admission`](crate::transport::admission)).
     fn admit<B>(&self, request: &http::Request<B>) -> Result<()> {
         let extensions = request.extensions();
@@ -41,9 +42,16 @@ impl Service {
                     .and_then(|i| i.get_ref().remote_addr())
             });
         let headers = request.headers();
+        let path = request.uri().path();
+        if path == GET_BUFFER_PATH {
+            // Another worker's read, with a grant instead of the token.
+            if let Some(granted) = self.0.grants.admits(headers) {
+                granted.map_err(|e| self.refused(peer, e))?;
+                return self.0.admission.authenticated(peer);
+            }
+        }
         self.authenticate(headers, peer)?;
         self.0.admission.authenticated(peer)?;
-        let path = request.uri().path();
         if path != OPEN_SESSION_PATH && path != HEALTH_PATH {
             let id = session_id(headers).map_err(|e| self.refused(peer, e))?;
             if path != CLOSE_SESSION_PATH && !lock(&self.0.sessions).contains_key(&id) {

@@ -209,7 +209,7 @@ impl WorkerRpc for Service {
                 let seq = op.seq;
                 let result = if seq == expected {
                     expected += 1;
-                    service.apply(id, op.op)
+                    service.apply(id, seq, op.op, &answers)
                 } else {
                     Err(Error::invalid_argument(format!(
                         "control operation {seq} out of order (expected {expected})"
