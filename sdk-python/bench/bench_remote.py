@@ -9,11 +9,19 @@ Measures (medians of repeated runs):
   is installed;
 - pipelined asynchronous calls to one worker: 20k calls of a specialized
   function from one thread, then one block;
-- ``device_put`` of 256 MiB to the worker against raw TCP throughput to another
-  process (send everything, wait for its one-byte acknowledgement).
+- ``device_put`` of 256 MiB to the worker (the first of the process, and
+  later ones), ``np.asarray`` of a 256 MiB array on the worker (a download),
+  and a copy of it to a second worker (``device_put`` to its device: worker
+  to worker), against raw TCP throughput to another process (send
+  everything, wait for its one-byte acknowledgement);
+- a call over an array sharded across 8 workers (one CPU device each) +
+  ``block_until_ready``, against a raw TCP fan-out: one byte to 8 echo
+  processes and back.
 
-Targets (issue 4): round trip <= 3x TCP; >= 5x faster than Ray; >= 20k pipelined
-calls/s; 256 MiB put >= 70% of raw TCP. Run by ``make bench``.
+Targets (issues 4 and 16): round trip <= 3x TCP; >= 5x faster than Ray; >= 20k
+pipelined calls/s; 256 MiB put >= 70% of raw TCP, download >= 90%, first put
+>= 70%, worker to worker >= 70%; fan-out <= 2x the TCP fan-out. Run by
+``make bench``.
 """
 
 from __future__ import annotations
@@ -50,9 +58,12 @@ def _start_worker(token_file: str) -> tuple[subprocess.Popen, str]:
     return proc, line.split()[-1]
 
 
-def ours(address: str, token_file: str) -> dict[str, float]:
-    client = colocated.connect([address], token_file=token_file)
-    device = client.devices()[0]
+FAN_OUT = 8
+
+
+def ours(addresses: list[str], token_file: str) -> dict[str, float]:
+    client = colocated.connect(addresses[:2], token_file=token_file)
+    device, other = client.devices()[:2]
     x = colocated.device_put(np.int32(1), device)
 
     @colocated.colocated_python
@@ -86,9 +97,86 @@ def ours(address: str, token_file: str) -> dict[str, float]:
         colocated.block_until_ready(colocated.device_put(data, device))
         return BULK_BYTES / (time.perf_counter() - start)
 
-    put()  # warm up the connection's windows and the worker's allocator
+    figures["first_put_bytes_per_s"] = put()  # fresh memory on the worker
     figures["put_bytes_per_s"] = statistics.median(put() for _ in range(3))
+
+    on_worker = colocated.device_put(data, device)
+    colocated.block_until_ready(on_worker)
+
+    def read() -> float:
+        start = time.perf_counter()
+        back = np.asarray(on_worker)
+        elapsed = time.perf_counter() - start
+        assert back[-1] == data[-1]
+        return BULK_BYTES / elapsed
+
+    read()
+    figures["read_bytes_per_s"] = statistics.median(read() for _ in range(3))
+
+    def copy() -> float:
+        start = time.perf_counter()
+        colocated.block_until_ready(colocated.device_put(on_worker, other))
+        return BULK_BYTES / (time.perf_counter() - start)
+
+    copy()
+    figures["copy_bytes_per_s"] = statistics.median(copy() for _ in range(3))
+    client.close()
     return figures
+
+
+def fan_out_us(addresses: list[str], token_file: str) -> float:
+    """Median call + block of ``x + 1`` over an array sharded across every
+    worker of ``addresses``."""
+    client = colocated.connect(addresses, token_file=token_file)
+    devices = client.devices()
+    mesh = colocated.Mesh(devices, ["x"])
+    x = colocated.device_put(np.arange(len(devices), dtype=np.int32), colocated.NamedSharding(mesh, colocated.P("x")))
+
+    @colocated.colocated_python
+    def add_one(x):
+        return x + 1
+
+    colocated.block_until_ready(add_one(x))
+    result = _median_us(lambda: colocated.block_until_ready(add_one(x)), n=200)
+    client.close()
+    return result
+
+
+def tcp_fan_out_us(n: int) -> float:
+    """Median of one byte to ``n`` echo processes at once and every byte back."""
+    echo = (
+        "import socket\n"
+        "s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1)\n"
+        "print(s.getsockname()[1], flush=True)\n"
+        "c,_=s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+        "while True:\n"
+        "    b=c.recv(1)\n"
+        "    if not b: break\n"
+        "    c.sendall(b)\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    try:
+        socks = []
+        for proc in procs:
+            sock = socket.create_connection(("127.0.0.1", int(proc.stdout.readline())))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks.append(sock)
+
+        def fan() -> None:
+            for sock in socks:
+                sock.sendall(b"x")
+            for sock in socks:
+                sock.recv(1)
+
+        fan()
+        result = _median_us(fan, n=500)
+        for sock in socks:
+            sock.close()
+        return result
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def tcp_throughput() -> float:
@@ -167,17 +255,22 @@ def main() -> None:
         token_file = os.path.join(tmp, "token")
         with open(token_file, "w") as f:
             f.write(secrets.token_hex(32))
-        proc, address = _start_worker(token_file)
+        workers = [_start_worker(token_file) for _ in range(FAN_OUT)]
+        addresses = [address for _, address in workers]
         try:
-            figures = ours(address, token_file)
+            figures = ours(addresses, token_file)
+            fan_out = fan_out_us(addresses, token_file)
         finally:
-            proc.terminate()
-            proc.wait()
+            for proc, _ in workers:
+                proc.terminate()
+            for proc, _ in workers:
+                proc.wait()
     tcp = _tcp_ping_pong_us()
+    tcp_fan = tcp_fan_out_us(FAN_OUT)
     tcp_bytes_per_s = tcp_throughput()
     ray_us = ray_actor_call_us()
 
-    print("== remote: one Python worker process on loopback ==")
+    print(f"== remote: Python worker processes on loopback (1 CPU device each; {FAN_OUT} for the fan-out) ==")
     print(f"{'measure':<40} {'figure':>14} {'baseline':>18} {'ratio':>8} {'target':>12}")
     for name, key in (("call + block_until_ready, x + 1", "call_block_us"), ("call + read of the value", "call_read_us")):
         us = figures[key]
@@ -188,10 +281,20 @@ def main() -> None:
             print(f"{'':<40} {'':>14} {ray_us:>11.1f} µs Ray {ray_us / us:>6.1f}x {'>= 5x Ray':>12}")
     per_s = figures["pipelined_per_s"]
     print(f"{'pipelined calls, 1 thread, 20k':<40} {per_s / 1e3:>10.1f} k/s {'':>18} {'':>8} {'>= 20k/s':>12}")
-    put = figures["put_bytes_per_s"]
+    for name, key, target in (
+        ("device_put 256 MiB to the worker", "put_bytes_per_s", ">= 70%"),
+        ("  the first of the process", "first_put_bytes_per_s", ">= 70%"),
+        ("np.asarray of 256 MiB on the worker", "read_bytes_per_s", ">= 90%"),
+        ("256 MiB from worker to worker", "copy_bytes_per_s", ">= 70%"),
+    ):
+        rate = figures[key]
+        print(
+            f"{name:<40} {rate / 1e9:>9.2f} GB/s {tcp_bytes_per_s / 1e9:>10.2f} GB/s TCP "
+            f"{rate / tcp_bytes_per_s:>6.0%} {target:>12}"
+        )
     print(
-        f"{'device_put 256 MiB to the worker':<40} {put / 1e9:>9.2f} GB/s {tcp_bytes_per_s / 1e9:>10.2f} GB/s TCP "
-        f"{put / tcp_bytes_per_s:>6.0%} {'>= 70%':>12}"
+        f"{f'call + block over {FAN_OUT} workers':<40} {fan_out:>11.1f} µs {tcp_fan:>7.1f} µs TCP fan {fan_out / tcp_fan:>5.2f}x "
+        f"{'<= 2.0x':>12}"
     )
 
 
