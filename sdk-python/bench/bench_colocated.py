@@ -75,8 +75,9 @@ def jax_baseline() -> float | None:
     return _median_us(lambda: jax.block_until_ready(add_one(x)))
 
 
-def _tcp_ping_pong_us(n: int = 2000) -> float:
-    """Median round trip of one byte over loopback TCP to another process."""
+def _tcp_ping_pong_us(n: int = 2000, peers: int = 1) -> float:
+    """Median round trip of one byte over loopback TCP to ``peers`` other
+    processes at once (one byte to each, then every byte back)."""
     import socket
     import subprocess
     import sys
@@ -91,22 +92,29 @@ def _tcp_ping_pong_us(n: int = 2000) -> float:
         "    if not b: break\n"
         "    c.sendall(b)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True) for _ in range(peers)]
     try:
-        port = int(proc.stdout.readline())
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks = []
+        for proc in procs:
+            sock = socket.create_connection(("127.0.0.1", int(proc.stdout.readline())))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            socks.append(sock)
 
         def ping() -> None:
-            sock.sendall(b"x")
-            sock.recv(1)
+            for sock in socks:
+                sock.sendall(b"x")
+            for sock in socks:
+                sock.recv(1)
 
+        ping()
         result = _median_us(ping, n=n)
-        sock.close()
+        for sock in socks:
+            sock.close()
         return result
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def main() -> None:

@@ -142,43 +142,6 @@ def fan_out_us(addresses: list[str], token_file: str) -> float:
     return result
 
 
-def tcp_fan_out_us(n: int) -> float:
-    """Median of one byte to ``n`` echo processes at once and every byte back."""
-    echo = (
-        "import socket\n"
-        "s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1)\n"
-        "print(s.getsockname()[1], flush=True)\n"
-        "c,_=s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
-        "while True:\n"
-        "    b=c.recv(1)\n"
-        "    if not b: break\n"
-        "    c.sendall(b)\n"
-    )
-    procs = [subprocess.Popen([sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True) for _ in range(n)]
-    try:
-        socks = []
-        for proc in procs:
-            sock = socket.create_connection(("127.0.0.1", int(proc.stdout.readline())))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            socks.append(sock)
-
-        def fan() -> None:
-            for sock in socks:
-                sock.sendall(b"x")
-            for sock in socks:
-                sock.recv(1)
-
-        fan()
-        result = _median_us(fan, n=500)
-        for sock in socks:
-            sock.close()
-        return result
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
 def tcp_throughput() -> float:
     """Bytes/s of 256 MiB sent over loopback TCP to another process, which
     acknowledges the last byte (median of 3)."""
@@ -266,7 +229,7 @@ def main() -> None:
             for proc, _ in workers:
                 proc.wait()
     tcp = _tcp_ping_pong_us()
-    tcp_fan = tcp_fan_out_us(FAN_OUT)
+    tcp_fan = _tcp_ping_pong_us(n=500, peers=FAN_OUT)
     tcp_bytes_per_s = tcp_throughput()
     ray_us = ray_actor_call_us()
 
