@@ -156,8 +156,11 @@ impl Work for ExecJob {
         };
         drop(holds);
         // Close the span before waking waiters: a finished wait implies a recorded
-        // span.
+        // span. Everything the job held goes first too: a caller whose wait
+        // returns may destroy the client, and expects the program (and the
+        // native function it runs) gone with it.
         drop(span);
+        drop((inputs, outputs, layout, exe));
         if let Some(result) = result {
             done.set_if_pending(result);
         }
