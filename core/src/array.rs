@@ -522,8 +522,6 @@ enum Direction {
     ShardToGlobal,
 }
 
-/// Copies the block `index` of a row-major global array (of `shape`) between the
-/// global bytes and a dense shard, one contiguous innermost run at a time.
 /// The bytes of a row-major array of `shape` (elements of `elem` bytes) that
 /// block `index` covers, when they are one run: every dimension after the
 /// first one the block cuts is whole, and every one before it has one index.
@@ -546,6 +544,8 @@ fn contiguous_run(shape: &[i64], index: &[Range<i64>], elem: usize) -> Option<Ra
     Some(start..start.checked_add(len)?)
 }
 
+/// Copies the block `index` of a row-major global array (of `shape`) between the
+/// global bytes and a dense shard, one contiguous innermost run at a time.
 fn copy_block(
     src: &[u8],
     shape: &[i64],

@@ -281,7 +281,7 @@ fn buffers_copy_between_hosts_with_progress() {
 }
 
 #[test]
-fn a_copy_between_workers_goes_directly_and_reports_progress() {
+fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() {
     let token = Token::generate().unwrap();
     let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
     let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
@@ -369,7 +369,15 @@ fn a_read_grant_admits_one_read_of_one_buffer() {
         })
     };
     assert_eq!(read_with(&hex), Some(tonic::Code::Unauthenticated));
-    for bad in ["", "00", &"zz".repeat(32), &"ab".repeat(33)] {
+    // Malformed grants: empty, short, not hex, upper case, a sign, long.
+    for bad in [
+        "",
+        "00",
+        &"zz".repeat(32),
+        &"AB".repeat(32),
+        &format!("+f{}", "0".repeat(62)),
+        &"ab".repeat(33),
+    ] {
         assert_eq!(
             read_with(bad),
             Some(tonic::Code::Unauthenticated),

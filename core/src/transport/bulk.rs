@@ -4,10 +4,9 @@
 //! The wire format is the protocol's own, gRPC streams of `PutBufferChunk`
 //! and `BufferChunk` messages, so any gRPC client can still upload and
 //! download. Both ends handle the bytes of these two RPCs themselves, because
-//! tonic's codec copies
-//! every byte once more on each side (into its encode buffer on the way out,
-//! into its decode buffer on the way in), and at 256 MiB those copies cost
-//! about a fifth of the throughput:
+//! tonic's codec copies every byte once more on each side (into its encode
+//! buffer on the way out, into its decode buffer on the way in), and at 256
+//! MiB those copies cost about a fifth of the throughput:
 //! - the controller ([`PutBody`]) sends each chunk as two HTTP/2 data frames:
 //!   a few bytes of framing (gRPC's message header, the chunk's fields but
 //!   `data`, and the key and length of `data`), then the chunk's bytes as they
@@ -46,7 +45,7 @@ use tonic::{Code, Status};
 use super::buffers::chunks;
 use super::proto::{BufferChunk, BufferSpec, GetBufferRequest, PutBufferChunk, PutBufferResponse};
 use super::{CHUNK_BYTES, MAX_MESSAGE_BYTES};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 
 /// The HTTP/2 path of the `PutBuffer` RPC.
 pub(crate) const PUT_BUFFER_PATH: &str = "/colocated.remote.v1.Worker/PutBuffer";
@@ -328,6 +327,18 @@ fn status_of_http(status: http::StatusCode) -> Status {
     )
 }
 
+/// A download the worker sent malformed (or that does not fit its
+/// destination): the worker's fault, not the caller's argument.
+fn broken_answer(err: Error) -> Error {
+    match err.code() {
+        ErrorCode::InvalidArgument | ErrorCode::ResourceExhausted => Error::internal(format!(
+            "the worker sent a broken download: {}",
+            err.message()
+        )),
+        _ => err,
+    }
+}
+
 /// Calls `GetBuffer` for buffer `handle` on `channel` (a tonic `Channel`)
 /// with `metadata` (the token and the session), as tonic's generated client
 /// calls it, and parses the answer as it arrives: each chunk's fields, then
@@ -374,14 +385,14 @@ where
         };
         let trailers = match frame.into_data() {
             Ok(data) => {
-                parser.push(data, sink)?;
+                parser.push(data, sink).map_err(broken_answer)?;
                 continue;
             }
             Err(frame) => frame.into_trailers(),
         };
         let Ok(trailers) = trailers else { continue };
         return match Status::from_header_map(&trailers) {
-            Some(status) if status.code() == Code::Ok => parser.finish(),
+            Some(status) if status.code() == Code::Ok => parser.finish().map_err(broken_answer),
             Some(status) => Err(fail(&status)),
             None => Err(fail(&Status::internal(
                 "a download's trailers carry no status",

@@ -102,9 +102,7 @@ impl Control {
         }
         Ok(())
     }
-}
 
-impl Control {
     /// Whether an operation waits for the worker: not yet taken, or taken
     /// and not finished.
     pub(super) fn waiting(&self) -> bool {
@@ -389,8 +387,8 @@ impl RemoteSession {
         self.control().map(drop)
     }
 
-    /// The control stream, opened on first use (without blocking: operations
-    /// queue until the worker answers).
+    /// The control stream, opened with the session (without blocking:
+    /// operations queue until the worker answers).
     fn control(&self) -> Result<Arc<Control>> {
         let mut slot = lock(&self.inner.control);
         if let Some(control) = &*slot {

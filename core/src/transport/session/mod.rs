@@ -66,7 +66,7 @@ struct Inner {
     /// Becomes `true` when `lost` is set: transfers in flight wait on it, as
     /// their connection may hang for a while after the worker is lost.
     lost_signal: tokio::sync::watch::Sender<bool>,
-    /// The control stream, opened on first use.
+    /// The control stream, opened with the session.
     control: std::sync::Mutex<Option<Arc<Control>>>,
     /// When to send heartbeats, and when the worker was last heard.
     beat: liveness::Beat,

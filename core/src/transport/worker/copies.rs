@@ -86,20 +86,26 @@ fn unknown_grant() -> Error {
     Error::unauthenticated("unknown or expired read grant")
 }
 
-/// A grant as it travels: 64 lower-case hex digits.
+/// A grant as it travels: 64 lower-case hex digits, nothing else.
 fn parse_grant(text: Option<&str>) -> Result<[u8; GRANT_BYTES]> {
     let text = text
+        .map(str::as_bytes)
         .filter(|t| t.len() == 2 * GRANT_BYTES)
         .ok_or_else(unknown_grant)?;
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Ok(c - b'0'),
+        b'a'..=b'f' => Ok(c - b'a' + 10),
+        _ => Err(unknown_grant()),
+    };
     let mut grant = [0u8; GRANT_BYTES];
-    for (i, byte) in grant.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| unknown_grant())?;
+    for (byte, pair) in grant.iter_mut().zip(text.chunks_exact(2)) {
+        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
     }
     Ok(grant)
 }
 
 /// `grant` as it travels.
-pub(crate) fn grant_header(grant: &[u8]) -> String {
+fn grant_header(grant: &[u8]) -> String {
     grant.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -250,16 +256,18 @@ impl Service {
             })?;
         let grant = MetadataValue::try_from(grant_header(&request.grant))
             .map_err(|_| Error::internal("a grant is not a header value"))?;
+        let mut sink = Fetched::new(spec.size, seq, answers)?;
         let mut wait = Duration::from_millis(2);
         for attempt in 1..=GRANT_ATTEMPTS {
             let mut metadata = MetadataMap::new();
             metadata.insert(GRANT, grant.clone());
-            let mut sink = Fetched::new(spec.size, seq, answers)?;
             let outcome = get_call(channel.clone(), metadata, 0, &mut sink, from_status).await;
             match outcome {
                 Ok(()) => return sink.finish(),
-                // The grant may not have reached the source yet.
+                // The grant may not have reached the source yet (a refusal
+                // comes before any data).
                 Err(e) if e.code() == ErrorCode::Unauthenticated && attempt < GRANT_ATTEMPTS => {
+                    sink.data.clear();
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                 }

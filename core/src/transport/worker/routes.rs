@@ -27,8 +27,9 @@ impl Service {
     /// The checks of every request, made by the router before any of its body
     /// is read: the token, then (for every RPC but `OpenSession`) a session
     /// that is open; or, for a `GetBuffer` of another worker, a read grant
-    /// that is known and alive (see `copies`). A request with the token authenticates its connection
-    /// (see [`admission`](crate::transport::admission)).
+    /// that is known and alive (see `copies`). A request that passes
+    /// authenticates its connection (see
+    /// [`admission`](crate::transport::admission)).
     fn admit<B>(&self, request: &http::Request<B>) -> Result<()> {
         let extensions = request.extensions();
         let peer = extensions
