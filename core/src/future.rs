@@ -34,7 +34,11 @@ pub(crate) trait Helper: Send + Sync {
 
 struct Inner {
     state: AtomicU8,
+    /// Callbacks or sleeping threads wait (set under `callbacks`' lock).
     has_waiters: AtomicBool,
+    /// A thread sleeps on `cond` (set under `callbacks`' lock): only then
+    /// does `set` pay the system call that wakes it.
+    sleeping: AtomicBool,
     error: OnceLock<Error>,
     callbacks: Mutex<Vec<Callback>>,
     cond: Condvar,
@@ -71,6 +75,7 @@ impl Event {
         Event(Arc::new(Inner {
             state: AtomicU8::new(PENDING),
             has_waiters: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
             error: OnceLock::new(),
             callbacks: Mutex::new(Vec::new()),
             cond: Condvar::new(),
@@ -142,8 +147,16 @@ impl Event {
         };
         self.0.state.store(state, Ordering::SeqCst);
         if self.0.has_waiters.load(Ordering::SeqCst) {
-            let callbacks = std::mem::take(&mut *self.lock());
-            self.0.cond.notify_all();
+            let (callbacks, sleeping) = {
+                let mut callbacks = self.lock();
+                (
+                    std::mem::take(&mut *callbacks),
+                    self.0.sleeping.load(Ordering::SeqCst),
+                )
+            };
+            if sleeping {
+                self.0.cond.notify_all();
+            }
             if !callbacks.is_empty() {
                 let status = self.status().unwrap_or(Ok(()));
                 for cb in callbacks {
@@ -230,6 +243,7 @@ impl Event {
         }
         let mut guard = self.lock();
         self.0.has_waiters.store(true, Ordering::SeqCst);
+        self.0.sleeping.store(true, Ordering::SeqCst);
         while self.0.state.load(Ordering::SeqCst) < OK {
             match deadline {
                 None => guard = self.0.cond.wait(guard).unwrap_or_else(|e| e.into_inner()),
@@ -327,6 +341,35 @@ mod tests {
     use super::*;
     use crate::error::ErrorCode;
     use std::sync::atomic::AtomicUsize;
+
+    /// `set` wakes sleeping threads only when one sleeps (a callback alone
+    /// costs no wake-up call): threads asleep beside callbacks, and those
+    /// asleep with a deadline, still wake.
+    #[test]
+    fn sleeping_waiters_wake_beside_callbacks() {
+        let event = Event::new();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = ran.clone();
+        event.on_ready(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let waiters: Vec<_> = (0..2)
+            .map(|i| {
+                let event = event.clone();
+                std::thread::spawn(move || match i {
+                    0 => event.wait(),
+                    _ => event.wait_timeout(Duration::from_secs(60)),
+                })
+            })
+            .collect();
+        // Long enough for both to be past spinning, asleep.
+        std::thread::sleep(Duration::from_millis(50));
+        event.set(Ok(())).unwrap();
+        for waiter in waiters {
+            waiter.join().unwrap().unwrap();
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
 
     #[test]
     fn on_ready_runs_exactly_once_before_and_after_completion() {
