@@ -1553,3 +1553,99 @@ fn compiling_for_workers_loads_on_all_at_once_and_a_refusal_unloads_the_others()
     });
     drop(client);
 }
+
+/// A worker runs a program whose last run was quick on the network thread
+/// that decoded the request (no hand-off to an executor and back); the first
+/// run (nothing measured yet), a slow program, and a program that may call a
+/// host callback (whose answer that thread would have to bring) run on
+/// executors.
+#[test]
+fn quick_programs_run_on_the_workers_network_thread_and_others_on_executors() {
+    let token = Token::generate().unwrap();
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        executor_threads: Some(2),
+        ..Default::default()
+    })
+    .unwrap();
+    type Seen = Arc<Mutex<Vec<(&'static str, String)>>>;
+    let seen: Seen = Arc::default();
+    let note = |seen: &Seen, name: &'static str| {
+        let thread = std::thread::current().name().unwrap_or("").to_string();
+        seen.lock().unwrap().push((name, thread));
+    };
+    let log = seen.clone();
+    client
+        .register_native_function("quick", move |_ctx| {
+            note(&log, "quick");
+            Ok(())
+        })
+        .unwrap();
+    let log = seen.clone();
+    client
+        .register_native_function("slow", move |_ctx| {
+            std::thread::sleep(Duration::from_millis(2));
+            note(&log, "slow");
+            Ok(())
+        })
+        .unwrap();
+    // Quick on its first two runs; from the third on it asks the controller.
+    let log = seen.clone();
+    let runs = AtomicU64::new(0);
+    client
+        .register_native_function("asks_later", move |ctx| {
+            note(&log, "asks_later");
+            if runs.fetch_add(1, Ordering::SeqCst) >= 2 {
+                let answer = ctx.call_host_callback(0, b"ping")?;
+                assert_eq!(answer, b"pong");
+            }
+            Ok(())
+        })
+        .unwrap();
+    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
+    connect.timeout = Duration::from_secs(5);
+    let controller = Client::connect(&ClusterOptions {
+        workers: vec![connect],
+        include_local: false,
+        local: ClientOptions::default(),
+    })
+    .unwrap();
+    let device = controller.devices()[0].clone();
+    let run = |name: &str, host_callbacks: Vec<colocated_core::LoadedHostCallback>, times| {
+        let exe = controller
+            .compile(
+                Program::native(name, vec![], vec![], vec![device.clone()]),
+                CompileOptions { host_callbacks },
+            )
+            .unwrap();
+        for _ in 0..times {
+            let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();
+            run.status.wait_timeout(Duration::from_secs(20)).unwrap();
+        }
+    };
+    run("quick", Vec::new(), 20);
+    run("slow", Vec::new(), 3);
+    let pong = colocated_core::LoadedHostCallback::new("pong", |_| Ok(b"pong".to_vec()));
+    run("asks_later", vec![pong], 4);
+
+    let seen = seen.lock().unwrap().clone();
+    let threads = |name| -> Vec<String> {
+        seen.iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, t)| t.clone())
+            .collect()
+    };
+    let on_executor = |t: &String| t.starts_with("colocated-exec");
+    let quick = threads("quick");
+    assert_eq!(quick.len(), 20);
+    assert!(on_executor(&quick[0]), "nothing measured yet: {quick:?}");
+    // Most later runs are quick; a run the machine preempted is not, and
+    // sends the next one to an executor.
+    assert!(quick[1..].iter().any(|t| t == "colocated-net"), "{quick:?}");
+    let slow = threads("slow");
+    assert!(slow.len() == 3 && slow.iter().all(on_executor), "{slow:?}");
+    let asks = threads("asks_later");
+    assert!(asks.len() == 4 && asks.iter().all(on_executor), "{asks:?}");
+}
+
