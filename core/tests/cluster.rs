@@ -1649,3 +1649,20 @@ fn quick_programs_run_on_the_workers_network_thread_and_others_on_executors() {
     assert!(asks.len() == 4 && asks.iter().all(on_executor), "{asks:?}");
 }
 
+/// A deletion waits for the next operation to ride with, but not for long:
+/// with nothing else sent, the worker frees the buffer within milliseconds.
+#[test]
+fn a_deleted_buffer_leaves_the_worker_without_a_further_operation() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let device = client.devices()[0].clone();
+    let buffer =
+        Buffer::from_bytes(&client, &i32_bytes(&[1, 2, 3]), DType::I32, &[3], &device).unwrap();
+    buffer.ready_event().wait().unwrap();
+    assert_eq!(a.worker.buffer_count(), 1);
+    drop(buffer);
+    eventually("the worker freed the buffer", || {
+        a.worker.buffer_count() == 0
+    });
+}

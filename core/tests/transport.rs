@@ -615,3 +615,162 @@ fn any_grpc_client_downloads_a_buffer() {
     assert_eq!(got, data.to_vec());
     assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
 }
+
+/// What a worker answers on the control stream, by protocol version: up to
+/// 4, every operation is answered when taken, and an execution a second time
+/// when it finished; from 5 (cumulative), a successful execution is answered
+/// once, when it finished, and a run of operations that finish at once ends
+/// with one answer for its last (which says the ones before were taken).
+/// Failures are answered at once either way.
+#[test]
+fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5() {
+    use colocated_core::transport::proto::worker_client::WorkerClient;
+    use colocated_core::transport::proto::{
+        control_request::Op, ControlRequest, ControlResponse, DeleteBuffersRequest, ExecuteRequest,
+        LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
+    };
+    use colocated_core::transport::{AUTHORIZATION, CUMULATIVE_VERSION, SESSION};
+
+    let (worker, token, _log) = worker_with_add_one();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let answers_at = |version: u32| -> Vec<ControlResponse> {
+        runtime.block_on(async {
+            let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
+                .await
+                .unwrap();
+            let mut open = tonic::Request::new(OpenSessionRequest {
+                min_version: 1,
+                max_version: version,
+                client_name: "test".into(),
+                software_version: String::new(),
+            });
+            let bearer = format!("Bearer {}", token.expose());
+            open.metadata_mut()
+                .insert(AUTHORIZATION, bearer.parse().unwrap());
+            let opened = rpc.open_session(open).await.unwrap().into_inner();
+            assert_eq!(opened.version, version);
+            let id = opened
+                .session_id
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>();
+            fn authed<T>(message: T, bearer: &str, id: &str) -> tonic::Request<T> {
+                let mut request = tonic::Request::new(message);
+                let metadata = request.metadata_mut();
+                metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
+                metadata.insert(SESSION, id.parse().unwrap());
+                request
+            }
+            let bearer = format!("Bearer {}", token.expose());
+            rpc.load_executable(authed(
+                LoadExecutableRequest {
+                    handle: 1,
+                    executable: executable_for_worker("add_one", 0).into(),
+                    controller_device_ids: Default::default(),
+                },
+                &bearer,
+                &id,
+            ))
+            .await
+            .unwrap();
+            let chunk = PutBufferChunk {
+                handle: 10,
+                spec: Some(spec(0, DType::I32, &[4])),
+                data: i32_bytes(&[1; 4]),
+            };
+            rpc.put_buffer(authed(tokio_stream::iter([chunk]), &bearer, &id))
+                .await
+                .unwrap();
+            let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut answers = rpc
+                .control(authed(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                    &bearer,
+                    &id,
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            let send = |seq, op| ops.send(ControlRequest { seq, op: Some(op) }).unwrap();
+            let mut got = Vec::new();
+            let mut until = async |last: &dyn Fn(&ControlResponse) -> bool| loop {
+                let answer = tokio::time::timeout(Duration::from_secs(10), answers.message())
+                    .await
+                    .expect("an answer")
+                    .unwrap()
+                    .unwrap();
+                let done = last(&answer);
+                got.push(answer);
+                if done {
+                    break;
+                }
+            };
+            send(
+                1,
+                Op::Execute(ExecuteRequest {
+                    executable: 1,
+                    inputs: vec![10],
+                    outputs: vec![11],
+                    stream: 1,
+                }),
+            );
+            until(&|a| a.finished).await;
+            // Two deletions (one of a buffer the session lacks: not an error).
+            send(
+                2,
+                Op::DeleteBuffers(DeleteBuffersRequest { handles: vec![11] }),
+            );
+            send(
+                3,
+                Op::DeleteBuffers(DeleteBuffersRequest { handles: vec![99] }),
+            );
+            until(&|a| a.seq == 3).await;
+            // An execution of an executable the session lacks: refused.
+            send(
+                4,
+                Op::Execute(ExecuteRequest {
+                    executable: 999,
+                    inputs: vec![10],
+                    outputs: vec![12],
+                    stream: 1,
+                }),
+            );
+            until(&|a| a.seq == 4).await;
+            got
+        })
+    };
+    let brief = |answers: &[ControlResponse]| -> Vec<(u64, bool, u32)> {
+        answers
+            .iter()
+            .map(|a| (a.seq, a.finished, a.code))
+            .collect()
+    };
+    let not_found = ErrorCode::NotFound as u32;
+
+    let old = answers_at(CUMULATIVE_VERSION - 1);
+    assert_eq!(
+        brief(&old),
+        [
+            (1, false, 0),
+            (1, true, 0),
+            (2, false, 0),
+            (3, false, 0),
+            (4, false, not_found)
+        ]
+    );
+
+    let new = answers_at(CUMULATIVE_VERSION);
+    let new = brief(&new);
+    assert_eq!(new[0], (1, true, 0), "the execution, once: {new:?}");
+    // The deletions: one answer for the last, unless the worker took the
+    // first before the second arrived.
+    let deletions = &new[1..new.len() - 1];
+    assert!(
+        deletions == [(3, false, 0)] || deletions == [(2, false, 0), (3, false, 0)],
+        "{new:?}"
+    );
+    assert_eq!(new.last(), Some(&(4, false, not_found)), "{new:?}");
+}

@@ -588,17 +588,20 @@ impl Harness {
         });
     }
 
-    /// Runs the stream to its end and reads every answer: each operation is
-    /// answered once when applied, and an execution, a read or a fetch once
-    /// more when it has finished (a fetch's progress in between); a broken
-    /// request stream ends the answers with its error.
+    /// Runs the stream to its end and reads every answer, by the rules of
+    /// cumulative answers (protocol version 5): successful operations are
+    /// answered as taken in `seq` order, each at most once, and never if they
+    /// finish later; an execution, a read or a fetch finishes at most once (a
+    /// fetch's progress before); a broken request stream ends the answers
+    /// with its error.
     async fn control(&self, id: SessionId, wire: Wire) {
         let request = self.peer.request(wire.decode::<ControlRequest>(), Some(id));
         let Ok(answers) = self.peer.service().control(request).await else {
             return;
         };
         let mut answers = answers.into_inner();
-        let mut queued = HashSet::new();
+        let (mut taken, mut finished) = (HashSet::new(), HashSet::new());
+        let mut last_taken = 0;
         while let Some(answer) = answers.next().await {
             let answer = match answer {
                 Ok(answer) => answer,
@@ -607,21 +610,27 @@ impl Harness {
                 Err(_) => break,
             };
             assert!(answer.host_callback.is_none(), "no program calls back");
+            let seq = answer.seq;
             if answer.finished {
+                assert!(finished.insert(seq), "operation {seq} finished twice");
                 assert!(
-                    queued.remove(&answer.seq),
-                    "operation {} finished but was not queued",
-                    answer.seq
+                    !taken.contains(&seq),
+                    "operation {seq} was answered as taken and as finished"
                 );
             } else if answer.total_bytes > 0 {
                 // A fetch's progress.
-                assert!(queued.contains(&answer.seq), "progress of an unknown fetch");
+                assert!(!finished.contains(&seq), "progress of a finished fetch");
             } else if answer.code == 0 {
                 assert!(
-                    queued.insert(answer.seq),
-                    "operation {} was applied twice",
-                    answer.seq
+                    seq > last_taken,
+                    "operation {seq} answered as taken after operation {last_taken}"
                 );
+                last_taken = seq;
+                assert!(
+                    !finished.contains(&seq),
+                    "operation {seq} was answered as taken after it finished"
+                );
+                taken.insert(seq);
             }
         }
     }

@@ -78,8 +78,17 @@ pub(crate) fn version_mismatch(controller: &str, worker: &str, which: &str) -> E
 pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// The newest protocol version this build speaks: 2 adds string buffers
 /// ([`STRINGS_VERSION`]), 3 redirects ([`REDIRECT_VERSION`]), 4 copies
-/// between workers ([`COPY_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 4;
+/// between workers ([`COPY_VERSION`]), 5 cumulative answers
+/// ([`CUMULATIVE_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 5;
+/// The protocol version from which a worker answers the control stream
+/// cumulatively: any answer for operation `seq` (taken, progress or
+/// finished) also says that every operation up to `seq` was taken, so a
+/// successful operation that finishes later (an execution, a read, a fetch)
+/// is answered once, when it finished, and successful operations that
+/// finish at once are answered together, by one answer for the last of them
+/// once no further operation has arrived. Failures are answered at once.
+pub const CUMULATIVE_VERSION: u32 = 5;
 /// The protocol version that adds copies between workers: a worker grants
 /// one read of a buffer (`GrantReadRequest`), and another fetches it from
 /// there (`FetchBufferRequest`), without the data passing the controller.

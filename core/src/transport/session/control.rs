@@ -30,9 +30,52 @@ pub(super) struct Control {
 }
 
 struct ControlSender {
-    tx: tokio::sync::mpsc::UnboundedSender<ControlRequest>,
+    tx: tokio::sync::mpsc::UnboundedSender<Outgoing>,
     /// The `seq` of the last operation sent.
     sent: u64,
+    /// Buffers to delete: the deletion goes out with the next operation, or
+    /// [`DEFER`] after the first of them when none follows.
+    deferred: Vec<u64>,
+}
+
+/// How long a deletion waits for an operation to go out with.
+const DEFER: Duration = Duration::from_millis(5);
+/// Handles a deletion that waits may gather before it goes out alone.
+const MAX_DEFERRED: usize = 4096;
+
+/// Operations that go out together, in one write when the stream is idle.
+enum Outgoing {
+    One(ControlRequest),
+    /// A deferred deletion and the operation it rides with.
+    Two(ControlRequest, ControlRequest),
+}
+
+/// The control stream's requests, one by one.
+struct Requests {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Outgoing>,
+    next: Option<ControlRequest>,
+}
+
+impl tokio_stream::Stream for Requests {
+    type Item = ControlRequest;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<ControlRequest>> {
+        if let Some(request) = self.next.take() {
+            return std::task::Poll::Ready(Some(request));
+        }
+        self.rx.poll_recv(cx).map(|outgoing| {
+            outgoing.map(|outgoing| match outgoing {
+                Outgoing::One(request) => request,
+                Outgoing::Two(first, second) => {
+                    self.next = Some(second);
+                    first
+                }
+            })
+        })
+    }
 }
 
 /// What the worker has answered on the control stream.
@@ -76,7 +119,9 @@ impl Control {
             }
             return Err(err);
         }
-        let seq = sender.sent + 1;
+        // Deferred deletions go first, in the same write.
+        let deletion = sender.take_deferred();
+        let seq = sender.sent + 1 + u64::from(deletion.is_some());
         let has_completion = completion.is_some();
         if let Some(completion) = completion {
             lock(&self.state.pending).insert(seq, completion);
@@ -85,7 +130,17 @@ impl Control {
             lock(&self.state.progress).insert(seq, progress);
         }
         let request = ControlRequest { seq, op: Some(op) };
-        if sender.tx.send(request).is_err() {
+        let outgoing = match deletion {
+            Some(op) => Outgoing::Two(
+                ControlRequest {
+                    seq: seq - 1,
+                    op: Some(op),
+                },
+                request,
+            ),
+            None => Outgoing::One(request),
+        };
+        if sender.tx.send(outgoing).is_err() {
             drop(sender);
             let err = Error::unavailable("the control stream is closed");
             self.state.complete(seq, Err(err.clone()));
@@ -103,11 +158,92 @@ impl Control {
         Ok(())
     }
 
+    /// Deletes `handles` with the next operation, or within [`DEFER`] if
+    /// none follows (best effort: nothing is said if the stream broke).
+    fn delete_later(self: &Arc<Self>, handles: &[u64]) {
+        let mut sender = lock(&self.sender);
+        if self.state.broken().is_some() {
+            return;
+        }
+        let first = sender.deferred.is_empty();
+        sender.deferred.extend_from_slice(handles);
+        if sender.deferred.len() >= MAX_DEFERRED {
+            sender.flush_deferred();
+        } else if first {
+            drop(sender);
+            flush_later(Arc::downgrade(self));
+        }
+    }
+
+    /// Sends the deferred deletion now, if there is one.
+    fn flush_deferred(&self) {
+        lock(&self.sender).flush_deferred();
+    }
+
     /// Whether an operation waits for the worker: not yet taken, or taken
     /// and not finished.
     pub(super) fn waiting(&self) -> bool {
         let sent = lock(&self.sender).sent;
         self.state.acked.load(Ordering::SeqCst) < sent || !lock(&self.state.pending).is_empty()
+    }
+}
+
+impl ControlSender {
+    /// The deletion of the deferred buffers, if any, taking them.
+    fn take_deferred(&mut self) -> Option<control_request::Op> {
+        (!self.deferred.is_empty()).then(|| {
+            control_request::Op::DeleteBuffers(DeleteBuffersRequest {
+                handles: std::mem::take(&mut self.deferred),
+            })
+        })
+    }
+
+    /// Sends the deferred deletion alone, if there is one.
+    fn flush_deferred(&mut self) {
+        if let Some(op) = self.take_deferred() {
+            let seq = self.sent + 1;
+            // A closed stream has nothing left to delete on.
+            if self
+                .tx
+                .send(Outgoing::One(ControlRequest { seq, op: Some(op) }))
+                .is_ok()
+            {
+                self.sent = seq;
+            }
+        }
+    }
+}
+
+/// Control streams with deletions waiting, sent together [`DEFER`] after the
+/// first: one timer for the process.
+static WAITING_DELETIONS: std::sync::Mutex<Option<Vec<Weak<Control>>>> =
+    std::sync::Mutex::new(None);
+
+/// Sends `control`'s deferred deletion within [`DEFER`], unless an operation
+/// takes it first.
+fn flush_later(control: Weak<Control>) {
+    let mut waiting = lock(&WAITING_DELETIONS);
+    if let Some(waiting) = waiting.as_mut() {
+        waiting.push(control);
+        return;
+    }
+    let spawned = runtime().map(|runtime| {
+        runtime.spawn(async {
+            tokio::time::sleep(DEFER).await;
+            let due = lock(&WAITING_DELETIONS).take().unwrap_or_default();
+            for control in due.iter().filter_map(Weak::upgrade) {
+                control.flush_deferred();
+            }
+        })
+    });
+    match spawned {
+        Ok(_) => *waiting = Some(vec![control]),
+        Err(_) => {
+            drop(waiting);
+            if let Some(control) = control.upgrade() {
+                control.flush_deferred();
+            }
+        }
     }
 }
 
@@ -189,23 +325,22 @@ async fn read_answers(
                         progress(answer.progress_bytes, answer.total_bytes);
                     }
                 }
-                if !answer.finished {
-                    // The worker took an operation just now (and counted it
-                    // as the session's heartbeat).
-                    if let Some(inner) = inner.upgrade() {
-                        inner.beat.heard();
-                    }
+                // The worker answered just now (and counted the operation
+                // as the session's heartbeat).
+                if let Some(inner) = inner.upgrade() {
+                    inner.beat.heard();
                 }
                 if answer.finished {
                     let data = std::mem::take(&mut answer.data);
                     state.complete(answer.seq, result.map(|()| data));
-                    continue;
-                }
-                if let Err(err) = result {
+                } else if let Err(err) = result {
                     tracing::debug!(seq = answer.seq, error = %err, "control operation failed");
                     lock(&state.failed).get_or_insert(err.clone());
                     state.complete(answer.seq, Err(err));
                 }
+                // Operations are taken in order: any answer for `seq` (taken,
+                // progress or finished) says every one up to it was taken.
+                // Workers of protocol version 5 leave the rest unsaid.
                 state.acked.fetch_max(answer.seq, Ordering::SeqCst);
                 state.changed.notify_waiters();
             }
@@ -255,17 +390,18 @@ impl RemoteSession {
     }
 
     /// Deletes buffers of this session after every operation sent before
-    /// (on the control stream), without waiting. Best effort: a lost worker
-    /// has freed them already.
+    /// (on the control stream), without waiting: with the next operation, or
+    /// a few milliseconds later when none follows. Best effort: a lost
+    /// worker has freed them already.
     pub fn delete_buffers_later(&self, handles: &[u64]) {
         if self.inner.closed.load(Ordering::SeqCst) || self.inner.lost.is_ready() {
             return;
         }
-        let op = control_request::Op::DeleteBuffers(DeleteBuffersRequest {
-            handles: handles.to_vec(),
-        });
-        if let Err(err) = self.send_control(op, None) {
-            tracing::debug!(worker = %self.inner.address, error = %err, "buffers not deleted");
+        match self.inner.alive().and_then(|()| self.control()) {
+            Ok(control) => control.delete_later(handles),
+            Err(err) => {
+                tracing::debug!(worker = %self.inner.address, error = %err, "buffers not deleted");
+            }
         }
     }
 
@@ -368,14 +504,19 @@ impl RemoteSession {
         let _ = self.send_control_then(op, Some(finish_of(done)), progress);
     }
 
-    /// Waits until the worker has taken every control operation sent so far
-    /// (requests that read or delete buffers come after them).
+    /// Sends the deferred deletions, and waits until the worker has taken
+    /// every control operation sent so far (requests that read or delete
+    /// buffers come after them).
     #[cfg(any(test, feature = "testing"))]
     pub(super) fn settle(&self) -> Result<()> {
         let Some(control) = lock(&self.inner.control).clone() else {
             return Ok(());
         };
-        let sent = lock(&control.sender).sent;
+        let sent = {
+            let mut sender = lock(&control.sender);
+            sender.flush_deferred();
+            sender.sent
+        };
         if control.state.acked.load(Ordering::SeqCst) >= sent {
             return Ok(());
         }
@@ -400,8 +541,7 @@ impl RemoteSession {
         let reader_state = state.clone();
         runtime()?.spawn(async move {
             let mut rpc = inner.rpc.clone();
-            let request =
-                inner.bulk_request(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+            let request = inner.bulk_request(Requests { rx, next: None });
             match rpc.control(request).await {
                 Ok(answers) => {
                     // The reader must not keep the session alive.
@@ -424,7 +564,11 @@ impl RemoteSession {
             }
         });
         let control = Arc::new(Control {
-            sender: std::sync::Mutex::new(ControlSender { tx, sent: 0 }),
+            sender: std::sync::Mutex::new(ControlSender {
+                tx,
+                sent: 0,
+                deferred: Vec::new(),
+            }),
             state,
         });
         *slot = Some(control.clone());

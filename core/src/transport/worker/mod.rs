@@ -169,6 +169,8 @@ impl Drop for Shared {
 /// session closes.
 struct Session {
     last_seen: Instant,
+    /// The protocol version negotiated for the session.
+    version: u32,
     client_name: String,
     /// The session's buffers, by the handles its controller gave them.
     buffers: HashMap<u64, Buffer>,

@@ -27,8 +27,8 @@ use crate::transport::proto::{
     PutBufferChunk, PutBufferResponse,
 };
 use crate::transport::{
-    to_status, version_mismatch, SessionId, AUTHORIZATION, PROTOCOL_VERSION_MAX,
-    PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
+    to_status, version_mismatch, SessionId, AUTHORIZATION, CUMULATIVE_VERSION,
+    PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
 };
 
 /// How often an operation of a control stream marks its session as alive.
@@ -169,10 +169,13 @@ impl WorkerRpc for Service {
         // that finishes it, which must not block. The controller bounds what is
         // in flight by what it sends.
         let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
-        let mut ended = self
+        let (mut ended, cumulative) = self
             .with_session(id, |session| {
                 session.calls.attach(answers.clone());
-                Ok(session.ended.subscribe())
+                Ok((
+                    session.ended.subscribe(),
+                    session.version >= CUMULATIVE_VERSION,
+                ))
             })
             .map_err(|e| to_status(&e))?;
         let service = Service(self.0.clone());
@@ -181,11 +184,25 @@ impl WorkerRpc for Service {
             let _detach = DetachCalls(service.0.clone(), id);
             let mut expected = 1u64;
             let mut touched = Instant::now();
+            // Answering cumulatively: the last operation taken that no answer
+            // sent or to come covers yet.
+            let mut unanswered: Option<u64> = None;
             loop {
                 let message = tokio::select! {
+                    biased;
                     message = ops.message() => message,
                     // The session closed (or the worker stops): end the stream.
                     _ = ended.changed() => return,
+                    // No further operation has arrived: one answer for those
+                    // taken.
+                    () = std::future::ready(()), if unanswered.is_some() => {
+                        if let Some(seq) = unanswered.take() {
+                            if answers.send(Ok(control_answer(seq, &Ok(()), false))).is_err() {
+                                return;
+                            }
+                        }
+                        continue;
+                    }
                 };
                 let op = match message {
                     Ok(Some(op)) => op,
@@ -219,11 +236,18 @@ impl WorkerRpc for Service {
                     Ok(later) => (later, Ok(())),
                     Err(e) => (None, Err(e)),
                 };
-                if answers
-                    .send(Ok(control_answer(seq, &applied, false)))
-                    .is_err()
-                {
-                    return;
+                if cumulative && applied.is_ok() {
+                    // What finishes later is answered then, and that answer
+                    // covers this one and those before.
+                    unanswered = later.is_none().then_some(seq);
+                } else {
+                    unanswered = None;
+                    if answers
+                        .send(Ok(control_answer(seq, &applied, false)))
+                        .is_err()
+                    {
+                        return;
+                    }
                 }
                 // The controller may be gone by the time these finish: then
                 // nobody is told.
@@ -363,6 +387,7 @@ impl WorkerRpc for Service {
             id,
             Session {
                 last_seen: Instant::now(),
+                version,
                 client_name,
                 buffers: HashMap::new(),
                 executables: HashMap::new(),
