@@ -139,6 +139,13 @@ impl Drop for FreshMemory {
 }
 
 fn main() {
+    // The workers and the controller share this process's network runtime;
+    // in processes of their own each would have its threads. Two, unless the
+    // caller says otherwise (a 2-core machine would get one).
+    if std::env::var_os(colocated_core::transport::NETWORK_THREADS_ENV).is_none() {
+        // No other thread runs yet.
+        std::env::set_var(colocated_core::transport::NETWORK_THREADS_ENV, "2");
+    }
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),
         executor_threads: Some(2),

@@ -18,7 +18,8 @@ Measures (medians of repeated runs):
   ``block_until_ready``, against a raw TCP fan-out: one byte to 8 echo
   processes and back.
 
-Targets (issues 4 and 16): round trip <= 3x TCP; >= 5x faster than Ray; >= 20k
+Targets (issues 4 and 16): round trip <= 3x TCP (with a read of the value
+<= 4x); >= 5x faster than Ray; >= 20k
 pipelined calls/s; 256 MiB put >= 70% of raw TCP, download >= 90%, first put
 >= 70%, worker to worker >= 70%; fan-out <= 2x the TCP fan-out. Run by
 ``make bench``.
@@ -235,9 +236,12 @@ def main() -> None:
 
     print(f"== remote: Python worker processes on loopback (1 CPU device each; {FAN_OUT} for the fan-out) ==")
     print(f"{'measure':<40} {'figure':>14} {'baseline':>18} {'ratio':>8} {'target':>12}")
-    for name, key in (("call + block_until_ready, x + 1", "call_block_us"), ("call + read of the value", "call_read_us")):
+    for name, key, target in (
+        ("call + block_until_ready, x + 1", "call_block_us", "<= 3.0x TCP"),
+        ("call + read of the value", "call_read_us", "<= 4.0x TCP"),
+    ):
         us = figures[key]
-        print(f"{name:<40} {us:>11.1f} µs {tcp:>11.1f} µs TCP {us / tcp:>7.2f}x {'<= 3.0x TCP':>12}")
+        print(f"{name:<40} {us:>11.1f} µs {tcp:>11.1f} µs TCP {us / tcp:>7.2f}x {target:>12}")
         if ray_us is None:
             print(f"{'':<40} {'':>14} {'(ray missing)':>18} {'-':>8} {'>= 5x Ray':>12}")
         else:

@@ -342,13 +342,38 @@ pub const MAX_INLINE_READ_BYTES: usize = 1 << 20;
 
 /// The process-wide tokio runtime of the transport (two threads; built on first
 /// use).
+/// The environment variable that sets how many threads the network runtime
+/// of a process has (1 to 64).
+pub const NETWORK_THREADS_ENV: &str = "COLOCATED_NETWORK_THREADS";
+
+/// Threads of the network runtime: [`NETWORK_THREADS_ENV`] if it is set (and
+/// valid), else one on a machine of at most two cores and two on others. Two
+/// threads of tokio's scheduler wake each other for every task one of them
+/// wakes; on two cores the second one costs more in those wake-ups than it
+/// gives, and takes a core the callers and executors need.
+fn network_threads() -> usize {
+    if let Ok(text) = std::env::var(NETWORK_THREADS_ENV) {
+        match text.trim().parse::<usize>() {
+            Ok(n @ 1..=64) => return n,
+            _ => tracing::warn!(
+                value = %text,
+                "{NETWORK_THREADS_ENV} must be a number from 1 to 64; ignored"
+            ),
+        }
+    }
+    match std::thread::available_parallelism().map(usize::from) {
+        Ok(cores) if cores <= 2 => 1,
+        _ => 2,
+    }
+}
+
 pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime> {
     static RUNTIME: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
         std::sync::OnceLock::new();
     RUNTIME
         .get_or_init(|| {
             tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+                .worker_threads(network_threads())
                 .thread_name("colocated-net")
                 .enable_all()
                 .build()
