@@ -307,6 +307,9 @@ struct Shared {
     max_threads: usize,
     /// How long a thread beyond `min_threads` stays idle before it exits.
     keep_alive: Duration,
+    /// Whether an idle executor looks for work for [`SPIN`] before it sleeps
+    /// (see [`Dispatcher::stop_spinning`]).
+    spins: AtomicBool,
     /// Signalled (under `lock`) when an executor thread exits.
     exited: Condvar,
     next_index: AtomicUsize,
@@ -662,6 +665,7 @@ impl Dispatcher {
             min_threads,
             max_threads: max_threads.max(min_threads),
             keep_alive,
+            spins: AtomicBool::new(true),
             exited: Condvar::new(),
             next_index: AtomicUsize::new(0),
             id,
@@ -692,6 +696,14 @@ impl Dispatcher {
             }
         }
         Ok(dispatcher)
+    }
+
+    /// Idle executors sleep at once instead of looking for work a while:
+    /// for a worker host, whose work arrives from the network (a round trip
+    /// apart at the least), where spinning would only take a core from the
+    /// network thread that sends the answer.
+    pub(crate) fn stop_spinning(&self) {
+        self.shared.spins.store(false, Ordering::Relaxed);
     }
 
     /// Submits `task` on `stream`. A thread waiting on the task's completion may
@@ -831,7 +843,10 @@ fn executor_loop(shared: &Arc<Shared>) {
             exit_executor(shared, true);
             return;
         }
-        let spin_until = Instant::now() + SPIN;
+        let spin_until = match shared.spins.load(Ordering::Relaxed) {
+            true => Instant::now() + SPIN,
+            false => Instant::now(),
+        };
         let mut found = false;
         while Instant::now() < spin_until {
             if !shared.run_queue.is_empty() || shared.shutdown.load(Ordering::Relaxed) {

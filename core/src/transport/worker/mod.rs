@@ -189,6 +189,8 @@ struct Session {
 impl Worker {
     /// Binds `options.listen` and starts serving `client`'s devices (on the
     /// transport's threads); returns once the socket accepts connections.
+    /// From then on `client`'s idle executor threads sleep at once rather
+    /// than spin (its work comes from the network, a round trip apart).
     pub fn start(client: Client, options: WorkerOptions) -> Result<Worker> {
         if options.token.is_none() {
             tracing::warn!(
@@ -203,6 +205,8 @@ impl Worker {
                 options.listen
             );
         }
+        // Work comes from the network: idle executors sleep at once.
+        client.0.local.dispatcher.stop_spinning();
         let runtime = runtime()?;
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind(options.listen))
