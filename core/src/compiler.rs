@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::executable::{
-    ExecutableInner, HostPlan, HostRun, HostSpecs, LastRun, LoadedExecutable, LocalRun, WorkerRun,
+    ExecutableInner, HostPlan, HostRun, HostSpecs, LoadedExecutable, LocalRun, WorkerRun,
 };
 use crate::executor::{OutputShard, SessionScope};
 use crate::format::{self, pb};
@@ -344,7 +344,6 @@ fn finish_remote(started: Started, program: &Program) -> Result<HostPlan> {
         output_shards,
         // The worker's program is host-local already.
         host_specs: None,
-        last_run: LastRun::default(),
     })
 }
 
@@ -414,6 +413,5 @@ fn plan_host(
         output_positions,
         output_shards,
         host_specs,
-        last_run: LastRun::default(),
     })
 }

@@ -42,11 +42,10 @@ pub(crate) struct Task {
     /// Leave the task to a waiting thread while its stream is being fed (see
     /// `LoadedProgram::waiter_first`).
     pub waiter_first: bool,
-    /// The submitting thread runs the task at once when its stream is idle
-    /// and its dependencies are ready, rather than waking an executor to do
-    /// it: a task that only hands work to another host (a send that never
-    /// blocks), or a quick program on a worker's network thread.
-    pub at_once: bool,
+    /// The task only hands work to another host (a send that never blocks):
+    /// the submitting thread runs it at once when its stream is idle, rather
+    /// than waking an executor to do it.
+    pub sends_only: bool,
 }
 
 /// How long executor threads leave a stream to its waiter after the last
@@ -720,7 +719,7 @@ impl Dispatcher {
         let queue = stream.local_queue(self);
         let helper: Weak<dyn Helper> = Arc::downgrade(queue) as Weak<dyn Helper>;
         task.completion.set_helper(helper);
-        let task = match task.at_once {
+        let task = match task.sends_only {
             true => match queue.run_now(task) {
                 None => return,
                 Some(task) => task,
@@ -746,7 +745,7 @@ impl Dispatcher {
                 completion: reached.clone(),
                 run: Box::new(move |_: Result<()>| mark.set_if_pending(Ok(()))),
                 waiter_first: false,
-                at_once: false,
+                sends_only: false,
             },
         );
         let held = Event::new();
@@ -758,7 +757,7 @@ impl Dispatcher {
                 completion: held,
                 run: Box::new(move |_: Result<()>| done.set_if_pending(Ok(()))),
                 waiter_first: false,
-                at_once: false,
+                sends_only: false,
             },
         );
         StreamSlot {
@@ -999,7 +998,7 @@ mod tests {
                 done.set_if_pending(status);
             }),
             waiter_first: false,
-            at_once: false,
+            sends_only: false,
         }
     }
 
@@ -1017,7 +1016,7 @@ mod tests {
                     .unwrap()
                     .push((i, std::thread::current().id()))
             });
-            t.at_once = true;
+            t.sends_only = true;
             t
         };
         // Idle stream: the send ran before `submit` returned, on this thread.

@@ -1554,101 +1554,6 @@ fn compiling_for_workers_loads_on_all_at_once_and_a_refusal_unloads_the_others()
     drop(client);
 }
 
-/// A worker runs a program whose last run was quick on the network thread
-/// that decoded the request (no hand-off to an executor and back); the first
-/// run (nothing measured yet), a slow program, and a program that may call a
-/// host callback (whose answer that thread would have to bring) run on
-/// executors.
-#[test]
-fn quick_programs_run_on_the_workers_network_thread_and_others_on_executors() {
-    let token = Token::generate().unwrap();
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
-    type Seen = Arc<Mutex<Vec<(&'static str, String)>>>;
-    let seen: Seen = Arc::default();
-    let note = |seen: &Seen, name: &'static str| {
-        let thread = std::thread::current().name().unwrap_or("").to_string();
-        seen.lock().unwrap().push((name, thread));
-    };
-    let log = seen.clone();
-    client
-        .register_native_function("quick", move |_ctx| {
-            note(&log, "quick");
-            Ok(())
-        })
-        .unwrap();
-    let log = seen.clone();
-    client
-        .register_native_function("slow", move |_ctx| {
-            std::thread::sleep(Duration::from_millis(2));
-            note(&log, "slow");
-            Ok(())
-        })
-        .unwrap();
-    // Quick on its first two runs; from the third on it asks the controller.
-    let log = seen.clone();
-    let runs = AtomicU64::new(0);
-    client
-        .register_native_function("asks_later", move |ctx| {
-            note(&log, "asks_later");
-            if runs.fetch_add(1, Ordering::SeqCst) >= 2 {
-                let answer = ctx.call_host_callback(0, b"ping")?;
-                assert_eq!(answer, b"pong");
-            }
-            Ok(())
-        })
-        .unwrap();
-    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
-    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-    connect.timeout = Duration::from_secs(5);
-    let controller = Client::connect(&ClusterOptions {
-        workers: vec![connect],
-        include_local: false,
-        local: ClientOptions::default(),
-    })
-    .unwrap();
-    let device = controller.devices()[0].clone();
-    let run = |name: &str, host_callbacks: Vec<colocated_core::LoadedHostCallback>, times| {
-        let exe = controller
-            .compile(
-                Program::native(name, vec![], vec![], vec![device.clone()]),
-                CompileOptions { host_callbacks },
-            )
-            .unwrap();
-        for _ in 0..times {
-            let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();
-            run.status.wait_timeout(Duration::from_secs(20)).unwrap();
-        }
-    };
-    run("quick", Vec::new(), 20);
-    run("slow", Vec::new(), 3);
-    let pong = colocated_core::LoadedHostCallback::new("pong", |_| Ok(b"pong".to_vec()));
-    run("asks_later", vec![pong], 4);
-
-    let seen = seen.lock().unwrap().clone();
-    let threads = |name| -> Vec<String> {
-        seen.iter()
-            .filter(|(n, _)| *n == name)
-            .map(|(_, t)| t.clone())
-            .collect()
-    };
-    let on_executor = |t: &String| t.starts_with("colocated-exec");
-    let quick = threads("quick");
-    assert_eq!(quick.len(), 20);
-    assert!(on_executor(&quick[0]), "nothing measured yet: {quick:?}");
-    // Most later runs are quick; a run the machine preempted is not, and
-    // sends the next one to an executor.
-    assert!(quick[1..].iter().any(|t| t == "colocated-net"), "{quick:?}");
-    let slow = threads("slow");
-    assert!(slow.len() == 3 && slow.iter().all(on_executor), "{slow:?}");
-    let asks = threads("asks_later");
-    assert!(asks.len() == 4 && asks.iter().all(on_executor), "{asks:?}");
-}
-
 /// A deletion waits for the next operation to ride with, but not for long:
 /// with nothing else sent, the worker frees the buffer within milliseconds.
 #[test]
@@ -1665,4 +1570,90 @@ fn a_deleted_buffer_leaves_the_worker_without_a_further_operation() {
     eventually("the worker freed the buffer", || {
         a.worker.buffer_count() == 0
     });
+}
+
+/// Streams of a session run concurrently on a worker, even when a program
+/// that was quick before now waits for a program of another stream: the
+/// worker never runs programs on the thread that reads the session's
+/// operations (the other stream's program could not arrive).
+#[test]
+fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
+    let token = Token::generate().unwrap();
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        executor_threads: Some(2),
+        ..Default::default()
+    })
+    .unwrap();
+    let flag = Arc::new((Mutex::new(true), std::sync::Condvar::new()));
+    let waits = flag.clone();
+    client
+        .register_native_function("wait_for_flag", move |_ctx| {
+            let (set, changed) = &*waits;
+            let mut set = set.lock().unwrap();
+            while !*set {
+                set = changed.wait(set).unwrap();
+            }
+            Ok(())
+        })
+        .unwrap();
+    let sets = flag.clone();
+    client
+        .register_native_function("set_flag", move |_ctx| {
+            let (set, changed) = &*sets;
+            *set.lock().unwrap() = true;
+            changed.notify_all();
+            Ok(())
+        })
+        .unwrap();
+    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
+    connect.timeout = Duration::from_secs(5);
+    let controller = Client::connect(&ClusterOptions {
+        workers: vec![connect],
+        include_local: false,
+        local: ClientOptions::default(),
+    })
+    .unwrap();
+    let device = controller.devices()[0].clone();
+    let compile = |name: &str| {
+        controller
+            .compile(
+                Program::native(name, vec![], vec![], vec![device.clone()]),
+                CompileOptions::default(),
+            )
+            .unwrap()
+    };
+    let (wait, set) = (compile("wait_for_flag"), compile("set_flag"));
+    // Quick while the flag is up.
+    for _ in 0..5 {
+        let run = wait.execute(&[], &ExecuteOptions::default()).unwrap();
+        run.status.wait_timeout(Duration::from_secs(20)).unwrap();
+    }
+    *flag.0.lock().unwrap() = false;
+    let (first, second) = (controller.create_stream(), controller.create_stream());
+    let waiting = wait
+        .execute(
+            &[],
+            &ExecuteOptions {
+                stream: Some(first),
+            },
+        )
+        .unwrap();
+    let setting = set
+        .execute(
+            &[],
+            &ExecuteOptions {
+                stream: Some(second),
+            },
+        )
+        .unwrap();
+    setting
+        .status
+        .wait_timeout(Duration::from_secs(20))
+        .unwrap();
+    waiting
+        .status
+        .wait_timeout(Duration::from_secs(20))
+        .unwrap();
 }

@@ -934,7 +934,7 @@ impl Buffer {
                     Err(e) => dst.0.ready.set_if_pending(Err(e)),
                 }),
                 waiter_first: false,
-                at_once: false,
+                sends_only: false,
             };
             client
                 .0
@@ -967,7 +967,7 @@ impl Buffer {
                 }
             }),
             waiter_first: false,
-            at_once: false,
+            sends_only: false,
         };
         let stream = client.current_stream();
         client.0.local.dispatcher.submit(&stream, task);

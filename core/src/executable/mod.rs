@@ -1,9 +1,7 @@
 //! Loaded executables and their execution: once per host, with that host's shards,
 //! in program order on the caller's stream.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use crate::array::Array;
 use crate::buffer::{Buffer, UsageHold};
@@ -47,47 +45,6 @@ pub(crate) struct HostPlan {
     /// The input and output specs restricted to this host's shards, when it
     /// lacks some (a local host of a program over several hosts).
     pub host_specs: Option<Box<HostSpecs>>,
-    /// How long this part last took to run in this process.
-    pub last_run: LastRun,
-}
-
-/// How long a part last took to run, in nanoseconds (`u64::MAX`: it never
-/// ran here).
-pub(crate) struct LastRun(AtomicU64);
-
-/// A part that last ran within this long may run on the thread that asks
-/// for it, when that thread must not wait for executors (see
-/// [`LoadedExecutable::execute_detached`]).
-const QUICK: Duration = Duration::from_micros(100);
-
-impl Default for LastRun {
-    fn default() -> Self {
-        LastRun(AtomicU64::new(u64::MAX))
-    }
-}
-
-impl LastRun {
-    fn record(&self, took: Duration) {
-        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX - 1);
-        self.0.store(nanos, Ordering::Relaxed);
-    }
-
-    fn quick(&self) -> bool {
-        self.0.load(Ordering::Relaxed) <= QUICK.as_nanos() as u64
-    }
-}
-
-impl HostPlan {
-    /// Whether the part may run on a thread that must not wait for
-    /// executors: it runs in this process, needs no waiting thread, calls
-    /// no host callbacks (whose answers that thread may be the one to
-    /// bring), and its last run was quick.
-    fn quick(&self, exe: &ExecutableInner) -> bool {
-        self.run.in_process()
-            && !self.run.waiter_first()
-            && exe.callbacks.is_empty()
-            && self.last_run.quick()
-    }
 }
 
 /// Input and output specs as one host sees them.
@@ -195,14 +152,7 @@ impl Work for ExecJob {
         };
         let result = match status {
             Err(e) => Some(Err(e)),
-            Ok(()) => {
-                let start = Instant::now();
-                let result = plan.run.run(&exe, part, done);
-                if result.is_some() {
-                    plan.last_run.record(start.elapsed());
-                }
-                result
-            }
+            Ok(()) => plan.run.run(&exe, part, done),
         };
         drop(holds);
         // Close the span before waking waiters: a finished wait implies a recorded
@@ -259,11 +209,9 @@ impl LoadedExecutable {
     }
 
     /// [`execute`](Self::execute) for a caller that will not wait on the
-    /// execution in this process (a worker serving a controller, on its
-    /// network thread): executor threads take it at once, instead of a waiting
-    /// thread getting the first chance to run it. A part that is quick (see
-    /// `HostPlan::quick`) runs on the calling thread instead when its stream
-    /// is idle: one thread hand-off fewer each way.
+    /// execution in this process (a worker serving a controller): executor
+    /// threads take it at once, instead of a waiting thread getting the first
+    /// chance to run it.
     pub(crate) fn execute_detached(
         &self,
         args: &[Array],
@@ -324,10 +272,7 @@ impl LoadedExecutable {
                 .zip(args)
                 .flat_map(|(positions, arg)| positions.iter().map(|&p| arg.buffers()[p].clone()))
                 .collect();
-            let (outs, status, mut task) = self.prepare(h, inputs, None, &stream);
-            if let Some(task) = &mut task {
-                task.at_once |= detached && plan.quick(&self.0);
-            }
+            let (outs, status, task) = self.prepare(h, inputs, None, &stream);
             match (&tasks.0, task) {
                 (_, None) => {}
                 (_, Some(task)) if mixed && !plan.run.in_process() => remote_tasks.push(task),
@@ -577,7 +522,7 @@ impl LoadedExecutable {
             completion: completion.clone(),
             run: Box::new(job),
             waiter_first: plan.run.waiter_first(),
-            at_once: !plan.run.in_process(),
+            sends_only: !plan.run.in_process(),
         };
         (outputs, completion, Some(task))
     }
