@@ -107,6 +107,17 @@ fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> Clust
     }
 }
 
+/// The options of a controller of `worker` alone (no local devices).
+fn controller_options(worker: &Worker, token: &Token) -> ClusterOptions {
+    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
+    connect.timeout = Duration::from_secs(5);
+    ClusterOptions {
+        workers: vec![connect],
+        include_local: false,
+        local: ClientOptions::default(),
+    }
+}
+
 /// A raw gRPC call to the worker at `address`, for requests the controller
 /// never sends (its own runtime: the test thread is not in one).
 fn raw_rpc<T>(
@@ -1130,14 +1141,7 @@ fn a_closed_session_is_ended_for_every_executor_and_so_are_those_open_at_shutdow
 
     // A controller that runs a program twice; its session's key.
     let controller = || {
-        let mut opts = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-        opts.timeout = Duration::from_secs(5);
-        let client = Client::connect(&ClusterOptions {
-            workers: vec![opts],
-            include_local: false,
-            local: ClientOptions::default(),
-        })
-        .unwrap();
+        let client = Client::connect(&controller_options(&worker, &token)).unwrap();
         let program = client
             .compile(
                 probe_program(b"", &client.devices()[0]),
@@ -1471,14 +1475,7 @@ fn a_controller_and_a_worker_of_different_releases_refuse_each_other_naming_both
     worker_options.software_version = "0.99.0".into();
     let worker = Worker::start(client, worker_options).unwrap();
     // This controller refuses the worker.
-    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-    connect.timeout = Duration::from_secs(5);
-    let err = Client::connect(&ClusterOptions {
-        workers: vec![connect],
-        include_local: false,
-        local: ClientOptions::default(),
-    })
-    .unwrap_err();
+    let err = Client::connect(&controller_options(&worker, &token)).unwrap_err();
     assert_eq!(err.code(), ErrorCode::FailedPrecondition, "{err}");
     for part in ["0.99.0", VERSION, "version mismatch"] {
         assert!(err.message().contains(part), "{part:?} in {err}");
@@ -1607,14 +1604,7 @@ fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
         })
         .unwrap();
     let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
-    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-    connect.timeout = Duration::from_secs(5);
-    let controller = Client::connect(&ClusterOptions {
-        workers: vec![connect],
-        include_local: false,
-        local: ClientOptions::default(),
-    })
-    .unwrap();
+    let controller = Client::connect(&controller_options(&worker, &token)).unwrap();
     let device = controller.devices()[0].clone();
     let compile = |name: &str| {
         controller

@@ -708,15 +708,15 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5() {
                     break;
                 }
             };
-            send(
-                1,
+            let execute = |executable, output| {
                 Op::Execute(ExecuteRequest {
-                    executable: 1,
+                    executable,
                     inputs: vec![10],
-                    outputs: vec![11],
+                    outputs: vec![output],
                     stream: 1,
-                }),
-            );
+                })
+            };
+            send(1, execute(1, 11));
             until(&|a| a.finished).await;
             // Two deletions (one of a buffer the session lacks: not an error).
             send(
@@ -729,15 +729,7 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5() {
             );
             until(&|a| a.seq == 3).await;
             // An execution of an executable the session lacks: refused.
-            send(
-                4,
-                Op::Execute(ExecuteRequest {
-                    executable: 999,
-                    inputs: vec![10],
-                    outputs: vec![12],
-                    stream: 1,
-                }),
-            );
+            send(4, execute(999, 12));
             until(&|a| a.seq == 4).await;
             got
         })
