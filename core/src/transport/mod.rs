@@ -340,8 +340,6 @@ const TIMEOUT_EXPIRED: &str = "Timeout expired";
 /// ones stream in chunks (`GetBuffer`).
 pub const MAX_INLINE_READ_BYTES: usize = 1 << 20;
 
-/// The process-wide tokio runtime of the transport (two threads; built on first
-/// use).
 /// The environment variable that sets how many threads the network runtime
 /// of a process has (1 to 64).
 pub const NETWORK_THREADS_ENV: &str = "COLOCATED_NETWORK_THREADS";
@@ -367,6 +365,8 @@ fn network_threads() -> usize {
     }
 }
 
+/// The process-wide tokio runtime of the transport (`network_threads()`
+/// threads; built on first use).
 pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime> {
     static RUNTIME: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
         std::sync::OnceLock::new();
