@@ -10,10 +10,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut remote = prost_build::Config::new();
     // Bulk data as `bytes::Bytes`: decoded without a copy of the payload.
     remote.protoc_executable(&protoc).bytes(["."]);
-    tonic_build::configure()
+    tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_protos_with_config(remote, &["proto/remote.proto"], &["proto"])?;
+        .compile_with_config(remote, &["proto/remote.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/executable.proto");
     println!("cargo:rerun-if-changed=proto/remote.proto");
     println!("cargo:rerun-if-changed=proto/colocated.proto");

@@ -37,10 +37,11 @@ use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, Wi
 use prost::Message;
 use tokio_stream::Stream;
 use tonic::client::GrpcService;
-use tonic::codec::{Codec, ProstCodec, Streaming};
+use tonic::codec::{Codec, Streaming};
 use tonic::codegen::http;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
+use tonic_prost::ProstCodec;
 
 use super::buffers::chunks;
 use super::proto::{BufferChunk, BufferSpec, GetBufferRequest, PutBufferChunk, PutBufferResponse};

@@ -32,10 +32,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use prost::Message;
 use tokio_stream::StreamExt;
-use tonic::codec::{Codec, ProstCodec};
+use tonic::codec::Codec;
 use tonic::codegen::http;
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Request, Status, Streaming};
+use tonic_prost::ProstCodec;
 
 use super::proto::worker_server::Worker as WorkerRpc;
 use super::proto::{

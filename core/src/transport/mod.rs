@@ -143,8 +143,10 @@ pub(crate) fn wire_traceback(err: &Error) -> String {
 /// stall a fast link).
 pub(crate) const STREAM_WINDOW_BYTES: u32 = 8 << 20;
 pub(crate) const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
-/// Largest HTTP/2 frame a worker accepts (the default, 16 KiB, cuts a chunk
-/// into 64 frames).
+/// Largest HTTP/2 frame either end accepts: a worker, for uploads, and a
+/// controller (or a worker fetching from another), for downloads. The
+/// default, 16 KiB, cuts a 1 MiB chunk into 64 frames, each read and handed
+/// over on its own.
 pub(crate) const MAX_FRAME_BYTES: u32 = 1 << 20;
 
 /// A shared secret that authenticates a controller to a worker. Its `Debug`

@@ -100,7 +100,8 @@ pub(crate) fn endpoint(options: &ConnectOptions, address: &str) -> Result<Endpoi
         .timeout(options.timeout)
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(crate::transport::STREAM_WINDOW_BYTES))
-        .initial_connection_window_size(Some(crate::transport::CONNECTION_WINDOW_BYTES));
+        .initial_connection_window_size(Some(crate::transport::CONNECTION_WINDOW_BYTES))
+        .max_frame_size(Some(crate::transport::MAX_FRAME_BYTES));
     if let Some(ca) = &options.tls_ca {
         let domain = match &options.tls_domain {
             Some(domain) => domain.clone(),

@@ -118,7 +118,7 @@ impl Service {
 async fn read_get_request(body: tonic::body::Body) -> Result<GetBufferRequest> {
     use tonic::codec::Codec;
     let decoder =
-        tonic::codec::ProstCodec::<GetBufferRequest, GetBufferRequest>::default().decoder();
+        tonic_prost::ProstCodec::<GetBufferRequest, GetBufferRequest>::default().decoder();
     let mut messages =
         tonic::codec::Streaming::new_request(decoder, body, None, Some(MAX_GET_REQUEST_BYTES));
     messages
