@@ -81,6 +81,27 @@ def test_two_controllers_get_their_own_processes_and_state(isolated, token_file)
     assert int(has_secret(xb)) == 0
 
 
+def test_arrays_copy_between_isolated_session_workers(isolated, token_file):
+    """A copy between two supervisors' workers goes from session worker to
+    session worker: the reader is sent to the process that holds the data,
+    not to the supervisor (which refused the read's grant)."""
+    other = Worker(token_file, devices=1, session_timeout=SESSION_TIMEOUT, extra_args=())
+    try:
+        client = colocated.connect([isolated.address, other.address], token_file=token_file, default=False)
+        on_a, on_b = client.devices()
+        x = colocated.device_put(np.arange(1 << 20, dtype=np.int32), on_a)
+        y = colocated.device_put(x, on_b)
+        assert y.sharding == colocated.SingleDeviceSharding(on_b)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(1 << 20))
+        reports = []
+        z = colocated.device_put(y, on_a, progress=lambda done, total: reports.append((done, total)))
+        np.testing.assert_array_equal(np.asarray(z), np.arange(1 << 20))
+        assert reports[-1] == (x.nbytes, x.nbytes)
+        client.close()
+    finally:
+        other.stop()
+
+
 def test_a_shared_interpreter_worker_shares_state(token_file):
     """The control: without isolation, B sees what A's code left."""
     shared = Worker(token_file, devices=1, session_timeout=SESSION_TIMEOUT)

@@ -189,6 +189,9 @@ impl RemoteSession {
     /// protocol version is `failed_precondition`.
     pub fn connect(options: &ConnectOptions) -> Result<RemoteSession> {
         let (mut opened, mut response) = open_session(options, &options.address, &options.token)?;
+        // Where the session lives, and the name its TLS checks: another
+        // worker that reads from it goes there.
+        let mut reached = (options.address.clone(), options.tls_domain.clone());
         if !response.redirect_address.is_empty() {
             // A supervisor: the session lives in a worker process of its own.
             let address = redirect_address(&options.address, &response.redirect_address)?;
@@ -207,6 +210,7 @@ impl RemoteSession {
                     options.address
                 )));
             }
+            reached = (address, redirected.tls_domain);
         }
         let Opened {
             rpc,
@@ -256,6 +260,7 @@ impl RemoteSession {
             version: response.version,
             host,
             address: options.address.clone(),
+            session_address: reached.0,
             authorization,
             session,
             timeout: options.timeout,
@@ -266,10 +271,7 @@ impl RemoteSession {
             control: std::sync::Mutex::new(None),
             beat: Beat::new(response.heartbeat_interval_ms, response.session_timeout_ms),
             host_callbacks: std::sync::Mutex::new(HashMap::new()),
-            tls: options
-                .tls_ca
-                .clone()
-                .map(|ca| (ca, options.tls_domain.clone())),
+            tls: options.tls_ca.clone().map(|ca| (ca, reached.1)),
         });
         watch(&inner)?;
         let session = RemoteSession { inner };

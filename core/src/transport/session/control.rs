@@ -495,7 +495,7 @@ impl RemoteSession {
         let op = control_request::Op::FetchBuffer(FetchBufferRequest {
             handle,
             spec: Some(spec),
-            address: source.address().to_string(),
+            address: source.session_address().to_string(),
             grant: Bytes::copy_from_slice(grant),
             tls_ca_pem,
             tls_domain,

@@ -56,6 +56,9 @@ struct Inner {
     version: u32,
     host: HostInfo,
     address: String,
+    /// Where the session lives: `address`, or for a supervisor, the worker
+    /// process it redirected the session to.
+    session_address: String,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
     session: MetadataValue<tonic::metadata::Ascii>,
     timeout: Duration,
@@ -132,6 +135,15 @@ impl RemoteSession {
     /// The worker's address.
     pub fn address(&self) -> &str {
         &self.inner.address
+    }
+
+    /// The address of the process the session lives in: the worker's
+    /// [`address`](Self::address), or, for a supervisor that runs each
+    /// session in a worker process of its own, that process's. Another
+    /// worker that reads this session's buffers (a copy between workers)
+    /// connects there.
+    pub fn session_address(&self) -> &str {
+        &self.inner.session_address
     }
 
     /// Ready, with `unavailable`, once the worker is lost: a heartbeat or a
