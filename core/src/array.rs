@@ -149,13 +149,11 @@ impl Array {
                 spec.sharding.devices().len()
             )));
         }
-        for i in 0..n {
-            if spec.sharding.shard_index(i, &spec.shape)? != self.shard_index(i)? {
-                return Err(Error::invalid_argument(
-                    "the target sharding lays the array out differently; copy its shards one \
-                     by one, or gather and put it again",
-                ));
-            }
+        if !self.keeps_layout(&spec)? {
+            return Err(Error::invalid_argument(
+                "the target sharding lays the array out differently; copy its shards one \
+                 by one, or gather and put it again",
+            ));
         }
         let sizes: Vec<u64> = self
             .0
@@ -173,6 +171,73 @@ impl Array {
             .map(|((b, d), report)| b.copy_to_device_with_progress(d, report))
             .collect::<Result<Vec<_>>>()?;
         Ok(Array::from_parts(spec, buffers))
+    }
+
+    /// Whether `spec` (this array's shape and dtype on another sharding)
+    /// gives each shard the index it has here.
+    fn keeps_layout(&self, spec: &ArraySpec) -> Result<bool> {
+        if spec.sharding.devices().len() != self.0.buffers.len() {
+            return Ok(false);
+        }
+        for i in 0..self.0.buffers.len() {
+            if spec.sharding.shard_index(i, &spec.shape)? != self.shard_index(i)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The array placed on `sharding` of `client` (in each device's memory
+    /// of `memory_kind`; with `None`, its default memory), as `device_put`
+    /// of an array places it in every SDK:
+    /// - as it is (this array) when it is laid out that way already: an
+    ///   equivalent sharding, in memory of that kind;
+    /// - shard by shard when each shard keeps its index, the devices are
+    ///   `client`'s (the array's own client) and the memory is the devices'
+    ///   default:
+    ///   a shard on a worker goes from host to host directly, not through this
+    ///   process ([`copy_to_sharding`](Self::copy_to_sharding); returns at
+    ///   once);
+    /// - otherwise gathered into this process and put again (waits for the
+    ///   gather; the puts run on).
+    ///
+    /// `progress(bytes done, bytes in all)` reports what crosses hosts, from
+    /// network threads: the shards copied between hosts, or the put (string
+    /// arrays report nothing).
+    pub fn put_to(
+        &self,
+        client: &Client,
+        sharding: Sharding,
+        memory_kind: Option<MemoryKind>,
+        progress: Option<Progress>,
+    ) -> Result<Array> {
+        let default_kind = sharding
+            .devices()
+            .first()
+            .map(|d| d.default_memory_space().kind());
+        let target_kind = memory_kind.or(default_kind);
+        let rank = self.0.spec.shape.len();
+        if target_kind == Some(self.memory_kind())
+            && self.0.spec.sharding.equivalent(&sharding, rank)
+        {
+            return Ok(self.clone());
+        }
+        let spec = ArraySpec::new(self.0.spec.shape.clone(), self.0.spec.dtype, sharding)?;
+        let own_client = self
+            .0
+            .buffers
+            .iter()
+            .all(|b| b.client().id() == client.id());
+        // Copies land in each device's default memory.
+        if target_kind == default_kind && own_client && self.keeps_layout(&spec)? {
+            return self.copy_to_sharding(spec.sharding, progress);
+        }
+        if spec.dtype == DType::String {
+            let strings = self.to_host_strings()?;
+            return Array::from_host_strings_in(client, &strings, spec, memory_kind);
+        }
+        let bytes = self.to_host_bytes()?;
+        Array::from_host_bytes_with_progress(client, &bytes, spec, memory_kind, progress)
     }
 
     /// An array of buffers the runtime made to fit `spec` (unchecked).

@@ -20,7 +20,8 @@ use colocated_core::{
 };
 
 /// A worker with `devices` CPU devices whose native `add_one_i32` also
-/// counts its runs, and `gate` that blocks until its event is set.
+/// counts its runs, and `gate` (and `gated_add_one_i32`) that blocks until
+/// its event is set.
 struct TestWorker {
     worker: Worker,
     runs: Arc<AtomicU64>,
@@ -81,6 +82,25 @@ fn start_worker(token: &Token, devices: usize) -> TestWorker {
         .register_native_function("gate", move |_ctx| {
             let event = held.lock().unwrap().clone();
             event.wait()
+        })
+        .unwrap();
+    let held_add = gate.clone();
+    client
+        .register_native_function("gated_add_one_i32", move |ctx| {
+            // add_one_i32 once the gate opens.
+            let event = held_add.lock().unwrap().clone();
+            event.wait()?;
+            let shard = ctx.output_shards()[0].clone();
+            let x = i32_values(&ctx.inputs()[0].to_host_vec()?);
+            let y: Vec<i32> = x.iter().map(|v| v + 1).collect();
+            let out = Buffer::from_bytes(
+                ctx.client(),
+                &i32_bytes(&y),
+                shard.dtype,
+                &shard.dims,
+                &shard.device,
+            )?;
+            ctx.set_output(0, out)
         })
         .unwrap();
     let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
@@ -318,6 +338,72 @@ fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() 
     assert!(reports.iter().all(|&(_, t)| t == total), "{reports:?}");
     assert!(reports.windows(2).all(|w| w[0].0 <= w[1].0));
     assert_eq!(reports.last().map(|r| r.0), Some(total));
+}
+
+/// `device_put` of an array in every SDK: an array on workers goes to
+/// another sharding host to host when its shards keep their index (at once,
+/// before the source is even computed), and is gathered and put again when
+/// they do not; an array laid out that way already is returned as it is.
+#[test]
+fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
+    let spec_on = |device: &colocated_core::Device| {
+        ArraySpec::new(vec![4], DType::I32, Sharding::single_device(device.clone())).unwrap()
+    };
+    let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3, 4]), spec_on(&on_a)).unwrap();
+    let gated = client
+        .compile(
+            Program::native(
+                "gated_add_one_i32",
+                vec![spec_on(&on_a)],
+                vec![spec_on(&on_a)],
+                vec![on_a.clone()],
+            ),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    let y = gated
+        .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+        .unwrap()
+        .outputs
+        .remove(0);
+    // The copy is placed while `y` waits for the gate: a gather would wait.
+    let (sent, placed) = std::sync::mpsc::channel();
+    let (source, to) = (y.clone(), client.clone());
+    let target = Sharding::single_device(on_b.clone());
+    std::thread::spawn(move || {
+        let _ = sent.send(source.put_to(&to, target, None, None));
+    });
+    let placed = placed.recv_timeout(Duration::from_secs(10));
+    a.gate.lock().unwrap().set(Ok(())).unwrap();
+    let on_b_copy = placed
+        .expect("put_to waited for its source: it gathered instead of copying")
+        .unwrap();
+    assert_eq!(on_b_copy.buffers()[0].device().id(), on_b.id());
+    assert_eq!(
+        i32_values(&on_b_copy.to_host_bytes().unwrap()),
+        vec![2, 3, 4, 5]
+    );
+    // Laid out that way already: the same array.
+    let same = x.put_to(&client, x.sharding().clone(), None, None).unwrap();
+    assert!(same.buffers()[0].same_as(&x.buffers()[0]));
+    // Another layout (one shard to two replicas): gathered and put again.
+    let both = Sharding::replicated(vec![on_a.clone(), on_b.clone()]).unwrap();
+    let replicated = x.put_to(&client, both, None, None).unwrap();
+    for buffer in replicated.buffers() {
+        assert_eq!(i32_values(&buffer.to_host_vec().unwrap()), vec![1, 2, 3, 4]);
+    }
+    assert_eq!(
+        replicated
+            .buffers()
+            .iter()
+            .map(|b| b.device().id())
+            .collect::<Vec<_>>(),
+        vec![on_a.id(), on_b.id()]
+    );
 }
 
 /// The worker-to-worker read itself: a grant lets another worker's

@@ -593,29 +593,36 @@ impl ArrayImpl {
         self.inner.metadata().buffers().len()
     }
 
-    /// Copies the array shard by shard to `sharding` (same layout, other
-    /// devices, on any hosts); returns the copy at once (ready later) and a
-    /// `CopyProgress` counting the bytes that crossed hosts.
-    fn copy_to_sharding(
+    /// The array placed on `sharding` (in each device's memory of
+    /// `memory_kind`), as `device_put` places an array: as it is, shard by
+    /// shard host to host (at once), or gathered and put again (see the
+    /// core's `Array::put_to`). Returns it and a `CopyProgress` counting the
+    /// bytes that crossed hosts.
+    #[pyo3(signature = (sharding, memory_kind=None))]
+    fn put_to(
         &self,
         py: Python<'_>,
         sharding: PyRef<'_, Sharding>,
+        memory_kind: Option<&str>,
     ) -> PyResult<(Self, CopyProgress)> {
         // On the stream of the calling work item, as the item's executions.
         crate::streams::enter_call_scope(py)?;
         let (client, core_sharding) = sharding.get()?;
+        let kind = parse_memory_kind(core_sharding, memory_kind)?;
         let counters = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let report = counters.clone();
         let progress: core::transport::session::Progress = Arc::new(move |done, total| {
             report.1.store(total, Ordering::Relaxed);
             report.0.fetch_max(done, Ordering::Relaxed);
         });
-        let array = self
-            .array()?
-            .copy_to_sharding(core_sharding.clone(), Some(progress))
+        let array = self.array()?.clone();
+        let target = core_sharding.clone();
+        // A gather waits for the array.
+        let placed = py
+            .detach(|| array.put_to(client, target, kind, Some(progress)))
             .map_err(py_err)?;
         Ok((
-            ArrayImpl::wrap(client.clone(), array),
+            ArrayImpl::wrap(client.clone(), placed),
             CopyProgress(counters),
         ))
     }

@@ -327,8 +327,8 @@ def _host_value(x) -> np.ndarray:
 
 
 def _put(x, sharding: Sharding) -> Array:
-    if isinstance(x, Array) and (x._sharding is sharding or x.sharding == sharding):
-        return x
+    if isinstance(x, Array):
+        return _put_array(x, sharding)[0]
     value = _host_value(x)
     core = sharding._core_sharding()
     shape = list(value.shape)
@@ -350,6 +350,15 @@ def _put(x, sharding: Sharding) -> Array:
 _SMALL_BYTES = 4096
 
 
+def _put_array(x: Array, sharding: Sharding):
+    """``x`` on ``sharding`` (the runtime's ``put_to``: as it is, host to host,
+    or gathered and put again), and its ``CopyProgress`` (None when as it is)."""
+    if x._sharding is sharding or x.sharding == sharding:
+        return x, None
+    impl, tracker = x._impl.put_to(sharding._core_sharding(), sharding._placement)
+    return _wrap(impl, sharding), tracker
+
+
 def _is_sharding_leaf(x) -> bool:
     return x is None or isinstance(x, (Sharding, Device))
 
@@ -361,7 +370,10 @@ def device_put(x, device=None, *, progress=None):
     those. ``device``: a ``Device``, a ``Sharding``, ``None`` (the first device), or
     a pytree of those that is a prefix of ``x``; the devices may be of any
     client, and a sharding's ``memory_kind`` says which memory of each device
-    the buffers go to. An ``Array`` already laid out that way is returned as is.
+    the buffers go to. An ``Array`` already laid out that way is returned as is;
+    one whose shards keep their index in the new sharding (same layout, other
+    devices, default memory) is copied shard by shard, from host to host
+    directly, and returned at once; any other is gathered here and put again.
     Raises ``InvalidArgumentError`` (a ``ValueError``) for an unsupported dtype
     or a shape the sharding cannot split evenly.
 
@@ -369,10 +381,8 @@ def device_put(x, device=None, *, progress=None):
     (``FailedPreconditionError`` without tqdm: ``pip install
     'colocated[progress]'``); a callable gets ``(bytes done, bytes in all)``;
     ``None`` or ``False`` reports nothing. Either makes the call wait
-    until the data is in place, reporting from the calling thread. An ``Array``
-    whose shards keep their index in the new sharding (same layout, other
-    devices) is copied shard by shard, host to host; other values are placed
-    first and reported once done.
+    until the data is in place, reporting from the calling thread: the bytes
+    that cross hosts.
     """
     if progress is not None and progress is not False:
         return _put_with_progress(x, device, progress)
@@ -395,19 +405,11 @@ def _put_with_progress(x, device, progress):
     leaves, treedef = optree.tree_flatten(x)
     copies, trackers = [], []
     for leaf in leaves:
-        # Shard-by-shard copies land in each device's default memory.
-        if (
-            isinstance(leaf, Array)
-            and sharding._placement is None
-            and not (leaf._sharding is sharding or leaf.sharding == sharding)
-        ):
-            try:
-                impl, tracker = leaf._impl.copy_to_sharding(sharding._core_sharding())
-            except InvalidArgumentError:
-                copies.append(_put(leaf, sharding))  # another layout: gather and put
-                continue
-            copies.append(_wrap(impl, sharding))
-            trackers.append(tracker)
+        if isinstance(leaf, Array):
+            copy, tracker = _put_array(leaf, sharding)
+            copies.append(copy)
+            if tracker is not None:
+                trackers.append(tracker)
         else:
             copies.append(_put(leaf, sharding))
     try:

@@ -255,10 +255,12 @@ class ArrayImpl:
     ) -> ArrayImpl:
         """Assembles single-device arrays, one per device of the sharding, matched
         by device (each in memory of kind ``memory_kind``, when given)."""
-    def copy_to_sharding(self, sharding: Sharding) -> tuple[ArrayImpl, CopyProgress]:
-        """Copies the array shard by shard to ``sharding`` (same layout, other
-        devices, on any hosts); returns the copy at once (ready later) and the
-        bytes that crossed hosts so far."""
+    def put_to(self, sharding: Sharding, memory_kind: str | None = None) -> tuple[ArrayImpl, CopyProgress]:
+        """The array on ``sharding`` (in memory of kind ``memory_kind``), as
+        ``device_put`` places an array: as it is when laid out that way already,
+        shard by shard host to host when each shard keeps its index (at once,
+        ready later), else gathered and put again; and the bytes that crossed
+        hosts so far."""
     def shard_bytes(self, i: int) -> bytes:
         """Shard ``i``'s bytes, copied; waits without the GIL."""
     @property
