@@ -202,7 +202,12 @@ impl RemoteHost {
         let host = self.clone();
         let done: Completion = Box::new(move |result| {
             // On failure the worker may hold part of it: dropping this deletes it.
-            target.finish(result, Some(RemoteBuffer { host, handle }));
+            let remote = RemoteBuffer {
+                host,
+                handle,
+                inline: None,
+            };
+            target.finish(result, Some(remote));
         });
         Some((handle, spec, done))
     }
@@ -229,6 +234,11 @@ pub(crate) trait UploadTarget: Clone + Send + 'static {
 pub(crate) struct RemoteBuffer {
     pub host: Arc<RemoteHost>,
     pub handle: u64,
+    /// The buffer's bytes, when the worker sent them with the answer of the
+    /// execution that made it (see
+    /// [`INLINE_OUTPUTS_VERSION`](crate::transport::INLINE_OUTPUTS_VERSION)):
+    /// a read then needs no round trip.
+    pub inline: Option<Bytes>,
 }
 
 impl Drop for RemoteBuffer {
@@ -347,6 +357,16 @@ impl RemoteBuffer {
         done: Event,
     ) {
         use std::sync::atomic::{AtomicUsize, Ordering};
+        if let Some(data) = self.inline.as_ref().filter(|d| d.len() == len) {
+            // Sent with the execution that made it.
+            write(0, data);
+            if let Some(progress) = &progress {
+                progress(len as u64, len as u64);
+            }
+            drop(keep);
+            done.set_if_pending(Ok(()));
+            return;
+        }
         if len <= crate::transport::MAX_INLINE_READ_BYTES {
             // One message on the control stream: no stream of its own to open.
             let address = self.host.session.address().to_string();

@@ -340,6 +340,54 @@ fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() 
     assert_eq!(reports.last().map(|r| r.0), Some(total));
 }
 
+/// A small output of a finished execution travels with the worker's answer
+/// (protocol 6): reading it needs no further round trip, so it reads even
+/// once its worker is gone. A larger one is read from the worker.
+#[test]
+fn small_outputs_are_read_without_another_round_trip() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let device = client.devices()[0].clone();
+    let run_add_one = |n: usize| {
+        let spec = ArraySpec::new(
+            vec![n as i64],
+            DType::I32,
+            Sharding::single_device(device.clone()),
+        )
+        .unwrap();
+        let values: Vec<i32> = (0..n as i32).collect();
+        let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+        let exe = client
+            .compile(
+                Program::native(
+                    "add_one_i32",
+                    vec![spec.clone()],
+                    vec![spec],
+                    vec![device.clone()],
+                ),
+                CompileOptions::default(),
+            )
+            .unwrap();
+        let run = exe
+            .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+            .unwrap();
+        run.status.wait().unwrap();
+        run.outputs.into_iter().next().unwrap()
+    };
+    let small = run_add_one(4); // 16 bytes
+    let large = run_add_one(1024); // 4 KiB: more than an answer carries
+    a.worker.shutdown().unwrap();
+    eventually("the client sees the worker go", || {
+        client.host_lost(0).unwrap().is_ready()
+    });
+    assert_eq!(
+        i32_values(&small.to_host_bytes().unwrap()),
+        vec![1, 2, 3, 4]
+    );
+    assert_error(large.to_host_bytes(), ErrorCode::Unavailable, "");
+}
+
 /// `device_put` of an array in every SDK: an array on workers goes to
 /// another sharding host to host when its shards keep their index (at once,
 /// before the source is even computed), and is gathered and put again when

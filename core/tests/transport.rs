@@ -623,13 +623,15 @@ fn any_grpc_client_downloads_a_buffer() {
 /// with one answer for its last (which says the ones before were taken).
 /// Failures are answered at once either way.
 #[test]
-fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5() {
+fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs_from_6() {
     use colocated_core::transport::proto::worker_client::WorkerClient;
     use colocated_core::transport::proto::{
         control_request::Op, ControlRequest, ControlResponse, DeleteBuffersRequest, ExecuteRequest,
         LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
     };
-    use colocated_core::transport::{AUTHORIZATION, CUMULATIVE_VERSION, SESSION};
+    use colocated_core::transport::{
+        AUTHORIZATION, CUMULATIVE_VERSION, INLINE_OUTPUTS_VERSION, SESSION,
+    };
 
     let (worker, token, _log) = worker_with_add_one();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -754,7 +756,14 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5() {
         ]
     );
 
+    let finished_data = |answers: &[ControlResponse]| -> Vec<u8> {
+        let finished = answers.iter().find(|a| a.finished).expect("finished");
+        finished.data.to_vec()
+    };
+    assert_eq!(finished_data(&old), Vec::<u8>::new());
+
     let new = answers_at(CUMULATIVE_VERSION);
+    assert_eq!(finished_data(&new), Vec::<u8>::new());
     let new = brief(&new);
     assert_eq!(new[0], (1, true, 0), "the execution, once: {new:?}");
     // The deletions: one answer for the last, unless the worker took the
@@ -765,4 +774,10 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5() {
         "{new:?}"
     );
     assert_eq!(new.last(), Some(&(4, false, not_found)), "{new:?}");
+
+    // From version 6 the execution's answer carries its small output: add
+    // one to [1, 1, 1, 1].
+    let inline = answers_at(INLINE_OUTPUTS_VERSION);
+    assert_eq!(brief(&inline)[0], (1, true, 0));
+    assert_eq!(finished_data(&inline), i32_bytes(&[2; 4]).to_vec());
 }

@@ -3,9 +3,12 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::host::{HostRun, Part};
 use super::LoadedExecutable;
 use crate::buffer::{Buffer, Storage};
+use crate::dtype::checked_byte_size;
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::remote::{RemoteBuffer, RemoteExecutable};
@@ -65,17 +68,23 @@ fn send(
     // Held until the worker reports: the executable (and its host callbacks)
     // stays loaded while this execution runs.
     let running = exe.clone();
-    host.session.execute_then(
+    host.session.execute_reading_then(
         executable.handle,
         &handles,
         &made,
         stream_id,
         Box::new(move |result| {
+            let (result, inline) = match result {
+                Ok(data) => (Ok(()), split_outputs(&outs, data)),
+                Err(e) => (Err(e), Vec::new()),
+            };
+            let mut inline = inline.into_iter();
             // Whatever happened, the worker's output buffers (failed ones
             // too) are freed when these go.
             let storages = handles_out.into_iter().map(|handle| RemoteBuffer {
                 host: host_out.clone(),
                 handle,
+                inline: inline.next(),
             });
             if result.is_ok() {
                 for (out, storage) in outs.iter().zip(storages) {
@@ -87,4 +96,38 @@ fn send(
         }),
     );
     Ok(())
+}
+
+/// The bytes of each of `outputs` in `data`, the outputs' bytes one after
+/// another as a worker sends them with an execution's answer; none when the
+/// worker sent none (or, from a broken worker, not exactly those bytes: the
+/// outputs are then read from the worker).
+fn split_outputs(outputs: &[Buffer], data: Bytes) -> Vec<Bytes> {
+    if data.is_empty() {
+        return Vec::new();
+    }
+    let sizes: Option<Vec<usize>> = outputs
+        .iter()
+        .map(|b| {
+            b.dtype()
+                .byte_size()
+                .and_then(|_| checked_byte_size(b.dtype(), b.dims()).ok())
+        })
+        .collect();
+    let Some(sizes) = sizes.filter(|s| s.iter().sum::<usize>() == data.len()) else {
+        tracing::debug!(
+            bytes = data.len(),
+            "an execution's answer sent outputs of other sizes"
+        );
+        return Vec::new();
+    };
+    let mut at = 0;
+    sizes
+        .into_iter()
+        .map(|size| {
+            let part = data.slice(at..at + size);
+            at += size;
+            part
+        })
+        .collect()
 }

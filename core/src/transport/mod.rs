@@ -79,8 +79,9 @@ pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// The newest protocol version this build speaks: 2 adds string buffers
 /// ([`STRINGS_VERSION`]), 3 redirects ([`REDIRECT_VERSION`]), 4 copies
 /// between workers ([`COPY_VERSION`]), 5 cumulative answers
-/// ([`CUMULATIVE_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 5;
+/// ([`CUMULATIVE_VERSION`]), 6 small outputs in execution answers
+/// ([`INLINE_OUTPUTS_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 6;
 /// The protocol version from which a worker answers the control stream
 /// cumulatively: any answer for operation `seq` (taken, progress or
 /// finished) also says that every operation up to `seq` was taken, so a
@@ -89,6 +90,17 @@ pub const PROTOCOL_VERSION_MAX: u32 = 5;
 /// finish at once are answered together, by one answer for the last of them
 /// once no further operation has arrived. Failures are answered at once.
 pub const CUMULATIVE_VERSION: u32 = 5;
+/// The protocol version from which a worker's answer that an execution
+/// finished carries its outputs' bytes (in `data`, one after another) when
+/// every output is of fixed-size elements and all of them take at most
+/// [`MAX_INLINE_OUTPUT_BYTES`]: the controller reads such outputs without
+/// another round trip.
+pub const INLINE_OUTPUTS_VERSION: u32 = 6;
+/// The most bytes of outputs an execution's answer carries (see
+/// [`INLINE_OUTPUTS_VERSION`]): a scalar or a small vector, the values a
+/// controller reads right after a call. The controller keeps them while
+/// their buffers live.
+pub const MAX_INLINE_OUTPUT_BYTES: usize = 1 << 10;
 /// The protocol version that adds copies between workers: a worker grants
 /// one read of a buffer (`GrantReadRequest`), and another fetches it from
 /// there (`FetchBufferRequest`), without the data passing the controller.

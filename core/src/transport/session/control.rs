@@ -379,6 +379,22 @@ impl RemoteSession {
         stream: u64,
         done: Completion,
     ) {
+        self.execute_reading_then(executable, inputs, outputs, stream, finish_of(done));
+    }
+
+    /// [`execute_then`](Self::execute_then), where `done` also gets the
+    /// outputs' bytes, one after another, when the worker sent them with its
+    /// answer (protocol version
+    /// [`INLINE_OUTPUTS_VERSION`](crate::transport::INLINE_OUTPUTS_VERSION):
+    /// small outputs of fixed-size elements), else no bytes.
+    pub fn execute_reading_then(
+        &self,
+        executable: u64,
+        inputs: &[u64],
+        outputs: &[u64],
+        stream: u64,
+        done: Box<dyn FnOnce(Result<Bytes>) + Send>,
+    ) {
         let op = control_request::Op::Execute(ExecuteRequest {
             executable,
             inputs: inputs.to_vec(),
@@ -386,7 +402,7 @@ impl RemoteSession {
             stream,
         });
         // A failure to send has run `done` already.
-        let _ = self.send_control(op, Some(done));
+        let _ = self.send_control_then(op, Some(done), None);
     }
 
     /// Deletes buffers of this session after every operation sent before

@@ -21,7 +21,9 @@ use crate::transport::host_calls::MAX_HOST_CALLBACKS;
 use crate::transport::proto::{
     control_request, ControlResponse, ExecuteRequest, LoadExecutableRequest, LoadExecutableResponse,
 };
-use crate::transport::{wire_message, wire_traceback, SessionId, MAX_INLINE_READ_BYTES};
+use crate::transport::{
+    wire_message, wire_traceback, SessionId, MAX_INLINE_OUTPUT_BYTES, MAX_INLINE_READ_BYTES,
+};
 
 impl Service {
     pub(super) fn load(
@@ -101,7 +103,13 @@ impl Service {
     }
 
     /// Queues an execution; returns its status (ready when it has run).
-    pub(super) fn execute(&self, id: SessionId, request: &ExecuteRequest) -> Result<Event> {
+    /// Runs `request`: its status, and its output buffers (in the order of
+    /// `request.outputs`).
+    pub(super) fn execute(
+        &self,
+        id: SessionId,
+        request: &ExecuteRequest,
+    ) -> Result<(Event, Vec<Buffer>)> {
         let (exe, inputs, stream) = self.with_session(id, |session| {
             let exe = session
                 .executables
@@ -169,15 +177,19 @@ impl Service {
                 stream: Some(stream),
             },
         )?;
-        let buffers = run.outputs.iter().flat_map(|a| a.buffers().iter().cloned());
+        let buffers: Vec<Buffer> = run
+            .outputs
+            .iter()
+            .flat_map(|a| a.buffers().iter().cloned())
+            .collect();
         self.with_session(id, |session| {
             check_new_handles(session, &request.outputs)?;
             session
                 .buffers
-                .extend(request.outputs.iter().copied().zip(buffers));
+                .extend(request.outputs.iter().copied().zip(buffers.iter().cloned()));
             Ok(())
         })?;
-        Ok(run.status)
+        Ok((run.status, buffers))
     }
 
     /// One operation of a control stream. A failed execution still makes its
@@ -198,10 +210,10 @@ impl Service {
             // Finishes like an execution: when its buffer is ready.
             Some(control_request::Op::FetchBuffer(request)) => self
                 .fetch(id, seq, request, answers.clone())
-                .map(|ready| Some(Later::Execution(ready))),
+                .map(|ready| Some(Later::Execution(ready, Vec::new()))),
             Some(control_request::Op::Execute(request)) => self
                 .execute(id, &request)
-                .map(|status| Some(Later::Execution(status)))
+                .map(|(status, outputs)| Some(Later::Execution(status, outputs)))
                 .inspect_err(|e| self.fail_outputs(id, &request.outputs, e)),
             Some(control_request::Op::ReadBuffer(request)) => {
                 let buffer = self.with_session(id, |session| {
@@ -331,8 +343,8 @@ pub(super) fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> C
 
 /// What a control operation leaves to finish later, answered a second time.
 pub(super) enum Later {
-    /// A queued execution: its status.
-    Execution(Event),
+    /// A queued execution (or fetch): its status, and its outputs.
+    Execution(Event, Vec<Buffer>),
     /// A read of a small buffer: its bytes once it is ready.
     Read(Buffer),
 }
@@ -346,4 +358,35 @@ impl Drop for DetachCalls {
             session.calls.detach();
         }
     }
+}
+
+/// The bytes of an execution's `outputs`, one after another, for its answer
+/// (see [`INLINE_OUTPUTS_VERSION`](crate::transport::INLINE_OUTPUTS_VERSION)):
+/// empty unless every output is ready, of fixed-size elements, and all of
+/// them take at most [`MAX_INLINE_OUTPUT_BYTES`] (and at least one byte).
+pub(super) fn inline_outputs(outputs: &[Buffer]) -> Bytes {
+    let mut total = 0usize;
+    for buffer in outputs {
+        let ready = matches!(buffer.ready_event().status(), Some(Ok(())));
+        let size = match (ready, buffer.dtype().byte_size()) {
+            (true, Some(_)) => buffer.on_host_size().ok(),
+            _ => None,
+        };
+        match size.and_then(|s| total.checked_add(s)) {
+            Some(t) if t <= MAX_INLINE_OUTPUT_BYTES => total = t,
+            _ => return Bytes::new(),
+        }
+    }
+    if total == 0 {
+        return Bytes::new();
+    }
+    let mut data = Vec::with_capacity(total);
+    for buffer in outputs {
+        match buffer.to_host_vec() {
+            Ok(bytes) => data.extend_from_slice(&bytes),
+            // Deleted meanwhile: the controller reads it, and learns why.
+            Err(_) => return Bytes::new(),
+        }
+    }
+    Bytes::from(data)
 }

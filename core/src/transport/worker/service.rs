@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tonic::codegen::http;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::control::{control_answer, DetachCalls, Later};
+use super::control::{control_answer, inline_outputs, DetachCalls, Later};
 use super::sessions::{end_session, session_id, unknown_session};
 use super::{lock, Session, Shared};
 use crate::error::{Error, Result};
@@ -28,7 +28,7 @@ use crate::transport::proto::{
 };
 use crate::transport::{
     to_status, version_mismatch, SessionId, AUTHORIZATION, CUMULATIVE_VERSION,
-    PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
+    INLINE_OUTPUTS_VERSION, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
 };
 
 /// How often an operation of a control stream marks its session as alive.
@@ -169,12 +169,13 @@ impl WorkerRpc for Service {
         // that finishes it, which must not block. The controller bounds what is
         // in flight by what it sends.
         let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
-        let (mut ended, cumulative) = self
+        let (mut ended, cumulative, inline) = self
             .with_session(id, |session| {
                 session.calls.attach(answers.clone());
                 Ok((
                     session.ended.subscribe(),
                     session.version >= CUMULATIVE_VERSION,
+                    session.version >= INLINE_OUTPUTS_VERSION,
                 ))
             })
             .map_err(|e| to_status(&e))?;
@@ -254,8 +255,12 @@ impl WorkerRpc for Service {
                 let answers = answers.clone();
                 match later {
                     None => {}
-                    Some(Later::Execution(status)) => status.on_ready(move |result| {
-                        let _ = answers.send(Ok(control_answer(seq, &result, true)));
+                    Some(Later::Execution(status, outputs)) => status.on_ready(move |result| {
+                        let mut answer = control_answer(seq, &result, true);
+                        if inline && result.is_ok() {
+                            answer.data = inline_outputs(&outputs);
+                        }
+                        let _ = answers.send(Ok(answer));
                     }),
                     Some(Later::Read(buffer)) => {
                         let ready = buffer.ready_event().clone();
