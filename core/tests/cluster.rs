@@ -340,6 +340,69 @@ fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() 
     assert_eq!(reports.last().map(|r| r.0), Some(total));
 }
 
+/// A chain of calls on one worker pipelines: an execution whose input is the
+/// pending output of one sent to the same worker goes at once (the worker
+/// waits for the input itself), not a round trip later; the first one's
+/// failure fails the next.
+#[test]
+fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let device = client.devices()[0].clone();
+    let spec =
+        ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
+    let compile = |name: &str| {
+        client
+            .compile(
+                Program::native(
+                    name,
+                    vec![spec.clone()],
+                    vec![spec.clone()],
+                    vec![device.clone()],
+                ),
+                CompileOptions::default(),
+            )
+            .unwrap()
+    };
+    let (gated, add_one) = (compile("gated_add_one_i32"), compile("add_one_i32"));
+    let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2]), spec.clone()).unwrap();
+    x.ready_event().wait().unwrap();
+    let options = ExecuteOptions::default();
+    let call = |exe: &colocated_core::LoadedExecutable, arg: &Array| {
+        exe.execute(std::slice::from_ref(arg), &options)
+            .unwrap()
+            .outputs
+            .remove(0)
+    };
+    for fails in [false, true] {
+        *a.gate.lock().unwrap() = Event::new();
+        // The previous round's buffers are gone: the worker holds `x`.
+        eventually("the last round's buffers go", || {
+            a.worker.buffer_count() == 1
+        });
+        let before = a.worker.buffer_count();
+        let y = call(&gated, &x);
+        let z = call(&add_one, &y);
+        // While `y` waits for the gate, the worker already holds `z`.
+        eventually("the chained execution reaches the worker", || {
+            a.worker.buffer_count() == before + 2
+        });
+        assert!(!y.ready_event().is_ready());
+        let outcome = if fails {
+            Err(colocated_core::Error::internal("the gate broke"))
+        } else {
+            Ok(())
+        };
+        a.gate.lock().unwrap().set(outcome).unwrap();
+        if fails {
+            assert_error(z.to_host_bytes(), ErrorCode::Internal, "the gate broke");
+        } else {
+            assert_eq!(i32_values(&z.to_host_bytes().unwrap()), vec![3, 4]);
+        }
+    }
+}
+
 /// A small output of a finished execution travels with the worker's answer
 /// (protocol 6): reading it needs no further round trip, so it reads even
 /// once its worker is gone. A larger one is read from the worker.

@@ -11,7 +11,7 @@ use crate::dtype::{checked_byte_size, checked_num_elements, DType};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::future::Progress;
-use crate::remote::RemoteBuffer;
+use crate::remote::{RemoteBuffer, RemoteHost};
 use crate::storage::{DenseBytes, HostMemory};
 use host::HostData;
 
@@ -115,14 +115,24 @@ impl HostBufferSemantics {
 
 enum Slot {
     /// Not filled yet; with what stops the transfer that fills it, if one
-    /// can be stopped.
-    Pending(Option<StopTransfer>),
+    /// can be stopped, and where a worker will hold it (see
+    /// [`Buffer::promise_on_worker`]).
+    Pending(Option<StopTransfer>, Option<OnWorker>),
     Ready(Arc<Storage>),
     Deleted,
 }
 
 /// Stops the transfer that fills a pending buffer.
 pub(crate) type StopTransfer = Box<dyn FnOnce() + Send>;
+
+/// Where a pending buffer will be: under `handle` of the client's session on
+/// worker `host`, as the output of an execution sent there, or to be sent on
+/// stream `unsent_on` (`None` once sent).
+struct OnWorker {
+    host: Arc<RemoteHost>,
+    handle: u64,
+    unsent_on: Option<u64>,
+}
 
 /// In `BufferInner::life`: set once the buffer is deleted. The bits below count
 /// the usage holds (work in flight). Whoever moves `life` to exactly `DELETED`
@@ -531,7 +541,7 @@ impl Buffer {
             dtype,
             dims: dims.into(),
             ready,
-            data: Mutex::new(Slot::Pending(None)),
+            data: Mutex::new(Slot::Pending(None, None)),
             life: AtomicUsize::new(0),
         }))
     }
@@ -560,8 +570,58 @@ impl Buffer {
 
     pub(crate) fn fill_shared(&self, storage: Arc<Storage>) {
         let mut data = self.data();
-        if matches!(*data, Slot::Pending(_)) {
+        if matches!(*data, Slot::Pending(..)) {
             *data = Slot::Ready(storage);
+        }
+    }
+
+    /// Records that worker `host` will hold this pending buffer under
+    /// `handle`: an output of an execution sent there (`unsent_on: None`), or
+    /// to be sent on stream `unsent_on`. Work sent to that worker after the
+    /// execution may then name the buffer before it is ready: the worker
+    /// applies operations in order and waits for the buffer itself. Nothing
+    /// changes for a buffer that is no longer pending.
+    pub(crate) fn promise_on_worker(
+        &self,
+        host: &Arc<RemoteHost>,
+        handle: u64,
+        unsent_on: Option<u64>,
+    ) {
+        if let Slot::Pending(_, on_worker) = &mut *self.data() {
+            *on_worker = Some(OnWorker {
+                host: host.clone(),
+                handle,
+                unsent_on,
+            });
+        }
+    }
+
+    /// The handle under which worker `host` holds this buffer, or will hold
+    /// it (see [`promise_on_worker`](Self::promise_on_worker)); `None` for a
+    /// buffer elsewhere, deleted, failed, or pending without a promise there.
+    pub(crate) fn handle_on(&self, host: &Arc<RemoteHost>) -> Option<u64> {
+        match &*self.data() {
+            Slot::Ready(storage) => match &**storage {
+                Storage::Remote(r) if Arc::ptr_eq(&r.host, host) => Some(r.handle),
+                _ => None,
+            },
+            Slot::Pending(_, Some(on)) if Arc::ptr_eq(&on.host, host) => {
+                let failed = matches!(self.0.ready.status(), Some(Err(_)));
+                (!failed).then_some(on.handle)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether work for worker `host` queued on stream `stream` may name
+    /// this pending buffer without waiting for it: the execution that makes
+    /// it there was sent, or goes first on the same stream.
+    pub(crate) fn promised_on(&self, host: &Arc<RemoteHost>, stream: u64) -> bool {
+        match &*self.data() {
+            Slot::Pending(_, Some(on)) => {
+                Arc::ptr_eq(&on.host, host) && on.unsent_on.is_none_or(|s| s == stream)
+            }
+            _ => false,
         }
     }
 
@@ -571,7 +631,7 @@ impl Buffer {
     pub(crate) fn stop_if_deleted(&self, stop: StopTransfer) {
         let mut data = self.data();
         match &mut *data {
-            Slot::Pending(slot) => *slot = Some(stop),
+            Slot::Pending(slot, _) => *slot = Some(stop),
             Slot::Deleted => {
                 drop(data);
                 stop();
@@ -628,7 +688,7 @@ impl Buffer {
         // which may use this buffer again.
         match freed {
             // Nobody waits for the data it was getting.
-            Slot::Pending(Some(stop)) => stop(),
+            Slot::Pending(Some(stop), _) => stop(),
             freed => drop(freed),
         }
     }
@@ -672,7 +732,7 @@ impl Buffer {
         match &*self.data() {
             Slot::Ready(s) => Ok(s.clone()),
             Slot::Deleted => Err(Error::failed_precondition(format!("{self:?} was deleted"))),
-            Slot::Pending(_) => match self.0.ready.status() {
+            Slot::Pending(..) => match self.0.ready.status() {
                 Some(Err(e)) => Err(e),
                 _ => Err(Error::failed_precondition(format!("{self:?} is not ready"))),
             },

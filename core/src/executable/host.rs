@@ -32,6 +32,22 @@ pub(crate) trait HostRun: Send + Sync {
     /// Whether the caller's wait runs the part (see `Task::waiter_first`).
     fn waiter_first(&self) -> bool;
 
+    /// Whether the part, queued on stream `stream`, may be sent while
+    /// `input` is still pending: the host will have it by then (a worker, for
+    /// an output of work sent to it before, or first on the stream). The part
+    /// then does not wait for it here.
+    fn takes_pending(&self, input: &Buffer, stream: u64) -> bool {
+        let _ = (input, stream);
+        false
+    }
+
+    /// Called when the part is queued on stream `stream`, with the buffers
+    /// it will make (a worker names them now, so that work queued after it
+    /// can name them too).
+    fn queued(&self, outputs: &[Buffer], stream: u64) {
+        let _ = (outputs, stream);
+    }
+
     /// Runs `part` of `exe`: its outcome when it ran during the call, or
     /// `None` when the host completes `done` later (a worker, when it
     /// reports).

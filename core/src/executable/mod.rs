@@ -497,9 +497,8 @@ impl LoadedExecutable {
             .collect();
         let deps: Vec<Event> = inputs
             .iter()
-            .map(|b| b.ready_event())
-            .filter(|e| !e.is_ready())
-            .cloned()
+            .filter(|b| !b.ready_event().is_ready() && !plan.run.takes_pending(b, stream.id()))
+            .map(|b| b.ready_event().clone())
             .collect();
         let holds = match inputs.iter().map(Buffer::hold).collect::<Result<Vec<_>>>() {
             Ok(holds) => holds,
@@ -508,6 +507,7 @@ impl LoadedExecutable {
                 return (outputs, completion, None);
             }
         };
+        plan.run.queued(&outputs, stream.id());
         let job = ExecJob {
             exe: self.clone(),
             plan_index,

@@ -1,8 +1,6 @@
 //! An executable's part on a worker host: the host-local program the worker
 //! loaded, run there on the caller's stream (see `remote`).
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 
 use super::host::{HostRun, Part};
@@ -23,6 +21,17 @@ impl HostRun for WorkerRun {
 
     fn waiter_first(&self) -> bool {
         false
+    }
+
+    fn takes_pending(&self, input: &Buffer, stream: u64) -> bool {
+        input.promised_on(&self.0.host, stream)
+    }
+
+    fn queued(&self, outputs: &[Buffer], stream: u64) {
+        let host = &self.0.host;
+        for out in outputs {
+            out.promise_on_worker(host, host.session.new_handle(), Some(stream));
+        }
     }
 
     fn run(&self, exe: &LoadedExecutable, part: Part<'_>, done: &Event) -> Option<Result<()>> {
@@ -54,16 +63,28 @@ fn send(
     let handles = inputs
         .iter()
         .enumerate()
-        .map(|(i, b)| match &*b.storage()? {
-            Storage::Remote(r) if Arc::ptr_eq(&r.host, host) => Ok(r.handle),
-            _ => Err(Error::internal(format!(
-                "input shard {i} is not on worker {}",
-                host.session.address()
-            ))),
+        .map(|(i, b)| match b.handle_on(host) {
+            // Ready there, or the output of work sent there before.
+            Some(handle) => Ok(handle),
+            None => {
+                // Why not: deleted, failed, or on another host.
+                b.storage()?;
+                Err(Error::internal(format!(
+                    "input shard {i} is not on worker {}",
+                    host.session.address()
+                )))
+            }
         })
         .collect::<Result<Vec<u64>>>()?;
-    let made: Vec<u64> = outputs.iter().map(|_| host.session.new_handle()).collect();
-    let (host_out, outs, done) = (host.clone(), outputs.to_vec(), done.clone());
+    // The handles named when the part was queued.
+    let made: Vec<u64> = outputs
+        .iter()
+        .map(|out| {
+            out.handle_on(host)
+                .unwrap_or_else(|| host.session.new_handle())
+        })
+        .collect();
+    let (host_out, outs, finished) = (host.clone(), outputs.to_vec(), done.clone());
     let handles_out = made.clone();
     // Held until the worker reports: the executable (and its host callbacks)
     // stays loaded while this execution runs.
@@ -92,9 +113,16 @@ fn send(
                 }
             }
             drop(running);
-            done.set_if_pending(result);
+            finished.set_if_pending(result);
         }),
     );
+    // Sent (unless the session is lost): work sent to the worker after this
+    // may name the outputs before they are ready.
+    if !matches!(done.status(), Some(Err(_))) {
+        for (out, handle) in outputs.iter().zip(made) {
+            out.promise_on_worker(host, handle, None);
+        }
+    }
     Ok(())
 }
 
