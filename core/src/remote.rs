@@ -25,7 +25,9 @@ use crate::spec::ArraySpec;
 use crate::transport::proto::BufferSpec;
 use crate::transport::reports_progress;
 use crate::transport::session::{RemoteSession, UploadStop};
-use crate::transport::{StringDecoder, COPY_VERSION, STRINGS_VERSION};
+use crate::transport::{
+    StringDecoder, COPY_VERSION, MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION, STRINGS_VERSION,
+};
 
 /// How often an upload waiting for the network checks that its worker is
 /// still there.
@@ -99,8 +101,11 @@ impl RemoteHost {
         data: Bytes,
         progress: Option<Progress>,
     ) {
+        if self.puts_small(&target, data.len()) {
+            return self.put_small(target, data, progress);
+        }
         let watcher = target.clone();
-        if let Some((handle, spec, done)) = self.start_upload(target) {
+        if let Some((handle, spec, done)) = self.start_upload(target, None) {
             let stop = self
                 .session
                 .put_buffer_then(handle, spec, data, progress, done);
@@ -121,8 +126,11 @@ impl RemoteHost {
         src: &[u8],
         progress: Option<Progress>,
     ) {
+        if self.puts_small(&target, src.len()) {
+            return self.put_small(target, Bytes::copy_from_slice(src), progress);
+        }
         let watcher = target.clone();
-        let Some((handle, spec, done)) = self.start_upload(target) else {
+        let Some((handle, spec, done)) = self.start_upload(target, None) else {
             return;
         };
         let may_block = tokio::runtime::Handle::try_current().is_err() && !NO_WAITING.get();
@@ -179,12 +187,46 @@ impl RemoteHost {
         }
     }
 
+    /// Whether `bytes` of `target` go as one operation of the control stream
+    /// ([`put_small`](Self::put_small)).
+    fn puts_small(&self, target: &impl UploadTarget, bytes: usize) -> bool {
+        bytes <= MAX_SMALL_PUT_BYTES
+            && target.spec().1 != DType::String
+            && self.session.version() >= SMALL_PUT_VERSION
+    }
+
+    /// Uploads the small `data` of `target` as one operation of the control
+    /// stream: executions sent after it use it without waiting, and this
+    /// process keeps the bytes for reads of it.
+    fn put_small(
+        self: &Arc<Self>,
+        target: impl UploadTarget,
+        data: Bytes,
+        progress: Option<Progress>,
+    ) {
+        let watcher = target.clone();
+        let len = data.len() as u64;
+        let Some((handle, spec, done)) = self.start_upload(target, Some(data.clone())) else {
+            return;
+        };
+        let done: Completion = Box::new(move |result| {
+            if let (Ok(()), Some(progress)) = (&result, &progress) {
+                progress(len, len);
+            }
+            done(result)
+        });
+        self.session.put_small_buffer_then(handle, spec, data, done);
+        watcher.sent_to(self, handle);
+    }
+
     /// A new handle for `target` on this worker, its spec there, and the
-    /// completion that finishes the target when the upload ends; `None` (with
-    /// the target finished, failed) when its device is not this host's.
+    /// completion that finishes the target when the upload ends (keeping
+    /// `inline`, the bytes, for reads); `None` (with the target finished,
+    /// failed) when its device is not this host's.
     fn start_upload(
         self: &Arc<Self>,
         target: impl UploadTarget,
+        inline: Option<Bytes>,
     ) -> Option<(u64, BufferSpec, Completion)> {
         let (device, dtype, dims) = target.spec();
         let spec = match self.local_id(device) {
@@ -205,7 +247,7 @@ impl RemoteHost {
             let remote = RemoteBuffer {
                 host,
                 handle,
-                inline: None,
+                inline,
             };
             target.finish(result, Some(remote));
         });
@@ -222,6 +264,10 @@ pub(crate) trait UploadTarget: Clone + Send + 'static {
 
     /// Its device, element type and dimensions.
     fn spec(&self) -> (&Device, DType, &[i64]);
+
+    /// The operation that makes it on worker `host`, as `handle`, is sent
+    /// (ordered with the session's executions): they may use it at once.
+    fn sent_to(&self, host: &Arc<RemoteHost>, handle: u64);
 
     /// Called once: with the worker's copy when the upload ended (on success
     /// the target takes it; on failure dropping it deletes what the worker
@@ -273,7 +319,7 @@ impl RemoteBuffer {
         progress: Option<Progress>,
         keep: impl Send + 'static,
     ) {
-        let Some((handle, spec, done)) = to.start_upload(target) else {
+        let Some((handle, spec, done)) = to.start_upload(target, None) else {
             return;
         };
         let mut grant = [0u8; 32];
@@ -358,7 +404,13 @@ impl RemoteBuffer {
     ) {
         use std::sync::atomic::{AtomicUsize, Ordering};
         if let Some(data) = self.inline.as_ref().filter(|d| d.len() == len) {
-            // Sent with the execution that made it.
+            // Sent with the execution (or upload) that made it. A buffer of a
+            // lost (or closed) session reads as any other of it: it fails.
+            if let Some(err) = self.host.session.lost().error() {
+                drop(keep);
+                done.set_if_pending(Err(err));
+                return;
+            }
             write(0, data);
             if let Some(progress) = &progress {
                 progress(len as u64, len as u64);

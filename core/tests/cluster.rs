@@ -404,8 +404,9 @@ fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
 }
 
 /// A small output of a finished execution travels with the worker's answer
-/// (protocol 6): reading it needs no further round trip, so it reads even
-/// once its worker is gone. A larger one is read from the worker.
+/// (protocol 6): reading it costs the worker no operation. A larger one is
+/// read with one (a read on the control stream). Reads of a lost worker's
+/// buffers fail, small or not.
 #[test]
 fn small_outputs_are_read_without_another_round_trip() {
     let token = Token::generate().unwrap();
@@ -436,19 +437,68 @@ fn small_outputs_are_read_without_another_round_trip() {
             .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
             .unwrap();
         run.status.wait().unwrap();
-        run.outputs.into_iter().next().unwrap()
+        // The input and the executable stay: freeing them sends operations.
+        (run.outputs.into_iter().next().unwrap(), x, exe)
     };
-    let small = run_add_one(4); // 16 bytes
-    let large = run_add_one(1024); // 4 KiB: more than an answer carries
-    a.worker.shutdown().unwrap();
-    eventually("the client sees the worker go", || {
-        client.host_lost(0).unwrap().is_ready()
-    });
+    let (small, _x, _exe) = run_add_one(4); // 16 bytes
+    let (larger, _y, _exe2) = run_add_one(1024); // 4 KiB: more than an answer carries
+    let before = a.worker.control_operations();
     assert_eq!(
         i32_values(&small.to_host_bytes().unwrap()),
         vec![1, 2, 3, 4]
     );
-    assert_error(large.to_host_bytes(), ErrorCode::Unavailable, "");
+    assert_eq!(
+        a.worker.control_operations(),
+        before,
+        "the small read asked the worker"
+    );
+    let read = i32_values(&larger.to_host_bytes().unwrap());
+    assert_eq!(read, (1..=1024).collect::<Vec<i32>>());
+    assert_eq!(a.worker.control_operations(), before + 1);
+    a.worker.shutdown().unwrap();
+    eventually("the client sees the worker go", || {
+        client.host_lost(0).unwrap().is_ready()
+    });
+    assert_error(small.to_host_bytes(), ErrorCode::Unavailable, "");
+}
+
+/// A small upload is an operation of the control stream (protocol 7): an
+/// execution right behind it uses it, and this process keeps its bytes, so
+/// reading it costs the worker no operation.
+#[test]
+fn small_uploads_travel_on_the_control_stream_and_read_here() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
+    let device = client.devices()[0].clone();
+    let spec_of = |n: i64| {
+        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
+    };
+    let exe = client
+        .compile(
+            Program::native(
+                "add_one_i32",
+                vec![spec_of(3)],
+                vec![spec_of(3)],
+                vec![device.clone()],
+            ),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    let before = a.worker.control_operations();
+    let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3]), spec_of(3)).unwrap();
+    eventually("the upload arrives as a control operation", || {
+        a.worker.control_operations() == before + 1
+    });
+    let y = exe
+        .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+        .unwrap()
+        .outputs
+        .remove(0);
+    assert_eq!(i32_values(&y.to_host_bytes().unwrap()), vec![2, 3, 4]);
+    assert_eq!(i32_values(&x.to_host_bytes().unwrap()), vec![1, 2, 3]);
+    // The upload and the execution: two operations, the reads none.
+    assert_eq!(a.worker.control_operations(), before + 2);
 }
 
 /// `device_put` of an array in every SDK: an array on workers goes to

@@ -781,3 +781,125 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs
     assert_eq!(brief(&inline)[0], (1, true, 0));
     assert_eq!(finished_data(&inline), i32_bytes(&[2; 4]).to_vec());
 }
+
+/// Protocol 7: a small upload is an operation of the control stream, so an
+/// execution sent right behind it uses it; a bad one is refused, typed.
+#[test]
+fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
+    use colocated_core::transport::proto::worker_client::WorkerClient;
+    use colocated_core::transport::proto::{
+        control_request::Op, ControlRequest, ExecuteRequest, LoadExecutableRequest,
+        OpenSessionRequest, PutSmallBufferRequest,
+    };
+    use colocated_core::transport::{
+        AUTHORIZATION, MAX_SMALL_PUT_BYTES, SESSION, SMALL_PUT_VERSION,
+    };
+
+    let (worker, token, _log) = worker_with_add_one();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
+            .await
+            .unwrap();
+        let bearer = format!("Bearer {}", token.expose());
+        let mut open = tonic::Request::new(OpenSessionRequest {
+            min_version: 1,
+            max_version: SMALL_PUT_VERSION,
+            client_name: "test".into(),
+            software_version: String::new(),
+        });
+        open.metadata_mut()
+            .insert(AUTHORIZATION, bearer.parse().unwrap());
+        let opened = rpc.open_session(open).await.unwrap().into_inner();
+        assert_eq!(opened.version, SMALL_PUT_VERSION);
+        let id: String = opened
+            .session_id
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let authed = |message| {
+            let mut request = tonic::Request::new(message);
+            let metadata = request.metadata_mut();
+            metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
+            metadata.insert(SESSION, id.parse().unwrap());
+            request
+        };
+        rpc.load_executable(authed(LoadExecutableRequest {
+            handle: 1,
+            executable: executable_for_worker("add_one", 0).into(),
+            controller_device_ids: Default::default(),
+        }))
+        .await
+        .unwrap();
+        let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut request =
+            tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+        let metadata = request.metadata_mut();
+        metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
+        metadata.insert(SESSION, id.parse().unwrap());
+        let mut answers = rpc.control(request).await.unwrap().into_inner();
+        let put = |handle, dtype, dims: &[i64], data: Vec<u8>| {
+            Op::PutSmallBuffer(PutSmallBufferRequest {
+                handle,
+                spec: Some(spec(0, dtype, dims)),
+                data: data.into(),
+            })
+        };
+        let send = |seq, op| ops.send(ControlRequest { seq, op: Some(op) }).unwrap();
+        // The upload and the execution that uses it, back to back.
+        send(
+            1,
+            put(10, DType::I32, &[4], i32_bytes(&[1, 2, 3, 4]).to_vec()),
+        );
+        send(
+            2,
+            Op::Execute(ExecuteRequest {
+                executable: 1,
+                inputs: vec![10],
+                outputs: vec![11],
+                stream: 1,
+            }),
+        );
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(10), answers.message())
+                .await
+                .expect("an answer")
+                .unwrap()
+                .unwrap()
+        };
+        let finished = loop {
+            let answer = next().await;
+            assert_eq!(answer.code, 0, "{}", answer.message);
+            if answer.finished {
+                break answer;
+            }
+        };
+        assert_eq!(finished.seq, 2);
+        assert_eq!(finished.data.to_vec(), i32_bytes(&[2, 3, 4, 5]).to_vec());
+        // Refused: bytes that do not fit the spec, more than an operation
+        // carries, strings, a handle in use.
+        let big = MAX_SMALL_PUT_BYTES + 4;
+        let refusals = [
+            (put(12, DType::I32, &[4], vec![0; 15]), "needs 16 bytes"),
+            (put(13, DType::U8, &[big as i64], vec![0; big]), "at most"),
+            (put(14, DType::String, &[1], vec![0; 1]), "PutBuffer"),
+            (put(10, DType::I32, &[4], vec![0; 16]), "10"),
+        ];
+        for (i, (op, says)) in refusals.into_iter().enumerate() {
+            let seq = 3 + i as u64;
+            send(seq, op);
+            let answer = loop {
+                let answer = next().await;
+                if answer.seq == seq {
+                    break answer;
+                }
+            };
+            assert_ne!(answer.code, 0, "operation {seq} was refused");
+            assert!(answer.message.contains(says), "{}", answer.message);
+        }
+        assert_eq!(worker.buffer_count(), 2, "nothing refused was kept");
+    });
+}

@@ -4,7 +4,9 @@ loopback, beside the baselines they are judged against, in one run.
 Measures (medians of repeated runs):
 - round trip of a colocated Python call (``x + 1`` on a scalar) on the worker:
   call + ``block_until_ready`` (one network round trip), and call + read of the
-  value (one too: a small result travels with the call's answer), against a raw TCP ping-pong of one byte between two processes,
+  value (one too: a small result travels with the call's answer), and
+  ``device_put`` of a scalar + call + read (one: a small upload travels on
+  the call's stream), against a raw TCP ping-pong of one byte between two processes,
   and against a Ray actor call (``ray.get(actor.add_one.remote(x))``) when Ray
   is installed;
 - pipelined asynchronous calls to one worker: 20k calls of a specialized
@@ -92,6 +94,9 @@ def ours(addresses: list[str], token_file: str, tcp_send) -> dict[str, float]:
     figures = {
         "call_block_us": _median_us(lambda: colocated.block_until_ready(add_one(x)), n=1000),
         "call_read_us": _median_us(lambda: np.asarray(add_one(x)), n=1000),
+        "put_call_read_us": _median_us(
+            lambda: np.asarray(add_one(colocated.device_put(np.int32(1), device))), n=1000
+        ),
     }
 
     pipelined = add_one.specialize(out_specs_fn=lambda x: x)
@@ -270,9 +275,12 @@ def main() -> None:
     for name, key, target in (
         ("call + block_until_ready, x + 1", "call_block_us", "<= 3.0x TCP"),
         ("call + read of the value", "call_read_us", "<= 4.0x TCP"),
+        ("device_put + call + read", "put_call_read_us", "-"),
     ):
         us = figures[key]
         print(f"{name:<40} {us:>11.1f} µs {tcp:>11.1f} µs TCP {us / tcp:>7.2f}x {target:>12}")
+        if key == "put_call_read_us":
+            continue  # Ray's call is the baseline of a call alone
         if ray_us is None:
             print(f"{'':<40} {'':>14} {'(ray missing)':>18} {'-':>8} {'>= 5x Ray':>12}")
         else:

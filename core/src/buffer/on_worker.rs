@@ -130,6 +130,10 @@ impl UploadTarget for Buffer {
         Buffer::stop_if_deleted(self, Box::new(move || stop.stop()));
     }
 
+    fn sent_to(&self, host: &Arc<RemoteHost>, handle: u64) {
+        self.promise_on_worker(host, handle, None);
+    }
+
     fn finish(self, result: Result<()>, remote: Option<RemoteBuffer>) {
         match (result, remote) {
             (Ok(()), Some(remote)) => Buffer::finish(&self, Ok(Arc::new(Storage::Remote(remote)))),

@@ -80,8 +80,16 @@ pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// ([`STRINGS_VERSION`]), 3 redirects ([`REDIRECT_VERSION`]), 4 copies
 /// between workers ([`COPY_VERSION`]), 5 cumulative answers
 /// ([`CUMULATIVE_VERSION`]), 6 small outputs in execution answers
-/// ([`INLINE_OUTPUTS_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 6;
+/// ([`INLINE_OUTPUTS_VERSION`]), 7 small uploads on the control stream
+/// ([`SMALL_PUT_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 7;
+/// The protocol version that adds `PutSmallBufferRequest`: an upload of at
+/// most [`MAX_SMALL_PUT_BYTES`] (fixed-size elements) as one operation of
+/// the control stream, ordered with the executions that use it (a
+/// `PutBuffer` stream is not: the controller waits for its answer first).
+pub const SMALL_PUT_VERSION: u32 = 7;
+/// The most bytes a `PutSmallBufferRequest` carries.
+pub const MAX_SMALL_PUT_BYTES: usize = 64 << 10;
 /// The protocol version from which a worker answers the control stream
 /// cumulatively: any answer for operation `seq` (taken, progress or
 /// finished) also says that every operation up to `seq` was taken, so a

@@ -17,7 +17,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
 use crate::transport::proto::{
     control_request, BufferSpec, ControlRequest, ControlResponse, DeleteBuffersRequest,
-    ExecuteRequest, FetchBufferRequest, GrantReadRequest, ReadBufferRequest,
+    ExecuteRequest, FetchBufferRequest, GrantReadRequest, PutSmallBufferRequest, ReadBufferRequest,
     UnloadExecutableRequest,
 };
 use crate::transport::{from_status, runtime};
@@ -90,6 +90,9 @@ pub(super) struct ControlState {
     changed: tokio::sync::Notify,
     /// What to run when an execution finishes, by `seq`.
     pending: std::sync::Mutex<HashMap<u64, Finish>>,
+    /// What to run when an operation that finishes once applied (a small
+    /// upload) is answered: by any answer for it or a later one.
+    applied: std::sync::Mutex<std::collections::BTreeMap<u64, Finish>>,
     /// Where the progress answers of an operation go, by `seq`.
     progress: std::sync::Mutex<HashMap<u64, Progress>>,
 }
@@ -104,12 +107,15 @@ fn finish_of(completion: Completion) -> Finish {
 
 impl Control {
     /// Sends `op` with the next `seq`; see `RemoteSession::send_control`.
+    /// `completion` runs when the operation finished, or with
+    /// `when_applied`, once any answer says it was applied (cumulatively).
     pub(super) fn send(
         &self,
         op: control_request::Op,
         completion: Option<Finish>,
         progress: Option<Progress>,
         lost: &Event,
+        when_applied: bool,
     ) -> Result<()> {
         let mut sender = lock(&self.sender);
         if let Some(err) = self.state.broken() {
@@ -124,7 +130,11 @@ impl Control {
         let seq = sender.sent + 1 + u64::from(deletion.is_some());
         let has_completion = completion.is_some();
         if let Some(completion) = completion {
-            lock(&self.state.pending).insert(seq, completion);
+            if when_applied {
+                lock(&self.state.applied).insert(seq, completion);
+            } else {
+                lock(&self.state.pending).insert(seq, completion);
+            }
         }
         if let Some(progress) = progress {
             lock(&self.state.progress).insert(seq, progress);
@@ -184,7 +194,9 @@ impl Control {
     /// and not finished.
     pub(super) fn waiting(&self) -> bool {
         let sent = lock(&self.sender).sent;
-        self.state.acked.load(Ordering::SeqCst) < sent || !lock(&self.state.pending).is_empty()
+        self.state.acked.load(Ordering::SeqCst) < sent
+            || !lock(&self.state.pending).is_empty()
+            || !lock(&self.state.applied).is_empty()
     }
 }
 
@@ -270,8 +282,24 @@ impl ControlState {
     fn complete(&self, seq: u64, result: Result<Bytes>) {
         lock(&self.progress).remove(&seq);
         let completion = lock(&self.pending).remove(&seq);
+        let completion = completion.or_else(|| lock(&self.applied).remove(&seq));
         if let Some(completion) = completion {
             completion(result);
+        }
+    }
+
+    /// Runs the completions of the operations that finish once applied, up
+    /// to `acked` (their failures were answered, and run, before).
+    fn applied_up_to(&self, acked: u64) {
+        let done: Vec<Finish> = {
+            let mut applied = lock(&self.applied);
+            let later = applied.split_off(&(acked + 1));
+            std::mem::replace(&mut *applied, later)
+                .into_values()
+                .collect()
+        };
+        for completion in done {
+            completion(Ok(Bytes::new()));
         }
     }
 
@@ -279,7 +307,8 @@ impl ControlState {
     /// is lost).
     pub(super) fn fail_all(&self, err: &Error) {
         lock(&self.progress).clear();
-        let drained: Vec<Finish> = lock(&self.pending).drain().map(|(_, c)| c).collect();
+        let mut drained: Vec<Finish> = lock(&self.pending).drain().map(|(_, c)| c).collect();
+        drained.extend(std::mem::take(&mut *lock(&self.applied)).into_values());
         for completion in drained {
             completion(Err(err.clone()));
         }
@@ -342,6 +371,7 @@ async fn read_answers(
                 // progress or finished) says every one up to it was taken.
                 // Workers of protocol version 5 leave the rest unsaid.
                 state.acked.fetch_max(answer.seq, Ordering::SeqCst);
+                state.applied_up_to(state.acked.load(Ordering::SeqCst));
                 state.changed.notify_waiters();
             }
             Ok(None) => break Error::unavailable("the control stream ended"),
@@ -455,7 +485,7 @@ impl RemoteSession {
         progress: Option<Progress>,
     ) -> Result<()> {
         match self.inner.alive().and_then(|()| self.control()) {
-            Ok(control) => control.send(op, completion, progress, &self.inner.lost),
+            Ok(control) => control.send(op, completion, progress, &self.inner.lost, false),
             Err(err) => {
                 if let Some(completion) = completion {
                     completion(Err(err.clone()));
@@ -474,6 +504,35 @@ impl RemoteSession {
         let op = control_request::Op::ReadBuffer(ReadBufferRequest { handle });
         // A failure to send has run `done` already.
         let _ = self.send_control_then(op, Some(done), None);
+    }
+
+    /// Uploads buffer `handle` (`data`: its bytes, at most
+    /// [`MAX_SMALL_PUT_BYTES`](crate::transport::MAX_SMALL_PUT_BYTES), of
+    /// fixed-size elements) as one operation of the control stream (protocol
+    /// version [`SMALL_PUT_VERSION`](crate::transport::SMALL_PUT_VERSION)),
+    /// without blocking: executions sent after it may use the buffer at once.
+    /// `done` gets the outcome once the worker applied it (on a network
+    /// thread, or on this one when the session is already lost).
+    pub fn put_small_buffer_then(
+        &self,
+        handle: u64,
+        spec: BufferSpec,
+        data: Bytes,
+        done: Completion,
+    ) {
+        let op = control_request::Op::PutSmallBuffer(PutSmallBufferRequest {
+            handle,
+            spec: Some(spec),
+            data,
+        });
+        let completion = finish_of(done);
+        match self.inner.alive().and_then(|()| self.control()) {
+            Ok(control) => {
+                // A failure to send has run the completion already.
+                let _ = control.send(op, Some(completion), None, &self.inner.lost, true);
+            }
+            Err(err) => completion(Err(err)),
+        }
     }
 
     /// Lets one `GetBuffer` of another worker that presents `grant` read

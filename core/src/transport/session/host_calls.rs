@@ -35,7 +35,7 @@ pub(super) fn run_host_callback(inner: &Weak<Inner>, call: HostCallbackCall) {
         let op = control_request::Op::HostCallbackResult(result_of(call.call, outcome));
         let control = lock(&inner.control).clone();
         let sent = match control {
-            Some(control) => control.send(op, None, None, &inner.lost),
+            Some(control) => control.send(op, None, None, &inner.lost, false),
             None => Err(Error::unavailable("the control stream is closed")),
         };
         if let Err(err) = sent {

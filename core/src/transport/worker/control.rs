@@ -17,12 +17,15 @@ use crate::error::{Error, Result};
 use crate::executable::ExecuteOptions;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
+use crate::transport::buffers::{buffer_owning, check_spec};
 use crate::transport::host_calls::MAX_HOST_CALLBACKS;
 use crate::transport::proto::{
-    control_request, ControlResponse, ExecuteRequest, LoadExecutableRequest, LoadExecutableResponse,
+    control_request, ControlResponse, ExecuteRequest, LoadExecutableRequest,
+    LoadExecutableResponse, PutSmallBufferRequest,
 };
 use crate::transport::{
     wire_message, wire_traceback, SessionId, MAX_INLINE_OUTPUT_BYTES, MAX_INLINE_READ_BYTES,
+    MAX_SMALL_PUT_BYTES,
 };
 
 impl Service {
@@ -192,6 +195,38 @@ impl Service {
         Ok((run.status, buffers))
     }
 
+    /// Makes a buffer of the session from the bytes of a
+    /// `PutSmallBufferRequest`.
+    fn put_small(&self, id: SessionId, request: PutSmallBufferRequest) -> Result<()> {
+        let handle = request.handle;
+        let spec = request
+            .spec
+            .as_ref()
+            .ok_or_else(|| Error::invalid_argument("a PutSmallBufferRequest without its spec"))?;
+        let spec = check_spec(&self.0.client, spec)?;
+        if spec.dtype == DType::String {
+            return Err(Error::invalid_argument(
+                "string buffers are uploaded with PutBuffer",
+            ));
+        }
+        if request.data.len() > MAX_SMALL_PUT_BYTES || request.data.len() != spec.size {
+            return Err(Error::invalid_argument(format!(
+                "buffer {handle} needs {} bytes, and a PutSmallBufferRequest carries at most \
+                 {MAX_SMALL_PUT_BYTES}; it has {}",
+                spec.size,
+                request.data.len()
+            )));
+        }
+        self.with_session(id, |session| check_new_handles(session, &[handle]))?;
+        let buffer = buffer_owning(&self.0.client, &spec, request.data.to_vec())
+            .map_err(|e| e.context(format!("buffer {handle}")))?;
+        self.with_session(id, |session| {
+            check_new_handles(session, &[handle])?;
+            session.buffers.insert(handle, buffer);
+            Ok(())
+        })
+    }
+
     /// One operation of a control stream. A failed execution still makes its
     /// output buffers, failed with its error, so that whoever reads them learns
     /// why.
@@ -247,6 +282,9 @@ impl Service {
                     )));
                 }
                 Ok(Some(Later::Read(buffer)))
+            }
+            Some(control_request::Op::PutSmallBuffer(request)) => {
+                self.put_small(id, request).map(|()| None)
             }
             Some(control_request::Op::DeleteBuffers(request)) => self.with_session(id, |session| {
                 for handle in &request.handles {

@@ -152,6 +152,8 @@ pub(super) struct Shared {
     single_session: Option<std::sync::atomic::AtomicBool>,
     /// Reads of buffers granted to other workers.
     grants: copies::Grants,
+    /// Control operations received, over all sessions.
+    operations: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Shared {
@@ -233,6 +235,7 @@ impl Worker {
                 .single_session
                 .then(|| std::sync::atomic::AtomicBool::new(false)),
             grants: copies::Grants::default(),
+            operations: std::sync::atomic::AtomicU64::new(0),
         });
         let service = Routes {
             grpc: WorkerServer::new(Service(shared.clone()))
@@ -343,6 +346,15 @@ impl Worker {
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             shared: self.shared.clone(),
         }
+    }
+
+    /// Control operations this worker received so far, over all sessions
+    /// (executions, reads, small uploads, deletions, ...): what a
+    /// controller's work cost it in messages.
+    pub fn control_operations(&self) -> u64 {
+        self.shared
+            .operations
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Number of buffers the open sessions hold.

@@ -224,6 +224,10 @@ impl WorkerRpc for Service {
                         Ok(())
                     });
                 }
+                service
+                    .0
+                    .operations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let seq = op.seq;
                 let result = if seq == expected {
                     expected += 1;
