@@ -12,7 +12,7 @@ use colocated_core::transport::fuzzing::{
 use colocated_core::transport::proto::{
     control_request, BufferSpec, ControlRequest, DeleteBuffersRequest, ExecuteRequest,
     HostCallbackResult, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
-    ReadBufferRequest, StringElements,
+    PutSmallBufferRequest, ReadBufferRequest, StringElements,
 };
 use colocated_core::transport::{MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX};
 use colocated_core::{
@@ -69,6 +69,27 @@ fn control_seeds() {
     let control = encode_input(Rpc::Control, &ops);
     write(target, "control-ops", &control);
     broken_streams(target, &control);
+    // A small upload on the control stream, and an execution that uses it.
+    let small_put = [
+        op(
+            1,
+            control_request::Op::PutSmallBuffer(PutSmallBufferRequest {
+                handle: 20,
+                spec: Some(BufferSpec {
+                    device: 0,
+                    dtype: DType::I32 as u32,
+                    dims: vec![2],
+                }),
+                data: Bytes::from_static(&[1, 0, 0, 0, 2, 0, 0, 0]),
+            }),
+        ),
+        op(2, execute(vec![20, 2], vec![21, 22], 0)),
+    ];
+    write(
+        target,
+        "control-small-put",
+        &encode_input(Rpc::Control, &small_put),
+    );
     let out_of_order = [ops[1].clone(), ops[0].clone()];
     write(
         target,
