@@ -90,17 +90,7 @@ fn start_worker(token: &Token, devices: usize) -> TestWorker {
             // add_one_i32 once the gate opens.
             let event = held_add.lock().unwrap().clone();
             event.wait()?;
-            let shard = ctx.output_shards()[0].clone();
-            let x = i32_values(&ctx.inputs()[0].to_host_vec()?);
-            let y: Vec<i32> = x.iter().map(|v| v + 1).collect();
-            let out = Buffer::from_bytes(
-                ctx.client(),
-                &i32_bytes(&y),
-                shard.dtype,
-                &shard.dims,
-                &shard.device,
-            )?;
-            ctx.set_output(0, out)
+            common::add_one_shards(ctx)
         })
         .unwrap();
     let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
@@ -125,6 +115,15 @@ fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> Clust
             ..Default::default()
         },
     }
+}
+
+/// A worker with one device, a controller of it alone, and the device.
+fn one_worker() -> (TestWorker, Client, colocated_core::Device) {
+    let token = Token::generate().unwrap();
+    let worker = start_worker(&token, 1);
+    let client = Client::connect(&options(&[&worker], &token, false)).unwrap();
+    let device = client.devices()[0].clone();
+    (worker, client, device)
 }
 
 /// The options of a controller of `worker` alone (no local devices).
@@ -346,10 +345,7 @@ fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() 
 /// failure fails the next.
 #[test]
 fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let device = client.devices()[0].clone();
+    let (a, client, device) = one_worker();
     let spec =
         ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
     let compile = |name: &str| {
@@ -409,10 +405,7 @@ fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
 /// buffers fail, small or not.
 #[test]
 fn small_outputs_are_read_without_another_round_trip() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let device = client.devices()[0].clone();
+    let (a, client, device) = one_worker();
     let run_add_one = |n: usize| {
         let spec = ArraySpec::new(
             vec![n as i64],
@@ -467,10 +460,7 @@ fn small_outputs_are_read_without_another_round_trip() {
 /// reading it costs the worker no operation.
 #[test]
 fn small_uploads_travel_on_the_control_stream_and_read_here() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let device = client.devices()[0].clone();
+    let (a, client, device) = one_worker();
     let spec_of = |n: i64| {
         ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
     };
@@ -815,10 +805,7 @@ fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
 
 #[test]
 fn a_failing_program_on_a_worker_fails_the_outputs_with_its_error() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let device = client.devices()[0].clone();
+    let (_worker, client, device) = one_worker();
     let spec =
         ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
     let program = Program::native("missing", vec![spec.clone()], vec![spec], vec![device]);
@@ -1802,10 +1789,7 @@ fn compiling_for_workers_loads_on_all_at_once_and_a_refusal_unloads_the_others()
 /// with nothing else sent, the worker frees the buffer within milliseconds.
 #[test]
 fn a_deleted_buffer_leaves_the_worker_without_a_further_operation() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let device = client.devices()[0].clone();
+    let (a, client, device) = one_worker();
     let buffer =
         Buffer::from_bytes(&client, &i32_bytes(&[1, 2, 3]), DType::I32, &[3], &device).unwrap();
     buffer.ready_event().wait().unwrap();

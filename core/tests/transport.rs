@@ -624,14 +624,11 @@ fn any_grpc_client_downloads_a_buffer() {
 /// Failures are answered at once either way.
 #[test]
 fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs_from_6() {
-    use colocated_core::transport::proto::worker_client::WorkerClient;
     use colocated_core::transport::proto::{
         control_request::Op, ControlRequest, ControlResponse, DeleteBuffersRequest, ExecuteRequest,
-        LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
+        PutBufferChunk,
     };
-    use colocated_core::transport::{
-        AUTHORIZATION, CUMULATIVE_VERSION, INLINE_OUTPUTS_VERSION, SESSION,
-    };
+    use colocated_core::transport::{CUMULATIVE_VERSION, INLINE_OUTPUTS_VERSION};
 
     let (worker, token, _log) = worker_with_add_one();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -640,59 +637,19 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs
         .unwrap();
     let answers_at = |version: u32| -> Vec<ControlResponse> {
         runtime.block_on(async {
-            let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
-                .await
-                .unwrap();
-            let mut open = tonic::Request::new(OpenSessionRequest {
-                min_version: 1,
-                max_version: version,
-                client_name: "test".into(),
-                software_version: String::new(),
-            });
-            let bearer = format!("Bearer {}", token.expose());
-            open.metadata_mut()
-                .insert(AUTHORIZATION, bearer.parse().unwrap());
-            let opened = rpc.open_session(open).await.unwrap().into_inner();
-            assert_eq!(opened.version, version);
-            let id = opened
-                .session_id
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>();
-            fn authed<T>(message: T, bearer: &str, id: &str) -> tonic::Request<T> {
-                let mut request = tonic::Request::new(message);
-                let metadata = request.metadata_mut();
-                metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
-                metadata.insert(SESSION, id.parse().unwrap());
-                request
-            }
-            let bearer = format!("Bearer {}", token.expose());
-            rpc.load_executable(authed(
-                LoadExecutableRequest {
-                    handle: 1,
-                    executable: executable_for_worker("add_one", 0).into(),
-                    controller_device_ids: Default::default(),
-                },
-                &bearer,
-                &id,
-            ))
-            .await
-            .unwrap();
+            let session = RawSession::open(&worker, &token, version).await;
+            let mut rpc = session.rpc.clone();
             let chunk = PutBufferChunk {
                 handle: 10,
                 spec: Some(spec(0, DType::I32, &[4])),
                 data: i32_bytes(&[1; 4]),
             };
-            rpc.put_buffer(authed(tokio_stream::iter([chunk]), &bearer, &id))
+            rpc.put_buffer(session.authed(tokio_stream::iter([chunk])))
                 .await
                 .unwrap();
             let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
             let mut answers = rpc
-                .control(authed(
-                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-                    &bearer,
-                    &id,
-                ))
+                .control(session.authed(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)))
                 .await
                 .unwrap()
                 .into_inner();
@@ -786,14 +743,10 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs
 /// execution sent right behind it uses it; a bad one is refused, typed.
 #[test]
 fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
-    use colocated_core::transport::proto::worker_client::WorkerClient;
     use colocated_core::transport::proto::{
-        control_request::Op, ControlRequest, ExecuteRequest, LoadExecutableRequest,
-        OpenSessionRequest, PutSmallBufferRequest,
+        control_request::Op, ControlRequest, ExecuteRequest, PutSmallBufferRequest,
     };
-    use colocated_core::transport::{
-        AUTHORIZATION, MAX_SMALL_PUT_BYTES, SESSION, SMALL_PUT_VERSION,
-    };
+    use colocated_core::transport::{MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION};
 
     let (worker, token, _log) = worker_with_add_one();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -801,46 +754,15 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
-            .await
-            .unwrap();
-        let bearer = format!("Bearer {}", token.expose());
-        let mut open = tonic::Request::new(OpenSessionRequest {
-            min_version: 1,
-            max_version: SMALL_PUT_VERSION,
-            client_name: "test".into(),
-            software_version: String::new(),
-        });
-        open.metadata_mut()
-            .insert(AUTHORIZATION, bearer.parse().unwrap());
-        let opened = rpc.open_session(open).await.unwrap().into_inner();
-        assert_eq!(opened.version, SMALL_PUT_VERSION);
-        let id: String = opened
-            .session_id
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let authed = |message| {
-            let mut request = tonic::Request::new(message);
-            let metadata = request.metadata_mut();
-            metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
-            metadata.insert(SESSION, id.parse().unwrap());
-            request
-        };
-        rpc.load_executable(authed(LoadExecutableRequest {
-            handle: 1,
-            executable: executable_for_worker("add_one", 0).into(),
-            controller_device_ids: Default::default(),
-        }))
-        .await
-        .unwrap();
+        let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
+        let mut rpc = session.rpc.clone();
         let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut request =
-            tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
-        let metadata = request.metadata_mut();
-        metadata.insert(AUTHORIZATION, bearer.parse().unwrap());
-        metadata.insert(SESSION, id.parse().unwrap());
-        let mut answers = rpc.control(request).await.unwrap().into_inner();
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut answers = rpc
+            .control(session.authed(stream))
+            .await
+            .unwrap()
+            .into_inner();
         let put = |handle, dtype, dims: &[i64], data: Vec<u8>| {
             Op::PutSmallBuffer(PutSmallBufferRequest {
                 handle,
@@ -902,4 +824,65 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
         }
         assert_eq!(worker.buffer_count(), 2, "nothing refused was kept");
     });
+}
+
+/// A session opened with a raw gRPC client at protocol `version` (which the
+/// worker must choose), with the `add_one` executable loaded as handle 1:
+/// for requests as a controller of that version sends them.
+struct RawSession {
+    rpc: colocated_core::transport::proto::worker_client::WorkerClient<tonic::transport::Channel>,
+    bearer: String,
+    id: String,
+}
+
+impl RawSession {
+    async fn open(worker: &Worker, token: &Token, version: u32) -> RawSession {
+        use colocated_core::transport::proto::worker_client::WorkerClient;
+        use colocated_core::transport::proto::{LoadExecutableRequest, OpenSessionRequest};
+        use colocated_core::transport::AUTHORIZATION;
+
+        let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
+            .await
+            .unwrap();
+        let bearer = format!("Bearer {}", token.expose());
+        let mut open = tonic::Request::new(OpenSessionRequest {
+            min_version: 1,
+            max_version: version,
+            client_name: "test".into(),
+            software_version: String::new(),
+        });
+        open.metadata_mut()
+            .insert(AUTHORIZATION, bearer.parse().unwrap());
+        let opened = rpc.open_session(open).await.unwrap().into_inner();
+        assert_eq!(opened.version, version);
+        let id = opened
+            .session_id
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let session = RawSession { rpc, bearer, id };
+        let load = LoadExecutableRequest {
+            handle: 1,
+            executable: executable_for_worker("add_one", 0).into(),
+            controller_device_ids: Default::default(),
+        };
+        session
+            .rpc
+            .clone()
+            .load_executable(session.authed(load))
+            .await
+            .unwrap();
+        session
+    }
+
+    /// `message` with the token and the session.
+    fn authed<T>(&self, message: T) -> tonic::Request<T> {
+        use colocated_core::transport::{AUTHORIZATION, SESSION};
+
+        let mut request = tonic::Request::new(message);
+        let metadata = request.metadata_mut();
+        metadata.insert(AUTHORIZATION, self.bearer.parse().unwrap());
+        metadata.insert(SESSION, self.id.parse().unwrap());
+        request
+    }
 }

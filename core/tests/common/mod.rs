@@ -124,21 +124,24 @@ pub fn compile_nullary(client: &Client, name: &str, device: &Device) -> LoadedEx
 /// with one input and one output of the same sharding.
 pub fn register_add_one(client: &Client) {
     client
-        .register_native_function("add_one_i32", |ctx| {
-            let shards = ctx.output_shards().to_vec();
-            for (i, shard) in shards.iter().enumerate() {
-                let x = i32_values(&ctx.inputs()[i].to_host_vec()?);
-                let y: Vec<i32> = x.iter().map(|v| v + 1).collect();
-                let out = Buffer::from_bytes(
-                    ctx.client(),
-                    &i32_bytes(&y),
-                    shard.dtype,
-                    &shard.dims,
-                    &shard.device,
-                )?;
-                ctx.set_output(i, out)?;
-            }
-            Ok(())
-        })
+        .register_native_function("add_one_i32", add_one_shards)
         .expect("register add_one_i32");
+}
+
+/// The body of `add_one_i32`: output shard i is input shard i plus one.
+pub fn add_one_shards(ctx: &mut colocated_core::ExecutionContext) -> colocated_core::Result<()> {
+    let shards = ctx.output_shards().to_vec();
+    for (i, shard) in shards.iter().enumerate() {
+        let x = i32_values(&ctx.inputs()[i].to_host_vec()?);
+        let y: Vec<i32> = x.iter().map(|v| v + 1).collect();
+        let out = Buffer::from_bytes(
+            ctx.client(),
+            &i32_bytes(&y),
+            shard.dtype,
+            &shard.dims,
+            &shard.device,
+        )?;
+        ctx.set_output(i, out)?;
+    }
+    Ok(())
 }
