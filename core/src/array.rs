@@ -198,8 +198,10 @@ impl Array {
     ///   a shard on a worker goes from host to host directly, not through this
     ///   process ([`copy_to_sharding`](Self::copy_to_sharding); returns at
     ///   once);
-    /// - otherwise gathered into this process and put again (waits for the
-    ///   gather; the puts run on).
+    /// - otherwise gathered into this process and put again, on a thread of
+    ///   its own: the new array's buffers are ready once that is done (this
+    ///   array is kept for it, even if deleted meanwhile), and fail with its
+    ///   error if it fails.
     ///
     /// `progress(bytes done, bytes in all)` reports what crosses hosts, from
     /// network threads: the shards copied between hosts, or the put (string
@@ -232,12 +234,79 @@ impl Array {
         if target_kind == default_kind && own_client && self.keeps_layout(&spec)? {
             return self.copy_to_sharding(spec.sharding, progress);
         }
-        if spec.dtype == DType::String {
-            let strings = self.to_host_strings()?;
-            return Array::from_host_strings_in(client, &strings, spec, memory_kind);
+        self.put_gathered(client, spec, memory_kind, progress)
+    }
+
+    /// The gather and put of [`put_to`](Self::put_to): an array of pending
+    /// buffers at once, filled by a thread that gathers this array and puts
+    /// it again.
+    fn put_gathered(
+        &self,
+        client: &Client,
+        spec: ArraySpec,
+        memory_kind: Option<MemoryKind>,
+        progress: Option<Progress>,
+    ) -> Result<Array> {
+        let shard = spec.sharding.shard_shape(&spec.shape)?;
+        let mut targets = Vec::with_capacity(spec.sharding.devices().len());
+        for device in spec.sharding.devices() {
+            client.check_device(device)?;
+            let memory = memory_space(device, memory_kind)?
+                .unwrap_or_else(|| device.default_memory_space())
+                .clone();
+            targets.push(Buffer::new(
+                client,
+                device.clone(),
+                memory,
+                spec.dtype,
+                &shard,
+                Event::new(),
+            ));
         }
-        let bytes = self.to_host_bytes()?;
-        Array::from_host_bytes_with_progress(client, &bytes, spec, memory_kind, progress)
+        let placed = Array::from_parts(spec.clone(), targets.clone());
+        let kept = Array::keep(std::slice::from_ref(self))?;
+        let (source, client) = (self.clone(), client.clone());
+        let gather = move || {
+            let put = || -> Result<Array> {
+                let array = kept.use_in(|| {
+                    if spec.dtype == DType::String {
+                        let strings = source.to_host_strings()?;
+                        Array::from_host_strings_in(&client, &strings, spec, memory_kind)
+                    } else {
+                        let bytes = source.to_host_bytes()?;
+                        Array::from_host_bytes_with_progress(
+                            &client,
+                            &bytes,
+                            spec,
+                            memory_kind,
+                            progress,
+                        )
+                    }
+                })?;
+                drop(kept);
+                array.ready_event().wait()?;
+                Ok(array)
+            };
+            match put() {
+                Ok(array) => {
+                    for (target, made) in targets.iter().zip(array.buffers()) {
+                        target.finish(made.storage());
+                    }
+                }
+                Err(e) => {
+                    for target in &targets {
+                        target.finish(Err(e.clone()));
+                    }
+                }
+            }
+        };
+        std::thread::Builder::new()
+            .name("colocated-gather".into())
+            .spawn(gather)
+            .map_err(|e| {
+                Error::resource_exhausted(format!("cannot start a thread to gather the array: {e}"))
+            })?;
+        Ok(placed)
     }
 
     /// An array of buffers the runtime made to fit `spec` (unchecked).

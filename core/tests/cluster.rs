@@ -492,19 +492,25 @@ fn small_uploads_travel_on_the_control_stream_and_read_here() {
 }
 
 /// `device_put` of an array in every SDK: an array on workers goes to
-/// another sharding host to host when its shards keep their index (at once,
-/// before the source is even computed), and is gathered and put again when
-/// they do not; an array laid out that way already is returned as it is.
+/// another sharding host to host when its shards keep their index (a grant on
+/// the source, a fetch on the destination: no bytes through here), and is
+/// gathered and put again when they do not; either way at once, before the
+/// source is even computed. An array laid out that way already is returned
+/// as it is.
 #[test]
 fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
     let token = Token::generate().unwrap();
     let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
     let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
+    // 2 MiB: read and put in streams of their own, not control operations.
+    let n = 1 << 19;
     let spec_on = |device: &colocated_core::Device| {
-        ArraySpec::new(vec![4], DType::I32, Sharding::single_device(device.clone())).unwrap()
+        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
     };
-    let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3, 4]), spec_on(&on_a)).unwrap();
+    let values: Vec<i32> = (0..n as i32).collect();
+    let plus_one: Vec<i32> = (1..=n as i32).collect();
+    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec_on(&on_a)).unwrap();
     let gated = client
         .compile(
             Program::native(
@@ -516,45 +522,51 @@ fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
             CompileOptions::default(),
         )
         .unwrap();
-    let y = gated
-        .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
-        .unwrap()
-        .outputs
-        .remove(0);
-    // The copy is placed while `y` waits for the gate: a gather would wait.
-    let (sent, placed) = std::sync::mpsc::channel();
-    let (source, to) = (y.clone(), client.clone());
-    let target = Sharding::single_device(on_b.clone());
-    std::thread::spawn(move || {
-        let _ = sent.send(source.put_to(&to, target, None, None));
-    });
-    let placed = placed.recv_timeout(Duration::from_secs(10));
-    a.gate.lock().unwrap().set(Ok(())).unwrap();
-    let on_b_copy = placed
-        .expect("put_to waited for its source: it gathered instead of copying")
-        .unwrap();
-    assert_eq!(on_b_copy.buffers()[0].device().id(), on_b.id());
-    assert_eq!(
-        i32_values(&on_b_copy.to_host_bytes().unwrap()),
-        vec![2, 3, 4, 5]
-    );
+    let ops = || (a.worker.control_operations(), b.worker.control_operations());
+    // Kept: freeing them would send deletions.
+    let mut kept = Vec::new();
+    for host_to_host in [true, false] {
+        *a.gate.lock().unwrap() = Event::new();
+        let before = ops();
+        let y = gated
+            .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+            .unwrap()
+            .outputs
+            .remove(0);
+        let target = if host_to_host {
+            Sharding::single_device(on_b.clone())
+        } else {
+            Sharding::replicated(vec![on_a.clone(), on_b.clone()]).unwrap()
+        };
+        let placed = y.put_to(&client, target, None, None).unwrap();
+        assert!(!y.ready_event().is_ready(), "put_to waited for its source");
+        a.gate.lock().unwrap().set(Ok(())).unwrap();
+        for buffer in placed.buffers() {
+            assert_eq!(i32_values(&buffer.to_host_vec().unwrap()), plus_one);
+        }
+        let devices: Vec<u32> = placed.buffers().iter().map(|b| b.device().id()).collect();
+        let (grants, fetches) = if host_to_host {
+            assert_eq!(devices, vec![on_b.id()]);
+            (1, 1)
+        } else {
+            assert_eq!(devices, vec![on_a.id(), on_b.id()]);
+            (0, 0)
+        };
+        // The execution, and for a copy between hosts its grant and fetch.
+        assert_eq!(ops(), (before.0 + 1 + grants, before.1 + fetches));
+        kept.push((y, placed));
+    }
     // Laid out that way already: the same array.
     let same = x.put_to(&client, x.sharding().clone(), None, None).unwrap();
     assert!(same.buffers()[0].same_as(&x.buffers()[0]));
-    // Another layout (one shard to two replicas): gathered and put again.
+    // A source deleted at once is kept for the gather.
     let both = Sharding::replicated(vec![on_a.clone(), on_b.clone()]).unwrap();
-    let replicated = x.put_to(&client, both, None, None).unwrap();
+    let source = Array::from_host_bytes(&client, &i32_bytes(&values), spec_on(&on_b)).unwrap();
+    let replicated = source.put_to(&client, both, None, None).unwrap();
+    source.delete();
     for buffer in replicated.buffers() {
-        assert_eq!(i32_values(&buffer.to_host_vec().unwrap()), vec![1, 2, 3, 4]);
+        assert_eq!(i32_values(&buffer.to_host_vec().unwrap()), values);
     }
-    assert_eq!(
-        replicated
-            .buffers()
-            .iter()
-            .map(|b| b.device().id())
-            .collect::<Vec<_>>(),
-        vec![on_a.id(), on_b.id()]
-    );
 }
 
 /// The worker-to-worker read itself: a grant lets another worker's

@@ -255,7 +255,9 @@ fn put(
                 "devicePut of an Array takes no shape or dtype: it keeps the array's",
             ));
         }
-        let inner = array.inner.copy_to_sharding(sharding, progress)?;
+        // As it is, host to host, or gathered and put (on a thread of the
+        // runtime's: the event loop does not wait).
+        let inner = array.inner.put_to(&client, sharding, None, progress)?;
         return Ok(ColocatedArray { client, inner });
     }
     let (shape, host) = read(data, dtype, shape)?;

@@ -89,6 +89,13 @@ test('a program over arrays on three hosts runs once per host with its shards', 
     Array.from(await moved.toTypedArray()),
     Array.from({ length: 12 }, (_, i) => i * 10 + 3),
   )
+  // Another layout (each device holds all of it): gathered and put again,
+  // without the event loop waiting for it.
+  const everywhere = c.devicePut(y, new c.NamedSharding(new c.Mesh(client.devices(), ['x']), c.P()))
+  assert.deepEqual(
+    Array.from(await everywhere.toTypedArray()),
+    Array.from({ length: 12 }, (_, i) => i * 10 + 3),
+  )
 })
 
 test('a wrong token is refused with UnauthenticatedError', async () => {

@@ -595,8 +595,8 @@ impl ArrayImpl {
 
     /// The array placed on `sharding` (in each device's memory of
     /// `memory_kind`), as `device_put` places an array: as it is, shard by
-    /// shard host to host (at once), or gathered and put again (see the
-    /// core's `Array::put_to`). Returns it and a `CopyProgress` counting the
+    /// shard host to host, or gathered and put again in the background (see
+    /// the core's `Array::put_to`); at once. Returns it and a `CopyProgress` counting the
     /// bytes that crossed hosts.
     #[pyo3(signature = (sharding, memory_kind=None))]
     fn put_to(
@@ -615,11 +615,9 @@ impl ArrayImpl {
             report.1.store(total, Ordering::Relaxed);
             report.0.fetch_max(done, Ordering::Relaxed);
         });
-        let array = self.array()?.clone();
-        let target = core_sharding.clone();
-        // A gather waits for the array.
-        let placed = py
-            .detach(|| array.put_to(client, target, kind, Some(progress)))
+        let placed = self
+            .array()?
+            .put_to(client, core_sharding.clone(), kind, Some(progress))
             .map_err(py_err)?;
         Ok((
             ArrayImpl::wrap(client.clone(), placed),

@@ -373,7 +373,8 @@ def device_put(x, device=None, *, progress=None):
     the buffers go to. An ``Array`` already laid out that way is returned as is;
     one whose shards keep their index in the new sharding (same layout, other
     devices, default memory) is copied shard by shard, from host to host
-    directly, and returned at once; any other is gathered here and put again.
+    directly; any other is gathered here and put again in the background.
+    Either way the call returns at once.
     Raises ``InvalidArgumentError`` (a ``ValueError``) for an unsupported dtype
     or a shape the sharding cannot split evenly.
 

@@ -258,9 +258,9 @@ class ArrayImpl:
     def put_to(self, sharding: Sharding, memory_kind: str | None = None) -> tuple[ArrayImpl, CopyProgress]:
         """The array on ``sharding`` (in memory of kind ``memory_kind``), as
         ``device_put`` places an array: as it is when laid out that way already,
-        shard by shard host to host when each shard keeps its index (at once,
-        ready later), else gathered and put again; and the bytes that crossed
-        hosts so far."""
+        shard by shard host to host when each shard keeps its index, else
+        gathered and put again in the background (either way at once, ready
+        later); and the bytes that crossed hosts so far."""
     def shard_bytes(self, i: int) -> bytes:
         """Shard ``i``'s bytes, copied; waits without the GIL."""
     @property
