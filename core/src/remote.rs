@@ -280,10 +280,12 @@ pub(crate) trait UploadTarget: Clone + Send + 'static {
 pub(crate) struct RemoteBuffer {
     pub host: Arc<RemoteHost>,
     pub handle: u64,
-    /// The buffer's bytes, when the worker sent them with the answer of the
-    /// execution that made it (see
-    /// [`INLINE_OUTPUTS_VERSION`](crate::transport::INLINE_OUTPUTS_VERSION)):
-    /// a read then needs no round trip.
+    /// The buffer's bytes, when this process has them: the worker sent them
+    /// with the answer of the execution that made it (see
+    /// [`INLINE_OUTPUTS_VERSION`](crate::transport::INLINE_OUTPUTS_VERSION)),
+    /// or this process uploaded them in one control operation (see
+    /// [`SMALL_PUT_VERSION`](crate::transport::SMALL_PUT_VERSION)). A read
+    /// then needs no round trip.
     pub inline: Option<Bytes>,
 }
 

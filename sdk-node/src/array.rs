@@ -191,8 +191,9 @@ fn progress_of(
 }
 
 /// Puts `data` on devices: a typed array, a number, bigint, boolean or
-/// string, nested arrays of them, or an `Array` (copied to the new
-/// sharding). `sharding`: a NamedSharding, SingleDeviceSharding or Device
+/// string, nested arrays of them, or an `Array` (returned as it is when
+/// laid out that way already, copied host to host when its shards keep their
+/// place, else gathered and put again in the background). `sharding`: a NamedSharding, SingleDeviceSharding or Device
 /// (default: the default client's first device). Returns at once; the data
 /// is copied during the call, and the array is ready once it is in place.
 #[napi(
