@@ -309,6 +309,12 @@ impl Array {
         Ok(placed)
     }
 
+    /// True when both handles are the same array (clones of one another), as
+    /// [`put_to`](Self::put_to) returns an array laid out that way already.
+    pub fn same_as(&self, other: &Array) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// An array of buffers the runtime made to fit `spec` (unchecked).
     pub(crate) fn from_parts(spec: ArraySpec, buffers: Vec<Buffer>) -> Array {
         Array(Arc::new(Inner { spec, buffers }))

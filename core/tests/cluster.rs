@@ -348,20 +348,8 @@ fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
     let (a, client, device) = one_worker();
     let spec =
         ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
-    let compile = |name: &str| {
-        client
-            .compile(
-                Program::native(
-                    name,
-                    vec![spec.clone()],
-                    vec![spec.clone()],
-                    vec![device.clone()],
-                ),
-                CompileOptions::default(),
-            )
-            .unwrap()
-    };
-    let (gated, add_one) = (compile("gated_add_one_i32"), compile("add_one_i32"));
+    let gated = compile_same(&client, "gated_add_one_i32", &spec);
+    let add_one = compile_same(&client, "add_one_i32", &spec);
     let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2]), spec.clone()).unwrap();
     x.ready_event().wait().unwrap();
     let options = ExecuteOptions::default();
@@ -415,17 +403,7 @@ fn small_outputs_are_read_without_another_round_trip() {
         .unwrap();
         let values: Vec<i32> = (0..n as i32).collect();
         let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
-        let exe = client
-            .compile(
-                Program::native(
-                    "add_one_i32",
-                    vec![spec.clone()],
-                    vec![spec],
-                    vec![device.clone()],
-                ),
-                CompileOptions::default(),
-            )
-            .unwrap();
+        let exe = compile_same(&client, "add_one_i32", &spec);
         let run = exe
             .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
             .unwrap();
@@ -464,17 +442,7 @@ fn small_uploads_travel_on_the_control_stream_and_read_here() {
     let spec_of = |n: i64| {
         ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
     };
-    let exe = client
-        .compile(
-            Program::native(
-                "add_one_i32",
-                vec![spec_of(3)],
-                vec![spec_of(3)],
-                vec![device.clone()],
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let exe = compile_same(&client, "add_one_i32", &spec_of(3));
     let before = a.worker.control_operations();
     let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3]), spec_of(3)).unwrap();
     eventually("the upload arrives as a control operation", || {
@@ -511,17 +479,7 @@ fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
     let values: Vec<i32> = (0..n as i32).collect();
     let plus_one: Vec<i32> = (1..=n as i32).collect();
     let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec_on(&on_a)).unwrap();
-    let gated = client
-        .compile(
-            Program::native(
-                "gated_add_one_i32",
-                vec![spec_on(&on_a)],
-                vec![spec_on(&on_a)],
-                vec![on_a.clone()],
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let gated = compile_same(&client, "gated_add_one_i32", &spec_on(&on_a));
     let ops = || (a.worker.control_operations(), b.worker.control_operations());
     // Kept: freeing them would send deletions.
     let mut kept = Vec::new();
@@ -879,6 +837,17 @@ fn connecting_needs_a_host_and_a_valid_token() {
         "",
     );
     assert_eq!(a.worker.session_count(), 0);
+}
+
+/// Native function `name` compiled to map `spec` to `spec`, on its devices.
+fn compile_same(client: &Client, name: &str, spec: &ArraySpec) -> colocated_core::LoadedExecutable {
+    let devices = spec.sharding.devices().to_vec();
+    client
+        .compile(
+            Program::native(name, vec![spec.clone()], vec![spec.clone()], devices),
+            CompileOptions::default(),
+        )
+        .unwrap()
 }
 
 fn compile_on(

@@ -594,9 +594,10 @@ impl ArrayImpl {
     }
 
     /// The array placed on `sharding` (in each device's memory of
-    /// `memory_kind`), as `device_put` places an array: as it is, shard by
-    /// shard host to host, or gathered and put again in the background (see
-    /// the core's `Array::put_to`); at once. Returns it and a `CopyProgress` counting the
+    /// `memory_kind`), as `device_put` places an array: as it is (then
+    /// `None`: the caller keeps its own object), shard by shard host to host,
+    /// or gathered and put again in the background (see the core's
+    /// `Array::put_to`); at once. Returns it and a `CopyProgress` counting the
     /// bytes that crossed hosts.
     #[pyo3(signature = (sharding, memory_kind=None))]
     fn put_to(
@@ -604,25 +605,23 @@ impl ArrayImpl {
         py: Python<'_>,
         sharding: PyRef<'_, Sharding>,
         memory_kind: Option<&str>,
-    ) -> PyResult<(Self, CopyProgress)> {
+    ) -> PyResult<(Option<Self>, CopyProgress)> {
         // On the stream of the calling work item, as the item's executions.
         crate::streams::enter_call_scope(py)?;
         let (client, core_sharding) = sharding.get()?;
         let kind = parse_memory_kind(core_sharding, memory_kind)?;
+        let array = self.array()?;
         let counters = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let report = counters.clone();
         let progress: core::transport::session::Progress = Arc::new(move |done, total| {
             report.1.store(total, Ordering::Relaxed);
             report.0.fetch_max(done, Ordering::Relaxed);
         });
-        let placed = self
-            .array()?
+        let placed = array
             .put_to(client, core_sharding.clone(), kind, Some(progress))
             .map_err(py_err)?;
-        Ok((
-            ArrayImpl::wrap(client.clone(), placed),
-            CopyProgress(counters),
-        ))
+        let placed = (!placed.same_as(array)).then(|| ArrayImpl::wrap(client.clone(), placed));
+        Ok((placed, CopyProgress(counters)))
     }
 
     /// True when some shard lives on a worker host (it is read by download, not

@@ -353,9 +353,9 @@ _SMALL_BYTES = 4096
 def _put_array(x: Array, sharding: Sharding):
     """``x`` on ``sharding`` (the runtime's ``put_to``: as it is, host to host,
     or gathered and put again), and its ``CopyProgress`` (None when as it is)."""
-    if x._sharding is sharding or x.sharding == sharding:
-        return x, None
     impl, tracker = x._impl.put_to(sharding._core_sharding(), sharding._placement)
+    if impl is None:
+        return x, None
     return _wrap(impl, sharding), tracker
 
 

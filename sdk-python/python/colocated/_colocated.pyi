@@ -255,9 +255,10 @@ class ArrayImpl:
     ) -> ArrayImpl:
         """Assembles single-device arrays, one per device of the sharding, matched
         by device (each in memory of kind ``memory_kind``, when given)."""
-    def put_to(self, sharding: Sharding, memory_kind: str | None = None) -> tuple[ArrayImpl, CopyProgress]:
+    def put_to(self, sharding: Sharding, memory_kind: str | None = None) -> tuple[ArrayImpl | None, CopyProgress]:
         """The array on ``sharding`` (in memory of kind ``memory_kind``), as
-        ``device_put`` places an array: as it is when laid out that way already,
+        ``device_put`` places an array: as it is when laid out that way already
+        (then ``None``: the caller keeps its own object),
         shard by shard host to host when each shard keeps its index, else
         gathered and put again in the background (either way at once, ready
         later); and the bytes that crossed hosts so far."""
