@@ -247,7 +247,11 @@ fn load_on_workers(
         .zip(answers)
         .map(|(started, loaded)| {
             let started = started?;
-            loaded?;
+            if let Err(err) = loaded {
+                // Nothing was loaded there, but the host callbacks went in first.
+                started.remote.session.forget_host_callbacks(started.handle);
+                return Err(err);
+            }
             finish_remote(started, program)
         })
         .collect()
@@ -292,11 +296,10 @@ fn start_remote(
         .enumerate()
         .map(|(i, &local)| (local, remote.first_device + i as u32))
         .collect();
-    let load = remote.session.load_executable_started(
-        handle,
-        format::encode(&local.executable),
-        controller_ids,
-    )?;
+    let load = remote
+        .session
+        .load_executable_started(handle, format::encode(&local.executable), controller_ids)
+        .inspect_err(|_| remote.session.forget_host_callbacks(handle))?;
     Ok(Started {
         host,
         remote: remote.clone(),
@@ -306,7 +309,8 @@ fn start_remote(
     })
 }
 
-/// The plan of a worker's part once the worker loaded it.
+/// The plan of a worker's part once the worker loaded it (unloaded again,
+/// host callbacks and all, if no plan comes of it).
 fn finish_remote(started: Started, program: &Program) -> Result<HostPlan> {
     let Started {
         host,
@@ -315,6 +319,10 @@ fn finish_remote(started: Started, program: &Program) -> Result<HostPlan> {
         handle,
         ..
     } = started;
+    let loaded = RemoteExecutable {
+        host: remote,
+        handle,
+    };
     let mut output_shards = Vec::new();
     for (o, (spec, positions)) in program
         .output_specs
@@ -334,10 +342,7 @@ fn finish_remote(started: Started, program: &Program) -> Result<HostPlan> {
     }
     Ok(HostPlan {
         host,
-        run: Box::new(WorkerRun(RemoteExecutable {
-            host: remote,
-            handle,
-        })),
+        run: Box::new(WorkerRun(loaded)),
         input_counts: local.input_positions.iter().map(Vec::len).collect(),
         input_positions: local.input_positions,
         output_positions: local.output_positions,

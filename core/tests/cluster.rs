@@ -906,6 +906,67 @@ fn programs_on_workers_call_host_callbacks_of_the_controller() {
     assert_eq!(a.worker.session_count() + b.worker.session_count(), 2);
 }
 
+/// A compile that fails on one worker leaves nothing behind: the workers
+/// that loaded their part unload it, and no session keeps the program's
+/// host callbacks (nor what they hold: a Python function, for one).
+#[test]
+fn a_compile_that_fails_on_a_worker_keeps_neither_its_parts_nor_its_host_callbacks() {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, 1);
+    // A worker that lacks the program's native function: its load fails.
+    let lacking = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        ..Default::default()
+    })
+    .unwrap();
+    let b = Worker::start(lacking, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let mut cluster = controller_options(&a.worker, &token);
+    cluster
+        .workers
+        .extend(controller_options(&b, &token).workers);
+    let client = Client::connect(&cluster).unwrap();
+    let held = Arc::new(());
+    let kept = held.clone();
+    let callback = colocated_core::LoadedHostCallback::new("pong", move |_| {
+        let _ = &kept;
+        Ok(b"pong".to_vec())
+    });
+    let program = Program::native("ask", vec![], vec![], client.devices().to_vec());
+    let err = client
+        .compile(
+            program,
+            CompileOptions {
+                host_callbacks: vec![callback],
+            },
+        )
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(err.message().contains("ask"), "{err}");
+    eventually("the part loaded on the first worker is unloaded", || {
+        a.worker.executable_count() == 0
+    });
+    assert_eq!(b.executable_count(), 0);
+    assert_eq!(
+        Arc::strong_count(&held),
+        1,
+        "a session still holds the host callback"
+    );
+    // The session goes on: the next compile loads on both.
+    let exe = client
+        .compile(
+            Program::native("count", vec![], vec![], vec![client.devices()[0].clone()]),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    exe.execute(&[], &ExecuteOptions::default())
+        .unwrap()
+        .status
+        .wait()
+        .unwrap();
+    assert_eq!(a.runs.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn dropping_an_executable_unloads_it_on_the_workers_after_its_runs() {
     let token = Token::generate().unwrap();

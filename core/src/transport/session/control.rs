@@ -462,7 +462,7 @@ impl RemoteSession {
     /// before (on the control stream), without waiting, and forgets its host
     /// callbacks. Best effort: a lost worker has freed it already.
     pub fn unload_executable_later(&self, handle: u64) {
-        lock(&self.inner.host_callbacks).remove(&handle);
+        self.forget_host_callbacks(handle);
         if self.inner.closed.load(Ordering::SeqCst) || self.inner.lost.is_ready() {
             return;
         }

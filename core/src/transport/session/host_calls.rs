@@ -52,4 +52,10 @@ impl RemoteSession {
     pub fn set_host_callbacks(&self, executable: u64, callbacks: Vec<LoadedHostCallback>) {
         lock(&self.inner.host_callbacks).insert(executable, callbacks);
     }
+
+    /// Forgets the host callbacks of `executable` (a load that failed: the
+    /// worker has nothing to unload).
+    pub fn forget_host_callbacks(&self, executable: u64) {
+        lock(&self.inner.host_callbacks).remove(&executable);
+    }
 }
