@@ -11,6 +11,14 @@
 //! `CPU/host` is the controller's CPU time per host per fan-out call: what
 //! sizing thousands of hosts on paper starts from.
 //!
+//! A second floor, `TCP, hand-offs`, runs the same ping-pong through the
+//! thread structure a call takes: the caller hands the fan-out to a network
+//! thread, which sends, reads the answers and wakes the caller; each echo
+//! process reads on one thread, hands the byte to an executor thread, which
+//! hands it back to a writer thread. It is what the hand-offs cost on this
+//! machine without HTTP/2, tokio or protobuf: the rest of the fan-out's time
+//! is the per-message cost of the stack.
+//!
 //! `COLOCATED_SCALE_N` (comma-separated) picks the sizes; the default is
 //! 1, 2, 4, 8, 16, 64, 256. `COLOCATED_SCALE_IDLE_SECS` is how long idle CPU is
 //! measured (default 7: two idle heartbeat periods).
@@ -74,7 +82,9 @@ fn serve_worker() {
 }
 
 /// Role `echo`: echoes single bytes on one connection; prints its address.
-fn serve_echo() {
+/// With `relay`, each byte crosses two thread hand-offs first, as a call does
+/// on a worker (reader -> executor -> writer).
+fn serve_echo(relay: bool) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     println!("listening on {}", listener.local_addr().expect("addr"));
     std::io::stdout().flush().ok();
@@ -86,6 +96,31 @@ fn serve_echo() {
     let (mut s, _) = listener.accept().expect("accept");
     s.set_nodelay(true).ok();
     let mut b = [0u8; 1];
+    if relay {
+        let (to_executor, executor) = std::sync::mpsc::channel::<u8>();
+        let (to_writer, writer) = std::sync::mpsc::channel::<u8>();
+        std::thread::spawn(move || {
+            for byte in executor {
+                if to_writer.send(byte).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut out = s.try_clone().expect("clone");
+        std::thread::spawn(move || {
+            for byte in writer {
+                if out.write_all(&[byte]).is_err() {
+                    break;
+                }
+            }
+        });
+        while s.read_exact(&mut b).is_ok() {
+            if to_executor.send(b[0]).is_err() {
+                break;
+            }
+        }
+        return;
+    }
     while s.read_exact(&mut b).is_ok() {
         if s.write_all(&b).is_err() {
             break;
@@ -154,6 +189,44 @@ fn tcp_fan_out(streams: &mut [TcpStream]) -> f64 {
     )
 }
 
+/// `tcp_fan_out` run by a network thread that the calling thread hands each
+/// fan-out to and that wakes it when every pong is back; the streams come
+/// back with the median.
+fn tcp_fan_out_handed_off(mut streams: Vec<TcpStream>) -> (f64, Vec<TcpStream>) {
+    let runs = if streams.len() >= 64 { 50 } else { 200 };
+    let (go, network) = std::sync::mpsc::channel::<()>();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let mut b = [1u8; 1];
+        for () in network {
+            for s in streams.iter_mut() {
+                s.write_all(&b).expect("ping");
+            }
+            for s in streams.iter_mut() {
+                s.read_exact(&mut b).expect("pong");
+            }
+            done.send(()).expect("caller");
+        }
+        streams
+    });
+    let one = || {
+        go.send(()).expect("network thread");
+        finished.recv().expect("network thread");
+    };
+    one();
+    let secs = median(
+        (0..runs)
+            .map(|_| {
+                let start = Instant::now();
+                one();
+                start.elapsed().as_secs_f64()
+            })
+            .collect(),
+    );
+    drop(go);
+    (secs, thread.join().expect("network thread"))
+}
+
 /// This process's resident memory, in bytes.
 fn resident_bytes() -> f64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -191,7 +264,8 @@ fn sizes() -> Vec<usize> {
 fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("worker") => return serve_worker(),
-        Ok("echo") => return serve_echo(),
+        Ok("echo") => return serve_echo(false),
+        Ok("relay") => return serve_echo(true),
         _ => {}
     }
     let idle_secs: f64 = std::env::var("COLOCATED_SCALE_IDLE_SECS")
@@ -201,7 +275,7 @@ fn main() {
     let token = Token::generate().expect("token");
     println!("scale: a controller and N worker processes on loopback (1 CPU device each)");
     println!(
-        "{:>4}  {:>9}  {:>9}  {:>11}  {:>9}  {:>13}  {:>10}  {:>15}  {:>6}",
+        "{:>4}  {:>9}  {:>9}  {:>11}  {:>9}  {:>13}  {:>10}  {:>15}  {:>6}  {:>15}  {:>6}",
         "N",
         "connect",
         "compile",
@@ -210,6 +284,8 @@ fn main() {
         "fan-out exec",
         "CPU/host",
         "raw TCP fan-out",
+        "ratio",
+        "TCP, hand-offs",
         "ratio"
     );
     for n in sizes() {
@@ -289,8 +365,19 @@ fn main() {
             })
             .collect();
         let tcp = tcp_fan_out(&mut streams);
+        let (relays, relay_addresses) = spawn("relay", n, &token);
+        let (handed_off, relayed) = tcp_fan_out_handed_off(
+            relay_addresses
+                .iter()
+                .map(|a| {
+                    let s = TcpStream::connect(a).expect("connect");
+                    s.set_nodelay(true).ok();
+                    s
+                })
+                .collect(),
+        );
         println!(
-            "{n:>4}  {:>6.1} ms  {:>6.2} ms  {:>7.2} MiB  {:>8.2}%  {:>10.0} µs  {:>7.1} µs  {:>12.0} µs  {:>5.1}x",
+            "{n:>4}  {:>6.1} ms  {:>6.2} ms  {:>7.2} MiB  {:>8.2}%  {:>10.0} µs  {:>7.1} µs  {:>12.0} µs  {:>5.1}x  {:>12.0} µs  {:>5.1}x",
             connected * 1e3,
             compiled * 1e3,
             memory / (1024.0 * 1024.0),
@@ -298,13 +385,17 @@ fn main() {
             fan_out * 1e6,
             cpu_per_host * 1e6,
             tcp * 1e6,
-            fan_out / tcp
+            fan_out / tcp,
+            handed_off * 1e6,
+            fan_out / handed_off
         );
         drop(exe);
         drop(x);
         drop(client);
         drop(streams);
+        drop(relayed);
         stop(echoes);
+        stop(relays);
         stop(workers);
     }
 }
