@@ -247,7 +247,7 @@ fn versions_without_overlap_are_refused() {
     }
     let opened = raw(&worker, async |mut rpc| {
         rpc.open_session(with_metadata(
-            open_request(0, 7),
+            open_request(0, newest + 3),
             Some(token.expose()),
             None,
         ))

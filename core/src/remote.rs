@@ -26,7 +26,8 @@ use crate::transport::proto::BufferSpec;
 use crate::transport::reports_progress;
 use crate::transport::session::{RemoteSession, UploadStop};
 use crate::transport::{
-    StringDecoder, COPY_VERSION, MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION, STRINGS_VERSION,
+    StringDecoder, COPY_VERSION, GRANT_ANSWER_VERSION, MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION,
+    STRINGS_VERSION,
 };
 
 /// How often an upload waiting for the network checks that its worker is
@@ -330,20 +331,34 @@ impl RemoteBuffer {
                 "no randomness for a grant: {e}"
             ))));
         }
-        if let Err(e) = self.host.session.grant_read(self.handle, &grant, GRANT_TTL) {
-            return done(Err(e));
+        let (source, to) = (self.host.clone(), to.clone());
+        let fetch = move |granted: Result<()>| {
+            if let Err(e) = granted {
+                return done(Err(e));
+            }
+            to.session.fetch_buffer_then(
+                handle,
+                spec,
+                &source.session,
+                &grant,
+                progress,
+                Box::new(move |result| {
+                    drop(keep);
+                    done(result)
+                }),
+            );
+        };
+        let session = &self.host.session;
+        if session.version() >= GRANT_ANSWER_VERSION {
+            // The destination reads once the source holds the grant: a read
+            // that came first would be refused (and retried).
+            session.grant_read_then(self.handle, &grant, GRANT_TTL, Box::new(fetch));
+        } else {
+            // An older source may answer the grant only after what follows
+            // it finished: both go at once, and the reader retries a refusal.
+            session.grant_read_then(self.handle, &grant, GRANT_TTL, Box::new(|_| {}));
+            fetch(Ok(()));
         }
-        to.session.fetch_buffer_then(
-            handle,
-            spec,
-            &self.host.session,
-            &grant,
-            progress,
-            Box::new(move |result| {
-                drop(keep);
-                done(result)
-            }),
-        );
     }
 
     /// Downloads the elements of a string buffer of `count` elements (checked

@@ -465,6 +465,43 @@ fn small_uploads_travel_on_the_control_stream_and_read_here() {
 /// gathered and put again when they do not; either way at once, before the
 /// source is even computed. An array laid out that way already is returned
 /// as it is.
+/// A copy between workers asks the destination to read only once the source
+/// holds the read grant: a source busy with earlier operations never sees
+/// the read before its grant (it would refuse it, log a warning about a
+/// stranger, and the reader would retry).
+#[test]
+fn a_copy_between_workers_reads_only_once_the_source_holds_its_grant() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
+    let on = |device: &colocated_core::Device, n: i64| {
+        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
+    };
+    let values: Vec<i32> = (0..1 << 14).collect();
+    let mut kept = Vec::new();
+    for _ in 0..5 {
+        let x = Array::from_host_bytes(&client, &i32_bytes(&values), on(&on_a, 1 << 14)).unwrap();
+        x.ready_event().wait().unwrap();
+        // Small uploads queue on the source's control stream ahead of the grant.
+        for i in 0..20_000 {
+            kept.push(Array::from_host_bytes(&client, &i32_bytes(&[i]), on(&on_a, 1)).unwrap());
+        }
+        let copied = x
+            .put_to(&client, Sharding::single_device(on_b.clone()), None, None)
+            .unwrap();
+        assert_eq!(
+            i32_values(&copied.buffers()[0].to_host_vec().unwrap()),
+            values
+        );
+    }
+    assert_eq!(
+        a.worker.refused_requests(),
+        0,
+        "the source refused a read of its own copy"
+    );
+}
+
 #[test]
 fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
     let token = Token::generate().unwrap();
@@ -556,8 +593,7 @@ fn a_read_grant_admits_one_read_of_one_buffer() {
     on_a.put_buffer(source, spec.clone(), Bytes::from_static(b"hello"))
         .unwrap();
     let grant = [7u8; 32];
-    on_a.grant_read(source, &grant, Duration::from_secs(60))
-        .unwrap();
+    grant_read(&on_a, source, &grant, Duration::from_secs(60));
     let copied = on_b.new_handle();
     let done = Event::new();
     let set = done.clone();
@@ -603,8 +639,7 @@ fn a_read_grant_admits_one_read_of_one_buffer() {
         );
     }
     // An expired grant is refused too; a fetch with it fails.
-    on_a.grant_read(source, &[9u8; 32], Duration::from_millis(1))
-        .unwrap();
+    grant_read(&on_a, source, &[9u8; 32], Duration::from_millis(1));
     on_a.heartbeat().unwrap();
     std::thread::sleep(Duration::from_millis(20));
     let late = Event::new();
@@ -840,6 +875,27 @@ fn connecting_needs_a_host_and_a_valid_token() {
 }
 
 /// Native function `name` compiled to map `spec` to `spec`, on its devices.
+/// Grants one read of `handle` on `session`, and waits until the worker
+/// applied the grant.
+fn grant_read(
+    session: &colocated_core::transport::session::RemoteSession,
+    handle: u64,
+    grant: &[u8; 32],
+    ttl: Duration,
+) {
+    let granted = Event::new();
+    let set = granted.clone();
+    session.grant_read_then(
+        handle,
+        grant,
+        ttl,
+        Box::new(move |r| {
+            let _ = set.set(r);
+        }),
+    );
+    granted.wait().unwrap();
+}
+
 fn compile_same(client: &Client, name: &str, spec: &ArraySpec) -> colocated_core::LoadedExecutable {
     let devices = spec.sharding.devices().to_vec();
     client

@@ -252,7 +252,22 @@ fn register_add_one(client: &Client, log: Arc<Mutex<Vec<i32>>>) {
             ))
         })
         .unwrap();
+    client
+        .register_native_function("gated", |ctx| {
+            // Waits until the test opens the gate (no gate: at once), and
+            // gives its input back.
+            let gate = GATE.lock().unwrap().clone();
+            if let Some(gate) = gate {
+                gate.wait()?;
+            }
+            let input = ctx.inputs()[0].clone();
+            ctx.set_output(0, input)
+        })
+        .unwrap();
 }
+
+/// What the native `gated` waits for (one test sets it).
+static GATE: Mutex<Option<colocated_core::Event>> = Mutex::new(None);
 
 /// The serialized `function` over an int32[4] on device `device` of a client
 /// shaped like the worker's (the controller compiles for the worker's devices).
@@ -737,6 +752,95 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs
     let inline = answers_at(INLINE_OUTPUTS_VERSION);
     assert_eq!(brief(&inline)[0], (1, true, 0));
     assert_eq!(finished_data(&inline), i32_bytes(&[2; 4]).to_vec());
+}
+
+/// Protocol 8: a worker answers a read grant as soon as it holds it, even
+/// when an execution that has not finished yet came right behind it (the
+/// destination of a copy reads once the grant is answered).
+#[test]
+fn a_read_grant_is_answered_at_once_whatever_follows_it() {
+    use colocated_core::transport::proto::{
+        control_request::Op, ControlRequest, ExecuteRequest, GrantReadRequest,
+        LoadExecutableRequest, PutSmallBufferRequest,
+    };
+    use colocated_core::transport::GRANT_ANSWER_VERSION;
+
+    let (worker, token, _log) = worker_with_add_one();
+    let gate = colocated_core::Event::new();
+    *GATE.lock().unwrap() = Some(gate.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let session = RawSession::open(&worker, &token, GRANT_ANSWER_VERSION).await;
+        let mut rpc = session.rpc.clone();
+        let load = LoadExecutableRequest {
+            handle: 2,
+            executable: executable_for_worker("gated", 0).into(),
+            controller_device_ids: Default::default(),
+        };
+        rpc.load_executable(session.authed(load)).await.unwrap();
+        // All three queued before the stream opens, so the worker takes them
+        // together: an upload, its grant, and an execution that waits.
+        let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
+        let send = |seq, op| ops.send(ControlRequest { seq, op: Some(op) }).unwrap();
+        send(
+            1,
+            Op::PutSmallBuffer(PutSmallBufferRequest {
+                handle: 10,
+                spec: Some(spec(0, DType::I32, &[4])),
+                data: i32_bytes(&[1, 2, 3, 4]).to_vec().into(),
+            }),
+        );
+        send(
+            2,
+            Op::GrantRead(GrantReadRequest {
+                handle: 10,
+                grant: vec![5u8; 32].into(),
+                ttl_ms: 60_000,
+            }),
+        );
+        send(
+            3,
+            Op::Execute(ExecuteRequest {
+                executable: 2,
+                inputs: vec![10],
+                outputs: vec![11],
+                stream: 1,
+            }),
+        );
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut answers = rpc
+            .control(session.authed(stream))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(10), answers.message())
+                .await
+                .expect("an answer")
+                .unwrap()
+                .unwrap()
+        };
+        // The grant's answer (cumulative: the upload's too), with the
+        // execution still waiting at the gate.
+        let granted = next().await;
+        assert_eq!(
+            (granted.seq, granted.code, granted.finished),
+            (2, 0, false),
+            "{granted:?}"
+        );
+        assert!(!gate.is_ready());
+        gate.set(Ok(())).unwrap();
+        let finished = next().await;
+        assert_eq!(
+            (finished.seq, finished.code, finished.finished),
+            (3, 0, true),
+            "{finished:?}"
+        );
+    });
+    *GATE.lock().unwrap() = None;
 }
 
 /// Protocol 7: a small upload is an operation of the control stream, so an

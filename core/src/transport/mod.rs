@@ -81,8 +81,16 @@ pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// between workers ([`COPY_VERSION`]), 5 cumulative answers
 /// ([`CUMULATIVE_VERSION`]), 6 small outputs in execution answers
 /// ([`INLINE_OUTPUTS_VERSION`]), 7 small uploads on the control stream
-/// ([`SMALL_PUT_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 7;
+/// ([`SMALL_PUT_VERSION`]), 8 read grants answered at once
+/// ([`GRANT_ANSWER_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 8;
+/// The protocol version from which a worker answers a `GrantReadRequest` as
+/// soon as it holds the grant, whatever follows it on the control stream
+/// (under [`CUMULATIVE_VERSION`] alone, an execution right behind it could
+/// hold its answer until that execution finished). The controller asks the
+/// destination of a copy to read only then: a read that came before its
+/// grant would be refused like a stranger's, and retried.
+pub const GRANT_ANSWER_VERSION: u32 = 8;
 /// The protocol version that adds `PutSmallBufferRequest`: an upload of at
 /// most [`MAX_SMALL_PUT_BYTES`] (fixed-size elements) as one operation of
 /// the control stream, ordered with the executions that use it (a

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,8 @@ struct State {
 #[derive(Default)]
 pub(crate) struct RefusalLog {
     state: Mutex<State>,
+    /// Every refusal, logged or not.
+    total: AtomicU64,
 }
 
 impl RefusalLog {
@@ -54,6 +57,7 @@ impl RefusalLog {
     /// `reason`, unless that peer had a line less than a second ago: then it
     /// is only counted.
     pub(crate) fn refused(&self, peer: Option<SocketAddr>, reason: &str) {
+        self.total.fetch_add(1, Ordering::Relaxed);
         let Verdict::Log { untold, forgotten } = self.verdict(peer.map(|p| p.ip()), Instant::now())
         else {
             return;
@@ -72,6 +76,11 @@ impl RefusalLog {
                 "refused a request: {reason} ({untold} more from this peer not shown{others})"
             );
         }
+    }
+
+    /// How many requests were refused so far.
+    pub(crate) fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
     }
 
     fn verdict(&self, ip: Option<IpAddr>, now: Instant) -> Verdict {

@@ -502,6 +502,19 @@ impl RemoteSession {
         }
     }
 
+    /// Sends `op`; `done` runs once an answer says the worker applied it (on
+    /// a network thread, or on this one when the session is already lost).
+    fn send_control_when_applied(&self, op: control_request::Op, done: Completion) {
+        let completion = finish_of(done);
+        match self.inner.alive().and_then(|()| self.control()) {
+            Ok(control) => {
+                // A failure to send has run the completion already.
+                let _ = control.send(op, Some(completion), None, &self.inner.lost, true);
+            }
+            Err(err) => completion(Err(err)),
+        }
+    }
+
     /// Reads buffer `handle` (at most
     /// [`MAX_INLINE_READ_BYTES`](crate::transport::MAX_INLINE_READ_BYTES)) on the
     /// control stream, after every operation sent before, without blocking:
@@ -532,27 +545,23 @@ impl RemoteSession {
             spec: Some(spec),
             data,
         });
-        let completion = finish_of(done);
-        match self.inner.alive().and_then(|()| self.control()) {
-            Ok(control) => {
-                // A failure to send has run the completion already.
-                let _ = control.send(op, Some(completion), None, &self.inner.lost, true);
-            }
-            Err(err) => completion(Err(err)),
-        }
+        self.send_control_when_applied(op, done);
     }
 
     /// Lets one `GetBuffer` of another worker that presents `grant` read
     /// buffer `handle` of this session, within `ttl` (protocol version
     /// [`COPY_VERSION`](crate::transport::COPY_VERSION); on the control
     /// stream, after every operation sent before, without waiting).
-    pub fn grant_read(&self, handle: u64, grant: &[u8; 32], ttl: Duration) -> Result<()> {
+    /// `done` runs once the worker applied the grant (on a network thread, or
+    /// on this one when the session is already lost): a read that presents
+    /// it before then would be refused as a stranger's.
+    pub fn grant_read_then(&self, handle: u64, grant: &[u8; 32], ttl: Duration, done: Completion) {
         let op = control_request::Op::GrantRead(GrantReadRequest {
             handle,
             grant: Bytes::copy_from_slice(grant),
             ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
         });
-        self.send_control(op, None)
+        self.send_control_when_applied(op, done);
     }
 
     /// Makes buffer `handle` of this session (`spec`) from a buffer of the

@@ -42,9 +42,9 @@ const GRANT_BYTES: usize = 32;
 /// The longest address a fetch may name.
 const MAX_ADDRESS_BYTES: usize = 1024;
 
-/// How long a fetch waits for its source to know the grant (the grant and the
-/// fetch travel to the two workers at once), in attempts that double their
-/// wait from 2 ms.
+/// How long a fetch waits for its source to know the grant, in attempts that
+/// double their wait from 2 ms: a controller before protocol version 8 (or
+/// with a source before it) sends the grant and the fetch at once.
 const GRANT_ATTEMPTS: u32 = 10;
 
 /// Reads one worker granted: by grant, the buffer and until when.

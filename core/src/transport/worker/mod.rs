@@ -357,6 +357,14 @@ impl Worker {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Requests this worker refused so far (a wrong or missing token, an
+    /// unknown session, an unknown or expired read grant), the ones its
+    /// rate-limited log left out included: strangers at the port, or a
+    /// controller and its workers that disagree.
+    pub fn refused_requests(&self) -> u64 {
+        self.shared.refusals.total()
+    }
+
     /// Number of buffers the open sessions hold.
     pub fn buffer_count(&self) -> usize {
         lock(&self.shared.sessions)

@@ -28,7 +28,8 @@ use crate::transport::proto::{
 };
 use crate::transport::{
     to_status, version_mismatch, SessionId, AUTHORIZATION, CUMULATIVE_VERSION,
-    INLINE_OUTPUTS_VERSION, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
+    GRANT_ANSWER_VERSION, INLINE_OUTPUTS_VERSION, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
+    REDIRECT_VERSION,
 };
 
 /// How often an operation of a control stream marks its session as alive.
@@ -169,13 +170,14 @@ impl WorkerRpc for Service {
         // that finishes it, which must not block. The controller bounds what is
         // in flight by what it sends.
         let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
-        let (mut ended, cumulative, inline) = self
+        let (mut ended, cumulative, inline, grants_at_once) = self
             .with_session(id, |session| {
                 session.calls.attach(answers.clone());
                 Ok((
                     session.ended.subscribe(),
                     session.version >= CUMULATIVE_VERSION,
                     session.version >= INLINE_OUTPUTS_VERSION,
+                    session.version >= GRANT_ANSWER_VERSION,
                 ))
             })
             .map_err(|e| to_status(&e))?;
@@ -229,6 +231,12 @@ impl WorkerRpc for Service {
                     .operations
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let seq = op.seq;
+                // A copy's destination reads once its grant is answered.
+                let answer_now = grants_at_once
+                    && matches!(
+                        op.op,
+                        Some(crate::transport::proto::control_request::Op::GrantRead(_))
+                    );
                 let result = if seq == expected {
                     expected += 1;
                     service.apply(id, seq, op.op, &answers)
@@ -241,7 +249,7 @@ impl WorkerRpc for Service {
                     Ok(later) => (later, Ok(())),
                     Err(e) => (None, Err(e)),
                 };
-                if cumulative && applied.is_ok() {
+                if cumulative && applied.is_ok() && !answer_now {
                     // What finishes later is answered then, and that answer
                     // covers this one and those before.
                     unanswered = later.is_none().then_some(seq);
