@@ -1008,18 +1008,10 @@ fn a_compile_that_fails_on_a_worker_keeps_neither_its_parts_nor_its_host_callbac
         1,
         "a session still holds the host callback"
     );
-    // The session goes on: the next compile loads on both.
-    let exe = client
-        .compile(
-            Program::native("count", vec![], vec![], vec![client.devices()[0].clone()]),
-            CompileOptions::default(),
-        )
-        .unwrap();
-    exe.execute(&[], &ExecuteOptions::default())
-        .unwrap()
-        .status
-        .wait()
-        .unwrap();
+    // The session goes on.
+    let exe = compile_on(&client, "count", &client.devices()[0]);
+    let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();
+    run.status.wait().unwrap();
     assert_eq!(a.runs.load(Ordering::SeqCst), 1);
 }
 
