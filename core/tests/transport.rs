@@ -185,8 +185,10 @@ fn deleting_is_all_or_nothing_and_frees_the_buffers() {
 #[test]
 fn closing_or_abandoning_a_session_frees_its_buffers() {
     let (worker, token) = worker(|o| {
-        o.heartbeat_interval = Duration::from_millis(50);
-        o.session_timeout = Duration::from_millis(300);
+        // Short, but long enough that a loaded machine (a build beside the
+        // tests) does not delay a heartbeat past it.
+        o.heartbeat_interval = Duration::from_millis(100);
+        o.session_timeout = Duration::from_millis(1000);
     });
     let closed = connect(&worker, &token);
     closed
@@ -198,7 +200,8 @@ fn closing_or_abandoning_a_session_frees_its_buffers() {
     let kept = connect(&worker, &token);
     kept.put_buffer(kept.new_handle(), spec(0, DType::U8, &[4]), pattern(4))
         .unwrap();
-    std::thread::sleep(Duration::from_millis(800));
+    // Over two session timeouts.
+    std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(worker.buffer_count(), 1, "heartbeats keep a live session");
     // Dropping the session closes it on the worker (or, failing that, the
     // missing heartbeats do).
