@@ -502,6 +502,81 @@ fn a_copy_between_workers_reads_only_once_the_source_holds_its_grant() {
     );
 }
 
+/// Copies from one worker to another share one connection between them:
+/// the first copy connects, later ones reuse it (a connection costs round
+/// trips and, on the source, an admission).
+#[test]
+fn copies_between_two_workers_reuse_one_connection() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
+    let spec = ArraySpec::new(vec![4], DType::I32, Sharding::single_device(on_a)).unwrap();
+    let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3, 4]), spec).unwrap();
+    let copy = || {
+        let copied = x
+            .put_to(&client, Sharding::single_device(on_b.clone()), None, None)
+            .unwrap();
+        assert_eq!(
+            i32_values(&copied.buffers()[0].to_host_vec().unwrap()),
+            [1, 2, 3, 4]
+        );
+    };
+    copy();
+    let accepted = a.worker.connections_accepted();
+    for _ in 0..10 {
+        copy();
+    }
+    assert_eq!(
+        a.worker.connections_accepted(),
+        accepted,
+        "a copy opened a connection"
+    );
+}
+
+/// A kept connection to a source that went away does not fail the next copy
+/// from a new worker at the same address: the copy connects anew.
+#[test]
+fn a_copy_from_a_restarted_worker_at_the_same_address_connects_anew() {
+    let token = Token::generate().unwrap();
+    let worker_at = |listen: Option<std::net::SocketAddr>| {
+        let client = Client::new_local(ClientOptions {
+            num_cpu_devices: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut options = WorkerOptions::new(Some(token.clone()));
+        if let Some(listen) = listen {
+            options.listen = listen;
+        }
+        Worker::start(client, options).unwrap()
+    };
+    let b = worker_at(None);
+    let copy_from = |a: &Worker| {
+        let mut cluster = controller_options(a, &token);
+        cluster
+            .workers
+            .extend(controller_options(&b, &token).workers);
+        let client = Client::connect(&cluster).unwrap();
+        let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
+        let spec = ArraySpec::new(vec![2], DType::I32, Sharding::single_device(on_a)).unwrap();
+        let x = Array::from_host_bytes(&client, &i32_bytes(&[5, 6]), spec).unwrap();
+        let copied = x
+            .put_to(&client, Sharding::single_device(on_b), None, None)
+            .unwrap();
+        assert_eq!(
+            i32_values(&copied.buffers()[0].to_host_vec().unwrap()),
+            [5, 6]
+        );
+    };
+    let a = worker_at(None);
+    let address = a.local_addr();
+    copy_from(&a);
+    a.shutdown().unwrap();
+    let again = worker_at(Some(address));
+    copy_from(&again);
+}
+
 #[test]
 fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
     let token = Token::generate().unwrap();

@@ -251,6 +251,11 @@ impl Admission {
         (registry.pending.len(), registry.authenticated)
     }
 
+    /// Connections accepted so far (closed since or not).
+    pub(crate) fn accepted(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed) - 1
+    }
+
     /// Pending connections closed so far: (evicted by newer ones, timed out).
     pub(crate) fn closed_counts(&self) -> (u64, u64) {
         (

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tonic::codegen::http;
 use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::transport::Channel;
 
 use super::control::check_new_handles;
 use super::service::Service;
@@ -46,6 +47,48 @@ const MAX_ADDRESS_BYTES: usize = 1024;
 /// double their wait from 2 ms: a controller before protocol version 8 (or
 /// with a source before it) sends the grant and the fetch at once.
 const GRANT_ATTEMPTS: u32 = 10;
+
+/// The most connections to other workers a worker keeps for its fetches.
+const MAX_PEER_CHANNELS: usize = 256;
+
+/// How long a kept connection to another worker may go unused before a
+/// fetch from a new peer lets it go.
+const PEER_IDLE: Duration = Duration::from_secs(60);
+
+/// Where another worker is and how it is reached: address, TLS CA, TLS domain.
+type PeerKey = (String, bytes::Bytes, String);
+
+/// Connections to the workers this one fetched from, kept for the next copy
+/// from them (a connection costs round trips, and the source an admission):
+/// at most [`MAX_PEER_CHANNELS`], those unused for [`PEER_IDLE`] let go when
+/// a new one comes.
+#[derive(Default)]
+pub(super) struct Peers(std::sync::Mutex<HashMap<PeerKey, (Channel, Instant)>>);
+
+impl Peers {
+    fn get(&self, key: &PeerKey) -> Option<Channel> {
+        let mut peers = lock(&self.0);
+        let (channel, used) = peers.get_mut(key)?;
+        *used = Instant::now();
+        Some(channel.clone())
+    }
+
+    fn keep(&self, key: PeerKey, channel: Channel) {
+        let now = Instant::now();
+        let mut peers = lock(&self.0);
+        peers.retain(|_, (_, used)| now.duration_since(*used) < PEER_IDLE);
+        if peers.len() >= MAX_PEER_CHANNELS && !peers.contains_key(&key) {
+            let oldest = peers
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                peers.remove(&oldest);
+            }
+        }
+        peers.insert(key, (channel, now));
+    }
+}
 
 /// Reads one worker granted: by grant, the buffer and until when.
 #[derive(Default)]
@@ -245,15 +288,16 @@ impl Service {
                 ));
             }
         }
-        let mut options = ConnectOptions::new(request.address.clone(), None);
-        options.tls_ca = (!request.tls_ca_pem.is_empty()).then(|| request.tls_ca_pem.to_vec());
-        options.tls_domain = (!request.tls_domain.is_empty()).then(|| request.tls_domain.clone());
-        let channel = endpoint(&options, &request.address)?
-            .connect()
-            .await
-            .map_err(|e| {
-                Error::unavailable(format!("cannot connect to {}: {e}", request.address))
-            })?;
+        let key: PeerKey = (
+            request.address.clone(),
+            request.tls_ca_pem.clone(),
+            request.tls_domain.clone(),
+        );
+        // A kept channel connects anew by itself when its connection closed.
+        let channel = match self.0.peers.get(&key) {
+            Some(channel) => channel,
+            None => self.connect_peer(request, key).await?,
+        };
         let grant = MetadataValue::try_from(grant_header(&request.grant))
             .map_err(|_| Error::internal("a grant is not a header value"))?;
         let mut sink = Fetched::new(spec.size, seq, answers)?;
@@ -275,6 +319,21 @@ impl Service {
             }
         }
         Err(unknown_grant())
+    }
+
+    /// A new connection to the source of `request`, kept for later copies.
+    async fn connect_peer(&self, request: &FetchBufferRequest, key: PeerKey) -> Result<Channel> {
+        let mut options = ConnectOptions::new(request.address.clone(), None);
+        options.tls_ca = (!request.tls_ca_pem.is_empty()).then(|| request.tls_ca_pem.to_vec());
+        options.tls_domain = (!request.tls_domain.is_empty()).then(|| request.tls_domain.clone());
+        let channel = endpoint(&options, &request.address)?
+            .connect()
+            .await
+            .map_err(|e| {
+                Error::unavailable(format!("cannot connect to {}: {e}", request.address))
+            })?;
+        self.0.peers.keep(key, channel.clone());
+        Ok(channel)
     }
 }
 

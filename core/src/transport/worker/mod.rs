@@ -152,6 +152,8 @@ pub(super) struct Shared {
     single_session: Option<std::sync::atomic::AtomicBool>,
     /// Reads of buffers granted to other workers.
     grants: copies::Grants,
+    /// Connections to the workers this one fetched from.
+    peers: copies::Peers,
     /// Control operations received, over all sessions.
     operations: std::sync::atomic::AtomicU64,
 }
@@ -235,6 +237,7 @@ impl Worker {
                 .single_session
                 .then(|| std::sync::atomic::AtomicBool::new(false)),
             grants: copies::Grants::default(),
+            peers: copies::Peers::default(),
             operations: std::sync::atomic::AtomicU64::new(0),
         });
         let service = Routes {
@@ -334,6 +337,11 @@ impl Worker {
             self.shared.admission.counts(),
             self.shared.admission.closed_counts(),
         )
+    }
+
+    /// Connections this worker accepted so far, closed since or not.
+    pub fn connections_accepted(&self) -> u64 {
+        self.shared.admission.accepted()
     }
 
     /// The worker's router (what a connection's requests go through first),
