@@ -52,6 +52,25 @@ pub(crate) fn check_spec(client: &Client, spec: &BufferSpec) -> Result<CheckedSp
     })
 }
 
+/// The checked spec of a request that carries bytes of fixed-size elements
+/// only (`request`: its name, for the errors; `strings`: where string
+/// buffers go instead): `invalid_argument` when it has no spec or a string
+/// one.
+pub(crate) fn check_fixed_size_spec(
+    client: &Client,
+    spec: Option<&BufferSpec>,
+    request: &str,
+    strings: &str,
+) -> Result<CheckedSpec> {
+    let spec =
+        spec.ok_or_else(|| Error::invalid_argument(format!("a {request} without its spec")))?;
+    let spec = check_spec(client, spec)?;
+    if spec.dtype == DType::String {
+        return Err(Error::invalid_argument(format!("string buffers {strings}")));
+    }
+    Ok(spec)
+}
+
 /// The bytes `buffer` travels as (GetBuffer, and what PutBuffer takes): its
 /// row-major bytes, or a string buffer's elements as `StringElements`. Waits
 /// until the buffer is ready.

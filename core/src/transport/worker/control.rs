@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::executable::ExecuteOptions;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
-use crate::transport::buffers::{buffer_owning, check_spec};
+use crate::transport::buffers::{buffer_owning, check_fixed_size_spec};
 use crate::transport::host_calls::MAX_HOST_CALLBACKS;
 use crate::transport::proto::{
     control_request, ControlResponse, ExecuteRequest, LoadExecutableRequest,
@@ -199,16 +199,12 @@ impl Service {
     /// `PutSmallBufferRequest`.
     fn put_small(&self, id: SessionId, request: PutSmallBufferRequest) -> Result<()> {
         let handle = request.handle;
-        let spec = request
-            .spec
-            .as_ref()
-            .ok_or_else(|| Error::invalid_argument("a PutSmallBufferRequest without its spec"))?;
-        let spec = check_spec(&self.0.client, spec)?;
-        if spec.dtype == DType::String {
-            return Err(Error::invalid_argument(
-                "string buffers are uploaded with PutBuffer",
-            ));
-        }
+        let spec = check_fixed_size_spec(
+            &self.0.client,
+            request.spec.as_ref(),
+            "PutSmallBufferRequest",
+            "are uploaded with PutBuffer",
+        )?;
         if request.data.len() > MAX_SMALL_PUT_BYTES || request.data.len() != spec.size {
             return Err(Error::invalid_argument(format!(
                 "buffer {handle} needs {} bytes, and a PutSmallBufferRequest carries at most \

@@ -21,10 +21,11 @@ use super::control::check_new_handles;
 use super::service::Service;
 use super::{lock, Session};
 use crate::buffer::Buffer;
-use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::prefault::Prefault;
-use crate::transport::buffers::{buffer_owning, check_spec, receive_buffer, CheckedSpec};
+use crate::transport::buffers::{
+    buffer_owning, check_fixed_size_spec, receive_buffer, CheckedSpec,
+};
 use crate::transport::bulk::{get_call, ChunkSink};
 use crate::transport::proto::{BufferChunk, ControlResponse, FetchBufferRequest, GrantReadRequest};
 use crate::transport::session::{endpoint, ConnectOptions};
@@ -217,16 +218,12 @@ impl Service {
         request: FetchBufferRequest,
         answers: Answers,
     ) -> Result<crate::future::Event> {
-        let spec = request
-            .spec
-            .as_ref()
-            .ok_or_else(|| Error::invalid_argument("a FetchBufferRequest without its spec"))?;
-        let spec = check_spec(&self.0.client, spec)?;
-        if spec.dtype == DType::String {
-            return Err(Error::invalid_argument(
-                "string buffers are not copied between workers",
-            ));
-        }
+        let spec = check_fixed_size_spec(
+            &self.0.client,
+            request.spec.as_ref(),
+            "FetchBufferRequest",
+            "are not copied between workers",
+        )?;
         if request.address.is_empty() || request.address.len() > MAX_ADDRESS_BYTES {
             return Err(Error::invalid_argument(
                 "a FetchBufferRequest needs the address of its source (at most 1 KiB)",
