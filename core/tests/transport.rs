@@ -598,11 +598,7 @@ fn any_grpc_client_downloads_a_buffer() {
         metadata.insert(SESSION, session.id().to_string().parse().unwrap());
         request
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (chunks, missing) = runtime.block_on(async {
+    let (chunks, missing) = block_on(async {
         let mut rpc = WorkerClient::connect(format!("http://{}", worker.local_addr()))
             .await
             .unwrap();
@@ -640,12 +636,8 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs
     use colocated_core::transport::{CUMULATIVE_VERSION, INLINE_OUTPUTS_VERSION};
 
     let (worker, token, _log) = worker_with_add_one();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let answers_at = |version: u32| -> Vec<ControlResponse> {
-        runtime.block_on(async {
+        block_on(async {
             let session = RawSession::open(&worker, &token, version).await;
             let mut rpc = session.rpc.clone();
             let chunk = PutBufferChunk {
@@ -762,11 +754,7 @@ fn a_read_grant_is_answered_at_once_whatever_follows_it() {
     let (worker, token, _log) = worker_with_add_one();
     let gate = colocated_core::Event::new();
     *GATE.lock().unwrap() = Some(gate.clone());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    block_on(async {
         let session = RawSession::open(&worker, &token, GRANT_ANSWER_VERSION).await;
         let mut rpc = session.rpc.clone();
         let load = LoadExecutableRequest {
@@ -847,11 +835,7 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
     use colocated_core::transport::{MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION};
 
     let (worker, token, _log) = worker_with_add_one();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    block_on(async {
         let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
         let mut rpc = session.rpc.clone();
         let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -927,6 +911,16 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
 /// A session opened with a raw gRPC client at protocol `version` (which the
 /// worker must choose), with the `add_one` executable loaded as handle 1:
 /// for requests as a controller of that version sends them.
+/// Runs `future` to its end on a runtime of its own (raw gRPC clients need
+/// one; the test thread is not in one).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
 struct RawSession {
     rpc: colocated_core::transport::proto::worker_client::WorkerClient<tonic::transport::Channel>,
     bearer: String,
