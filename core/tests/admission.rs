@@ -89,7 +89,8 @@ fn a_silent_connection_is_closed_after_the_handshake_deadline() {
     std::thread::sleep(Duration::from_millis(800));
     session.heartbeat().unwrap();
     let ((pending, authenticated), _) = worker.connection_counts();
-    assert_eq!((pending, authenticated), (0, 1));
+    // The session's connection and its lane.
+    assert_eq!((pending, authenticated), (0, 2));
 }
 
 #[test]
@@ -127,7 +128,8 @@ fn silent_connections_beyond_the_bound_displace_the_oldest_and_a_controller_gets
     );
     let session = connect(&worker, &token);
     session.heartbeat().unwrap();
-    assert_eq!(worker.connection_counts().0 .1, 1);
+    // The session's connection and its lane.
+    assert_eq!(worker.connection_counts().0 .1, 2);
 }
 
 #[test]

@@ -925,6 +925,7 @@ struct RawSession {
     rpc: colocated_core::transport::proto::worker_client::WorkerClient<tonic::transport::Channel>,
     bearer: String,
     id: String,
+    id_bytes: Vec<u8>,
 }
 
 impl RawSession {
@@ -952,7 +953,12 @@ impl RawSession {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        let session = RawSession { rpc, bearer, id };
+        let session = RawSession {
+            rpc,
+            bearer,
+            id,
+            id_bytes: opened.session_id.to_vec(),
+        };
         let load = LoadExecutableRequest {
             handle: 1,
             executable: executable_for_worker("add_one", 0).into(),
@@ -977,4 +983,286 @@ impl RawSession {
         metadata.insert(SESSION, self.id.parse().unwrap());
         request
     }
+}
+
+/// Opens a lane by hand: sends `opening` (the magic bytes and a hello, or
+/// not), and reads the worker's welcome, if it sends one before closing.
+fn raw_lane(
+    worker: &Worker,
+    opening: &[u8],
+) -> (
+    std::net::TcpStream,
+    Option<colocated_core::transport::proto::LaneWelcome>,
+) {
+    use std::io::{Read, Write};
+    let mut socket = std::net::TcpStream::connect(worker.local_addr()).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    socket.write_all(opening).unwrap();
+    let mut len = [0u8; 4];
+    if socket.read_exact(&mut len).is_err() {
+        return (socket, None);
+    }
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    socket.read_exact(&mut body).unwrap();
+    let welcome =
+        <colocated_core::transport::proto::LaneWelcome as prost::Message>::decode(&body[..])
+            .unwrap();
+    (socket, Some(welcome))
+}
+
+/// The bytes that open a lane: the magic, then `hello` framed.
+fn lane_opening(hello: &colocated_core::transport::proto::LaneHello) -> Vec<u8> {
+    let mut out = colocated_core::transport::LANE_MAGIC.to_vec();
+    out.extend(frame(hello));
+    out
+}
+
+/// `message` framed as on a lane.
+fn frame(message: &impl prost::Message) -> Vec<u8> {
+    let body = message.encode_to_vec();
+    let mut out = (body.len() as u32).to_le_bytes().to_vec();
+    out.extend(body);
+    out
+}
+
+/// Waits (a few seconds at most) until `worker` holds `n` authenticated
+/// connections.
+fn wait_authenticated(worker: &Worker, n: usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = worker.connection_counts().0 .1;
+        if now == n || std::time::Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_session_runs_the_same_on_its_lane_and_on_grpc_and_closing_it_closes_the_lane() {
+    let (worker, token, _log) = worker_with_add_one();
+    for lane in [true, false] {
+        let mut options = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
+        options.timeout = Duration::from_secs(5);
+        options.lane = lane;
+        let session = RemoteSession::connect(&options).unwrap();
+        // The session's connection, and its lane when it has one.
+        assert_eq!(
+            wait_authenticated(&worker, 1 + usize::from(lane)),
+            1 + usize::from(lane)
+        );
+        let operations = worker.control_operations();
+        let exe = session.new_handle();
+        session
+            .load_executable(exe, executable_for_worker("add_one", 1))
+            .unwrap();
+        let x = session.new_handle();
+        session
+            .put_buffer(x, spec(1, DType::I32, &[4]), i32_bytes(&[1, 2, 3, 4]))
+            .unwrap();
+        // Pipelined executions, then a read on the control stream.
+        let mut last = x;
+        for _ in 0..50 {
+            let y = session.new_handle();
+            session.execute_then(exe, &[last], &[y], 3, Box::new(|_| {}));
+            last = y;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        session.read_small_buffer_then(last, Box::new(move |read| tx.send(read).unwrap()));
+        let read = rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        assert_eq!(i32_values(&read), vec![51, 52, 53, 54], "lane: {lane}");
+        // A refused operation is reported as on gRPC.
+        let z = session.new_handle();
+        let (tx, rx) = std::sync::mpsc::channel();
+        session.execute_then(
+            999,
+            &[x],
+            &[z],
+            3,
+            Box::new(move |done| tx.send(done).unwrap()),
+        );
+        let err = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+        assert_eq!(session.flush().unwrap_err().code(), ErrorCode::NotFound);
+        assert!(worker.control_operations() >= operations + 52);
+        session.close();
+        // The worker closes the lane with the session; the connection goes
+        // with the session's last handle.
+        assert_eq!(wait_authenticated(&worker, 1), 1, "lane: {lane}");
+        let ended = session.lost().status().unwrap().unwrap_err();
+        assert_eq!(
+            ended.code(),
+            ErrorCode::Cancelled,
+            "closed, not lost: {ended}"
+        );
+        drop(session);
+        assert_eq!(wait_authenticated(&worker, 0), 0, "lane: {lane}");
+    }
+}
+
+#[test]
+fn a_lane_needs_the_token_and_a_live_session_and_a_stranger_holds_nothing() {
+    use colocated_core::transport::proto::LaneHello;
+    use std::io::Read;
+
+    let (worker, token, _log) = worker_with_add_one();
+    let raw = block_on(RawSession::open(&worker, &token, 9));
+    let refused_before = worker.refused_requests();
+    let hello = |token: &str, session: &[u8]| LaneHello {
+        token: token.to_string(),
+        session_id: session.to_vec().into(),
+    };
+    let closed = |mut socket: std::net::TcpStream| {
+        let mut byte = [0u8; 1];
+        matches!(socket.read(&mut byte), Ok(0) | Err(_))
+    };
+    // A wrong token, an unknown session: refused, and closed.
+    let (socket, welcome) = raw_lane(&worker, &lane_opening(&hello("wrong", &raw.id_bytes)));
+    let welcome = welcome.expect("a welcome that refuses");
+    assert_eq!(
+        welcome.code,
+        ErrorCode::Unauthenticated as u32,
+        "{welcome:?}"
+    );
+    assert!(closed(socket));
+    assert_eq!(worker.refused_requests(), refused_before + 1);
+    let (socket, welcome) = raw_lane(&worker, &lane_opening(&hello(token.expose(), &[7; 16])));
+    assert_eq!(welcome.unwrap().code, ErrorCode::Unauthenticated as u32);
+    assert!(closed(socket));
+    // Wrong magic bytes, a hello longer than allowed: closed with a refusal
+    // (before any hello is read past its length).
+    let mut wrong_magic = lane_opening(&hello(token.expose(), &raw.id_bytes));
+    wrong_magic[1] = b'X';
+    let (socket, welcome) = raw_lane(&worker, &wrong_magic);
+    assert_eq!(welcome.unwrap().code, ErrorCode::InvalidArgument as u32);
+    assert!(closed(socket));
+    let mut huge = colocated_core::transport::LANE_MAGIC.to_vec();
+    huge.extend((64u32 << 20).to_le_bytes());
+    let (socket, welcome) = raw_lane(&worker, &huge);
+    let welcome = welcome.unwrap();
+    assert_eq!(welcome.code, ErrorCode::InvalidArgument as u32);
+    assert!(welcome.message.contains("at most"), "{}", welcome.message);
+    assert!(closed(socket));
+    // (The raw session's connection closed with the runtime that opened it.)
+    assert_eq!(wait_authenticated(&worker, 0), 0, "no lane was accepted");
+    // The right token and session: accepted, and counted.
+    let (socket, welcome) = raw_lane(
+        &worker,
+        &lane_opening(&hello(token.expose(), &raw.id_bytes)),
+    );
+    assert_eq!(welcome.unwrap().code, 0);
+    assert_eq!(wait_authenticated(&worker, 1), 1);
+    drop(socket);
+    assert_eq!(wait_authenticated(&worker, 0), 0, "a lane's end frees it");
+    assert_eq!(worker.session_count(), 1, "the session outlives its lane");
+}
+
+#[test]
+fn a_silent_lane_is_closed_at_the_handshake_deadline() {
+    let (worker, _token) = worker(|options| options.handshake_timeout = Duration::from_millis(300));
+    // The zero byte that marks a lane, then nothing.
+    let (socket, welcome) = raw_lane(&worker, &[0u8]);
+    assert!(welcome.is_none(), "closed without a welcome");
+    drop(socket);
+    assert_eq!(worker.connection_counts().1 .1, 1, "timed out");
+}
+
+#[test]
+fn a_lane_answers_its_operations_and_a_bad_frame_ends_only_that_lane() {
+    use colocated_core::transport::proto::{
+        control_request::Op, ControlRequest, ControlResponse, ExecuteRequest, LaneHello,
+        PutSmallBufferRequest,
+    };
+    use std::io::{Read, Write};
+
+    let (worker, token, _log) = worker_with_add_one();
+    let raw = block_on(RawSession::open(&worker, &token, 9));
+    let (mut socket, welcome) = raw_lane(
+        &worker,
+        &lane_opening(&LaneHello {
+            token: token.expose().to_string(),
+            session_id: raw.id_bytes.clone().into(),
+        }),
+    );
+    assert_eq!(welcome.unwrap().code, 0);
+    let mut ops = Vec::new();
+    ops.extend(frame(&ControlRequest {
+        seq: 1,
+        op: Some(Op::PutSmallBuffer(PutSmallBufferRequest {
+            handle: 10,
+            spec: Some(spec(0, DType::I32, &[4])),
+            data: i32_bytes(&[5; 4]),
+        })),
+    }));
+    ops.extend(frame(&ControlRequest {
+        seq: 2,
+        op: Some(Op::Execute(ExecuteRequest {
+            executable: 1,
+            inputs: vec![10],
+            outputs: vec![11],
+            stream: 1,
+        })),
+    }));
+    ops.extend(frame(&ControlRequest {
+        seq: 3,
+        op: Some(Op::Execute(ExecuteRequest {
+            executable: 999,
+            inputs: vec![10],
+            outputs: vec![12],
+            stream: 1,
+        })),
+    }));
+    socket.write_all(&ops).unwrap();
+    let mut answer = || {
+        let mut len = [0u8; 4];
+        socket.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        socket.read_exact(&mut body).unwrap();
+        <ControlResponse as prost::Message>::decode(&body[..]).unwrap()
+    };
+    let mut answers = Vec::new();
+    while !answers
+        .iter()
+        .any(|a: &ControlResponse| a.seq == 2 && a.finished)
+        || !answers.iter().any(|a: &ControlResponse| a.seq == 3)
+    {
+        answers.push(answer());
+    }
+    let finished = answers.iter().find(|a| a.seq == 2 && a.finished).unwrap();
+    assert_eq!(finished.code, 0);
+    assert_eq!(
+        i32_values(&finished.data),
+        vec![6; 4],
+        "the output rides with the answer"
+    );
+    let refused = answers.iter().find(|a| a.seq == 3).unwrap();
+    assert_eq!(refused.code, ErrorCode::NotFound as u32, "{refused:?}");
+    // A frame longer than any message: the worker ends the lane, not itself.
+    socket.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    let mut rest = Vec::new();
+    let _ = socket.read_to_end(&mut rest);
+    assert_eq!(wait_authenticated(&worker, 0), 0);
+    // The session and the worker go on.
+    assert_eq!(worker.session_count(), 1);
+    let session = connect(&worker, &token);
+    session.heartbeat().unwrap();
+}
+
+#[test]
+fn a_worker_that_stops_is_lost_by_a_session_on_its_lane() {
+    let (worker, token) = worker(|_| {});
+    let session = connect(&worker, &token);
+    assert_eq!(wait_authenticated(&worker, 2), 2);
+    worker.shutdown().unwrap();
+    let lost = session
+        .lost()
+        .wait_timeout(Duration::from_secs(5))
+        .unwrap_err();
+    // Not the wait's own deadline: the lane's end says the worker is gone.
+    assert_eq!(lost.code(), ErrorCode::Unavailable, "{lost}");
 }

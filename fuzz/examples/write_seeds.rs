@@ -7,14 +7,15 @@ use std::path::Path;
 
 use bytes::Bytes;
 use colocated_core::transport::fuzzing::{
-    colocated_seeds, copy_shards, encode_input, sample_executable, Rpc, COPY_FUNCTION,
+    colocated_seeds, copy_shards, encode_input, encode_lane_input, sample_executable, Rpc,
+    COPY_FUNCTION,
 };
 use colocated_core::transport::proto::{
     control_request, BufferSpec, ControlRequest, DeleteBuffersRequest, ExecuteRequest,
-    HostCallbackResult, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
+    HostCallbackResult, LaneHello, LoadExecutableRequest, OpenSessionRequest, PutBufferChunk,
     PutSmallBufferRequest, ReadBufferRequest, StringElements,
 };
-use colocated_core::transport::{MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX};
+use colocated_core::transport::{LANE_MAGIC, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX};
 use colocated_core::{
     ArraySpec, Client, ClientOptions, CompileOptions, DType, Program, Result, Sharding,
 };
@@ -107,7 +108,7 @@ fn control_seeds() {
     for (name, min_version, max_version) in [
         ("open-v1", 1, 1),
         ("open-v2", 1, 2),
-        ("open-future", PROTOCOL_VERSION_MAX + 1, 9),
+        ("open-future", PROTOCOL_VERSION_MAX + 1, PROTOCOL_VERSION_MAX + 1),
     ] {
         let open = OpenSessionRequest {
             min_version,
@@ -241,7 +242,49 @@ fn executable_seeds() -> Result<()> {
     Ok(())
 }
 
+fn lane_seeds() {
+    let target = "lane_bytes";
+    let small = control_request::Op::PutSmallBuffer(PutSmallBufferRequest {
+        handle: 20,
+        spec: Some(BufferSpec {
+            device: 0,
+            dtype: DType::F32 as u32,
+            dims: vec![2],
+        }),
+        data: Bytes::from_static(&[0; 8]),
+    });
+    let ops = [
+        op(1, small),
+        op(2, execute(vec![1, 2], vec![10, 11], 0)),
+        op(
+            3,
+            control_request::Op::ReadBuffer(ReadBufferRequest { handle: 10 }),
+        ),
+        op(
+            4,
+            control_request::Op::DeleteBuffers(DeleteBuffersRequest {
+                handles: vec![10, 11, 20],
+            }),
+        ),
+    ];
+    write(target, "lane-ops", &encode_lane_input(&ops));
+    write(target, "lane-out-of-order", &encode_lane_input(&ops[1..]));
+    // An opening alone (a wrong token, an unknown session): the input's
+    // first byte 0 sends the rest as is.
+    let mut opening = vec![0u8];
+    opening.extend_from_slice(LANE_MAGIC);
+    let hello = LaneHello {
+        token: "wrong".into(),
+        session_id: Bytes::from_static(&[7; 16]),
+    }
+    .encode_to_vec();
+    opening.extend_from_slice(&(hello.len() as u32).to_le_bytes());
+    opening.extend_from_slice(&hello);
+    write(target, "lane-refused-opening", &opening);
+}
+
 fn main() -> Result<()> {
+    lane_seeds();
     control_seeds();
     buffer_seeds();
     for (name, input) in colocated_seeds() {

@@ -309,6 +309,44 @@ impl AdmittedStream {
     }
 }
 
+impl AdmittedStream {
+    /// The peer's address.
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.state.peer
+    }
+
+    /// The first byte the peer sent, left unread; `None` when it closed
+    /// first. Fails like a read once admission closes the connection or its
+    /// handshake deadline passes.
+    pub(crate) async fn first_byte(&mut self) -> io::Result<Option<u8>> {
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(err) = self.check(cx) {
+                return Poll::Ready(Err(err));
+            }
+            let mut byte = [0u8; 1];
+            let mut buf = ReadBuf::new(&mut byte);
+            match self.stream.poll_peek(cx, &mut buf) {
+                Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
+                Poll::Ready(Ok(_)) => Poll::Ready(Ok(Some(byte[0]))),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// A blocking handle of this (authenticated) connection for a thread of
+    /// its own. The connection stays counted, and open, while `self` lives.
+    #[cfg(unix)]
+    pub(crate) fn blocking_socket(&self) -> io::Result<std::net::TcpStream> {
+        use std::os::fd::AsFd;
+        let socket = std::net::TcpStream::from(self.stream.as_fd().try_clone_to_owned()?);
+        // The runtime no longer reads or writes it.
+        socket.set_nonblocking(false)?;
+        Ok(socket)
+    }
+}
+
 impl Drop for AdmittedStream {
     fn drop(&mut self) {
         self.admission.release(&self.state);

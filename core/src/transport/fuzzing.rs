@@ -269,6 +269,29 @@ impl http_body::Body for Watched {
     }
 }
 
+/// Bytes on a connection to the worker's port, as a lane's (see
+/// [`lane`](super::lane)): the first byte's bit 0 says whether a valid lane
+/// opening (magic bytes and hello) for a throwaway session comes first (the
+/// rest then are frames of `ControlRequest`s); else the rest is all that is
+/// sent (a lane when it begins with a zero byte, gRPC otherwise). The worker
+/// answers or closes the connection once the input ends, and goes on
+/// serving.
+pub fn lane_bytes(data: &[u8]) {
+    let Some((&flags, body)) = data.split_first() else {
+        return;
+    };
+    harness().run_lane(flags & 1 == 1, body);
+}
+
+/// A lane fuzz input: a valid opening, then `requests` framed.
+pub fn encode_lane_input(requests: &[ControlRequest]) -> Vec<u8> {
+    let mut out = vec![1u8];
+    for request in requests {
+        super::lane::encode_frame(request, &mut out);
+    }
+    out
+}
+
 /// An input of `messages` as request `rpc`, in one data frame that ends
 /// cleanly (to write seeds).
 pub fn encode_input<M: Message>(rpc: Rpc, messages: &[M]) -> Vec<u8> {
@@ -568,7 +591,13 @@ impl Harness {
                 Rpc::PutBuffer => self.put_buffer(id, wire).await,
             }
             self.peer.close(id).await;
-            // The worker still serves its other sessions, and holds no other.
+            self.check_bystander().await;
+        });
+    }
+
+    /// The worker still serves its other sessions, and holds no other.
+    async fn check_bystander(&self) {
+        {
             check(
                 "the bystander's heartbeat",
                 self.peer
@@ -586,6 +615,42 @@ impl Harness {
                 1,
                 "a session was left open"
             );
+        }
+    }
+
+    /// Sends `body` on a connection to the worker's port (after a valid
+    /// lane opening for a throwaway session when `opened`), closes its
+    /// writing side, and reads until the worker closes it.
+    fn run_lane(&self, opened: bool, body: &[u8]) {
+        use std::io::{Read, Write};
+        let id = block_on(self.throwaway_session());
+        let mut bytes = if opened {
+            super::lane::hello_bytes(self.peer.token.expose(), id.as_bytes())
+        } else {
+            Vec::new()
+        };
+        bytes.extend_from_slice(body);
+        let mut socket = std::net::TcpStream::connect(self.peer.worker.local_addr())
+            .expect("connecting to the worker");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("a read timeout");
+        // The worker may close first: the rest is not sent.
+        let _ = socket.write_all(&bytes);
+        let _ = socket.shutdown(std::net::Shutdown::Write);
+        let mut answers = Vec::new();
+        if let Err(e) = socket.read_to_end(&mut answers) {
+            assert!(
+                !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "the worker left the connection open: {e}"
+            );
+        }
+        block_on(async {
+            self.peer.close(id).await;
+            self.check_bystander().await;
         });
     }
 

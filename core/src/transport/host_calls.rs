@@ -21,8 +21,37 @@ pub(crate) const MAX_HOST_CALLBACKS: u32 = 1024;
 pub(crate) const MAX_CALLBACK_BYTES: usize = MAX_MESSAGE_BYTES - 4096;
 
 /// Where a session's control stream sends messages to its controller.
-pub(crate) type ControlSink =
-    tokio::sync::mpsc::UnboundedSender<std::result::Result<ControlResponse, Status>>;
+#[derive(Clone)]
+pub(crate) enum ControlSink {
+    /// The answers of a gRPC `Control` stream (sent by the network runtime).
+    Stream(tokio::sync::mpsc::UnboundedSender<std::result::Result<ControlResponse, Status>>),
+    /// A lane, written by whichever thread answers.
+    Lane(std::sync::Arc<super::lane::LaneWriter>),
+}
+
+/// The control stream that a [`ControlSink`] sends on has ended.
+#[derive(Debug)]
+pub(crate) struct SinkClosed;
+
+impl ControlSink {
+    /// Sends `message`; an error ends the stream (a lane says nothing more:
+    /// its connection closes).
+    pub(crate) fn send(
+        &self,
+        message: std::result::Result<ControlResponse, Status>,
+    ) -> std::result::Result<(), SinkClosed> {
+        match self {
+            ControlSink::Stream(tx) => tx.send(message).map_err(|_| SinkClosed),
+            ControlSink::Lane(lane) => match message {
+                Ok(message) => lane.send(&message).map_err(|_| SinkClosed),
+                Err(_) => {
+                    lane.close();
+                    Err(SinkClosed)
+                }
+            },
+        }
+    }
+}
 
 /// A worker session's calls to its controller's host callbacks.
 #[derive(Default)]

@@ -27,6 +27,7 @@ pub mod fuzzing;
 mod host_calls;
 mod idle;
 pub mod isolate;
+mod lane;
 mod refusals;
 pub mod session;
 mod strings;
@@ -35,6 +36,7 @@ pub mod worker;
 pub(crate) use buffers::reports_progress;
 pub use buffers::CHUNK_BYTES;
 pub(crate) use buffers::{copy_chunk, INFLIGHT_CHUNKS};
+pub use lane::{LANE_MAGIC, LANE_VERSION};
 pub(crate) use strings::{encode_strings, StringDecoder};
 pub use strings::{MAX_STRING_BUFFER_BYTES, STRINGS_VERSION};
 
@@ -82,8 +84,9 @@ pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// ([`CUMULATIVE_VERSION`]), 6 small outputs in execution answers
 /// ([`INLINE_OUTPUTS_VERSION`]), 7 small uploads on the control stream
 /// ([`SMALL_PUT_VERSION`]), 8 read grants answered at once
-/// ([`GRANT_ANSWER_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 8;
+/// ([`GRANT_ANSWER_VERSION`]), 9 the control stream on a lane of its own
+/// ([`LANE_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 9;
 /// The protocol version from which a worker answers a `GrantReadRequest` as
 /// soon as it holds the grant, whatever follows it on the control stream
 /// (under [`CUMULATIVE_VERSION`] alone, an execution right behind it could

@@ -15,11 +15,14 @@ use super::liveness::{watch, Beat};
 use super::{block_on, Inner, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
+use crate::transport::lane::{hello_bytes, welcome_result, MAX_HELLO_BYTES};
 use crate::transport::proto::worker_client::WorkerClient;
-use crate::transport::proto::{CloseSessionRequest, OpenSessionRequest, OpenSessionResponse};
+use crate::transport::proto::{
+    CloseSessionRequest, LaneWelcome, OpenSessionRequest, OpenSessionResponse,
+};
 use crate::transport::{
     from_status, runtime, version_mismatch, versions_compatible, SessionId, Token, AUTHORIZATION,
-    MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, SESSION, VERSION,
+    LANE_VERSION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, SESSION, VERSION,
 };
 
 /// `HOST` of `HOST:PORT` (without the brackets of an IPv6 address).
@@ -45,6 +48,11 @@ pub struct ConnectOptions {
     /// The name the worker's certificate must carry (default: the host part of
     /// `address`).
     pub tls_domain: Option<String>,
+    /// Carry the control stream on a lane of its own when the worker offers
+    /// one (protocol version [`LANE_VERSION`]; plain TCP only), else on
+    /// gRPC. Default: true, unless the environment sets
+    /// `COLOCATED_LANE=0`.
+    pub lane: bool,
 }
 
 impl ConnectOptions {
@@ -57,8 +65,66 @@ impl ConnectOptions {
             client_name: format!("controller pid {}", std::process::id()),
             tls_ca: None,
             tls_domain: None,
+            lane: std::env::var("COLOCATED_LANE").map_or(true, |v| v != "0"),
         }
     }
+}
+
+/// Opens a lane to session `id` at `address` (see
+/// [`lane`](crate::transport::lane)): connects, sends the hello with
+/// `token`, and waits (at most `timeout`) for the worker to accept it.
+fn open_lane(
+    address: &str,
+    token: Option<&Token>,
+    id: &SessionId,
+    timeout: Duration,
+) -> Result<std::net::TcpStream> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let failed = |e: std::io::Error| Error::unavailable(format!("a lane to {address}: {e}"));
+    let mut last = None;
+    let mut socket = None;
+    for candidate in address.to_socket_addrs().map_err(failed)? {
+        match std::net::TcpStream::connect_timeout(&candidate, timeout) {
+            Ok(connected) => {
+                socket = Some(connected);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let mut socket = match (socket, last) {
+        (Some(socket), _) => socket,
+        (None, Some(e)) => return Err(failed(e)),
+        (None, None) => {
+            return Err(Error::unavailable(format!(
+                "a lane to {address}: the address names no host"
+            )))
+        }
+    };
+    // Small operations must not wait for Nagle.
+    socket.set_nodelay(true).map_err(failed)?;
+    socket.set_read_timeout(Some(timeout)).map_err(failed)?;
+    socket.set_write_timeout(Some(timeout)).map_err(failed)?;
+    let token = token.map_or("", |t| t.expose());
+    socket
+        .write_all(&hello_bytes(token, id.as_bytes()))
+        .map_err(failed)?;
+    let mut len = [0u8; 4];
+    socket.read_exact(&mut len).map_err(failed)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_HELLO_BYTES {
+        return Err(Error::internal(format!(
+            "worker {address} answered a lane's hello with {len} bytes"
+        )));
+    }
+    let mut welcome = vec![0u8; len];
+    socket.read_exact(&mut welcome).map_err(failed)?;
+    let welcome = <LaneWelcome as prost::Message>::decode(&welcome[..])
+        .map_err(|e| Error::internal(format!("worker {address}: a bad lane welcome: {e}")))?;
+    welcome_result(&welcome).map_err(|e| e.context(format!("worker {address} refused a lane")))?;
+    socket.set_read_timeout(None).map_err(failed)?;
+    Ok(socket)
 }
 
 /// A connection with an opened session, before it is checked.
@@ -189,6 +255,8 @@ impl RemoteSession {
     /// protocol version is `failed_precondition`.
     pub fn connect(options: &ConnectOptions) -> Result<RemoteSession> {
         let (mut opened, mut response) = open_session(options, &options.address, &options.token)?;
+        // The token of the worker where the session lives.
+        let mut session_token = options.token.clone();
         // Where the session lives, and the name its TLS checks: another
         // worker that reads from it goes there.
         let mut reached = (options.address.clone(), options.tls_domain.clone());
@@ -202,6 +270,7 @@ impl RemoteSession {
                 Some(domain) => domain.clone(),
                 None => host_of(&options.address).to_string(),
             });
+            session_token = Some(token.clone());
             (opened, response) = open_session(&redirected, &address, &Some(token))
                 .map_err(|e| e.context(format!("worker {}'s session worker", options.address)))?;
             if !response.redirect_address.is_empty() {
@@ -274,10 +343,37 @@ impl RemoteSession {
             tls: options.tls_ca.clone().map(|ca| (ca, reached.1)),
         });
         watch(&inner)?;
+        let lane = if response.lane
+            && response.version >= LANE_VERSION
+            && options.lane
+            && options.tls_ca.is_none()
+        {
+            // A lane refused or cut on the way (a proxy that speaks HTTP/2
+            // only) leaves the control stream on gRPC.
+            match open_lane(
+                &inner.session_address,
+                session_token.as_ref(),
+                &id,
+                options.timeout,
+            ) {
+                Ok(socket) => {
+                    // A worker that stops reading for a session timeout is lost.
+                    let timeout = Duration::from_millis(u64::from(response.session_timeout_ms))
+                        .max(options.timeout);
+                    Some((socket, timeout))
+                }
+                Err(err) => {
+                    tracing::warn!(worker = %options.address, error = %err, "no lane: the control stream goes on gRPC");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let session = RemoteSession { inner };
         // Open from the start: a worker that dies ends it at once, so an idle
         // session learns of it without waiting for a heartbeat.
-        session.open_control()?;
+        session.open_control(lane)?;
         Ok(session)
     }
 }

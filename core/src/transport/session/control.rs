@@ -15,6 +15,7 @@ use super::host_calls::run_host_callback;
 use super::{lock, Completion, Inner, Progress, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
+use crate::transport::lane::{encode_frame, FrameReader, LaneWriter, MAX_FRAME_BYTES};
 use crate::transport::proto::{
     control_request, BufferSpec, ControlRequest, ControlResponse, DeleteBuffersRequest,
     ExecuteRequest, FetchBufferRequest, GrantReadRequest, PutSmallBufferRequest, ReadBufferRequest,
@@ -30,7 +31,7 @@ pub(super) struct Control {
 }
 
 struct ControlSender {
-    tx: tokio::sync::mpsc::UnboundedSender<Outgoing>,
+    tx: Sink,
     /// The `seq` of the last operation sent.
     sent: u64,
     /// Buffers to delete: the deletion goes out with the next operation, or
@@ -48,6 +49,34 @@ enum Outgoing {
     One(ControlRequest),
     /// A deferred deletion and the operation it rides with.
     Two(ControlRequest, ControlRequest),
+}
+
+/// Where a session's control operations go.
+enum Sink {
+    /// The requests of a gRPC `Control` stream (sent by the network runtime).
+    Stream(tokio::sync::mpsc::UnboundedSender<Outgoing>),
+    /// A lane, written by the sending thread.
+    Lane(LaneWriter),
+}
+
+impl Sink {
+    /// Sends `outgoing`; false once the stream is closed.
+    fn send(&self, outgoing: Outgoing) -> bool {
+        match self {
+            Sink::Stream(tx) => tx.send(outgoing).is_ok(),
+            Sink::Lane(lane) => {
+                let mut bytes = Vec::new();
+                match &outgoing {
+                    Outgoing::One(request) => encode_frame(request, &mut bytes),
+                    Outgoing::Two(first, second) => {
+                        encode_frame(first, &mut bytes);
+                        encode_frame(second, &mut bytes);
+                    }
+                }
+                lane.send_bytes(&bytes).is_ok()
+            }
+        }
+    }
 }
 
 /// The control stream's requests, one by one.
@@ -150,7 +179,7 @@ impl Control {
             ),
             None => Outgoing::One(request),
         };
-        if sender.tx.send(outgoing).is_err() {
+        if !sender.tx.send(outgoing) {
             drop(sender);
             let err = Error::unavailable("the control stream is closed");
             self.state.complete(seq, Err(err.clone()));
@@ -218,7 +247,6 @@ impl ControlSender {
             if self
                 .tx
                 .send(Outgoing::One(ControlRequest { seq, op: Some(op) }))
-                .is_ok()
             {
                 self.sent = seq;
             }
@@ -349,38 +377,7 @@ async fn read_answers(
 ) {
     let ended = loop {
         match answers.message().await {
-            Ok(Some(mut answer)) => {
-                if let Some(call) = answer.host_callback.take() {
-                    run_host_callback(&inner, call);
-                    continue;
-                }
-                let result = answer_result(&answer);
-                if answer.total_bytes > 0 && !answer.finished {
-                    let progress = lock(&state.progress).get(&answer.seq).cloned();
-                    if let Some(progress) = progress {
-                        progress(answer.progress_bytes, answer.total_bytes);
-                    }
-                }
-                // The worker answered just now (and counted the operation
-                // as the session's heartbeat).
-                if let Some(inner) = inner.upgrade() {
-                    inner.beat.heard();
-                }
-                if answer.finished {
-                    let data = std::mem::take(&mut answer.data);
-                    state.complete(answer.seq, result.map(|()| data));
-                } else if let Err(err) = result {
-                    tracing::debug!(seq = answer.seq, error = %err, "control operation failed");
-                    lock(&state.failed).get_or_insert(err.clone());
-                    state.complete(answer.seq, Err(err));
-                }
-                // Operations are taken in order: any answer for `seq` (taken,
-                // progress or finished) says every one up to it was taken.
-                // Workers of protocol version 5 leave the rest unsaid.
-                state.acked.fetch_max(answer.seq, Ordering::SeqCst);
-                state.applied_up_to(state.acked.load(Ordering::SeqCst));
-                state.changed.notify_waiters();
-            }
+            Ok(Some(answer)) => answered(&state, &inner, answer),
             Ok(None) => break Error::unavailable("the control stream ended"),
             // The worker never fails an open stream itself: the link broke.
             Err(status) => {
@@ -391,6 +388,64 @@ async fn read_answers(
             }
         }
     };
+    stream_ended(&state, &inner, ended);
+}
+
+/// Reads the worker's answers of a lane (on a thread of its own).
+fn read_lane_answers(socket: std::net::TcpStream, state: Arc<ControlState>, inner: Weak<Inner>) {
+    // Completions may start work on the network runtime.
+    let runtime = runtime().map(|runtime| runtime.enter());
+    let mut reader = FrameReader::new(&socket, MAX_FRAME_BYTES);
+    let ended = loop {
+        match reader.next::<ControlResponse>() {
+            Ok(Some(answer)) => answered(&state, &inner, answer),
+            Ok(None) => break Error::unavailable("the control stream ended"),
+            Err(err) => {
+                break Error::unavailable(format!("the control stream broke: {}", err.message()))
+            }
+        }
+    };
+    stream_ended(&state, &inner, ended);
+    drop(runtime);
+}
+
+/// Takes one answer of the worker on a control stream.
+fn answered(state: &ControlState, inner: &Weak<Inner>, mut answer: ControlResponse) {
+    if let Some(call) = answer.host_callback.take() {
+        run_host_callback(inner, call);
+        return;
+    }
+    let result = answer_result(&answer);
+    if answer.total_bytes > 0 && !answer.finished {
+        let progress = lock(&state.progress).get(&answer.seq).cloned();
+        if let Some(progress) = progress {
+            progress(answer.progress_bytes, answer.total_bytes);
+        }
+    }
+    // The worker answered just now (and counted the operation as the
+    // session's heartbeat).
+    if let Some(inner) = inner.upgrade() {
+        inner.beat.heard();
+    }
+    if answer.finished {
+        let data = std::mem::take(&mut answer.data);
+        state.complete(answer.seq, result.map(|()| data));
+    } else if let Err(err) = result {
+        tracing::debug!(seq = answer.seq, error = %err, "control operation failed");
+        lock(&state.failed).get_or_insert(err.clone());
+        state.complete(answer.seq, Err(err));
+    }
+    // Operations are taken in order: any answer for `seq` (taken, progress
+    // or finished) says every one up to it was taken. Workers of protocol
+    // version 5 leave the rest unsaid.
+    state.acked.fetch_max(answer.seq, Ordering::SeqCst);
+    state.applied_up_to(state.acked.load(Ordering::SeqCst));
+    state.changed.notify_waiters();
+}
+
+/// The control stream ended with `ended`: the session is lost (unless it
+/// was closed), and what waits on the stream fails.
+fn stream_ended(state: &ControlState, inner: &Weak<Inner>, ended: Error) {
     if let Some(inner) = inner.upgrade() {
         let ended = ended.clone().context(format!("worker {}", inner.address));
         if !inner.closed.load(Ordering::SeqCst) {
@@ -614,22 +669,58 @@ impl RemoteSession {
         block_on(async move { control.state.settled(sent).await })?
     }
 
-    /// Opens the control stream (see `control`).
-    pub(super) fn open_control(&self) -> Result<()> {
-        self.control().map(drop)
+    /// Opens the control stream (see `control`): on `lane`, a connection
+    /// whose hello the worker accepted (and how long a write on it may
+    /// wait), else on gRPC.
+    pub(super) fn open_control(&self, lane: Option<(std::net::TcpStream, Duration)>) -> Result<()> {
+        let mut slot = lock(&self.inner.control);
+        if slot.is_some() {
+            return Ok(());
+        }
+        let state = Arc::new(ControlState::default());
+        let tx = match lane {
+            Some((socket, write_timeout)) => {
+                let read = socket
+                    .try_clone()
+                    .map_err(|e| Error::unavailable(format!("a lane: {e}")))?;
+                let (reader_state, weak) = (state.clone(), Arc::downgrade(&self.inner));
+                std::thread::Builder::new()
+                    .name("colocated-lane".into())
+                    .spawn(move || read_lane_answers(read, reader_state, weak))
+                    .map_err(|e| {
+                        Error::resource_exhausted(format!("cannot start a lane's thread: {e}"))
+                    })?;
+                Sink::Lane(LaneWriter::new(socket, write_timeout))
+            }
+            None => Sink::Stream(self.open_control_stream(state.clone())?),
+        };
+        *slot = Some(Arc::new(Control {
+            sender: std::sync::Mutex::new(ControlSender {
+                tx,
+                sent: 0,
+                deferred: Vec::new(),
+            }),
+            state,
+        }));
+        Ok(())
     }
 
-    /// The control stream, opened with the session (without blocking:
-    /// operations queue until the worker answers).
+    /// The control stream, opened with the session.
     fn control(&self) -> Result<Arc<Control>> {
-        let mut slot = lock(&self.inner.control);
-        if let Some(control) = &*slot {
-            return Ok(control.clone());
-        }
+        lock(&self.inner.control)
+            .clone()
+            .ok_or_else(|| Error::unavailable("the session has no control stream"))
+    }
+
+    /// Opens the gRPC `Control` stream (without blocking: operations queue
+    /// until the worker answers); its answers go to `state`.
+    fn open_control_stream(
+        &self,
+        state: Arc<ControlState>,
+    ) -> Result<tokio::sync::mpsc::UnboundedSender<Outgoing>> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let state = Arc::new(ControlState::default());
         let inner = self.inner.clone();
-        let reader_state = state.clone();
+        let reader_state = state;
         runtime()?.spawn(async move {
             let mut rpc = inner.rpc.clone();
             let request = inner.bulk_request(Requests { rx, next: None });
@@ -654,15 +745,6 @@ impl RemoteSession {
                 }
             }
         });
-        let control = Arc::new(Control {
-            sender: std::sync::Mutex::new(ControlSender {
-                tx,
-                sent: 0,
-                deferred: Vec::new(),
-            }),
-            state,
-        });
-        *slot = Some(control.clone());
-        Ok(control)
+        Ok(tx)
     }
 }

@@ -20,12 +20,12 @@ use crate::host_callback::LoadedHostCallback;
 use crate::transport::buffers::{buffer_owning, check_fixed_size_spec};
 use crate::transport::host_calls::MAX_HOST_CALLBACKS;
 use crate::transport::proto::{
-    control_request, ControlResponse, ExecuteRequest, LoadExecutableRequest,
+    control_request, ControlRequest, ControlResponse, ExecuteRequest, LoadExecutableRequest,
     LoadExecutableResponse, PutSmallBufferRequest,
 };
 use crate::transport::{
-    wire_message, wire_traceback, SessionId, MAX_INLINE_OUTPUT_BYTES, MAX_INLINE_READ_BYTES,
-    MAX_SMALL_PUT_BYTES,
+    wire_message, wire_traceback, SessionId, CUMULATIVE_VERSION, GRANT_ANSWER_VERSION,
+    INLINE_OUTPUTS_VERSION, MAX_INLINE_OUTPUT_BYTES, MAX_INLINE_READ_BYTES, MAX_SMALL_PUT_BYTES,
 };
 
 impl Service {
@@ -423,4 +423,159 @@ pub(super) fn inline_outputs(outputs: &[Buffer]) -> Bytes {
         }
     }
     Bytes::from(data)
+}
+
+/// How often an operation of a control stream marks its session as alive.
+const TOUCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A session's control stream on the worker, however it travels (a gRPC
+/// `Control` stream or a lane): takes operations in order and answers them
+/// on `answers`.
+pub(super) struct ControlLoop {
+    service: Service,
+    id: SessionId,
+    answers: Answers,
+    expected: u64,
+    touched: std::time::Instant,
+    /// Answering cumulatively: the last operation taken that no answer sent
+    /// or to come covers yet.
+    unanswered: Option<u64>,
+    cumulative: bool,
+    inline: bool,
+    grants_at_once: bool,
+    /// However the stream ends, host callbacks waiting on it fail.
+    _detach: DetachCalls,
+}
+
+impl ControlLoop {
+    /// The control stream of session `id`, answering on `answers` (host
+    /// callback calls travel there too); also what tells that the session
+    /// ended.
+    pub(super) fn open(
+        service: &Service,
+        id: SessionId,
+        answers: Answers,
+    ) -> Result<(ControlLoop, tokio::sync::watch::Receiver<()>)> {
+        let (ended, cumulative, inline, grants_at_once) = service.with_session(id, |session| {
+            session.calls.attach(answers.clone());
+            Ok((
+                session.ended.subscribe(),
+                session.version >= CUMULATIVE_VERSION,
+                session.version >= INLINE_OUTPUTS_VERSION,
+                session.version >= GRANT_ANSWER_VERSION,
+            ))
+        })?;
+        let control = ControlLoop {
+            service: Service(service.0.clone()),
+            id,
+            answers,
+            expected: 1,
+            touched: std::time::Instant::now(),
+            unanswered: None,
+            cumulative,
+            inline,
+            grants_at_once,
+            _detach: DetachCalls(service.0.clone(), id),
+        };
+        Ok((control, ended))
+    }
+
+    /// Whether operations taken wait for an answer (see [`idle`](Self::idle)).
+    pub(super) fn unanswered(&self) -> bool {
+        self.unanswered.is_some()
+    }
+
+    /// No further operation has arrived: one answer for those taken. False
+    /// once the controller is gone.
+    pub(super) fn idle(&mut self) -> bool {
+        match self.unanswered.take() {
+            Some(seq) => self
+                .answers
+                .send(Ok(control_answer(seq, &Ok(()), false)))
+                .is_ok(),
+            None => true,
+        }
+    }
+
+    /// Takes operation `op`, answering it now or when it finishes. False
+    /// once the controller is gone.
+    pub(super) fn take(&mut self, op: ControlRequest) -> bool {
+        // An operation counts as the session's heartbeat (at most one lock
+        // of the sessions per tenth of a second for it).
+        if self.touched.elapsed() >= TOUCH_EVERY {
+            self.touched = std::time::Instant::now();
+            let touched = self.touched;
+            let _ = self.service.with_session(self.id, |session| {
+                session.last_seen = touched;
+                Ok(())
+            });
+        }
+        self.service
+            .0
+            .operations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seq = op.seq;
+        // A copy's destination reads once its grant is answered.
+        let answer_now =
+            self.grants_at_once && matches!(op.op, Some(control_request::Op::GrantRead(_)));
+        let result = if seq == self.expected {
+            self.expected += 1;
+            self.service.apply(self.id, seq, op.op, &self.answers)
+        } else {
+            Err(Error::invalid_argument(format!(
+                "control operation {seq} out of order (expected {})",
+                self.expected
+            )))
+        };
+        let (later, applied) = match result {
+            Ok(later) => (later, Ok(())),
+            Err(e) => (None, Err(e)),
+        };
+        if self.cumulative && applied.is_ok() && !answer_now {
+            // What finishes later is answered then, and that answer covers
+            // this one and those before.
+            self.unanswered = later.is_none().then_some(seq);
+        } else {
+            self.unanswered = None;
+            if self
+                .answers
+                .send(Ok(control_answer(seq, &applied, false)))
+                .is_err()
+            {
+                return false;
+            }
+        }
+        // The controller may be gone by the time these finish: then nobody
+        // is told.
+        let answers = self.answers.clone();
+        let inline = self.inline;
+        match later {
+            None => {}
+            Some(Later::Execution(status, outputs)) => status.on_ready(move |result| {
+                let mut answer = control_answer(seq, &result, true);
+                if inline && result.is_ok() {
+                    answer.data = inline_outputs(&outputs);
+                }
+                let _ = answers.send(Ok(answer));
+            }),
+            Some(Later::Read(buffer)) => {
+                let ready = buffer.ready_event().clone();
+                ready.on_ready(move |status| {
+                    let read = status.and_then(|()| buffer.to_host_vec());
+                    let mut answer =
+                        control_answer(seq, &read.as_ref().map(|_| ()).map_err(Clone::clone), true);
+                    if let Ok(data) = read {
+                        answer.data = data.into();
+                    }
+                    let _ = answers.send(Ok(answer));
+                });
+            }
+        }
+        true
+    }
+
+    /// Tells the controller why the stream broke, if it still listens.
+    pub(super) fn broke(&self, status: tonic::Status) {
+        let _ = self.answers.send(Err(status));
+    }
 }

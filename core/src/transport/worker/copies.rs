@@ -335,8 +335,7 @@ impl Service {
 }
 
 /// Where a worker's answers on a control stream go.
-pub(super) type Answers =
-    tokio::sync::mpsc::UnboundedSender<std::result::Result<ControlResponse, tonic::Status>>;
+pub(super) type Answers = crate::transport::host_calls::ControlSink;
 
 /// A fetch's destination: fresh memory (faulted in ahead), and progress
 /// answers of operation `seq`.

@@ -34,6 +34,7 @@ mod bulk;
 mod control;
 mod copies;
 mod flags;
+mod lane;
 mod routes;
 mod service;
 mod sessions;
@@ -156,6 +157,8 @@ pub(super) struct Shared {
     peers: copies::Peers,
     /// Control operations received, over all sessions.
     operations: std::sync::atomic::AtomicU64,
+    /// Whether sessions may open lanes (not when the worker serves TLS).
+    lane: bool,
 }
 
 impl Drop for Shared {
@@ -239,6 +242,7 @@ impl Worker {
             grants: copies::Grants::default(),
             peers: copies::Peers::default(),
             operations: std::sync::atomic::AtomicU64::new(0),
+            lane: options.tls.is_none(),
         });
         let service = Routes {
             grpc: WorkerServer::new(Service(shared.clone()))
@@ -248,6 +252,7 @@ impl Worker {
         };
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         let incoming = Incoming::new(listener, shared.admission.clone());
+        let incoming = lane::route(runtime, incoming, &shared);
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &options.tls {
             let identity = tonic::transport::Identity::from_pem(&tls.cert_pem, &tls.key_pem);

@@ -11,12 +11,12 @@ use bytes::Bytes;
 use tonic::codegen::http;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::control::{control_answer, inline_outputs, DetachCalls, Later};
+use super::control::ControlLoop;
 use super::sessions::{end_session, session_id, unknown_session};
 use super::{lock, Session, Shared};
 use crate::error::{Error, Result};
 use crate::executor::SessionScope;
-use crate::transport::host_calls::PendingCalls;
+use crate::transport::host_calls::{ControlSink, PendingCalls};
 use crate::transport::isolate::Children;
 use crate::transport::proto::worker_server::Worker as WorkerRpc;
 use crate::transport::proto::{
@@ -27,13 +27,9 @@ use crate::transport::proto::{
     PutBufferChunk, PutBufferResponse,
 };
 use crate::transport::{
-    to_status, version_mismatch, SessionId, AUTHORIZATION, CUMULATIVE_VERSION,
-    GRANT_ANSWER_VERSION, INLINE_OUTPUTS_VERSION, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
-    REDIRECT_VERSION,
+    to_status, version_mismatch, SessionId, AUTHORIZATION, LANE_VERSION, PROTOCOL_VERSION_MAX,
+    PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
 };
-
-/// How often an operation of a control stream marks its session as alive.
-const TOUCH_EVERY: Duration = Duration::from_millis(100);
 
 pub(in crate::transport) struct Service(pub(in crate::transport) Arc<Shared>);
 
@@ -70,6 +66,7 @@ impl Service {
             redirect_address: address.to_string(),
             redirect_token: token.expose().to_string(),
             software_version: self.0.software_version.clone(),
+            lane: false,
         }))
     }
 
@@ -170,26 +167,9 @@ impl WorkerRpc for Service {
         // that finishes it, which must not block. The controller bounds what is
         // in flight by what it sends.
         let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
-        let (mut ended, cumulative, inline, grants_at_once) = self
-            .with_session(id, |session| {
-                session.calls.attach(answers.clone());
-                Ok((
-                    session.ended.subscribe(),
-                    session.version >= CUMULATIVE_VERSION,
-                    session.version >= INLINE_OUTPUTS_VERSION,
-                    session.version >= GRANT_ANSWER_VERSION,
-                ))
-            })
-            .map_err(|e| to_status(&e))?;
-        let service = Service(self.0.clone());
+        let (mut control, mut ended) =
+            ControlLoop::open(self, id, ControlSink::Stream(answers)).map_err(|e| to_status(&e))?;
         tokio::spawn(async move {
-            // However the stream ends, host callbacks waiting on it fail.
-            let _detach = DetachCalls(service.0.clone(), id);
-            let mut expected = 1u64;
-            let mut touched = Instant::now();
-            // Answering cumulatively: the last operation taken that no answer
-            // sent or to come covers yet.
-            let mut unanswered: Option<u64> = None;
             loop {
                 let message = tokio::select! {
                     biased;
@@ -198,11 +178,9 @@ impl WorkerRpc for Service {
                     _ = ended.changed() => return,
                     // No further operation has arrived: one answer for those
                     // taken.
-                    () = std::future::ready(()), if unanswered.is_some() => {
-                        if let Some(seq) = unanswered.take() {
-                            if answers.send(Ok(control_answer(seq, &Ok(()), false))).is_err() {
-                                return;
-                            }
+                    () = std::future::ready(()), if control.unanswered() => {
+                        if !control.idle() {
+                            return;
                         }
                         continue;
                     }
@@ -212,83 +190,12 @@ impl WorkerRpc for Service {
                     Ok(None) => return,
                     Err(status) => {
                         tracing::warn!(session = %id, %status, "control stream broke");
-                        // Tell the controller why, if it still listens.
-                        let _ = answers.send(Err(status));
+                        control.broke(status);
                         return;
                     }
                 };
-                // An operation counts as the session's heartbeat (at most
-                // one lock of the sessions per tenth of a second for it).
-                if touched.elapsed() >= TOUCH_EVERY {
-                    touched = Instant::now();
-                    let _ = service.with_session(id, |session| {
-                        session.last_seen = touched;
-                        Ok(())
-                    });
-                }
-                service
-                    .0
-                    .operations
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let seq = op.seq;
-                // A copy's destination reads once its grant is answered.
-                let answer_now = grants_at_once
-                    && matches!(
-                        op.op,
-                        Some(crate::transport::proto::control_request::Op::GrantRead(_))
-                    );
-                let result = if seq == expected {
-                    expected += 1;
-                    service.apply(id, seq, op.op, &answers)
-                } else {
-                    Err(Error::invalid_argument(format!(
-                        "control operation {seq} out of order (expected {expected})"
-                    )))
-                };
-                let (later, applied) = match result {
-                    Ok(later) => (later, Ok(())),
-                    Err(e) => (None, Err(e)),
-                };
-                if cumulative && applied.is_ok() && !answer_now {
-                    // What finishes later is answered then, and that answer
-                    // covers this one and those before.
-                    unanswered = later.is_none().then_some(seq);
-                } else {
-                    unanswered = None;
-                    if answers
-                        .send(Ok(control_answer(seq, &applied, false)))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                // The controller may be gone by the time these finish: then
-                // nobody is told.
-                let answers = answers.clone();
-                match later {
-                    None => {}
-                    Some(Later::Execution(status, outputs)) => status.on_ready(move |result| {
-                        let mut answer = control_answer(seq, &result, true);
-                        if inline && result.is_ok() {
-                            answer.data = inline_outputs(&outputs);
-                        }
-                        let _ = answers.send(Ok(answer));
-                    }),
-                    Some(Later::Read(buffer)) => {
-                        let ready = buffer.ready_event().clone();
-                        ready.on_ready(move |status| {
-                            let read = status.and_then(|()| buffer.to_host_vec());
-                            let mut answer = control_answer(
-                                seq,
-                                &read.as_ref().map(|_| ()).map_err(Clone::clone),
-                                true,
-                            );
-                            if let Ok(data) = read {
-                                answer.data = data.into();
-                            }
-                            let _ = answers.send(Ok(answer));
-                        });
-                    }
+                if !control.take(op) {
+                    return;
                 }
             }
         });
@@ -424,6 +331,7 @@ impl WorkerRpc for Service {
             redirect_address: String::new(),
             redirect_token: String::new(),
             software_version: self.0.software_version.clone(),
+            lane: self.0.lane && version >= LANE_VERSION,
         }))
     }
 

@@ -1,0 +1,267 @@
+//! The lane: a session's control stream on a plain TCP connection
+//! (protocol version [`LANE_VERSION`]).
+//!
+//! The control stream's messages are small and many; on HTTP/2 each one
+//! also pays for framing, flow control and a hand-off to the network
+//! runtime on both ends. On a lane, the controller's calling thread writes
+//! its operations itself, one thread per connection reads the answers, and
+//! the worker takes operations on a thread of the connection and writes
+//! answers from the thread that finished them.
+//!
+//! A lane reaches the worker's port like gRPC does: the worker tells the
+//! two apart by the first byte (HTTP/2 and TLS never begin with zero). The
+//! connection opens with [`LANE_MAGIC`] and a [`LaneHello`] (the token and
+//! the session id), which the worker checks before it holds anything for
+//! the connection (admission control applies as to any connection); the
+//! worker answers with a [`LaneWelcome`]. Then it carries `ControlRequest`s
+//! one way and `ControlResponse`s the other, each framed as a 4-byte
+//! little-endian length and the protobuf message. gRPC's `Control` stays
+//! the stream any client may speak; workers that serve TLS offer no lane.
+
+use std::io::{self, Read, Write};
+
+use bytes::{Bytes, BytesMut};
+use prost::Message;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::transport::proto::{LaneHello, LaneWelcome};
+use crate::transport::MAX_MESSAGE_BYTES;
+
+/// The protocol version that adds the lane.
+pub const LANE_VERSION: u32 = 9;
+/// The first bytes of a lane connection.
+pub const LANE_MAGIC: &[u8; 16] = b"\0colocated-lane1";
+/// The most bytes of a [`LaneHello`]: a token and a session id.
+pub const MAX_HELLO_BYTES: usize = 4 << 10;
+/// The most bytes of a message on an accepted lane (as on gRPC).
+pub const MAX_FRAME_BYTES: usize = MAX_MESSAGE_BYTES;
+/// How many bytes a read of a lane asks for at most.
+const READ_BYTES: usize = 64 << 10;
+
+/// Appends `message`, framed, to `out`.
+pub(crate) fn encode_frame(message: &impl Message, out: &mut Vec<u8>) {
+    let len = message.encoded_len();
+    out.reserve(4 + len);
+    // Frames are bounded by MAX_FRAME_BYTES when read; a larger one is
+    // refused by the reader, so the cast only has to be lossless.
+    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
+    // Encoding into a Vec cannot run out of room.
+    let _ = message.encode(out);
+}
+
+/// The length of the frame at the start of `buf`, if its 4 bytes are there.
+fn frame_len(buf: &[u8], limit: usize) -> Result<Option<usize>> {
+    let Some(prefix) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let mut len = [0u8; 4];
+    len.copy_from_slice(prefix);
+    let len = u32::from_le_bytes(len) as usize;
+    if len > limit {
+        return Err(Error::invalid_argument(format!(
+            "a lane message of {len} bytes; at most {limit} are allowed"
+        )));
+    }
+    Ok(Some(len))
+}
+
+/// Reads framed messages from a connection.
+pub(crate) struct FrameReader<R> {
+    source: R,
+    buf: BytesMut,
+    chunk: Box<[u8]>,
+    limit: usize,
+}
+
+impl<R: Read> FrameReader<R> {
+    /// Reads frames of at most `limit` bytes from `source`.
+    pub(crate) fn new(source: R, limit: usize) -> FrameReader<R> {
+        FrameReader {
+            source,
+            buf: BytesMut::new(),
+            chunk: vec![0u8; READ_BYTES].into_boxed_slice(),
+            limit,
+        }
+    }
+
+    /// The next message if it has arrived whole, without reading.
+    pub(crate) fn buffered<M: Message + Default>(&mut self) -> Result<Option<M>> {
+        let Some(len) = frame_len(&self.buf, self.limit)? else {
+            return Ok(None);
+        };
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        let _ = self.buf.split_to(4);
+        let frame: Bytes = self.buf.split_to(len).freeze();
+        M::decode(frame)
+            .map(Some)
+            .map_err(|e| Error::invalid_argument(format!("a bad lane message: {e}")))
+    }
+
+    /// The next message, reading until it arrived; `None` when the
+    /// connection ended between messages.
+    pub(crate) fn next<M: Message + Default>(&mut self) -> Result<Option<M>> {
+        loop {
+            if let Some(message) = self.buffered()? {
+                return Ok(Some(message));
+            }
+            if !self.fill()? {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Err(Error::unavailable(
+                    "the lane ended in the middle of a message",
+                ));
+            }
+        }
+    }
+
+    /// Reads what has arrived (waiting for something); false at the end.
+    fn fill(&mut self) -> Result<bool> {
+        loop {
+            match self.source.read(&mut self.chunk) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&self.chunk[..n]);
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::unavailable(format!("the lane broke: {e}"))),
+            }
+        }
+    }
+}
+
+/// The writing end of a lane, shared by the threads that write on it: each
+/// message goes out whole, in one write, under a lock. The connection is
+/// shut down (both ways) once a write fails and when the last holder drops
+/// it, which ends the reading end too.
+pub(crate) struct LaneWriter {
+    socket: std::sync::Mutex<std::net::TcpStream>,
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl LaneWriter {
+    /// Writes on `socket`; a write that cannot finish within `timeout` (the
+    /// peer stopped reading) breaks the lane.
+    pub(crate) fn new(socket: std::net::TcpStream, timeout: std::time::Duration) -> LaneWriter {
+        let _ = socket.set_write_timeout(Some(timeout.max(std::time::Duration::from_millis(1))));
+        LaneWriter {
+            socket: std::sync::Mutex::new(socket),
+            broken: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Sends `message`.
+    pub(crate) fn send(&self, message: &impl Message) -> io::Result<()> {
+        let mut out = Vec::new();
+        encode_frame(message, &mut out);
+        self.send_bytes(&out)
+    }
+
+    /// Sends bytes of whole frames.
+    pub(crate) fn send_bytes(&self, frames: &[u8]) -> io::Result<()> {
+        if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let mut socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        let written = socket.write_all(frames);
+        if written.is_err() {
+            // Part of a frame may have gone: nothing after it can be read.
+            self.broken.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+        written
+    }
+
+    /// Shuts the connection down: the reading ends see it end.
+    pub(crate) fn close(&self) {
+        self.broken.store(true, std::sync::atomic::Ordering::SeqCst);
+        let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = socket.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Drop for LaneWriter {
+    fn drop(&mut self) {
+        let socket = self.socket.get_mut().unwrap_or_else(|e| e.into_inner());
+        let _ = socket.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The opening of a lane for session `session_id` with `token`: the magic
+/// bytes and the hello.
+pub(crate) fn hello_bytes(token: &str, session_id: &[u8]) -> Vec<u8> {
+    let mut out = LANE_MAGIC.to_vec();
+    encode_frame(
+        &LaneHello {
+            token: token.to_string(),
+            session_id: Bytes::copy_from_slice(session_id),
+        },
+        &mut out,
+    );
+    out
+}
+
+/// The outcome a welcome reports.
+pub(crate) fn welcome_result(welcome: &LaneWelcome) -> Result<()> {
+    if welcome.code == 0 {
+        return Ok(());
+    }
+    let code = ErrorCode::from_u32(welcome.code).unwrap_or(ErrorCode::Internal);
+    Err(Error::new(code, welcome.message.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::proto::ControlRequest;
+
+    #[test]
+    fn frames_read_back_whole_however_the_bytes_arrive() {
+        let mut bytes = Vec::new();
+        for seq in 1..=3 {
+            encode_frame(&ControlRequest { seq, op: None }, &mut bytes);
+        }
+        // One byte per read: every message still arrives whole, in order.
+        struct Trickle(Vec<u8>, usize);
+        impl Read for Trickle {
+            fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+                match self.0.get(self.1) {
+                    Some(&b) => {
+                        out[0] = b;
+                        self.1 += 1;
+                        Ok(1)
+                    }
+                    None => Ok(0),
+                }
+            }
+        }
+        let mut reader = FrameReader::new(Trickle(bytes, 0), 1024);
+        for seq in 1..=3 {
+            let message: ControlRequest = reader.next().unwrap().unwrap();
+            assert_eq!(message.seq, seq);
+        }
+        assert!(reader.next::<ControlRequest>().unwrap().is_none());
+    }
+
+    #[test]
+    fn an_oversized_or_cut_frame_is_an_error() {
+        let mut bytes = Vec::new();
+        encode_frame(&ControlRequest { seq: 7, op: None }, &mut bytes);
+        let mut reader = FrameReader::new(&bytes[..], 1);
+        let err = reader.next::<ControlRequest>().unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument);
+        assert!(err.message().contains("at most 1"), "{err}");
+
+        let mut reader = FrameReader::new(&bytes[..bytes.len() - 1], 1024);
+        let err = reader.next::<ControlRequest>().unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+
+        let garbage = [3u8, 0, 0, 0, 0xff, 0xff, 0xff];
+        let mut reader = FrameReader::new(&garbage[..], 1024);
+        let err = reader.next::<ControlRequest>().unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    }
+}
