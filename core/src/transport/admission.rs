@@ -194,8 +194,10 @@ impl Admission {
         AdmittedStream {
             stream,
             deadline: Box::pin(tokio::time::sleep(self.handshake_timeout)),
-            state,
-            admission: self.clone(),
+            guard: AdmissionGuard {
+                state,
+                admission: self.clone(),
+            },
             local: None,
         }
     }
@@ -271,35 +273,54 @@ impl Admission {
 pub(crate) struct AdmittedStream {
     stream: TcpStream,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    guard: AdmissionGuard,
+    local: Option<SocketAddr>,
+}
+
+/// Keeps a connection counted by admission control until dropped.
+pub(crate) struct AdmissionGuard {
     state: Arc<ConnState>,
     admission: Arc<Admission>,
-    local: Option<SocketAddr>,
+}
+
+impl Drop for AdmissionGuard {
+    fn drop(&mut self) {
+        self.admission.release(&self.state);
+    }
 }
 
 impl AdmittedStream {
     /// `Ready(err)` when the connection must end now; else registers the task
     /// to be woken when it must.
     fn check(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        if self.state.closed.load(Ordering::SeqCst) {
+        if self.guard.state.closed.load(Ordering::SeqCst) {
             return Poll::Ready(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
                 "closed by the worker's admission control",
             ));
         }
-        *self.state.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
-        if self.state.closed.load(Ordering::SeqCst) {
+        *self
+            .guard
+            .state
+            .waker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        if self.guard.state.closed.load(Ordering::SeqCst) {
             return Poll::Ready(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
                 "closed by the worker's admission control",
             ));
         }
-        if !self.state.authenticated.load(Ordering::SeqCst)
+        if !self.guard.state.authenticated.load(Ordering::SeqCst)
             && self.deadline.as_mut().poll(cx).is_ready()
         {
-            self.state.closed.store(true, Ordering::SeqCst);
-            self.admission.timed_out.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(peer = %self.state.peer, "closed a connection that did not authenticate in time");
-            self.admission.report();
+            self.guard.state.closed.store(true, Ordering::SeqCst);
+            self.guard
+                .admission
+                .timed_out
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(peer = %self.guard.state.peer, "closed a connection that did not authenticate in time");
+            self.guard.admission.report();
             return Poll::Ready(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the connection did not authenticate in time",
@@ -312,7 +333,7 @@ impl AdmittedStream {
 impl AdmittedStream {
     /// The peer's address.
     pub(crate) fn peer(&self) -> SocketAddr {
-        self.state.peer
+        self.guard.state.peer
     }
 
     /// The first byte the peer sent, left unread; `None` when it closed
@@ -335,21 +356,14 @@ impl AdmittedStream {
         .await
     }
 
-    /// A blocking handle of this (authenticated) connection for a thread of
-    /// its own. The connection stays counted, and open, while `self` lives.
-    #[cfg(unix)]
-    pub(crate) fn blocking_socket(&self) -> io::Result<std::net::TcpStream> {
-        use std::os::fd::AsFd;
-        let socket = std::net::TcpStream::from(self.stream.as_fd().try_clone_to_owned()?);
-        // The runtime no longer reads or writes it.
+    /// This (authenticated) connection as a blocking socket for a thread of
+    /// its own, which the runtime no longer watches; it stays counted while
+    /// the guard lives.
+    pub(crate) fn into_blocking(self) -> io::Result<(std::net::TcpStream, AdmissionGuard)> {
+        let AdmittedStream { stream, guard, .. } = self;
+        let socket = stream.into_std()?;
         socket.set_nonblocking(false)?;
-        Ok(socket)
-    }
-}
-
-impl Drop for AdmittedStream {
-    fn drop(&mut self) {
-        self.admission.release(&self.state);
+        Ok((socket, guard))
     }
 }
 
@@ -372,7 +386,7 @@ impl AsyncWrite for AdmittedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.state.closed.load(Ordering::SeqCst) {
+        if self.guard.state.closed.load(Ordering::SeqCst) {
             return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
         }
         Pin::new(&mut self.stream).poll_write(cx, buf)
@@ -383,7 +397,7 @@ impl AsyncWrite for AdmittedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.state.closed.load(Ordering::SeqCst) {
+        if self.guard.state.closed.load(Ordering::SeqCst) {
             return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
         }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
@@ -408,7 +422,7 @@ impl Connected for AdmittedStream {
     fn connect_info(&self) -> TcpConnectInfo {
         TcpConnectInfo {
             local_addr: self.local.or_else(|| self.stream.local_addr().ok()),
-            remote_addr: Some(self.state.peer),
+            remote_addr: Some(self.guard.state.peer),
         }
     }
 }
