@@ -1086,6 +1086,50 @@ mod tests {
     }
 
     #[test]
+    fn claimed_tasks_run_on_the_claiming_thread_later_and_the_stream_keeps_order() {
+        let d = Dispatcher::new(1, 1, 9013, "t").unwrap();
+        let (s, busy) = (Stream::new(9013), Stream::new(9013));
+        let here = std::thread::current().id();
+        let ran_on = Arc::new(Mutex::new(Vec::new()));
+        let record = |ev: &Event, i: u32| {
+            let ran_on = ran_on.clone();
+            task(ev, move || {
+                ran_on
+                    .lock()
+                    .unwrap()
+                    .push((i, std::thread::current().id()))
+            })
+        };
+        // A stream with a task waiting on a gate is not idle: nothing there
+        // is claimed.
+        let gate = Event::new();
+        let blocked = Event::new();
+        let mut waits = record(&blocked, 9);
+        waits.deps = vec![gate.clone()];
+        d.submit(&busy, waits);
+        let (first, second, behind_gate) = (Event::new(), Event::new(), Event::new());
+        let ((), claims) = claim_idle_tasks(|| {
+            d.submit(&s, record(&first, 0));
+            // Queued behind the claimed one, on the same stream.
+            d.submit(&s, record(&second, 1));
+            d.submit(&busy, record(&behind_gate, 2));
+        });
+        assert_eq!(claims.len(), 1, "one idle stream claimed");
+        assert!(!first.is_ready() && !second.is_ready(), "nothing ran yet");
+        for claim in claims {
+            claim.run();
+        }
+        second.wait().unwrap();
+        let ran = ran_on.lock().unwrap().clone();
+        assert_eq!(ran[0], (0, here), "the claimed task ran here, first");
+        assert_eq!(ran[1].0, 1, "then the one behind it");
+        assert!(!behind_gate.is_ready());
+        gate.set_if_pending(Ok(()));
+        behind_gate.wait().unwrap();
+        assert!(!claiming(), "claiming ends with `claim_idle_tasks`");
+    }
+
+    #[test]
     fn a_send_runs_on_the_submitting_thread_when_its_stream_is_idle_and_keeps_order() {
         let d = Dispatcher::new(1, 1, 9011, "t").unwrap();
         let s = Stream::new(9011);

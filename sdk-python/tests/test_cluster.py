@@ -383,13 +383,17 @@ def test_a_killed_worker_fails_pending_calls_promptly_and_the_others_keep_workin
     def add_one(x):
         return x + 1
 
-    add_one(on_a)  # compiled for that spec
-    pending = add_one.specialize(out_specs_fn=lambda x: x)
+    @colocated.colocated_python
+    def also_slow(x):
+        time.sleep(60)
+        return x
+
+    pending = also_slow.specialize(out_specs_fn=lambda x: x)
     result = []
     caller = threading.Thread(target=lambda: result.append(_call_and_catch(slow, on_a)))
     caller.start()
     eventually("the slow call runs", lambda: os.path.exists(started), timeout=30)
-    follow_up = pending(on_a)  # queued behind the slow call on that worker
+    follow_up = pending(on_a)  # still pending on that worker when it dies
     workers[0].kill()
     began = time.monotonic()
     with pytest.raises(colocated.UnavailableError):

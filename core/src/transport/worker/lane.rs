@@ -171,9 +171,9 @@ const TAKEN: u64 = u64::MAX;
 /// An accepted lane: what reads it, and what its threads share.
 ///
 /// One thread at a time reads the lane and takes its operations (the
-/// *leader*). An execution on a stream that is idle is claimed by the
-/// leader, which runs it itself once it let go of the reading, and answers
-/// from there: no hand-off to an executor. A program may run long, or wait
+/// *leader*). An execution on a stream that is idle, with no operation
+/// behind it yet, is claimed by the leader, which runs it itself once it let
+/// go of the reading, and answers from there: no hand-off to an executor. A program may run long, or wait
 /// for another that a later operation of the lane starts: when the leader
 /// has run programs for [`TAKEOVER_AFTER`] (or at once when a program calls
 /// the controller's host callback), a new thread takes over the reading, and
@@ -251,7 +251,14 @@ impl Reading {
                     break;
                 }
             };
-            let (alive, claims) = claim_idle_tasks(|| self.control.take(op));
+            // A program is run here only when no operation follows it yet:
+            // operations that arrive together (on several streams) go to
+            // the executors, which run them side by side.
+            let (alive, claims) = if self.frames.has_message() {
+                (self.control.take(op), Vec::new())
+            } else {
+                claim_idle_tasks(|| self.control.take(op))
+            };
             if !alive {
                 break;
             }
