@@ -26,7 +26,7 @@ pub(crate) enum ControlSink {
     /// The answers of a gRPC `Control` stream (sent by the network runtime).
     Stream(tokio::sync::mpsc::UnboundedSender<std::result::Result<ControlResponse, Status>>),
     /// A lane, written by whichever thread answers.
-    Lane(std::sync::Arc<super::lane::LaneWriter>),
+    Lane(std::sync::Arc<super::lane::LaneSender>),
 }
 
 /// The control stream that a [`ControlSink`] sends on has ended.
@@ -43,7 +43,7 @@ impl ControlSink {
         match self {
             ControlSink::Stream(tx) => tx.send(message).map_err(|_| SinkClosed),
             ControlSink::Lane(lane) => match message {
-                Ok(message) => lane.send(&message).map_err(|_| SinkClosed),
+                Ok(message) => lane.send_message(&message).then_some(()).ok_or(SinkClosed),
                 Err(_) => {
                     lane.close();
                     Err(SinkClosed)

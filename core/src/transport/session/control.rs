@@ -15,7 +15,7 @@ use super::host_calls::run_host_callback;
 use super::{lock, Completion, Inner, Progress, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
-use crate::transport::lane::{encode_frame, FrameReader, LaneWriter, MAX_FRAME_BYTES};
+use crate::transport::lane::{encode_frame, FrameReader, LaneSender, LaneWriter, MAX_FRAME_BYTES};
 use crate::transport::proto::{
     control_request, BufferSpec, ControlRequest, ControlResponse, DeleteBuffersRequest,
     ExecuteRequest, FetchBufferRequest, GrantReadRequest, PutSmallBufferRequest, ReadBufferRequest,
@@ -55,13 +55,16 @@ enum Outgoing {
 enum Sink {
     /// The requests of a gRPC `Control` stream (sent by the network runtime).
     Stream(tokio::sync::mpsc::UnboundedSender<Outgoing>),
-    /// A lane, written by the sending thread.
-    Lane(LaneWriter),
+    /// A lane: an operation the worker waits for (nothing unanswered
+    /// before it) is written by the sending thread, pipelined ones are
+    /// queued and written together (see [`LaneSender`]).
+    Lane(Arc<LaneSender>),
 }
 
 impl Sink {
-    /// Sends `outgoing`; false once the stream is closed.
-    fn send(&self, outgoing: Outgoing) -> bool {
+    /// Sends `outgoing`; false once the stream is closed. `pipelining`: the
+    /// worker has not answered the operations before it yet.
+    fn send(&self, outgoing: Outgoing, pipelining: bool) -> bool {
         match self {
             Sink::Stream(tx) => tx.send(outgoing).is_ok(),
             Sink::Lane(lane) => {
@@ -73,11 +76,15 @@ impl Sink {
                         encode_frame(second, &mut bytes);
                     }
                 }
-                lane.send_bytes(&bytes).is_ok()
+                lane.send(bytes, pipelining)
             }
         }
     }
 }
+
+/// Operations that unanswered ones before them make this one go through
+/// the lane's queue (see [`LaneSender`]).
+const PIPELINED_AFTER: u64 = 2;
 
 /// The control stream's requests, one by one.
 struct Requests {
@@ -179,7 +186,8 @@ impl Control {
             ),
             None => Outgoing::One(request),
         };
-        if !sender.tx.send(outgoing) {
+        let pipelining = sender.sent >= self.state.acked.load(Ordering::SeqCst) + PIPELINED_AFTER;
+        if !sender.tx.send(outgoing, pipelining) {
             drop(sender);
             let err = Error::unavailable("the control stream is closed");
             self.state.complete(seq, Err(err.clone()));
@@ -246,7 +254,7 @@ impl ControlSender {
             // A closed stream has nothing left to delete on.
             if self
                 .tx
-                .send(Outgoing::One(ControlRequest { seq, op: Some(op) }))
+                .send(Outgoing::One(ControlRequest { seq, op: Some(op) }), true)
             {
                 self.sent = seq;
             }
@@ -690,7 +698,7 @@ impl RemoteSession {
                     .map_err(|e| {
                         Error::resource_exhausted(format!("cannot start a lane's thread: {e}"))
                     })?;
-                Sink::Lane(LaneWriter::new(socket, write_timeout))
+                Sink::Lane(LaneSender::new(LaneWriter::new(socket, write_timeout)))
             }
             None => Sink::Stream(self.open_control_stream(state.clone())?),
         };

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::transport::admission::{AdmissionGuard, AdmittedStream, Incoming};
 use crate::transport::host_calls::ControlSink;
 use crate::transport::lane::{
-    encode_frame, FrameReader, LaneWriter, LANE_MAGIC, MAX_FRAME_BYTES, MAX_HELLO_BYTES,
+    encode_frame, FrameReader, LaneSender, LaneWriter, LANE_MAGIC, MAX_FRAME_BYTES, MAX_HELLO_BYTES,
 };
 use crate::transport::proto::{ControlRequest, LaneHello, LaneWelcome};
 use crate::transport::{runtime, SessionId};
@@ -185,7 +185,7 @@ struct Lane {
     /// [`now_nanos`], never 0); 0 while it reads; [`TAKEN`] once another
     /// thread took over.
     running_since: std::sync::atomic::AtomicU64,
-    writer: Arc<LaneWriter>,
+    writer: Arc<LaneSender>,
     /// Dropped with the lane: the watch of the session's end stops.
     _done: tokio::sync::oneshot::Sender<()>,
     /// Keeps the connection counted by admission while the lane lives.
@@ -241,13 +241,13 @@ impl Reading {
                         Ok(Some(op)) => op,
                         Ok(None) => break,
                         Err(err) => {
-                            tracing::warn!(session = %id, error = %err, "a lane broke");
+                            broke(id, &err);
                             break;
                         }
                     }
                 }
                 Err(err) => {
-                    tracing::warn!(session = %id, error = %err, "a lane broke");
+                    broke(id, &err);
                     break;
                 }
             };
@@ -268,6 +268,17 @@ impl Reading {
         }
         self.ended = true;
         None
+    }
+}
+
+/// Logs why session `id`'s lane ended early: a controller that went away
+/// (the connection reset) is routine, bytes that are not the protocol are
+/// not.
+fn broke(id: SessionId, err: &Error) {
+    if err.code() == crate::error::ErrorCode::Unavailable {
+        tracing::debug!(session = %id, error = %err, "a lane ended");
+    } else {
+        tracing::warn!(session = %id, error = %err, "a lane broke");
     }
 }
 
@@ -451,7 +462,7 @@ fn run_lane(
     let (Ok(write), Ok(closer)) = (socket.try_clone(), socket.try_clone()) else {
         return;
     };
-    let writer = Arc::new(LaneWriter::new(write, service.0.session_timeout));
+    let writer = LaneSender::new(LaneWriter::new(write, service.0.session_timeout));
     let (control, mut ended) =
         match ControlLoop::open(service, id, ControlSink::Lane(writer.clone())) {
             Ok(opened) => opened,
