@@ -12,7 +12,6 @@ use tokio_stream::StreamExt;
 use super::control::ControlLoop;
 use super::service::Service;
 use super::{lock, Shared};
-use crate::dispatch::{claim_idle_tasks, Claimed};
 use crate::error::{Error, Result};
 use crate::transport::admission::{AdmissionGuard, AdmittedStream, Incoming};
 use crate::transport::host_calls::ControlSink;
@@ -159,118 +158,6 @@ async fn serve_lane(mut admitted: AdmittedStream, shared: Arc<Shared>) {
     }
 }
 
-/// How long a lane's thread may run programs it took before another thread
-/// takes over reading the lane.
-const TAKEOVER_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
-/// How long the takeover watch goes on looking after the last program a
-/// lane's thread ran, before it sleeps until the next one.
-const WATCH_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
-/// `Lane::running_since` once another thread took over.
-const TAKEN: u64 = u64::MAX;
-
-/// An accepted lane: what reads it, and what its threads share.
-///
-/// One thread at a time reads the lane and takes its operations (the
-/// *leader*). An execution on a stream that is idle, with no operation
-/// behind it yet, is claimed by the leader, which runs it itself once it let
-/// go of the reading, and answers from there: no hand-off to an executor. A program may run long, or wait
-/// for another that a later operation of the lane starts: when the leader
-/// has run programs for [`TAKEOVER_AFTER`] (or at once when a program calls
-/// the controller's host callback), a new thread takes over the reading, and
-/// the old one ends with its programs.
-struct Lane {
-    id: SessionId,
-    reading: std::sync::Mutex<Reading>,
-    /// When the leader began running the programs it took (nanoseconds of
-    /// [`now_nanos`], never 0); 0 while it reads; [`TAKEN`] once another
-    /// thread took over.
-    running_since: std::sync::atomic::AtomicU64,
-    writer: Arc<LaneSender>,
-    /// Dropped with the lane: the watch of the session's end stops.
-    _done: tokio::sync::oneshot::Sender<()>,
-    /// Keeps the connection counted by admission while the lane lives.
-    _admitted: AdmissionGuard,
-}
-
-/// What the leader holds while it reads.
-struct Reading {
-    frames: FrameReader<std::net::TcpStream>,
-    control: ControlLoop,
-    ended: bool,
-}
-
-impl Drop for Lane {
-    fn drop(&mut self) {
-        self.writer.close();
-    }
-}
-
-/// Nanoseconds on a clock of the process (never 0).
-fn now_nanos() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let nanos = EPOCH
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos();
-    u64::try_from(nanos).unwrap_or(TAKEN - 1).max(1)
-}
-
-thread_local! {
-    /// The lane whose programs this thread runs now, and since when.
-    static RUNNING: std::cell::RefCell<Option<(std::sync::Weak<Lane>, u64)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-impl Reading {
-    /// Reads and takes operations until one leaves programs for this thread
-    /// to run; `None` once the lane ended.
-    fn next_claims(&mut self, id: SessionId) -> Option<Vec<Claimed>> {
-        if self.ended {
-            return None;
-        }
-        loop {
-            // Operations that arrived together are taken together; once
-            // none is left, one answer for those taken, then wait for more.
-            let op = match self.frames.buffered::<ControlRequest>() {
-                Ok(Some(op)) => op,
-                Ok(None) => {
-                    if !self.control.idle() {
-                        break;
-                    }
-                    match self.frames.next::<ControlRequest>() {
-                        Ok(Some(op)) => op,
-                        Ok(None) => break,
-                        Err(err) => {
-                            broke(id, &err);
-                            break;
-                        }
-                    }
-                }
-                Err(err) => {
-                    broke(id, &err);
-                    break;
-                }
-            };
-            // A program is run here only when no operation follows it yet:
-            // operations that arrive together (on several streams) go to
-            // the executors, which run them side by side.
-            let (alive, claims) = if self.frames.has_message() {
-                (self.control.take(op), Vec::new())
-            } else {
-                claim_idle_tasks(|| self.control.take(op))
-            };
-            if !alive {
-                break;
-            }
-            if !claims.is_empty() {
-                return Some(claims);
-            }
-        }
-        self.ended = true;
-        None
-    }
-}
-
 /// Logs why session `id`'s lane ended early: a controller that went away
 /// (the connection reset) is routine, bytes that are not the protocol are
 /// not.
@@ -282,188 +169,25 @@ fn broke(id: SessionId, err: &Error) {
     }
 }
 
-impl Lane {
-    /// Reads and takes the lane's operations on this thread, running the
-    /// programs it claims, until the lane ends or another thread took over.
-    fn lead(self: Arc<Lane>) {
-        let Ok(runtime) = runtime() else { return };
-        let _runtime = runtime.enter();
-        loop {
-            let claims = {
-                let mut reading = lock(&self.reading);
-                match reading.next_claims(self.id) {
-                    Some(claims) => claims,
-                    None => return,
-                }
-            };
-            let started = now_nanos();
-            self.running_since
-                .store(started, std::sync::atomic::Ordering::SeqCst);
-            watch().running();
-            RUNNING.with(|r| *r.borrow_mut() = Some((Arc::downgrade(&self), started)));
-            for claim in claims {
-                claim.run();
-            }
-            RUNNING.with(|r| *r.borrow_mut() = None);
-            if self
-                .running_since
-                .compare_exchange(
-                    started,
-                    0,
-                    std::sync::atomic::Ordering::SeqCst,
-                    std::sync::atomic::Ordering::SeqCst,
-                )
-                .is_err()
-            {
-                // Another thread reads the lane now.
-                return;
-            }
-        }
-    }
-
-    /// Hands the reading to a new thread if the leader has run programs
-    /// since `started` (and nobody took over yet).
-    fn take_over(self: &Arc<Lane>, started: u64) {
-        if self
-            .running_since
-            .compare_exchange(
-                started,
-                TAKEN,
-                std::sync::atomic::Ordering::SeqCst,
-                std::sync::atomic::Ordering::SeqCst,
-            )
-            .is_err()
-        {
-            return;
-        }
-        let lane = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("colocated-lane".into())
-            .spawn(move || lane.lead());
-        if let Err(err) = spawned {
-            tracing::warn!(session = %self.id, "cannot start a thread to read a lane: {err}");
-            // The leader reads on once its programs finish.
-            self.running_since
-                .store(started, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-}
-
-/// Before this thread blocks on the controller (a host callback), another
-/// thread takes over reading the lane whose programs it runs, if any: the
-/// answer comes on that lane.
-pub(super) fn before_waiting_on_the_controller() {
-    let running = RUNNING.with(|r| r.borrow().clone());
-    if let Some((lane, started)) = running {
-        if let Some(lane) = lane.upgrade() {
-            lane.take_over(started);
-        }
-    }
-}
-
-/// The takeover watch of the process's lanes: a thread that looks every
-/// [`TAKEOVER_AFTER`] for a leader that has run programs for that long,
-/// while any ran in the last [`WATCH_QUIET`], and sleeps otherwise.
-struct Watch {
-    lanes: std::sync::Mutex<Vec<std::sync::Weak<Lane>>>,
-    wake: std::sync::Condvar,
-    asleep: std::sync::atomic::AtomicBool,
-}
-
-/// The process's takeover watch (its thread starts on first use).
-fn watch() -> &'static Watch {
-    static WATCH: std::sync::OnceLock<&'static Watch> = std::sync::OnceLock::new();
-    WATCH.get_or_init(|| {
-        let watch: &'static Watch = Box::leak(Box::new(Watch {
-            lanes: std::sync::Mutex::new(Vec::new()),
-            wake: std::sync::Condvar::new(),
-            asleep: std::sync::atomic::AtomicBool::new(true),
-        }));
-        let spawned = std::thread::Builder::new()
-            .name("colocated-lane-watch".into())
-            .spawn(move || watch.run());
-        if let Err(err) = spawned {
-            tracing::warn!("cannot start the lanes' takeover watch: {err}");
-        }
-        watch
-    })
-}
-
-impl Watch {
-    fn add(&self, lane: &Arc<Lane>) {
-        let mut lanes = lock(&self.lanes);
-        lanes.retain(|lane| lane.strong_count() > 0);
-        lanes.push(Arc::downgrade(lane));
-    }
-
-    /// A leader began running programs: wakes the watch if it sleeps.
-    fn running(&self) {
-        if self.asleep.load(std::sync::atomic::Ordering::SeqCst) {
-            let _lanes = lock(&self.lanes);
-            self.wake.notify_one();
-        }
-    }
-
-    /// Takes over from leaders that ran programs for too long; whether any
-    /// leader runs programs.
-    fn check(lanes: &[std::sync::Weak<Lane>]) -> bool {
-        let now = now_nanos();
-        let after = u64::try_from(TAKEOVER_AFTER.as_nanos()).unwrap_or(u64::MAX);
-        let mut running = false;
-        for lane in lanes.iter().filter_map(std::sync::Weak::upgrade) {
-            let since = lane.running_since.load(std::sync::atomic::Ordering::SeqCst);
-            if since == 0 || since == TAKEN {
-                continue;
-            }
-            running = true;
-            if now.saturating_sub(since) >= after {
-                lane.take_over(since);
-            }
-        }
-        running
-    }
-
-    fn run(&self) {
-        let mut quiet = std::time::Duration::ZERO;
-        loop {
-            std::thread::sleep(TAKEOVER_AFTER);
-            let lanes: Vec<_> = lock(&self.lanes).clone();
-            if Watch::check(&lanes) {
-                quiet = std::time::Duration::ZERO;
-                continue;
-            }
-            quiet += TAKEOVER_AFTER;
-            if quiet < WATCH_QUIET {
-                continue;
-            }
-            let mut lanes = lock(&self.lanes);
-            self.asleep.store(true, std::sync::atomic::Ordering::SeqCst);
-            if !Watch::check(&lanes.clone()) {
-                lanes = self.wake.wait(lanes).unwrap_or_else(|e| e.into_inner());
-            }
-            self.asleep
-                .store(false, std::sync::atomic::Ordering::SeqCst);
-            drop(lanes);
-            quiet = std::time::Duration::ZERO;
-        }
-    }
-}
-
-/// Serves session `id`'s lane on `socket` from this thread on (see
-/// [`Lane`]). `admitted` keeps the connection counted until it ends.
+/// Takes session `id`'s operations from `socket` on this thread until the
+/// lane or the session ends; executions go to the executors, as from gRPC,
+/// and answers leave from the thread that has them. `admitted` keeps the
+/// connection counted by admission control until then.
 fn run_lane(
     service: &Service,
     id: SessionId,
     socket: std::net::TcpStream,
     admitted: AdmissionGuard,
 ) {
+    // What the operations start on the network runtime (copies) starts
+    // from here too.
     let Ok(runtime) = runtime() else { return };
     let _runtime = runtime.enter();
     let (Ok(write), Ok(closer)) = (socket.try_clone(), socket.try_clone()) else {
         return;
     };
     let writer = LaneSender::new(LaneWriter::new(write, service.0.session_timeout));
-    let (control, mut ended) =
+    let (mut control, mut ended) =
         match ControlLoop::open(service, id, ControlSink::Lane(writer.clone())) {
             Ok(opened) => opened,
             Err(_) => return,
@@ -478,18 +202,36 @@ fn run_lane(
             _ = lane_done => {}
         }
     });
-    let lane = Arc::new(Lane {
-        id,
-        reading: std::sync::Mutex::new(Reading {
-            frames: FrameReader::new(socket, MAX_FRAME_BYTES),
-            control,
-            ended: false,
-        }),
-        running_since: std::sync::atomic::AtomicU64::new(0),
-        writer,
-        _done: done,
-        _admitted: admitted,
-    });
-    watch().add(&lane);
-    lane.lead();
+    let mut frames = FrameReader::new(socket, MAX_FRAME_BYTES);
+    loop {
+        // Operations that arrived together are taken together; once none
+        // is left, one answer for those taken, then wait for more.
+        let op = match frames.buffered::<ControlRequest>() {
+            Ok(Some(op)) => op,
+            Ok(None) => {
+                if !control.idle() {
+                    break;
+                }
+                match frames.next::<ControlRequest>() {
+                    Ok(Some(op)) => op,
+                    Ok(None) => break,
+                    Err(err) => {
+                        broke(id, &err);
+                        break;
+                    }
+                }
+            }
+            Err(err) => {
+                broke(id, &err);
+                break;
+            }
+        };
+        if !control.take(op) {
+            break;
+        }
+    }
+    writer.close();
+    drop(done);
+    drop(control);
+    drop(admitted);
 }
