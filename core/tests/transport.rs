@@ -1199,24 +1199,18 @@ fn a_lane_answers_its_operations_and_a_bad_frame_ends_only_that_lane() {
             data: i32_bytes(&[5; 4]),
         })),
     }));
-    ops.extend(frame(&ControlRequest {
-        seq: 2,
+    let execute = |seq, executable, output| ControlRequest {
+        seq,
         op: Some(Op::Execute(ExecuteRequest {
-            executable: 1,
+            executable,
             inputs: vec![10],
-            outputs: vec![11],
+            outputs: vec![output],
             stream: 1,
         })),
-    }));
-    ops.extend(frame(&ControlRequest {
-        seq: 3,
-        op: Some(Op::Execute(ExecuteRequest {
-            executable: 999,
-            inputs: vec![10],
-            outputs: vec![12],
-            stream: 1,
-        })),
-    }));
+    };
+    ops.extend(frame(&execute(2, 1, 11)));
+    // An executable the session lacks.
+    ops.extend(frame(&execute(3, 999, 12)));
     socket.write_all(&ops).unwrap();
     let mut answer = || {
         let mut len = [0u8; 4];
