@@ -1132,8 +1132,19 @@ fn a_lane_needs_the_token_and_a_live_session_and_a_stranger_holds_nothing() {
     assert!(closed(socket));
     assert_eq!(worker.refused_requests(), refused_before + 1);
     let (socket, welcome) = raw_lane(&worker, &lane_opening(&hello(token.expose(), &[7; 16])));
-    assert_eq!(welcome.unwrap().code, ErrorCode::Unauthenticated as u32);
+    let welcome = welcome.unwrap();
+    assert_eq!(welcome.code, ErrorCode::Unauthenticated as u32);
+    assert!(
+        welcome.message.contains("unknown session"),
+        "{}",
+        welcome.message
+    );
     assert!(closed(socket));
+    assert_eq!(
+        worker.refused_requests(),
+        refused_before + 2,
+        "counted like the router's"
+    );
     // Wrong magic bytes, a hello longer than allowed: closed with a refusal
     // (before any hello is read past its length).
     let mut wrong_magic = lane_opening(&hello(token.expose(), &raw.id_bytes));

@@ -11,6 +11,7 @@ use tokio_stream::StreamExt;
 
 use super::control::ControlLoop;
 use super::service::Service;
+use super::sessions::unknown_session;
 use super::{lock, Shared};
 use crate::error::{Error, Result};
 use crate::transport::admission::{AdmissionGuard, AdmittedStream, Incoming};
@@ -109,9 +110,14 @@ impl Service {
                 return Err(Error::unauthenticated("the token is wrong"));
             }
         }
-        let id = SessionId::from_bytes(&hello.session_id)?;
+        // Like the router's refusals of requests: counted and logged.
+        let refused = |err: Error| {
+            self.0.refusals.refused(Some(peer), err.message());
+            err
+        };
+        let id = SessionId::from_bytes(&hello.session_id).map_err(refused)?;
         if !lock(&self.0.sessions).contains_key(&id) {
-            return Err(Error::unauthenticated("no such session"));
+            return Err(refused(unknown_session()));
         }
         self.0.admission.authenticated(Some(peer))?;
         Ok(id)
