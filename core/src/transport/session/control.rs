@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -37,6 +37,10 @@ struct ControlSender {
     /// Buffers to delete: the deletion goes out with the next operation, or
     /// [`DEFER`] after the first of them when none follows.
     deferred: Vec<u64>,
+    /// When the first of `deferred` was deferred.
+    deferred_since: Option<Instant>,
+    /// Whether the process's deletion timer looks at this stream.
+    timed: bool,
 }
 
 /// How long a deletion waits for an operation to go out with.
@@ -142,6 +146,19 @@ fn finish_of(completion: Completion) -> Finish {
 }
 
 impl Control {
+    fn new(tx: Sink, state: Arc<ControlState>) -> Control {
+        Control {
+            sender: std::sync::Mutex::new(ControlSender {
+                tx,
+                sent: 0,
+                deferred: Vec::new(),
+                deferred_since: None,
+                timed: false,
+            }),
+            state,
+        }
+    }
+
     /// Sends `op` with the next `seq`; see `RemoteSession::send_control`.
     /// `completion` runs when the operation finished, or with
     /// `when_applied`, once any answer says it was applied (cumulatively).
@@ -212,19 +229,31 @@ impl Control {
         if self.state.broken().is_some() {
             return;
         }
-        let first = sender.deferred.is_empty();
+        if sender.deferred.is_empty() {
+            sender.deferred_since = Some(Instant::now());
+        }
         sender.deferred.extend_from_slice(handles);
         if sender.deferred.len() >= MAX_DEFERRED {
             sender.flush_deferred();
-        } else if first {
+        } else if !sender.timed {
+            sender.timed = true;
             drop(sender);
             flush_later(Arc::downgrade(self));
         }
     }
 
-    /// Sends the deferred deletion now, if there is one.
-    fn flush_deferred(&self) {
-        lock(&self.sender).flush_deferred();
+    /// Sends the deferred deletion if it waited [`DEFER`]: whether one
+    /// still waits (younger), for the timer to look again.
+    fn flush_deferred_if_due(&self) -> bool {
+        let mut sender = lock(&self.sender);
+        if sender
+            .deferred_since
+            .is_some_and(|since| since.elapsed() >= DEFER)
+        {
+            sender.flush_deferred();
+        }
+        sender.timed = !sender.deferred.is_empty();
+        sender.timed
     }
 
     /// Whether an operation waits for the worker: not yet taken, or taken
@@ -240,6 +269,7 @@ impl Control {
 impl ControlSender {
     /// The deletion of the deferred buffers, if any, taking them.
     fn take_deferred(&mut self) -> Option<control_request::Op> {
+        self.deferred_since = None;
         (!self.deferred.is_empty()).then(|| {
             control_request::Op::DeleteBuffers(DeleteBuffersRequest {
                 handles: std::mem::take(&mut self.deferred),
@@ -251,10 +281,11 @@ impl ControlSender {
     fn flush_deferred(&mut self) {
         if let Some(op) = self.take_deferred() {
             let seq = self.sent + 1;
-            // A closed stream has nothing left to delete on.
+            // A closed stream has nothing left to delete on. Written by
+            // this thread (after what is queued): nothing waits for more.
             if self
                 .tx
-                .send(Outgoing::One(ControlRequest { seq, op: Some(op) }), true)
+                .send(Outgoing::One(ControlRequest { seq, op: Some(op) }), false)
             {
                 self.sent = seq;
             }
@@ -262,13 +293,15 @@ impl ControlSender {
     }
 }
 
-/// Control streams with deletions waiting, sent together [`DEFER`] after the
-/// first: one timer for the process.
+/// Control streams with deletions waiting, looked at every [`DEFER`] by one
+/// timer for the process while any has some: a deletion goes out alone
+/// only when no operation took it along within [`DEFER`] (a steady stream
+/// of calls takes every deletion along, with no write of its own).
 static WAITING_DELETIONS: std::sync::Mutex<Option<Vec<Weak<Control>>>> =
     std::sync::Mutex::new(None);
 
-/// Sends `control`'s deferred deletion within [`DEFER`], unless an operation
-/// takes it first.
+/// Sends `control`'s deferred deletion once it waited [`DEFER`], unless an
+/// operation takes it first.
 fn flush_later(control: Weak<Control>) {
     let mut waiting = lock(&WAITING_DELETIONS);
     if let Some(waiting) = waiting.as_mut() {
@@ -277,10 +310,33 @@ fn flush_later(control: Weak<Control>) {
     }
     let spawned = runtime().map(|runtime| {
         runtime.spawn(async {
-            tokio::time::sleep(DEFER).await;
-            let due = lock(&WAITING_DELETIONS).take().unwrap_or_default();
-            for control in due.iter().filter_map(Weak::upgrade) {
-                control.flush_deferred();
+            loop {
+                tokio::time::sleep(DEFER).await;
+                // The list stays (empty): streams that defer meanwhile join
+                // it rather than start a second timer.
+                let due = match lock(&WAITING_DELETIONS).as_mut() {
+                    Some(due) => std::mem::take(due),
+                    None => return,
+                };
+                // Writes may block: off the runtime's threads.
+                let waiting = tokio::task::spawn_blocking(move || {
+                    due.into_iter()
+                        .filter(|control| {
+                            control
+                                .upgrade()
+                                .is_some_and(|control| control.flush_deferred_if_due())
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .unwrap_or_default();
+                let mut slot = lock(&WAITING_DELETIONS);
+                let all = slot.get_or_insert_with(Vec::new);
+                all.extend(waiting);
+                if all.is_empty() {
+                    *slot = None;
+                    return;
+                }
             }
         })
     });
@@ -289,7 +345,9 @@ fn flush_later(control: Weak<Control>) {
         Err(_) => {
             drop(waiting);
             if let Some(control) = control.upgrade() {
-                control.flush_deferred();
+                let mut sender = lock(&control.sender);
+                sender.timed = false;
+                sender.flush_deferred();
             }
         }
     }
@@ -702,14 +760,7 @@ impl RemoteSession {
             }
             None => Sink::Stream(self.open_control_stream(state.clone())?),
         };
-        *slot = Some(Arc::new(Control {
-            sender: std::sync::Mutex::new(ControlSender {
-                tx,
-                sent: 0,
-                deferred: Vec::new(),
-            }),
-            state,
-        }));
+        *slot = Some(Arc::new(Control::new(tx, state)));
         Ok(())
     }
 
@@ -754,5 +805,78 @@ impl RemoteSession {
             }
         });
         Ok(tx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts what went out: deletions that rode with an operation, and how
+    /// long those that went out alone had waited (at least).
+    fn drain(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<Outgoing>,
+        deferred_at: &HashMap<u64, Instant>,
+        along: &mut usize,
+        alone: &mut Vec<Duration>,
+    ) {
+        while let Ok(outgoing) = rx.try_recv() {
+            match outgoing {
+                Outgoing::Two(..) => *along += 1,
+                Outgoing::One(ControlRequest {
+                    op: Some(control_request::Op::DeleteBuffers(deletion)),
+                    ..
+                }) => {
+                    let first = deletion.handles.iter().map(|h| deferred_at[h]).min();
+                    alone.push(first.expect("a deletion names buffers").elapsed());
+                }
+                Outgoing::One(_) => {}
+            }
+        }
+    }
+
+    /// Deletions ride with the next operation; one goes out alone only
+    /// after it waited [`DEFER`] for one. Calls that keep coming, each
+    /// sooner than that, take every deletion along (the process's timer
+    /// used to send whatever waited when it fired, however young).
+    #[test]
+    fn a_deletion_goes_out_alone_only_when_no_operation_took_it_within_the_delay() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let control = Arc::new(Control::new(
+            Sink::Stream(tx),
+            Arc::new(ControlState::default()),
+        ));
+        let lost = Event::new();
+        let mut deferred_at = HashMap::new();
+        let (mut along, mut alone) = (0, Vec::new());
+        for handle in 0..40u64 {
+            deferred_at.insert(handle, Instant::now());
+            control.delete_later(&[handle]);
+            std::thread::sleep(Duration::from_millis(1));
+            let op = control_request::Op::UnloadExecutable(UnloadExecutableRequest { handle });
+            control.send(op, None, None, &lost, false).unwrap();
+            drain(&mut rx, &deferred_at, &mut along, &mut alone);
+        }
+        assert!(along > 0, "deletions ride with the next operation");
+        for waited in &alone {
+            assert!(
+                *waited >= DEFER,
+                "a deletion went out alone after {waited:?}"
+            );
+        }
+        // With nothing sent after it, the last one goes out alone.
+        deferred_at.insert(99, Instant::now());
+        control.delete_later(&[99]);
+        let (start, sent_alone) = (Instant::now(), alone.len());
+        while alone.len() == sent_alone && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+            drain(&mut rx, &deferred_at, &mut along, &mut alone);
+        }
+        let waited = alone
+            .last()
+            .copied()
+            .expect("the last deletion went out alone");
+        assert!(waited >= DEFER, "it went out after {waited:?}");
+        assert!(lock(&control.sender).deferred.is_empty());
     }
 }
