@@ -151,6 +151,50 @@ thread_local! {
     /// Streams this thread uses instead of its own (see [`with_stream`]),
     /// innermost last.
     static STREAM_OVERRIDES: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
+    /// Streams this thread claimed for tasks it submitted, to run them later
+    /// (see [`claim_idle_tasks`]); `None` when it claims none.
+    static CLAIMS: RefCell<Option<Vec<Claimed>>> = const { RefCell::new(None) };
+}
+
+/// A stream that this thread claimed for one task it submitted (see
+/// [`claim_idle_tasks`]): tasks submitted after it queue behind it. Runs the
+/// task when run, or when dropped.
+pub(crate) struct Claimed(Option<Arc<StreamQueue>>);
+
+impl Claimed {
+    /// Runs the task on this thread; the stream's later tasks go to the
+    /// executors.
+    pub(crate) fn run(mut self) {
+        if let Some(queue) = self.0.take() {
+            queue.run_claimed(Until::Budget(1));
+        }
+    }
+}
+
+impl Drop for Claimed {
+    fn drop(&mut self) {
+        if let Some(queue) = self.0.take() {
+            queue.run_claimed(Until::Budget(1));
+        }
+    }
+}
+
+/// Runs `f`. Tasks it submits on idle streams (nothing queued or running
+/// there, dependencies ready, not left to a waiter) are claimed for this
+/// thread instead of woken executors: they are returned, to run on this
+/// thread once it is done with what it holds (a thread that reads a worker's
+/// operations from a connection runs a quick program itself, and answers
+/// from there, with no hand-off to an executor).
+pub(crate) fn claim_idle_tasks<R>(f: impl FnOnce() -> R) -> (R, Vec<Claimed>) {
+    let outer = CLAIMS.with(|c| c.borrow_mut().replace(Vec::new()));
+    let result = f();
+    let claimed = CLAIMS.with(|c| std::mem::replace(&mut *c.borrow_mut(), outer));
+    (result, claimed.unwrap_or_default())
+}
+
+/// Whether this thread claims the tasks it submits (see [`claim_idle_tasks`]).
+fn claiming() -> bool {
+    CLAIMS.with(|c| c.borrow().is_some())
 }
 
 /// Runs `f` with `stream` as the calling thread's stream of its client: what
@@ -444,6 +488,38 @@ impl StreamQueue {
         None
     }
 
+    /// Claims the stream for `task`, to run later on this thread (see
+    /// [`claim_idle_tasks`]), if it is idle and the task may run now; gives
+    /// the task back otherwise.
+    fn claim_for_later(self: &Arc<Self>, task: Task) -> Option<Task> {
+        if task.waiter_first
+            || running_here(Arc::as_ptr(self))
+            || task.deps.iter().any(|d| !d.is_ready())
+            || self.state.load(Ordering::SeqCst) != IDLE
+            || self
+                .state
+                .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return Some(task);
+        }
+        // Claimed. Tasks another thread queued just before come first: then
+        // executors run them all, in order.
+        let queued = self.has_head.load(Ordering::Relaxed) || !self.tasks.is_empty();
+        self.tasks.push(task);
+        if queued {
+            self.release();
+            return None;
+        }
+        let claim = Claimed(Some(self.clone()));
+        CLAIMS.with(|c| {
+            if let Some(claims) = c.borrow_mut().as_mut() {
+                claims.push(claim);
+            }
+        });
+        None
+    }
+
     /// Called by an executor that popped this stream off the run queue.
     fn run_from_queue(self: &Arc<Self>) {
         if self
@@ -726,6 +802,13 @@ impl Dispatcher {
             },
             false => task,
         };
+        let task = match claiming() {
+            true => match queue.claim_for_later(task) {
+                None => return,
+                Some(task) => task,
+            },
+            false => task,
+        };
         let waiter_first = task.waiter_first;
         queue.push(task);
         if waiter_first {
@@ -1000,6 +1083,50 @@ mod tests {
             waiter_first: false,
             sends_only: false,
         }
+    }
+
+    #[test]
+    fn claimed_tasks_run_on_the_claiming_thread_later_and_the_stream_keeps_order() {
+        let d = Dispatcher::new(1, 1, 9013, "t").unwrap();
+        let (s, busy) = (Stream::new(9013), Stream::new(9013));
+        let here = std::thread::current().id();
+        let ran_on = Arc::new(Mutex::new(Vec::new()));
+        let record = |ev: &Event, i: u32| {
+            let ran_on = ran_on.clone();
+            task(ev, move || {
+                ran_on
+                    .lock()
+                    .unwrap()
+                    .push((i, std::thread::current().id()))
+            })
+        };
+        // A stream with a task waiting on a gate is not idle: nothing there
+        // is claimed.
+        let gate = Event::new();
+        let blocked = Event::new();
+        let mut waits = record(&blocked, 9);
+        waits.deps = vec![gate.clone()];
+        d.submit(&busy, waits);
+        let (first, second, behind_gate) = (Event::new(), Event::new(), Event::new());
+        let ((), claims) = claim_idle_tasks(|| {
+            d.submit(&s, record(&first, 0));
+            // Queued behind the claimed one, on the same stream.
+            d.submit(&s, record(&second, 1));
+            d.submit(&busy, record(&behind_gate, 2));
+        });
+        assert_eq!(claims.len(), 1, "one idle stream claimed");
+        assert!(!first.is_ready() && !second.is_ready(), "nothing ran yet");
+        for claim in claims {
+            claim.run();
+        }
+        second.wait().unwrap();
+        let ran = ran_on.lock().unwrap().clone();
+        assert_eq!(ran[0], (0, here), "the claimed task ran here, first");
+        assert_eq!(ran[1].0, 1, "then the one behind it");
+        assert!(!behind_gate.is_ready());
+        gate.set_if_pending(Ok(()));
+        behind_gate.wait().unwrap();
+        assert!(!claiming(), "claiming ends with `claim_idle_tasks`");
     }
 
     #[test]

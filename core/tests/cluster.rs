@@ -1967,8 +1967,9 @@ fn a_deleted_buffer_leaves_the_worker_without_a_further_operation() {
 
 /// Streams of a session run concurrently on a worker, even when a program
 /// that was quick before now waits for a program of another stream: the
-/// worker never runs programs on the thread that reads the session's
-/// operations (the other stream's program could not arrive).
+/// thread that reads the session's operations (a lane's) runs programs
+/// itself, and another takes over the reading when one runs long (else the
+/// other stream's program could not arrive).
 #[test]
 fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
     let token = Token::generate().unwrap();

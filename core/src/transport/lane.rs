@@ -84,6 +84,11 @@ impl<R: Read> FrameReader<R> {
         }
     }
 
+    /// Whether another message has arrived whole.
+    pub(crate) fn has_message(&self) -> bool {
+        matches!(frame_len(&self.buf, self.limit), Ok(Some(len)) if self.buf.len() >= 4 + len)
+    }
+
     /// The next message if it has arrived whole, without reading.
     pub(crate) fn buffered<M: Message + Default>(&mut self) -> Result<Option<M>> {
         let Some(len) = frame_len(&self.buf, self.limit)? else {

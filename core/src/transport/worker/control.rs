@@ -99,8 +99,9 @@ impl Service {
                 .ok_or_else(|| Error::unavailable("the worker is stopping"))?;
             let waiter = Service(shared)
                 .with_session(id, |session| session.calls.start(executable, index, input))?;
-            // Blocks this executor thread only: the result arrives on the
-            // control stream, or the session's end fails it.
+            // Blocks this thread only: the result arrives on the control
+            // stream (read by another thread), or the session's end fails it.
+            super::lane::before_waiting_on_the_controller();
             waiter.wait()
         })
     }

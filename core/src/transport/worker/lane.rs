@@ -9,10 +9,12 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
 
+use super::alarm::Alarm;
 use super::control::ControlLoop;
 use super::service::Service;
 use super::sessions::unknown_session;
 use super::{lock, Shared};
+use crate::dispatch::{claim_idle_tasks, Claimed};
 use crate::error::{Error, Result};
 use crate::transport::admission::{AdmissionGuard, AdmittedStream, Incoming};
 use crate::transport::host_calls::ControlSink;
@@ -164,6 +166,118 @@ async fn serve_lane(mut admitted: AdmittedStream, shared: Arc<Shared>) {
     }
 }
 
+/// How long a lane's thread may run programs it took before another thread
+/// takes over reading the lane.
+const TAKEOVER_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+/// `Lane::running_since` once another thread took over.
+const TAKEN: u64 = u64::MAX;
+
+/// An accepted lane: what reads it, and what its threads share.
+///
+/// One thread at a time reads the lane and takes its operations (the
+/// *leader*). An execution on a stream that is idle, with no operation
+/// behind it yet, is claimed by the leader, which runs it itself once it let
+/// go of the reading, and answers from there: no hand-off to an executor.
+/// A program may run long, or wait for another that a later operation of
+/// the lane starts: when the leader has run programs for [`TAKEOVER_AFTER`]
+/// (its [`Alarm`] goes off), or at once when a program calls the
+/// controller's host callback, a new thread takes over the reading, and the
+/// old one ends with its programs. Without an alarm (not Linux) the leader
+/// runs nothing: executions go to the executors.
+struct Lane {
+    id: SessionId,
+    alarm: Option<Alarm>,
+    reading: std::sync::Mutex<Reading>,
+    /// When the leader began running the programs it took (nanoseconds of
+    /// [`now_nanos`], never 0); 0 while it reads; [`TAKEN`] once another
+    /// thread took over.
+    running_since: std::sync::atomic::AtomicU64,
+    writer: Arc<LaneSender>,
+    /// Dropped with the lane: the watch of the session's end stops.
+    _done: tokio::sync::oneshot::Sender<()>,
+    /// Keeps the connection counted by admission while the lane lives.
+    _admitted: AdmissionGuard,
+}
+
+/// What the leader holds while it reads.
+struct Reading {
+    frames: FrameReader<std::net::TcpStream>,
+    control: ControlLoop,
+    ended: bool,
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        self.writer.close();
+    }
+}
+
+/// Nanoseconds on a clock of the process (never 0).
+fn now_nanos() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let nanos = EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos();
+    u64::try_from(nanos).unwrap_or(TAKEN - 1).max(1)
+}
+
+thread_local! {
+    /// The lane whose programs this thread runs now, and since when.
+    static RUNNING: std::cell::RefCell<Option<(std::sync::Weak<Lane>, u64)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl Reading {
+    /// Reads and takes operations until one leaves programs for this thread
+    /// to run; `None` once the lane ended.
+    fn next_claims(&mut self, id: SessionId, claim: bool) -> Option<Vec<Claimed>> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            // Operations that arrived together are taken together; once
+            // none is left, one answer for those taken, then wait for more.
+            let op = match self.frames.buffered::<ControlRequest>() {
+                Ok(Some(op)) => op,
+                Ok(None) => {
+                    if !self.control.idle() {
+                        break;
+                    }
+                    match self.frames.next::<ControlRequest>() {
+                        Ok(Some(op)) => op,
+                        Ok(None) => break,
+                        Err(err) => {
+                            broke(id, &err);
+                            break;
+                        }
+                    }
+                }
+                Err(err) => {
+                    broke(id, &err);
+                    break;
+                }
+            };
+            // A program is run here only when no operation follows it yet:
+            // operations that arrive together (on several streams) go to
+            // the executors, which run them side by side.
+            let (alive, claims) = if !claim || self.frames.has_message() {
+                (self.control.take(op), Vec::new())
+            } else {
+                claim_idle_tasks(|| self.control.take(op))
+            };
+            if !alive {
+                break;
+            }
+            if !claims.is_empty() {
+                return Some(claims);
+            }
+        }
+        self.ended = true;
+        None
+    }
+}
+
 /// Logs why session `id`'s lane ended early: a controller that went away
 /// (the connection reset) is routine, bytes that are not the protocol are
 /// not.
@@ -175,25 +289,115 @@ fn broke(id: SessionId, err: &Error) {
     }
 }
 
-/// Takes session `id`'s operations from `socket` on this thread until the
-/// lane or the session ends; executions go to the executors, as from gRPC,
-/// and answers leave from the thread that has them. `admitted` keeps the
-/// connection counted by admission control until then.
+impl Lane {
+    /// Reads and takes the lane's operations on this thread, running the
+    /// programs it claims, until the lane ends or another thread took over.
+    fn lead(self: Arc<Lane>) {
+        let Ok(runtime) = runtime() else { return };
+        let _runtime = runtime.enter();
+        loop {
+            let claims = {
+                let mut reading = lock(&self.reading);
+                match reading.next_claims(self.id, self.alarm.is_some()) {
+                    Some(claims) => claims,
+                    None => return,
+                }
+            };
+            let started = now_nanos();
+            self.running_since
+                .store(started, std::sync::atomic::Ordering::SeqCst);
+            if let Some(alarm) = &self.alarm {
+                alarm.arm(TAKEOVER_AFTER);
+            }
+            RUNNING.with(|r| *r.borrow_mut() = Some((Arc::downgrade(&self), started)));
+            for claim in claims {
+                claim.run();
+            }
+            RUNNING.with(|r| *r.borrow_mut() = None);
+            if let Some(alarm) = &self.alarm {
+                alarm.disarm();
+            }
+            if self
+                .running_since
+                .compare_exchange(
+                    started,
+                    0,
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                )
+                .is_err()
+            {
+                // Another thread reads the lane now.
+                return;
+            }
+        }
+    }
+
+    /// The alarm went off: the leader has run programs for
+    /// [`TAKEOVER_AFTER`] (unless it finished just now, and runs others).
+    fn ran_long(self: &Arc<Lane>) {
+        let since = self.running_since.load(std::sync::atomic::Ordering::SeqCst);
+        let after = u64::try_from(TAKEOVER_AFTER.as_nanos()).unwrap_or(u64::MAX);
+        if since != 0 && since != TAKEN && now_nanos().saturating_sub(since) >= after {
+            self.take_over(since);
+        }
+    }
+
+    /// Hands the reading to a new thread if the leader has run programs
+    /// since `started` (and nobody took over yet).
+    fn take_over(self: &Arc<Lane>, started: u64) {
+        if self
+            .running_since
+            .compare_exchange(
+                started,
+                TAKEN,
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+            )
+            .is_err()
+        {
+            return;
+        }
+        let lane = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("colocated-lane".into())
+            .spawn(move || lane.lead());
+        if let Err(err) = spawned {
+            tracing::warn!(session = %self.id, "cannot start a thread to read a lane: {err}");
+            // The leader reads on once its programs finish.
+            self.running_since
+                .store(started, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// Before this thread blocks on the controller (a host callback), another
+/// thread takes over reading the lane whose programs it runs, if any: the
+/// answer comes on that lane.
+pub(super) fn before_waiting_on_the_controller() {
+    let running = RUNNING.with(|r| r.borrow().clone());
+    if let Some((lane, started)) = running {
+        if let Some(lane) = lane.upgrade() {
+            lane.take_over(started);
+        }
+    }
+}
+
+/// Serves session `id`'s lane on `socket` from this thread on (see
+/// [`Lane`]). `admitted` keeps the connection counted until it ends.
 fn run_lane(
     service: &Service,
     id: SessionId,
     socket: std::net::TcpStream,
     admitted: AdmissionGuard,
 ) {
-    // What the operations start on the network runtime (copies) starts
-    // from here too.
     let Ok(runtime) = runtime() else { return };
     let _runtime = runtime.enter();
     let (Ok(write), Ok(closer)) = (socket.try_clone(), socket.try_clone()) else {
         return;
     };
     let writer = LaneSender::new(LaneWriter::new(write, service.0.session_timeout));
-    let (mut control, mut ended) =
+    let (control, mut ended) =
         match ControlLoop::open(service, id, ControlSink::Lane(writer.clone())) {
             Ok(opened) => opened,
             Err(_) => return,
@@ -208,36 +412,25 @@ fn run_lane(
             _ = lane_done => {}
         }
     });
-    let mut frames = FrameReader::new(socket, MAX_FRAME_BYTES);
-    loop {
-        // Operations that arrived together are taken together; once none
-        // is left, one answer for those taken, then wait for more.
-        let op = match frames.buffered::<ControlRequest>() {
-            Ok(Some(op)) => op,
-            Ok(None) => {
-                if !control.idle() {
-                    break;
+    let lane = Arc::new_cyclic(|lane: &std::sync::Weak<Lane>| Lane {
+        id,
+        alarm: Alarm::new({
+            let lane = lane.clone();
+            Arc::new(move || {
+                if let Some(lane) = lane.upgrade() {
+                    lane.ran_long();
                 }
-                match frames.next::<ControlRequest>() {
-                    Ok(Some(op)) => op,
-                    Ok(None) => break,
-                    Err(err) => {
-                        broke(id, &err);
-                        break;
-                    }
-                }
-            }
-            Err(err) => {
-                broke(id, &err);
-                break;
-            }
-        };
-        if !control.take(op) {
-            break;
-        }
-    }
-    writer.close();
-    drop(done);
-    drop(control);
-    drop(admitted);
+            })
+        }),
+        reading: std::sync::Mutex::new(Reading {
+            frames: FrameReader::new(socket, MAX_FRAME_BYTES),
+            control,
+            ended: false,
+        }),
+        running_since: std::sync::atomic::AtomicU64::new(0),
+        writer,
+        _done: done,
+        _admitted: admitted,
+    });
+    lane.lead();
 }

@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::executor::SessionScope;
 
+mod alarm;
 mod bulk;
 mod control;
 mod copies;
