@@ -8,6 +8,9 @@
 //! processes and sockets: a worker is core's `Worker`, as `colocated worker`
 //! runs it, with the native function the fan-out calls registered.
 //!
+//! The fan-out and its two floors take turns, a tenth of the runs at a
+//! time, so that each sees the same drift of the machine's load.
+//!
 //! `CPU/host` is the controller's CPU time per host per fan-out call: what
 //! sizing thousands of hosts on paper starts from.
 //!
@@ -165,8 +168,9 @@ fn stop(children: Vec<Child>) {
     }
 }
 
-/// Median seconds of one ping to every echo server and every pong back.
-fn tcp_fan_out(streams: &mut [TcpStream]) -> f64 {
+/// Seconds of `runs` pings to every echo server and every pong back, one
+/// by one.
+fn tcp_fan_out(streams: &mut [TcpStream], runs: usize) -> Vec<f64> {
     let mut b = [1u8; 1];
     let mut one = |streams: &mut [TcpStream]| {
         for s in streams.iter_mut() {
@@ -177,23 +181,19 @@ fn tcp_fan_out(streams: &mut [TcpStream]) -> f64 {
         }
     };
     one(streams);
-    let runs = if streams.len() >= 64 { 50 } else { 200 };
-    median(
-        (0..runs)
-            .map(|_| {
-                let start = Instant::now();
-                one(streams);
-                start.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+    (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            one(streams);
+            start.elapsed().as_secs_f64()
+        })
+        .collect()
 }
 
 /// `tcp_fan_out` run by a network thread that the calling thread hands each
 /// fan-out to and that wakes it when every pong is back; the streams come
-/// back with the median.
-fn tcp_fan_out_handed_off(mut streams: Vec<TcpStream>) -> (f64, Vec<TcpStream>) {
-    let runs = if streams.len() >= 64 { 50 } else { 200 };
+/// back with the seconds of each.
+fn tcp_fan_out_handed_off(mut streams: Vec<TcpStream>, runs: usize) -> (Vec<f64>, Vec<TcpStream>) {
     let (go, network) = std::sync::mpsc::channel::<()>();
     let (done, finished) = std::sync::mpsc::channel::<()>();
     let thread = std::thread::spawn(move || {
@@ -214,15 +214,13 @@ fn tcp_fan_out_handed_off(mut streams: Vec<TcpStream>) -> (f64, Vec<TcpStream>) 
         finished.recv().expect("network thread");
     };
     one();
-    let secs = median(
-        (0..runs)
-            .map(|_| {
-                let start = Instant::now();
-                one();
-                start.elapsed().as_secs_f64()
-            })
-            .collect(),
-    );
+    let secs = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            one();
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
     drop(go);
     (secs, thread.join().expect("network thread"))
 }
@@ -340,42 +338,44 @@ fn main() {
         let (cpu, wall) = (cpu_seconds(), Instant::now());
         std::thread::sleep(Duration::from_secs_f64(idle_secs));
         let idle = (cpu_seconds() - cpu) / wall.elapsed().as_secs_f64();
-        let runs = std::env::var("COLOCATED_SCALE_RUNS")
+        let runs: usize = std::env::var("COLOCATED_SCALE_RUNS")
             .ok()
             .and_then(|r| r.parse().ok())
             .unwrap_or(if n >= 64 { 50 } else { 200 });
-        let cpu = cpu_seconds();
-        let fan_out = median(
-            (0..runs)
-                .map(|_| {
-                    let start = Instant::now();
-                    run();
-                    start.elapsed().as_secs_f64()
-                })
-                .collect(),
-        );
-        let cpu_per_host = (cpu_seconds() - cpu) / (runs * n) as f64;
         let (echoes, echo_addresses) = spawn("echo", n, &token);
-        let mut streams: Vec<TcpStream> = echo_addresses
-            .iter()
-            .map(|a| {
-                let s = TcpStream::connect(a).expect("connect");
-                s.set_nodelay(true).ok();
-                s
-            })
-            .collect();
-        let tcp = tcp_fan_out(&mut streams);
         let (relays, relay_addresses) = spawn("relay", n, &token);
-        let (handed_off, relayed) = tcp_fan_out_handed_off(
-            relay_addresses
+        let connect_all = |addresses: &[String]| -> Vec<TcpStream> {
+            addresses
                 .iter()
                 .map(|a| {
                     let s = TcpStream::connect(a).expect("connect");
                     s.set_nodelay(true).ok();
                     s
                 })
-                .collect(),
-        );
+                .collect()
+        };
+        let mut streams = connect_all(&echo_addresses);
+        let mut relayed = connect_all(&relay_addresses);
+        // The three take turns, a tenth of the runs at a time: the machine's
+        // load drifts, and each figure sees the same drift.
+        let (mut fan_outs, mut tcps, mut handed_offs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut cpu = 0.0;
+        let rounds = 10;
+        for _ in 0..rounds {
+            let before = cpu_seconds();
+            fan_outs.extend((0..runs.div_ceil(rounds)).map(|_| {
+                let start = Instant::now();
+                run();
+                start.elapsed().as_secs_f64()
+            }));
+            cpu += cpu_seconds() - before;
+            tcps.extend(tcp_fan_out(&mut streams, runs.div_ceil(rounds)));
+            let (secs, back) = tcp_fan_out_handed_off(relayed, runs.div_ceil(rounds));
+            handed_offs.extend(secs);
+            relayed = back;
+        }
+        let cpu_per_host = cpu / (fan_outs.len() * n) as f64;
+        let (fan_out, tcp, handed_off) = (median(fan_outs), median(tcps), median(handed_offs));
         println!(
             "{n:>4}  {:>6.1} ms  {:>6.2} ms  {:>7.2} MiB  {:>8.2}%  {:>10.0} µs  {:>7.1} µs  {:>12.0} µs  {:>5.1}x  {:>12.0} µs  {:>5.1}x",
             connected * 1e3,

@@ -2046,3 +2046,37 @@ fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
         .wait_timeout(Duration::from_secs(20))
         .unwrap();
 }
+
+/// What an answer runs may wait for another worker's answer: the thread
+/// that reads the lanes hands the reading over, and the other answer still
+/// arrives.
+#[test]
+fn a_completion_that_waits_for_another_workers_answer_does_not_hold_it_up() {
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
+    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let on_a = compile_on(&client, "gate", &client.devices()[0]);
+    let on_b = compile_on(&client, "gate", &client.devices()[1]);
+    let (gate_a, gate_b) = (
+        a.gate.lock().unwrap().clone(),
+        b.gate.lock().unwrap().clone(),
+    );
+    let run_a = on_a.execute(&[], &ExecuteOptions::default()).unwrap();
+    let run_b = on_b.execute(&[], &ExecuteOptions::default()).unwrap();
+    let (entered, waits) = std::sync::mpsc::channel();
+    let (done, finished) = std::sync::mpsc::channel();
+    let b_status = run_b.status.clone();
+    run_a.status.on_ready(move |_| {
+        entered.send(()).unwrap();
+        done.send(b_status.wait_timeout(Duration::from_secs(20)))
+            .unwrap();
+    });
+    gate_a.set(Ok(())).unwrap();
+    waits.recv_timeout(Duration::from_secs(20)).unwrap();
+    // Worker A's answer is being taken; worker B's comes now.
+    gate_b.set(Ok(())).unwrap();
+    finished
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap()
+        .unwrap();
+}

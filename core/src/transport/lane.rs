@@ -111,7 +111,11 @@ impl<R: Read> FrameReader<R> {
             if let Some(message) = self.buffered()? {
                 return Ok(Some(message));
             }
-            if !self.fill()? {
+            let more = self.fill().map_err(|failed| match failed {
+                Filled::Failed(err) => err,
+                Filled::WouldBlock => Error::unavailable("the lane broke: nothing to read"),
+            })?;
+            if !more {
                 if self.buf.is_empty() {
                     return Ok(None);
                 }
@@ -122,8 +126,28 @@ impl<R: Read> FrameReader<R> {
         }
     }
 
+    /// Whether no byte of a message is left over.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// What it reads from.
+    pub(crate) fn source(&self) -> &R {
+        &self.source
+    }
+
+    /// Reads once from a source that does not wait: `Some(true)` when
+    /// bytes came, `Some(false)` at the end, `None` when none had arrived.
+    pub(crate) fn read_available(&mut self) -> Result<Option<bool>> {
+        match self.fill() {
+            Ok(more) => Ok(Some(more)),
+            Err(Filled::WouldBlock) => Ok(None),
+            Err(Filled::Failed(err)) => Err(err),
+        }
+    }
+
     /// Reads what has arrived (waiting for something); false at the end.
-    fn fill(&mut self) -> Result<bool> {
+    fn fill(&mut self) -> std::result::Result<bool, Filled> {
         loop {
             match self.source.read(&mut self.chunk) {
                 Ok(0) => return Ok(false),
@@ -132,10 +156,22 @@ impl<R: Read> FrameReader<R> {
                     return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::unavailable(format!("the lane broke: {e}"))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Filled::WouldBlock),
+                Err(e) => {
+                    return Err(Filled::Failed(Error::unavailable(format!(
+                        "the lane broke: {e}"
+                    ))))
+                }
             }
         }
     }
+}
+
+/// Why a read of a lane brought nothing.
+enum Filled {
+    /// Nothing had arrived (a source that does not wait).
+    WouldBlock,
+    Failed(Error),
 }
 
 /// The writing end of a lane, shared by the threads that write on it: each

@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 use crate::error::{bound_text, Error, ErrorCode, Result};
 
 mod admission;
+mod alarm;
 mod buffers;
 mod bulk;
 #[cfg(feature = "fuzzing")]
@@ -28,6 +29,7 @@ mod host_calls;
 mod idle;
 pub mod isolate;
 mod lane;
+mod lane_reader;
 mod refusals;
 pub mod session;
 mod strings;

@@ -15,7 +15,8 @@ use super::host_calls::run_host_callback;
 use super::{lock, Completion, Inner, Progress, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
-use crate::transport::lane::{encode_frame, FrameReader, LaneSender, LaneWriter, MAX_FRAME_BYTES};
+use crate::transport::lane::{encode_frame, LaneSender, LaneWriter};
+use crate::transport::lane_reader::{read_lane_answers, Handlers};
 use crate::transport::proto::{
     control_request, BufferSpec, ControlRequest, ControlResponse, DeleteBuffersRequest,
     ExecuteRequest, FetchBufferRequest, GrantReadRequest, PutSmallBufferRequest, ReadBufferRequest,
@@ -457,24 +458,6 @@ async fn read_answers(
     stream_ended(&state, &inner, ended);
 }
 
-/// Reads the worker's answers of a lane (on a thread of its own).
-fn read_lane_answers(socket: std::net::TcpStream, state: Arc<ControlState>, inner: Weak<Inner>) {
-    // Completions may start work on the network runtime.
-    let runtime = runtime().map(|runtime| runtime.enter());
-    let mut reader = FrameReader::new(&socket, MAX_FRAME_BYTES);
-    let ended = loop {
-        match reader.next::<ControlResponse>() {
-            Ok(Some(answer)) => answered(&state, &inner, answer),
-            Ok(None) => break Error::unavailable("the control stream ended"),
-            Err(err) => {
-                break Error::unavailable(format!("the control stream broke: {}", err.message()))
-            }
-        }
-    };
-    stream_ended(&state, &inner, ended);
-    drop(runtime);
-}
-
 /// Takes one answer of the worker on a control stream.
 fn answered(state: &ControlState, inner: &Weak<Inner>, mut answer: ControlResponse) {
     if let Some(call) = answer.host_callback.take() {
@@ -749,13 +732,17 @@ impl RemoteSession {
                 let read = socket
                     .try_clone()
                     .map_err(|e| Error::unavailable(format!("a lane: {e}")))?;
-                let (reader_state, weak) = (state.clone(), Arc::downgrade(&self.inner));
-                std::thread::Builder::new()
-                    .name("colocated-lane".into())
-                    .spawn(move || read_lane_answers(read, reader_state, weak))
-                    .map_err(|e| {
-                        Error::resource_exhausted(format!("cannot start a lane's thread: {e}"))
-                    })?;
+                let (answer_state, answer_inner) = (state.clone(), Arc::downgrade(&self.inner));
+                let (end_state, end_inner) = (state.clone(), Arc::downgrade(&self.inner));
+                read_lane_answers(
+                    read,
+                    Handlers {
+                        answer: Box::new(move |answer| {
+                            answered(&answer_state, &answer_inner, answer)
+                        }),
+                        ended: Box::new(move |ended| stream_ended(&end_state, &end_inner, ended)),
+                    },
+                )?;
                 Sink::Lane(LaneSender::new(LaneWriter::new(socket, write_timeout)))
             }
             None => Sink::Stream(self.open_control_stream(state.clone())?),

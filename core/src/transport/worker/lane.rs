@@ -9,7 +9,6 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
 
-use super::alarm::Alarm;
 use super::control::ControlLoop;
 use super::service::Service;
 use super::sessions::unknown_session;
@@ -17,6 +16,7 @@ use super::{lock, Shared};
 use crate::dispatch::{claim_idle_tasks, Claimed};
 use crate::error::{Error, Result};
 use crate::transport::admission::{AdmissionGuard, AdmittedStream, Incoming};
+use crate::transport::alarm::Alarm;
 use crate::transport::host_calls::ControlSink;
 use crate::transport::lane::{
     encode_frame, FrameReader, LaneSender, LaneWriter, LANE_MAGIC, MAX_FRAME_BYTES, MAX_HELLO_BYTES,

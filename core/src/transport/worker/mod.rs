@@ -30,7 +30,6 @@ use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::executor::SessionScope;
 
-mod alarm;
 mod bulk;
 mod control;
 mod copies;

@@ -1,6 +1,7 @@
-//! One-shot alarms that cost nothing unless they go off: what tells a lane
-//! that the thread reading it has run a program for too long (see
-//! [`super::lane`]).
+//! One-shot alarms that cost nothing unless they go off: what tells that
+//! the thread reading lanes has run something for too long, and another
+//! must take over the reading (a worker's lane, and the controller's
+//! reader of answers).
 //!
 //! Each alarm is a kernel timer (`timerfd`); one thread of the process
 //! sleeps in `epoll` on all of them and runs an alarm's action when it goes
@@ -10,18 +11,18 @@
 //! every few milliseconds instead cost hundreds of workers on one machine
 //! more than their calls did).
 //!
-//! Linux only: elsewhere [`Alarm::new`] gives none, and lanes queue every
-//! program for the executors.
+//! Linux only: elsewhere [`Alarm::new`] gives none, and the readers of
+//! lanes run nothing that may last (see where they are used).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 /// What an alarm runs when it goes off (on the watch's thread: briefly).
-pub(super) type Action = Arc<dyn Fn() + Send + Sync>;
+pub(crate) type Action = Arc<dyn Fn() + Send + Sync>;
 
 /// A one-shot alarm: [`arm`](Alarm::arm)ed, it runs its action once the
 /// time has passed, unless [`disarm`](Alarm::disarm)ed first.
-pub(super) struct Alarm {
+pub(crate) struct Alarm {
     #[cfg(target_os = "linux")]
     timer: linux::Timer,
 }
@@ -29,7 +30,7 @@ pub(super) struct Alarm {
 impl Alarm {
     /// An alarm that runs `action` when it goes off; `None` where the
     /// platform has no such alarms, or the watch cannot start.
-    pub(super) fn new(action: Action) -> Option<Alarm> {
+    pub(crate) fn new(action: Action) -> Option<Alarm> {
         #[cfg(target_os = "linux")]
         {
             linux::Timer::new(action).map(|timer| Alarm { timer })
@@ -42,7 +43,7 @@ impl Alarm {
     }
 
     /// Goes off `after` from now (again, if it went off before).
-    pub(super) fn arm(&self, after: Duration) {
+    pub(crate) fn arm(&self, after: Duration) {
         #[cfg(target_os = "linux")]
         self.timer.set(after);
         #[cfg(not(target_os = "linux"))]
@@ -50,7 +51,7 @@ impl Alarm {
     }
 
     /// Does not go off (unless it went off already).
-    pub(super) fn disarm(&self) {
+    pub(crate) fn disarm(&self) {
         #[cfg(target_os = "linux")]
         self.timer.set(Duration::ZERO);
     }
@@ -65,7 +66,7 @@ mod linux {
     use std::time::Duration;
 
     use super::Action;
-    use crate::transport::worker::lock;
+    use crate::transport::lock;
 
     /// The process's watch: an `epoll` set of every alarm's timer, and each
     /// timer's descriptor and action, by key.
@@ -155,14 +156,14 @@ mod linux {
     }
 
     /// A `timerfd` in the watch's set.
-    pub(super) struct Timer {
+    pub(crate) struct Timer {
         fd: OwnedFd,
         key: u64,
         watch: &'static Watch,
     }
 
     impl Timer {
-        pub(super) fn new(action: Action) -> Option<Timer> {
+        pub(crate) fn new(action: Action) -> Option<Timer> {
             let watch = watch()?;
             // SAFETY: plain system call; the descriptor is owned below.
             let fd = unsafe {
@@ -201,7 +202,7 @@ mod linux {
         }
 
         /// Goes off once, `after` from now; never with zero.
-        pub(super) fn set(&self, after: Duration) {
+        pub(crate) fn set(&self, after: Duration) {
             let spec = libc::itimerspec {
                 it_interval: libc::timespec {
                     tv_sec: 0,

@@ -1,0 +1,89 @@
+//! How many threads a controller's lanes take (alone in its process: the
+//! test counts the process's threads by name).
+
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use colocated_core::transport::session::ConnectOptions;
+use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::transport::Token;
+use colocated_core::{
+    Client, ClientOptions, ClusterOptions, CompileOptions, ExecuteOptions, Program,
+};
+use common::eventually;
+
+/// This process's threads named `name`.
+fn threads(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("the process's threads")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim() == name)
+        .count()
+}
+
+/// The controller reads the answers of all its workers' lanes on one
+/// thread, not a thread per worker: a fan-out's answers wake it a few
+/// times, not once per worker, and hundreds of workers cost no hundreds of
+/// threads.
+#[test]
+fn the_controller_reads_every_lane_on_one_thread() {
+    const WORKERS: usize = 8;
+    let token = Token::generate().unwrap();
+    let runs = Arc::new(AtomicU64::new(0));
+    let workers: Vec<Worker> = (0..WORKERS)
+        .map(|_| {
+            let client = Client::new_local(ClientOptions {
+                num_cpu_devices: Some(1),
+                executor_threads: Some(1),
+                ..Default::default()
+            })
+            .unwrap();
+            let counter = runs.clone();
+            client
+                .register_native_function("count", move |_ctx| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                })
+                .unwrap();
+            Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+        })
+        .collect();
+    let options = ClusterOptions {
+        workers: workers
+            .iter()
+            .map(|w| {
+                let mut o = ConnectOptions::new(w.local_addr().to_string(), Some(token.clone()));
+                o.timeout = Duration::from_secs(5);
+                o
+            })
+            .collect(),
+        include_local: false,
+        local: ClientOptions::default(),
+    };
+    let client = Client::connect(&options).unwrap();
+    let count = client
+        .compile(
+            Program::native("count", vec![], vec![], client.devices().to_vec()),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    for _ in 0..3 {
+        let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
+        run.status.wait_timeout(Duration::from_secs(20)).unwrap();
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3 * WORKERS as u64);
+    // The workers are in this process too: each lane has a thread on the
+    // worker's side, named apart from the controller's reader. (A reader
+    // that was taken over ends once its answer is done.)
+    eventually(
+        "one reader for the controller, one thread per worker lane",
+        || threads("colocated-lanes") == 1 && threads("colocated-lane") == WORKERS,
+    );
+    drop(count);
+    drop(client);
+}
