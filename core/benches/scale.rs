@@ -25,6 +25,8 @@
 //! `COLOCATED_SCALE_N` (comma-separated) picks the sizes; the default is
 //! 1, 2, 4, 8, 16, 64, 256. `COLOCATED_SCALE_IDLE_SECS` is how long idle CPU is
 //! measured (default 7: two idle heartbeat periods).
+//! `COLOCATED_SCALE_FLOORS=0` leaves the TCP floors out (to profile the
+//! fan-out alone).
 //!
 //! Targets (issue: remote speed): connect and compile in parallel (about one
 //! round trip, not N); fan-out execute + await <= 2x the raw TCP fan-out;
@@ -361,6 +363,7 @@ fn main() {
         let (mut fan_outs, mut tcps, mut handed_offs) = (Vec::new(), Vec::new(), Vec::new());
         let mut cpu = 0.0;
         let rounds = 10;
+        let floors = std::env::var("COLOCATED_SCALE_FLOORS").as_deref() != Ok("0");
         for _ in 0..rounds {
             let before = cpu_seconds();
             fan_outs.extend((0..runs.div_ceil(rounds)).map(|_| {
@@ -369,12 +372,18 @@ fn main() {
                 start.elapsed().as_secs_f64()
             }));
             cpu += cpu_seconds() - before;
+            if !floors {
+                continue;
+            }
             tcps.extend(tcp_fan_out(&mut streams, runs.div_ceil(rounds)));
             let (secs, back) = tcp_fan_out_handed_off(relayed, runs.div_ceil(rounds));
             handed_offs.extend(secs);
             relayed = back;
         }
         let cpu_per_host = cpu / (fan_outs.len() * n) as f64;
+        if !floors {
+            (tcps, handed_offs) = (vec![f64::NAN], vec![f64::NAN]);
+        }
         let (fan_out, tcp, handed_off) = (median(fan_outs), median(tcps), median(handed_offs));
         println!(
             "{n:>4}  {:>6.1} ms  {:>6.2} ms  {:>7.2} MiB  {:>8.2}%  {:>10.0} µs  {:>7.1} µs  {:>12.0} µs  {:>5.1}x  {:>12.0} µs  {:>5.1}x",

@@ -240,7 +240,7 @@ impl StreamSlot {
     /// held work's completion.
     pub fn release_after(mut self, done: &Event) {
         if let Some(release) = self.release.take() {
-            done.on_ready(move |_| release.set_if_pending(Ok(())));
+            done.when_ready(move |_| release.set_if_pending(Ok(())));
         }
     }
 }
@@ -576,7 +576,7 @@ impl StreamQueue {
                 self.set_head(task);
                 self.state.store(BLOCKED, Ordering::SeqCst);
                 let me = self.clone();
-                dep.on_ready(move |_| me.unblock());
+                dep.when_ready(move |_| me.unblock());
                 return;
             }
             if matches!(until, Until::Yielding(_))

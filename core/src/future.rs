@@ -23,6 +23,10 @@ const FAILED: u8 = 3;
 
 type Callback = Box<dyn FnOnce(Result<()>) + Send>;
 
+/// A callback, and whether it came from outside the crate (see
+/// [`Event::on_ready`]).
+type Registered = (Callback, bool);
+
 /// Something that can make progress on the work that fulfils an event, on the
 /// waiting thread (the dispatcher runs a not-yet-started call inline, in order).
 pub(crate) trait Helper: Send + Sync {
@@ -40,11 +44,47 @@ struct Inner {
     /// does `set` pay the system call that wakes it.
     sleeping: AtomicBool,
     error: OnceLock<Error>,
-    callbacks: Mutex<Vec<Callback>>,
+    callbacks: Mutex<Vec<Registered>>,
     cond: Condvar,
     helper: OnceLock<Weak<dyn Helper>>,
     /// The waker of the task polling this event (`.await`), registered once.
     waker: OnceLock<Arc<Mutex<Option<Waker>>>>,
+    /// A thread waits for this event through the [`WaitHook`]: `set` wakes
+    /// it there.
+    hooked: AtomicBool,
+}
+
+/// What a thread that is about to sleep until an event is ready may do
+/// instead, installed once by the transport when the process has lanes to
+/// read: wait by reading the connections whose answers complete events
+/// (then the answer it waits for needs no other thread woken). `set` calls
+/// `wake` for an event a thread waits for that way.
+pub(crate) struct WaitHook {
+    /// Waits for the event (at most until the deadline); `None` when this
+    /// thread cannot (another does it): then it sleeps as usual.
+    pub(crate) wait: fn(&Event, Option<Instant>) -> Option<Result<()>>,
+    /// Wakes the thread that waits through the hook.
+    pub(crate) wake: fn(),
+    /// Runs a callback of the user's on another thread: one that an event
+    /// set by a thread waiting through the hook would have run there (the
+    /// waiting thread may hold what the callback needs).
+    pub(crate) defer: fn(Box<dyn FnOnce() + Send>),
+}
+
+thread_local! {
+    /// This thread waits through the [`WaitHook`] now.
+    static IN_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+static WAIT_HOOK: OnceLock<WaitHook> = OnceLock::new();
+
+/// How many rounds of spinning a wait makes before it uses the hook (the
+/// spins double: about a microsecond in all).
+const HOOKED_SPINS: u32 = 7;
+
+/// Installs `hook` for the process (the first one stays).
+pub(crate) fn install_wait_hook(hook: WaitHook) {
+    let _ = WAIT_HOOK.set(hook);
 }
 
 /// A one-shot completion signal. Cloning gives another handle to the same event.
@@ -81,6 +121,7 @@ impl Event {
             cond: Condvar::new(),
             helper: OnceLock::new(),
             waker: OnceLock::new(),
+            hooked: AtomicBool::new(false),
         }))
     }
 
@@ -128,7 +169,9 @@ impl Event {
     }
 
     /// Fulfils the event. Fails with `failed_precondition` if it was already set.
-    /// Callbacks registered with [`Event::on_ready`] run on this thread.
+    /// Callbacks registered with [`Event::on_ready`] run on this thread
+    /// (unless it is waiting for an event through the [`WaitHook`]: then
+    /// on another).
     pub fn set(&self, result: Result<()>) -> Result<()> {
         if self
             .0
@@ -146,6 +189,11 @@ impl Event {
             }
         };
         self.0.state.store(state, Ordering::SeqCst);
+        if self.0.hooked.load(Ordering::SeqCst) {
+            if let Some(hook) = WAIT_HOOK.get() {
+                (hook.wake)();
+            }
+        }
         if self.0.has_waiters.load(Ordering::SeqCst) {
             let (callbacks, sleeping) = {
                 let mut callbacks = self.lock();
@@ -159,7 +207,16 @@ impl Event {
             }
             if !callbacks.is_empty() {
                 let status = self.status().unwrap_or(Ok(()));
-                for cb in callbacks {
+                let defer = IN_HOOK
+                    .with(std::cell::Cell::get)
+                    .then(|| WAIT_HOOK.get().map(|hook| hook.defer))
+                    .flatten();
+                for (cb, foreign) in callbacks {
+                    if let (true, Some(defer)) = (foreign, defer) {
+                        let status = status.clone();
+                        defer(Box::new(move || cb(status)));
+                        continue;
+                    }
                     // One callback's panic must not strand the others (a
                     // dependent stream's wake-up among them).
                     let status = status.clone();
@@ -183,8 +240,20 @@ impl Event {
     }
 
     /// Runs `callback` exactly once with the result: now, on this thread, if the
-    /// event is ready, else on the thread that fulfils it.
+    /// event is ready, else on a thread of the runtime: the one that fulfils
+    /// it, or, when that thread is one waiting for an event (which may hold
+    /// what the callback needs), another.
     pub fn on_ready(&self, callback: impl FnOnce(Result<()>) + Send + 'static) {
+        self.register(Box::new(callback), true);
+    }
+
+    /// [`on_ready`](Self::on_ready) for the crate's own callbacks: short,
+    /// and run on the thread that fulfils the event, whichever it is.
+    pub(crate) fn when_ready(&self, callback: impl FnOnce(Result<()>) + Send + 'static) {
+        self.register(Box::new(callback), false);
+    }
+
+    fn register(&self, callback: Callback, foreign: bool) {
         if let Some(status) = self.status() {
             callback(status);
             return;
@@ -192,7 +261,7 @@ impl Event {
         let mut callbacks = self.lock();
         self.0.has_waiters.store(true, Ordering::SeqCst);
         if self.0.state.load(Ordering::SeqCst) < OK {
-            callbacks.push(Box::new(callback));
+            callbacks.push((callback, foreign));
             return;
         }
         drop(callbacks);
@@ -234,12 +303,29 @@ impl Event {
         }
         // The producer is running on another thread: spin briefly, since most
         // programs finish in microseconds and parking costs more than that.
+        // With lanes to read (the hook), only a few microseconds, without
+        // yielding: the answer of a remote host takes longer, and the
+        // thread that waits should be reading when it arrives.
         let backoff = Backoff::new();
-        while !backoff.is_completed() {
+        let hook = WAIT_HOOK.get();
+        let mut spins = 0;
+        while !backoff.is_completed() && (hook.is_none() || spins < HOOKED_SPINS) {
             if let Some(status) = self.status() {
                 return status;
             }
-            backoff.snooze();
+            match hook {
+                Some(_) => backoff.spin(),
+                None => backoff.snooze(),
+            }
+            spins += 1;
+        }
+        if let Some(hook) = hook {
+            IN_HOOK.with(|in_hook| in_hook.set(true));
+            let waited = (hook.wait)(self, deadline);
+            IN_HOOK.with(|in_hook| in_hook.set(false));
+            if let Some(result) = waited {
+                return result;
+            }
         }
         let mut guard = self.lock();
         self.0.has_waiters.store(true, Ordering::SeqCst);
@@ -279,7 +365,7 @@ impl Event {
                 let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(many.len()));
                 for e in many {
                     let (joined, all, remaining) = (joined.clone(), all.clone(), remaining.clone());
-                    e.on_ready(move |_| {
+                    e.when_ready(move |_| {
                         if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
                             let first_error = all.iter().find_map(Event::error);
                             joined.set_if_pending(first_error.map_or(Ok(()), Err));
@@ -291,11 +377,18 @@ impl Event {
         }
     }
 
+    /// Marks a thread as waiting for this event through the [`WaitHook`]
+    /// (`set` wakes it there), or no longer. Set before the last look at
+    /// the event's state: `set` stores the state, then looks at this.
+    pub(crate) fn set_hooked(&self, hooked: bool) {
+        self.0.hooked.store(hooked, Ordering::SeqCst);
+    }
+
     pub(crate) fn set_helper(&self, helper: Weak<dyn Helper>) {
         let _ = self.0.helper.set(helper);
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Callback>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Registered>> {
         self.0.callbacks.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -313,7 +406,7 @@ impl Future for Event {
         let slot = self.0.waker.get_or_init(|| {
             let slot: Arc<Mutex<Option<Waker>>> = Arc::default();
             let on_ready = slot.clone();
-            self.on_ready(move |_| {
+            self.when_ready(move |_| {
                 let waker = on_ready.lock().unwrap_or_else(|e| e.into_inner()).take();
                 if let Some(waker) = waker {
                     waker.wake();

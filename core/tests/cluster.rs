@@ -2080,3 +2080,67 @@ fn a_completion_that_waits_for_another_workers_answer_does_not_hold_it_up() {
         .unwrap()
         .unwrap();
 }
+
+/// A thread of a controller that waits for an event reads the lanes' answers
+/// itself; whatever sets the event wakes it, answers or not, and a deadline
+/// still ends the wait.
+#[test]
+fn a_thread_waiting_while_it_reads_lanes_wakes_for_any_event_and_its_deadline() {
+    let (a, client, device) = one_worker();
+    // The controller reads lanes from now on.
+    let count = compile_on(&client, "count", &device);
+    let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
+    run.status.wait_timeout(common::PATIENCE).unwrap();
+    assert_eq!(a.runs.load(Ordering::SeqCst), 1);
+    // An event no answer sets: another thread does.
+    let plain = Event::new();
+    let setter = plain.clone();
+    let set_later = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        setter.set(Ok(())).unwrap();
+    });
+    // Without a deadline: only the setter can end the wait.
+    let (waited, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || waited.send(plain.wait()).unwrap());
+    done.recv_timeout(common::PATIENCE).unwrap().unwrap();
+    set_later.join().unwrap();
+    // Nothing sets this one.
+    let never = Event::new();
+    let start = std::time::Instant::now();
+    let err = never.wait_timeout(Duration::from_millis(100)).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded, "{err}");
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    // And answers still arrive.
+    let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
+    run.status.wait_timeout(common::PATIENCE).unwrap();
+    assert_eq!(a.runs.load(Ordering::SeqCst), 2);
+}
+
+/// A callback of the user's never runs on a thread that waits for an event
+/// (which may hold what the callback needs), even when that thread takes the
+/// answer that completes the callback's event.
+#[test]
+fn a_user_callback_does_not_run_on_the_thread_that_waits() {
+    let (a, client, device) = one_worker();
+    let gated = compile_on(&client, "gate", &device);
+    let here = std::thread::current().id();
+    for _ in 0..20 {
+        let gate = Event::new();
+        *a.gate.lock().unwrap() = gate.clone();
+        let run = gated.execute(&[], &ExecuteOptions::default()).unwrap();
+        let (ran_on, on) = std::sync::mpsc::channel();
+        // Pending until the gate opens.
+        run.status.on_ready(move |_| {
+            ran_on.send(std::thread::current().id()).unwrap();
+        });
+        // Opened once this thread waits (and reads).
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            gate.set(Ok(())).unwrap();
+        });
+        run.status.wait_timeout(common::PATIENCE).unwrap();
+        opener.join().unwrap();
+        let thread = on.recv_timeout(common::PATIENCE).unwrap();
+        assert_ne!(thread, here, "the callback ran on the waiting thread");
+    }
+}

@@ -26,16 +26,31 @@ fn threads(name: &str) -> usize {
         .count()
 }
 
-/// The controller reads the answers of all its workers' lanes on one
-/// thread, not a thread per worker: a fan-out's answers wake it a few
-/// times, not once per worker, and hundreds of workers cost no hundreds of
-/// threads.
-#[test]
-fn the_controller_reads_every_lane_on_one_thread() {
-    const WORKERS: usize = 8;
+/// How many times this process's threads named `name` went to sleep (in
+/// all, so far).
+fn sleeps(name: &str) -> u64 {
+    std::fs::read_dir("/proc/self/task")
+        .expect("the process's threads")
+        .filter_map(|task| {
+            let path = task.ok()?.path();
+            let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+            (comm.trim() == name).then_some(())?;
+            let status = std::fs::read_to_string(path.join("status")).ok()?;
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Workers with one device each, running `count` (which counts in `runs`),
+/// and a controller of them all.
+fn cluster(n: usize, runs: &Arc<AtomicU64>) -> (Vec<Worker>, Client) {
     let token = Token::generate().unwrap();
-    let runs = Arc::new(AtomicU64::new(0));
-    let workers: Vec<Worker> = (0..WORKERS)
+    let workers: Vec<Worker> = (0..n)
         .map(|_| {
             let client = Client::new_local(ClientOptions {
                 num_cpu_devices: Some(1),
@@ -66,6 +81,18 @@ fn the_controller_reads_every_lane_on_one_thread() {
         local: ClientOptions::default(),
     };
     let client = Client::connect(&options).unwrap();
+    (workers, client)
+}
+
+/// The controller reads the answers of all its workers' lanes on one
+/// thread, not a thread per worker: a fan-out's answers wake it a few
+/// times, not once per worker, and hundreds of workers cost no hundreds of
+/// threads.
+#[test]
+fn the_controller_reads_every_lane_on_one_thread() {
+    const WORKERS: usize = 8;
+    let runs = Arc::new(AtomicU64::new(0));
+    let (workers, client) = cluster(WORKERS, &runs);
     let count = client
         .compile(
             Program::native("count", vec![], vec![], client.devices().to_vec()),
@@ -86,4 +113,40 @@ fn the_controller_reads_every_lane_on_one_thread() {
     );
     drop(count);
     drop(client);
+    drop(workers);
+}
+
+/// A thread that waits for a call's answer takes it from the lane itself:
+/// the controller's reading thread is not woken for it (one wake-up and one
+/// hand-off fewer per call).
+#[test]
+fn a_thread_that_waits_for_an_answer_reads_it_itself() {
+    const CALLS: u64 = 200;
+    let runs = Arc::new(AtomicU64::new(0));
+    let (workers, client) = cluster(1, &runs);
+    let count = client
+        .compile(
+            Program::native("count", vec![], vec![], client.devices().to_vec()),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    let call = || {
+        let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
+        run.status.wait_timeout(Duration::from_secs(20)).unwrap();
+    };
+    call();
+    let before = sleeps("colocated-lanes");
+    for _ in 0..CALLS {
+        call();
+    }
+    let woken = sleeps("colocated-lanes") - before;
+    assert_eq!(runs.load(Ordering::SeqCst), CALLS + 1);
+    // Not once per answer (a busy machine may wake it now and then).
+    assert!(
+        woken < CALLS / 2,
+        "the reading thread slept {woken} times over {CALLS} calls"
+    );
+    drop(count);
+    drop(client);
+    drop(workers);
 }

@@ -819,7 +819,7 @@ impl Buffer {
         let hold = self.hold()?;
         let done = Event::new();
         let (me, out) = (self.clone(), done.clone());
-        self.0.ready.on_ready(move |status| {
+        self.0.ready.when_ready(move |status| {
             match status.and_then(|()| me.storage()) {
                 Ok(held) => me.host().read_into(&me, held, dst, hold, out),
                 Err(e) => out.set_if_pending(Err(e)),
@@ -897,7 +897,7 @@ impl Buffer {
         let me = self.clone();
         self.0
             .ready
-            .on_ready(move |status| match status.and_then(|()| me.storage()) {
+            .when_ready(move |status| match status.and_then(|()| me.storage()) {
                 Ok(held) => me.host().fetch(&me, held, hold, progress, Box::new(done)),
                 Err(e) => done(Err(e)),
             });

@@ -68,7 +68,7 @@ impl HostData for Arc<RemoteHost> {
         };
         let finished = Event::new();
         remote.download(len, write, progress, (keep, held.clone()), finished.clone());
-        finished.on_ready(move |status| {
+        finished.when_ready(move |status| {
             done(status.map(|()| {
                 let data = std::mem::take(&mut *received.lock().unwrap_or_else(|e| e.into_inner()));
                 Arc::new(Storage::Dense(DenseBytes::owning(data)))

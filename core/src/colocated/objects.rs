@@ -219,7 +219,7 @@ impl Drop for ColocatedObject {
         if pending.is_empty() {
             forget(SessionKey::LOCAL, id);
         } else {
-            Event::join(&pending).on_ready(move |_| forget(SessionKey::LOCAL, id));
+            Event::join(&pending).when_ready(move |_| forget(SessionKey::LOCAL, id));
         }
     }
 }

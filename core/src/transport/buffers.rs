@@ -226,7 +226,7 @@ pub(crate) fn buffer_owning(client: &Client, spec: &CheckedSpec, data: Vec<u8>) 
             HostBufferSemantics::ImmutableZeroCopy,
         )
     }?;
-    done.on_ready(move |_| recycle(data));
+    done.when_ready(move |_| recycle(data));
     Ok(buffer)
 }
 

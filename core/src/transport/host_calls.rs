@@ -34,16 +34,30 @@ pub(crate) enum ControlSink {
 pub(crate) struct SinkClosed;
 
 impl ControlSink {
-    /// Sends `message`; an error ends the stream (a lane says nothing more:
-    /// its connection closes).
+    /// Sends `message`, which the controller may be waiting for; an error
+    /// ends the stream (a lane says nothing more: its connection closes).
     pub(crate) fn send(
         &self,
         message: std::result::Result<ControlResponse, Status>,
     ) -> std::result::Result<(), SinkClosed> {
+        self.send_with_more(message, false)
+    }
+
+    /// [`send`](Self::send); `more`: further answers are on their way (the
+    /// controller keeps operations in flight), so that a lane may write
+    /// several at once rather than each on the sending thread.
+    pub(crate) fn send_with_more(
+        &self,
+        message: std::result::Result<ControlResponse, Status>,
+        more: bool,
+    ) -> std::result::Result<(), SinkClosed> {
         match self {
             ControlSink::Stream(tx) => tx.send(message).map_err(|_| SinkClosed),
             ControlSink::Lane(lane) => match message {
-                Ok(message) => lane.send_message(&message).then_some(()).ok_or(SinkClosed),
+                Ok(message) => lane
+                    .send_message(&message, more)
+                    .then_some(())
+                    .ok_or(SinkClosed),
                 Err(_) => {
                     lane.close();
                     Err(SinkClosed)

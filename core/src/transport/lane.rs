@@ -136,12 +136,15 @@ impl<R: Read> FrameReader<R> {
         &self.source
     }
 
-    /// Reads once from a source that does not wait: `Some(true)` when
-    /// bytes came, `Some(false)` at the end, `None` when none had arrived.
-    pub(crate) fn read_available(&mut self) -> Result<Option<bool>> {
+    /// Reads once from a source that does not wait.
+    pub(crate) fn read_available(&mut self) -> Result<Available> {
+        let before = self.buf.len();
         match self.fill() {
-            Ok(more) => Ok(Some(more)),
-            Err(Filled::WouldBlock) => Ok(None),
+            Ok(false) => Ok(Available::End),
+            // A read that did not fill the chunk took all there was.
+            Ok(true) if self.buf.len() - before < self.chunk.len() => Ok(Available::All),
+            Ok(true) => Ok(Available::Some),
+            Err(Filled::WouldBlock) => Ok(Available::None),
             Err(Filled::Failed(err)) => Err(err),
         }
     }
@@ -165,6 +168,18 @@ impl<R: Read> FrameReader<R> {
             }
         }
     }
+}
+
+/// What a read of a source that does not wait brought.
+pub(crate) enum Available {
+    /// Bytes, and maybe more after them.
+    Some,
+    /// Bytes: all that had arrived.
+    All,
+    /// Nothing had arrived.
+    None,
+    /// The end of the connection.
+    End,
 }
 
 /// Why a read of a lane brought nothing.
@@ -229,10 +244,6 @@ impl Drop for LaneWriter {
     }
 }
 
-/// How soon after the last message a new one counts as part of a burst
-/// (see [`LaneSender::send_message`]).
-const BURST: std::time::Duration = std::time::Duration::from_micros(50);
-
 /// Sends on a lane. A message someone waits for is written by the sending
 /// thread itself: the fastest way there. Messages sent in a stream, one
 /// right after another (pipelined calls and their answers), are queued, and
@@ -243,8 +254,6 @@ const BURST: std::time::Duration = std::time::Duration::from_micros(50);
 pub(crate) struct LaneSender {
     writer: LaneWriter,
     queue: std::sync::Mutex<LaneQueue>,
-    /// When the last message was sent (nanoseconds of the process's clock).
-    last: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -259,34 +268,24 @@ struct LaneQueue {
 /// per message).
 const LINGER: std::time::Duration = std::time::Duration::from_micros(20);
 
-/// Nanoseconds since the first call (a process-wide monotonic clock).
-fn now_nanos() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let nanos = EPOCH
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos();
-    u64::try_from(nanos).unwrap_or(u64::MAX)
-}
-
 impl LaneSender {
     pub(crate) fn new(writer: LaneWriter) -> std::sync::Arc<LaneSender> {
         std::sync::Arc::new(LaneSender {
             writer,
             queue: std::sync::Mutex::default(),
-            last: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
-    /// Sends `message`, queued when it comes within [`BURST`] of the last
-    /// one; false once the lane broke.
-    pub(crate) fn send_message(self: &std::sync::Arc<Self>, message: &impl Message) -> bool {
+    /// Sends `message`, queued when `pipelining` (see [`send`](Self::send));
+    /// false once the lane broke.
+    pub(crate) fn send_message(
+        self: &std::sync::Arc<Self>,
+        message: &impl Message,
+        pipelining: bool,
+    ) -> bool {
         let mut bytes = Vec::new();
         encode_frame(message, &mut bytes);
-        let now = now_nanos();
-        let last = self.last.swap(now, std::sync::atomic::Ordering::Relaxed);
-        let burst = u64::try_from(BURST.as_nanos()).unwrap_or(u64::MAX);
-        self.send(bytes, last != 0 && now.saturating_sub(last) < burst)
+        self.send(bytes, pipelining)
     }
 
     /// Sends `bytes` (whole frames), queued when `pipelining`; false once

@@ -78,15 +78,18 @@ fn broke(err: &Error) -> Error {
 
 #[cfg(target_os = "linux")]
 mod pump {
+    use std::cell::RefCell;
     use std::collections::{HashMap, VecDeque};
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex, OnceLock};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Condvar, Mutex, OnceLock};
+    use std::time::Instant;
 
     use super::{broke, Handlers, TAKEOVER_AFTER};
-    use crate::error::Error;
+    use crate::error::{Error, Result};
+    use crate::future::{install_wait_hook, Event, WaitHook};
     use crate::transport::alarm::Alarm;
-    use crate::transport::lane::{FrameReader, MAX_FRAME_BYTES};
+    use crate::transport::lane::{Available, FrameReader, MAX_FRAME_BYTES};
     use crate::transport::proto::ControlResponse;
     use crate::transport::{lock, runtime};
 
@@ -115,34 +118,71 @@ mod pump {
         handlers: Handlers,
     }
 
+    /// The key of the kick in the `epoll` set (lanes count up from 0).
+    const KICK: u64 = u64::MAX;
+
     /// The process's reader of lanes.
+    ///
+    /// Two kinds of thread read: the pump's own (the *leader*), and a
+    /// thread about to sleep until an event is ready (a *waiter*, through
+    /// the [`WaitHook`]), at most one at a time. Both sleep in `epoll_wait`
+    /// on the same set; the kernel wakes the thread that began waiting
+    /// last, which is the waiter: the answer it waits for wakes it alone,
+    /// and it takes that answer itself. The leader stays asleep unless an
+    /// answer comes while the waiter is busy; then it hands what it got
+    /// to the waiter (`due`, and the kick) and sleeps until the waiter is
+    /// done.
     struct Pump {
         epoll: OwnedFd,
         lanes: Mutex<HashMap<u64, Arc<Mutex<Lane>>>>,
         next_key: AtomicU64,
-        /// Lanes that became readable and wait for the leader (filled by
-        /// `epoll_wait`, emptied one by one, so that a new leader takes the
-        /// rest).
+        /// Lanes that became readable and wait for a reader (filled by
+        /// `epoll_wait`, emptied one by one, so that another reader takes
+        /// the rest).
         due: Mutex<VecDeque<u64>>,
-        /// When the leader began running answers (nanoseconds, never 0); 0
-        /// while it waits; [`TAKEN`] once a new leader was started.
-        running_since: AtomicU64,
-        alarm: OnceLock<Alarm>,
+        /// An `eventfd` in the set (edge-triggered): wakes the reader that
+        /// sleeps there (to take `due`, or see its event ready).
+        kick: OwnedFd,
+        /// When the leader began running answers (see [`Runner`]).
+        leader: Runner,
+        /// A waiter reads (the leader sleeps on `parked` once it sees it).
+        waiter_reads: AtomicBool,
+        /// Only one waiter reads at a time.
+        waiter_role: Mutex<()>,
+        parked: Mutex<bool>,
+        unpark: Condvar,
     }
 
-    /// `Pump::running_since` once a new leader was started.
+    /// When a reader began running answers (nanoseconds, never 0); 0 while
+    /// it waits; [`TAKEN`] once another took over from it.
+    struct Runner(AtomicU64);
+
+    /// `Runner`'s value once another thread took over.
     const TAKEN: u64 = u64::MAX;
 
     /// Nanoseconds on a clock of the process (never 0, never [`TAKEN`]).
     fn now_nanos() -> u64 {
-        static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
-        let nanos = EPOCH
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_nanos();
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        let nanos = EPOCH.get_or_init(Instant::now).elapsed().as_nanos();
         u64::try_from(nanos)
             .unwrap_or(TAKEN - 1)
             .clamp(1, TAKEN - 1)
+    }
+
+    impl Runner {
+        /// Takes over from a runner that has run answers for
+        /// [`TAKEOVER_AFTER`]: true if this call did.
+        fn take_over_if_long(&self) -> bool {
+            let since = self.0.load(Ordering::SeqCst);
+            let after = u64::try_from(TAKEOVER_AFTER.as_nanos()).unwrap_or(u64::MAX);
+            since != 0
+                && since != TAKEN
+                && now_nanos().saturating_sub(since) >= after
+                && self
+                    .0
+                    .compare_exchange(since, TAKEN, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+        }
     }
 
     /// The process's pump, its leader started on first use; `None` if
@@ -150,26 +190,51 @@ mod pump {
     fn pump() -> Option<&'static Pump> {
         static PUMP: OnceLock<Option<&'static Pump>> = OnceLock::new();
         *PUMP.get_or_init(|| {
-            // SAFETY: plain system call; the descriptor is owned below.
-            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-            if fd < 0 {
+            // SAFETY: plain system calls; the descriptors are owned below.
+            let (epoll, kick) = unsafe {
+                (
+                    libc::epoll_create1(libc::EPOLL_CLOEXEC),
+                    libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC),
+                )
+            };
+            if epoll < 0 || kick < 0 {
                 return None;
             }
             let pump: &'static Pump = Box::leak(Box::new(Pump {
-                // SAFETY: `fd` is a new descriptor nobody else owns.
-                epoll: unsafe { OwnedFd::from_raw_fd(fd) },
+                // SAFETY: new descriptors nobody else owns.
+                epoll: unsafe { OwnedFd::from_raw_fd(epoll) },
+                kick: unsafe { OwnedFd::from_raw_fd(kick) },
                 lanes: Mutex::new(HashMap::new()),
                 next_key: AtomicU64::new(0),
                 due: Mutex::new(VecDeque::new()),
-                running_since: AtomicU64::new(0),
-                alarm: OnceLock::new(),
+                leader: Runner(AtomicU64::new(0)),
+                waiter_reads: AtomicBool::new(false),
+                waiter_role: Mutex::new(()),
+                parked: Mutex::new(false),
+                unpark: Condvar::new(),
             }));
-            let alarm = Alarm::new(Arc::new(move || pump.ran_long()))?;
-            let _ = pump.alarm.set(alarm);
+            let alarm = Alarm::new(Arc::new(move || {
+                if pump.leader.take_over_if_long() {
+                    pump.start_leader();
+                }
+            }))?;
+            let kick_events = (libc::EPOLLIN | libc::EPOLLET) as u32;
+            pump.ctl_events(
+                libc::EPOLL_CTL_ADD,
+                pump.kick.as_raw_fd(),
+                KICK,
+                kick_events,
+            )
+            .ok()?;
             std::thread::Builder::new()
                 .name("colocated-lanes".into())
-                .spawn(move || pump.lead())
+                .spawn(move || pump.lead(alarm))
                 .ok()?;
+            install_wait_hook(WaitHook {
+                wait: wait_reading,
+                wake: wake_reader,
+                defer: run_elsewhere,
+            });
             Some(pump)
         })
     }
@@ -205,13 +270,120 @@ mod pump {
         Ok(())
     }
 
+    thread_local! {
+        /// This thread's runner and alarm, for when it reads as a waiter.
+        static WAITER: RefCell<Option<(Arc<Runner>, Alarm)>> = const { RefCell::new(None) };
+        /// This thread reads as the waiter now.
+        static READING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// [`WaitHook::wake`]: the event a waiter waits for is ready. The
+    /// waiter itself looks after each answer it runs: only another thread
+    /// kicks.
+    fn wake_reader() {
+        if !READING.with(std::cell::Cell::get) {
+            if let Some(pump) = pump() {
+                pump.kick();
+            }
+        }
+    }
+
+    /// [`WaitHook::defer`]: on a thread of the transport's blocking pool.
+    fn run_elsewhere(callback: Box<dyn FnOnce() + Send>) {
+        match runtime() {
+            Ok(runtime) => drop(runtime.spawn_blocking(callback)),
+            Err(_) => callback(),
+        }
+    }
+
+    /// [`WaitHook::wait`]: waits for `event` by reading lanes, unless
+    /// another waiter does, or this is a thread of the runtime (an executor
+    /// or a worker's lane running a program, which what it would run may
+    /// wait for).
+    fn wait_reading(event: &Event, deadline: Option<Instant>) -> Option<Result<()>> {
+        if std::thread::current()
+            .name()
+            .is_some_and(|name| name.starts_with("colocated-"))
+        {
+            return None;
+        }
+        let pump = pump()?;
+        let _role = pump.waiter_role.try_lock().ok()?;
+        let runner = WAITER.with(|waiter| {
+            let mut waiter = waiter.borrow_mut();
+            if waiter.is_none() {
+                let runner = Arc::new(Runner(AtomicU64::new(0)));
+                let taken = runner.clone();
+                let alarm = Alarm::new(Arc::new(move || {
+                    // The waiter ran answers too long: the leader reads.
+                    if taken.take_over_if_long() {
+                        pump.waiter_done();
+                    }
+                }));
+                *waiter = alarm.map(|alarm| (runner, alarm));
+            }
+            waiter.as_ref().map(|(runner, _)| runner.clone())
+        })?;
+        runner.0.store(0, Ordering::SeqCst);
+        pump.waiter_reads.store(true, Ordering::SeqCst);
+        READING.with(|reading| reading.set(true));
+        event.set_hooked(true);
+        // What answers complete may start work on the network runtime.
+        let entered = runtime().map(|runtime| runtime.enter());
+        let result = loop {
+            if let Some(status) = event.status() {
+                break Some(status);
+            }
+            if runner.0.load(Ordering::SeqCst) == TAKEN {
+                // Taken over: this thread sleeps as usual.
+                break None;
+            }
+            if !lock(&pump.due).is_empty() {
+                let ran = WAITER.with(|waiter| {
+                    waiter
+                        .borrow()
+                        .as_ref()
+                        .map(|(runner, alarm)| pump.run_due(runner, alarm))
+                });
+                if ran == Some(false) {
+                    break None;
+                }
+                continue;
+            }
+            let timeout = match deadline {
+                None => -1,
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break Some(Err(Error::deadline_exceeded(
+                            "the event was not ready before the deadline",
+                        )));
+                    }
+                    i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+                }
+            };
+            if pump.wait_events(timeout).is_err() {
+                break None;
+            }
+        };
+        drop(entered);
+        event.set_hooked(false);
+        READING.with(|reading| reading.set(false));
+        if runner.0.load(Ordering::SeqCst) != TAKEN {
+            pump.waiter_done();
+        }
+        result
+    }
+
     impl Pump {
         /// Adds, arms again or removes `fd` (lane `key`).
         fn ctl(&self, op: i32, fd: i32, key: u64) -> std::io::Result<()> {
-            let mut event = libc::epoll_event {
-                events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32,
-                u64: key,
-            };
+            let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+            self.ctl_events(op, fd, key, events)
+        }
+
+        fn ctl_events(&self, op: i32, fd: i32, key: u64, events: u32) -> std::io::Result<()> {
+            let mut event = libc::epoll_event { events, u64: key };
             // SAFETY: both descriptors are open; `event` outlives the call.
             let done = unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut event) };
             if done < 0 {
@@ -220,87 +392,129 @@ mod pump {
             Ok(())
         }
 
-        /// Waits for lanes and takes their answers, until another thread
-        /// took over.
-        fn lead(&'static self) {
-            // What answers complete may start work on the network runtime.
-            let runtime = runtime().map(|runtime| runtime.enter());
-            // SAFETY: `epoll_event` is plain data.
-            let mut events = [unsafe { std::mem::zeroed::<libc::epoll_event>() }; 64];
-            loop {
-                if lock(&self.due).is_empty() {
-                    // SAFETY: `events` has room for the count given.
-                    let n = unsafe {
-                        libc::epoll_wait(
-                            self.epoll.as_raw_fd(),
-                            events.as_mut_ptr(),
-                            events.len() as i32,
-                            -1,
-                        )
-                    };
-                    if n < 0 {
-                        let err = std::io::Error::last_os_error();
-                        if err.kind() == std::io::ErrorKind::Interrupted {
-                            continue;
-                        }
-                        tracing::error!("the controller stopped reading lanes: {err}");
-                        return;
-                    }
-                    lock(&self.due).extend(events[..n as usize].iter().map(|e| e.u64));
-                }
-                let started = now_nanos();
-                // Only the leader stores a time: a thread that was taken
-                // over has returned or is running its last answer.
-                self.running_since.store(started, Ordering::SeqCst);
-                if let Some(alarm) = self.alarm.get() {
-                    alarm.arm(TAKEOVER_AFTER);
-                }
-                loop {
-                    let key = lock(&self.due).pop_front();
-                    let Some(key) = key else { break };
-                    self.take(key);
-                    if self.running_since.load(Ordering::SeqCst) != started {
-                        // Taken over: the new leader takes the rest.
-                        drop(runtime);
-                        return;
-                    }
-                }
-                if let Some(alarm) = self.alarm.get() {
-                    alarm.disarm();
-                }
-                if self
-                    .running_since
-                    .compare_exchange(started, 0, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_err()
-                {
-                    drop(runtime);
-                    return;
-                }
+        /// Wakes the reader asleep in `epoll_wait` (the last one to begin
+        /// waiting), or the next one to wait.
+        fn kick(&self) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from an 8-byte buffer to an open
+            // eventfd. Cannot fail short of its counter's overflow (2^64).
+            unsafe {
+                libc::write(self.kick.as_raw_fd(), one.as_ptr().cast(), 8);
             }
         }
 
-        /// The alarm went off: the leader has run answers for
-        /// [`TAKEOVER_AFTER`] (unless it finished just now).
-        fn ran_long(&'static self) {
-            let since = self.running_since.load(Ordering::SeqCst);
-            let after = u64::try_from(TAKEOVER_AFTER.as_nanos()).unwrap_or(u64::MAX);
-            if since == 0 || since == TAKEN || now_nanos().saturating_sub(since) < after {
-                return;
+        /// Sleeps until lanes are readable, a kick, or `timeout_ms` (-1:
+        /// none); the lanes go to `due`.
+        fn wait_events(&self, timeout_ms: i32) -> std::io::Result<()> {
+            // SAFETY: `epoll_event` is plain data.
+            let mut events = [unsafe { std::mem::zeroed::<libc::epoll_event>() }; 64];
+            // SAFETY: `events` has room for the count given.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout_ms,
+                )
+            };
+            if n < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() == std::io::ErrorKind::Interrupted {
+                    return Ok(());
+                }
+                return Err(err);
             }
-            if self
-                .running_since
-                .compare_exchange(since, TAKEN, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
-            {
-                return;
-            }
-            let spawned = std::thread::Builder::new()
-                .name("colocated-lanes".into())
-                .spawn(move || self.lead());
-            if let Err(err) = spawned {
-                tracing::warn!("cannot start a thread to read lanes: {err}");
+            let mut due = lock(&self.due);
+            due.extend(
+                events[..n as usize]
+                    .iter()
+                    .map(|e| e.u64)
+                    .filter(|&key| key != KICK),
+            );
+            Ok(())
+        }
+
+        /// Starts a new leader (the one before has run answers too long).
+        fn start_leader(&'static self) {
+            let alarm = Alarm::new(Arc::new(move || {
+                if self.leader.take_over_if_long() {
+                    self.start_leader();
+                }
+            }));
+            let spawned = alarm.map(|alarm| {
+                std::thread::Builder::new()
+                    .name("colocated-lanes".into())
+                    .spawn(move || self.lead(alarm))
+            });
+            if !matches!(spawned, Some(Ok(_))) {
+                tracing::warn!("cannot start a thread to read lanes");
                 // The leader reads on once its answer is done.
-                self.running_since.store(since, Ordering::SeqCst);
+                self.leader.0.store(0, Ordering::SeqCst);
+            }
+        }
+
+        /// The waiter stopped reading: the leader reads again, and takes
+        /// what the waiter left.
+        fn waiter_done(&self) {
+            self.waiter_reads.store(false, Ordering::SeqCst);
+            let parked = lock(&self.parked);
+            if *parked {
+                self.unpark.notify_one();
+            } else if !lock(&self.due).is_empty() {
+                self.kick();
+            }
+        }
+
+        /// Runs `due` lanes' answers as `runner` until none is left; false
+        /// if another thread took over meanwhile.
+        fn run_due(&self, runner: &Runner, alarm: &Alarm) -> bool {
+            let started = now_nanos();
+            runner.0.store(started, Ordering::SeqCst);
+            alarm.arm(TAKEOVER_AFTER);
+            loop {
+                let key = lock(&self.due).pop_front();
+                let Some(key) = key else { break };
+                self.take(key);
+                if runner.0.load(Ordering::SeqCst) != started {
+                    return false;
+                }
+            }
+            alarm.disarm();
+            runner
+                .0
+                .compare_exchange(started, 0, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        }
+
+        /// Waits for lanes and takes their answers while no waiter does,
+        /// until another thread took over.
+        fn lead(&'static self, alarm: Alarm) {
+            // What answers complete may start work on the network runtime.
+            let _runtime = runtime().map(|runtime| runtime.enter());
+            loop {
+                if self.waiter_reads.load(Ordering::SeqCst) {
+                    let mut parked = lock(&self.parked);
+                    while self.waiter_reads.load(Ordering::SeqCst) {
+                        *parked = true;
+                        parked = self.unpark.wait(parked).unwrap_or_else(|e| e.into_inner());
+                    }
+                    *parked = false;
+                    continue;
+                }
+                if lock(&self.due).is_empty() {
+                    if let Err(err) = self.wait_events(-1) {
+                        tracing::error!("the controller stopped reading lanes: {err}");
+                        return;
+                    }
+                    if self.waiter_reads.load(Ordering::SeqCst) {
+                        // The waiter was busy: it takes these.
+                        self.kick();
+                        continue;
+                    }
+                }
+                if !self.run_due(&self.leader, &alarm) {
+                    return;
+                }
             }
         }
 
@@ -314,7 +528,7 @@ mod pump {
             let lane = &mut *lane;
             // Bounded, so that one busy lane does not keep the others
             // waiting: what is left comes round again once armed.
-            let mut reads = 0;
+            let (mut reads, mut drained) = (0, false);
             let ended = loop {
                 match lane.frames.buffered::<ControlResponse>() {
                     Ok(Some(answer)) => {
@@ -324,21 +538,24 @@ mod pump {
                     Ok(None) => {}
                     Err(err) => break Some(broke(&err)),
                 }
-                if reads == 16 {
+                if reads == 16 || drained {
                     break None;
                 }
                 reads += 1;
                 match lane.frames.read_available() {
-                    Ok(Some(true)) => {}
-                    Ok(Some(false)) if lane.frames.is_empty() => {
+                    Ok(Available::Some) => {}
+                    // Once these are taken, nothing is left to read (if more
+                    // comes meanwhile, arming the lane again reports it).
+                    Ok(Available::All) => drained = true,
+                    Ok(Available::End) if lane.frames.is_empty() => {
                         break Some(Error::unavailable("the control stream ended"))
                     }
-                    Ok(Some(false)) => {
+                    Ok(Available::End) => {
                         break Some(Error::unavailable(
                             "the control stream broke: it ended in the middle of a message",
                         ))
                     }
-                    Ok(None) => break None,
+                    Ok(Available::None) => break None,
                     Err(err) => break Some(broke(&err)),
                 }
             };

@@ -97,7 +97,7 @@ impl Service {
                 .ok_or_else(|| Error::not_found(format!("no buffer {handle} in this session")))
         })?;
         let (ready, readied) = tokio::sync::oneshot::channel();
-        buffer.ready_event().on_ready(move |status| {
+        buffer.ready_event().when_ready(move |status| {
             let _ = ready.send(status);
         });
         readied

@@ -444,6 +444,10 @@ pub(super) struct ControlLoop {
     cumulative: bool,
     inline: bool,
     grants_at_once: bool,
+    /// Operations taken whose answer is still to come (executions, reads):
+    /// while there are some, an answer is not the last the controller
+    /// waits for, and a lane may write several at once.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// However the stream ends, host callbacks waiting on it fail.
     _detach: DetachCalls,
 }
@@ -476,6 +480,7 @@ impl ControlLoop {
             cumulative,
             inline,
             grants_at_once,
+            in_flight: Arc::default(),
             _detach: DetachCalls(service.0.clone(), id),
         };
         Ok((control, ended))
@@ -492,7 +497,7 @@ impl ControlLoop {
         match self.unanswered.take() {
             Some(seq) => self
                 .answers
-                .send(Ok(control_answer(seq, &Ok(()), false)))
+                .send_with_more(Ok(control_answer(seq, &Ok(()), false)), self.more())
                 .is_ok(),
             None => true,
         }
@@ -540,7 +545,7 @@ impl ControlLoop {
             self.unanswered = None;
             if self
                 .answers
-                .send(Ok(control_answer(seq, &applied, false)))
+                .send_with_more(Ok(control_answer(seq, &applied, false)), self.more())
                 .is_err()
             {
                 return false;
@@ -550,29 +555,41 @@ impl ControlLoop {
         // is told.
         let answers = self.answers.clone();
         let inline = self.inline;
+        if later.is_some() {
+            self.in_flight
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        let in_flight = self.in_flight.clone();
+        // Whether other answers are still to come after this one.
+        let more = move || in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) > 1;
         match later {
             None => {}
-            Some(Later::Execution(status, outputs)) => status.on_ready(move |result| {
+            Some(Later::Execution(status, outputs)) => status.when_ready(move |result| {
                 let mut answer = control_answer(seq, &result, true);
                 if inline && result.is_ok() {
                     answer.data = inline_outputs(&outputs);
                 }
-                let _ = answers.send(Ok(answer));
+                let _ = answers.send_with_more(Ok(answer), more());
             }),
             Some(Later::Read(buffer)) => {
                 let ready = buffer.ready_event().clone();
-                ready.on_ready(move |status| {
+                ready.when_ready(move |status| {
                     let read = status.and_then(|()| buffer.to_host_vec());
                     let mut answer =
                         control_answer(seq, &read.as_ref().map(|_| ()).map_err(Clone::clone), true);
                     if let Ok(data) = read {
                         answer.data = data.into();
                     }
-                    let _ = answers.send(Ok(answer));
+                    let _ = answers.send_with_more(Ok(answer), more());
                 });
             }
         }
         true
+    }
+
+    /// Whether answers are still to come for operations taken.
+    fn more(&self) -> bool {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// Tells the controller why the stream broke, if it still listens.

@@ -401,13 +401,17 @@ impl ChunkSink<BufferChunk> for Fetched<'_> {
             prefault.written(after);
         }
         if reports_progress(before as u64, after as u64, self.total) {
-            // Nobody listens once the controller is gone.
-            let _ = self.answers.send(Ok(ControlResponse {
-                seq: self.seq,
-                progress_bytes: after as u64,
-                total_bytes: self.total,
-                ..Default::default()
-            }));
+            // Nobody listens once the controller is gone. The answer that
+            // the copy finished follows.
+            let _ = self.answers.send_with_more(
+                Ok(ControlResponse {
+                    seq: self.seq,
+                    progress_bytes: after as u64,
+                    total_bytes: self.total,
+                    ..Default::default()
+                }),
+                true,
+            );
         }
         Ok(())
     }
