@@ -462,10 +462,13 @@ impl StreamQueue {
         }
     }
 
-    /// Runs `task` on this thread now if the stream is idle (nobody runs it,
-    /// nothing waits in it) and the task's dependencies are ready; gives the
-    /// task back otherwise.
-    fn run_now(self: &Arc<Self>, task: Task) -> Option<Task> {
+    /// Claims the stream for `task` if it is idle (nobody runs it, nothing
+    /// waits in it) and the task's dependencies are ready, and queues it:
+    /// `Ok(true)` when it is first in line, for this thread to run;
+    /// `Ok(false)` when tasks another thread queued just before come first
+    /// (then the executors run them all, in order). The task back when the
+    /// stream is not idle.
+    fn claim_idle(self: &Arc<Self>, task: Task) -> std::result::Result<bool, Task> {
         if running_here(Arc::as_ptr(self))
             || task.deps.iter().any(|d| !d.is_ready())
             || self.state.load(Ordering::SeqCst) != IDLE
@@ -474,42 +477,42 @@ impl StreamQueue {
                 .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
                 .is_err()
         {
-            return Some(task);
+            return Err(task);
         }
-        // Claimed. Tasks another thread queued just before come first: then
-        // executors run them all, in order.
         let queued = self.has_head.load(Ordering::Relaxed) || !self.tasks.is_empty();
         self.tasks.push(task);
         if queued {
             self.release();
-        } else {
-            self.run_claimed(Until::Budget(1));
+            return Ok(false);
         }
-        None
+        Ok(true)
+    }
+
+    /// Runs `task` on this thread now if the stream is idle (see
+    /// [`claim_idle`](Self::claim_idle)); gives the task back otherwise.
+    fn run_now(self: &Arc<Self>, task: Task) -> Option<Task> {
+        match self.claim_idle(task) {
+            Err(task) => Some(task),
+            Ok(first) => {
+                if first {
+                    self.run_claimed(Until::Budget(1));
+                }
+                None
+            }
+        }
     }
 
     /// Claims the stream for `task`, to run later on this thread (see
     /// [`claim_idle_tasks`]), if it is idle and the task may run now; gives
     /// the task back otherwise.
     fn claim_for_later(self: &Arc<Self>, task: Task) -> Option<Task> {
-        if task.waiter_first
-            || running_here(Arc::as_ptr(self))
-            || task.deps.iter().any(|d| !d.is_ready())
-            || self.state.load(Ordering::SeqCst) != IDLE
-            || self
-                .state
-                .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
-        {
+        if task.waiter_first {
             return Some(task);
         }
-        // Claimed. Tasks another thread queued just before come first: then
-        // executors run them all, in order.
-        let queued = self.has_head.load(Ordering::Relaxed) || !self.tasks.is_empty();
-        self.tasks.push(task);
-        if queued {
-            self.release();
-            return None;
+        match self.claim_idle(task) {
+            Err(task) => return Some(task),
+            Ok(false) => return None,
+            Ok(true) => {}
         }
         let claim = Claimed(Some(self.clone()));
         CLAIMS.with(|c| {

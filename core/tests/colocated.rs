@@ -9,18 +9,15 @@ mod common;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
-use std::time::Duration;
 
 use common::{assert_error, eventually, i32_bytes, i32_values, DropCounter};
 
-use colocated_core::transport::session::ConnectOptions;
 use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
 use colocated_core::{
     host_object, host_objects, parked_results, Array, ArraySpec, CallSite, CallSpec, Client,
-    ClientOptions, ClusterOptions, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode,
-    ExecutionContext, LanguageExecutor, LoadedProgram, OutputOrigin, Outputs, Payload, Program,
-    Result, Sharding,
+    ClientOptions, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode, ExecutionContext,
+    LanguageExecutor, LoadedProgram, OutputOrigin, Outputs, Payload, Program, Result, Sharding,
 };
 
 /// The test language's functions: a host's context and input arrays in, its
@@ -471,19 +468,7 @@ fn start_worker(token: &Token, devices: usize) -> Worker {
 }
 
 fn connect(workers: &[&Worker], token: &Token) -> Client {
-    let options = ClusterOptions {
-        workers: workers
-            .iter()
-            .map(|w| {
-                let mut o = ConnectOptions::new(w.local_addr().to_string(), Some(token.clone()));
-                o.timeout = Duration::from_secs(5);
-                o
-            })
-            .collect(),
-        include_local: false,
-        local: ClientOptions::default(),
-    };
-    Client::connect(&options).unwrap()
+    common::connect_workers(workers, token)
 }
 
 #[test]

@@ -9,12 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use colocated_core::transport::session::ConnectOptions;
 use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
-use colocated_core::{
-    Client, ClientOptions, ClusterOptions, CompileOptions, ExecuteOptions, Program,
-};
+use colocated_core::{Client, ClientOptions, CompileOptions, ExecuteOptions, Program};
 use common::eventually;
 
 /// This process's threads named `name`.
@@ -68,19 +65,7 @@ fn cluster(n: usize, runs: &Arc<AtomicU64>) -> (Vec<Worker>, Client) {
             Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
         })
         .collect();
-    let options = ClusterOptions {
-        workers: workers
-            .iter()
-            .map(|w| {
-                let mut o = ConnectOptions::new(w.local_addr().to_string(), Some(token.clone()));
-                o.timeout = Duration::from_secs(5);
-                o
-            })
-            .collect(),
-        include_local: false,
-        local: ClientOptions::default(),
-    };
-    let client = Client::connect(&options).unwrap();
+    let client = common::connect_workers(&workers.iter().collect::<Vec<_>>(), &token);
     (workers, client)
 }
 

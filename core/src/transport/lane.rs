@@ -4,8 +4,10 @@
 //! The control stream's messages are small and many; on HTTP/2 each one
 //! also pays for framing, flow control and a hand-off to the network
 //! runtime on both ends. On a lane, the controller's calling thread writes
-//! its operations itself, one thread per connection reads the answers, and
-//! the worker takes operations on a thread of the connection and writes
+//! its operations itself, and a thread that waits for an answer reads it
+//! (one thread reads every lane's answers otherwise, see
+//! [`lane_reader`](super::lane_reader)); the worker takes operations on a
+//! thread of the connection, runs a quick program there too, and writes
 //! answers from the thread that finished them.
 //!
 //! A lane reaches the worker's port like gRPC does: the worker tells the

@@ -145,3 +145,27 @@ pub fn add_one_shards(ctx: &mut colocated_core::ExecutionContext) -> colocated_c
     }
     Ok(())
 }
+
+/// A controller of `workers` alone (no local devices), each connected with
+/// `token` and a 5 s timeout.
+pub fn connect_workers(
+    workers: &[&colocated_core::transport::worker::Worker],
+    token: &colocated_core::transport::Token,
+) -> Client {
+    let options = ClusterOptions {
+        workers: workers
+            .iter()
+            .map(|w| {
+                let mut o = colocated_core::transport::session::ConnectOptions::new(
+                    w.local_addr().to_string(),
+                    Some(token.clone()),
+                );
+                o.timeout = Duration::from_secs(5);
+                o
+            })
+            .collect(),
+        include_local: false,
+        local: ClientOptions::default(),
+    };
+    Client::connect(&options).expect("a controller of the workers")
+}
