@@ -320,9 +320,10 @@ impl Event {
             spins += 1;
         }
         if let Some(hook) = hook {
-            IN_HOOK.with(|in_hook| in_hook.set(true));
+            // Restored after: a wait may nest in what a waiting thread runs.
+            let outer = IN_HOOK.with(|in_hook| in_hook.replace(true));
             let waited = (hook.wait)(self, deadline);
-            IN_HOOK.with(|in_hook| in_hook.set(false));
+            IN_HOOK.with(|in_hook| in_hook.set(outer));
             if let Some(result) = waited {
                 return result;
             }

@@ -36,9 +36,10 @@ impl colocated_event {
 }
 
 /// Called once when an event is ready. `error` is NULL on success, else an error
-/// the callback owns (destroy it). Runs on the thread that completes the event, or
-/// at once on the registering thread if it is already ready; it must not block
-/// for long.
+/// the callback owns (destroy it). Runs on the thread that completes the event
+/// (or on another thread of the runtime when that one is itself waiting for an
+/// event), or at once on the registering thread if it is already ready; it must
+/// not block for long.
 pub type colocated_event_callback =
     Option<unsafe extern "C" fn(error: *mut colocated_error, user_data: *mut c_void)>;
 
