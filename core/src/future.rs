@@ -170,8 +170,8 @@ impl Event {
 
     /// Fulfils the event. Fails with `failed_precondition` if it was already set.
     /// Callbacks registered with [`Event::on_ready`] run on this thread
-    /// (unless it is waiting for an event through the [`WaitHook`]: then
-    /// on another).
+    /// (unless this thread is itself waiting for an event: then on
+    /// another).
     pub fn set(&self, result: Result<()>) -> Result<()> {
         if self
             .0

@@ -16,6 +16,12 @@
 //! answer is done; the lanes it has not come to yet wait for the new leader,
 //! not for it.
 //!
+//! A thread about to sleep until an event is ready (a *waiter*) reads too:
+//! it sleeps in `epoll` on the same set, and the kernel wakes the thread
+//! that began waiting last, so the answer it waits for wakes it alone and
+//! it takes that answer itself, with no thread woken to hand it over (see
+//! `Pump` below and [`crate::future::WaitHook`]).
+//!
 //! Without `epoll` and alarms (not Linux), or if they cannot be had, each
 //! lane gets a thread of its own, as before.
 
