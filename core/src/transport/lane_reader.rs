@@ -177,17 +177,17 @@ mod pump {
 
     impl Runner {
         /// Takes over from a runner that has run answers for
-        /// [`TAKEOVER_AFTER`]: true if this call did.
-        fn take_over_if_long(&self) -> bool {
+        /// [`TAKEOVER_AFTER`]: when this call did, since when it ran.
+        fn take_over_if_long(&self) -> Option<u64> {
             let since = self.0.load(Ordering::SeqCst);
             let after = u64::try_from(TAKEOVER_AFTER.as_nanos()).unwrap_or(u64::MAX);
-            since != 0
-                && since != TAKEN
-                && now_nanos().saturating_sub(since) >= after
+            let long = since != 0 && since != TAKEN && now_nanos().saturating_sub(since) >= after;
+            (long
                 && self
                     .0
                     .compare_exchange(since, TAKEN, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
+                    .is_ok())
+            .then_some(since)
         }
     }
 
@@ -196,20 +196,16 @@ mod pump {
     fn pump() -> Option<&'static Pump> {
         static PUMP: OnceLock<Option<&'static Pump>> = OnceLock::new();
         *PUMP.get_or_init(|| {
-            // SAFETY: plain system calls; the descriptors are owned below.
-            let (epoll, kick) = unsafe {
-                (
-                    libc::epoll_create1(libc::EPOLL_CLOEXEC),
-                    libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC),
-                )
+            let owned = |fd: i32| {
+                // SAFETY: a new descriptor nobody else owns.
+                (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
             };
-            if epoll < 0 || kick < 0 {
-                return None;
-            }
+            // SAFETY: plain system calls.
+            let epoll = owned(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+            let kick = owned(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
             let pump: &'static Pump = Box::leak(Box::new(Pump {
-                // SAFETY: new descriptors nobody else owns.
-                epoll: unsafe { OwnedFd::from_raw_fd(epoll) },
-                kick: unsafe { OwnedFd::from_raw_fd(kick) },
+                epoll,
+                kick,
                 lanes: Mutex::new(HashMap::new()),
                 next_key: AtomicU64::new(0),
                 due: Mutex::new(VecDeque::new()),
@@ -219,11 +215,6 @@ mod pump {
                 parked: Mutex::new(false),
                 unpark: Condvar::new(),
             }));
-            let alarm = Alarm::new(Arc::new(move || {
-                if pump.leader.take_over_if_long() {
-                    pump.start_leader();
-                }
-            }))?;
             let kick_events = (libc::EPOLLIN | libc::EPOLLET) as u32;
             pump.ctl_events(
                 libc::EPOLL_CTL_ADD,
@@ -232,10 +223,9 @@ mod pump {
                 kick_events,
             )
             .ok()?;
-            std::thread::Builder::new()
-                .name("colocated-lanes".into())
-                .spawn(move || pump.lead(alarm))
-                .ok()?;
+            if !pump.spawn_leader() {
+                return None;
+            }
             install_wait_hook(WaitHook {
                 wait: wait_reading,
                 wake: wake_reader,
@@ -322,7 +312,7 @@ mod pump {
                 let taken = runner.clone();
                 let alarm = Alarm::new(Arc::new(move || {
                     // The waiter ran answers too long: the leader reads.
-                    if taken.take_over_if_long() {
+                    if taken.take_over_if_long().is_some() {
                         pump.waiter_done();
                     }
                 }));
@@ -440,22 +430,33 @@ mod pump {
             Ok(())
         }
 
-        /// Starts a new leader (the one before has run answers too long).
-        fn start_leader(&'static self) {
-            let alarm = Alarm::new(Arc::new(move || {
-                if self.leader.take_over_if_long() {
-                    self.start_leader();
-                }
-            }));
-            let spawned = alarm.map(|alarm| {
-                std::thread::Builder::new()
-                    .name("colocated-lanes".into())
-                    .spawn(move || self.lead(alarm))
-            });
-            if !matches!(spawned, Some(Ok(_))) {
+        /// Starts a leader thread, with its alarm; false if it cannot.
+        fn spawn_leader(&'static self) -> bool {
+            let Some(alarm) = Alarm::new(Arc::new(move || self.leader_ran_long())) else {
+                return false;
+            };
+            std::thread::Builder::new()
+                .name("colocated-lanes".into())
+                .spawn(move || self.lead(alarm))
+                .is_ok()
+        }
+
+        /// The leader's alarm went off: a new leader takes over if the
+        /// leader has run answers for [`TAKEOVER_AFTER`].
+        fn leader_ran_long(&'static self) {
+            let Some(since) = self.leader.take_over_if_long() else {
+                return;
+            };
+            if !self.spawn_leader() {
                 tracing::warn!("cannot start a thread to read lanes");
-                // The leader reads on once its answer is done.
-                self.leader.0.store(0, Ordering::SeqCst);
+                // The leader reads on once its answer is done (unless it
+                // saw the takeover in the meantime).
+                let _ = self.leader.0.compare_exchange(
+                    TAKEN,
+                    since,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
             }
         }
 
