@@ -87,6 +87,33 @@ pub(crate) fn install_wait_hook(hook: WaitHook) {
     let _ = WAIT_HOOK.set(hook);
 }
 
+/// Threads asleep until an event is ready, not through the [`WaitHook`]
+/// (counted only once a hook is installed).
+static ASLEEP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether a thread sleeps until an event is ready without reading lanes
+/// (another thread held the [`WaitHook`], or it is one that may not read):
+/// whoever reads lanes completes its event.
+pub(crate) fn threads_asleep() -> bool {
+    ASLEEP.load(Ordering::SeqCst) > 0
+}
+
+/// Counts a thread in [`ASLEEP`] while it lives.
+struct Asleep;
+
+impl Asleep {
+    fn new() -> Asleep {
+        ASLEEP.fetch_add(1, Ordering::SeqCst);
+        Asleep
+    }
+}
+
+impl Drop for Asleep {
+    fn drop(&mut self) {
+        ASLEEP.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A one-shot completion signal. Cloning gives another handle to the same event.
 ///
 /// Thread-safety: every method may be called from any thread.
@@ -328,6 +355,7 @@ impl Event {
                 return result;
             }
         }
+        let _asleep = hook.map(|_| Asleep::new());
         let mut guard = self.lock();
         self.0.has_waiters.store(true, Ordering::SeqCst);
         self.0.sleeping.store(true, Ordering::SeqCst);

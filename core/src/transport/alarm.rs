@@ -1,13 +1,21 @@
-//! One-shot alarms that cost nothing unless they go off: what tells that
+//! One-shot alarms that cost little unless they go off: what tells that
 //! the thread reading lanes has run something for too long, and another
 //! must take over the reading (a worker's lane, and the controller's
-//! reader of answers).
+//! reader of answers), and when the controller's reader of lanes wakes
+//! after a caller stopped waiting.
 //!
 //! Each alarm is a kernel timer (`timerfd`); one thread of the process
 //! sleeps in `epoll` on all of them and runs an alarm's action when it goes
-//! off. Arming and disarming are one system call each, with no thread woken:
-//! a program that finishes in time costs two system calls, and a process
-//! whose programs all do has a watch that never wakes (a watch that looked
+//! off. An alarm always goes off the same time after it was armed, so a
+//! timer set already goes off no later than the alarm is due: arming then
+//! needs no system call, and the timer that goes off early sees when the
+//! alarm is due and is set again for the rest. Disarming only marks the
+//! alarm; its timer is stopped as well (a system call) unless the alarm was
+//! disarmed last within its time, that is, unless it is armed often: then
+//! the timer goes off once in a while for nothing, which costs less than
+//! two system calls for each arming. A program that finishes in time costs
+//! at most two system calls, and a process whose programs all do, once
+//! they stop coming, has a watch that does not wake (a watch that looked
 //! every few milliseconds instead cost hundreds of workers on one machine
 //! more than their calls did).
 //!
@@ -20,40 +28,40 @@ use std::time::Duration;
 /// What an alarm runs when it goes off (on the watch's thread: briefly).
 pub(crate) type Action = Arc<dyn Fn() + Send + Sync>;
 
-/// A one-shot alarm: [`arm`](Alarm::arm)ed, it runs its action once the
-/// time has passed, unless [`disarm`](Alarm::disarm)ed first.
+/// A one-shot alarm: [`arm`](Alarm::arm)ed, it runs its action once its
+/// time has passed, unless [`disarm`](Alarm::disarm)ed or armed again
+/// first.
 pub(crate) struct Alarm {
     #[cfg(target_os = "linux")]
     timer: linux::Timer,
 }
 
 impl Alarm {
-    /// An alarm that runs `action` when it goes off; `None` where the
-    /// platform has no such alarms, or the watch cannot start.
-    pub(crate) fn new(action: Action) -> Option<Alarm> {
+    /// An alarm that runs `action` when it goes off, `after` it was last
+    /// armed; `None` where the platform has no such alarms, or the watch
+    /// cannot start.
+    pub(crate) fn new(after: Duration, action: Action) -> Option<Alarm> {
         #[cfg(target_os = "linux")]
         {
-            linux::Timer::new(action).map(|timer| Alarm { timer })
+            linux::Timer::new(after, action).map(|timer| Alarm { timer })
         }
         #[cfg(not(target_os = "linux"))]
         {
-            let _ = action;
+            let _ = (after, action);
             None
         }
     }
 
-    /// Goes off `after` from now (again, if it went off before).
-    pub(crate) fn arm(&self, after: Duration) {
+    /// Goes off its time from now (again, if it went off before).
+    pub(crate) fn arm(&self) {
         #[cfg(target_os = "linux")]
-        self.timer.set(after);
-        #[cfg(not(target_os = "linux"))]
-        let _ = after;
+        self.timer.arm();
     }
 
     /// Does not go off (unless it went off already).
     pub(crate) fn disarm(&self) {
         #[cfg(target_os = "linux")]
-        self.timer.set(Duration::ZERO);
+        self.timer.disarm();
     }
 }
 
@@ -62,17 +70,34 @@ mod linux {
     use std::collections::HashMap;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Mutex, OnceLock};
-    use std::time::Duration;
+    use std::sync::{Arc, Mutex, OnceLock};
+    use std::time::{Duration, Instant};
 
     use super::Action;
     use crate::transport::lock;
 
+    /// Nanoseconds on a clock of the process (never 0).
+    fn now_nanos() -> u64 {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        let nanos = EPOCH.get_or_init(Instant::now).elapsed().as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// What an alarm and the watch share.
+    struct Shared {
+        action: Action,
+        /// When the alarm goes off ([`now_nanos`]); 0 when it does not.
+        due: AtomicU64,
+        /// When its timer is set to go off; 0 when it is not set (or may
+        /// not be: arming then sets it).
+        set_for: AtomicU64,
+    }
+
     /// The process's watch: an `epoll` set of every alarm's timer, and each
-    /// timer's descriptor and action, by key.
+    /// timer's descriptor and what it shares, by key.
     struct Watch {
         epoll: OwnedFd,
-        timers: Mutex<HashMap<u64, (RawFd, Action)>>,
+        timers: Mutex<HashMap<u64, (RawFd, Arc<Shared>)>>,
         next_key: AtomicU64,
     }
 
@@ -137,21 +162,68 @@ mod linux {
                 }
             }
         }
-    }
 
-    impl Watch {
-        /// The action of timer `key` if it went off (reading it, so that
-        /// it stops being ready): under the lock that `Drop` takes, so the
-        /// descriptor read is the timer's, open. The action runs after,
-        /// without the lock (it may drop a timer).
+        /// The action of timer `key` if it went off and its alarm is due
+        /// (reading the timer, so that it stops being ready); a timer that
+        /// went off before its alarm is due (put off meanwhile) is set again
+        /// for the rest. Under the lock that `Drop` takes, so the descriptor
+        /// used is the timer's, open. The action runs after, without the
+        /// lock (it may drop a timer).
         fn went_off(&self, key: u64) -> Option<Action> {
             let timers = lock(&self.timers);
-            let (fd, action) = timers.get(&key)?;
+            let (fd, shared) = timers.get(&key)?;
             let mut expirations = [0u8; 8];
             // SAFETY: reads 8 bytes into an 8-byte buffer from an open
             // descriptor (see above).
             let read = unsafe { libc::read(*fd, expirations.as_mut_ptr().cast(), 8) };
-            (read == 8).then(|| action.clone())
+            if read != 8 {
+                return None;
+            }
+            shared.set_for.store(0, Ordering::SeqCst);
+            loop {
+                let due = shared.due.load(Ordering::SeqCst);
+                if due == 0 {
+                    return None;
+                }
+                let now = now_nanos();
+                if now < due {
+                    if shared
+                        .set_for
+                        .compare_exchange(0, due, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                    {
+                        set(*fd, Duration::from_nanos(due - now));
+                    }
+                    return None;
+                }
+                if shared
+                    .due
+                    .compare_exchange(due, 0, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    return Some(shared.action.clone());
+                }
+            }
+        }
+    }
+
+    /// Sets timer `fd` to go off once, `after` from now; with zero, stops
+    /// it.
+    fn set(fd: RawFd, after: Duration) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs().try_into().unwrap_or(libc::time_t::MAX),
+                tv_nsec: after.subsec_nanos().into(),
+            },
+        };
+        // SAFETY: the timer is open (its owner's, or under the watch's
+        // lock); `spec` outlives the call. Cannot fail with these arguments.
+        unsafe {
+            libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut());
         }
     }
 
@@ -159,11 +231,15 @@ mod linux {
     pub(crate) struct Timer {
         fd: OwnedFd,
         key: u64,
+        after: u64,
+        /// When the alarm was last disarmed ([`now_nanos`]).
+        disarmed: AtomicU64,
+        shared: Arc<Shared>,
         watch: &'static Watch,
     }
 
     impl Timer {
-        pub(crate) fn new(action: Action) -> Option<Timer> {
+        pub(crate) fn new(after: Duration, action: Action) -> Option<Timer> {
             let watch = watch()?;
             // SAFETY: plain system call; the descriptor is owned below.
             let fd = unsafe {
@@ -179,7 +255,12 @@ mod linux {
             // SAFETY: `fd` is a new descriptor nobody else owns.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             let key = watch.next_key.fetch_add(1, Ordering::Relaxed);
-            lock(&watch.timers).insert(key, (fd.as_raw_fd(), action));
+            let shared = Arc::new(Shared {
+                action,
+                due: AtomicU64::new(0),
+                set_for: AtomicU64::new(0),
+            });
+            lock(&watch.timers).insert(key, (fd.as_raw_fd(), shared.clone()));
             let mut event = libc::epoll_event {
                 events: libc::EPOLLIN as u32,
                 u64: key,
@@ -198,25 +279,41 @@ mod linux {
                 lock(&watch.timers).remove(&key);
                 return None;
             }
-            Some(Timer { fd, key, watch })
+            Some(Timer {
+                fd,
+                key,
+                after: u64::try_from(after.as_nanos()).unwrap_or(u64::MAX).max(1),
+                disarmed: AtomicU64::new(0),
+                shared,
+                watch,
+            })
         }
 
-        /// Goes off once, `after` from now; never with zero.
-        pub(crate) fn set(&self, after: Duration) {
-            let spec = libc::itimerspec {
-                it_interval: libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                },
-                it_value: libc::timespec {
-                    tv_sec: after.as_secs().try_into().unwrap_or(libc::time_t::MAX),
-                    tv_nsec: after.subsec_nanos().into(),
-                },
-            };
-            // SAFETY: the timer is open; `spec` outlives the call. Cannot
-            // fail with these arguments.
-            unsafe {
-                libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut());
+        /// Due `after` from now; sets the timer only if it is not set (set,
+        /// it goes off no later: every arming adds the same time).
+        pub(crate) fn arm(&self) {
+            let due = now_nanos().saturating_add(self.after);
+            self.shared.due.store(due, Ordering::SeqCst);
+            if self
+                .shared
+                .set_for
+                .compare_exchange(0, due, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                set(self.fd.as_raw_fd(), Duration::from_nanos(self.after));
+            }
+        }
+
+        /// Not due; the timer stops too, unless the alarm was disarmed
+        /// last within its time (then it is armed often, and the timer
+        /// going off once for nothing costs less).
+        pub(crate) fn disarm(&self) {
+            self.shared.due.store(0, Ordering::SeqCst);
+            let now = now_nanos();
+            let last = self.disarmed.swap(now, Ordering::Relaxed);
+            if now.saturating_sub(last) >= self.after {
+                self.shared.set_for.store(0, Ordering::SeqCst);
+                set(self.fd.as_raw_fd(), Duration::ZERO);
             }
         }
     }
@@ -244,42 +341,104 @@ mod linux {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    /// Waits (at most ten seconds) until `count` reaches `n`.
+    fn until(count: &AtomicUsize, n: usize) {
+        let start = Instant::now();
+        while count.load(Ordering::SeqCst) < n && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn counting(after: Duration) -> (Alarm, Arc<AtomicUsize>) {
+        let count = Arc::new(AtomicUsize::new(0));
+        let counted = count.clone();
+        let alarm = Alarm::new(
+            after,
+            Arc::new(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .expect("an alarm");
+        (alarm, count)
+    }
 
     #[test]
     fn an_alarm_goes_off_once_armed_and_never_when_disarmed_in_time() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let counted = count.clone();
-        let alarm = Alarm::new(Arc::new(move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        }))
-        .expect("an alarm");
-        alarm.arm(Duration::from_millis(50));
+        let (alarm, count) = counting(Duration::from_millis(50));
+        alarm.arm();
         alarm.disarm();
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(count.load(Ordering::SeqCst), 0, "disarmed in time");
-        alarm.arm(Duration::from_millis(1));
-        let start = std::time::Instant::now();
-        while count.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(1));
+        // Disarmed often (the timer left set): still silent.
+        for _ in 0..10 {
+            alarm.arm();
+            alarm.disarm();
         }
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(count.load(Ordering::SeqCst), 0, "disarmed in time, often");
+        alarm.arm();
+        until(&count, 1);
         assert_eq!(count.load(Ordering::SeqCst), 1, "went off once");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(120));
         assert_eq!(count.load(Ordering::SeqCst), 1, "one-shot");
         // Dropped: nothing runs any more, and the next alarm still works.
-        alarm.arm(Duration::from_millis(1));
+        alarm.arm();
         drop(alarm);
-        let other = Arc::new(AtomicUsize::new(0));
-        let counted = other.clone();
-        let next = Alarm::new(Arc::new(move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        }))
+        let (next, other) = counting(Duration::from_millis(1));
+        next.arm();
+        until(&other, 1);
+        assert_eq!(other.load(Ordering::SeqCst), 1);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(count.load(Ordering::SeqCst), 1, "a dropped alarm is silent");
+    }
+
+    #[test]
+    fn an_alarm_armed_again_goes_off_its_time_after_the_last_arming() {
+        let after = Duration::from_millis(40);
+        let went_off = Arc::new(Mutex::new(Vec::new()));
+        let noted = went_off.clone();
+        let alarm = Alarm::new(
+            after,
+            Arc::new(move || noted.lock().expect("lock").push(Instant::now())),
+        )
         .expect("an alarm");
-        next.arm(Duration::from_millis(1));
-        let start = std::time::Instant::now();
-        while other.load(Ordering::SeqCst) == 0 && start.elapsed() < Duration::from_secs(10) {
+        // Armed again every 5 ms for 200 ms: the timer set by the first
+        // arming goes off early, again and again, and must not run the
+        // action before the alarm is due.
+        let mut armed = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(200) {
+            armed.push(Instant::now());
+            alarm.arm();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while went_off.lock().expect("lock").is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(other.load(Ordering::SeqCst), 1);
-        assert_eq!(count.load(Ordering::SeqCst), 1, "a dropped alarm is silent");
+        std::thread::sleep(Duration::from_millis(100));
+        let went_off = went_off.lock().expect("lock").clone();
+        assert!(!went_off.is_empty(), "it went off");
+        for at in &went_off {
+            // The arming just before it went off was at least `after` ago.
+            let last = armed
+                .iter()
+                .filter(|a| *a < at)
+                .max()
+                .expect("armed before");
+            assert!(
+                at.duration_since(*last) >= after,
+                "went off {:?} after the last arming",
+                at.duration_since(*last)
+            );
+        }
+        let last_armed = armed.last().expect("armed");
+        assert!(
+            went_off.iter().any(|at| at > last_armed),
+            "it goes off after the last arming"
+        );
     }
 }

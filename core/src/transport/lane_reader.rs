@@ -46,6 +46,11 @@ pub(crate) struct Handlers {
 /// takes over the reading.
 const TAKEOVER_AFTER: Duration = Duration::from_millis(2);
 
+/// How long the leader stays asleep once a waiter stopped reading, for the
+/// next waiter to come (a caller that waits for one call after another):
+/// the most an answer nobody waits for may wait for a reader then.
+const LINGER: Duration = Duration::from_millis(1);
+
 /// Reads `socket`'s answers from now on, calling `handlers`: with the
 /// process's other lanes, or on a thread of its own.
 pub(crate) fn read_lane_answers(socket: std::net::TcpStream, handlers: Handlers) -> Result<()> {
@@ -91,9 +96,9 @@ mod pump {
     use std::sync::{Arc, Condvar, Mutex, OnceLock};
     use std::time::Instant;
 
-    use super::{broke, Handlers, TAKEOVER_AFTER};
+    use super::{broke, Handlers, LINGER, TAKEOVER_AFTER};
     use crate::error::{Error, Result};
-    use crate::future::{install_wait_hook, Event, WaitHook};
+    use crate::future::{install_wait_hook, threads_asleep, Event, WaitHook};
     use crate::transport::alarm::Alarm;
     use crate::transport::lane::{Available, FrameReader, MAX_FRAME_BYTES};
     use crate::transport::proto::ControlResponse;
@@ -137,7 +142,8 @@ mod pump {
     /// and it takes that answer itself. The leader stays asleep unless an
     /// answer comes while the waiter is busy; then it hands what it got
     /// to the waiter (`due`, and the kick) and sleeps until the waiter is
-    /// done.
+    /// done, and [`LINGER`] more unless something waits for it: a caller
+    /// that waits for one call after another keeps the leader asleep.
     struct Pump {
         epoll: OwnedFd,
         lanes: Mutex<HashMap<u64, Arc<Mutex<Lane>>>>,
@@ -157,6 +163,9 @@ mod pump {
         waiter_role: Mutex<()>,
         parked: Mutex<bool>,
         unpark: Condvar,
+        /// Wakes the leader [`LINGER`] after the last waiter stopped
+        /// reading, unless another reads by then.
+        linger: OnceLock<Alarm>,
     }
 
     /// When a reader began running answers (nanoseconds, never 0); 0 while
@@ -214,7 +223,11 @@ mod pump {
                 waiter_role: Mutex::new(()),
                 parked: Mutex::new(false),
                 unpark: Condvar::new(),
+                linger: OnceLock::new(),
             }));
+            let _ = pump
+                .linger
+                .set(Alarm::new(LINGER, Arc::new(move || pump.wake_leader()))?);
             let kick_events = (libc::EPOLLIN | libc::EPOLLET) as u32;
             pump.ctl_events(
                 libc::EPOLL_CTL_ADD,
@@ -310,12 +323,15 @@ mod pump {
             if waiter.is_none() {
                 let runner = Arc::new(Runner(AtomicU64::new(0)));
                 let taken = runner.clone();
-                let alarm = Alarm::new(Arc::new(move || {
-                    // The waiter ran answers too long: the leader reads.
-                    if taken.take_over_if_long().is_some() {
-                        pump.waiter_done();
-                    }
-                }));
+                let alarm = Alarm::new(
+                    TAKEOVER_AFTER,
+                    Arc::new(move || {
+                        // The waiter ran answers too long: the leader reads.
+                        if taken.take_over_if_long().is_some() {
+                            pump.waiter_done(true);
+                        }
+                    }),
+                );
                 *waiter = alarm.map(|alarm| (runner, alarm));
             }
             waiter.as_ref().map(|(runner, _)| runner.clone())
@@ -366,7 +382,7 @@ mod pump {
         event.set_hooked(false);
         READING.with(|reading| reading.set(false));
         if runner.0.load(Ordering::SeqCst) != TAKEN {
-            pump.waiter_done();
+            pump.waiter_done(false);
         }
         result
     }
@@ -432,7 +448,8 @@ mod pump {
 
         /// Starts a leader thread, with its alarm; false if it cannot.
         fn spawn_leader(&'static self) -> bool {
-            let Some(alarm) = Alarm::new(Arc::new(move || self.leader_ran_long())) else {
+            let Some(alarm) = Alarm::new(TAKEOVER_AFTER, Arc::new(move || self.leader_ran_long()))
+            else {
                 return false;
             };
             std::thread::Builder::new()
@@ -461,14 +478,34 @@ mod pump {
         }
 
         /// The waiter stopped reading: the leader reads again, and takes
-        /// what the waiter left.
-        fn waiter_done(&self) {
+        /// what the waiter left; at once if something is left, if it must
+        /// (`now`: the waiter was taken over), or if a thread sleeps until
+        /// an answer comes; otherwise [`LINGER`] from now, unless another
+        /// waiter reads by then.
+        fn waiter_done(&self, now: bool) {
             self.waiter_reads.store(false, Ordering::SeqCst);
             let parked = lock(&self.parked);
-            if *parked {
+            let left = !lock(&self.due).is_empty();
+            if !*parked {
+                if left {
+                    self.kick();
+                }
+                return;
+            }
+            match self.linger.get() {
+                Some(linger) if !now && !left && !threads_asleep() => {
+                    linger.arm();
+                }
+                _ => self.unpark.notify_one(),
+            }
+        }
+
+        /// [`LINGER`] has passed since the last waiter stopped reading:
+        /// the leader reads, unless a waiter does.
+        fn wake_leader(&self) {
+            let parked = lock(&self.parked);
+            if *parked && !self.waiter_reads.load(Ordering::SeqCst) {
                 self.unpark.notify_one();
-            } else if !lock(&self.due).is_empty() {
-                self.kick();
             }
         }
 
@@ -477,7 +514,7 @@ mod pump {
         fn run_due(&self, runner: &Runner, alarm: &Alarm) -> bool {
             let started = now_nanos();
             runner.0.store(started, Ordering::SeqCst);
-            alarm.arm(TAKEOVER_AFTER);
+            alarm.arm();
             loop {
                 let key = lock(&self.due).pop_front();
                 let Some(key) = key else { break };

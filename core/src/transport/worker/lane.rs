@@ -307,7 +307,7 @@ impl Lane {
             self.running_since
                 .store(started, std::sync::atomic::Ordering::SeqCst);
             if let Some(alarm) = &self.alarm {
-                alarm.arm(TAKEOVER_AFTER);
+                alarm.arm();
             }
             RUNNING.with(|r| *r.borrow_mut() = Some((Arc::downgrade(&self), started)));
             for claim in claims {
@@ -414,7 +414,7 @@ fn run_lane(
     });
     let lane = Arc::new_cyclic(|lane: &std::sync::Weak<Lane>| Lane {
         id,
-        alarm: Alarm::new({
+        alarm: Alarm::new(TAKEOVER_AFTER, {
             let lane = lane.clone();
             Arc::new(move || {
                 if let Some(lane) = lane.upgrade() {
