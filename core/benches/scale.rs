@@ -12,7 +12,11 @@
 //! time, so that each sees the same drift of the machine's load.
 //!
 //! `CPU/host` is the controller's CPU time per host per fan-out call: what
-//! sizing thousands of hosts on paper starts from.
+//! sizing thousands of hosts on paper starts from. `all CPU/host` adds the
+//! workers' (every thread of their processes), and `TCP all/host` is the
+//! same for the raw TCP fan-out (the controller's and the echo processes'):
+//! at large N a small machine is busy all the time, and the fan-out takes
+//! about the CPU time of all processes over the number of cores.
 //!
 //! A second floor, `TCP, hand-offs`, runs the same ping-pong through the
 //! thread structure a call takes: the caller hands the fan-out to a network
@@ -250,6 +254,18 @@ fn cpu_seconds() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
+/// Seconds `children` (every thread of each) have run on a CPU so far.
+fn children_cpu_seconds(children: &[Child]) -> f64 {
+    let nanos: u64 = children
+        .iter()
+        .filter_map(|child| std::fs::read_dir(format!("/proc/{}/task", child.id())).ok())
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    nanos as f64 * 1e-9
+}
+
 fn sizes() -> Vec<usize> {
     std::env::var("COLOCATED_SCALE_N")
         .ok()
@@ -275,7 +291,7 @@ fn main() {
     let token = Token::generate().expect("token");
     println!("scale: a controller and N worker processes on loopback (1 CPU device each)");
     println!(
-        "{:>4}  {:>9}  {:>9}  {:>11}  {:>9}  {:>13}  {:>10}  {:>15}  {:>6}  {:>15}  {:>6}",
+        "{:>4}  {:>9}  {:>9}  {:>11}  {:>9}  {:>13}  {:>10}  {:>15}  {:>6}  {:>15}  {:>6}  {:>13}  {:>13}",
         "N",
         "connect",
         "compile",
@@ -286,7 +302,9 @@ fn main() {
         "raw TCP fan-out",
         "ratio",
         "TCP, hand-offs",
-        "ratio"
+        "ratio",
+        "all CPU/host",
+        "TCP all/host"
     );
     for n in sizes() {
         let (workers, addresses) = spawn("worker", n, &token);
@@ -361,32 +379,37 @@ fn main() {
         // The three take turns, a tenth of the runs at a time: the machine's
         // load drifts, and each figure sees the same drift.
         let (mut fan_outs, mut tcps, mut handed_offs) = (Vec::new(), Vec::new(), Vec::new());
-        let mut cpu = 0.0;
+        let (mut cpu, mut all_cpu, mut tcp_cpu) = (0.0, 0.0, 0.0);
         let rounds = 10;
         let floors = std::env::var("COLOCATED_SCALE_FLOORS").as_deref() != Ok("0");
         for _ in 0..rounds {
-            let before = cpu_seconds();
+            let (before, workers_before) = (cpu_seconds(), children_cpu_seconds(&workers));
             fan_outs.extend((0..runs.div_ceil(rounds)).map(|_| {
                 let start = Instant::now();
                 run();
                 start.elapsed().as_secs_f64()
             }));
             cpu += cpu_seconds() - before;
+            all_cpu += cpu_seconds() - before + children_cpu_seconds(&workers) - workers_before;
             if !floors {
                 continue;
             }
+            let (before, echoes_before) = (cpu_seconds(), children_cpu_seconds(&echoes));
             tcps.extend(tcp_fan_out(&mut streams, runs.div_ceil(rounds)));
+            tcp_cpu += cpu_seconds() - before + children_cpu_seconds(&echoes) - echoes_before;
             let (secs, back) = tcp_fan_out_handed_off(relayed, runs.div_ceil(rounds));
             handed_offs.extend(secs);
             relayed = back;
         }
         let cpu_per_host = cpu / (fan_outs.len() * n) as f64;
+        let all_per_host = all_cpu / (fan_outs.len() * n) as f64;
+        let tcp_per_host = tcp_cpu / (tcps.len().max(1) * n) as f64;
         if !floors {
             (tcps, handed_offs) = (vec![f64::NAN], vec![f64::NAN]);
         }
         let (fan_out, tcp, handed_off) = (median(fan_outs), median(tcps), median(handed_offs));
         println!(
-            "{n:>4}  {:>6.1} ms  {:>6.2} ms  {:>7.2} MiB  {:>8.2}%  {:>10.0} µs  {:>7.1} µs  {:>12.0} µs  {:>5.1}x  {:>12.0} µs  {:>5.1}x",
+            "{n:>4}  {:>6.1} ms  {:>6.2} ms  {:>7.2} MiB  {:>8.2}%  {:>10.0} µs  {:>7.1} µs  {:>12.0} µs  {:>5.1}x  {:>12.0} µs  {:>5.1}x  {:>10.1} µs  {:>10.1} µs",
             connected * 1e3,
             compiled * 1e3,
             memory / (1024.0 * 1024.0),
@@ -396,7 +419,9 @@ fn main() {
             tcp * 1e6,
             fan_out / tcp,
             handed_off * 1e6,
-            fan_out / handed_off
+            fan_out / handed_off,
+            all_per_host * 1e6,
+            tcp_per_host * 1e6
         );
         drop(exe);
         drop(x);
