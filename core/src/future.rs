@@ -65,6 +65,10 @@ pub(crate) struct WaitHook {
     pub(crate) wait: fn(&Event, Option<Instant>) -> Option<Result<()>>,
     /// Wakes the thread that waits through the hook.
     pub(crate) wake: fn(),
+    /// Something other than a thread waiting through the hook began to
+    /// wait (a thread asleep, a callback of the user's): whoever reads
+    /// lanes should, soon.
+    pub(crate) awaited: fn(),
     /// Runs a callback of the user's on another thread: one that an event
     /// set by a thread waiting through the hook would have run there (the
     /// waiting thread may hold what the callback needs).
@@ -91,11 +95,20 @@ pub(crate) fn install_wait_hook(hook: WaitHook) {
 /// (counted only once a hook is installed).
 static ASLEEP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Whether a thread sleeps until an event is ready without reading lanes
-/// (another thread held the [`WaitHook`], or it is one that may not read):
-/// whoever reads lanes completes its event.
-pub(crate) fn threads_asleep() -> bool {
-    ASLEEP.load(Ordering::SeqCst) > 0
+/// Callbacks of the user's ([`Event::on_ready`]) that wait for their event.
+static CALLBACKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether something waits for an event other than through the
+/// [`WaitHook`]: a thread asleep (another thread held the hook, or it is
+/// one that may not read lanes), or a callback of the user's. Whoever
+/// reads lanes completes its event.
+pub(crate) fn waited_for_elsewhere() -> bool {
+    ASLEEP.load(Ordering::SeqCst) > 0 || CALLBACKS.load(Ordering::SeqCst) > 0
+}
+
+/// How many of `callbacks` are the user's (counted in [`CALLBACKS`]).
+fn foreign(callbacks: &[Registered]) -> usize {
+    callbacks.iter().filter(|(_, foreign)| *foreign).count()
 }
 
 /// Counts a thread in [`ASLEEP`] while it lives.
@@ -123,6 +136,17 @@ pub struct Event(Arc<Inner>);
 impl Default for Event {
     fn default() -> Self {
         Event::new()
+    }
+}
+
+impl Drop for Inner {
+    /// Callbacks of an event dropped before it was set never run: they no
+    /// longer wait.
+    fn drop(&mut self) {
+        let callbacks = self.callbacks.get_mut().unwrap_or_else(|e| e.into_inner());
+        if !callbacks.is_empty() {
+            CALLBACKS.fetch_sub(foreign(callbacks), Ordering::SeqCst);
+        }
     }
 }
 
@@ -233,6 +257,7 @@ impl Event {
                 self.0.cond.notify_all();
             }
             if !callbacks.is_empty() {
+                CALLBACKS.fetch_sub(foreign(&callbacks), Ordering::SeqCst);
                 let status = self.status().unwrap_or(Ok(()));
                 let defer = IN_HOOK
                     .with(std::cell::Cell::get)
@@ -288,7 +313,14 @@ impl Event {
         let mut callbacks = self.lock();
         self.0.has_waiters.store(true, Ordering::SeqCst);
         if self.0.state.load(Ordering::SeqCst) < OK {
+            if foreign {
+                CALLBACKS.fetch_add(1, Ordering::SeqCst);
+            }
             callbacks.push((callback, foreign));
+            drop(callbacks);
+            if let (true, Some(hook)) = (foreign, WAIT_HOOK.get()) {
+                (hook.awaited)();
+            }
             return;
         }
         drop(callbacks);
@@ -355,7 +387,11 @@ impl Event {
                 return result;
             }
         }
-        let _asleep = hook.map(|_| Asleep::new());
+        let _asleep = hook.map(|hook| {
+            let asleep = Asleep::new();
+            (hook.awaited)();
+            asleep
+        });
         let mut guard = self.lock();
         self.0.has_waiters.store(true, Ordering::SeqCst);
         self.0.sleeping.store(true, Ordering::SeqCst);

@@ -11,9 +11,10 @@
 //! needs no system call, and the timer that goes off early sees when the
 //! alarm is due and is set again for the rest. Disarming only marks the
 //! alarm; its timer is stopped as well (a system call) unless the alarm was
-//! disarmed last within its time, that is, unless it is armed often: then
-//! the timer goes off once in a while for nothing, which costs less than
-//! two system calls for each arming. A program that finishes in time costs
+//! disarmed last within a [`DENSE`] part of its time, that is, unless it is
+//! armed many times over its time: then the timer goes off once in a while
+//! for nothing (a thread woken), which costs less than two system calls for
+//! each of those armings. A program that finishes in time costs
 //! at most two system calls, and a process whose programs all do, once
 //! they stop coming, has a watch that does not wake (a watch that looked
 //! every few milliseconds instead cost hundreds of workers on one machine
@@ -24,6 +25,12 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The part of an alarm's time within which it must have been disarmed last
+/// for its timer to be left set when it is disarmed again: armed fewer than
+/// about this many times over its time, stopping the timer each time costs
+/// less than the watch waking for nothing.
+const DENSE: u64 = 16;
 
 /// What an alarm runs when it goes off (on the watch's thread: briefly).
 pub(crate) type Action = Arc<dyn Fn() + Send + Sync>;
@@ -305,13 +312,14 @@ mod linux {
         }
 
         /// Not due; the timer stops too, unless the alarm was disarmed
-        /// last within its time (then it is armed often, and the timer
-        /// going off once for nothing costs less).
+        /// last within a [`DENSE`](super::DENSE) part of its time (then it
+        /// is armed often, and the timer going off once for nothing costs
+        /// less).
         pub(crate) fn disarm(&self) {
             self.shared.due.store(0, Ordering::SeqCst);
             let now = now_nanos();
             let last = self.disarmed.swap(now, Ordering::Relaxed);
-            if now.saturating_sub(last) >= self.after {
+            if now.saturating_sub(last) >= self.after / super::DENSE {
                 self.shared.set_for.store(0, Ordering::SeqCst);
                 set(self.fd.as_raw_fd(), Duration::ZERO);
             }

@@ -47,9 +47,11 @@ pub(crate) struct Handlers {
 const TAKEOVER_AFTER: Duration = Duration::from_millis(2);
 
 /// How long the leader stays asleep once a waiter stopped reading, for the
-/// next waiter to come (a caller that waits for one call after another):
-/// the most an answer nobody waits for may wait for a reader then.
-const LINGER: Duration = Duration::from_millis(1);
+/// next waiter to come (a caller that waits for one call after another,
+/// the next wait beginning once a call to hundreds of hosts has gone out):
+/// the most an answer that nothing waits for (no thread, no callback of the
+/// user's) may wait for a reader then.
+const LINGER: Duration = Duration::from_millis(5);
 
 /// Reads `socket`'s answers from now on, calling `handlers`: with the
 /// process's other lanes, or on a thread of its own.
@@ -98,7 +100,7 @@ mod pump {
 
     use super::{broke, Handlers, LINGER, TAKEOVER_AFTER};
     use crate::error::{Error, Result};
-    use crate::future::{install_wait_hook, threads_asleep, Event, WaitHook};
+    use crate::future::{install_wait_hook, waited_for_elsewhere, Event, WaitHook};
     use crate::transport::alarm::Alarm;
     use crate::transport::lane::{Available, FrameReader, MAX_FRAME_BYTES};
     use crate::transport::proto::ControlResponse;
@@ -166,6 +168,8 @@ mod pump {
         /// Wakes the leader [`LINGER`] after the last waiter stopped
         /// reading, unless another reads by then.
         linger: OnceLock<Alarm>,
+        /// The leader sleeps for [`LINGER`] (until something else waits).
+        lingering: AtomicBool,
     }
 
     /// When a reader began running answers (nanoseconds, never 0); 0 while
@@ -224,6 +228,7 @@ mod pump {
                 parked: Mutex::new(false),
                 unpark: Condvar::new(),
                 linger: OnceLock::new(),
+                lingering: AtomicBool::new(false),
             }));
             let _ = pump
                 .linger
@@ -242,6 +247,7 @@ mod pump {
             install_wait_hook(WaitHook {
                 wait: wait_reading,
                 wake: wake_reader,
+                awaited: reader_needed,
                 defer: run_elsewhere,
             });
             Some(pump)
@@ -293,6 +299,15 @@ mod pump {
         if !READING.with(std::cell::Cell::get) {
             if let Some(pump) = pump() {
                 pump.kick();
+            }
+        }
+    }
+
+    /// [`WaitHook::awaited`]: the leader no longer lingers.
+    fn reader_needed() {
+        if let Some(pump) = pump() {
+            if pump.lingering.swap(false, Ordering::SeqCst) {
+                pump.wake_leader();
             }
         }
     }
@@ -479,9 +494,10 @@ mod pump {
 
         /// The waiter stopped reading: the leader reads again, and takes
         /// what the waiter left; at once if something is left, if it must
-        /// (`now`: the waiter was taken over), or if a thread sleeps until
-        /// an answer comes; otherwise [`LINGER`] from now, unless another
-        /// waiter reads by then.
+        /// (`now`: the waiter was taken over), or if something else waits
+        /// for an answer (a thread asleep, a callback of the user's);
+        /// otherwise [`LINGER`] from now, unless another waiter reads by
+        /// then.
         fn waiter_done(&self, now: bool) {
             self.waiter_reads.store(false, Ordering::SeqCst);
             let parked = lock(&self.parked);
@@ -493,16 +509,23 @@ mod pump {
                 return;
             }
             match self.linger.get() {
-                Some(linger) if !now && !left && !threads_asleep() => {
+                Some(linger) if !now && !left && !waited_for_elsewhere() => {
+                    self.lingering.store(true, Ordering::SeqCst);
                     linger.arm();
+                    // Something began to wait meanwhile (and saw no
+                    // lingering): the leader reads now.
+                    if waited_for_elsewhere() && self.lingering.swap(false, Ordering::SeqCst) {
+                        self.unpark.notify_one();
+                    }
                 }
                 _ => self.unpark.notify_one(),
             }
         }
 
-        /// [`LINGER`] has passed since the last waiter stopped reading:
-        /// the leader reads, unless a waiter does.
+        /// [`LINGER`] has passed since the last waiter stopped reading, or
+        /// something else waits: the leader reads, unless a waiter does.
         fn wake_leader(&self) {
+            self.lingering.store(false, Ordering::SeqCst);
             let parked = lock(&self.parked);
             if *parked && !self.waiter_reads.load(Ordering::SeqCst) {
                 self.unpark.notify_one();
