@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
-use colocated_core::{Client, ClientOptions, CompileOptions, ExecuteOptions, Program};
+use colocated_core::{
+    Client, ClientOptions, CompileOptions, ExecuteOptions, LoadedExecutable, Program,
+};
 use common::eventually;
 
 /// The tests take turns: each counts what the process's threads do.
@@ -70,8 +72,8 @@ fn sleeps(name: &str) -> u64 {
 }
 
 /// Workers with one device each, running `count` (which counts in `runs`),
-/// and a controller of them all.
-fn cluster(n: usize, runs: &Arc<AtomicU64>) -> (Vec<Worker>, Client) {
+/// a controller of them all, and `count` compiled for every worker.
+fn cluster(n: usize, runs: &Arc<AtomicU64>) -> (Vec<Worker>, Client, LoadedExecutable) {
     let token = Token::generate().unwrap();
     let workers: Vec<Worker> = (0..n)
         .map(|_| {
@@ -92,7 +94,19 @@ fn cluster(n: usize, runs: &Arc<AtomicU64>) -> (Vec<Worker>, Client) {
         })
         .collect();
     let client = common::connect_workers(&workers.iter().collect::<Vec<_>>(), &token);
-    (workers, client)
+    let count = client
+        .compile(
+            Program::native("count", vec![], vec![], client.devices().to_vec()),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    (workers, client, count)
+}
+
+/// Runs `count` and waits for it.
+fn call(count: &LoadedExecutable) {
+    let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
+    run.status.wait_timeout(Duration::from_secs(20)).unwrap();
 }
 
 /// The controller reads the answers of all its workers' lanes on one
@@ -105,16 +119,9 @@ fn the_controller_reads_every_lane_on_one_thread() {
     pin_to_one_cpu();
     const WORKERS: usize = 8;
     let runs = Arc::new(AtomicU64::new(0));
-    let (workers, client) = cluster(WORKERS, &runs);
-    let count = client
-        .compile(
-            Program::native("count", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let (workers, client, count) = cluster(WORKERS, &runs);
     for _ in 0..3 {
-        let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
-        run.status.wait_timeout(Duration::from_secs(20)).unwrap();
+        call(&count);
     }
     assert_eq!(runs.load(Ordering::SeqCst), 3 * WORKERS as u64);
     // The workers are in this process too: each lane has a thread on the
@@ -141,21 +148,11 @@ fn a_thread_that_waits_for_an_answer_reads_it_itself() {
     pin_to_one_cpu();
     const CALLS: u64 = 200;
     let runs = Arc::new(AtomicU64::new(0));
-    let (workers, client) = cluster(1, &runs);
-    let count = client
-        .compile(
-            Program::native("count", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
-    let call = || {
-        let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
-        run.status.wait_timeout(Duration::from_secs(20)).unwrap();
-    };
-    call();
+    let (workers, client, count) = cluster(1, &runs);
+    call(&count);
     let before = sleeps("colocated-lanes");
     for _ in 0..CALLS {
-        call();
+        call(&count);
     }
     let woken = sleeps("colocated-lanes") - before;
     assert_eq!(runs.load(Ordering::SeqCst), CALLS + 1);
@@ -179,17 +176,10 @@ fn an_answer_nobody_waits_for_is_read_once_the_waiter_stops() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     pin_to_one_cpu();
     let runs = Arc::new(AtomicU64::new(0));
-    let (workers, client) = cluster(1, &runs);
-    let count = client
-        .compile(
-            Program::native("count", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let (workers, client, count) = cluster(1, &runs);
     for _ in 0..20 {
         // Waited for: this thread reads the answer.
-        let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
-        run.status.wait_timeout(Duration::from_secs(20)).unwrap();
+        call(&count);
         // Not waited for: only the reading thread can take the answer.
         let (done, ready) = std::sync::mpsc::channel();
         let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
@@ -200,8 +190,7 @@ fn an_answer_nobody_waits_for_is_read_once_the_waiter_stops() {
             .unwrap();
         // Waited for again, then nothing waits at all (the test looks now
         // and then): the reading thread still takes the answer.
-        let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
-        run.status.wait_timeout(Duration::from_secs(20)).unwrap();
+        call(&count);
         let run = count.execute(&[], &ExecuteOptions::default()).unwrap();
         let start = std::time::Instant::now();
         while !run.status.is_ready() && start.elapsed() < Duration::from_secs(20) {
