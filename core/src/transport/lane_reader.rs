@@ -7,13 +7,10 @@
 //! `epoll` on every lane at once and takes the answers of all lanes that are
 //! ready when it wakes: a fan-out's answers wake it a few times, not N.
 //!
-//! Each lane is in the `epoll` set edge-triggered (no system call to arm it
-//! again after each answer, as `EPOLLONESHOT` needs): a lane is reported
-//! once each time more arrives, and whoever takes it holds the lane's lock
-//! while it reads and runs the answers, so one lane's answers are taken in
-//! order, by one thread at a time (another thread that was told of the
-//! same arrival takes the lock after, and finds what came since, or
-//! nothing). What an answer runs (a completion) may last (a callback of the
+//! Each lane is in the `epoll` set with `EPOLLONESHOT`: a lane that became
+//! readable is the leader's alone until it has read what arrived and armed
+//! the lane again, so one lane's answers are taken in order, by one thread at
+//! a time. What an answer runs (a completion) may last (a callback of the
 //! user's): when the leader has run answers for [`TAKEOVER_AFTER`] (its
 //! [`Alarm`] goes off), a new thread leads, and the old one ends once its
 //! answer is done; the lanes it has not come to yet wait for the new leader,
@@ -406,9 +403,9 @@ mod pump {
     }
 
     impl Pump {
-        /// Adds or removes `fd` (lane `key`).
+        /// Adds, arms again or removes `fd` (lane `key`).
         fn ctl(&self, op: i32, fd: i32, key: u64) -> std::io::Result<()> {
-            let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+            let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
             self.ctl_events(op, fd, key, events)
         }
 
@@ -588,9 +585,8 @@ mod pump {
             }
         }
 
-        /// Takes what lane `key` has: every answer that arrived whole (or,
-        /// after a bounded number of reads, puts the lane back in `due` for
-        /// the rest), or ends it.
+        /// Takes what lane `key` has: every answer that arrived whole, then
+        /// arms it again, or ends it.
         fn take(&self, key: u64) {
             let Some(lane) = lock(&self.lanes).get(&key).cloned() else {
                 return;
@@ -598,7 +594,7 @@ mod pump {
             let mut lane = lock(&lane);
             let lane = &mut *lane;
             // Bounded, so that one busy lane does not keep the others
-            // waiting: what is left comes round again, from `due`.
+            // waiting: what is left comes round again once armed.
             let (mut reads, mut drained) = (0, false);
             let ended = loop {
                 match lane.frames.buffered::<ControlResponse>() {
@@ -609,18 +605,14 @@ mod pump {
                     Ok(None) => {}
                     Err(err) => break Some(broke(&err)),
                 }
-                if drained {
-                    break None;
-                }
-                if reads == 16 {
-                    lock(&self.due).push_back(key);
+                if reads == 16 || drained {
                     break None;
                 }
                 reads += 1;
                 match lane.frames.read_available() {
                     Ok(Available::Some) => {}
                     // Once these are taken, nothing is left to read (if more
-                    // comes meanwhile, `epoll` reports the lane again).
+                    // comes meanwhile, arming the lane again reports it).
                     Ok(Available::All) => drained = true,
                     Ok(Available::End) if lane.frames.is_empty() => {
                         break Some(Error::unavailable("the control stream ended"))
@@ -634,8 +626,14 @@ mod pump {
                     Err(err) => break Some(broke(&err)),
                 }
             };
-            let Some(ended) = ended else { return };
             let fd = lane.frames.source().0.as_raw_fd();
+            let ended = match ended {
+                None => match self.ctl(libc::EPOLL_CTL_MOD, fd, key) {
+                    Ok(()) => return,
+                    Err(err) => Error::unavailable(format!("the control stream broke: {err}")),
+                },
+                Some(ended) => ended,
+            };
             let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, key);
             lock(&self.lanes).remove(&key);
             let ended_handler = std::mem::replace(&mut lane.handlers.ended, Box::new(|_| {}));
