@@ -2014,8 +2014,9 @@ fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
     let (wait, set) = (compile("wait_for_flag"), compile("set_flag"));
     // Runs that finish at once while the flag is up (a worker must not
     // take the program for one it can run on the thread that reads the
-    // session's operations).
-    for _ in 0..5 {
+    // session's operations, nor, after a streak of them, for one it may
+    // run under its longer alarm alone).
+    for _ in 0..20 {
         let run = wait.execute(&[], &ExecuteOptions::default()).unwrap();
         run.status.wait_timeout(Duration::from_secs(20)).unwrap();
     }

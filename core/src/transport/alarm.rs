@@ -70,6 +70,16 @@ impl Alarm {
         #[cfg(target_os = "linux")]
         self.timer.disarm();
     }
+
+    /// Does not go off (unless it went off already), and leaves its timer
+    /// set, with no system call: for an alarm armed again and again, whose
+    /// timer then goes off once per its time (a thread woken for nothing)
+    /// rather than being stopped and set for each arming. Its time must be
+    /// long for that to cost less.
+    pub(crate) fn disarm_lazily(&self) {
+        #[cfg(target_os = "linux")]
+        self.timer.disarm_lazily();
+    }
 }
 
 #[cfg(target_os = "linux")]
@@ -324,6 +334,12 @@ mod linux {
                 set(self.fd.as_raw_fd(), Duration::ZERO);
             }
         }
+
+        /// Not due; the timer goes off for nothing when it is set (and
+        /// is not set again then).
+        pub(crate) fn disarm_lazily(&self) {
+            self.shared.due.store(0, Ordering::SeqCst);
+        }
     }
 
     impl Drop for Timer {
@@ -401,6 +417,28 @@ mod tests {
         assert_eq!(other.load(Ordering::SeqCst), 1);
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(count.load(Ordering::SeqCst), 1, "a dropped alarm is silent");
+    }
+
+    #[test]
+    fn an_alarm_disarmed_lazily_stays_silent_and_goes_off_when_armed_again() {
+        let (alarm, count) = counting(Duration::from_millis(30));
+        // Its timer is left set and goes off, for nothing.
+        for _ in 0..5 {
+            alarm.arm();
+            alarm.disarm_lazily();
+        }
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(count.load(Ordering::SeqCst), 0, "disarmed lazily");
+        // Armed again after its timer went off: the timer is set again.
+        alarm.arm();
+        until(&count, 1);
+        assert_eq!(count.load(Ordering::SeqCst), 1, "went off once armed");
+        // Armed, then disarmed lazily before the timer set earlier goes off.
+        alarm.arm();
+        std::thread::sleep(Duration::from_millis(5));
+        alarm.disarm_lazily();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(count.load(Ordering::SeqCst), 1, "silent once disarmed");
     }
 
     #[test]

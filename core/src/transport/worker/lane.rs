@@ -169,6 +169,14 @@ async fn serve_lane(mut admitted: AdmittedStream, shared: Arc<Shared>) {
 /// How long a lane's thread may run programs it took before another thread
 /// takes over reading the lane.
 const TAKEOVER_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+/// Programs that ran for less than this are quick.
+const QUICK: std::time::Duration = std::time::Duration::from_micros(500);
+/// After this many quick runs in a row, a lane's leader runs the next under
+/// its [`BACKSTOP`] alarm.
+const QUICK_STREAK: u32 = 8;
+/// When a leader whose programs have been quick runs one that is not,
+/// another thread takes over this long after it began (see [`Lane`]).
+const BACKSTOP: std::time::Duration = std::time::Duration::from_millis(10);
 /// `Lane::running_since` once another thread took over.
 const TAKEN: u64 = u64::MAX;
 
@@ -182,11 +190,19 @@ const TAKEN: u64 = u64::MAX;
 /// the lane starts: when the leader has run programs for [`TAKEOVER_AFTER`]
 /// (its [`Alarm`] goes off), or at once when a program calls the
 /// controller's host callback, a new thread takes over the reading, and the
-/// old one ends with its programs. Without an alarm (not Linux) the leader
+/// old one ends with its programs. Without alarms (not Linux) the leader
 /// runs nothing: executions go to the executors.
+///
+/// Setting and stopping a timer for every program cost a worker as much
+/// as its reads and writes: once the leader's last [`QUICK_STREAK`]
+/// programs were all [`QUICK`], it runs the next under a second alarm, of
+/// [`BACKSTOP`], which it leaves set when the program ends (a timer that
+/// goes off for nothing once per [`BACKSTOP`] while programs keep coming).
+/// A program that then runs long is taken over from after [`BACKSTOP`],
+/// and the leader's next programs run under the first alarm again.
 struct Lane {
     id: SessionId,
-    alarm: Option<Alarm>,
+    alarms: Option<Alarms>,
     reading: std::sync::Mutex<Reading>,
     /// When the leader began running the programs it took (nanoseconds of
     /// [`now_nanos`], never 0); 0 while it reads; [`TAKEN`] once another
@@ -197,6 +213,16 @@ struct Lane {
     _done: tokio::sync::oneshot::Sender<()>,
     /// Keeps the connection counted by admission while the lane lives.
     _admitted: AdmissionGuard,
+}
+
+/// A lane's alarms: both go off when the leader has run programs for long
+/// (see [`Lane`]).
+struct Alarms {
+    /// Goes off [`TAKEOVER_AFTER`] after the leader began running programs.
+    takeover: Alarm,
+    /// Goes off [`BACKSTOP`] after it began running programs that are
+    /// likely quick.
+    backstop: Alarm,
 }
 
 /// What the leader holds while it reads.
@@ -295,10 +321,13 @@ impl Lane {
     fn lead(self: Arc<Lane>) {
         let Ok(runtime) = runtime() else { return };
         let _runtime = runtime.enter();
+        // Quick runs of this leader in a row.
+        let mut quick = 0u32;
+        let quick_nanos = u64::try_from(QUICK.as_nanos()).unwrap_or(u64::MAX);
         loop {
             let claims = {
                 let mut reading = lock(&self.reading);
-                match reading.next_claims(self.id, self.alarm.is_some()) {
+                match reading.next_claims(self.id, self.alarms.is_some()) {
                     Some(claims) => claims,
                     None => return,
                 }
@@ -306,17 +335,31 @@ impl Lane {
             let started = now_nanos();
             self.running_since
                 .store(started, std::sync::atomic::Ordering::SeqCst);
-            if let Some(alarm) = &self.alarm {
-                alarm.arm();
+            let likely_quick = quick >= QUICK_STREAK;
+            if let Some(alarms) = &self.alarms {
+                if likely_quick {
+                    alarms.backstop.arm();
+                } else {
+                    alarms.takeover.arm();
+                }
             }
             RUNNING.with(|r| *r.borrow_mut() = Some((Arc::downgrade(&self), started)));
             for claim in claims {
                 claim.run();
             }
             RUNNING.with(|r| *r.borrow_mut() = None);
-            if let Some(alarm) = &self.alarm {
-                alarm.disarm();
+            if let Some(alarms) = &self.alarms {
+                if likely_quick {
+                    alarms.backstop.disarm_lazily();
+                } else {
+                    alarms.takeover.disarm();
+                }
             }
+            quick = if now_nanos().saturating_sub(started) < quick_nanos {
+                quick.saturating_add(1)
+            } else {
+                0
+            };
             if self
                 .running_since
                 .compare_exchange(
@@ -333,7 +376,7 @@ impl Lane {
         }
     }
 
-    /// The alarm went off: the leader has run programs for
+    /// An alarm went off: the leader has run programs for at least
     /// [`TAKEOVER_AFTER`] (unless it finished just now, and runs others).
     fn ran_long(self: &Arc<Lane>) {
         let since = self.running_since.load(std::sync::atomic::Ordering::SeqCst);
@@ -414,14 +457,19 @@ fn run_lane(
     });
     let lane = Arc::new_cyclic(|lane: &std::sync::Weak<Lane>| Lane {
         id,
-        alarm: Alarm::new(TAKEOVER_AFTER, {
-            let lane = lane.clone();
-            Arc::new(move || {
-                if let Some(lane) = lane.upgrade() {
-                    lane.ran_long();
-                }
-            })
-        }),
+        alarms: {
+            let ran_long: crate::transport::alarm::Action = {
+                let lane = lane.clone();
+                Arc::new(move || {
+                    if let Some(lane) = lane.upgrade() {
+                        lane.ran_long();
+                    }
+                })
+            };
+            Alarm::new(TAKEOVER_AFTER, ran_long.clone())
+                .zip(Alarm::new(BACKSTOP, ran_long))
+                .map(|(takeover, backstop)| Alarms { takeover, backstop })
+        },
         reading: std::sync::Mutex::new(Reading {
             frames: FrameReader::new(socket, MAX_FRAME_BYTES),
             control,
