@@ -908,6 +908,100 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
     });
 }
 
+/// An execution whose inputs do not fit its executable (a shard of another
+/// shape or type, too few or too many, an output handle twice) is refused,
+/// typed; a good one after it still runs.
+#[test]
+fn an_execution_with_inputs_that_do_not_fit_is_refused() {
+    use colocated_core::transport::proto::{
+        control_request::Op, ControlRequest, ExecuteRequest, PutSmallBufferRequest,
+    };
+    use colocated_core::transport::SMALL_PUT_VERSION;
+
+    let (worker, token, _log) = worker_with_add_one();
+    block_on(async {
+        let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
+        let mut rpc = session.rpc.clone();
+        let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut answers = rpc
+            .control(session.authed(stream))
+            .await
+            .unwrap()
+            .into_inner();
+        let send = |seq, op| ops.send(ControlRequest { seq, op: Some(op) }).unwrap();
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(10), answers.message())
+                .await
+                .expect("an answer")
+                .unwrap()
+                .unwrap()
+        };
+        let put = |handle, dtype, dims: &[i64], data: Vec<u8>| {
+            Op::PutSmallBuffer(PutSmallBufferRequest {
+                handle,
+                spec: Some(spec(0, dtype, dims)),
+                data: data.into(),
+            })
+        };
+        let execute = |inputs: Vec<u64>, outputs: Vec<u64>| {
+            Op::Execute(ExecuteRequest {
+                executable: 1,
+                inputs,
+                outputs,
+                stream: 1,
+            })
+        };
+        send(
+            1,
+            put(10, DType::I32, &[4], i32_bytes(&[1, 2, 3, 4]).to_vec()),
+        );
+        send(2, put(11, DType::I32, &[2], i32_bytes(&[1, 2]).to_vec()));
+        send(3, put(12, DType::F32, &[4], vec![0; 16]));
+        let refusals = [
+            (execute(vec![11], vec![20]), "must be int32[4]"),
+            (execute(vec![12], vec![21]), "got float32[4]"),
+            (
+                execute(vec![], vec![22]),
+                "takes 1 input shards, 0 were given",
+            ),
+            (
+                execute(vec![10, 10], vec![23]),
+                "takes 1 input shards, 2 were given",
+            ),
+            (execute(vec![10], vec![24, 24]), "given twice"),
+        ];
+        let count = refusals.len() as u64;
+        for (i, (op, says)) in refusals.into_iter().enumerate() {
+            let seq = 4 + i as u64;
+            send(seq, op);
+            let answer = loop {
+                let answer = next().await;
+                if answer.seq == seq {
+                    break answer;
+                }
+            };
+            assert_eq!(
+                answer.code,
+                ErrorCode::InvalidArgument as u32,
+                "operation {seq}: {}",
+                answer.message
+            );
+            assert!(answer.message.contains(says), "{}", answer.message);
+        }
+        let seq = 4 + count;
+        send(seq, execute(vec![10], vec![25]));
+        let finished = loop {
+            let answer = next().await;
+            if answer.seq == seq && answer.finished {
+                break answer;
+            }
+        };
+        assert_eq!(finished.code, 0, "{}", finished.message);
+        assert_eq!(finished.data.to_vec(), i32_bytes(&[2, 3, 4, 5]).to_vec());
+    });
+}
+
 /// A session opened with a raw gRPC client at protocol `version` (which the
 /// worker must choose), with the `add_one` executable loaded as handle 1:
 /// for requests as a controller of that version sends them.

@@ -208,16 +208,105 @@ impl LoadedExecutable {
         self.execute_with(args, options, false)
     }
 
-    /// [`execute`](Self::execute) for a caller that will not wait on the
-    /// execution in this process (a worker serving a controller): executor
-    /// threads take it at once, instead of a waiting thread getting the first
-    /// chance to run it.
-    pub(crate) fn execute_detached(
+    /// Runs the program with its inputs given shard by shard (`shards`:
+    /// each input's shards in the order of its sharding's devices, one input
+    /// after another), for a caller that will not wait on the execution in
+    /// this process (a worker serving a controller): executor threads take
+    /// it at once, instead of a waiting thread getting the first chance to
+    /// run it. Returns the output shards, in the same order, and the status.
+    ///
+    /// A program whose one host holds every shard (what a worker loads) runs
+    /// with no arrays assembled for its inputs or made for its outputs; any
+    /// other goes through [`execute`](Self::execute)'s path.
+    pub(crate) fn execute_shards(
         &self,
-        args: &[Array],
-        options: &ExecuteOptions,
-    ) -> Result<Execution> {
-        self.execute_with(args, options, true)
+        shards: Vec<Buffer>,
+        stream: Stream,
+    ) -> Result<(Vec<Buffer>, Event)> {
+        let program = &self.0.program;
+        let count = |specs: &[ArraySpec]| -> usize {
+            specs.iter().map(|s| s.sharding.devices().len()).sum()
+        };
+        let expected = count(&program.input_specs);
+        if shards.len() != expected {
+            return Err(Error::invalid_argument(format!(
+                "{} takes {expected} input shards, {} were given",
+                self.name(),
+                shards.len()
+            )));
+        }
+        let whole = |positions: &[Vec<usize>], specs: &[ArraySpec]| {
+            positions.len() == specs.len()
+                && positions.iter().zip(specs).all(|(positions, spec)| {
+                    positions.len() == spec.sharding.devices().len()
+                        && positions.iter().enumerate().all(|(k, &p)| k == p)
+                })
+        };
+        let one_host = matches!(&self.0.hosts[..], [plan]
+            if plan.host_specs.is_none()
+                && whole(&plan.input_positions, &program.input_specs)
+                && whole(&plan.output_positions, &program.output_specs));
+        if !one_host {
+            return self.execute_shards_as_arrays(shards, stream);
+        }
+        let mut at = 0;
+        for (i, spec) in program.input_specs.iter().enumerate() {
+            let devices = spec.sharding.devices();
+            let dims = spec.sharding.shard_shape(&spec.shape)?;
+            for (k, (b, device)) in shards[at..at + devices.len()]
+                .iter()
+                .zip(devices)
+                .enumerate()
+            {
+                b.check_live()
+                    .map_err(|e| e.context(format!("argument {i}")))?;
+                if b.device() != device || b.dtype() != spec.dtype || b.dims() != dims.as_slice() {
+                    return Err(Error::invalid_argument(format!(
+                        "shard {k} of argument {i} must be {}{dims:?} on {device}, got {}{:?} on {}",
+                        spec.dtype.name(),
+                        b.dtype().name(),
+                        b.dims(),
+                        b.device()
+                    )));
+                }
+            }
+            at += devices.len();
+        }
+        self.0.client.check_stream(&stream)?;
+        let (outputs, status, task) = self.prepare(0, shards, None, &stream);
+        if let Some(mut task) = task {
+            task.waiter_first = false;
+            self.enqueue(&stream, task);
+        }
+        Ok((outputs, status))
+    }
+
+    /// [`execute_shards`](Self::execute_shards) through arrays.
+    fn execute_shards_as_arrays(
+        &self,
+        shards: Vec<Buffer>,
+        stream: Stream,
+    ) -> Result<(Vec<Buffer>, Event)> {
+        let mut args = Vec::with_capacity(self.0.program.input_specs.len());
+        let mut at = 0;
+        for spec in &self.0.program.input_specs {
+            let n = spec.sharding.devices().len();
+            args.push(Array::assemble(spec.clone(), shards[at..at + n].to_vec())?);
+            at += n;
+        }
+        let run = self.execute_with(
+            &args,
+            &ExecuteOptions {
+                stream: Some(stream),
+            },
+            true,
+        )?;
+        let outputs = run
+            .outputs
+            .iter()
+            .flat_map(|a| a.buffers().iter().cloned())
+            .collect();
+        Ok((outputs, run.status))
     }
 
     fn execute_with(

@@ -9,12 +9,10 @@ use bytes::Bytes;
 use super::copies::Answers;
 use super::service::Service;
 use super::{lock, Session, Shared};
-use crate::array::Array;
 use crate::buffer::Buffer;
 use crate::compiler::CompileOptions;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::executable::ExecuteOptions;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 use crate::transport::buffers::{buffer_owning, check_fixed_size_spec};
@@ -143,27 +141,8 @@ impl Service {
                 .clone();
             Ok((exe, inputs, stream))
         })?;
-        let program = exe.program();
-        let mut args = Vec::with_capacity(program.input_specs.len());
-        let mut at = 0;
-        for spec in &program.input_specs {
-            let n = spec.sharding.devices().len();
-            let shards = inputs.get(at..at + n).ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "{} input buffers given but the executable takes more",
-                    inputs.len()
-                ))
-            })?;
-            args.push(Array::assemble(spec.clone(), shards.to_vec())?);
-            at += n;
-        }
-        if at != inputs.len() {
-            return Err(Error::invalid_argument(format!(
-                "{} input buffers given but the executable takes {at}",
-                inputs.len()
-            )));
-        }
-        let made: usize = program
+        let made: usize = exe
+            .program()
             .output_specs
             .iter()
             .map(|s| s.sharding.devices().len())
@@ -175,17 +154,7 @@ impl Service {
             )));
         }
         // Nobody waits here: the executors take it at once.
-        let run = exe.execute_detached(
-            &args,
-            &ExecuteOptions {
-                stream: Some(stream),
-            },
-        )?;
-        let buffers: Vec<Buffer> = run
-            .outputs
-            .iter()
-            .flat_map(|a| a.buffers().iter().cloned())
-            .collect();
+        let (buffers, status) = exe.execute_shards(inputs, stream)?;
         self.with_session(id, |session| {
             check_new_handles(session, &request.outputs)?;
             session
@@ -193,7 +162,7 @@ impl Service {
                 .extend(request.outputs.iter().copied().zip(buffers.iter().cloned()));
             Ok(())
         })?;
-        Ok((run.status, buffers))
+        Ok((status, buffers))
     }
 
     /// Makes a buffer of the session from the bytes of a
@@ -340,9 +309,16 @@ impl Service {
 
 /// Refuses output handles that repeat or that a buffer of the session has.
 pub(super) fn check_new_handles(session: &Session, handles: &[u64]) -> Result<()> {
-    let mut seen = std::collections::HashSet::with_capacity(handles.len());
-    for &h in handles {
-        if !seen.insert(h) {
+    // A few handles (the common case) are compared with each other; many
+    // go through a set.
+    let mut seen = std::collections::HashSet::new();
+    for (i, &h) in handles.iter().enumerate() {
+        let repeated = if handles.len() <= 16 {
+            handles[..i].contains(&h)
+        } else {
+            !seen.insert(h)
+        };
+        if repeated {
             return Err(Error::invalid_argument(format!(
                 "output handle {h} is given twice"
             )));
