@@ -176,7 +176,7 @@ const QUICK: std::time::Duration = std::time::Duration::from_micros(500);
 const QUICK_STREAK: u32 = 8;
 /// When a leader whose programs have been quick runs one that is not,
 /// another thread takes over this long after it began (see [`Lane`]).
-const BACKSTOP: std::time::Duration = std::time::Duration::from_millis(10);
+const BACKSTOP: std::time::Duration = std::time::Duration::from_millis(50);
 /// `Lane::running_since` once another thread took over.
 const TAKEN: u64 = u64::MAX;
 
