@@ -829,36 +829,20 @@ fn a_read_grant_is_answered_at_once_whatever_follows_it() {
 /// execution sent right behind it uses it; a bad one is refused, typed.
 #[test]
 fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
-    use colocated_core::transport::proto::{
-        control_request::Op, ControlRequest, ExecuteRequest, PutSmallBufferRequest,
-    };
+    use colocated_core::transport::proto::{control_request::Op, ExecuteRequest};
     use colocated_core::transport::{MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION};
 
     let (worker, token, _log) = worker_with_add_one();
     block_on(async {
         let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
-        let mut rpc = session.rpc.clone();
-        let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
-        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
-        let mut answers = rpc
-            .control(session.authed(stream))
-            .await
-            .unwrap()
-            .into_inner();
-        let put = |handle, dtype, dims: &[i64], data: Vec<u8>| {
-            Op::PutSmallBuffer(PutSmallBufferRequest {
-                handle,
-                spec: Some(spec(0, dtype, dims)),
-                data: data.into(),
-            })
-        };
-        let send = |seq, op| ops.send(ControlRequest { seq, op: Some(op) }).unwrap();
+        let mut control = session.control().await;
+        let put = put_small;
         // The upload and the execution that uses it, back to back.
-        send(
+        control.send(
             1,
             put(10, DType::I32, &[4], i32_bytes(&[1, 2, 3, 4]).to_vec()),
         );
-        send(
+        control.send(
             2,
             Op::Execute(ExecuteRequest {
                 executable: 1,
@@ -867,15 +851,8 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
                 stream: 1,
             }),
         );
-        let mut next = async || {
-            tokio::time::timeout(Duration::from_secs(10), answers.message())
-                .await
-                .expect("an answer")
-                .unwrap()
-                .unwrap()
-        };
         let finished = loop {
-            let answer = next().await;
+            let answer = control.next().await;
             assert_eq!(answer.code, 0, "{}", answer.message);
             if answer.finished {
                 break answer;
@@ -894,9 +871,9 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
         ];
         for (i, (op, says)) in refusals.into_iter().enumerate() {
             let seq = 3 + i as u64;
-            send(seq, op);
+            control.send(seq, op);
             let answer = loop {
-                let answer = next().await;
+                let answer = control.next().await;
                 if answer.seq == seq {
                     break answer;
                 }
@@ -913,37 +890,14 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
 /// typed; a good one after it still runs.
 #[test]
 fn an_execution_with_inputs_that_do_not_fit_is_refused() {
-    use colocated_core::transport::proto::{
-        control_request::Op, ControlRequest, ExecuteRequest, PutSmallBufferRequest,
-    };
+    use colocated_core::transport::proto::{control_request::Op, ExecuteRequest};
     use colocated_core::transport::SMALL_PUT_VERSION;
 
     let (worker, token, _log) = worker_with_add_one();
     block_on(async {
         let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
-        let mut rpc = session.rpc.clone();
-        let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
-        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
-        let mut answers = rpc
-            .control(session.authed(stream))
-            .await
-            .unwrap()
-            .into_inner();
-        let send = |seq, op| ops.send(ControlRequest { seq, op: Some(op) }).unwrap();
-        let mut next = async || {
-            tokio::time::timeout(Duration::from_secs(10), answers.message())
-                .await
-                .expect("an answer")
-                .unwrap()
-                .unwrap()
-        };
-        let put = |handle, dtype, dims: &[i64], data: Vec<u8>| {
-            Op::PutSmallBuffer(PutSmallBufferRequest {
-                handle,
-                spec: Some(spec(0, dtype, dims)),
-                data: data.into(),
-            })
-        };
+        let mut control = session.control().await;
+        let put = put_small;
         let execute = |inputs: Vec<u64>, outputs: Vec<u64>| {
             Op::Execute(ExecuteRequest {
                 executable: 1,
@@ -952,12 +906,12 @@ fn an_execution_with_inputs_that_do_not_fit_is_refused() {
                 stream: 1,
             })
         };
-        send(
+        control.send(
             1,
             put(10, DType::I32, &[4], i32_bytes(&[1, 2, 3, 4]).to_vec()),
         );
-        send(2, put(11, DType::I32, &[2], i32_bytes(&[1, 2]).to_vec()));
-        send(3, put(12, DType::F32, &[4], vec![0; 16]));
+        control.send(2, put(11, DType::I32, &[2], i32_bytes(&[1, 2]).to_vec()));
+        control.send(3, put(12, DType::F32, &[4], vec![0; 16]));
         let refusals = [
             (execute(vec![11], vec![20]), "must be int32[4]"),
             (execute(vec![12], vec![21]), "got float32[4]"),
@@ -974,9 +928,9 @@ fn an_execution_with_inputs_that_do_not_fit_is_refused() {
         let count = refusals.len() as u64;
         for (i, (op, says)) in refusals.into_iter().enumerate() {
             let seq = 4 + i as u64;
-            send(seq, op);
+            control.send(seq, op);
             let answer = loop {
-                let answer = next().await;
+                let answer = control.next().await;
                 if answer.seq == seq {
                     break answer;
                 }
@@ -990,9 +944,9 @@ fn an_execution_with_inputs_that_do_not_fit_is_refused() {
             assert!(answer.message.contains(says), "{}", answer.message);
         }
         let seq = 4 + count;
-        send(seq, execute(vec![10], vec![25]));
+        control.send(seq, execute(vec![10], vec![25]));
         let finished = loop {
-            let answer = next().await;
+            let answer = control.next().await;
             if answer.seq == seq && answer.finished {
                 break answer;
             }
@@ -1077,6 +1031,58 @@ impl RawSession {
         metadata.insert(SESSION, self.id.parse().unwrap());
         request
     }
+
+    /// The session's control stream.
+    async fn control(&self) -> RawControl {
+        let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let answers = self
+            .rpc
+            .clone()
+            .control(self.authed(stream))
+            .await
+            .unwrap()
+            .into_inner();
+        RawControl { ops, answers }
+    }
+}
+
+/// A control stream opened by hand.
+struct RawControl {
+    ops: tokio::sync::mpsc::UnboundedSender<colocated_core::transport::proto::ControlRequest>,
+    answers: tonic::Streaming<colocated_core::transport::proto::ControlResponse>,
+}
+
+impl RawControl {
+    /// Sends operation `seq`.
+    fn send(&self, seq: u64, op: colocated_core::transport::proto::control_request::Op) {
+        let request = colocated_core::transport::proto::ControlRequest { seq, op: Some(op) };
+        self.ops.send(request).unwrap();
+    }
+
+    /// The next answer (within ten seconds).
+    async fn next(&mut self) -> colocated_core::transport::proto::ControlResponse {
+        tokio::time::timeout(Duration::from_secs(10), self.answers.message())
+            .await
+            .expect("an answer")
+            .unwrap()
+            .unwrap()
+    }
+}
+
+/// A small upload on the control stream: buffer `handle` of `data`.
+fn put_small(
+    handle: u64,
+    dtype: DType,
+    dims: &[i64],
+    data: Vec<u8>,
+) -> colocated_core::transport::proto::control_request::Op {
+    use colocated_core::transport::proto::{control_request::Op, PutSmallBufferRequest};
+    Op::PutSmallBuffer(PutSmallBufferRequest {
+        handle,
+        spec: Some(spec(0, dtype, dims)),
+        data: data.into(),
+    })
 }
 
 /// Opens a lane by hand: sends `opening` (the magic bytes and a hello, or
