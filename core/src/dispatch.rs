@@ -153,7 +153,7 @@ thread_local! {
     static STREAM_OVERRIDES: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
     /// Streams this thread claimed for tasks it submitted, to run them later
     /// (see [`claim_idle_tasks`]); `None` when it claims none.
-    static CLAIMS: RefCell<Option<Vec<Claimed>>> = const { RefCell::new(None) };
+    static CLAIMS: RefCell<Option<Claims>> = const { RefCell::new(None) };
 }
 
 /// A stream that this thread claimed for one task it submitted (see
@@ -179,14 +179,17 @@ impl Drop for Claimed {
     }
 }
 
+/// Tasks a thread claimed: mostly one, kept inline.
+pub(crate) type Claims = smallvec::SmallVec<[Claimed; 1]>;
+
 /// Runs `f`. Tasks it submits on idle streams (nothing queued or running
 /// there, dependencies ready, not left to a waiter) are claimed for this
 /// thread instead of woken executors: they are returned, to run on this
 /// thread once it is done with what it holds (a thread that reads a worker's
 /// operations from a connection runs a quick program itself, and answers
 /// from there, with no hand-off to an executor).
-pub(crate) fn claim_idle_tasks<R>(f: impl FnOnce() -> R) -> (R, Vec<Claimed>) {
-    let outer = CLAIMS.with(|c| c.borrow_mut().replace(Vec::new()));
+pub(crate) fn claim_idle_tasks<R>(f: impl FnOnce() -> R) -> (R, Claims) {
+    let outer = CLAIMS.with(|c| c.borrow_mut().replace(Claims::new()));
     let result = f();
     let claimed = CLAIMS.with(|c| std::mem::replace(&mut *c.borrow_mut(), outer));
     (result, claimed.unwrap_or_default())

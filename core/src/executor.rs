@@ -438,7 +438,7 @@ pub struct ExecutionContext<'a> {
     pub(crate) inputs: &'a [Buffer],
     pub(crate) input_counts: &'a [usize],
     pub(crate) output_shards: &'a [OutputShard],
-    pub(crate) outputs: Vec<Option<Buffer>>,
+    pub(crate) outputs: smallvec::SmallVec<[Option<Buffer>; 2]>,
     pub(crate) callbacks: &'a [LoadedHostCallback],
     pub(crate) session: SessionKey,
     /// Set while a colocated discovery run takes the program's outputs.

@@ -26,6 +26,8 @@ type Callback = Box<dyn FnOnce(Result<()>) + Send>;
 /// A callback, and whether it came from outside the crate (see
 /// [`Event::on_ready`]).
 type Registered = (Callback, bool);
+/// An event's callbacks.
+type Callbacks = smallvec::SmallVec<[Registered; 1]>;
 
 /// Something that can make progress on the work that fulfils an event, on the
 /// waiting thread (the dispatcher runs a not-yet-started call inline, in order).
@@ -44,7 +46,9 @@ struct Inner {
     /// does `set` pay the system call that wakes it.
     sleeping: AtomicBool,
     error: OnceLock<Error>,
-    callbacks: Mutex<Vec<Registered>>,
+    /// One inline: most events get at most one callback, and it costs no
+    /// allocation then.
+    callbacks: Mutex<Callbacks>,
     cond: Condvar,
     helper: OnceLock<Weak<dyn Helper>>,
     /// The waker of the task polling this event (`.await`), registered once.
@@ -168,7 +172,7 @@ impl Event {
             has_waiters: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             error: OnceLock::new(),
-            callbacks: Mutex::new(Vec::new()),
+            callbacks: Mutex::new(Callbacks::new()),
             cond: Condvar::new(),
             helper: OnceLock::new(),
             waker: OnceLock::new(),
@@ -453,7 +457,7 @@ impl Event {
         let _ = self.0.helper.set(helper);
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Registered>> {
+    fn lock(&self) -> MutexGuard<'_, Callbacks> {
         self.0.callbacks.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

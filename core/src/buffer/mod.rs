@@ -221,7 +221,8 @@ pub(crate) struct BufferInner {
     device: Device,
     memory_space: MemorySpace,
     dtype: DType,
-    dims: Box<[i64]>,
+    /// Inline up to rank 4 (no allocation of their own).
+    dims: smallvec::SmallVec<[i64; 4]>,
     ready: Event,
     data: Mutex<Slot>,
     life: AtomicUsize,
@@ -539,7 +540,7 @@ impl Buffer {
             device,
             memory_space,
             dtype,
-            dims: dims.into(),
+            dims: smallvec::SmallVec::from_slice(dims),
             ready,
             data: Mutex::new(Slot::Pending(None, None)),
             life: AtomicUsize::new(0),

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::host::{HostRun, Part};
 use super::LoadedExecutable;
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::executor::{ExecutionContext, LoadedProgram, SessionKey};
 use crate::future::Event;
@@ -47,7 +48,7 @@ fn run_here(
         .iter()
         .enumerate()
         .map(|(i, b)| b.view().map_err(|e| e.context(format!("input shard {i}"))))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<smallvec::SmallVec<[Buffer; 4]>>>()?;
     let program_specs = &exe.0.program;
     let (host_inputs, host_outputs) = match host_specs {
         Some(specs) => (&specs.inputs[..], &specs.outputs[..]),
@@ -77,7 +78,7 @@ fn run_here(
         inputs: &views,
         input_counts,
         output_shards: shards,
-        outputs: vec![None; shards.len()],
+        outputs: smallvec::smallvec![None; shards.len()],
         callbacks: &exe.0.callbacks,
         session,
         discovery: None,

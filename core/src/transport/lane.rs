@@ -285,23 +285,24 @@ impl LaneSender {
         message: &impl Message,
         pipelining: bool,
     ) -> bool {
-        let mut bytes = Vec::new();
-        encode_frame(message, &mut bytes);
-        self.send(bytes, pipelining)
+        with_frame_buffer(|bytes| {
+            encode_frame(message, bytes);
+            self.send(bytes, pipelining)
+        })
     }
 
     /// Sends `bytes` (whole frames), queued when `pipelining`; false once
     /// the lane broke.
-    pub(crate) fn send(self: &std::sync::Arc<Self>, bytes: Vec<u8>, pipelining: bool) -> bool {
+    pub(crate) fn send(self: &std::sync::Arc<Self>, bytes: &[u8], pipelining: bool) -> bool {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if !pipelining && !queue.writing && queue.bytes.is_empty() {
             drop(queue);
-            return self.writer.send_bytes(&bytes).is_ok();
+            return self.writer.send_bytes(bytes).is_ok();
         }
         if self.writer.is_broken() {
             return false;
         }
-        queue.bytes.extend_from_slice(&bytes);
+        queue.bytes.extend_from_slice(bytes);
         if queue.writing {
             return true;
         }
@@ -347,6 +348,32 @@ impl LaneSender {
     pub(crate) fn close(&self) {
         self.writer.close();
     }
+}
+
+thread_local! {
+    /// This thread's buffer for the frames it writes (see
+    /// [`with_frame_buffer`]).
+    static FRAMES: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The most bytes a thread's frame buffer keeps between messages.
+const KEPT_FRAME_BYTES: usize = 64 << 10;
+
+/// Runs `f` with this thread's buffer for encoding frames, empty: a message
+/// costs no allocation of its own (a fresh buffer when `f` sends another
+/// message meanwhile).
+pub(crate) fn with_frame_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    FRAMES.with(|frames| match frames.try_borrow_mut() {
+        Ok(mut bytes) => {
+            bytes.clear();
+            let result = f(&mut bytes);
+            if bytes.capacity() > KEPT_FRAME_BYTES {
+                *bytes = Vec::new();
+            }
+            result
+        }
+        Err(_) => f(&mut Vec::new()),
+    })
 }
 
 /// The opening of a lane for session `session_id` with `token`: the magic

@@ -15,7 +15,7 @@ use super::host_calls::run_host_callback;
 use super::{lock, Completion, Inner, Progress, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
-use crate::transport::lane::{encode_frame, LaneSender, LaneWriter};
+use crate::transport::lane::{encode_frame, with_frame_buffer, LaneSender, LaneWriter};
 use crate::transport::lane_reader::{read_lane_answers, Handlers};
 use crate::transport::proto::{
     control_request, BufferSpec, ControlRequest, ControlResponse, DeleteBuffersRequest,
@@ -72,17 +72,16 @@ impl Sink {
     fn send(&self, outgoing: Outgoing, pipelining: bool) -> bool {
         match self {
             Sink::Stream(tx) => tx.send(outgoing).is_ok(),
-            Sink::Lane(lane) => {
-                let mut bytes = Vec::new();
+            Sink::Lane(lane) => with_frame_buffer(|bytes| {
                 match &outgoing {
-                    Outgoing::One(request) => encode_frame(request, &mut bytes),
+                    Outgoing::One(request) => encode_frame(request, bytes),
                     Outgoing::Two(first, second) => {
-                        encode_frame(first, &mut bytes);
-                        encode_frame(second, &mut bytes);
+                        encode_frame(first, bytes);
+                        encode_frame(second, bytes);
                     }
                 }
                 lane.send(bytes, pipelining)
-            }
+            }),
         }
     }
 }

@@ -13,7 +13,7 @@ use super::control::ControlLoop;
 use super::service::Service;
 use super::sessions::unknown_session;
 use super::{lock, Shared};
-use crate::dispatch::{claim_idle_tasks, Claimed};
+use crate::dispatch::{claim_idle_tasks, Claims};
 use crate::error::{Error, Result};
 use crate::transport::admission::{AdmissionGuard, AdmittedStream, Incoming};
 use crate::transport::alarm::Alarm;
@@ -257,7 +257,7 @@ thread_local! {
 impl Reading {
     /// Reads and takes operations until one leaves programs for this thread
     /// to run; `None` once the lane ended.
-    fn next_claims(&mut self, id: SessionId, claim: bool) -> Option<Vec<Claimed>> {
+    fn next_claims(&mut self, id: SessionId, claim: bool) -> Option<Claims> {
         if self.ended {
             return None;
         }
@@ -288,7 +288,7 @@ impl Reading {
             // operations that arrive together (on several streams) go to
             // the executors, which run them side by side.
             let (alive, claims) = if !claim || self.frames.has_message() {
-                (self.control.take(op), Vec::new())
+                (self.control.take(op), Claims::new())
             } else {
                 claim_idle_tasks(|| self.control.take(op))
             };
