@@ -9,7 +9,7 @@
 //! (ending sessions, reaping silent ones).
 
 use crate::transport::lock;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -137,7 +137,9 @@ pub struct Worker {
 pub(super) struct Shared {
     token: Option<Token>,
     client: Client,
-    sessions: Mutex<HashMap<SessionId, Session>>,
+    /// Looked up on every operation: a fast hash (the keys are random, or
+    /// come from authenticated controllers).
+    sessions: Mutex<FxHashMap<SessionId, Session>>,
     heartbeat_interval: Duration,
     session_timeout: Duration,
     admission: Arc<Admission>,
@@ -179,12 +181,13 @@ struct Session {
     /// The protocol version negotiated for the session.
     version: u32,
     client_name: String,
-    /// The session's buffers, by the handles its controller gave them.
-    buffers: HashMap<u64, Buffer>,
+    /// The session's buffers, by the handles its controller gave them
+    /// (a fast hash: the controller that chooses them is authenticated).
+    buffers: FxHashMap<u64, Buffer>,
     /// The session's loaded executables, by handle.
-    executables: HashMap<u64, LoadedExecutable>,
+    executables: FxHashMap<u64, LoadedExecutable>,
     /// The worker's stream for each stream of the controller.
-    streams: HashMap<u64, Stream>,
+    streams: FxHashMap<u64, Stream>,
     /// Dropped with the session: its control stream ends then.
     ended: tokio::sync::watch::Sender<()>,
     /// Calls of the controller's host callbacks by programs of the session.
@@ -224,7 +227,7 @@ impl Worker {
         let shared = Arc::new(Shared {
             token: options.token,
             client,
-            sessions: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(FxHashMap::default()),
             heartbeat_interval: options.heartbeat_interval,
             session_timeout: options.session_timeout,
             admission: Admission::new(options.handshake_timeout),

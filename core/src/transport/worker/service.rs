@@ -2,7 +2,7 @@
 //! session, opening sessions (or redirecting them to a session worker), and
 //! the generated service's RPCs, which call the other parts of the worker.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -313,9 +313,9 @@ impl WorkerRpc for Service {
                 last_seen: Instant::now(),
                 version,
                 client_name,
-                buffers: HashMap::new(),
-                executables: HashMap::new(),
-                streams: HashMap::new(),
+                buffers: FxHashMap::default(),
+                executables: FxHashMap::default(),
+                streams: FxHashMap::default(),
                 ended: tokio::sync::watch::channel(()).0,
                 calls: PendingCalls::default(),
                 scope: Arc::new(SessionScope::new()),
