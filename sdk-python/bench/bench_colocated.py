@@ -75,14 +75,11 @@ def jax_baseline() -> float | None:
     return _median_us(lambda: jax.block_until_ready(add_one(x)))
 
 
-def _tcp_ping_pong_us(n: int = 2000, peers: int = 1) -> float:
-    """Median round trip of one byte over loopback TCP to ``peers`` other
-    processes at once (one byte to each, then every byte back)."""
-    import socket
-    import subprocess
-    import sys
+class TcpEchoes:
+    """``peers`` echo processes on loopback TCP: ``ping()`` sends one byte to
+    each, then reads every byte back."""
 
-    echo = (
+    _ECHO = (
         "import socket,sys\n"
         "s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1)\n"
         "print(s.getsockname()[1], flush=True)\n"
@@ -92,29 +89,50 @@ def _tcp_ping_pong_us(n: int = 2000, peers: int = 1) -> float:
         "    if not b: break\n"
         "    c.sendall(b)\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", echo], stdout=subprocess.PIPE, text=True) for _ in range(peers)]
-    try:
-        socks = []
-        for proc in procs:
-            sock = socket.create_connection(("127.0.0.1", int(proc.stdout.readline())))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            socks.append(sock)
 
-        def ping() -> None:
-            for sock in socks:
-                sock.sendall(b"x")
-            for sock in socks:
-                sock.recv(1)
+    def __init__(self, peers: int = 1):
+        self._peers = peers
 
-        ping()
-        result = _median_us(ping, n=n)
-        for sock in socks:
+    def __enter__(self):
+        import socket
+        import subprocess
+        import sys
+
+        self._procs = [
+            subprocess.Popen([sys.executable, "-c", self._ECHO], stdout=subprocess.PIPE, text=True)
+            for _ in range(self._peers)
+        ]
+        try:
+            self._socks = []
+            for proc in self._procs:
+                sock = socket.create_connection(("127.0.0.1", int(proc.stdout.readline())))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._socks.append(sock)
+            self.ping()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def ping(self) -> None:
+        for sock in self._socks:
+            sock.sendall(b"x")
+        for sock in self._socks:
+            sock.recv(1)
+
+    def __exit__(self, *exc):
+        for sock in getattr(self, "_socks", []):
             sock.close()
-        return result
-    finally:
-        for proc in procs:
+        for proc in self._procs:
             proc.kill()
             proc.wait()
+
+
+def _tcp_ping_pong_us(n: int = 2000, peers: int = 1) -> float:
+    """Median round trip of one byte over loopback TCP to ``peers`` other
+    processes at once (one byte to each, then every byte back)."""
+    with TcpEchoes(peers) as echoes:
+        return _median_us(echoes.ping, n=n)
 
 
 def main() -> None:

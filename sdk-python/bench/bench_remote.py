@@ -22,7 +22,7 @@ Measures (medians of repeated runs):
   warm memory of the whole size), reported as the median of the runs' ratios;
 - a call over an array sharded across 8 workers (one CPU device each) +
   ``block_until_ready``, against a raw TCP fan-out: one byte to 8 echo
-  processes and back.
+  processes and back, the two taking turns, 20 calls at a time.
 
 Targets (issues 4 and 16): round trip <= 3x TCP (with a read of the value
 <= 4x); >= 5x faster than Ray; >= 20k
@@ -47,7 +47,7 @@ import numpy as np
 import colocated
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_colocated import _median_us, _tcp_ping_pong_us
+from bench_colocated import TcpEchoes, _median_us, _tcp_ping_pong_us
 
 BULK_BYTES = 256 << 20
 
@@ -176,9 +176,11 @@ def first_puts(address: str, token_file: str, tcp_warm, tcp_fresh, runs: int = 3
     }
 
 
-def fan_out_us(addresses: list[str], token_file: str) -> float:
+def fan_out_us(addresses: list[str], token_file: str, rounds: int = 20, calls: int = 20) -> tuple[float, float]:
     """Median call + block of ``x + 1`` over an array sharded across every
-    worker of ``addresses``."""
+    worker of ``addresses``, and the median raw TCP fan-out to as many echo
+    processes, measured in turns (``calls`` of each per round) so that both
+    see the same drift of the machine's load."""
     client = colocated.connect(addresses, token_file=token_file)
     devices = client.devices()
     mesh = colocated.Mesh(devices, ["x"])
@@ -189,9 +191,19 @@ def fan_out_us(addresses: list[str], token_file: str) -> float:
         return x + 1
 
     colocated.block_until_ready(add_one(x))
-    result = _median_us(lambda: colocated.block_until_ready(add_one(x)), n=200)
+    ours_, tcps = [], []
+    with TcpEchoes(len(devices)) as echoes:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(calls):
+                colocated.block_until_ready(add_one(x))
+            ours_.append((time.perf_counter() - start) / calls * 1e6)
+            start = time.perf_counter()
+            for _ in range(calls):
+                echoes.ping()
+            tcps.append((time.perf_counter() - start) / calls * 1e6)
     client.close()
-    return result
+    return statistics.median(ours_), statistics.median(tcps)
 
 
 class TcpThroughput:
@@ -289,14 +301,13 @@ def main() -> None:
             with TcpThroughput() as tcp_bulk, TcpThroughput(fresh=True) as tcp_fresh:
                 figures = ours(addresses, token_file, tcp_bulk.send)
                 figures.update(first_puts(addresses[2], token_file, tcp_bulk.send, tcp_fresh.send))
-            fan_out = fan_out_us(addresses, token_file)
+            fan_out, tcp_fan = fan_out_us(addresses, token_file)
         finally:
             for proc, _ in workers:
                 proc.terminate()
             for proc, _ in workers:
                 proc.wait()
     tcp = _tcp_ping_pong_us()
-    tcp_fan = _tcp_ping_pong_us(n=500, peers=FAN_OUT)
     ray_us = ray_actor_call_us()
 
     print(f"== remote: Python worker processes on loopback (1 CPU device each; {FAN_OUT} for the fan-out) ==")
