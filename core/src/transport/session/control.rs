@@ -36,16 +36,22 @@ struct ControlSender {
     /// The `seq` of the last operation sent.
     sent: u64,
     /// Buffers to delete: the deletion goes out with the next operation, or
-    /// [`DEFER`] after the first of them when none follows.
+    /// alone when none follows in time (see [`ControlSender::defer_for`]).
     deferred: Vec<u64>,
     /// When the first of `deferred` was deferred.
     deferred_since: Option<Instant>,
     /// Whether the process's deletion timer looks at this stream.
     timed: bool,
+    /// When the last operation went out, and how long after the one before.
+    last_sent: Option<Instant>,
+    gap: Duration,
 }
 
-/// How long a deletion waits for an operation to go out with.
+/// How long a deletion waits at least for an operation to go out with.
 const DEFER: Duration = Duration::from_millis(5);
+/// How long a deletion waits at most: on a stream whose operations come
+/// further apart, it goes out alone after this.
+const MAX_DEFER: Duration = Duration::from_millis(50);
 /// Handles a deletion that waits may gather before it goes out alone.
 const MAX_DEFERRED: usize = 4096;
 
@@ -154,6 +160,8 @@ impl Control {
                 deferred: Vec::new(),
                 deferred_since: None,
                 timed: false,
+                last_sent: None,
+                gap: Duration::ZERO,
             }),
             state,
         }
@@ -211,6 +219,7 @@ impl Control {
             return Err(err);
         }
         sender.sent = seq;
+        sender.sent_now();
         drop(sender);
         if has_completion {
             // The stream may have broken (or the worker been lost) between the
@@ -222,8 +231,9 @@ impl Control {
         Ok(())
     }
 
-    /// Deletes `handles` with the next operation, or within [`DEFER`] if
-    /// none follows (best effort: nothing is said if the stream broke).
+    /// Deletes `handles` with the next operation, or alone if none follows
+    /// in time (see [`ControlSender::defer_for`]; best effort: nothing is
+    /// said if the stream broke).
     fn delete_later(self: &Arc<Self>, handles: &[u64]) {
         let mut sender = lock(&self.sender);
         if self.state.broken().is_some() {
@@ -242,13 +252,15 @@ impl Control {
         }
     }
 
-    /// Sends the deferred deletion if it waited [`DEFER`]: whether one
-    /// still waits (younger), for the timer to look again.
+    /// Sends the deferred deletion if it waited long enough (see
+    /// [`ControlSender::defer_for`]): whether one still waits (younger), for
+    /// the timer to look again.
     fn flush_deferred_if_due(&self) -> bool {
         let mut sender = lock(&self.sender);
+        let wait = sender.defer_for();
         if sender
             .deferred_since
-            .is_some_and(|since| since.elapsed() >= DEFER)
+            .is_some_and(|since| since.elapsed() >= wait)
         {
             sender.flush_deferred();
         }
@@ -267,6 +279,25 @@ impl Control {
 }
 
 impl ControlSender {
+    /// How long a deferred deletion waits for the next operation: [`DEFER`],
+    /// or half again the time between the last two operations when they
+    /// came further apart (a call to hundreds of workers reaches the last of
+    /// them several milliseconds after the first, and each one's deletion
+    /// rides with its next call rather than going out alone, a second
+    /// message to every worker), at most [`MAX_DEFER`].
+    fn defer_for(&self) -> Duration {
+        (self.gap + self.gap / 2).clamp(DEFER, MAX_DEFER)
+    }
+
+    /// Notes that an operation went out now.
+    fn sent_now(&mut self) {
+        let now = Instant::now();
+        if let Some(last) = self.last_sent {
+            self.gap = now.saturating_duration_since(last);
+        }
+        self.last_sent = Some(now);
+    }
+
     /// The deletion of the deferred buffers, if any, taking them.
     fn take_deferred(&mut self) -> Option<control_request::Op> {
         self.deferred_since = None;
@@ -295,13 +326,13 @@ impl ControlSender {
 
 /// Control streams with deletions waiting, looked at every [`DEFER`] by one
 /// timer for the process while any has some: a deletion goes out alone
-/// only when no operation took it along within [`DEFER`] (a steady stream
-/// of calls takes every deletion along, with no write of its own).
+/// only when no operation took it along in time (a steady stream of calls
+/// takes every deletion along, with no write of its own).
 static WAITING_DELETIONS: std::sync::Mutex<Option<Vec<Weak<Control>>>> =
     std::sync::Mutex::new(None);
 
-/// Sends `control`'s deferred deletion once it waited [`DEFER`], unless an
-/// operation takes it first.
+/// Sends `control`'s deferred deletion once it waited long enough, unless
+/// an operation takes it first.
 fn flush_later(control: Weak<Control>) {
     let mut waiting = lock(&WAITING_DELETIONS);
     if let Some(waiting) = waiting.as_mut() {
@@ -819,6 +850,38 @@ mod tests {
                 Outgoing::One(_) => {}
             }
         }
+    }
+
+    /// Operations that come further apart than [`DEFER`] (a call to
+    /// hundreds of workers, which reaches the last of them milliseconds
+    /// after the first) still take the deletions along: a deletion waits
+    /// for half again the time between the last two operations. It went
+    /// out alone, a second message to every worker, when it waited
+    /// [`DEFER`] whatever the pace of operations.
+    #[test]
+    fn deletions_ride_with_operations_that_come_further_apart_than_the_delay() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let control = Arc::new(Control::new(
+            Sink::Stream(tx),
+            Arc::new(ControlState::default()),
+        ));
+        let lost = Event::new();
+        let mut deferred_at = HashMap::new();
+        let (mut along, mut alone) = (0, Vec::new());
+        for handle in 0..10u64 {
+            let op = control_request::Op::UnloadExecutable(UnloadExecutableRequest { handle });
+            control.send(op, None, None, &lost, false).unwrap();
+            drain(&mut rx, &deferred_at, &mut along, &mut alone);
+            deferred_at.insert(handle, Instant::now());
+            control.delete_later(&[handle]);
+            std::thread::sleep(DEFER * 4);
+        }
+        drain(&mut rx, &deferred_at, &mut along, &mut alone);
+        assert!(
+            along > alone.len(),
+            "{along} deletions rode with an operation, {} went out alone",
+            alone.len()
+        );
     }
 
     /// Deletions ride with the next operation; one goes out alone only
