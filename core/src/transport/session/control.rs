@@ -852,6 +852,13 @@ mod tests {
         }
     }
 
+    /// A control stream whose operations go to the returned receiver.
+    fn control_on_a_stream() -> (Arc<Control>, tokio::sync::mpsc::UnboundedReceiver<Outgoing>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let state = Arc::new(ControlState::default());
+        (Arc::new(Control::new(Sink::Stream(tx), state)), rx)
+    }
+
     /// Operations that come further apart than [`DEFER`] (a call to
     /// hundreds of workers, which reaches the last of them milliseconds
     /// after the first) still take the deletions along: a deletion waits
@@ -860,11 +867,7 @@ mod tests {
     /// [`DEFER`] whatever the pace of operations.
     #[test]
     fn deletions_ride_with_operations_that_come_further_apart_than_the_delay() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let control = Arc::new(Control::new(
-            Sink::Stream(tx),
-            Arc::new(ControlState::default()),
-        ));
+        let (control, mut rx) = control_on_a_stream();
         let lost = Event::new();
         let mut deferred_at = HashMap::new();
         let (mut along, mut alone) = (0, Vec::new());
@@ -890,11 +893,7 @@ mod tests {
     /// used to send whatever waited when it fired, however young).
     #[test]
     fn a_deletion_goes_out_alone_only_when_no_operation_took_it_within_the_delay() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let control = Arc::new(Control::new(
-            Sink::Stream(tx),
-            Arc::new(ControlState::default()),
-        ));
+        let (control, mut rx) = control_on_a_stream();
         let lost = Event::new();
         let mut deferred_at = HashMap::new();
         let (mut along, mut alone) = (0, Vec::new());
