@@ -872,12 +872,7 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
         for (i, (op, says)) in refusals.into_iter().enumerate() {
             let seq = 3 + i as u64;
             control.send(seq, op);
-            let answer = loop {
-                let answer = control.next().await;
-                if answer.seq == seq {
-                    break answer;
-                }
-            };
+            let answer = control.answer_to(seq).await;
             assert_ne!(answer.code, 0, "operation {seq} was refused");
             assert!(answer.message.contains(says), "{}", answer.message);
         }
@@ -929,12 +924,7 @@ fn an_execution_with_inputs_that_do_not_fit_is_refused() {
         for (i, (op, says)) in refusals.into_iter().enumerate() {
             let seq = 4 + i as u64;
             control.send(seq, op);
-            let answer = loop {
-                let answer = control.next().await;
-                if answer.seq == seq {
-                    break answer;
-                }
-            };
+            let answer = control.answer_to(seq).await;
             assert_eq!(
                 answer.code,
                 ErrorCode::InvalidArgument as u32,
@@ -1067,6 +1057,17 @@ impl RawControl {
             .expect("an answer")
             .unwrap()
             .unwrap()
+    }
+
+    /// The next answer to operation `seq` (answers to others before it are
+    /// skipped).
+    async fn answer_to(&mut self, seq: u64) -> colocated_core::transport::proto::ControlResponse {
+        loop {
+            let answer = self.next().await;
+            if answer.seq == seq {
+                return answer;
+            }
+        }
     }
 }
 

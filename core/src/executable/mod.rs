@@ -258,17 +258,9 @@ impl LoadedExecutable {
                 .zip(devices)
                 .enumerate()
             {
-                b.check_live()
-                    .map_err(|e| e.context(format!("argument {i}")))?;
-                if b.device() != device || b.dtype() != spec.dtype || b.dims() != dims.as_slice() {
-                    return Err(Error::invalid_argument(format!(
-                        "shard {k} of argument {i} must be {}{dims:?} on {device}, got {}{:?} on {}",
-                        spec.dtype.name(),
-                        b.dtype().name(),
-                        b.dims(),
-                        b.device()
-                    )));
-                }
+                check_shard(b, device, spec, &dims, || {
+                    format!("shard {k} of argument {i}")
+                })?;
             }
             at += devices.len();
         }
@@ -537,18 +529,8 @@ impl LoadedExecutable {
             )));
         }
         for (i, (b, spec)) in args.iter().zip(specs).enumerate() {
-            b.check_live()
-                .map_err(|e| e.context(format!("argument {i}")))?;
             let dims = expected_dims(spec)?;
-            if b.device() != device || b.dtype() != spec.dtype || b.dims() != dims.as_slice() {
-                return Err(Error::invalid_argument(format!(
-                    "argument {i} must be {}{dims:?} on {device}, got {}{:?} on {}",
-                    spec.dtype.name(),
-                    b.dtype().name(),
-                    b.dims(),
-                    b.device()
-                )));
-            }
+            check_shard(b, device, spec, &dims, || format!("argument {i}"))?;
         }
         Ok(())
     }
@@ -620,6 +602,29 @@ impl LoadedExecutable {
     fn enqueue(&self, stream: &Stream, task: Task) {
         self.0.client.0.local.dispatcher.submit(stream, task);
     }
+}
+
+/// Refuses buffer `b` (`what` names it) unless it is live, on `device`, of
+/// `spec`'s element type and of `dims`.
+fn check_shard(
+    b: &Buffer,
+    device: &Device,
+    spec: &ArraySpec,
+    dims: &[i64],
+    what: impl Fn() -> String,
+) -> Result<()> {
+    b.check_live().map_err(|e| e.context(what()))?;
+    if b.device() != device || b.dtype() != spec.dtype || b.dims() != dims {
+        return Err(Error::invalid_argument(format!(
+            "{} must be {}{dims:?} on {device}, got {}{:?} on {}",
+            what(),
+            spec.dtype.name(),
+            b.dtype().name(),
+            b.dims(),
+            b.device()
+        )));
+    }
+    Ok(())
 }
 
 fn check_arg(i: usize, got: &ArraySpec, want: &ArraySpec) -> Result<()> {
