@@ -14,6 +14,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use crate::errors::{py_err, to_py};
 use crate::event::Event;
 use crate::fork::ForkSafe;
+use crate::scalar_math;
 use crate::sharding::{ranges, Sharding};
 
 /// Host memory handed over by the Python side: the address and length of a
@@ -195,6 +196,89 @@ fn scalar_to_py<'py>(
         D::F64 => read!(f64),
         D::F16 | D::BF16 | D::String => return Ok(None),
     }))
+}
+
+/// The bytes of a small one-buffer dense array (waiting for them without the
+/// GIL); None when the array is split, large or holds strings.
+fn small_bytes(py: Python<'_>, array: &core::Array) -> PyResult<Option<Vec<u8>>> {
+    let [buffer] = array.buffers() else {
+        return Ok(None);
+    };
+    if !is_small(array.dtype(), array.shape()) {
+        return Ok(None);
+    }
+    if buffer.ready_event().is_ready() {
+        buffer.to_host_vec()
+    } else {
+        py.detach(|| buffer.to_host_vec())
+    }
+    .map(Some)
+    .map_err(py_err)
+}
+
+/// `scalar_op` computed natively (see `scalar_math`): None when the
+/// operator, the operand, the array or the outcome is one that numpy must
+/// handle.
+fn native_scalar_op(
+    this: &ArrayImpl,
+    py: Python<'_>,
+    op: &Bound<'_, PyAny>,
+    other: &Bound<'_, PyAny>,
+    reflected: bool,
+) -> PyResult<Option<ArrayImpl>> {
+    let Some(op) = native_op(py, op)? else {
+        return Ok(None);
+    };
+    let scalar = if other.is_exact_instance_of::<pyo3::types::PyInt>() {
+        match (other.extract::<i64>(), other.extract::<u64>()) {
+            (Ok(v), _) => scalar_math::Scalar::Int(v.into()),
+            (_, Ok(v)) => scalar_math::Scalar::Int(v.into()),
+            // Beyond every dtype's range: numpy raises OverflowError.
+            _ => return Ok(None),
+        }
+    } else if other.is_exact_instance_of::<pyo3::types::PyFloat>() {
+        scalar_math::Scalar::Float(other.extract::<f64>()?)
+    } else {
+        return Ok(None);
+    };
+    let array = this.array()?;
+    // The fast path makes buffers in the default memory space only.
+    let default_space = |b: &core::Buffer| b.memory_space() == b.device().default_memory_space();
+    if !array.buffers().iter().all(default_space) {
+        return Ok(None);
+    }
+    let Some(bytes) = small_bytes(py, array)? else {
+        return Ok(None);
+    };
+    let Some((dtype, out)) = scalar_math::compute(array.dtype(), &bytes, op, scalar, reflected)
+    else {
+        return Ok(None);
+    };
+    let Ok(spec) = core::ArraySpec::new(array.shape().to_vec(), dtype, array.sharding().clone())
+    else {
+        return Ok(None);
+    };
+    let client = this.client.get().map_err(py_err)?;
+    let out = core::Array::from_host_bytes(client, &out, spec).map_err(py_err)?;
+    Ok(Some(ArrayImpl::wrap(client.clone(), out)))
+}
+
+/// `operator.add`, `sub`, `mul` and `truediv`, which `scalar_math` computes.
+static NATIVE_OPS: PyOnceLock<[(Py<PyAny>, scalar_math::Op); 4]> = PyOnceLock::new();
+
+/// The operator `op` is, if `scalar_math` computes it.
+fn native_op(py: Python<'_>, op: &Bound<'_, PyAny>) -> PyResult<Option<scalar_math::Op>> {
+    let ops = NATIVE_OPS.get_or_try_init(py, || -> PyResult<_> {
+        let operator = py.import("operator")?;
+        let get = |name: &str| operator.getattr(name).map(Bound::unbind);
+        Ok([
+            (get("add")?, scalar_math::Op::Add),
+            (get("sub")?, scalar_math::Op::Sub),
+            (get("mul")?, scalar_math::Op::Mul),
+            (get("truediv")?, scalar_math::Op::TrueDiv),
+        ])
+    })?;
+    Ok(ops.iter().find(|(f, _)| f.is(op)).map(|(_, o)| *o))
 }
 
 /// The bytes of a numpy scalar of a dense dtype (None for float16/bfloat16 or a
@@ -472,19 +556,10 @@ impl ArrayImpl {
     /// (without the GIL) for the data.
     fn small_value<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let array = self.array()?;
-        let [buffer] = array.buffers() else {
+        let Some(bytes) = small_bytes(py, array)? else {
             return Ok(None);
         };
         let dtype = array.dtype();
-        if !is_small(dtype, array.shape()) {
-            return Ok(None);
-        }
-        let bytes = if buffer.ready_event().is_ready() {
-            buffer.to_host_vec()
-        } else {
-            py.detach(|| buffer.to_host_vec())
-        }
-        .map_err(py_err)?;
         let numpy = numpy(py)?;
         let np_dtype = numpy.dtype(py, dtype)?;
         let shape = array.shape();
@@ -517,6 +592,9 @@ impl ArrayImpl {
         other: &Bound<'_, PyAny>,
         reflected: bool,
     ) -> PyResult<Option<Self>> {
+        if let Some(out) = native_scalar_op(self, py, op, other, reflected)? {
+            return Ok(Some(out));
+        }
         let Some(value) = self.small_value(py)? else {
             return Ok(None);
         };

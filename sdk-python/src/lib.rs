@@ -15,6 +15,7 @@ mod executor;
 mod fork;
 mod function;
 mod remote;
+mod scalar_math;
 #[cfg(feature = "testing")]
 mod session;
 mod sharding;
@@ -55,6 +56,8 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::WorkerHandle>()?;
     #[cfg(feature = "testing")]
     m.add_class::<session::RemoteSession>()?;
+    #[cfg(feature = "testing")]
+    m.add_function(wrap_pyfunction!(scalar_math::native_scalar_ops, m)?)?;
     m.add_function(wrap_pyfunction!(remote::start_worker, m)?)?;
     m.add_function(wrap_pyfunction!(remote::worker_flags, m)?)?;
     m.add_function(wrap_pyfunction!(remote::status_flags, m)?)?;

@@ -256,6 +256,105 @@ def test_operators_with_python_scalars_follow_numpy(dtype, shape):
                 np.testing.assert_array_equal(got_value, expected_value, err_msg=what)
 
 
+NATIVE_OPERATORS = [operator.add, operator.sub, operator.mul, operator.truediv]
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+def _edge_values(dtype):
+    """Elements at the edges where numpy overflows, underflows or warns."""
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return [info.min, info.min + 1, 0, 1, 2, 7, info.max // 2, info.max - 1, info.max] + (
+            [-1, -2, -7] if info.min < 0 else []
+        )
+    info = np.finfo(dtype)
+    return [0.0, -0.0, 1.0, -1.5, 0.1, 7.0, info.max, -info.max, info.max / 2, info.smallest_normal,
+            info.smallest_normal * 3, info.smallest_subnormal, 1e-30, np.inf, -np.inf, np.nan]
+
+
+def _edge_operands(dtype):
+    """Python scalars at the same edges, and beyond the dtype's range."""
+    ints = [0, 1, -1, 2, 3, -7, 2**24, 2**24 + 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63) - 1]
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        ints += [int(info.max), int(info.max) + 1, int(info.min), int(info.min) - 1]
+    floats = [0.0, -0.0, 0.1, 1.5, -2.25, 1e-300, 1e-40, 1e300, 3.5e38, float("inf"), float("nan")]
+    return ints + floats
+
+
+def _outcome(op, args):
+    """``op(*args)`` with every numpy warning raised: the result, or the type
+    of the exception."""
+    with np.errstate(all="raise"):
+        try:
+            return op(*args)
+        except (ArithmeticError, TypeError, ValueError) as e:
+            return type(e)
+
+
+def _bits(value):
+    value = np.asarray(value)
+    return value.view(f"u{value.dtype.itemsize}") if value.dtype.kind == "f" else value
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES + [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_native_operators_give_numpys_results_warnings_and_errors(dtype):
+    # +, -, * and / of a Python scalar are computed without numpy unless numpy
+    # would warn or raise; with every warning raised, the outcome is numpy's
+    # (a numpy scalar's for rank 0, whose math the fast path used before).
+    rng = np.random.default_rng(0)
+    values = _edge_values(dtype)
+    operands = _edge_operands(dtype)
+    if dtype in (np.float32, np.float64):  # rounding: random values and operands
+        values += list(rng.standard_normal(24) * 10.0 ** rng.integers(-30, 30, 24))
+        operands += [float(v) for v in rng.standard_normal(12) * 10.0 ** rng.integers(-30, 30, 12)]
+    device = SingleDeviceSharding(colocated.devices()[0])
+    before = colocated._colocated.native_scalar_ops()
+    for v in values:
+        for shape in [(), (1,)]:
+            value = np.full(shape, v, dtype=dtype)
+            numpy_value = value[()] if shape == () else value
+            x = colocated.device_put(value, device)
+            for op in NATIVE_OPERATORS:
+                for other in operands:
+                    for reflected in (False, True):
+                        args = (other, numpy_value) if reflected else (numpy_value, other)
+                        expected = _outcome(op, args)
+                        got = _outcome(op, (other, x) if reflected else (x, other))
+                        what = f"{op.__name__}{'(reflected)' if reflected else ''} {np.dtype(dtype)}{shape} {v!r} {other!r}"
+                        if isinstance(expected, type):
+                            assert got is expected, what
+                            continue
+                        assert isinstance(got, colocated.Array), what
+                        assert got.dtype == np.asarray(expected).dtype, what
+                        assert got.shape == shape, what
+                        np.testing.assert_array_equal(_bits(got), _bits(expected), err_msg=what)
+    assert colocated._colocated.native_scalar_ops() > before
+
+
+def test_native_operators_leave_to_numpy_what_numpy_must_decide():
+    device = SingleDeviceSharding(colocated.devices()[0])
+    x = colocated.device_put(np.array([1, 2], dtype=np.int32), device)
+    before = colocated._colocated.native_scalar_ops()
+    np.testing.assert_array_equal(np.asarray(x + 1), [2, 3])
+    np.testing.assert_array_equal(np.asarray(3 - x), [2, 1])
+    np.testing.assert_array_equal(np.asarray(x / 2), [0.5, 1.0])
+    assert colocated._colocated.native_scalar_ops() == before + 3
+    # numpy's own: an overflow (wraps in an array), an int out of range, a
+    # division by zero, a bool operand, floor division, and bool arrays.
+    top = colocated.device_put(np.array([2**31 - 1], dtype=np.int32), device)
+    np.testing.assert_array_equal(np.asarray(top + 1), [-(2**31)])
+    with pytest.raises(OverflowError):
+        x + 2**40
+    with np.errstate(divide="ignore"):
+        np.testing.assert_array_equal(np.asarray(x / 0), [np.inf, np.inf])
+    np.testing.assert_array_equal(np.asarray(x + True), [2, 3])
+    np.testing.assert_array_equal(np.asarray(x // 2), [0, 1])
+    flags = colocated.device_put(np.array([True, False]), device)
+    np.testing.assert_array_equal(np.asarray(flags + 1), [2, 1])
+    assert colocated._colocated.native_scalar_ops() == before + 3
+
+
 def test_operator_fast_path_leaves_large_and_split_arrays_to_numpy(mesh):
     big = np.arange(2048, dtype=np.float32)  # 8 KiB: above the small-value limit
     x = colocated.device_put(big, SingleDeviceSharding(colocated.devices()[0]))

@@ -284,7 +284,9 @@ class ArrayImpl:
         or None when it does not qualify."""
     def scalar_op(self, op: Callable[[object, object], object], other: object, reflected: bool) -> ArrayImpl | None:
         """``op(value, other)`` (``op(other, value)`` when ``reflected``) for a small
-        one-buffer array and a Python scalar, or None when it does not qualify."""
+        one-buffer array and a Python scalar, or None when it does not qualify.
+        ``+``, ``-``, ``*`` and ``/`` on integer and float arrays are computed
+        without numpy wherever numpy would give the same result and no warning."""
     @property
     def sharding(self) -> Sharding:
         """The core sharding."""
@@ -468,6 +470,10 @@ def start_worker(
 def init_worker_logging() -> None:
     """Logs to stderr what ``COLOCATED_LOG`` selects, else colocated's warnings (a
     worker's default); call before anything else uses colocated."""
+
+def native_scalar_ops() -> int:
+    """How many operator results on small arrays were computed without numpy
+    so far. Only in builds with the ``testing`` feature (``make python``)."""
 
 class RemoteSession:
     """A controller's session on one worker (low level): buffers by handle,
