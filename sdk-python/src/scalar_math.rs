@@ -58,27 +58,13 @@ pub(crate) fn compute(
     scalar: Scalar,
     reflected: bool,
 ) -> Option<(DType, Vec<u8>)> {
-    let out = compute_with(dtype, bytes, op, scalar, reflected);
-    #[cfg(feature = "testing")]
-    if out.is_some() {
-        COMPUTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    out
-}
-
-fn compute_with(
-    dtype: DType,
-    bytes: &[u8],
-    op: Op,
-    scalar: Scalar,
-    reflected: bool,
-) -> Option<(DType, Vec<u8>)> {
     macro_rules! int {
         ($t:ty) => {
             int_op::<$t>(dtype, bytes, op, scalar, reflected)
         };
     }
-    match dtype {
+    // (A `?` below returns `None` at once: nothing computed.)
+    let out = match dtype {
         DType::I8 => int!(i8),
         DType::I16 => int!(i16),
         DType::I32 => int!(i32),
@@ -104,7 +90,12 @@ fn compute_with(
             Some((DType::F64, out))
         }
         DType::Bool | DType::F16 | DType::BF16 | DType::String => None,
+    };
+    #[cfg(feature = "testing")]
+    if out.is_some() {
+        COMPUTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+    out
 }
 
 /// Integers whose magnitude is at most this convert to the float exactly.

@@ -592,9 +592,11 @@ _FAST_OPERANDS = frozenset((int, float, bool))
 
 def _fast_operator(name: str, op, reflected: bool):
     """``Array.<name>`` with a fast path for ``x + 1`` on a small one-buffer array:
-    one native copy in, numpy's operator on the value (numpy scalar math for rank
-    0), one native copy out. Everything else takes numpy's dispatch
-    (``NDArrayOperatorsMixin``, then ``__array_ufunc__``)."""
+    ``+ - * /`` on integer and float arrays computed natively where numpy would
+    give the same result and no warning, else one native copy in, numpy's
+    operator on the value (numpy scalar math for rank 0), one native copy out.
+    Everything else takes numpy's dispatch (``NDArrayOperatorsMixin``, then
+    ``__array_ufunc__``)."""
     general = getattr(NDArrayOperatorsMixin, name)
 
     def operator(self, other):
