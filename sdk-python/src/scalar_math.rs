@@ -211,10 +211,15 @@ fn int_op<T: Int>(
 }
 
 /// A float type's arithmetic, and what numpy would warn about.
-trait Float: Element + PartialEq + std::ops::Add<Output = Self> + std::ops::Sub<Output = Self> {
+trait Float:
+    Element
+    + PartialEq
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+{
     const ZERO: Self;
-    fn mul(self, other: Self) -> Self;
-    fn div(self, other: Self) -> Self;
     fn is_finite(self) -> bool;
     fn is_normal(self) -> bool;
 }
@@ -223,12 +228,6 @@ macro_rules! float_type {
     ($($t:ty),*) => {$(
         impl Float for $t {
             const ZERO: Self = 0.0;
-            fn mul(self, other: Self) -> Self {
-                self * other
-            }
-            fn div(self, other: Self) -> Self {
-                self / other
-            }
             fn is_finite(self) -> bool {
                 <$t>::is_finite(self)
             }
@@ -251,8 +250,8 @@ fn float_op<F: Float>(a: F, x: F, op: Op, reflected: bool) -> Option<F> {
     let out = match op {
         Op::Add => l + r,
         Op::Sub => l - r,
-        Op::Mul => l.mul(r),
-        Op::TrueDiv => l.div(r),
+        Op::Mul => l * r,
+        Op::TrueDiv => l / r,
     };
     let exact_zero = match op {
         Op::Add | Op::Sub => true,
