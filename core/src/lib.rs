@@ -45,6 +45,7 @@ mod format;
 mod future;
 mod host_callback;
 mod prefault;
+mod process;
 mod program;
 mod remote;
 mod sharding;

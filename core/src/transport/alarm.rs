@@ -120,7 +120,9 @@ mod linux {
 
     /// The watch, its thread started on first use; `None` if it cannot be.
     fn watch() -> Option<&'static Watch> {
-        static WATCH: OnceLock<Option<&'static Watch>> = OnceLock::new();
+        // Per process: a forked child starts its own.
+        static WATCH: crate::process::PerProcess<Option<&'static Watch>> =
+            crate::process::PerProcess::new();
         *WATCH.get_or_init(|| {
             // SAFETY: plain system call; the descriptor is owned below.
             let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };

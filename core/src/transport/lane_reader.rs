@@ -207,7 +207,9 @@ mod pump {
     /// The process's pump, its leader started on first use; `None` if
     /// `epoll`, an alarm or a thread cannot be had.
     fn pump() -> Option<&'static Pump> {
-        static PUMP: OnceLock<Option<&'static Pump>> = OnceLock::new();
+        // Per process: a forked child starts its own.
+        static PUMP: crate::process::PerProcess<Option<&'static Pump>> =
+            crate::process::PerProcess::new();
         *PUMP.get_or_init(|| {
             let owned = |fd: i32| {
                 // SAFETY: a new descriptor nobody else owns.

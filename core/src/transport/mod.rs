@@ -403,8 +403,11 @@ fn network_threads() -> usize {
 /// The process-wide tokio runtime of the transport (`network_threads()`
 /// threads; built on first use).
 pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime> {
-    static RUNTIME: std::sync::OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
-        std::sync::OnceLock::new();
+    // Per process: a forked child starts its own (it has none of the
+    // parent's threads).
+    static RUNTIME: crate::process::PerProcess<
+        std::result::Result<tokio::runtime::Runtime, String>,
+    > = crate::process::PerProcess::new();
     RUNTIME
         .get_or_init(|| {
             tokio::runtime::Builder::new_multi_thread()

@@ -327,14 +327,18 @@ impl ControlSender {
 /// Control streams with deletions waiting, looked at every [`DEFER`] by one
 /// timer for the process while any has some: a deletion goes out alone
 /// only when no operation took it along in time (a steady stream of calls
-/// takes every deletion along, with no write of its own).
-static WAITING_DELETIONS: std::sync::Mutex<Option<Vec<Weak<Control>>>> =
-    std::sync::Mutex::new(None);
+/// takes every deletion along, with no write of its own). Per process: a
+/// forked child runs its own timer.
+fn waiting_deletions() -> &'static std::sync::Mutex<Option<Vec<Weak<Control>>>> {
+    static WAITING: crate::process::PerProcess<std::sync::Mutex<Option<Vec<Weak<Control>>>>> =
+        crate::process::PerProcess::new();
+    WAITING.get_or_init(|| std::sync::Mutex::new(None))
+}
 
 /// Sends `control`'s deferred deletion once it waited long enough, unless
 /// an operation takes it first.
 fn flush_later(control: Weak<Control>) {
-    let mut waiting = lock(&WAITING_DELETIONS);
+    let mut waiting = lock(waiting_deletions());
     if let Some(waiting) = waiting.as_mut() {
         waiting.push(control);
         return;
@@ -345,7 +349,7 @@ fn flush_later(control: Weak<Control>) {
                 tokio::time::sleep(DEFER).await;
                 // The list stays (empty): streams that defer meanwhile join
                 // it rather than start a second timer.
-                let due = match lock(&WAITING_DELETIONS).as_mut() {
+                let due = match lock(waiting_deletions()).as_mut() {
                     Some(due) => std::mem::take(due),
                     None => return,
                 };
@@ -361,7 +365,7 @@ fn flush_later(control: Weak<Control>) {
                 })
                 .await
                 .unwrap_or_default();
-                let mut slot = lock(&WAITING_DELETIONS);
+                let mut slot = lock(waiting_deletions());
                 let all = slot.get_or_insert_with(Vec::new);
                 all.extend(waiting);
                 if all.is_empty() {

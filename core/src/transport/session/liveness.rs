@@ -80,7 +80,9 @@ struct Watched {
 }
 
 fn watched() -> &'static std::sync::Mutex<Watched> {
-    static WATCHED: OnceLock<std::sync::Mutex<Watched>> = OnceLock::new();
+    // Per process: a forked child runs its own timer for its sessions.
+    static WATCHED: crate::process::PerProcess<std::sync::Mutex<Watched>> =
+        crate::process::PerProcess::new();
     WATCHED.get_or_init(|| {
         std::sync::Mutex::new(Watched {
             sessions: Vec::new(),
