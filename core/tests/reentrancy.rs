@@ -285,24 +285,33 @@ fn a_thread_that_pipelines_waiter_first_calls_runs_its_backlog_itself() {
     // Caller runs: nobody waits on these calls, but the submitting thread keeps
     // feeding the stream, so it runs the backlog itself (no hand-off to another
     // thread, a bounded queue) and program order holds.
+    //
+    // An executor that looks at the stream holds it for a moment before it
+    // leaves it to the feeding thread; descheduled in that moment (a busy
+    // machine), it keeps the caller from the backlog for a whole time slice.
+    // So a round may fall short; three in a row would not.
     let client = client(1);
-    let (exe, ran) = waiter_first_executable(&client);
-    let mut last = None;
-    for _ in 0..2000 {
-        last = Some(exe.execute(&[], &ExecuteOptions::default()).unwrap().status);
-    }
-    let pending = 2000 - ran.lock().unwrap().len();
-    assert!(
-        pending <= 128,
-        "the backlog is bounded: {pending} calls were still queued"
-    );
-    last.unwrap().wait().unwrap();
-    let ran = ran.lock().unwrap();
-    assert_eq!(ran.len(), 2000, "every call ran once, the last one last");
     let me = std::thread::current().id();
-    let on_caller = ran.iter().filter(|t| **t == me).count();
-    assert!(
-        on_caller >= 1000,
-        "only {on_caller} of 2000 pipelined calls ran on the submitting thread"
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let (exe, ran) = waiter_first_executable(&client);
+        let mut last = None;
+        for _ in 0..2000 {
+            last = Some(exe.execute(&[], &ExecuteOptions::default()).unwrap().status);
+        }
+        let pending = 2000 - ran.lock().unwrap().len();
+        last.unwrap().wait().unwrap();
+        let ran = ran.lock().unwrap();
+        assert_eq!(ran.len(), 2000, "every call ran once, the last one last");
+        let on_caller = ran.iter().filter(|t| **t == me).count();
+        if pending <= 128 && on_caller >= 1000 {
+            return;
+        }
+        rounds.push((pending, on_caller));
+    }
+    panic!(
+        "the backlog is bounded and the submitting thread runs most calls; \
+         (calls still queued after 2000, calls run by the submitting thread) \
+         in three rounds: {rounds:?}"
     );
 }
