@@ -3,7 +3,6 @@ import time
 import warnings
 
 import numpy as np
-from workers import Worker
 
 import colocated
 
@@ -109,32 +108,27 @@ def test_an_object_made_before_a_fork_keeps_working_in_the_child():
     assert int(counter.incr(x)) == 2, "the parent's object is its own"
 
 
-def test_a_forked_child_connects_to_workers_and_calls_them(token_file):
+def test_a_forked_child_connects_to_workers_and_calls_them(cluster, token_file):
     # The parent's network runtime, lane reader, alarms and session timers
     # are threads the child lacks: the child makes its own on first use
     # (it used to wait forever for the parent's).
-    worker = Worker(token_file, devices=1)
-    try:
-        client = colocated.connect([worker.address], token_file=token_file)
+    client, (worker,) = cluster(1, devices=1)
 
-        @colocated.colocated_python
-        def add_one(x):
-            return x + 1
+    @colocated.colocated_python
+    def add_one(x):
+        return x + 1
 
-        x = colocated.device_put(np.int32(1), client.devices()[0])
-        assert int(add_one(x)) == 2
+    x = colocated.device_put(np.int32(1), client.devices()[0])
+    assert int(add_one(x)) == 2
 
-        def child():
-            mine = colocated.connect([worker.address], token_file=token_file)
-            try:
-                y = add_one(colocated.device_put(np.int32(41), mine.devices()[0]))
-                z = add_one(y)
-                return 0 if (int(y), int(z)) == (42, 43) else 9
-            finally:
-                mine.close()
+    def child():
+        mine = colocated.connect([worker.address], token_file=token_file)
+        try:
+            y = add_one(colocated.device_put(np.int32(41), mine.devices()[0]))
+            z = add_one(y)
+            return 0 if (int(y), int(z)) == (42, 43) else 9
+        finally:
+            mine.close()
 
-        assert fork_and_run(child) == 0
-        assert int(add_one(x)) == 2, "the parent's session works on"
-        client.close()
-    finally:
-        worker.stop()
+    assert fork_and_run(child) == 0
+    assert int(add_one(x)) == 2, "the parent's session works on"
