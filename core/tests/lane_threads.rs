@@ -150,16 +150,27 @@ fn a_thread_that_waits_for_an_answer_reads_it_itself() {
     let runs = Arc::new(AtomicU64::new(0));
     let (workers, client, count) = cluster(1, &runs);
     call(&count);
-    let before = sleeps("colocated-lanes");
-    for _ in 0..CALLS {
-        call(&count);
+    // Not once per call. The first round after the cluster started
+    // sometimes sees 20 to 75 sleeps (the process's threads still settling
+    // on the one CPU), the next one a handful, as most first rounds do;
+    // before the waiter read its answer, every round saw 84 to 105. The
+    // quietest of up to five rounds tells.
+    let mut rounds = Vec::new();
+    for _ in 0..5 {
+        let before = sleeps("colocated-lanes");
+        for _ in 0..CALLS {
+            call(&count);
+        }
+        rounds.push(sleeps("colocated-lanes") - before);
+        if rounds.last().is_some_and(|&woken| woken < CALLS / 10) {
+            break;
+        }
     }
-    let woken = sleeps("colocated-lanes") - before;
-    assert_eq!(runs.load(Ordering::SeqCst), CALLS + 1);
-    // Not once per call (a busy machine may wake it now and then).
+    assert_eq!(runs.load(Ordering::SeqCst), 1 + CALLS * rounds.len() as u64);
+    eprintln!("reading thread sleeps per {CALLS} calls: {rounds:?}");
     assert!(
-        woken < CALLS / 10,
-        "the reading thread slept {woken} times over {CALLS} calls"
+        rounds.iter().any(|&woken| woken < CALLS / 10),
+        "the reading thread slept {rounds:?} times in rounds of {CALLS} calls"
     );
     drop(count);
     drop(client);
