@@ -151,10 +151,10 @@ fn a_thread_that_waits_for_an_answer_reads_it_itself() {
     let (workers, client, count) = cluster(1, &runs);
     call(&count);
     // Not once per call. The first round after the cluster started
-    // sometimes sees 20 to 75 sleeps (the process's threads still settling
-    // on the one CPU), the next one a handful, as most first rounds do;
-    // before the waiter read its answer, every round saw 84 to 105. The
-    // quietest of up to five rounds tells.
+    // sometimes sees 20 to 75 sleeps (why was not pinned down; it did so
+    // before this test's rounds too), the next one a handful, as most first
+    // rounds do; before the waiter read its answer, every round saw 84 to
+    // 105. The quietest of up to five rounds tells.
     let mut rounds = Vec::new();
     for _ in 0..5 {
         let before = sleeps("colocated-lanes");
