@@ -120,10 +120,12 @@ impl Client {
         let fingerprint = format::fingerprint(&format::encode(
             &program.to_proto(options.host_callbacks.len()),
         ));
+        let one_host_dims = crate::executable::one_host_dims(&hosts, &program);
         Ok(LoadedExecutable(Arc::new(ExecutableInner {
             client: self.clone(),
             program,
             mixed: crate::executable::mixed(&hosts),
+            one_host_dims,
             hosts,
             callbacks: options.host_callbacks,
             fingerprint,

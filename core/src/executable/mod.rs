@@ -29,6 +29,31 @@ pub(crate) fn mixed(plans: &[HostPlan]) -> bool {
     plans.iter().any(|p| p.run.in_process()) && plans.iter().any(|p| !p.run.in_process())
 }
 
+/// Each input's shard dims if `plans` is one host that holds every shard of
+/// every input and output, in the order of their shardings: then
+/// [`LoadedExecutable::execute_shards`] runs it with no arrays assembled.
+pub(crate) fn one_host_dims(plans: &[HostPlan], program: &Program) -> Option<Vec<Vec<i64>>> {
+    let whole = |positions: &[Vec<usize>], specs: &[ArraySpec]| {
+        positions.len() == specs.len()
+            && positions.iter().zip(specs).all(|(positions, spec)| {
+                positions.len() == spec.sharding.devices().len()
+                    && positions.iter().enumerate().all(|(k, &p)| k == p)
+            })
+    };
+    let [plan] = plans else { return None };
+    if plan.host_specs.is_some()
+        || !whole(&plan.input_positions, &program.input_specs)
+        || !whole(&plan.output_positions, &program.output_specs)
+    {
+        return None;
+    }
+    program
+        .input_specs
+        .iter()
+        .map(|spec| spec.sharding.shard_shape(&spec.shape).ok())
+        .collect()
+}
+
 /// Input shard counts and output shards of a single-device run.
 type Layout = (Vec<usize>, Vec<OutputShard>);
 
@@ -60,6 +85,10 @@ pub(crate) struct ExecutableInner {
     /// Whether `hosts` has both the local host and workers (its executions
     /// then send the workers' parts first).
     pub mixed: bool,
+    /// Each input's shard dims when one host holds every shard, in the
+    /// order of the shardings (what a worker loads; see
+    /// [`one_host_dims`]).
+    pub one_host_dims: Option<Vec<Vec<i64>>>,
     pub callbacks: Vec<LoadedHostCallback>,
     pub fingerprint: String,
     /// The worker session the executable was loaded in (`None`: the
@@ -224,10 +253,11 @@ impl LoadedExecutable {
         stream: Stream,
     ) -> Result<(Vec<Buffer>, Event)> {
         let program = &self.0.program;
-        let count = |specs: &[ArraySpec]| -> usize {
-            specs.iter().map(|s| s.sharding.devices().len()).sum()
-        };
-        let expected = count(&program.input_specs);
+        let expected: usize = program
+            .input_specs
+            .iter()
+            .map(|s| s.sharding.devices().len())
+            .sum();
         if shards.len() != expected {
             return Err(Error::invalid_argument(format!(
                 "{} takes {expected} input shards, {} were given",
@@ -235,30 +265,18 @@ impl LoadedExecutable {
                 shards.len()
             )));
         }
-        let whole = |positions: &[Vec<usize>], specs: &[ArraySpec]| {
-            positions.len() == specs.len()
-                && positions.iter().zip(specs).all(|(positions, spec)| {
-                    positions.len() == spec.sharding.devices().len()
-                        && positions.iter().enumerate().all(|(k, &p)| k == p)
-                })
-        };
-        let one_host = matches!(&self.0.hosts[..], [plan]
-            if plan.host_specs.is_none()
-                && whole(&plan.input_positions, &program.input_specs)
-                && whole(&plan.output_positions, &program.output_specs));
-        if !one_host {
+        let Some(dims) = &self.0.one_host_dims else {
             return self.execute_shards_as_arrays(shards, stream);
-        }
+        };
         let mut at = 0;
-        for (i, spec) in program.input_specs.iter().enumerate() {
+        for (i, (spec, dims)) in program.input_specs.iter().zip(dims).enumerate() {
             let devices = spec.sharding.devices();
-            let dims = spec.sharding.shard_shape(&spec.shape)?;
             for (k, (b, device)) in shards[at..at + devices.len()]
                 .iter()
                 .zip(devices)
                 .enumerate()
             {
-                check_shard(b, device, spec, &dims, || {
+                check_shard(b, device, spec, dims, || {
                     format!("shard {k} of argument {i}")
                 })?;
             }
