@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::copies::Answers;
 use super::service::Service;
 use super::{lock, Session, Shared};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, Storage};
 use crate::compiler::CompileOptions;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -391,17 +391,20 @@ pub(super) fn inline_outputs(outputs: &[Buffer]) -> Bytes {
     if total == 0 {
         return Bytes::new();
     }
-    if let [only] = outputs {
-        // Deleted meanwhile: the controller reads it, and learns why.
-        return only.to_host_vec().map(Bytes::from).unwrap_or_default();
-    }
+    // The bytes as they are, copied once (into the answer). A buffer
+    // deleted meanwhile gives none: the controller reads it, and learns why.
     let mut data = Vec::with_capacity(total);
     for buffer in outputs {
-        match buffer.to_host_vec() {
-            Ok(bytes) => data.extend_from_slice(&bytes),
-            // Deleted meanwhile: the controller reads it, and learns why.
-            Err(_) => return Bytes::new(),
-        }
+        let Ok(storage) = buffer.storage() else {
+            return Bytes::new();
+        };
+        let Storage::Dense(bytes) = &*storage else {
+            return Bytes::new();
+        };
+        data.extend_from_slice(bytes.as_slice());
+    }
+    if data.len() != total {
+        return Bytes::new();
     }
     Bytes::from(data)
 }
