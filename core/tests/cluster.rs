@@ -387,6 +387,69 @@ fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
     }
 }
 
+/// Reads on the control stream whose answers add up to more than a reader
+/// takes from a lane at a time (1 MiB), from several threads at once: the
+/// threads that wait read the lane, each answer is taken once and whole,
+/// and none is left unread (a lane whose bytes arrived while another
+/// thread read it is read again).
+#[test]
+fn many_threads_reading_large_buffers_of_one_worker_get_every_byte() {
+    let (a, client, device) = one_worker();
+    const N: usize = 64 << 10; // 256 KiB of int32
+    let spec = ArraySpec::new(
+        vec![N as i64],
+        DType::I32,
+        Sharding::single_device(device.clone()),
+    )
+    .unwrap();
+    let values: Vec<i32> = (0..N as i32).collect();
+    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+    let exe = compile_same(&client, "add_one_i32", &spec);
+    let expected = i32_bytes(&values.iter().map(|v| v + 1).collect::<Vec<_>>()).to_vec();
+    // Eight buffers on the worker, each read by every thread in every round:
+    // 2 MiB of answers per thread and round.
+    let outputs: Vec<Array> = (0..8)
+        .map(|_| {
+            let run = exe
+                .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+                .unwrap();
+            run.status.wait().unwrap();
+            run.outputs.into_iter().next().unwrap()
+        })
+        .collect();
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 20;
+    let before = a.worker.control_operations();
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                for _ in 0..ROUNDS {
+                    let mut bytes = vec![vec![0u8; N * 4]; outputs.len()];
+                    let reads: Vec<_> = outputs
+                        .iter()
+                        .zip(&mut bytes)
+                        .map(|(y, out)| {
+                            // SAFETY: `out` is the buffer's size and outlives
+                            // the wait below.
+                            unsafe { y.buffers()[0].to_host_raw(out.as_mut_ptr(), out.len()) }
+                                .unwrap()
+                        })
+                        .collect();
+                    for read in reads {
+                        read.wait_timeout(Duration::from_secs(30)).unwrap();
+                    }
+                    for out in &bytes {
+                        assert!(out == &expected, "a read brought other bytes");
+                    }
+                }
+            });
+        }
+    });
+    // Every read was an operation of the control stream.
+    let reads = (THREADS * ROUNDS * outputs.len()) as u64;
+    assert!(a.worker.control_operations() - before >= reads);
+}
+
 /// A small output of a finished execution travels with the worker's answer
 /// (protocol 6): reading it costs the worker no operation. A larger one is
 /// read with one (a read on the control stream). Reads of a lost worker's

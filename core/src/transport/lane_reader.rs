@@ -7,14 +7,16 @@
 //! `epoll` on every lane at once and takes the answers of all lanes that are
 //! ready when it wakes: a fan-out's answers wake it a few times, not N.
 //!
-//! Each lane is in the `epoll` set with `EPOLLONESHOT`: a lane that became
-//! readable is the leader's alone until it has read what arrived and armed
-//! the lane again, so one lane's answers are taken in order, by one thread at
-//! a time. What an answer runs (a completion) may last (a callback of the
-//! user's): when the leader has run answers for [`TAKEOVER_AFTER`] (its
-//! [`Alarm`] goes off), a new thread leads, and the old one ends once its
-//! answer is done; the lanes it has not come to yet wait for the new leader,
-//! not for it.
+//! Each lane is in the `epoll` set edge-triggered: a lane is reported once
+//! each time bytes arrive, and stays in the set without a system call per
+//! answer to arm it again. One thread at a time reads a lane (its lock, taken
+//! without waiting), so one lane's answers are taken in order; a thread that
+//! finds the lane being read marks it readable and leaves it to the reader,
+//! which looks again before it lets go. What an answer runs (a completion)
+//! may last (a callback of the user's): when the leader has run answers for
+//! [`TAKEOVER_AFTER`] (its [`Alarm`] goes off), a new thread leads, and the
+//! old one ends once its answer is done; the lanes it has not come to yet
+//! wait for the new leader, not for it.
 //!
 //! A thread about to sleep until an event is ready (a *waiter*) reads too:
 //! it sleeps in `epoll` on the same set, and the kernel wakes the thread
@@ -131,6 +133,13 @@ mod pump {
         handlers: Handlers,
     }
 
+    /// A lane, and whether it became readable since its reader last
+    /// looked (see [`Pump::take`]).
+    struct LaneSlot {
+        readable: AtomicBool,
+        lane: Mutex<Lane>,
+    }
+
     /// The key of the kick in the `epoll` set (lanes count up from 0).
     const KICK: u64 = u64::MAX;
 
@@ -148,7 +157,7 @@ mod pump {
     /// that waits for one call after another keeps the leader asleep.
     struct Pump {
         epoll: OwnedFd,
-        lanes: Mutex<HashMap<u64, Arc<Mutex<Lane>>>>,
+        lanes: Mutex<HashMap<u64, Arc<LaneSlot>>>,
         next_key: AtomicU64,
         /// Lanes that became readable and wait for a reader (filled by
         /// `epoll_wait`, emptied one by one, so that another reader takes
@@ -274,11 +283,15 @@ mod pump {
             frames: FrameReader::new(DontWait(reading), MAX_FRAME_BYTES),
             handlers,
         };
-        lock(&pump.lanes).insert(key, Arc::new(Mutex::new(lane)));
+        let slot = LaneSlot {
+            readable: AtomicBool::new(false),
+            lane: Mutex::new(lane),
+        };
+        lock(&pump.lanes).insert(key, Arc::new(slot));
         if pump.ctl(libc::EPOLL_CTL_ADD, fd, key).is_err() {
-            let lane = lock(&pump.lanes).remove(&key);
-            if let Some(lane) = lane.and_then(|lane| Arc::try_unwrap(lane).ok()) {
-                let lane = lane.into_inner().unwrap_or_else(|e| e.into_inner());
+            let slot = lock(&pump.lanes).remove(&key);
+            if let Some(slot) = slot.and_then(|slot| Arc::try_unwrap(slot).ok()) {
+                let lane = slot.lane.into_inner().unwrap_or_else(|e| e.into_inner());
                 return Err((socket, lane.handlers));
             }
             // Unreachable: nobody else saw the lane.
@@ -405,9 +418,9 @@ mod pump {
     }
 
     impl Pump {
-        /// Adds, arms again or removes `fd` (lane `key`).
+        /// Adds or removes `fd` (lane `key`).
         fn ctl(&self, op: i32, fd: i32, key: u64) -> std::io::Result<()> {
-            let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32;
+            let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
             self.ctl_events(op, fd, key, events)
         }
 
@@ -587,59 +600,186 @@ mod pump {
             }
         }
 
-        /// Takes what lane `key` has: every answer that arrived whole, then
-        /// arms it again, or ends it.
+        /// Takes what lane `key` has: every answer that arrived whole, or
+        /// ends it. A thread that finds another reading the lane leaves it
+        /// to that one, which sees the lane became readable meanwhile.
         fn take(&self, key: u64) {
-            let Some(lane) = lock(&self.lanes).get(&key).cloned() else {
+            let Some(slot) = lock(&self.lanes).get(&key).cloned() else {
                 return;
             };
-            let mut lane = lock(&lane);
-            let lane = &mut *lane;
-            // Bounded, so that one busy lane does not keep the others
-            // waiting: what is left comes round again once armed.
-            let (mut reads, mut drained) = (0, false);
-            let ended = loop {
-                match lane.frames.buffered::<ControlResponse>() {
-                    Ok(Some(answer)) => {
-                        (lane.handlers.answer)(answer);
-                        continue;
-                    }
-                    Ok(None) => {}
-                    Err(err) => break Some(broke(&err)),
-                }
-                if reads == 16 || drained {
-                    break None;
-                }
-                reads += 1;
-                match lane.frames.read_available() {
-                    Ok(Available::Some) => {}
-                    // Once these are taken, nothing is left to read (if more
-                    // comes meanwhile, arming the lane again reports it).
-                    Ok(Available::All) => drained = true,
-                    Ok(Available::End) if lane.frames.is_empty() => {
-                        break Some(Error::unavailable("the control stream ended"))
-                    }
-                    Ok(Available::End) => {
-                        break Some(Error::unavailable(
-                            "the control stream broke: it ended in the middle of a message",
-                        ))
-                    }
-                    Ok(Available::None) => break None,
-                    Err(err) => break Some(broke(&err)),
+            slot.readable.store(true, Ordering::SeqCst);
+            let mut lane = match slot.lane.try_lock() {
+                Ok(lane) => lane,
+                Err(std::sync::TryLockError::Poisoned(lane)) => lane.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            };
+            if !slot.readable.swap(false, Ordering::SeqCst) {
+                return;
+            }
+            let left = match read_lane(&mut lane) {
+                Read::Drained => false,
+                Read::Left => true,
+                Read::Ended(ended) => {
+                    let fd = lane.frames.source().0.as_raw_fd();
+                    let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, key);
+                    lock(&self.lanes).remove(&key);
+                    let ended_handler =
+                        std::mem::replace(&mut lane.handlers.ended, Box::new(|_| {}));
+                    ended_handler(ended);
+                    return;
                 }
             };
-            let fd = lane.frames.source().0.as_raw_fd();
-            let ended = match ended {
-                None => match self.ctl(libc::EPOLL_CTL_MOD, fd, key) {
-                    Ok(()) => return,
-                    Err(err) => Error::unavailable(format!("the control stream broke: {err}")),
-                },
-                Some(ended) => ended,
-            };
-            let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, key);
-            lock(&self.lanes).remove(&key);
-            let ended_handler = std::mem::replace(&mut lane.handlers.ended, Box::new(|_| {}));
-            ended_handler(ended);
+            drop(lane);
+            // Bytes left unread (so that one busy lane does not keep the
+            // others waiting), or bytes that arrived while this thread read
+            // and that another thread left to it: the lane's turn comes
+            // round again, after the others', whoever reads then.
+            if left || slot.readable.load(Ordering::SeqCst) {
+                lock(&self.due).push_back(key);
+                self.kick();
+            }
         }
+    }
+
+    /// What a reading of a lane left.
+    enum Read {
+        /// Nothing: what arrives next makes the lane readable again.
+        Drained,
+        /// Bytes, unread so that one busy lane does not keep the others
+        /// waiting.
+        Left,
+        /// The lane ended, for this reason.
+        Ended(Error),
+    }
+
+    /// Reads what `lane` has and runs every answer that arrived whole.
+    fn read_lane(lane: &mut Lane) -> Read {
+        // Bounded, so that one busy lane does not keep the others waiting.
+        let (mut reads, mut drained) = (0, false);
+        loop {
+            match lane.frames.buffered::<ControlResponse>() {
+                Ok(Some(answer)) => {
+                    (lane.handlers.answer)(answer);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(err) => return Read::Ended(broke(&err)),
+            }
+            if drained {
+                return Read::Drained;
+            }
+            if reads == 16 {
+                return Read::Left;
+            }
+            reads += 1;
+            match lane.frames.read_available() {
+                Ok(Available::Some) => {}
+                // Once these are taken, nothing is left to read: what comes
+                // later makes the lane readable again (edge-triggered).
+                Ok(Available::All) => drained = true,
+                Ok(Available::End) if lane.frames.is_empty() => {
+                    return Read::Ended(Error::unavailable("the control stream ended"))
+                }
+                Ok(Available::End) => {
+                    return Read::Ended(Error::unavailable(
+                        "the control stream broke: it ended in the middle of a message",
+                    ))
+                }
+                Ok(Available::None) => return Read::Drained,
+                Err(err) => return Read::Ended(broke(&err)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::{read_lane_answers, Handlers};
+    use crate::transport::lane::encode_frame;
+    use crate::transport::proto::ControlResponse;
+
+    /// Bytes that have arrived on `socket` and wait to be read.
+    fn queued(socket: &std::net::TcpStream) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int.
+        unsafe { libc::ioctl(socket.as_raw_fd(), libc::FIONREAD, &mut n) };
+        usize::try_from(n).unwrap_or(0)
+    }
+
+    /// Answers that had all arrived before their lane was read, more than a
+    /// reader takes from one lane at a time (16 reads of 64 KiB): the rest
+    /// is read too, though no byte arrives after them to report the lane
+    /// again.
+    #[test]
+    fn answers_beyond_one_reading_turn_are_all_read() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut worker = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut controller, _) = listener.accept().unwrap();
+        // The receiving side's buffer grows with use: 16 MiB through it
+        // first, so that the answers below fit in it at once.
+        let warm = std::thread::spawn(move || {
+            let chunk = vec![0u8; 1 << 20];
+            for _ in 0..16 {
+                worker.write_all(&chunk).unwrap();
+            }
+            worker
+        });
+        let mut chunk = vec![0u8; 64 << 10];
+        let mut read = 0;
+        while read < 16 << 20 {
+            read += controller.read(&mut chunk).unwrap();
+        }
+        let mut worker = warm.join().unwrap();
+        const ANSWERS: u64 = 5; // 1.25 MiB
+        let mut bytes = Vec::new();
+        for seq in 1..=ANSWERS {
+            let answer = ControlResponse {
+                seq,
+                finished: true,
+                data: vec![seq as u8; 256 << 10].into(),
+                ..Default::default()
+            };
+            encode_frame(&answer, &mut bytes);
+        }
+        let total = bytes.len();
+        let writer = std::thread::spawn(move || {
+            worker.write_all(&bytes).unwrap();
+            worker
+        });
+        // All of it waits on the socket before the lane is read (if the
+        // machine's buffers take it; the answers are checked either way).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while queued(&controller) < total && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let answers = seen.clone();
+        read_lane_answers(
+            controller,
+            Handlers {
+                answer: Box::new(move |answer| {
+                    assert!(answer.data.iter().all(|&b| b == answer.seq as u8));
+                    answers.lock().unwrap().push(answer.seq);
+                }),
+                ended: Box::new(|_| {}),
+            },
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while seen.lock().unwrap().len() < ANSWERS as usize {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {ANSWERS} answers were read",
+                seen.lock().unwrap().len()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(*seen.lock().unwrap(), (1..=ANSWERS).collect::<Vec<_>>());
+        drop(writer.join().unwrap());
     }
 }
