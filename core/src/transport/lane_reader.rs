@@ -711,6 +711,62 @@ mod tests {
         usize::try_from(n).unwrap_or(0)
     }
 
+    /// An answer that arrives while another thread reads its lane (held
+    /// up by the answer before, whose completion runs long): the thread
+    /// that was told of it leaves it to the reader, which reads it once it
+    /// is done, though no byte comes after it.
+    #[test]
+    fn an_answer_that_arrives_while_its_lane_is_read_is_read_too() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut worker = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (controller, _) = listener.accept().unwrap();
+        let answer = |seq: u64| {
+            let mut bytes = Vec::new();
+            encode_frame(
+                &ControlResponse {
+                    seq,
+                    finished: true,
+                    ..Default::default()
+                },
+                &mut bytes,
+            );
+            bytes
+        };
+        let (entered, in_first) = std::sync::mpsc::channel::<()>();
+        let (go, wait_for_go) = std::sync::mpsc::channel::<()>();
+        let wait_for_go = Mutex::new(wait_for_go);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let answers = seen.clone();
+        read_lane_answers(
+            controller,
+            Handlers {
+                answer: Box::new(move |answer| {
+                    answers.lock().unwrap().push(answer.seq);
+                    if answer.seq == 1 {
+                        entered.send(()).unwrap();
+                        let go = wait_for_go.lock().unwrap();
+                        go.recv_timeout(Duration::from_secs(10)).unwrap();
+                    }
+                }),
+                ended: Box::new(|_| {}),
+            },
+        )
+        .unwrap();
+        worker.write_all(&answer(1)).unwrap();
+        in_first.recv_timeout(Duration::from_secs(10)).unwrap();
+        // The reader runs the first answer's completion: it is taken over
+        // (after 2 ms), and the new reader is told of the second answer.
+        worker.write_all(&answer(2)).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        go.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while seen.lock().unwrap().len() < 2 {
+            assert!(Instant::now() < deadline, "the second answer was not read");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(*seen.lock().unwrap(), vec![1, 2]);
+    }
+
     /// Answers that had all arrived before their lane was read, more than a
     /// reader takes from one lane at a time (16 reads of 64 KiB): the rest
     /// is read too, though no byte arrives after them to report the lane
