@@ -2,8 +2,17 @@
 #   make demo   builds everything and runs the demo
 #   make test   runs every test
 #   make python builds the Python SDK into build/venv (make test-python tests it)
-#   make node   builds the Node SDK in sdk-node (make test-node tests it)
+#   make node   builds the Node SDK's release addon in sdk-node, as `npm pack`
+#               ships it (make node-debug: a debug build; make test-node tests it)
 #   make fuzz   runs each fuzz target (fuzz/) for FUZZ_SECONDS
+#
+# Set-up: these targets bring what they need and the machine lacks, without
+# root and without installing anything system-wide: Python packages (cmake and
+# ruff among them) into build/venv, cbindgen and cargo-fuzz into build/tools
+# (`cargo install --locked --root`), npm packages into sdk-node/node_modules
+# (`npm ci`). They expect Rust (cargo), a C compiler, Python 3 with venv, and
+# Node 20+ with npm; `make check-prerequisites` says what is missing and how
+# to get it.
 CARGO ?= cargo
 CC ?= cc
 PYTHON ?= python3
@@ -17,7 +26,18 @@ FUZZ_SECONDS ?= 20
 export CARGO_TARGET_DIR := $(TARGET_DIR)
 VENV := $(BUILD)/venv
 VENV_PY := $(VENV)/bin/python
-PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm absl-py pyyaml kubernetes-validate ray
+RUFF_VERSION := 0.17.6
+CMAKE_PY_VERSION := 4.4.5
+# cmake (for the install check's CMake build) and ruff (make lint) come from
+# PyPI too, so that no system package is needed for them.
+PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm absl-py pyyaml kubernetes-validate ray \
+  cmake==$(CMAKE_PY_VERSION) ruff==$(RUFF_VERSION)
+# The venv is made again when the list above changes (its stamp names the list's checksum).
+VENV_STAMP := $(VENV)/.deps-$(shell echo '$(PY_DEPS)' | cksum | cut -d ' ' -f 1)
+# Tools built from crates.io, kept in the build folder.
+TOOLS := $(BUILD)/tools
+CBINDGEN := $(TOOLS)/bin/cbindgen
+CARGO_FUZZ := $(TOOLS)/bin/cargo-fuzz
 NODE_DIR := $(CURDIR)/sdk-node
 NODE_BIN := $(NODE_DIR)/node_modules/.bin
 NODE_DEPS := $(NODE_DIR)/node_modules/.package-lock.json
@@ -41,7 +61,7 @@ SOFILE := $(SONAME).$(API_MINOR).0
 # What the static library needs (`rustc --print native-static-libs`).
 NATIVE_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
-PHONY_EXTRA := bench-rust bench-python bench-node fuzz fuzz-tools node test-node check-node-binding install test-install wheel test-wheel
+PHONY_EXTRA := bench-rust bench-python bench-node fuzz fuzz-tools node node-debug test-node check-prerequisites venv check-node-binding install test-install wheel test-wheel
 .PHONY: all build demo test test-rust test-c test-abi test-python python $(PHONY_EXTRA) check-header header abi-manifest bench lint tools clean
 
 all: build
@@ -49,14 +69,33 @@ all: build
 build:
 	$(CARGO) build --workspace
 
-tools:
-	@command -v cbindgen >/dev/null 2>&1 && cbindgen --version | grep -q $(CBINDGEN_VERSION) || \
-	  $(CARGO) install cbindgen --locked --version $(CBINDGEN_VERSION)
+tools: $(CBINDGEN)
+
+# What the targets expect of the machine (everything else they bring), and how
+# to get what is missing. Run by `make demo` and `make test` first.
+check-prerequisites:
+	@missing=0; \
+	need() { if ! command -v $$1 >/dev/null 2>&1; then echo "make: '$$1' is missing: $$2" >&2; missing=1; fi; }; \
+	need $(CARGO) "install Rust (https://rustup.rs)"; \
+	need $(CC) "install a C compiler (Debian: apt-get install build-essential)"; \
+	need $(PYTHON) "install Python 3.10+ (Debian: apt-get install python3 python3-venv)"; \
+	need node "install Node.js 20+ with npm (Debian: apt-get install nodejs npm)"; \
+	need npm "install npm (Debian: apt-get install npm)"; \
+	if command -v $(PYTHON) >/dev/null 2>&1 && ! $(PYTHON) -c "import ensurepip, venv" >/dev/null 2>&1; then \
+	  echo "make: $(PYTHON) cannot make a venv (Debian: apt-get install python3-venv)" >&2; missing=1; fi; \
+	if command -v node >/dev/null 2>&1 && [ "$$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then \
+	  echo "make: Node.js $$(node --version) is older than 20" >&2; missing=1; fi; \
+	exit $$missing
+
+# cbindgen, built from crates.io into build/tools (not installed system-wide).
+$(CBINDGEN):
+	@echo "make: installing cbindgen $(CBINDGEN_VERSION) into $(TOOLS) (cargo install)"
+	env -u CARGO_TARGET_DIR $(CARGO) install cbindgen --locked --quiet --version $(CBINDGEN_VERSION) --root $(TOOLS)
 
 $(BUILD):
 	mkdir -p $(BUILD)
 
-demo: build python node $(PLUGIN) | $(BUILD)
+demo: check-prerequisites build python node $(PLUGIN) | $(BUILD)
 	$(CC) $(CFLAGS_COMMON) examples/demo.c -o $(BUILD)/demo -L$(DEBUG_DIR) -lcolocated -Wl,-rpath,$(DEBUG_DIR) $(LDLIBS)
 	$(BUILD)/demo
 	@echo
@@ -74,9 +113,14 @@ $(PLUGIN): tests/plugin/add_one_plugin.c include/colocated.h | $(BUILD)
 $(NODE_DEPS): $(NODE_DIR)/package-lock.json
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund
 
-# The Node addon (debug) and its generated binding (binding.js, binding.d.ts).
+# The Node addon and its generated binding (binding.js, binding.d.ts): the
+# release build, which `npm pack` ships (its `prepack` builds it too), or
+# the debug one for development. Both write sdk-node/colocated.*.node.
 node: $(NODE_DEPS)
-	cd $(NODE_DIR) && $(NODE_BIN)/napi build --platform --js binding.js --dts binding.d.ts
+	cd $(NODE_DIR) && npm run --silent build
+
+node-debug: $(NODE_DEPS)
+	cd $(NODE_DIR) && npm run --silent build:debug
 
 # The committed binding files must be what the Rust crate generates, as the
 # C header must be what cbindgen generates.
@@ -94,14 +138,14 @@ test-node: node python
 	cd $(NODE_DIR) && COLOCATED_PYTHON=$(VENV_PY) node --test --test-concurrency=1 tests/
 
 header: tools
-	cd ffi && cbindgen --config cbindgen.toml --crate colocated-ffi --quiet --output ../include/colocated.h
+	cd ffi && $(CBINDGEN) --config cbindgen.toml --crate colocated-ffi --quiet --output ../include/colocated.h
 
 check-header: tools | $(BUILD)
-	cd ffi && cbindgen --config cbindgen.toml --crate colocated-ffi --quiet --output $(BUILD)/colocated.h
+	cd ffi && $(CBINDGEN) --config cbindgen.toml --crate colocated-ffi --quiet --output $(BUILD)/colocated.h
 	@diff -u include/colocated.h $(BUILD)/colocated.h || \
 	  (echo "include/colocated.h is stale: run 'make header' and commit it" && exit 1)
 
-test: check-header test-rust test-c test-abi test-install test-python test-wheel check-node-binding test-node
+test: check-prerequisites check-header test-rust test-c test-abi test-install test-python test-wheel check-node-binding test-node
 
 install:
 	$(CARGO) build -p colocated-ffi $(if $(filter release,$(PROFILE)),--release,)
@@ -128,10 +172,10 @@ install:
 
 # An install (of the debug build) into build/prefix, and C programs built
 # against it as users build theirs: pkg-config (shared and static) and CMake.
-test-install:
+test-install: $(VENV_STAMP)
 	rm -rf $(BUILD)/prefix
 	$(MAKE) --no-print-directory install PREFIX=$(BUILD)/prefix PROFILE=debug
-	sh tests/install/check.sh $(BUILD)/prefix $(SONAME) $(SOFILE) $(RELEASE)
+	PATH=$(VENV)/bin:$$PATH sh tests/install/check.sh $(BUILD)/prefix $(SONAME) $(SOFILE) $(RELEASE)
 
 test-rust:
 	$(CARGO) test --workspace
@@ -148,9 +192,16 @@ test-abi: build | $(BUILD)
 abi-manifest: build | $(BUILD)
 	$(PYTHON) tests/abi/abi_manifest.py generate --header include/colocated.h --lib $(DEBUG_DIR)/libcolocated.so --manifest tests/abi/manifest.json --build $(BUILD)/abi
 
-$(VENV_PY): | $(BUILD)
-	$(PYTHON) -m venv $(VENV)
+# The venv of the tests and tools (build/venv), made again when PY_DEPS change.
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): | $(BUILD)
+	@echo "make: installing the Python packages of the build and tests into $(VENV)"
+	test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV_PY) -m pip install --quiet --disable-pip-version-check $(PY_DEPS)
+	rm -f $(VENV)/.deps-* && touch $@
+
+$(VENV_PY): $(VENV_STAMP)
 
 # An editable debug build of sdk-python into the venv, sharing target/ (maturin
 # develop: no wheel round trip and no release build).
@@ -193,30 +244,32 @@ bench-node: $(NODE_DEPS) $(PLUGIN)
 	cd $(NODE_DIR) && $(NODE_BIN)/napi build --platform --release --js binding.js --dts binding.d.ts
 	COLOCATED_WORKER_BIN=$(TARGET_DIR)/release/colocated COLOCATED_PLUGIN=$(PLUGIN) node $(NODE_DIR)/bench/bench.mjs
 
-fuzz-tools:
-	@command -v cargo-fuzz >/dev/null 2>&1 && cargo-fuzz --version | grep -q " $(CARGO_FUZZ_VERSION)$$" || \
-	  $(CARGO) install cargo-fuzz --locked --version $(CARGO_FUZZ_VERSION)
+fuzz-tools: $(CARGO_FUZZ)
+
+$(CARGO_FUZZ):
+	@echo "make: installing cargo-fuzz $(CARGO_FUZZ_VERSION) into $(TOOLS) (cargo install)"
+	env -u CARGO_TARGET_DIR $(CARGO) install cargo-fuzz --locked --quiet --version $(CARGO_FUZZ_VERSION) --root $(TOOLS)
 
 # libFuzzer without a sanitizer (`-s none`), which the stable toolchain builds.
 # The fuzz crate keeps its own target dir (fuzz/target); inputs that find new
 # paths go to fuzz/corpus/, failing ones to fuzz/artifacts/ (and fail the run).
 fuzz: fuzz-tools
-	env -u CARGO_TARGET_DIR $(CARGO) fuzz build -s none
+	env -u CARGO_TARGET_DIR $(CARGO_FUZZ) fuzz build -s none
 	@passed=0; failed=0; \
 	for t in $(FUZZ_TARGETS); do \
 	  mkdir -p fuzz/corpus/$$t; \
 	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
-	  if env -u CARGO_TARGET_DIR $(CARGO) fuzz run -s none $$t fuzz/corpus/$$t fuzz/seeds/$$t -- \
+	  if env -u CARGO_TARGET_DIR $(CARGO_FUZZ) fuzz run -s none $$t fuzz/corpus/$$t fuzz/seeds/$$t -- \
 	      -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1; \
 	  then passed=$$((passed + 1)); else failed=$$((failed + 1)); fi; \
 	done; \
 	echo "fuzz: $$passed passed, $$failed failed"; \
 	test $$failed -eq 0
 
-lint: $(NODE_DEPS)
+lint: $(NODE_DEPS) $(VENV_STAMP)
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
-	ruff check tests examples sdk-python
+	$(VENV)/bin/ruff check tests examples sdk-python
 	cd $(NODE_DIR) && $(NODE_BIN)/biome check . ../examples/demo.mjs
 
 clean:

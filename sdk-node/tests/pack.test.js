@@ -20,10 +20,11 @@ test('npm pack gives a package that installs and runs from the tarball', () => {
     for (const needed of ['index.js', 'index.mjs', 'index.d.ts', 'binding.js', 'bin/colocated.js', 'package.json']) {
       assert.ok(files.includes(needed), `${needed} is in the package`)
     }
-    assert.ok(
-      files.some((f) => f.endsWith('.node')),
-      'the addon is in the package',
-    )
+    const addon = packed.files.find((f) => f.path.endsWith('.node'))
+    assert.ok(addon, 'the addon is in the package')
+    // `npm pack` builds the release addon first (its `prepack`): about 9 MB,
+    // where a debug build is over 100 MB.
+    assert.ok(addon.size < 32 * 1024 * 1024, `the packed addon is a release build (${addon.size} bytes)`)
     assert.ok(!files.some((f) => f.startsWith('tests/') || f.startsWith('src/') || f.startsWith('node_modules/')))
     const app = path.join(dir, 'app')
     fs.mkdirSync(app)
