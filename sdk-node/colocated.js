@@ -7,6 +7,7 @@
 
 const { AsyncLocalStorage } = require('node:async_hooks')
 const { threadId } = require('node:worker_threads')
+const signatures = require('./arguments.js')
 const errors = require('./errors.js')
 const streams = require('./streams.js')
 
@@ -192,6 +193,8 @@ module.exports = function install(binding, exports) {
    * as a colocated function): resolves with its answer (a Buffer).
    */
   exports.callHost = function callHost(index, data) {
+    const refused = signatures.mismatch('callHost', [index, data])
+    if (refused !== null) return Promise.reject(refused)
     const call = current.getStore()
     if (call === undefined) {
       return Promise.reject(new errors.InvalidArgumentError('callHost is for code that runs as a colocated function'))
@@ -206,7 +209,7 @@ module.exports = function install(binding, exports) {
    * programs call it by its index there (`callHost(index, bytes)`).
    */
   exports.hostCallback = function hostCallback(fn, name) {
-    if (typeof fn !== 'function') throw new errors.InvalidArgumentError('hostCallback() takes a function')
+    signatures.check('hostCallback', [fn, name])
     return new binding.HostCallback(name ?? (fn.name || 'host callback'), async (call) => {
       try {
         call.resolve(bytesOf(await fn(call.input), 'a host callback’s results'))
@@ -311,10 +314,12 @@ module.exports = function install(binding, exports) {
    * `specialize({outSpecsFn})` declares them instead, `devices` lets calls
    * without arguments run.
    */
-  function colocated(fn, options = {}) {
+  function colocated(fn, options) {
     // Used as a standard decorator (`@colocated` on a method, often static):
     // the second argument is the decorator's context.
     if (isDecoratorContext(options, 'method')) options = {}
+    signatures.check('colocated', [fn, options])
+    options = options ?? {}
     let what
     let name
     if (typeof fn === 'function') {
@@ -333,7 +338,9 @@ module.exports = function install(binding, exports) {
     }
     const state = new FunctionState(name, options.devices ?? null, inSpecs)
     const call = caller(state, what, options, null)
-    call.specialize = (more = {}) => {
+    call.specialize = (more) => {
+      signatures.check('specialize', [more])
+      more = more ?? {}
       for (const key of ['inSpecs', 'outSpecsFn', 'devices', 'hostCallbacks']) {
         if (more[key] !== undefined && options[key] !== undefined) {
           throw new errors.InvalidArgumentError(`${key} already specified`)
@@ -421,9 +428,11 @@ module.exports = function install(binding, exports) {
    * `[Symbol.dispose]()` runs then. A constructor's error is thrown again by
    * every call. Methods are called like colocated functions.
    */
-  function colocatedClass(Class, options = {}) {
+  function colocatedClass(Class, options) {
     // Used as a standard decorator (`@colocatedClass`).
     if (isDecoratorContext(options, 'class')) options = {}
+    signatures.check('colocatedClass', [Class, options])
+    options = options ?? {}
     let what
     let name
     if (typeof Class === 'function') {

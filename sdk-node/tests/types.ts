@@ -53,6 +53,10 @@ async function main(): Promise<void> {
     }
   }
   void data
+
+  // PartitionSpec takes its entries as arguments.
+  const spec2: c.PartitionSpec = new c.PartitionSpec('x', null, ['y', 'z'])
+  void spec2
 }
 
 void main
