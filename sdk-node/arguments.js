@@ -98,6 +98,22 @@ function options(fields, expected = 'an object') {
   }
 }
 
+/** An object whose every value is `item`. */
+function recordOf(item, expected) {
+  return {
+    expected,
+    shape: 'object',
+    check: (value, path) => {
+      if (!isObject(value)) return `${path} must be ${expected}, not ${describe(value)}`
+      for (const [key, v] of Object.entries(value)) {
+        const mismatch = item.check(v, `${path}.${key}`)
+        if (mismatch !== null) return mismatch
+      }
+      return null
+    },
+  }
+}
+
 /** `t`, or undefined or null (absent). */
 function optional(t) {
   return {
@@ -134,12 +150,16 @@ const specEntry = anyOf(
 
 /** A function or class a host imports: `{module, export}`. */
 const byModule = options({ module: string, export: optional(string) }, '{module, export}')
+/** Host callbacks of a colocated function: by index (bytes), or by name (values). */
+const namedOrIndexed = optional(
+  anyOf(hostCallbacks, recordOf(anyOf(func, hostCallback), 'an object of functions and HostCallbacks, by name')),
+)
 /** The options of a colocated function (`colocated(fn, options)`, `specialize(options)`). */
 const colocatedOptions = options({
   inSpecs: optional(type('an array of ShapeDtypeStructs, one per argument', Array.isArray)),
   outSpecsFn: optional(func),
   devices: optional(devices),
-  hostCallbacks: optional(hostCallbacks),
+  hostCallbacks: namedOrIndexed,
 })
 
 // Each function's parameters, `[name, type]` in order (`rest`: the type of
@@ -295,7 +315,7 @@ const SIGNATURES = {
           options({
             methods: optional(arrayOf(string, 'an array of method names (strings)')),
             devices: optional(devices),
-            hostCallbacks: optional(hostCallbacks),
+            hostCallbacks: namedOrIndexed,
           }),
         ),
       ],

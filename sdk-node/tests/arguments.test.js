@@ -150,7 +150,12 @@ test('a value of the wrong type gets InvalidArgumentError naming the argument an
     [
       () => f.specialize({ hostCallbacks: 3 }),
       'throws',
-      'specialize: options.hostCallbacks must be an array of HostCallbacks',
+      'specialize: options.hostCallbacks must be an array of HostCallbacks or an object of functions',
+    ],
+    [
+      () => f.specialize({ hostCallbacks: { log: 'console' } }),
+      'throws',
+      'specialize: options.hostCallbacks.log must be a function or a HostCallback, not a string',
     ],
     [() => c.colocatedClass(3), 'throws', 'colocatedClass: Class must be a function or {module, export}'],
     [
