@@ -356,8 +356,8 @@ const SIGNATURES = {
  * refuses, or null (also for a name without a signature).
  */
 function mismatch(name, args) {
+  if (!Object.hasOwn(SIGNATURES, name)) return null
   const signature = SIGNATURES[name]
-  if (signature === undefined) return null
   if (signature.made !== undefined) {
     return new errors.InvalidArgumentError(`${name} has no public constructor: its objects come from ${signature.made}`)
   }
@@ -385,6 +385,6 @@ function check(name, args) {
 }
 
 /** Whether `name` returns a Promise (its argument errors then reject it). */
-const isAsync = (name) => SIGNATURES[name]?.async === true
+const isAsync = (name) => Object.hasOwn(SIGNATURES, name) && SIGNATURES[name].async === true
 
 module.exports = { check, mismatch, isAsync, describe, SIGNATURES }
