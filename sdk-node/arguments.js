@@ -348,6 +348,17 @@ const SIGNATURES = {
     params: [['options', optional(options({ signal: optional(signal) }))]],
   },
   'Client.loadPlugin': { params: [['path', string]] },
+  ...Object.fromEntries(
+    ['on', 'once', 'off', 'addListener', 'removeListener'].map((method) => [
+      `Client.${method}`,
+      {
+        params: [
+          ['event', string],
+          ['listener', func],
+        ],
+      },
+    ]),
+  ),
   'Stream.run': { params: [['fn', func]] },
 }
 

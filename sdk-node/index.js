@@ -253,6 +253,7 @@ function emitterOf(client) {
 const EVENTS = new Set(['hostLost'])
 for (const method of ['on', 'once', 'off', 'addListener', 'removeListener']) {
   binding.Client.prototype[method] = function (event, listener) {
+    signatures.check(`Client.${method}`, [event, listener])
     if (!EVENTS.has(event)) {
       throw new errors.InvalidArgumentError(`a Client emits 'hostLost', not ${JSON.stringify(event)}`)
     }

@@ -179,6 +179,8 @@ test('a value of the wrong type gets InvalidArgumentError naming the argument an
     ],
     [() => client.loadPlugin(1), 'throws', 'Client.loadPlugin: path must be a string, not a number (1)'],
     [() => client.createStream().run(1), 'throws', 'Stream.run: fn must be a function, not a number (1)'],
+    [() => client.on('hostLost', 'log'), 'throws', 'Client.on: listener must be a function, not a string'],
+    [() => client.once(Symbol('hostLost'), () => {}), 'throws', 'Client.once: event must be a string, not a symbol'],
   ]
   for (const [call, how, message] of cases) {
     const expected = (e) => {
