@@ -296,11 +296,17 @@ export declare class ObjectHandle {
 
 /**
  * How each array dimension is split over mesh axes: a name, several names
- * (major first), or `null` (not split). Made with `P('x', null)`.
+ * (major first), or `null` (not split): `new PartitionSpec('x', null)`, or
+ * `P('x', null)` (as JAX's `PartitionSpec('x', None)`).
  */
 export declare class PartitionSpec {
-  /** One entry per dimension: an axis name, an array of them, or null. */
-  constructor(entries: Array<string | string[] | null>)
+  /**
+   * One entry per dimension, each an argument: an axis name, an array of
+   * them, or null. Throws `InvalidArgumentError` naming an entry of
+   * another type. (The package's class hands the entries to the native
+   * constructor as one array.)
+   */
+  constructor(...entries: Array<string | string[] | null>)
   /** The entries: an array of axis names per dimension (empty: not split). */
   get entries(): Array<Array<string>>
   /** `P('x', null)`. */

@@ -7,8 +7,10 @@
 
 const { AsyncLocalStorage } = require('node:async_hooks')
 const { threadId } = require('node:worker_threads')
+const signatures = require('./arguments.js')
 const errors = require('./errors.js')
 const streams = require('./streams.js')
+const values = require('./values.js')
 
 module.exports = function install(binding, exports) {
   const { ColocatedArray, FunctionState } = binding
@@ -166,8 +168,9 @@ module.exports = function install(binding, exports) {
     return Class
   }
 
-  // The host call a function's code runs for (across its awaits): where
-  // `callHost` finds the program's host callbacks.
+  // The host call a function's code runs for (across its awaits), and the
+  // names of its program's host callbacks: where `callHost` and
+  // `hostCallbacks` find the program's host callbacks.
   const current = new AsyncLocalStorage()
 
   /** The message of anything thrown (which may not even convert to a string). */
@@ -179,6 +182,12 @@ module.exports = function install(binding, exports) {
     }
   }
 
+  /** Answers a callback's or a host call's `call` with the error `err` that user code threw. */
+  function rejectWith(call, err) {
+    const code = err instanceof errors.ColocatedError ? err.code : null
+    call.reject(describeError(err), typeof err?.stack === 'string' ? err.stack : null, code)
+  }
+
   /** Bytes for the wire: a Buffer, a Uint8Array, or a string (UTF-8). */
   function bytesOf(data, what) {
     if (data === undefined || data === null) return Buffer.alloc(0)
@@ -187,35 +196,124 @@ module.exports = function install(binding, exports) {
     throw new errors.InvalidArgumentError(`${what} are bytes (a Buffer, a Uint8Array or a string)`)
   }
 
+  const outsideProgram = (what) =>
+    new errors.InvalidArgumentError(`${what} is for code that runs as a colocated function (on a host, during a call)`)
+
   /**
    * Calls host callback `index` of the running program (from code that runs
    * as a colocated function): resolves with its answer (a Buffer).
    */
   exports.callHost = function callHost(index, data) {
-    const call = current.getStore()
-    if (call === undefined) {
-      return Promise.reject(new errors.InvalidArgumentError('callHost is for code that runs as a colocated function'))
-    }
-    return call.callHost(index, bytesOf(data, 'a host callback’s arguments'))
+    const refused = signatures.mismatch('callHost', [index, data])
+    if (refused !== null) return Promise.reject(refused)
+    const running = current.getStore()
+    if (running === undefined) return Promise.reject(outsideProgram('callHost'))
+    return running.call.callHost(index, bytesOf(data, 'a host callback’s arguments'))
   }
+
+  // The functions `hostCallback(fn)` wrapped: given by name, they take and
+  // return values.
+  const wrapped = new WeakMap()
 
   /**
    * A host callback: `fn` runs on this process's event loop whenever a
-   * program on any host calls it (bytes in, bytes out; it may be async).
-   * Give it to `compile({hostCallbacks})` or `specialize({hostCallbacks})`;
-   * programs call it by its index there (`callHost(index, bytes)`).
+   * program on any host calls it (it may be async). Given by index
+   * (`compile({hostCallbacks: [cb]})`, `specialize({hostCallbacks: [cb]})`)
+   * it takes and returns bytes (`callHost(index, bytes)`); given by name
+   * (`{hostCallbacks: {log: cb}}`) it takes and returns values
+   * (`colocated.hostCallbacks.log(...)`).
    */
   exports.hostCallback = function hostCallback(fn, name) {
-    if (typeof fn !== 'function') throw new errors.InvalidArgumentError('hostCallback() takes a function')
-    return new binding.HostCallback(name ?? (fn.name || 'host callback'), async (call) => {
+    signatures.check('hostCallback', [fn, name])
+    const callback = new binding.HostCallback(name ?? (fn.name || 'host callback'), async (call) => {
       try {
         call.resolve(bytesOf(await fn(call.input), 'a host callback’s results'))
       } catch (err) {
-        const code = err instanceof errors.ColocatedError ? err.code : null
-        call.reject(describeError(err), typeof err?.stack === 'string' ? err.stack : null, code)
+        rejectWith(call, err)
+      }
+    })
+    wrapped.set(callback, fn)
+    return callback
+  }
+
+  /** The HostCallback that runs `fn` (a function, or `hostCallback(fn)`'s) with values, called `name`. */
+  function valueCallback(fn, name) {
+    const run = wrapped.get(fn) ?? fn
+    if (typeof run !== 'function') {
+      throw new errors.InvalidArgumentError(
+        `hostCallbacks.${name} was not made by hostCallback(fn): give a function, or hostCallback(fn)`,
+      )
+    }
+    const what = `host callback '${name}'`
+    return new binding.HostCallback(name, async (call) => {
+      try {
+        const params = values.decode(call.input, what)
+        const result = await run(...(Array.isArray(params) ? params : []))
+        call.resolve(values.encode(result, what, 'its result'))
+      } catch (err) {
+        rejectWith(call, err)
       }
     })
   }
+
+  /**
+   * A colocated function's `hostCallbacks` option as its program's
+   * callbacks (by index) and, for those given by name, their names.
+   */
+  function hostCallbacksOf(given) {
+    if (given === undefined || given === null) return { callbacks: undefined, names: undefined }
+    if (Array.isArray(given)) return { callbacks: given, names: undefined }
+    const names = Object.keys(given)
+    return { callbacks: names.map((name) => valueCallback(given[name], name)), names }
+  }
+
+  /** Calls host callback `name` of the running call `running` with `params`. */
+  async function callByName(running, name, params) {
+    const what = `host callback '${name}'`
+    const index = running.names.indexOf(name)
+    if (index < 0) {
+      const known = running.names.length === 0 ? 'none' : running.names.join(', ')
+      throw new errors.InvalidArgumentError(`${what} was not given to this function (its host callbacks: ${known})`)
+    }
+    const answer = await running.call.callHost(index, values.encode(params, what, 'arguments'))
+    return values.decode(answer, what)
+  }
+
+  /**
+   * The host callbacks given by name to the function that is running
+   * (`colocated.hostCallbacks.log('hi', 3)`): each an async function of
+   * values, resolving with what the controller's function returned.
+   */
+  // (Its target stays empty and extensible, so that its keys may be the
+  // running function's.)
+  exports.hostCallbacks = new Proxy(
+    {},
+    {
+      get(_target, name) {
+        // Not a thenable, and no symbol-keyed members (inspection).
+        if (typeof name !== 'string' || name === 'then') return undefined
+        const running = current.getStore()
+        return async (...params) => {
+          if (running === undefined) throw outsideProgram(`colocated.hostCallbacks.${name}`)
+          return callByName(running, name, params)
+        }
+      },
+      has(_target, name) {
+        return typeof name === 'string' && (current.getStore()?.names.includes(name) ?? false)
+      },
+      ownKeys() {
+        return [...(current.getStore()?.names ?? [])]
+      },
+      getOwnPropertyDescriptor(target, name) {
+        if (!this.has(target, name)) return undefined
+        return { value: this.get(target, name), enumerable: true, configurable: true, writable: false }
+      },
+      // Read-only.
+      set: () => false,
+      defineProperty: () => false,
+      deleteProperty: () => false,
+    },
+  )
 
   /** Runs one host call (from an executor thread) on the event loop. */
   async function run(call) {
@@ -234,13 +332,13 @@ module.exports = function install(binding, exports) {
         fn = await load(call)
       }
       // The arguments' structure travels with the program (one per input spec).
-      const args = unflatten(JSON.parse(call.payload).args, call.inputs)
-      const result = await current.run(call, () => fn(...args))
+      const inputs = unflatten(payload.args, call.inputs)
+      const running = { call, names: payload.hostCallbacks ?? [] }
+      const result = await current.run(running, () => fn(...inputs))
       const { leaves, skeleton } = flatten(result, 'a colocated function’s results')
       call.resolve(leaves, JSON.stringify(skeleton))
     } catch (err) {
-      const code = err instanceof errors.ColocatedError ? err.code : null
-      call.reject(describeError(err), typeof err?.stack === 'string' ? err.stack : null, code)
+      rejectWith(call, err)
     }
   }
   binding._setRunner(run, threadId)
@@ -311,10 +409,12 @@ module.exports = function install(binding, exports) {
    * `specialize({outSpecsFn})` declares them instead, `devices` lets calls
    * without arguments run.
    */
-  function colocated(fn, options = {}) {
+  function colocated(fn, options) {
     // Used as a standard decorator (`@colocated` on a method, often static):
     // the second argument is the decorator's context.
     if (isDecoratorContext(options, 'method')) options = {}
+    signatures.check('colocated', [fn, options])
+    options = options ?? {}
     let what
     let name
     if (typeof fn === 'function') {
@@ -332,8 +432,10 @@ module.exports = function install(binding, exports) {
       inSpecs = { tree: treeKey(specs.skeleton), specs: specs.leaves }
     }
     const state = new FunctionState(name, options.devices ?? null, inSpecs)
-    const call = caller(state, what, options, null)
-    call.specialize = (more = {}) => {
+    const call = caller(state, what, options, hostCallbacksOf(options.hostCallbacks), null)
+    call.specialize = (more) => {
+      signatures.check('specialize', [more])
+      more = more ?? {}
       for (const key of ['inSpecs', 'outSpecsFn', 'devices', 'hostCallbacks']) {
         if (more[key] !== undefined && options[key] !== undefined) {
           throw new errors.InvalidArgumentError(`${key} already specified`)
@@ -352,7 +454,7 @@ module.exports = function install(binding, exports) {
    * The calls of `state` (a colocated function, or one method of one object:
    * `object` = {handle, payload}): flattening, the cache, program order.
    */
-  function caller(state, what, options, object) {
+  function caller(state, what, options, hosted, object) {
     const handles = object === null ? null : [object.handle]
 
     const call = (...args) => {
@@ -380,13 +482,18 @@ module.exports = function install(binding, exports) {
           const specs = flatten(out, 'out specs', binding.ShapeDtypeStruct)
           declared = { specs: specs.leaves, structure: JSON.stringify(specs.skeleton) }
         }
-        const payload = JSON.stringify({ ...what, ...(object === null ? {} : object.payload), args: skeleton })
+        const payload = JSON.stringify({
+          ...what,
+          ...(object === null ? {} : object.payload),
+          args: skeleton,
+          hostCallbacks: hosted.names,
+        })
         // (Absent fields are undefined: the binding reads null as an object.)
         const callOptions = {
           declared: declared ?? undefined,
           payload,
           objects: handles ?? undefined,
-          callbacks: options.hostCallbacks ?? undefined,
+          callbacks: hosted.callbacks,
           stream: stream ?? undefined,
         }
         // Its place in the stream is held now; it compiles or discovers on
@@ -421,9 +528,11 @@ module.exports = function install(binding, exports) {
    * `[Symbol.dispose]()` runs then. A constructor's error is thrown again by
    * every call. Methods are called like colocated functions.
    */
-  function colocatedClass(Class, options = {}) {
+  function colocatedClass(Class, options) {
     // Used as a standard decorator (`@colocatedClass`).
     if (isDecoratorContext(options, 'class')) options = {}
+    signatures.check('colocatedClass', [Class, options])
+    options = options ?? {}
     let what
     let name
     if (typeof Class === 'function') {
@@ -439,6 +548,16 @@ module.exports = function install(binding, exports) {
       typeof Class === 'function'
         ? Object.getOwnPropertyNames(Class.prototype).filter((m) => m !== 'constructor')
         : (options.methods ?? [])
+    // Each method's host callbacks (its own options', else the class's).
+    const hostedOf = new Map()
+    const hostedFor = (method) => {
+      let hosted = hostedOf.get(method)
+      if (hosted === undefined) {
+        hosted = hostCallbacksOf(options[method]?.hostCallbacks ?? options.hostCallbacks)
+        hostedOf.set(method, hosted)
+      }
+      return hosted
+    }
     const Wrapper = class {
       #handle = new binding.ObjectHandle()
       #args
@@ -453,7 +572,7 @@ module.exports = function install(binding, exports) {
           const state = new FunctionState(`${name}.${method}`, options.devices ?? null, undefined)
           const payload = { object: { id: this.#handle.id, class: what, args: this.#args }, method }
           const methodOptions = { hostCallbacks: options.hostCallbacks, ...(options[method] ?? {}) }
-          call = caller(state, {}, methodOptions, { handle: this.#handle, payload })
+          call = caller(state, {}, methodOptions, hostedFor(method), { handle: this.#handle, payload })
           this.#calls.set(method, call)
         }
         if (this.#disposed) {

@@ -70,11 +70,16 @@ const ARGUMENT_STATUSES = new Set([
   'DetachableArraybufferExpected',
 ])
 
-/** `err` as a ColocatedError when the binding layer refused an argument. */
-function translate(err) {
+/**
+ * `err` as a ColocatedError when the binding layer refused an argument of
+ * `where` (a function's name) that `arguments.js` let through.
+ */
+function translate(err, where = 'colocated') {
   if (err instanceof ColocatedError || !(err instanceof Error)) return err
   if (ARGUMENT_STATUSES.has(err.code)) {
-    return new classes.InvalidArgumentError(err.message, { cause: err })
+    return new classes.InvalidArgumentError(`${where}: an argument has a type it does not take (${err.message})`, {
+      cause: err,
+    })
   }
   return err
 }

@@ -90,6 +90,26 @@ export declare function P(...entries: (string | string[] | null)[]): PartitionSp
  */
 export declare function blockUntilReady<T>(tree: T, options?: { signal?: AbortSignal }): Promise<T>
 
+/**
+ * The host callbacks of a colocated function: by index (an array: each
+ * takes and returns bytes, `callHost(index, bytes)` calls it), or by name
+ * (an object of functions or `hostCallback(fn)`s: each is an async function
+ * of values inside the function, `colocated.hostCallbacks.name(...)`).
+ */
+export type HostCallbacksOption = HostCallback[] | Record<string, HostCallback | ((...args: never[]) => unknown)>
+
+/** The options of a colocated function (`colocated(fn, options)`, `specialize(options)`). */
+export interface ColocatedOptions {
+  /** The arguments' specs every call must match (an array of them, as the arguments). */
+  inSpecs?: unknown[]
+  /** The arguments' specs to the result's `ShapeDtypeStruct`s: the outputs are declared, not discovered. */
+  outSpecsFn?: (...specs: unknown[]) => unknown
+  /** Lets calls without arguments run, on these devices. */
+  devices?: Device[]
+  /** Controller functions the function may call (see `HostCallbacksOption`). */
+  hostCallbacks?: HostCallbacksOption
+}
+
 /** A function that runs on the hosts of its arguments' devices (see `colocated`). */
 export interface ColocatedFunction<Args extends unknown[], Result> {
   /** Runs it with each host's part of each argument; resolves with the result tree (arrays ready later). */
@@ -99,12 +119,7 @@ export interface ColocatedFunction<Args extends unknown[], Result> {
    * result's `ShapeDtypeStruct`s; no discovery run) and/or runs without
    * arguments on `devices`. Specifying a field twice throws InvalidArgumentError.
    */
-  specialize(options: {
-    /** The arguments' specs every call must match (an array of them, as the arguments). */
-    inSpecs?: unknown[]
-    outSpecsFn?: (...specs: unknown[]) => unknown
-    devices?: Device[]
-  }): ColocatedFunction<Args, Result>
+  specialize(options?: ColocatedOptions): ColocatedFunction<Args, Result>
   /** Hits, misses and size of the cache of compiled programs per input spec. */
   cacheInfo(): { hits: number; misses: number; currsize: number }
 }
@@ -120,8 +135,12 @@ export interface ColocatedFunction<Args extends unknown[], Result> {
  */
 export declare function colocated<Args extends ColocatedArray[], Result>(
   fn: (...args: Args) => Result | Promise<Result>,
+  options?: ColocatedOptions,
 ): ColocatedFunction<Args, Awaited<Result>>
-export declare function colocated(fn: { module: string; export?: string }): ColocatedFunction<ColocatedArray[], unknown>
+export declare function colocated(
+  fn: { module: string; export?: string },
+  options?: ColocatedOptions,
+): ColocatedFunction<ColocatedArray[], unknown>
 /**
  * `@colocated` on a method (often static), a TypeScript 5 / ECMAScript
  * standard decorator: the method runs as a colocated function. (A decorator
@@ -143,6 +162,7 @@ export declare function colocated<This, Args extends unknown[], Result>(
  */
 export declare function colocatedClass<Args extends unknown[], Instance>(
   Class: new (...args: Args) => Instance,
+  options?: { devices?: Device[]; hostCallbacks?: HostCallbacksOption },
 ): new (
   ...args: Args
 ) => {
@@ -163,22 +183,73 @@ export declare function colocatedClass<C extends abstract new (...args: never[])
 ): C
 export declare function colocatedClass(
   Class: { module: string; export?: string },
-  options: { methods: string[] },
+  options: { methods: string[]; devices?: Device[]; hostCallbacks?: HostCallbacksOption },
 ): new (
   ...args: unknown[]
 ) => Record<string, (...args: ColocatedArray[]) => Promise<unknown>> & { dispose(): void }
 
 /**
+ * What a host callback given by name takes and returns: JSON values
+ * (objects with `toJSON()` as JSON sends them), and `undefined`, NaN and
+ * ±Infinity, bigints, typed arrays and Buffers, which arrive as they were
+ * sent; in arrays and plain objects. Anything else (a function, a Map, a
+ * class instance, a colocated Array, a cycle) is refused with
+ * `InvalidArgumentError`.
+ */
+export type HostValue =
+  | null
+  | undefined
+  | boolean
+  | number
+  | bigint
+  | string
+  | TypedArray
+  | Buffer
+  | { toJSON(): unknown }
+  | readonly HostValue[]
+  | { readonly [key: string]: HostValue }
+
+/**
+ * The host callbacks given by name to the colocated function that is
+ * running: `await colocated.hostCallbacks.log('hi', 3)` calls the
+ * controller's `log` with those values, wherever the function runs, and
+ * resolves with what it returned. Declare yours for their types:
+ * `declare module 'colocated' { interface HostCallbacks { log(msg: string, n: number): Promise<void> } }`.
+ */
+export interface HostCallbacks {
+  [name: string]: HostCallbackFunction
+}
+/**
+ * A host callback by name, as the function calls it. (A method's type, so
+ * that declarations with narrower parameters fit `HostCallbacks`.)
+ */
+export type HostCallbackFunction = { call(...args: HostValue[]): Promise<unknown> }['call']
+
+/**
+ * The running colocated function's host callbacks by name (see
+ * `HostCallbacks`). A call rejects with `InvalidArgumentError` outside a
+ * colocated function, for a name the function was not given, or for a value
+ * that cannot be sent; with the callback's error when it throws.
+ */
+export declare const hostCallbacks: HostCallbacks
+
+/**
  * A host callback: `fn` runs on this process's event loop whenever a program
- * on any host calls it (bytes in, bytes out; it may be async). Programs get it
- * by index from `compile({hostCallbacks})` or `specialize({hostCallbacks})`.
+ * on any host calls it (it may be async). Given by index
+ * (`compile({hostCallbacks: [cb]})`, `specialize({hostCallbacks: [cb]})`), it
+ * takes and returns bytes (`callHost(index, bytes)`); given by name
+ * (`{hostCallbacks: {log: cb}}`), it takes and returns values (`HostValue`).
  */
 export declare function hostCallback(
   fn: (input: Buffer) => Uint8Array | string | undefined | Promise<Uint8Array | string | undefined>,
   name?: string,
 ): HostCallback
+export declare function hostCallback<Args extends HostValue[]>(
+  fn: (...args: Args) => HostValue | Promise<HostValue> | void | Promise<void>,
+  name?: string,
+): HostCallback
 
-/** Calls host callback `index` of the running program, from code that runs as a colocated function. */
+/** Calls host callback `index` of the running program (bytes in, bytes out), from code that runs as a colocated function. */
 export declare function callHost(index: number, data?: Uint8Array | string): Promise<Buffer>
 
 /** The canonical error codes (core's, as in the Python SDK). */

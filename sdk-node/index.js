@@ -6,37 +6,53 @@ const { EventEmitter } = require('node:events')
 const binding = require('./binding.js')
 const errors = require('./errors.js')
 const streams = require('./streams.js')
+const signatures = require('./arguments.js')
 
 binding._setErrorFactory(errors.fromCore)
 
-/** Rethrows an argument error of the binding layer as InvalidArgumentError. */
-function guard(fn) {
-  const guarded = function (...args) {
+/**
+ * `fn` (named `name` in messages) checking its arguments' types first
+ * (`arguments.js`), and rethrowing an argument error of the binding layer as
+ * InvalidArgumentError. A function that returns a Promise rejects it instead.
+ */
+function guard(fn, name) {
+  const isAsync = signatures.isAsync(name)
+  const guarded = function (...params) {
+    const refused = signatures.mismatch(name, params)
+    if (refused !== null) {
+      if (isAsync) return Promise.reject(refused)
+      throw refused
+    }
     try {
-      return fn.apply(this, args)
+      return fn.apply(this, params)
     } catch (err) {
-      throw errors.translate(err)
+      throw errors.translate(err, name)
     }
   }
   Object.defineProperty(guarded, 'name', { value: fn.name })
   return guarded
 }
 
-/** Guards a class's methods and getters, and its constructor. */
-function guardClass(cls) {
+/**
+ * Guards a class's methods and getters, and its constructor (`pack`: the
+ * constructor takes its arguments as one array, which JavaScript gives as
+ * separate arguments).
+ */
+function guardClass(cls, name, pack = false) {
   for (const key of Object.getOwnPropertyNames(cls.prototype)) {
     if (key === 'constructor') continue
     const d = Object.getOwnPropertyDescriptor(cls.prototype, key)
-    if (typeof d.value === 'function') d.value = guard(d.value)
-    if (d.get) d.get = guard(d.get)
+    if (typeof d.value === 'function') d.value = guard(d.value, `${name}.${key}`)
+    if (d.get) d.get = guard(d.get, `${name}.${key}`)
     if (d.configurable) Object.defineProperty(cls.prototype, key, d)
   }
   return new Proxy(cls, {
-    construct(target, args, newTarget) {
+    construct(target, params, newTarget) {
+      signatures.check(name, params)
       try {
-        return Reflect.construct(target, args, newTarget)
+        return Reflect.construct(target, pack ? [params] : params, newTarget)
       } catch (err) {
-        throw errors.translate(err)
+        throw errors.translate(err, name)
       }
     },
   })
@@ -185,13 +201,14 @@ binding.Stream.prototype.run = function (fn) {
   return streams.context.run(this, fn)
 }
 
-for (const name of CLASSES) module.exports[name] = guardClass(binding[name])
-for (const name of FUNCTIONS) module.exports[name] = guard(binding[name])
+for (const name of CLASSES) module.exports[name] = guardClass(binding[name], name, name === 'PartitionSpec')
+for (const name of FUNCTIONS) module.exports[name] = guard(binding[name], name)
 module.exports.Array = module.exports.ColocatedArray
 
-/** A partition spec: `P('x', null)`, `P(['x', 'y'])`. */
+/** A partition spec: `P('x', null)`, `P(['x', 'y'])` (as `new PartitionSpec('x', null)`). */
 module.exports.P = function P(...entries) {
-  return new module.exports.PartitionSpec(entries)
+  signatures.check('P', entries)
+  return new module.exports.PartitionSpec(...entries)
 }
 
 /**
@@ -200,6 +217,7 @@ module.exports.P = function P(...entries) {
  * aborts.
  */
 module.exports.blockUntilReady = async function blockUntilReady(tree, options) {
+  signatures.check('blockUntilReady', [tree, options])
   const pending = []
   const visit = (x) => {
     if (x instanceof binding.ColocatedArray) pending.push(x.ready())
@@ -235,6 +253,7 @@ function emitterOf(client) {
 const EVENTS = new Set(['hostLost'])
 for (const method of ['on', 'once', 'off', 'addListener', 'removeListener']) {
   binding.Client.prototype[method] = function (event, listener) {
+    signatures.check(`Client.${method}`, [event, listener])
     if (!EVENTS.has(event)) {
       throw new errors.InvalidArgumentError(`a Client emits 'hostLost', not ${JSON.stringify(event)}`)
     }

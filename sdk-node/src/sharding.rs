@@ -97,7 +97,10 @@ fn flatten_devices(
     let is_array = value.is_array().unwrap_or(false);
     if !is_array {
         if depth == 0 {
-            return Err(invalid("a mesh takes an array of devices"));
+            return Err(invalid(format!(
+                "Mesh: devices must be an array of Devices, not {}",
+                type_name(&value)
+            )));
         }
         let device = device_of(env, &value)?;
         if shape.len() != depth {
@@ -119,13 +122,13 @@ fn flatten_devices(
     Ok(())
 }
 
-/// The device `value` is, or `invalid_argument`.
-pub(crate) fn device_of(env: &Env, value: &Unknown) -> core::Result<Device> {
+/// The device `value` (an item of a mesh's devices) is, or `invalid_argument`.
+fn device_of(env: &Env, value: &Unknown) -> core::Result<Device> {
     // SAFETY: `value` is a live value of this call's environment.
     match unsafe { ClassInstance::<Device>::from_napi_value(env.raw(), value.raw()) } {
         Ok(d) => Ok((*d).clone()),
         Err(_) => Err(invalid(format!(
-            "expected a Device, got {}",
+            "Mesh: devices must hold Devices, not {}",
             type_name(value)
         ))),
     }
@@ -148,7 +151,8 @@ pub(crate) fn type_name(value: &Unknown) -> &'static str {
 }
 
 /// How each array dimension is split over mesh axes: a name, several names
-/// (major first), or `null` (not split). Made with `P('x', null)`.
+/// (major first), or `null` (not split): `new PartitionSpec('x', null)`, or
+/// `P('x', null)` (as JAX's `PartitionSpec('x', None)`).
 #[napi]
 #[derive(Clone)]
 pub struct PartitionSpec {
@@ -157,8 +161,14 @@ pub struct PartitionSpec {
 
 #[napi]
 impl PartitionSpec {
-    /// One entry per dimension: an axis name, an array of them, or null.
-    #[napi(constructor, ts_args_type = "entries: Array<string | string[] | null>")]
+    /// One entry per dimension, each an argument: an axis name, an array of
+    /// them, or null. Throws `InvalidArgumentError` naming an entry of
+    /// another type. (The package's class hands the entries to the native
+    /// constructor as one array.)
+    #[napi(
+        constructor,
+        ts_args_type = "...entries: Array<string | string[] | null>"
+    )]
     pub fn new(entries: Vec<Either<Either<String, Vec<String>>, Null>>) -> Self {
         let entries = entries
             .into_iter()

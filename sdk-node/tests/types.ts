@@ -53,6 +53,43 @@ async function main(): Promise<void> {
     }
   }
   void data
+
+  // PartitionSpec takes its entries as arguments.
+  const spec2: c.PartitionSpec = new c.PartitionSpec('x', null, ['y', 'z'])
+  void spec2
+
+  // Host callbacks by name: async functions of values inside the function.
+  const log = c.hostCallback(async (msg: string, n: number) => ({ msg, twice: n * 2 }))
+  const logged = c
+    .colocated(
+      async (a: c.Array) => {
+        const answer = await c.hostCallbacks.log('hi', 3)
+        const twice: number = answer.twice
+        const other: unknown = await c.hostCallbacks.other(1n, new Float32Array(2), { nested: [null, undefined] })
+        void [twice, other]
+        return a
+      },
+      { hostCallbacks: { log, quiet: () => {} } },
+    )
+    .specialize({ outSpecsFn: (s) => s })
+  const z: c.Array = await logged(x)
+  void z
+  // By index: bytes in, bytes out.
+  const bytes = c.hostCallback((input) => input.subarray(1))
+  c.colocated((a: c.Array) => a).specialize({ hostCallbacks: [bytes] })
+  const answer: Buffer = await c.callHost(0, 'x')
+  void answer
+  // @ts-expect-error: a host callback is a function
+  c.colocated((a: c.Array) => a, { hostCallbacks: { log: 3 } })
+  // @ts-expect-error: log takes a string and a number
+  void c.hostCallbacks.log(() => 1)
+}
+
+// The types of this program's host callbacks by name.
+declare module 'colocated' {
+  interface HostCallbacks {
+    log(msg: string, n: number): Promise<{ msg: string; twice: number }>
+  }
 }
 
 void main
