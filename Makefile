@@ -10,8 +10,8 @@
 # root and without installing anything system-wide: Python packages (cmake and
 # ruff among them) into build/venv, cbindgen and cargo-fuzz into build/tools
 # (`cargo install --locked --root`), npm packages into sdk-node/node_modules
-# (`npm ci`). They expect Rust (cargo), a C compiler, Python 3 with venv, and
-# Node 20+ with npm; `make check-prerequisites` says what is missing and how
+# (`npm ci`). They expect Rust (cargo), a C compiler, Python 3 with venv,
+# pkg-config, and Node 20+ with npm; `make check-prerequisites` says what is missing and how
 # to get it.
 CARGO ?= cargo
 CC ?= cc
@@ -81,6 +81,7 @@ check-prerequisites:
 	need $(PYTHON) "install Python 3.10+ (Debian: apt-get install python3 python3-venv)"; \
 	need node "install Node.js 20+ with npm (Debian: apt-get install nodejs npm)"; \
 	need npm "install npm (Debian: apt-get install npm)"; \
+	need pkg-config "install pkg-config (Debian: apt-get install pkg-config)"; \
 	if command -v $(PYTHON) >/dev/null 2>&1 && ! $(PYTHON) -c "import ensurepip, venv" >/dev/null 2>&1; then \
 	  echo "make: $(PYTHON) cannot make a venv (Debian: apt-get install python3-venv)" >&2; missing=1; fi; \
 	if command -v node >/dev/null 2>&1 && [ "$$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then \
