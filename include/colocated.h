@@ -1164,7 +1164,7 @@ extern "C" {
 uint32_t colocated_api_version(void);
 
 /**
- * The release of the library that is loaded (`"0.1.0"`): a NUL-terminated
+ * The release of the library that is loaded (`"0.2.0"`): a NUL-terminated
  * string the library owns, valid for the life of the process. The same
  * release a worker and a controller exchange when a session opens (they
  * refuse another major.minor). Needs no client. API 1.4.
@@ -1507,7 +1507,7 @@ colocated_error *colocated_client_platform_name(const colocated_client *handle_,
                                                 colocated_string_view *out);
 
 /**
- * The runtime version (`"0.1.0"`).
+ * The runtime version (`"0.2.0"`).
  *
  * The string is borrowed from the object (NUL-terminated).
  * Thread-safety: any thread.

@@ -438,7 +438,7 @@ pub unsafe extern "C" fn colocated_client_platform_name(
         )
     })
 }
-/// The runtime version (`"0.1.0"`).
+/// The runtime version (`"0.2.0"`).
 ///
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.

@@ -56,7 +56,7 @@ pub extern "C" fn colocated_api_version() -> u32 {
     COLOCATED_API_VERSION
 }
 
-/// The release of the library that is loaded (`"0.1.0"`): a NUL-terminated
+/// The release of the library that is loaded (`"0.2.0"`): a NUL-terminated
 /// string the library owns, valid for the life of the process. The same
 /// release a worker and a controller exchange when a session opens (they
 /// refuse another major.minor). Needs no client. API 1.4.

@@ -77,7 +77,7 @@ TEST(platform_name_version_and_process_index) {
   CHECK_OK(colocated_client_platform_name(client, &name));
   CHECK_VIEW_EQ(name, "colocated");
   CHECK_OK(colocated_client_platform_version(client, &version));
-  /* "major.minor.patch" ("0.1.0" today), NUL-terminated */
+  /* "major.minor.patch" ("0.2.0" today), NUL-terminated */
   int dots = 0;
   CHECK(version.size >= 5 && version.data[version.size] == '\0');
   for (size_t i = 0; i < version.size; ++i) {

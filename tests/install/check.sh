@@ -43,7 +43,7 @@ if command -v cmake >/dev/null 2>&1; then
   LD_LIBRARY_PATH=$lib "$out/cmake/version_shared" | grep -q "^$expect .* devices 3$" || fail "the CMake shared build"
   "$out/cmake/version_static" | grep -q "^$expect .* devices 3$" || fail "the CMake static build"
   # A release line the prefix does not have is not found.
-  sed 's/find_package(colocated 0.1 /find_package(colocated 9.0 /' "$here/cmake/CMakeLists.txt" > "$out/CMakeLists.txt"
+  sed 's/find_package(colocated 0.2 /find_package(colocated 9.0 /' "$here/cmake/CMakeLists.txt" > "$out/CMakeLists.txt"
   mkdir -p "$out/other" && cp "$out/CMakeLists.txt" "$out/other/" && cp "$here/version.c" "$out/"
   if cmake -S "$out/other" -B "$out/other/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null 2>&1; then
     fail "find_package(colocated 9.0) found $release"
