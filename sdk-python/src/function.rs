@@ -113,11 +113,7 @@ impl core::CallSite for PySite {
                 .iter()
                 .map(array_spec)
                 .collect::<PyResult<Vec<_>>>()?;
-            Ok(Some(core::Outputs {
-                structure: Vec::new(),
-                origins: vec![core::OutputOrigin::New; specs.len()],
-                specs,
-            }))
+            Ok(Some(core::Outputs::declared(Vec::new(), specs)))
         })
     }
 
