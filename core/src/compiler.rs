@@ -203,10 +203,12 @@ impl Client {
             .iter()
             .map(|p| p.mesh_axes.iter().map(|a| *a as usize).collect())
             .collect();
-        let sharding = Sharding::named(
+        let sharding = Sharding::from_wire(
             self.devices_by_id(&s.device_ids)?,
             mesh_shape,
             s.axis_names.clone(),
+            &s.axis_types,
+            s.mesh,
             partition,
         )?;
         ArraySpec::new(spec.shape.clone(), DType::from_u32(spec.dtype)?, sharding)

@@ -73,6 +73,17 @@ impl MemoryKind {
             MemoryKind::UnpinnedHost => "unpinned_host",
         }
     }
+
+    /// The kind of C ABI value `v` (as `MemoryKind as u32`), or `None` for a
+    /// value no kind has.
+    pub fn from_u32(v: u32) -> Option<MemoryKind> {
+        match v {
+            1 => Some(MemoryKind::Device),
+            2 => Some(MemoryKind::PinnedHost),
+            3 => Some(MemoryKind::UnpinnedHost),
+            _ => None,
+        }
+    }
 }
 
 pub(crate) struct MemorySpaceInner {

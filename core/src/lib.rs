@@ -83,6 +83,6 @@ pub use future::{Event, Progress};
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
 pub use program::{Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
 pub use remote::without_waiting;
-pub use sharding::{Replica, Sharding};
+pub use sharding::{AxisType, Replica, Sharding};
 pub use spec::ArraySpec;
 pub use storage::HostMemory;

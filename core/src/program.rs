@@ -72,6 +72,8 @@ impl Program {
                         mesh_axes: axes.iter().map(|a| *a as u32).collect(),
                     })
                     .collect(),
+                axis_types: s.sharding.wire_axis_types(),
+                mesh: !s.sharding.is_single_device(),
             }),
         };
         pb::Executable {

@@ -682,6 +682,8 @@ pub(crate) fn local_spec(
                     mesh_axes: axes.iter().map(|a| *a as u32).collect(),
                 })
                 .collect(),
+            axis_types: sharding.wire_axis_types(),
+            mesh: !sharding.is_single_device(),
         }),
     };
     Ok((local, positions))

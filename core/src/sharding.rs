@@ -1,5 +1,6 @@
-//! Shardings: a device list plus a layout — replicated, or split over a mesh as
-//! JAX's `NamedSharding(Mesh(devices, axis_names), PartitionSpec(...))`.
+//! Shardings: a device list plus a layout — one device's, or split over a mesh
+//! as JAX's `NamedSharding(Mesh(devices, axis_names, axis_types),
+//! PartitionSpec(...))`.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -7,10 +8,65 @@ use std::sync::Arc;
 use crate::device::Device;
 use crate::error::{Error, Result};
 
+/// How a mesh axis is used (JAX's `jax.sharding.AxisType`). Shardings keep
+/// and compare it; layouts do not depend on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum AxisType {
+    /// The compiler decides (JAX's default for `Mesh`).
+    #[default]
+    Auto = 0,
+    /// Sharding is part of the array's type (JAX's default for `make_mesh`).
+    Explicit = 1,
+    /// The program handles the axis itself.
+    Manual = 2,
+}
+
+impl AxisType {
+    /// JAX's name of the type: `Auto`, `Explicit` or `Manual`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AxisType::Auto => "Auto",
+            AxisType::Explicit => "Explicit",
+            AxisType::Manual => "Manual",
+        }
+    }
+
+    /// The type named `name` (see [`name`](Self::name)); `invalid_argument`
+    /// for another name.
+    pub fn from_name(name: &str) -> Result<AxisType> {
+        match name {
+            "Auto" => Ok(AxisType::Auto),
+            "Explicit" => Ok(AxisType::Explicit),
+            "Manual" => Ok(AxisType::Manual),
+            _ => Err(Error::invalid_argument(format!(
+                "unknown mesh axis type '{name}' (expected Auto, Explicit or Manual)"
+            ))),
+        }
+    }
+
+    /// The type of wire value `v` (as `AxisType as u32`); `invalid_argument`
+    /// for a value no type has.
+    pub fn from_u32(v: u32) -> Result<AxisType> {
+        match v {
+            0 => Ok(AxisType::Auto),
+            1 => Ok(AxisType::Explicit),
+            2 => Ok(AxisType::Manual),
+            _ => Err(Error::invalid_argument(format!(
+                "unknown mesh axis type {v}"
+            ))),
+        }
+    }
+}
+
 struct Inner {
     devices: Vec<Device>,
     mesh_shape: Vec<usize>,
     axis_names: Vec<String>,
+    /// One per mesh axis.
+    axis_types: Vec<AxisType>,
+    /// Made for one device without a mesh (JAX's `SingleDeviceSharding`).
+    single_device: bool,
     /// For each array dimension, the mesh axes it is split over (major first);
     /// missing trailing dimensions are replicated.
     partition: Vec<Vec<usize>>,
@@ -24,6 +80,9 @@ pub struct Sharding(Arc<Inner>);
 impl std::fmt::Debug for Sharding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ids: Vec<u32> = self.0.devices.iter().map(Device::id).collect();
+        if self.0.single_device {
+            return write!(f, "SingleDevice(device={ids:?})");
+        }
         if self.is_fully_replicated() {
             return write!(f, "Replicated(devices={ids:?})");
         }
@@ -54,24 +113,30 @@ impl std::fmt::Debug for Sharding {
 }
 
 impl Sharding {
-    /// Every device holds the whole array.
+    /// Every device holds the whole array (a one-axis mesh named `replica`).
     pub fn replicated(devices: Vec<Device>) -> Result<Sharding> {
         let n = devices.len();
         Sharding::named(devices, vec![n], vec!["replica".to_string()], vec![])
     }
 
-    /// The whole array on one device.
+    /// The whole array on one device, without a mesh (JAX's
+    /// `SingleDeviceSharding`; its layout is that of a one-device mesh with
+    /// one axis named `replica`).
     pub fn single_device(device: Device) -> Sharding {
         Sharding(Arc::new(Inner {
             devices: vec![device],
             mesh_shape: vec![1],
             axis_names: vec!["replica".to_string()],
+            axis_types: vec![AxisType::Auto],
+            single_device: true,
             partition: vec![],
         }))
     }
 
-    /// A mesh of `devices` (row-major over `mesh_shape`, with one name per axis) and,
-    /// for each array dimension, the mesh axes it is split over.
+    /// A mesh of `devices` (row-major over `mesh_shape`, with one name per axis,
+    /// every axis of type [`AxisType::Auto`]) and, for each array dimension, the
+    /// mesh axes it is split over. Even over one device it is a mesh's
+    /// sharding, not [`single_device`](Self::single_device)'s.
     pub fn named(
         devices: Vec<Device>,
         mesh_shape: Vec<usize>,
@@ -139,12 +204,73 @@ impl Sharding {
         while partition.last().is_some_and(Vec::is_empty) {
             partition.pop();
         }
+        let axis_types = vec![AxisType::Auto; mesh_shape.len()];
         Ok(Sharding(Arc::new(Inner {
             devices,
             mesh_shape,
             axis_names,
+            axis_types,
+            single_device: false,
             partition,
         })))
+    }
+
+    /// This mesh's sharding with mesh axes of `axis_types` (one per axis);
+    /// `invalid_argument` for another number of types, or for a
+    /// [`single_device`](Self::single_device) sharding (which has no mesh).
+    pub fn with_axis_types(&self, axis_types: Vec<AxisType>) -> Result<Sharding> {
+        if self.0.single_device {
+            return Err(Error::invalid_argument(
+                "a single device's sharding has no mesh axes to give types",
+            ));
+        }
+        if axis_types.len() != self.0.mesh_shape.len() {
+            return Err(Error::invalid_argument(format!(
+                "mesh has {} axes but {} axis types",
+                self.0.mesh_shape.len(),
+                axis_types.len()
+            )));
+        }
+        Ok(Sharding(Arc::new(Inner {
+            devices: self.0.devices.clone(),
+            mesh_shape: self.0.mesh_shape.clone(),
+            axis_names: self.0.axis_names.clone(),
+            axis_types,
+            single_device: false,
+            partition: self.0.partition.clone(),
+        })))
+    }
+
+    /// A sharding read from the wire (`executable.proto`'s `Sharding`, the
+    /// colocated protocol's `HostLayout`): a mesh's when `mesh` is set; when
+    /// not (a single device's, or an older writer's, which never sets it), a
+    /// single device's if it is one device unsplit, else a mesh's. Empty
+    /// `axis_types` (older writers): every axis `Auto`.
+    pub(crate) fn from_wire(
+        devices: Vec<Device>,
+        mesh_shape: Vec<usize>,
+        axis_names: Vec<String>,
+        axis_types: &[u32],
+        mesh: bool,
+        partition: Vec<Vec<usize>>,
+    ) -> Result<Sharding> {
+        let named = Sharding::named(devices, mesh_shape, axis_names, partition)?;
+        if !mesh && named.0.devices.len() == 1 && named.0.partition.is_empty() {
+            return Ok(Sharding::single_device(named.0.devices[0].clone()));
+        }
+        if axis_types.is_empty() {
+            return Ok(named);
+        }
+        let types = axis_types
+            .iter()
+            .map(|&t| AxisType::from_u32(t))
+            .collect::<Result<Vec<_>>>()?;
+        named.with_axis_types(types)
+    }
+
+    /// The axis types as the wire carries them (see [`from_wire`](Self::from_wire)).
+    pub(crate) fn wire_axis_types(&self) -> Vec<u32> {
+        self.0.axis_types.iter().map(|&t| t as u32).collect()
     }
 
     /// Devices in mesh (row-major) order; buffer `i` of an array lives on device `i`.
@@ -159,9 +285,18 @@ impl Sharding {
     pub fn axis_names(&self) -> &[String] {
         &self.0.axis_names
     }
+    /// Mesh axis types, one per axis.
+    pub fn axis_types(&self) -> &[AxisType] {
+        &self.0.axis_types
+    }
     /// Per array dimension, the mesh axes it is split over.
     pub fn partition(&self) -> &[Vec<usize>] {
         &self.0.partition
+    }
+    /// True when made for one device without a mesh
+    /// ([`single_device`](Self::single_device)).
+    pub fn is_single_device(&self) -> bool {
+        self.0.single_device
     }
     /// True when every device holds the whole array.
     pub fn is_fully_replicated(&self) -> bool {
@@ -181,7 +316,8 @@ impl Sharding {
     }
 
     /// Same devices in the same order, and the same split of every dimension of a
-    /// rank-`rank` array.
+    /// rank-`rank` array (however the meshes are named: see [`PartialEq`] for
+    /// the same sharding).
     pub fn equivalent(&self, other: &Sharding, rank: usize) -> bool {
         if self.same_as(other) {
             return true;
@@ -313,6 +449,24 @@ impl Sharding {
         same_device_set(&self.0.devices, &other.0.devices)
     }
 }
+
+/// The same sharding as JAX compares them: both one device's, or both a
+/// mesh's with the same devices in the same shape, the same axis names and
+/// types, and the same partition spec (trailing unsplit dimensions aside).
+/// Memory kinds belong to arrays and are not compared.
+impl PartialEq for Sharding {
+    fn eq(&self, other: &Sharding) -> bool {
+        self.same_as(other)
+            || (self.0.single_device == other.0.single_device
+                && self.0.devices == other.0.devices
+                && self.0.mesh_shape == other.0.mesh_shape
+                && self.0.axis_names == other.0.axis_names
+                && self.0.axis_types == other.0.axis_types
+                && self.0.partition == other.0.partition)
+    }
+}
+
+impl Eq for Sharding {}
 
 /// Which copy of its shard a device holds (see [`Sharding::replicas`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -620,3 +620,52 @@ fn single_device_arrays_assemble_matched_by_device_in_any_order() {
         "memory kind is pinned_host",
     );
 }
+
+#[test]
+fn shardings_are_equal_when_their_meshes_axis_types_and_specs_are() {
+    let client = client(4);
+    let d = client.devices().to_vec();
+    let mesh = |names: [&str; 2], partition: Vec<Vec<usize>>| {
+        Sharding::named(
+            d[..4].to_vec(),
+            vec![2, 2],
+            names.iter().map(|n| n.to_string()).collect(),
+            partition,
+        )
+        .unwrap()
+    };
+    let xy = mesh(["x", "y"], vec![vec![0]]);
+    assert!(
+        xy == mesh(["x", "y"], vec![vec![0], vec![]]),
+        "trailing unsplit dimensions aside"
+    );
+    let ab = mesh(["a", "b"], vec![vec![0]]);
+    assert!(xy.equivalent(&ab, 1), "the same layout");
+    assert!(xy != ab, "other axis names");
+    let explicit = xy
+        .with_axis_types(vec![AxisType::Explicit, AxisType::Auto])
+        .unwrap();
+    assert_eq!(explicit.axis_types(), [AxisType::Explicit, AxisType::Auto]);
+    assert_eq!(xy.axis_types(), [AxisType::Auto, AxisType::Auto]);
+    assert!(xy != explicit, "other axis types");
+    assert!(xy != mesh(["x", "y"], vec![vec![1]]), "another spec");
+
+    let single = Sharding::single_device(d[0].clone());
+    let one_device_mesh =
+        Sharding::named(d[..1].to_vec(), vec![1], vec!["replica".into()], vec![]).unwrap();
+    assert!(single.is_single_device() && !one_device_mesh.is_single_device());
+    assert!(single.equivalent(&one_device_mesh, 1));
+    assert!(single != one_device_mesh, "a single device's is no mesh's");
+    assert!(single == Sharding::single_device(d[0].clone()));
+
+    let err = xy.with_axis_types(vec![AxisType::Manual]).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert_eq!(err.message(), "mesh has 2 axes but 1 axis types");
+    let err = single.with_axis_types(vec![AxisType::Auto]).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert_eq!(AxisType::from_name("Explicit").unwrap(), AxisType::Explicit);
+    assert_eq!(
+        AxisType::from_name("explicit").unwrap_err().code(),
+        ErrorCode::InvalidArgument
+    );
+}

@@ -15,9 +15,10 @@ use common::{assert_error, eventually, i32_bytes, i32_values, DropCounter};
 use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
 use colocated_core::{
-    host_object, host_objects, parked_results, Array, ArraySpec, CallSite, CallSpec, Client,
-    ClientOptions, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode, ExecutionContext,
-    LanguageExecutor, LoadedProgram, OutputOrigin, Outputs, Payload, Program, Result, Sharding,
+    host_object, host_objects, parked_results, Array, ArraySpec, AxisType, CallSite, CallSpec,
+    Client, ClientOptions, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode,
+    ExecutionContext, LanguageExecutor, LoadedProgram, MemoryKind, OutputOrigin, Outputs, Payload,
+    Program, Result, Sharding,
 };
 
 /// The test language's functions: a host's context and input arrays in, its
@@ -84,11 +85,10 @@ impl CallSite for Site {
     }
 
     fn declared_outputs(&self) -> Result<Option<Outputs>> {
-        Ok(self.declared.clone().map(|specs| Outputs {
-            structure: vec![specs.len() as u8],
-            origins: vec![OutputOrigin::New; specs.len()],
-            specs,
-        }))
+        Ok(self
+            .declared
+            .clone()
+            .map(|specs| Outputs::declared(vec![specs.len() as u8], specs)))
     }
 
     fn entry(&self, _outputs: &Outputs) -> Result<()> {
@@ -183,6 +183,28 @@ fn define_functions() {
         devices.reverse();
         Ok(vec![i32_array(ctx.client(), &values, named(devices, "y"))])
     });
+    // Ten times the input over its devices in its order (the input's
+    // layout), on a mesh of other names and axis types.
+    define("renamed", |ctx, inputs| {
+        let x = &inputs[0];
+        let values: Vec<i32> = i32_values(&x.to_host_bytes()?)
+            .iter()
+            .map(|v| v * 10)
+            .collect();
+        let sharding = named(x.sharding().devices().to_vec(), "y")
+            .with_axis_types(vec![AxisType::Explicit])?;
+        Ok(vec![i32_array(ctx.client(), &values, sharding)])
+    });
+    // The input with its sharding, in pinned host memory.
+    define("pinned", |ctx, inputs| {
+        let x = &inputs[0];
+        Ok(vec![Array::from_host_bytes_in(
+            ctx.client(),
+            &x.to_host_bytes()?,
+            x.spec().clone(),
+            Some(MemoryKind::PinnedHost),
+        )?])
+    });
     // No inputs: [0, 1, ...] over this host's devices, one per device.
     define("iota", |ctx, _inputs| {
         let devices = host_devices(ctx);
@@ -245,6 +267,34 @@ fn discovery_on_the_local_host_keeps_an_inputs_sharding_and_caches_the_program()
     );
     let info = f.cache_info();
     assert_eq!((info.hits, info.misses, info.currsize), (1, 1, 1));
+}
+
+#[test]
+fn discovery_gives_an_output_the_sharding_the_function_made_not_an_equivalent_inputs() {
+    let _serial = serial();
+    define_functions();
+    let client = local_client(4);
+    let x = i32_array(&client, &[1, 2], named(client.devices()[..2].to_vec(), "x"));
+    let inputs = [x.clone()];
+    let ran = call(&client, &function(None), "renamed", &inputs).unwrap();
+    let outputs = ran.entry.outputs();
+    assert_eq!(outputs.origins, vec![OutputOrigin::New]);
+    let made = named(client.devices()[..2].to_vec(), "y")
+        .with_axis_types(vec![AxisType::Explicit])
+        .unwrap();
+    assert!(outputs.specs[0].sharding == made, "{:?}", outputs.specs[0]);
+    assert!(ran.outputs[0].sharding() == &made);
+    assert_eq!(outputs.memory_kind(0), Some(MemoryKind::Device));
+
+    let ran = call(&client, &function(None), "pinned", &inputs).unwrap();
+    let outputs = ran.entry.outputs();
+    assert_eq!(
+        outputs.origins,
+        vec![OutputOrigin::New],
+        "another memory kind than the input's"
+    );
+    assert!(outputs.specs[0].sharding == *x.sharding());
+    assert_eq!(outputs.memory_kind(0), Some(MemoryKind::PinnedHost));
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use colocated_core::{
     host_object, native_payload, ArraySpec, CallSite, CallSpec, ColocatedFunction, ColocatedObject,
-    Device, Error, Event, OutputOrigin, Outputs, Payload, Result, LANGUAGE_NATIVE,
+    Device, Error, Event, Outputs, Payload, Result, LANGUAGE_NATIVE,
 };
 
 use crate::array::colocated_array;
@@ -79,11 +79,10 @@ impl CallSite for FixedSite {
     }
 
     fn declared_outputs(&self) -> Result<Option<Outputs>> {
-        Ok(self.outputs.as_ref().map(|specs| Outputs {
-            structure: Vec::new(),
-            origins: vec![OutputOrigin::New; specs.len()],
-            specs: specs.clone(),
-        }))
+        Ok(self
+            .outputs
+            .as_ref()
+            .map(|specs| Outputs::declared(Vec::new(), specs.clone())))
     }
 
     fn entry(&self, _: &Outputs) -> Result<()> {

@@ -55,6 +55,7 @@ impl core::CallSite for Site {
                 structure: structure.clone().into_bytes(),
                 origins: vec![core::OutputOrigin::New; specs.len()],
                 specs: specs.clone(),
+                memory_kinds: Vec::new(),
             }))
     }
 

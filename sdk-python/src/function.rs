@@ -113,11 +113,7 @@ impl core::CallSite for PySite {
                 .iter()
                 .map(array_spec)
                 .collect::<PyResult<Vec<_>>>()?;
-            Ok(Some(core::Outputs {
-                structure: Vec::new(),
-                origins: vec![core::OutputOrigin::New; specs.len()],
-                specs,
-            }))
+            Ok(Some(core::Outputs::declared(Vec::new(), specs)))
         })
     }
 
@@ -141,10 +137,18 @@ impl core::CallSite for PySite {
                     )
                 })
                 .collect::<PyResult<Vec<_>>>()?;
+            let memory_kinds: Vec<Option<&str>> = (0..outputs.specs.len())
+                .map(|k| outputs.memory_kind(k).map(core::MemoryKind::name))
+                .collect();
             let (out_treedef, out_shardings, flat_arity, out_leaf) = site
                 .call_method1(
                     pyo3::intern!(py, "entry"),
-                    (PyBytes::new(py, &outputs.structure), origins, shardings),
+                    (
+                        PyBytes::new(py, &outputs.structure),
+                        origins,
+                        shardings,
+                        memory_kinds,
+                    ),
                 )?
                 .extract()?;
             Ok(PyEntry {

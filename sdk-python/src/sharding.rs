@@ -37,14 +37,18 @@ pub(crate) fn ranges(index: &[std::ops::Range<i64>]) -> Vec<(i64, i64)> {
 
 #[pymethods]
 impl Sharding {
-    /// A mesh of `devices` (row-major over `mesh_shape`, one name per axis) and, per
-    /// array dimension, the indices of the mesh axes it is split over.
+    /// A mesh of `devices` (row-major over `mesh_shape`, one name per axis, and
+    /// one `AxisType` name per axis: "Auto", "Explicit" or "Manual", default
+    /// "Auto") and, per array dimension, the indices of the mesh axes it is
+    /// split over.
     #[staticmethod]
+    #[pyo3(signature = (devices, mesh_shape, axis_names, partition, axis_types=None))]
     fn named(
         devices: Vec<PyRef<'_, Device>>,
         mesh_shape: Vec<usize>,
         axis_names: Vec<String>,
         partition: Vec<Vec<usize>>,
+        axis_types: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let client = match devices.first() {
             Some(d) => d.client.get().map_err(py_err)?.clone(),
@@ -59,8 +63,16 @@ impl Sharding {
             .map(|d| d.inner.get().cloned())
             .collect::<Result<_, _>>()
             .map_err(py_err)?;
-        let sharding =
+        let mut sharding =
             core::Sharding::named(devices, mesh_shape, axis_names, partition).map_err(py_err)?;
+        if let Some(names) = axis_types {
+            let types = names
+                .iter()
+                .map(|n| core::AxisType::from_name(n))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(py_err)?;
+            sharding = sharding.with_axis_types(types).map_err(py_err)?;
+        }
         Ok(Sharding::wrap(client, sharding))
     }
 
@@ -108,6 +120,24 @@ impl Sharding {
     #[getter]
     fn axis_names(&self) -> Vec<String> {
         self.inner.metadata().axis_names().to_vec()
+    }
+
+    /// Mesh axis types, one `AxisType` name per axis.
+    #[getter]
+    fn axis_types(&self) -> Vec<&'static str> {
+        self.inner
+            .metadata()
+            .axis_types()
+            .iter()
+            .map(|t| t.name())
+            .collect()
+    }
+
+    /// True for one device's sharding made without a mesh (a
+    /// `SingleDeviceSharding`'s), false for a mesh's.
+    #[getter]
+    fn is_single_device(&self) -> bool {
+        self.inner.metadata().is_single_device()
     }
 
     /// Per array dimension, the mesh axes it is split over.

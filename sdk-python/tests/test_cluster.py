@@ -149,6 +149,133 @@ def test_an_output_with_a_sharding_the_function_makes_gets_a_global_spec(cluster
     assert np.asarray(z).tolist() == [0, 10]
 
 
+def _output_sharding_case(case, devs):
+    """(input sharding, sharding the function puts its output on) over two
+    devices: outputs with the layout of the input or of none, with other mesh
+    names, axis types, meshes over one device and memory kinds."""
+    P, Mesh, NamedSharding = colocated.P, colocated.Mesh, colocated.NamedSharding
+    on_x = NamedSharding(Mesh(devs[:2], ("x",)), P("x"))
+    two_axes = Mesh(np.array(devs[:2]).reshape(2, 1), ("a", "b"))
+    explicit = Mesh(devs[:2], ("x",), (colocated.AxisType.Explicit,))
+    return {
+        # The issue's function: a one-device mesh of its own, from a single
+        # device's input (the same layout).
+        "one_device_mesh": (colocated.SingleDeviceSharding(devs[0]), NamedSharding(Mesh(devs[:1], ["x"]), P())),
+        "single_device": (NamedSharding(Mesh(devs[:1], ["x"]), P()), colocated.SingleDeviceSharding(devs[0])),
+        "two_axes": (on_x, NamedSharding(two_axes, P("a"))),
+        "two_axes_pinned": (on_x, NamedSharding(two_axes, P("a"), memory_kind="pinned_host")),
+        "explicit": (on_x, NamedSharding(explicit, P("x"))),
+        "unpinned": (on_x, on_x.with_memory_kind("unpinned_host")),
+        "input_sharding": (on_x, on_x),
+        "explicit_input": (NamedSharding(explicit, P("x")), NamedSharding(explicit, P("x"))),
+        "explicit_input_renamed": (NamedSharding(explicit, P("x")), NamedSharding(two_axes, P("a"))),
+        "other_layout": (on_x, NamedSharding(two_axes, P())),
+    }[case]
+
+
+_OUTPUT_SHARDING_CASES = [
+    "one_device_mesh", "single_device", "two_axes", "two_axes_pinned", "explicit", "unpinned", "input_sharding",
+    "explicit_input", "explicit_input_renamed", "other_layout",
+]
+
+
+def _devices_of(where, cluster):
+    if where == "local":
+        return colocated.devices()
+    client, _ = cluster(1, devices=2)
+    return client.devices()
+
+
+@pytest.mark.parametrize("case", _OUTPUT_SHARDING_CASES)
+@pytest.mark.parametrize("where", ["local", "worker"])
+def test_an_output_keeps_the_sharding_the_function_made(where, case, cluster):
+    s_in, s_out = _output_sharding_case(case, _devices_of(where, cluster))
+    x = colocated.device_put(np.arange(4, dtype=np.int32), s_in)
+
+    @colocated.colocated_python
+    def g(x):
+        return colocated.device_put(np.asarray(x) * 2, s_out)
+
+    y = g(x)  # discovered
+    assert y.sharding == s_out
+    assert y.sharding.memory_kind == s_out.memory_kind
+    assert np.asarray(y).tolist() == [0, 2, 4, 6]
+    assert g(x).sharding == s_out  # the compiled program's
+
+
+_MEMORY_KIND_OF_OUTPUTS = pytest.mark.xfail(
+    strict=True,
+    reason="a program's outputs are in the devices' default memory: a worker sees an array returned "
+    "by an earlier call in 'device' memory whatever the kind it was made in",
+)
+
+
+@pytest.mark.parametrize(
+    ("where", "case"),
+    [
+        pytest.param(w, c, marks=_MEMORY_KIND_OF_OUTPUTS)
+        if w == "worker" and c in ("two_axes_pinned", "unpinned")
+        else (w, c)
+        for w in ("local", "worker")
+        for c in _OUTPUT_SHARDING_CASES
+    ],
+)
+def test_an_output_keeps_its_sharding_in_the_next_call(where, case, cluster):
+    s_in, s_out = _output_sharding_case(case, _devices_of(where, cluster))
+    x = colocated.device_put(np.arange(4, dtype=np.int32), s_in)
+
+    @colocated.colocated_python
+    def g(x):
+        return colocated.device_put(np.asarray(x) * 2, s_out)
+
+    @colocated.colocated_python
+    def h(y):
+        # On the host, the array has the sharding it was made with.
+        if y.sharding != s_out:
+            raise AssertionError(f"the host sees {y.sharding!r}, not {s_out!r}")
+        return y + 1
+
+    z = h(g(x))
+    assert z.sharding == s_out
+    assert np.asarray(z).tolist() == [1, 3, 5, 7]
+
+
+@pytest.mark.parametrize("case", _OUTPUT_SHARDING_CASES)
+@pytest.mark.parametrize("where", ["local", "worker"])
+def test_out_specs_fn_gives_its_outputs_the_declared_sharding(where, case, cluster):
+    s_in, s_out = _output_sharding_case(case, _devices_of(where, cluster))
+    x = colocated.device_put(np.arange(4, dtype=np.int32), s_in)
+
+    @colocated.colocated_python
+    def g(x):
+        # On the host, the input has the sharding it was given.
+        if x.sharding != s_in:
+            raise AssertionError(f"the host sees {x.sharding!r}, not {s_in!r}")
+        return colocated.device_put(np.asarray(x) * 2, s_out)
+
+    g = g.specialize(out_specs_fn=lambda x: colocated.ShapeDtypeStruct(x.shape, x.dtype, s_out))
+    y = g(x)
+    assert y.sharding == s_out
+    assert np.asarray(y).tolist() == [0, 2, 4, 6]
+
+
+def test_copies_on_several_workers_with_an_inputs_layout_join_as_that_input(cluster):
+    client, _ = cluster(2, devices=2)
+    mesh = colocated.Mesh(client.devices(), ("x",))
+    x = colocated.device_put(np.arange(4, dtype=np.int32), colocated.NamedSharding(mesh, colocated.P()))
+
+    @colocated.colocated_python
+    def copy(x):
+        # Each host's copy over its devices, on a mesh of another name: no
+        # blocks of one array, but the input's layout.
+        own = colocated.Mesh(x.sharding.mesh.devices, ("r",))
+        return colocated.device_put(np.asarray(x) + 1, colocated.NamedSharding(own, colocated.P()))
+
+    y = copy(x)
+    assert y.sharding.is_equivalent_to(x.sharding, 1)
+    assert np.asarray(y).tolist() == [1, 2, 3, 4]
+
+
 def test_a_sharding_captured_in_a_function_names_the_workers_devices(cluster):
     client, _ = cluster(2, devices=2)
     second = client.devices()[2:]  # the second worker's, which calls them 0 and 1

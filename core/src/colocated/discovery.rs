@@ -7,7 +7,7 @@ use prost::Message;
 
 use super::pb;
 use super::spec::CallSpec;
-use crate::device::Device;
+use crate::device::{Device, MemoryKind};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::host_callback::LoadedHostCallback;
@@ -34,6 +34,32 @@ pub struct Outputs {
     pub specs: Vec<ArraySpec>,
     /// Where each spec came from.
     pub origins: Vec<OutputOrigin>,
+    /// The kind of memory each output is in on its hosts, as the hosts'
+    /// discovery runs reported it; empty, or `None` for an output, when not
+    /// known (declared outputs, older hosts). With the spec's sharding, this
+    /// is the sharding the function produced (JAX's sharding's
+    /// `memory_kind`).
+    pub memory_kinds: Vec<Option<MemoryKind>>,
+}
+
+impl Outputs {
+    /// Declared outputs (JAX's `out_specs_fn`): the language's `structure`
+    /// and one spec per leaf, each a sharding of its own, memory kinds not
+    /// said.
+    pub fn declared(structure: Vec<u8>, specs: Vec<ArraySpec>) -> Outputs {
+        Outputs {
+            structure,
+            origins: vec![OutputOrigin::New; specs.len()],
+            specs,
+            memory_kinds: Vec::new(),
+        }
+    }
+
+    /// The memory kind output `k` is in, when known (see
+    /// [`memory_kinds`](Self::memory_kinds)).
+    pub fn memory_kind(&self, k: usize) -> Option<MemoryKind> {
+        self.memory_kinds.get(k).copied().flatten()
+    }
 }
 
 /// The reports of one discovery run, as the hosts' calls of its host
@@ -123,52 +149,76 @@ pub(super) fn global_outputs(
     }
     let mut specs = Vec::with_capacity(first.outputs.len());
     let mut origins = Vec::with_capacity(first.outputs.len());
+    let memory_kinds = first
+        .outputs
+        .iter()
+        .map(|out| MemoryKind::from_u32(out.memory_kind))
+        .collect();
     for (k, out) in first.outputs.iter().enumerate() {
         if reports.iter().any(|r| &r.outputs[k] != out) {
             return Err(Error::invalid_argument(format!(
-                "output {k} differs in shape, dtype or sharding between hosts; give the function out_specs_fn"
+                "output {k} differs in shape, dtype, sharding or memory kind between hosts; give the function out_specs_fn"
             )));
         }
         let dtype = DType::from_u32(out.dtype)?;
         if let Some(j) = out.same_as_input {
-            let x = call.leaves.get(j as usize).ok_or_else(|| {
-                Error::invalid_argument(format!("output {k} names input {j}, which the call lacks"))
-            })?;
-            if x.shape.len() != out.shape.len() || out.input_shape.len() != out.shape.len() {
-                return Err(Error::invalid_argument(format!(
-                    "output {k} has another rank than input {j}"
-                )));
-            }
-            // Each host's part of the input is the same fraction of it.
-            let shape = out
-                .shape
-                .iter()
-                .zip(&x.shape)
-                .zip(&out.input_shape)
-                .map(|((&o, &g), &n)| match g.checked_div(n) {
-                    Some(ratio) if n > 0 => o.checked_mul(ratio),
-                    _ => Some(o),
-                })
-                .collect::<Option<Vec<i64>>>()
-                .ok_or_else(|| {
-                    Error::invalid_argument(format!("output {k}'s global shape overflows"))
-                })?;
-            specs.push(ArraySpec::new(shape, dtype, x.sharding.clone())?);
+            specs.push(input_spec(k, j, out, dtype, call)?);
             origins.push(OutputOrigin::Input(j as usize));
             continue;
         }
         let layout = out.layout.as_ref().ok_or_else(|| {
             Error::invalid_argument(format!("output {k} was reported without its sharding"))
         })?;
-        let (shape, sharding) = from_layout(k, layout, &out.shape, hosts)?;
-        specs.push(ArraySpec::new(shape, dtype, sharding)?);
+        match from_layout(k, layout, &out.shape, hosts) {
+            Ok((shape, sharding)) => specs.push(ArraySpec::new(shape, dtype, sharding)?),
+            // Hosts' arrays that are no blocks of one, each with the layout
+            // of an input: an array with that input's global layout (under
+            // the input's mesh names, which say how the hosts' parts join).
+            Err(e) => match out.layout_of_input {
+                Some(j) => specs.push(input_spec(k, j, out, dtype, call)?),
+                None => return Err(e),
+            },
+        }
         origins.push(OutputOrigin::New);
     }
     Ok(Outputs {
         structure: first.structure.clone(),
         specs,
         origins,
+        memory_kinds,
     })
+}
+
+/// The global spec of output `k` (reported as `out`), which has the layout of
+/// input `j` on every host: each host's part of the input is the same
+/// fraction of it.
+fn input_spec(
+    k: usize,
+    j: u32,
+    out: &pb::OutputReport,
+    dtype: DType,
+    call: &CallSpec,
+) -> Result<ArraySpec> {
+    let x = call.leaves.get(j as usize).ok_or_else(|| {
+        Error::invalid_argument(format!("output {k} names input {j}, which the call lacks"))
+    })?;
+    if x.shape.len() != out.shape.len() || out.input_shape.len() != out.shape.len() {
+        return Err(Error::invalid_argument(format!(
+            "output {k} has another rank than input {j}"
+        )));
+    }
+    let shape = out
+        .shape
+        .iter()
+        .zip(&x.shape)
+        .zip(&out.input_shape)
+        .map(|((&o, &g), &n)| match g.checked_div(n) {
+            Some(ratio) if n > 0 => o.checked_mul(ratio),
+            _ => Some(o),
+        })
+        .collect::<Option<Vec<i64>>>()
+        .ok_or_else(|| Error::invalid_argument(format!("output {k}'s global shape overflows")))?;
+    ArraySpec::new(shape, dtype, x.sharding.clone())
 }
 
 /// The global array of an output that every host made with the same layout
@@ -235,7 +285,16 @@ fn from_layout(
             }
         }
     }
-    let sharding = Sharding::named(devices, mesh_shape, layout.axis_names.clone(), partition)?;
+    // On several hosts the stacked blocks make a mesh, whatever each host's
+    // own sharding was.
+    let sharding = Sharding::from_wire(
+        devices,
+        mesh_shape,
+        layout.axis_names.clone(),
+        &layout.axis_types,
+        layout.mesh || n > 1,
+        partition,
+    )?;
     Ok((shape, sharding))
 }
 
@@ -244,6 +303,7 @@ mod tests {
     use super::*;
     use crate::client::{Client, ClientOptions};
     use crate::error::ErrorCode;
+    use crate::sharding::AxisType;
 
     fn report(
         shape: Vec<i64>,
@@ -259,6 +319,7 @@ mod tests {
                 layout: Some(layout),
                 same_as_input,
                 input_shape,
+                ..Default::default()
             }],
         }
     }
@@ -269,7 +330,100 @@ mod tests {
             mesh_shape: mesh,
             axis_names: vec!["x".into()],
             partition: vec![pb::Axes { mesh_axes: vec![0] }],
+            ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_reported_output_keeps_its_mesh_names_axis_types_and_memory_kind() {
+        let client = Client::new_local(ClientOptions {
+            num_cpu_devices: Some(2),
+            executor_threads: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
+        let devices = client.devices().to_vec();
+        let x = ArraySpec::new(
+            vec![2],
+            DType::I32,
+            Sharding::single_device(devices[0].clone()),
+        )
+        .unwrap();
+        let call = CallSpec {
+            tree: 0,
+            leaves: vec![x],
+        };
+        let one_device = |layout: pb::HostLayout, memory_kind: u32| pb::Report {
+            structure: vec![1],
+            outputs: vec![pb::OutputReport {
+                shape: vec![2],
+                dtype: DType::I32 as u32,
+                layout: Some(layout),
+                memory_kind,
+                ..Default::default()
+            }],
+        };
+        let hosts = [devices[..1].to_vec()];
+        let same = |a: &[u8], b: &[u8]| a == b;
+        // A one-device mesh with an Explicit axis, in pinned host memory.
+        let layout = pb::HostLayout {
+            positions: vec![0],
+            mesh_shape: vec![1],
+            axis_names: vec!["x".into()],
+            axis_types: vec![AxisType::Explicit as u32],
+            mesh: true,
+            ..Default::default()
+        };
+        let report = one_device(layout.clone(), MemoryKind::PinnedHost as u32);
+        let outputs = global_outputs(&[report], &call, &hosts, &same).unwrap();
+        let made = Sharding::named(devices[..1].to_vec(), vec![1], vec!["x".into()], vec![])
+            .and_then(|s| s.with_axis_types(vec![AxisType::Explicit]))
+            .unwrap();
+        assert!(outputs.specs[0].sharding == made, "{:?}", outputs.specs[0]);
+        assert_eq!(outputs.memory_kind(0), Some(MemoryKind::PinnedHost));
+
+        // An older host says neither axis types, nor mesh, nor memory kind:
+        // one device unsplit is a single device's, other axes are Auto.
+        let old = pb::HostLayout {
+            axis_types: vec![],
+            mesh: false,
+            ..layout
+        };
+        let outputs = global_outputs(&[one_device(old.clone(), 0)], &call, &hosts, &same).unwrap();
+        assert!(outputs.specs[0].sharding == Sharding::single_device(devices[0].clone()));
+        assert_eq!(outputs.memory_kind(0), None);
+        let split = pb::HostLayout {
+            positions: vec![0, 1],
+            mesh_shape: vec![2],
+            partition: vec![pb::Axes { mesh_axes: vec![0] }],
+            ..old
+        };
+        let outputs = global_outputs(
+            &[one_device(split, 0)],
+            &call,
+            std::slice::from_ref(&devices),
+            &same,
+        )
+        .unwrap();
+        let s = &outputs.specs[0].sharding;
+        assert!(!s.is_single_device());
+        assert_eq!(s.axis_names(), ["x"]);
+        assert_eq!(s.axis_types(), [AxisType::Auto]);
+
+        // A type no AxisType has is refused.
+        let bad = pb::HostLayout {
+            axis_types: vec![7],
+            ..Default::default()
+        };
+        let bad = pb::HostLayout {
+            positions: vec![0],
+            mesh_shape: vec![1],
+            axis_names: vec!["x".into()],
+            mesh: true,
+            ..bad
+        };
+        let err = global_outputs(&[one_device(bad, 0)], &call, &hosts, &same).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub fn seeds(native: &str) -> Vec<(&'static str, Vec<u8>)> {
         mesh_shape: vec![2],
         axis_names: vec!["y".into()],
         partition: vec![pb::Axes { mesh_axes: vec![0] }],
+        ..Default::default()
     };
     let report = |same: Option<u32>| pb::Report {
         structure: vec![1],
@@ -90,6 +91,7 @@ pub fn seeds(native: &str) -> Vec<(&'static str, Vec<u8>)> {
             layout: Some(layout.clone()),
             same_as_input: same,
             input_shape: if same.is_some() { vec![2] } else { vec![] },
+            ..Default::default()
         }],
     };
     let two = |r: pb::Report| {

@@ -11,7 +11,7 @@ use prost::Message;
 use super::objects;
 use super::pb;
 use crate::array::Array;
-use crate::device::Device;
+use crate::device::{Device, MemoryKind};
 use crate::error::{Error, Result};
 use crate::executor::{DiscoverySink, ExecutionContext, Languages, LoadedProgram, SessionKey};
 use crate::host_callback::LoadedHostCallback;
@@ -205,6 +205,17 @@ fn describe(
 ) -> Result<pb::Report> {
     let devices = host_devices(ctx);
     let inputs = ctx.host_input_specs();
+    // Each input's memory kind: that of its first shard on this host.
+    let mut at = 0;
+    let input_kinds: Vec<Option<MemoryKind>> = ctx
+        .input_shard_counts()
+        .iter()
+        .map(|&count| {
+            let kind = ctx.inputs().get(at).map(|b| b.memory_space().kind());
+            at += count;
+            kind
+        })
+        .collect();
     let mut reports = Vec::with_capacity(outputs.len());
     for (k, out) in outputs.iter().enumerate() {
         let sharding = out.sharding();
@@ -224,9 +235,24 @@ fn describe(
             })
             .collect::<Result<Vec<u32>>>()?;
         let rank = out.shape().len();
-        let same = inputs
-            .iter()
-            .position(|x| x.shape.len() == rank && x.sharding.equivalent(sharding, rank));
+        // The same sharding in every respect (mesh names and axis types too,
+        // and the same memory kind), not only the same layout: the caller
+        // gets the sharding the function made.
+        let same = inputs.iter().enumerate().position(|(j, x)| {
+            x.shape.len() == rank
+                && x.sharding == *sharding
+                && input_kinds.get(j).copied().flatten() == Some(out.memory_kind())
+        });
+        let like = match same {
+            Some(_) => None,
+            None => inputs
+                .iter()
+                .position(|x| x.shape.len() == rank && x.sharding.equivalent(sharding, rank)),
+        };
+        let input_shape = same
+            .or(like)
+            .map(|j| inputs[j].shape.clone())
+            .unwrap_or_default();
         reports.push(pb::OutputReport {
             shape: out.shape().to_vec(),
             dtype: out.dtype() as u32,
@@ -241,9 +267,13 @@ fn describe(
                         mesh_axes: axes.iter().map(|&a| a as u32).collect(),
                     })
                     .collect(),
+                axis_types: sharding.wire_axis_types(),
+                mesh: !sharding.is_single_device(),
             }),
             same_as_input: same.map(|j| j as u32),
-            input_shape: same.map(|j| inputs[j].shape.clone()).unwrap_or_default(),
+            input_shape,
+            memory_kind: out.memory_kind() as u32,
+            layout_of_input: like.map(|j| j as u32),
         });
     }
     Ok(pb::Report {

@@ -143,12 +143,17 @@ class Sharding:
 
     @staticmethod
     def named(
-        devices: list[Device], mesh_shape: list[int], axis_names: list[str], partition: list[list[int]]
+        devices: list[Device],
+        mesh_shape: list[int],
+        axis_names: list[str],
+        partition: list[list[int]],
+        axis_types: list[str] | None = None,
     ) -> Sharding:
-        """A mesh of devices (row-major) and, per dimension, the mesh axes it is split over."""
+        """A mesh of devices (row-major, one ``AxisType`` name per axis, default
+        "Auto") and, per dimension, the mesh axes it is split over."""
     @staticmethod
     def single_device(device: Device) -> Sharding:
-        """The whole array on one device."""
+        """The whole array on one device, without a mesh."""
     @property
     def devices(self) -> list[Device]:
         """The devices in shard order, of the sharding's own client."""
@@ -161,6 +166,12 @@ class Sharding:
     @property
     def axis_names(self) -> list[str]:
         """Mesh axis names."""
+    @property
+    def axis_types(self) -> list[str]:
+        """Mesh axis types, one ``AxisType`` name per axis."""
+    @property
+    def is_single_device(self) -> bool:
+        """True for one device's sharding made without a mesh."""
     @property
     def partition(self) -> list[list[int]]:
         """Per array dimension, the mesh axes it is split over."""

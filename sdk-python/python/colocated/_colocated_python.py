@@ -41,7 +41,7 @@ from ._array import clear_caches as _array_clear_caches
 from ._dtypes import core_name
 from ._errors import InvalidArgumentError
 from ._host_callback import _dumps_with_callbacks
-from ._sharding import NamedSharding, ShapeDtypeStruct, _sharding_from_core
+from ._sharding import ShapeDtypeStruct, _sharding_from_core
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
 
@@ -176,7 +176,7 @@ class _HostCall:
             if self.local:
                 self.discovered = (leaves, treedef)
                 return [leaf._impl for leaf in leaves], b""
-            return [leaf._impl for leaf in leaves], _dump_structure(treedef, leaves)
+            return [leaf._impl for leaf in leaves], _dump_structure(treedef)
         if treedef != self.out_treedef:
             raise InvalidArgumentError(
                 f"the function returned {treedef} but its output specs say {self.out_treedef}"
@@ -184,23 +184,10 @@ class _HostCall:
         return [leaf._impl for leaf in leaves]
 
 
-def _dump_structure(treedef, leaves) -> bytes:
-    """A worker's discovered output structure, for the controller: the tree
-    and, per leaf, what of its sharding the runtime does not carry (memory
-    kind, axis types)."""
-    return cloudpickle.dumps((treedef, [_annotation(leaf.sharding) for leaf in leaves]))
-
-
-def _annotation(sharding) -> tuple:
-    types = tuple(t.name for t in sharding.mesh.axis_types) if isinstance(sharding, NamedSharding) else None
-    return (sharding.memory_kind, types)
-
-
-def _own_sharding(core, annotation):
-    """The Python sharding of an output over ``core`` (a runtime sharding) with
-    a worker's ``annotation`` (see ``_dump_structure``)."""
-    memory_kind, axis_types = annotation
-    return _sharding_from_core(core, memory_kind, axis_types)
+def _dump_structure(treedef) -> bytes:
+    """A worker's discovered output structure, for the controller (the
+    runtime carries each output's sharding and memory kind)."""
+    return cloudpickle.dumps(treedef)
 
 
 class _Site:
@@ -250,12 +237,12 @@ class _Site:
         return [_spec_leaf(spec) for spec in specs]
 
     def _discovered(self, structure: bytes) -> tuple:
-        """The output tree and each leaf's sharding annotation (or, from the
-        local host, its sharding object) of a discovery run."""
+        """The output tree of a discovery run and, from the local host, each
+        leaf's sharding object (None from workers)."""
         if self.probe is not None and self.probe.discovered is not None:
             leaves, treedef = self.probe.discovered
             return treedef, [leaf.sharding for leaf in leaves]
-        return cloudpickle.loads(structure)
+        return cloudpickle.loads(structure), None
 
     def _out_treedef(self, structure: bytes | None):
         if structure is None:
@@ -264,17 +251,17 @@ class _Site:
             return self.declared_treedef
         return self._discovered(structure)[0]
 
-    def _out_sharding(self, j, own, core):
-        """An output's sharding object: the caller's object of input ``j`` when
-        the output has that input's sharding in every respect (memory kind
-        and axis types included), else its own: the object the function made
-        on the local host, or one over ``core`` with what a worker said of it."""
-        from_worker = isinstance(own, tuple)
-        if j is not None:
-            theirs = self.leaves[j].sharding
-            if (_annotation(theirs) == own) if from_worker else (theirs == own):
-                return theirs
-        return _own_sharding(core, own) if from_worker else own
+    def _out_sharding(self, j, own, core, memory_kind):
+        """An output's sharding object: the caller's object of input ``j``
+        (which the runtime found to be the sharding the function produced, in
+        every respect), or the function's own: the object it made on the
+        local host (``own``), else the sharding the runtime reports (``core``,
+        with its mesh, and ``memory_kind``)."""
+        if own is None:
+            return self.leaves[j].sharding if j is not None else _sharding_from_core(core, memory_kind)
+        if j is not None and self.leaves[j].sharding == own:
+            return self.leaves[j].sharding
+        return own
 
     def same_structure(self, a: bytes, b: bytes) -> bool:
         """Whether two workers' discovered structures are the same (as trees,
@@ -301,18 +288,22 @@ class _Site:
         self.local_keys.append(key)
         return _LOCAL_PREFIX + str(key).encode(), []
 
-    def entry(self, structure: bytes, origins: list, cores: list) -> tuple:
+    def entry(self, structure: bytes, origins: list, cores: list, memory_kinds: list) -> tuple:
         """What the native fast path keeps with the compiled program: the
         output tree, the output sharding objects (an input's own object for an
         output with its sharding; for another output, the function's own
         object on the local host, else one over the global sharding ``cores``
-        with what the worker said of it), the flat arity and whether the
+        in memory of kind ``memory_kinds``), the flat arity and whether the
         output is one array."""
         if self.declared_treedef is not None:
             out_treedef, shardings = self.declared_treedef, self._declared_shardings
         else:
             out_treedef, owns = self._discovered(structure)
-            shardings = [self._out_sharding(j, own, core) for j, own, core in zip(origins, owns, cores)]
+            owns = owns or [None] * len(cores)
+            shardings = [
+                self._out_sharding(j, own, core, kind)
+                for j, own, core, kind in zip(origins, owns, cores, memory_kinds)
+            ]
         return out_treedef, shardings, _flat_arity(self.treedef), _is_leaf(out_treedef)
 
 

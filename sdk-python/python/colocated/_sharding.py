@@ -386,7 +386,11 @@ class NamedSharding(Sharding):
 
     def _make_core(self) -> _colocated.Sharding:
         return _colocated.Sharding.named(
-            list(self.mesh.devices.flat), list(self.mesh.devices.shape), list(self.mesh.axis_names), self._partition
+            list(self.mesh.devices.flat),
+            list(self.mesh.devices.shape),
+            list(self.mesh.axis_names),
+            self._partition,
+            [t.name for t in self.mesh.axis_types],
         )
 
     @property
@@ -466,22 +470,20 @@ def _single_device_sharding(device, memory_kind: str) -> SingleDeviceSharding:
     return SingleDeviceSharding(device, memory_kind=memory_kind)
 
 
-def _sharding_from_core(
-    core: _colocated.Sharding, memory_kind: str | None = None, axis_types: tuple | None = None
-) -> Sharding:
-    """The Python sharding for a core one (e.g. of an array the runtime made),
-    over the devices of the core sharding's own client, with shards in memory
-    of kind ``memory_kind`` (None: the devices' default). With ``axis_types``
-    (``AxisType`` names, one per mesh axis) it is a ``NamedSharding`` whose mesh
-    has them, even over one device."""
+def _sharding_from_core(core: _colocated.Sharding, memory_kind: str | None = None) -> Sharding:
+    """The Python sharding for a core one (e.g. of an array the runtime made, or
+    an output a worker made), over the devices of the core sharding's own
+    client, with shards in memory of kind ``memory_kind`` (None: the devices'
+    default): a ``SingleDeviceSharding`` for a single device's, else a
+    ``NamedSharding`` with the core's mesh (axis names and types) and spec."""
     devices = core.devices
-    if axis_types is None and len(devices) == 1 and core.is_fully_replicated:
+    if core.is_single_device:
         sharding = SingleDeviceSharding(devices[0], memory_kind=memory_kind)
     else:
         names = core.axis_names
         grid = np.empty(len(devices), dtype=object)
         grid[:] = devices
-        types = None if axis_types is None else tuple(AxisType[t] for t in axis_types)
+        types = tuple(AxisType[t] for t in core.axis_types)
         mesh = Mesh(grid.reshape(core.mesh_shape), names, types)
         spec = PartitionSpec(
             *(None if not axes else names[axes[0]] if len(axes) == 1 else tuple(names[a] for a in axes)
