@@ -210,7 +210,7 @@ python: $(VENV_PY)
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet --features testing -m sdk-python/Cargo.toml
 
 test-python: python
-	$(VENV_PY) -m pytest sdk-python/tests -q
+	$(VENV_PY) -m pytest sdk-python/tests -q -rs
 
 # The Python SDK's abi3 wheel, into build/wheels (PROFILE=debug: a debug build).
 wheel: $(VENV_PY)
