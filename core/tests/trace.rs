@@ -90,7 +90,7 @@ fn executions_appear_on_one_track_per_stream() -> colocated_core::Result<()> {
     }
     assert!(events
         .iter()
-        .any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["args"]["name"] == "host 0"));
+        .any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["args"]["name"] == "controller (this process)"));
     assert!(events
         .iter()
         .any(|e| e["ph"] == "X" && e["name"] == "compile"));
