@@ -668,3 +668,45 @@ fn push_json_str(out: &mut String, s: &str) {
     }
     out.push('"');
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_stay_valid_json_whatever_a_worker_names_its_spans() {
+        let fields = [
+            (
+                "text",
+                FieldValue::Text("a \"quoted\"\n\u{1}value\\".into()),
+            ),
+            ("nan", FieldValue::Real(f64::NAN)),
+            ("real", FieldValue::Real(1.5)),
+            ("int", FieldValue::Int(-3)),
+            ("flag", FieldValue::Flag(true)),
+        ];
+        let json = event_json(
+            "na\"me\t",
+            "cat\u{7f}",
+            1_234_567,
+            89,
+            REMOTE_PID,
+            RUNTIME_TRACK_BASE | 5,
+            fields.iter().map(|(n, v)| (*n, v)),
+        );
+        let event: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+        assert_eq!(event["name"], "na\"me\t");
+        assert_eq!(event["ts"], 1234.567);
+        assert_eq!(event["dur"], 0.089);
+        assert_eq!(event["args"]["text"], "a \"quoted\"\n\u{1}value\\");
+        assert_eq!(event["args"]["nan"], "NaN");
+        assert_eq!(event["args"]["real"], 1.5);
+        assert_eq!(event["args"]["int"], -3);
+        assert_eq!(event["args"]["flag"], true);
+        let meta: serde_json::Value =
+            serde_json::from_str(&metadata("process_name", 1, 0, "\"127.0.0.1:1\"")).unwrap();
+        assert_eq!(meta["args"]["name"], "\"127.0.0.1:1\"");
+    }
+
+    const REMOTE_PID: u64 = 1 << 20;
+}
