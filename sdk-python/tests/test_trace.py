@@ -2,9 +2,10 @@
 ``python -m colocated.worker`` processes) run with ``COLOCATED_TRACE`` exported,
 so that the workers inherit it as from one shell, writes one valid trace: the
 controller's, with one process per worker named by its address and holding
-that worker's executions. The workers write nothing there. Real processes and
-sockets on loopback; the trace's subscriber is per process, so the controller
-runs in a process of its own."""
+that worker's executions. The workers write nothing there; a worker writes a
+trace of its own only when told to (``--trace FILE``). Real processes and
+sockets on loopback; the trace's subscriber is per process, so the traced
+controller runs in a process of its own."""
 
 import json
 import os
@@ -13,6 +14,12 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
+from workers import Worker
+
+import colocated
+from colocated import _client
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "cluster_demo.py"
 
@@ -35,3 +42,28 @@ def test_a_traced_cluster_demo_writes_one_trace_with_every_hosts_executions(tmp_
     for address in addresses:
         assert list(names.values()).count(address) == 1, names
         assert executions[address] > 0, executions
+
+
+def test_a_worker_told_to_trace_writes_its_own_files_and_never_the_controllers(tmp_path, token_file, monkeypatch):
+    own = tmp_path / "worker.json"
+    controllers = tmp_path / "controller.json"
+    monkeypatch.setenv("COLOCATED_TRACE", str(controllers))
+    worker = Worker(token_file, devices=1, extra_args=("--trace", str(own)))
+    monkeypatch.delenv("COLOCATED_TRACE")  # the worker's alone: this process does not trace
+    previous = _client._client
+    try:
+        client = colocated.connect([worker.address], token_file=token_file)
+        x = colocated.device_put(np.arange(4, dtype=np.int32), client.devices()[0])
+        np.testing.assert_array_equal(np.asarray(x), np.arange(4))
+        client.close()
+    finally:
+        _client._set_default(previous)
+        worker.stop()
+    assert not controllers.exists()
+    # The supervisor's file, and its session worker's beside it (NAME.PID.EXT).
+    assert json.loads(own.read_text()) is not None
+    (session,) = tmp_path.glob("worker.*.json")
+    events = json.loads(session.read_text())
+    names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
+    assert names == ["worker (this process)"], names
+    assert any(e["ph"] == "X" for e in events), events
