@@ -402,7 +402,8 @@ export declare function _setRunner(run: (arg: HostCall) => unknown, thread: numb
  * Starts serving this process's devices with `values` (checked by core's
  * rules: `InvalidArgumentError` naming a bad flag). The worker's client
  * becomes the default one: the functions it runs place their outputs with
- * it.
+ * it. Sets up this process's logging and tracing as a worker's, unless
+ * something set them up before (see `colocated_core::trace::init_worker`).
  */
 export declare function _startWorker(values: WorkerValues): WorkerHandle
 
@@ -710,4 +711,6 @@ export interface WorkerValues {
   sessionTimeout: number
   plugins: Array<string>
   exitAfterIdle?: number
+  /** `--trace`: this worker's own trace file. */
+  trace?: string
 }

@@ -125,6 +125,7 @@ fn worker_flags(matches: &ArgMatches) -> WorkerFlags {
             .map(|p| p.cloned().collect())
             .unwrap_or_default(),
         exit_after_idle: seconds("exit-after-idle"),
+        trace: path("trace"),
     }
 }
 
@@ -133,11 +134,15 @@ fn worker_flags(matches: &ArgMatches) -> WorkerFlags {
 const DEFAULT_LOG: &str = "colocated=warn";
 
 fn main() -> ExitCode {
-    colocated_core::trace::init_with_default_log(DEFAULT_LOG);
     let matches = command().get_matches();
     let result = match matches.subcommand() {
-        Some(("worker", worker)) => run_worker(worker_flags(worker)),
+        Some(("worker", worker)) => {
+            let flags = worker_flags(worker);
+            colocated_core::trace::init_worker(DEFAULT_LOG, flags.trace.as_deref());
+            run_worker(flags)
+        }
         Some(("status", status)) => {
+            colocated_core::trace::init_worker(DEFAULT_LOG, None);
             return match status_flags(status).run() {
                 Ok((report, all)) => {
                     print!("{report}");
@@ -151,7 +156,7 @@ fn main() -> ExitCode {
                     eprintln!("colocated: {}", e.message());
                     ExitCode::from(2)
                 }
-            }
+            };
         }
         _ => Err("no such command".to_string()),
     };

@@ -217,6 +217,9 @@ impl Client {
     /// one worker failing, its error; with several, one error that names
     /// each (its code: the first that is not `unavailable`, if any).
     pub fn connect(options: &ClusterOptions) -> Result<Client> {
+        // Before the sessions open: a traced controller asks its workers for
+        // their spans as each session opens.
+        crate::trace::init_from_env();
         if options.workers.is_empty() && !options.include_local {
             return Err(Error::invalid_argument(
                 "a client needs at least one host: name workers or include the local host",

@@ -88,9 +88,9 @@ fn executions_appear_on_one_track_per_stream() -> colocated_core::Result<()> {
         });
         assert!(named, "no thread_name for stream {id}");
     }
-    assert!(events
-        .iter()
-        .any(|e| e["ph"] == "M" && e["name"] == "process_name" && e["args"]["name"] == "host 0"));
+    assert!(events.iter().any(|e| e["ph"] == "M"
+        && e["name"] == "process_name"
+        && e["args"]["name"] == "controller (this process)"));
     assert!(events
         .iter()
         .any(|e| e["ph"] == "X" && e["name"] == "compile"));

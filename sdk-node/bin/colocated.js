@@ -124,6 +124,7 @@ function main(argv) {
       sessionTimeout: number('session-timeout'),
       plugins: parsed.plugin ?? [],
       exitAfterIdle: number('exit-after-idle'),
+      trace: text('trace'),
     })
   } catch (err) {
     process.stderr.write(`colocated: ${err.message}\n`)

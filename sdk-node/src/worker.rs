@@ -113,6 +113,8 @@ pub struct WorkerValues {
     pub session_timeout: f64,
     pub plugins: Vec<String>,
     pub exit_after_idle: Option<f64>,
+    /// `--trace`: this worker's own trace file.
+    pub trace: Option<String>,
 }
 
 /// A running worker.
@@ -164,10 +166,15 @@ impl Task for Shutdown {
     }
 }
 
+/// What a Node worker logs when `COLOCATED_LOG` is unset: colocated's
+/// warnings (refused requests, an insecure or exposed worker).
+const WORKER_DEFAULT_LOG: &str = "colocated=warn";
+
 /// Starts serving this process's devices with `values` (checked by core's
 /// rules: `InvalidArgumentError` naming a bad flag). The worker's client
 /// becomes the default one: the functions it runs place their outputs with
-/// it.
+/// it. Sets up this process's logging and tracing as a worker's, unless
+/// something set them up before (see `colocated_core::trace::init_worker`).
 #[napi(js_name = "_startWorker")]
 pub fn start_worker(env: Env, values: WorkerValues) -> napi::Result<WorkerHandle> {
     let flags = WorkerFlags {
@@ -182,7 +189,11 @@ pub fn start_worker(env: Env, values: WorkerValues) -> napi::Result<WorkerHandle
         session_timeout: values.session_timeout,
         plugins: values.plugins.iter().map(Into::into).collect(),
         exit_after_idle: values.exit_after_idle,
+        trace: values.trace.map(Into::into),
     };
+    // Before the client exists (it would set up a controller's tracing):
+    // warnings for the operator, COLOCATED_TRACE left to the controller.
+    core::trace::init_worker(WORKER_DEFAULT_LOG, flags.trace.as_deref());
     let options = flags.options().js(&env)?;
     let client = core::Client::new_local(core::ClientOptions {
         num_cpu_devices: flags.cpu_devices,

@@ -225,13 +225,18 @@ pub fn start_worker(
 /// colocated's crates and of this module.
 const WORKER_DEFAULT_LOG: &str = "colocated=warn,_colocated=warn";
 
-/// Installs a worker's logging: to stderr, what `COLOCATED_LOG` selects, else
-/// colocated's warnings (refused requests, an insecure or exposed worker). A
-/// library user's process stays silent unless it sets `COLOCATED_LOG`; only
-/// `python -m colocated.worker` calls this, before anything else can.
+/// Installs a worker's logging and tracing (core's `trace::init_worker`): to
+/// stderr, what `COLOCATED_LOG` selects, else colocated's warnings (refused
+/// requests, an insecure or exposed worker); `COLOCATED_TRACE` is ignored (it
+/// names the controller's file: this worker's spans go to the controllers
+/// that trace), and `trace`, when given (`--trace FILE`), receives this
+/// worker's own trace. A library user's process stays silent unless it sets
+/// `COLOCATED_LOG`; only `python -m colocated.worker` calls this, before
+/// anything else can.
 #[pyfunction]
-pub fn init_worker_logging() {
-    core::trace::init_with_default_log(WORKER_DEFAULT_LOG);
+#[pyo3(signature = (trace=None))]
+pub fn init_worker_logging(trace: Option<std::path::PathBuf>) {
+    core::trace::init_worker(WORKER_DEFAULT_LOG, trace.as_deref());
 }
 
 /// Loads the native-function plugin at `path` (a shared library exporting

@@ -87,8 +87,13 @@ pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// ([`INLINE_OUTPUTS_VERSION`]), 7 small uploads on the control stream
 /// ([`SMALL_PUT_VERSION`]), 8 read grants answered at once
 /// ([`GRANT_ANSWER_VERSION`]), 9 the control stream on a lane of its own
-/// ([`LANE_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 9;
+/// ([`LANE_VERSION`]), 10 the worker's spans for the controller's trace
+/// ([`SPANS_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 10;
+/// The protocol version that adds `CollectSpans`: a controller that writes a
+/// trace (`COLOCATED_TRACE`) fetches each worker's spans into it, placed on
+/// its own clock (see [`crate::trace`]).
+pub const SPANS_VERSION: u32 = 10;
 /// The protocol version from which a worker answers a `GrantReadRequest` as
 /// soon as it holds the grant, whatever follows it on the control stream
 /// (under [`CUMULATIVE_VERSION`] alone, an execution right behind it could

@@ -478,9 +478,12 @@ def start_worker(
     ``--listen HOST:0 --token-file F --single-session``, and the controller is
     redirected there."""
 
-def init_worker_logging() -> None:
+def init_worker_logging(trace: str | None = None) -> None:
     """Logs to stderr what ``COLOCATED_LOG`` selects, else colocated's warnings (a
-    worker's default); call before anything else uses colocated."""
+    worker's default), and sets up the worker's tracing: ``COLOCATED_TRACE`` is
+    ignored (it names the controller's file; this worker's spans go to the
+    controllers that trace), ``trace`` (``--trace FILE``) receives this worker's
+    own trace. Call before anything else uses colocated."""
 
 def native_scalar_ops() -> int:
     """How many operator results on small arrays were computed without numpy

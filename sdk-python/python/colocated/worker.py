@@ -76,7 +76,7 @@ def _parser(prog: str = "python -m colocated.worker") -> argparse.ArgumentParser
 
 def _child_command(args) -> list[str]:
     """The command line of a supervisor's session worker: this module with the
-    same devices, plugins, liveness and TLS flags, serving in-process (the
+    same devices, plugins, liveness, TLS and trace flags, serving in-process (the
     supervisor adds ``--listen``, ``--token-file`` and ``--single-session``)."""
     command = [sys.executable, "-m", "colocated.worker", "--shared-interpreter"]
     command += ["--heartbeat-interval", repr(args.heartbeat_interval)]
@@ -87,7 +87,19 @@ def _child_command(args) -> list[str]:
         command += ["--plugin", os.path.abspath(plugin)]
     if args.tls_cert is not None:
         command += ["--tls-cert", os.path.abspath(args.tls_cert), "--tls-key", os.path.abspath(args.tls_key)]
+    if args.trace is not None:
+        command += ["--trace", os.path.abspath(args.trace)]
     return command
+
+
+def _trace_file(args) -> str | None:
+    """This process's own trace file (``--trace``): a supervisor's session
+    worker writes ``NAME.PID.EXT`` beside its supervisor's ``NAME.EXT``, as two
+    processes cannot share one file."""
+    if args.trace is None or not args.single_session:
+        return args.trace
+    root, ext = os.path.splitext(args.trace)
+    return f"{root}.{os.getpid()}{ext}"
 
 
 def _single_session_token(args) -> str:
@@ -128,8 +140,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m colocated.worker"
     parser = _parser(prog)
     args = parser.parse_args(argv)
     # Before anything makes a client (which would install the library's
-    # silent default): an operator sees warnings and refusals.
-    _colocated.init_worker_logging()
+    # silent default): an operator sees warnings and refusals, and the
+    # controller's COLOCATED_TRACE is left to the controller.
+    _colocated.init_worker_logging(_trace_file(args))
     token = _single_session_token(args) if args.single_session else None
     flags = {
         "listen": args.listen,

@@ -341,7 +341,9 @@ impl RemoteSession {
             beat: Beat::new(response.heartbeat_interval_ms, response.session_timeout_ms),
             host_callbacks: std::sync::Mutex::new(HashMap::new()),
             tls: options.tls_ca.clone().map(|ca| (ca, reached.1)),
+            spans: std::sync::OnceLock::new(),
         });
+        super::spans::start(&inner);
         watch(&inner)?;
         let lane = if response.lane
             && response.version >= LANE_VERSION

@@ -106,11 +106,12 @@ pub(super) fn watch(inner: &Arc<Inner>) -> Result<()> {
 /// heartbeat to each session that is due, all at once.
 async fn beat_all() {
     loop {
-        let (due, tick) = {
+        let (due, fetch, tick) = {
             let mut watched = lock(watched());
             let now = now_ms();
             let mut tick = Duration::from_millis(500);
             let mut due = Vec::new();
+            let mut fetch = Vec::new();
             watched.sessions.retain(|weak| {
                 let Some(inner) = weak.upgrade() else {
                     return false;
@@ -119,6 +120,9 @@ async fn beat_all() {
                     return false;
                 }
                 tick = tick.min(inner.beat.busy / 2);
+                if inner.spans.get().is_some_and(|spans| spans.due(now)) {
+                    fetch.push(inner.clone());
+                }
                 if inner.beat.due(inner.busy(), now) {
                     inner.beat.beating.store(true, Ordering::Relaxed);
                     due.push(inner);
@@ -129,8 +133,11 @@ async fn beat_all() {
                 watched.running = false;
                 return;
             }
-            (due, tick.max(Duration::from_millis(50)))
+            (due, fetch, tick.max(Duration::from_millis(50)))
         };
+        for inner in fetch {
+            tokio::spawn(async move { inner.fetch_spans().await });
+        }
         for inner in due {
             tokio::spawn(async move {
                 if let Err(e) = inner.heartbeat().await {

@@ -33,6 +33,7 @@ mod control;
 mod health;
 mod host_calls;
 mod liveness;
+mod spans;
 
 pub use crate::future::{Completion, Progress};
 pub use bulk::UploadStop;
@@ -78,6 +79,8 @@ struct Inner {
     /// The CA certificates and name the connection's TLS checks, if it has
     /// TLS (another worker that reads from this one connects the same way).
     tls: Option<(Vec<u8>, Option<String>)>,
+    /// The import of the worker's spans, when this process writes a trace.
+    spans: std::sync::OnceLock<spans::Import>,
 }
 
 /// Runs `future` on the transport runtime and waits for it; a caller already
@@ -232,6 +235,8 @@ impl RemoteSession {
         let inner = self.inner.clone();
         if let Ok(runtime) = runtime() {
             runtime.spawn(async move {
+                // What the worker recorded goes before the session does.
+                inner.fetch_spans().await;
                 let mut rpc = inner.rpc.clone();
                 let _ = tokio::time::timeout(
                     inner.timeout,

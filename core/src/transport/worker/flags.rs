@@ -140,6 +140,13 @@ pub const WORKER_FLAGS: &[WorkerFlag] = &[
          its start and from the end of its last session: a worker orphaned by its launcher or \
          controller goes away by itself.",
     ),
+    flag(
+        "trace",
+        FlagKind::Path,
+        "Write this worker's own Chrome/Perfetto trace to this file. Without it the worker \
+         writes none (it ignores COLOCATED_TRACE, which names the controller's file) and sends \
+         its spans to each controller that traces.",
+    ),
 ];
 
 /// The values of [`WORKER_FLAGS`], as a parser gives them (text as typed;
@@ -168,6 +175,9 @@ pub struct WorkerFlags {
     pub plugins: Vec<PathBuf>,
     /// `--exit-after-idle`.
     pub exit_after_idle: Option<f64>,
+    /// `--trace`: the worker's own trace file (the caller passes it to
+    /// [`crate::trace::init_worker`] before anything else starts).
+    pub trace: Option<PathBuf>,
 }
 
 /// A positive, finite number of seconds given as option `name` (a flag, a

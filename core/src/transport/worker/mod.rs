@@ -38,6 +38,7 @@ mod lane;
 mod routes;
 mod service;
 mod sessions;
+mod spans;
 
 pub use flags::{
     seconds, FlagKind, StatusFlags, WorkerFlag, WorkerFlags, STATUS_FLAGS, WORKER_FLAGS,
@@ -194,6 +195,8 @@ struct Session {
     calls: PendingCalls,
     /// The session as its programs see it (`ExecutionContext::session`).
     scope: Arc<SessionScope>,
+    /// The spans kept for the controller, once it asked (`CollectSpans`).
+    spans: Option<Arc<crate::trace::SpanCollector>>,
 }
 
 impl Worker {

@@ -20,11 +20,11 @@ use crate::transport::host_calls::{ControlSink, PendingCalls};
 use crate::transport::isolate::Children;
 use crate::transport::proto::worker_server::Worker as WorkerRpc;
 use crate::transport::proto::{
-    CloseSessionRequest, CloseSessionResponse, ControlRequest, ControlResponse,
-    DeleteBuffersRequest, DeleteBuffersResponse, DeviceInfo, ExecuteRequest, ExecuteResponse,
-    GetBufferRequest, HealthRequest, HealthResponse, HeartbeatRequest, HeartbeatResponse, HostInfo,
-    LoadExecutableRequest, LoadExecutableResponse, OpenSessionRequest, OpenSessionResponse,
-    PutBufferChunk, PutBufferResponse,
+    CloseSessionRequest, CloseSessionResponse, CollectSpansRequest, CollectSpansResponse,
+    ControlRequest, ControlResponse, DeleteBuffersRequest, DeleteBuffersResponse, DeviceInfo,
+    ExecuteRequest, ExecuteResponse, GetBufferRequest, HealthRequest, HealthResponse,
+    HeartbeatRequest, HeartbeatResponse, HostInfo, LoadExecutableRequest, LoadExecutableResponse,
+    OpenSessionRequest, OpenSessionResponse, PutBufferChunk, PutBufferResponse,
 };
 use crate::transport::{
     to_status, version_mismatch, SessionId, AUTHORIZATION, LANE_VERSION, PROTOCOL_VERSION_MAX,
@@ -319,6 +319,7 @@ impl WorkerRpc for Service {
                 ended: tokio::sync::watch::channel(()).0,
                 calls: PendingCalls::default(),
                 scope: Arc::new(SessionScope::new()),
+                spans: None,
             },
         );
         self.0.idle.session_opened();
@@ -361,6 +362,16 @@ impl WorkerRpc for Service {
     ) -> std::result::Result<Response<HeartbeatResponse>, Status> {
         self.session(&request).map_err(|e| to_status(&e))?;
         Ok(Response::new(HeartbeatResponse {}))
+    }
+
+    async fn collect_spans(
+        &self,
+        request: Request<CollectSpansRequest>,
+    ) -> std::result::Result<Response<CollectSpansResponse>, Status> {
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        self.spans_for(id, request.get_ref().max_spans)
+            .map(Response::new)
+            .map_err(|e| to_status(&e))
     }
 
     async fn close_session(
