@@ -156,8 +156,8 @@ pub(crate) fn copy_chunk(src: &[u8]) -> Bytes {
 /// wait for the network (it travels as it is, in views of [`CHUNK_BYTES`]):
 /// into a kept buffer of that size when there is one (see
 /// [`receive_buffer`]; the copy goes back there once sent), else into fresh
-/// memory whose pages another core faults in ahead of the copy (see
-/// [`Prefault`](crate::prefault::Prefault)). `resource_exhausted` when the
+/// memory, of huge pages where the kernel gives them, which another core
+/// faults in ahead of the copy (see [`Prefault`](crate::prefault::Prefault)). `resource_exhausted` when the
 /// memory cannot be had.
 pub(crate) fn copy_whole(src: &[u8]) -> Result<Bytes> {
     /// Bytes copied between reports to the helper that faults pages in.
@@ -169,6 +169,7 @@ pub(crate) fn copy_whole(src: &[u8]) -> Result<Bytes> {
     let prefault = if warm {
         None
     } else {
+        prefer_huge_pages(&mut copy);
         crate::prefault::Prefault::start(copy.as_mut_ptr(), src.len())
     };
     for step in src.chunks(STEP) {
@@ -179,6 +180,34 @@ pub(crate) fn copy_whole(src: &[u8]) -> Result<Bytes> {
     }
     drop(prefault);
     Ok(Bytes::from_owner(Recycled(copy.into_boxed_slice())))
+}
+
+/// Asks the kernel to back the (fresh, untouched) capacity of a large transfer
+/// buffer with huge pages: writing into a fresh buffer page-faults on every
+/// page, and with 2 MiB pages there are 512 times fewer faults. Only advice:
+/// where the kernel declines, nothing changes.
+pub(crate) fn prefer_huge_pages(data: &mut Vec<u8>) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = data.as_mut_ptr() as usize;
+        let end = start + data.capacity();
+        let first = start.next_multiple_of(HUGE);
+        let last = end - end % HUGE;
+        if last > first {
+            // SAFETY: [first, last) lies inside the vector's own allocation,
+            // which nothing else uses; the advice does not change its contents.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_HUGEPAGE,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = data;
 }
 
 /// Bytes that go back to the kept buffers (see [`recycle`]) when the last
