@@ -316,11 +316,19 @@ export declare class PartitionSpec {
 /**
  * A call that may compile or discover, prepared on the event loop (its
  * place in the stream held, its arguments and objects kept) and run on
- * libuv's thread pool once its place is reached.
+ * libuv's thread pool: at once, or, for a discovery, once its place is
+ * reached.
  */
 export declare class PendingCall {
   /** Resolves once everything queued before the call on its stream ran. */
   reached(): Promise<void>
+  /**
+   * True when the call discovers its outputs: `run()` then holds a thread
+   * of the pool until the function ran in the call's place, so it waits
+   * for `reached()` first. Any other call runs at once: it compiles and
+   * queues its execution in its place.
+   */
+  get discovers(): boolean
   /** Runs the call (once) on libuv's thread pool. */
   run(): Promise<CallResult>
 }

@@ -496,13 +496,13 @@ module.exports = function install(binding, exports) {
           callbacks: hosted.callbacks,
           stream: stream ?? undefined,
         }
-        // Its place in the stream is held now; it compiles or discovers on
-        // libuv's pool once the work queued before it ran.
+        // Its place in the stream is held now; it compiles on libuv's pool
+        // at once and runs in its place. A discovery runs the function
+        // there before it returns: it takes a thread of the pool only once
+        // the work queued before it ran.
         const pending = state.prepare(key, leaves, callOptions)
-        return pending
-          .reached()
-          .then(() => pending.run())
-          .then(finish)
+        const run = pending.discovers ? pending.reached().then(() => pending.run()) : pending.run()
+        return run.then(finish)
       }
       const finish = (result) => {
         // Failures show in the outputs; an unobserved `done` must not end the process.

@@ -12,6 +12,7 @@ use crate::future::{Event, Progress};
 use crate::prefault::Prefault;
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
+use crate::storage::HostMemory;
 
 struct Inner {
     spec: ArraySpec,
@@ -383,17 +384,19 @@ impl Array {
                 continue;
             }
             let index = spec.sharding.shard_index(pos, &spec.shape)?;
-            let mut bytes = vec![0u8; shard_bytes];
+            // The block is copied once, into memory its buffer takes over
+            // (kept as it is here, sent as it is to a worker).
+            let mut block = HostMemory::zeroed(shard_bytes)?;
             copy_block(
                 data,
                 &spec.shape,
                 &index,
-                &mut bytes,
+                block.as_mut_slice(),
                 elem,
                 Direction::GlobalToShard,
             );
-            buffers.push(Buffer::from_bytes_reporting(
-                client, &bytes, spec.dtype, &shard, device, memory, report,
+            buffers.push(Buffer::from_memory_reporting(
+                client, block, spec.dtype, &shard, device, memory, report,
             )?);
         }
         // Made here to fit `spec`: one buffer per device, of the shard's shape.

@@ -226,10 +226,14 @@ pub fn with_stream<R>(stream: &Stream, f: impl FnOnce() -> R) -> R {
 /// work's completion, or when the slot is dropped.
 ///
 /// The held work runs on a stream of its own (the slot's stream waits for
-/// it), once `reached` is ready.
+/// it), whose work starts once `reached` is ready: work submitted inside
+/// [`run_in`](Self::run_in) may be submitted at any time before that, from
+/// any thread, and keeps its place.
 pub struct StreamSlot {
     reached: Event,
     release: Option<Event>,
+    /// The held work's stream: its first task waits for `reached`.
+    held: Stream,
 }
 
 impl StreamSlot {
@@ -237,6 +241,15 @@ impl StreamSlot {
     /// stream's client shut down first.
     pub fn reached(&self) -> &Event {
         &self.reached
+    }
+
+    /// Runs `f` on the calling thread with the held work's stream as the
+    /// thread's stream of the slot's client (see [`with_stream`]): what `f`
+    /// submits runs in the slot's place, in the order submitted, without `f`
+    /// waiting for the place (a wait inside `f` for that work waits for
+    /// everything queued before the slot too).
+    pub fn run_in<R>(&self, f: impl FnOnce() -> R) -> R {
+        with_stream(&self.held, f)
     }
 
     /// Lets the stream go on once `done` is ready (whatever its status): the
@@ -823,7 +836,8 @@ impl Dispatcher {
     }
 
     /// Holds the next place of `stream` (see [`StreamSlot`]): a task that
-    /// marks the place reached, and one that waits for the release.
+    /// marks the place reached, and one that waits for the release; on the
+    /// held work's stream, a first task that waits for the place.
     pub(crate) fn reserve(&self, stream: &Stream) -> StreamSlot {
         let (reached, release) = (Event::new(), Event::new());
         let mark = reached.clone();
@@ -849,9 +863,24 @@ impl Dispatcher {
                 sends_only: false,
             },
         );
+        // The held work's own stream starts at the place.
+        let own = Stream::new(self.id);
+        let passed = Event::new();
+        let pass = passed.clone();
+        self.submit(
+            &own,
+            Task {
+                deps: vec![reached.clone()],
+                completion: passed,
+                run: Box::new(move |status: Result<()>| pass.set_if_pending(status)),
+                waiter_first: false,
+                sends_only: false,
+            },
+        );
         StreamSlot {
             reached,
             release: Some(release),
+            held: own,
         }
     }
 
@@ -1178,6 +1207,31 @@ mod tests {
         assert!(!third.is_ready());
         dep.set(Ok(())).unwrap();
         third.wait().unwrap();
+    }
+
+    #[test]
+    fn work_submitted_in_a_slot_before_its_place_is_reached_runs_there() {
+        let d = Dispatcher::new(2, 2, 9014, "t").unwrap();
+        let s = Stream::new(9014);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let record = |ev: &Event, i: u32| {
+            let log = log.clone();
+            task(ev, move || log.lock().unwrap().push(i))
+        };
+        let (gate, first, held, after) = (Event::new(), Event::new(), Event::new(), Event::new());
+        let mut waits = record(&first, 1);
+        waits.deps.push(gate.clone());
+        d.submit(&s, waits);
+        let slot = d.reserve(&s);
+        d.submit(&s, record(&after, 3));
+        // Submitted on the slot's stream while the place is not reached.
+        slot.run_in(|| d.submit(&thread_stream(9014), record(&held, 2)));
+        slot.release_after(&held);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(log.lock().unwrap().is_empty());
+        gate.set(Ok(())).unwrap();
+        after.wait().unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![1, 2, 3]);
     }
 
     #[test]

@@ -40,9 +40,10 @@ thread_local! {
 }
 
 /// Runs `f` so that the copies to workers it starts never wait for the
-/// network: each queues all of its chunks at once (holding a copy of the
-/// data until they are sent) instead of waiting for room. For a caller that
-/// must not block, such as an event loop: the call then costs a memory copy.
+/// network: each copies its data at once, in one piece that travels as it
+/// is (held until sent), instead of chunk by chunk as the network takes
+/// them. For a caller that must not block, such as an event loop: the call
+/// then costs one memory copy, and the transfer runs on network threads.
 pub fn without_waiting<R>(f: impl FnOnce() -> R) -> R {
     struct Reset(bool);
     impl Drop for Reset {
@@ -120,7 +121,8 @@ impl RemoteHost {
     /// and sent ones go back to a pool, so the copy overlaps the network and
     /// writes into warm memory. The wait for the network ends if the worker is
     /// lost. (On a thread of the network runtime, which must not block, and
-    /// inside [`without_waiting`], nothing waits: every chunk is queued.)
+    /// inside [`without_waiting`], nothing waits: `src` is copied at once, in
+    /// one piece, and the copy travels as it is.)
     pub fn upload_copy(
         self: &Arc<Self>,
         target: impl UploadTarget,
@@ -130,17 +132,18 @@ impl RemoteHost {
         if self.puts_small(&target, src.len()) {
             return self.put_small(target, Bytes::copy_from_slice(src), progress);
         }
+        let may_block = tokio::runtime::Handle::try_current().is_err() && !NO_WAITING.get();
+        if !may_block {
+            return match crate::transport::copy_whole(src) {
+                Ok(data) => self.upload(target, data, progress),
+                Err(e) => target.finish(Err(e), None),
+            };
+        }
         let watcher = target.clone();
         let Some((handle, spec, done)) = self.start_upload(target, None) else {
             return;
         };
-        let may_block = tokio::runtime::Handle::try_current().is_err() && !NO_WAITING.get();
-        let capacity = if may_block {
-            crate::transport::INFLIGHT_CHUNKS
-        } else {
-            src.len().div_ceil(crate::transport::CHUNK_BYTES).max(1)
-        };
-        let (chunks, rx) = tokio::sync::mpsc::channel(capacity);
+        let (chunks, rx) = tokio::sync::mpsc::channel(crate::transport::INFLIGHT_CHUNKS);
         let stop =
             self.session
                 .put_buffer_chunks_then(handle, spec, src.len() as u64, rx, progress, done);
@@ -153,7 +156,7 @@ impl RemoteHost {
                 Err(TrySendError::Closed(_)) => false,
                 // The network is behind: wait for room, unless the worker is
                 // lost (then the upload fails and `done` reports it).
-                Err(TrySendError::Full(chunk)) if may_block => {
+                Err(TrySendError::Full(chunk)) => {
                     let Ok(runtime) = crate::transport::runtime() else {
                         return false;
                     };
@@ -172,7 +175,6 @@ impl RemoteHost {
                         false
                     })
                 }
-                Err(TrySendError::Full(_)) => false,
             }
         };
         if src.is_empty() {

@@ -2,7 +2,8 @@
 // same run (`make bench`): a local call against a napi no-op and a
 // worker_threads round trip; a call to a worker against a raw `net`
 // ping-pong between two Node processes; a 256 MiB devicePut to a worker
-// against raw `net` throughput; pipelined calls.
+// against raw `net` throughput, and the event loop's stall during a 64 MiB
+// one against copying the data; pipelined calls.
 import { fork, spawn } from 'node:child_process'
 import crypto from 'node:crypto'
 import fs from 'node:fs'
@@ -200,6 +201,44 @@ row(
   gbs(BULK / put),
   `raw net ${gbs(raw.throughput)}`,
   `${((BULK / put / raw.throughput) * 100).toFixed(0)}% (target >= 70%)`,
+)
+
+// What a put costs the event loop: its longest stall (a 10 ms interval
+// timer watching) during a 64 MiB devicePut to the worker, against the stall
+// of copying the same bytes on the event loop.
+async function longestStall(f) {
+  let last = performance.now()
+  let stall = 0
+  const timer = setInterval(() => {
+    const now = performance.now()
+    stall = Math.max(stall, now - last)
+    last = now
+  }, 10)
+  const pause = () => new Promise((resolve) => setTimeout(resolve, 50))
+  await pause()
+  const value = f()
+  await pause()
+  clearInterval(timer)
+  return { value, stall }
+}
+const median = (xs) => xs.slice().sort((a, b) => a - b)[xs.length >> 1]
+const small = new Float32Array(16 << 20)
+const putStalls = []
+const copyStalls = []
+// The puts first: the copies' garbage would be collected during them.
+for (let i = 0; i < 5; i++) {
+  const { value, stall } = await longestStall(() => c.devicePut(small, onWorker))
+  await value.ready()
+  value.delete()
+  putStalls.push(stall)
+}
+for (let i = 0; i < 5; i++) copyStalls.push((await longestStall(() => small.slice())).stall)
+const ms = (x) => `${x.toFixed(1)} ms`
+row(
+  'devicePut 64 MiB: event-loop stall',
+  ms(median(putStalls)),
+  `copying it ${ms(median(copyStalls))}`,
+  `${(median(putStalls) / median(copyStalls)).toFixed(2)}x (first put ${ms(putStalls[0])})`,
 )
 
 remote.close()

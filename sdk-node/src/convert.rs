@@ -2,6 +2,8 @@
 //! names the dtype), numbers, bigints, booleans, strings, and nested arrays of
 //! them (their nesting gives the shape).
 
+use std::borrow::Cow;
+
 use colocated_core::{self as core, DType};
 use napi::bindgen_prelude::{
     BigInt, BigInt64Array, BigUint64Array, Float32Array, Float64Array, Int16Array, Int32Array,
@@ -13,9 +15,10 @@ use napi::{sys, JsValue, ValueType};
 use crate::errors::invalid;
 use crate::sharding::type_name;
 
-/// Host data of an array: bytes of a dense dtype, or strings.
-pub enum HostData {
-    Dense(DType, Vec<u8>),
+/// Host data of an array: bytes of a dense dtype (a typed array's own,
+/// borrowed for the call: the put copies them once), or strings.
+pub enum HostData<'a> {
+    Dense(DType, Cow<'a, [u8]>),
     Strings(Vec<String>),
 }
 
@@ -50,11 +53,11 @@ pub fn count(name: &str, value: f64, max: u32) -> core::Result<usize> {
     }
 }
 
-pub fn read(
-    value: &Unknown,
+pub fn read<'a>(
+    value: &'a Unknown,
     dtype: Option<DType>,
     shape: Option<Vec<i64>>,
-) -> core::Result<(Vec<i64>, HostData)> {
+) -> core::Result<(Vec<i64>, HostData<'a>)> {
     let (natural, data) = if value.is_typedarray().unwrap_or(false) {
         typed_array(value, dtype)?
     } else {
@@ -80,9 +83,14 @@ pub fn read(
     Ok((shape, data))
 }
 
-fn typed_array(value: &Unknown, dtype: Option<DType>) -> core::Result<(Vec<i64>, HostData)> {
-    // SAFETY: `value` is a typed array (checked by the caller).
-    let array = unsafe { value.cast::<TypedArray>() }.map_err(|e| invalid(e.reason.clone()))?;
+fn typed_array<'a>(
+    value: &'a Unknown,
+    dtype: Option<DType>,
+) -> core::Result<(Vec<i64>, HostData<'a>)> {
+    // SAFETY: `value` is a typed array (checked by the caller); its bytes
+    // live as long as the value (nothing runs JavaScript meanwhile that
+    // could detach them).
+    let array = unsafe { value.cast::<TypedArray<'a>>() }.map_err(|e| invalid(e.reason.clone()))?;
     if is_detached(value) {
         return Err(invalid(
             "the typed array's buffer is detached (transferred or closed)",
@@ -115,13 +123,17 @@ fn typed_array(value: &Unknown, dtype: Option<DType>) -> core::Result<(Vec<i64>,
             )))
         }
     };
-    let bytes: &[u8] = &array.arraybuffer;
+    let view: &[u8] = &array.arraybuffer;
+    // SAFETY: the view's bytes belong to `value`'s buffer, which outlives
+    // the borrow of `value` (see above); only `array`, a handle to it, is
+    // local.
+    let bytes: &'a [u8] = unsafe { std::slice::from_raw_parts(view.as_ptr(), view.len()) };
     if dtype == DType::Bool && bytes.iter().any(|&b| b > 1) {
         return Err(invalid("bool data must hold only 0 and 1"));
     }
     let size = natural.byte_size().unwrap_or(1);
     let len = (bytes.len() / size) as i64;
-    Ok((vec![len], HostData::Dense(dtype, bytes.to_vec())))
+    Ok((vec![len], HostData::Dense(dtype, Cow::Borrowed(bytes))))
 }
 
 /// Whether the typed array `value`'s buffer is detached (transferred or
@@ -219,7 +231,7 @@ fn leaf(value: &Unknown) -> core::Result<Leaf> {
 
 /// Encodes scalars as `dtype` (default: float32 for numbers, int64 for
 /// bigints, bool for booleans, string for strings).
-fn encode(leaves: &[Leaf], dtype: Option<DType>) -> core::Result<HostData> {
+fn encode(leaves: &[Leaf], dtype: Option<DType>) -> core::Result<HostData<'static>> {
     let dtype = match (dtype, leaves.first()) {
         (Some(d), _) => d,
         (None, Some(Leaf::BigInt(_))) => DType::I64,
@@ -243,7 +255,7 @@ fn encode(leaves: &[Leaf], dtype: Option<DType>) -> core::Result<HostData> {
         let n = number(l, dtype)?;
         put(&mut out, n, dtype)?;
     }
-    Ok(HostData::Dense(dtype, out))
+    Ok(HostData::Dense(dtype, Cow::Owned(out)))
 }
 
 /// A scalar as a number of `dtype`'s domain.

@@ -208,21 +208,25 @@ impl FunctionState {
             None => client.current_stream(),
         };
         let kept = core::Array::keep(&arrays).js(&env)?;
+        let spec = call_spec(tree, &arrays);
+        let site = Site {
+            payload: options.payload.into_bytes(),
+            declared,
+            callbacks,
+        };
+        let discovers = self.inner.discovers(&spec, &site).js(&env)?;
         let slot = client.reserve(&stream).js(&env)?;
         let reached = slot.reached().clone();
         Ok(PendingCall {
             reached,
+            discovers,
             call: std::sync::Mutex::new(Some(Call {
                 function: self.inner.clone(),
                 slot: Some(slot),
                 kept,
-                spec: call_spec(tree, &arrays),
+                spec,
                 inputs: arrays,
-                site: Site {
-                    payload: options.payload.into_bytes(),
-                    declared,
-                    callbacks,
-                },
+                site,
                 client,
                 objects,
             })),
@@ -335,10 +339,12 @@ fn wrap(client: &core::Client, arrays: Vec<core::Array>) -> Vec<ColocatedArray> 
 
 /// A call that may compile or discover, prepared on the event loop (its
 /// place in the stream held, its arguments and objects kept) and run on
-/// libuv's thread pool once its place is reached.
+/// libuv's thread pool: at once, or, for a discovery, once its place is
+/// reached.
 #[napi]
 pub struct PendingCall {
     reached: core::Event,
+    discovers: bool,
     call: std::sync::Mutex<Option<Call>>,
 }
 
@@ -348,6 +354,15 @@ impl PendingCall {
     #[napi(ts_return_type = "Promise<void>")]
     pub fn reached<'e>(&self, env: &'e Env) -> napi::Result<Object<'e>> {
         settle(env, &self.reached, |_| Ok(()))
+    }
+
+    /// True when the call discovers its outputs: `run()` then holds a thread
+    /// of the pool until the function ran in the call's place, so it waits
+    /// for `reached()` first. Any other call runs at once: it compiles and
+    /// queues its execution in its place.
+    #[napi(getter)]
+    pub fn discovers(&self) -> bool {
+        self.discovers
     }
 
     /// Runs the call (once) on libuv's thread pool.
@@ -398,21 +413,16 @@ impl Task for Call {
             &self.inputs,
             &self.site,
         );
-        // Its stream waits at the call's place: the call runs on a stream of
-        // its own, and the place is released when it completes.
+        let Some(slot) = self.slot.take() else {
+            return Ok(Err(core::Error::failed_precondition(
+                "this call already ran",
+            )));
+        };
         let objects: Vec<&core::ColocatedObject> =
             self.objects.iter().map(|o| o.as_ref()).collect();
-        let own = client.create_stream();
-        let called = self.kept.use_in(|| {
-            core::with_stream(&own, || function.call(client, spec, inputs, site, &objects))
-        });
-        if let (Some(slot), Ok(call)) = (self.slot.take(), &called) {
-            if let Some(status) = &call.status {
-                slot.release_after(status);
-            }
-        }
-        // Otherwise (done already, or failed) the place goes with the slot.
-        self.slot = None;
+        let called = self
+            .kept
+            .use_in(|| function.call_at(slot, client, spec, inputs, site, &objects));
         Ok(called.map(|call| Called {
             client: client.clone(),
             outputs: call.outputs,

@@ -240,6 +240,41 @@ test('streams: order within one, concurrency across them', async () => {
   assert.deepEqual(globalThis.events, ['slow start', 'fast', 'slow end'])
 })
 
+test('specialized calls all return at once and run in program order', async () => {
+  let open
+  globalThis.gate = new Promise((resolve) => {
+    open = resolve
+  })
+  globalThis.events = []
+  const f = c
+    .colocated(async (v) => {
+      globalThis.events.push('start')
+      await globalThis.gate
+      globalThis.events.push('end')
+      return v
+    })
+    .specialize({ outSpecsFn: (spec) => spec })
+  const x = c.devicePut(new Int32Array([1]), c.devices()[0])
+  // Three calls back to back: the first compiles, and none waits for the
+  // function, which waits for the gate.
+  const calls = [f(x), f(x), f(x)]
+  const returned = await Promise.race([
+    Promise.all(calls),
+    new Promise((resolve) => setTimeout(() => resolve(null), 10000)),
+  ])
+  // The first runs; the others wait behind it.
+  const deadline = Date.now() + 10000
+  while (globalThis.events.length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 5))
+  await new Promise((r) => setTimeout(r, 50))
+  const started = globalThis.events.slice()
+  open()
+  assert.notEqual(returned, null, 'a call did not return while the first one ran')
+  assert.deepEqual(started, ['start'])
+  await c.blockUntilReady(returned)
+  assert.deepEqual(globalThis.events, ['start', 'end', 'start', 'end', 'start', 'end'])
+  assert.equal(f.cacheInfo().currsize, 1)
+})
+
 test('a call that compiles holds its place: a delete and an execute made after it wait for it', async () => {
   const device = c.devices()[0]
   const x = c.devicePut(new Int32Array([5]), device)

@@ -413,10 +413,26 @@ impl Buffer {
                 dtype.name()
             )));
         }
-        let memory_space = placement(client, device, None)?;
+        Buffer::from_memory_reporting(client, memory, dtype, dims, device, None, None)
+    }
+
+    /// [`from_host_memory`](Self::from_host_memory) into `memory_space`
+    /// (default: the device's default memory space), reporting `progress` as
+    /// the memory travels to a worker. The caller checked that `memory` holds
+    /// `dtype[dims]` (dense).
+    pub(crate) fn from_memory_reporting(
+        client: &Client,
+        memory: HostMemory,
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+        memory_space: Option<&MemorySpace>,
+        progress: Option<Progress>,
+    ) -> Result<Buffer> {
+        let memory_space = placement(client, device, memory_space)?;
         let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
         let data = Arc::new(Storage::Dense(memory.into_dense()));
-        host::of(client, device.host_index()).put(&buffer, data, None);
+        host::of(client, device.host_index()).put(&buffer, data, progress);
         Ok(buffer)
     }
 

@@ -14,6 +14,7 @@ use crate::array::Array;
 use crate::client::Client;
 use crate::compiler::CompileOptions;
 use crate::device::Device;
+use crate::dispatch::StreamSlot;
 use crate::error::{Error, Result};
 use crate::executable::{ExecuteOptions, Execution, LoadedExecutable};
 use crate::executor::SessionKey;
@@ -254,6 +255,43 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
             object.running(call.status.as_ref());
         }
         Ok(call)
+    }
+
+    /// [`call`](Self::call) in `slot`, a place held earlier in a stream's
+    /// program order (see [`StreamSlot`]), from any thread: the call's
+    /// executions run at that place, after the work queued before it, and
+    /// the slot's stream goes on once the call completed (or at once when it
+    /// fails here). Returns once the call is compiled, without waiting for
+    /// its place: its outputs are ready once it ran. A call that discovers
+    /// its outputs (see [`discovers`](Self::discovers)) blocks until its
+    /// place is reached and the function ran there.
+    pub fn call_at<S: CallSite<Entry = E>>(
+        &self,
+        slot: StreamSlot,
+        client: &Client,
+        spec: &CallSpec,
+        inputs: &[Array],
+        site: &S,
+        objects: &[&ColocatedObject],
+    ) -> Result<Call<E>> {
+        let called = slot.run_in(|| self.call(client, spec, inputs, site, objects));
+        if let Ok(Call {
+            status: Some(status),
+            ..
+        }) = &called
+        {
+            slot.release_after(status);
+        }
+        called
+    }
+
+    /// Whether a call of `spec` would discover its outputs (no program is
+    /// compiled for it, and `site` declares none): it then runs the function
+    /// before it returns, in its place in its stream. An asynchronous SDK
+    /// waits for that place (see [`StreamSlot::reached`]) before it gives
+    /// such a call a thread; any other call returns without waiting.
+    pub fn discovers<S: CallSite<Entry = E>>(&self, spec: &CallSpec, site: &S) -> Result<bool> {
+        Ok(!self.cache.contains(spec) && site.declared_outputs()?.is_none())
     }
 
     /// Compiles the program for input spec `spec` ahead of any call (or

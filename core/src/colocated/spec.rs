@@ -186,6 +186,13 @@ impl<V: Clone> SpecCache<V> {
         self.lookup(spec, false)
     }
 
+    /// Whether there is an entry for `spec` (counting nothing).
+    pub fn contains(&self, spec: &CallSpec) -> bool {
+        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        maps.by_identity.contains_key(&ByIdentity(spec.clone()))
+            || maps.by_value.contains_key(&ByValue(spec.clone()))
+    }
+
     fn lookup(&self, spec: &CallSpec, count_miss: bool) -> Option<V> {
         let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         let key = ByIdentity(spec.clone());

@@ -37,7 +37,7 @@ pub mod worker;
 
 pub(crate) use buffers::reports_progress;
 pub use buffers::CHUNK_BYTES;
-pub(crate) use buffers::{copy_chunk, INFLIGHT_CHUNKS};
+pub(crate) use buffers::{copy_chunk, copy_whole, INFLIGHT_CHUNKS};
 pub use lane::{LANE_MAGIC, LANE_VERSION};
 pub(crate) use strings::{encode_strings, StringDecoder};
 pub use strings::{MAX_STRING_BUFFER_BYTES, STRINGS_VERSION};

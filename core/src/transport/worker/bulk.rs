@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::prefault::Prefault;
 use crate::transport::buffers::{
-    buffer_owning, check_spec, receive_buffer, wire_bytes, CheckedSpec,
+    buffer_owning, check_spec, prefer_huge_pages, receive_buffer, wire_bytes, CheckedSpec,
 };
 use crate::transport::bulk::{download_answer, empty_answer, ChunkParser, ChunkSink};
 use crate::transport::proto::{GetBufferRequest, PutBufferChunk};
@@ -233,32 +233,4 @@ impl ChunkSink<PutBufferChunk> for Upload<'_> {
             }
         }
     }
-}
-
-/// Asks the kernel to back the (fresh, untouched) capacity of a large receive
-/// buffer with huge pages: writing into a fresh buffer page-faults on every
-/// page, and with 2 MiB pages there are 512 times fewer faults. Only advice:
-/// where the kernel declines, nothing changes.
-fn prefer_huge_pages(data: &mut Vec<u8>) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = data.as_mut_ptr() as usize;
-        let end = start + data.capacity();
-        let first = start.next_multiple_of(HUGE);
-        let last = end - end % HUGE;
-        if last > first {
-            // SAFETY: [first, last) lies inside the vector's own allocation,
-            // which nothing else uses; the advice does not change its contents.
-            unsafe {
-                libc::madvise(
-                    first as *mut libc::c_void,
-                    last - first,
-                    libc::MADV_HUGEPAGE,
-                );
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = data;
 }
