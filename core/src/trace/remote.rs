@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{event_json, FieldValue, Msg, RUNTIME_TRACK_BASE, WRITER};
+use super::writer::{event_json, Msg};
+use super::{FieldValue, RUNTIME_TRACK_BASE, WRITER};
 
 /// The processes of workers' spans are numbered from here up: above any host
 /// index of this process's spans.
