@@ -28,15 +28,19 @@ VENV := $(BUILD)/venv
 VENV_PY := $(VENV)/bin/python
 RUFF_VERSION := 0.17.6
 CMAKE_PY_VERSION := 4.4.5
+# XLA's CPU PJRT plugin (pjrt_c_api_cpu_plugin.so), the plugin the tests run on.
+PJRT_CPU_PLUGIN_VERSION := 0.11.2
 # cmake (for the install check's CMake build) and ruff (make lint) come from
 # PyPI too, so that no system package is needed for them.
 PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm absl-py pyyaml kubernetes-validate ray \
-  cmake==$(CMAKE_PY_VERSION) ruff==$(RUFF_VERSION)
+  cmake==$(CMAKE_PY_VERSION) ruff==$(RUFF_VERSION) lammps-jax-pjrt-cpu==$(PJRT_CPU_PLUGIN_VERSION)
 # The venv is made again when the list above changes (its stamp names the list's checksum).
 VENV_STAMP := $(VENV)/.deps-$(shell echo '$(PY_DEPS)' | cksum | cut -d ' ' -f 1)
 # Tools built from crates.io, kept in the build folder.
 TOOLS := $(BUILD)/tools
 CBINDGEN := $(TOOLS)/bin/cbindgen
+BINDGEN_VERSION := 0.72.1
+BINDGEN := $(TOOLS)/bin/bindgen
 CARGO_FUZZ := $(TOOLS)/bin/cargo-fuzz
 NODE_DIR := $(CURDIR)/sdk-node
 NODE_BIN := $(NODE_DIR)/node_modules/.bin
@@ -61,7 +65,7 @@ SOFILE := $(SONAME).$(API_MINOR).0
 # What the static library needs (`rustc --print native-static-libs`).
 NATIVE_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
-PHONY_EXTRA := bench-rust bench-python bench-node fuzz fuzz-tools node node-debug test-node check-prerequisites venv check-node-binding install test-install wheel test-wheel
+PHONY_EXTRA := pjrt-bindings check-pjrt-bindings bench-rust bench-python bench-node fuzz fuzz-tools node node-debug test-node check-prerequisites venv check-node-binding install test-install wheel test-wheel
 .PHONY: all build demo test test-rust test-c test-abi test-python python $(PHONY_EXTRA) check-header header abi-manifest bench lint tools clean
 
 all: build
@@ -178,8 +182,10 @@ test-install: $(VENV_STAMP)
 	$(MAKE) --no-print-directory install PREFIX=$(BUILD)/prefix PROFILE=debug
 	PATH=$(VENV)/bin:$$PATH sh tests/install/check.sh $(BUILD)/prefix $(SONAME) $(SOFILE) $(RELEASE)
 
-test-rust:
-	$(CARGO) test --workspace
+# The PJRT tests run on XLA's CPU plugin from build/venv.
+test-rust: $(VENV_STAMP)
+	COLOCATED_TEST_PJRT_PLUGIN=$$($(VENV_PY) -c 'import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)') \
+	  $(CARGO) test --workspace
 
 # Without the mimalloc feature, so LeakSanitizer sees every allocation.
 test-c: | $(BUILD)
@@ -267,7 +273,28 @@ fuzz: fuzz-tools
 	echo "fuzz: $$passed passed, $$failed failed"; \
 	test $$failed -eq 0
 
-lint: $(NODE_DEPS) $(VENV_STAMP)
+# bindgen (for pjrt/src/sys.rs), built from crates.io into build/tools; it
+# needs libclang (Debian: libclang-dev).
+$(BINDGEN):
+	@echo "make: installing bindgen-cli $(BINDGEN_VERSION) into $(TOOLS) (cargo install; needs libclang, Debian's libclang-dev)"
+	env -u CARGO_TARGET_DIR $(CARGO) install bindgen-cli --locked --quiet --version $(BINDGEN_VERSION) --root $(TOOLS)
+
+PJRT_BINDGEN = $(BINDGEN) third_party/pjrt/pjrt_c_api.h --allowlist-item 'PJRT_.*' \
+  --no-doc-comments --no-prepend-enum-name \
+  --raw-line '// Generated from third_party/pjrt/pjrt_c_api.h by bindgen $(BINDGEN_VERSION) (`make pjrt-bindings`); do not edit.'
+
+# The Rust declarations of the vendored PJRT C API header, checked in.
+pjrt-bindings: $(BINDGEN)
+	$(PJRT_BINDGEN) -o pjrt/src/sys.rs -- -x c
+
+# Fails when pjrt/src/sys.rs is not what bindgen makes of the header.
+check-pjrt-bindings: $(BINDGEN) | $(BUILD)
+	$(PJRT_BINDGEN) -o $(BUILD)/pjrt_sys.rs -- -x c
+	@cmp -s pjrt/src/sys.rs $(BUILD)/pjrt_sys.rs || { \
+	  echo "pjrt/src/sys.rs differs from bindgen's output for third_party/pjrt/pjrt_c_api.h: run make pjrt-bindings"; \
+	  diff pjrt/src/sys.rs $(BUILD)/pjrt_sys.rs | head -n 20; exit 1; }
+
+lint: $(NODE_DEPS) $(VENV_STAMP) check-pjrt-bindings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	$(VENV)/bin/ruff check tests examples sdk-python
