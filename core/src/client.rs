@@ -4,6 +4,7 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use crate::backend::{PjrtBackend, PjrtDevice};
 use crate::device::{
     CpuBackend, Device, DeviceBackend, DeviceInner, MemoryKind, MemorySpace, MemorySpaceInner,
 };
@@ -32,6 +33,11 @@ pub struct ClientOptions {
     /// more starts, so streams that block never starve each other; threads
     /// beyond `executor_threads` exit after 10 s without work.
     pub max_executor_threads: Option<usize>,
+    /// A PJRT plugin whose devices join the local host's CPU devices (and
+    /// become the client's default backend; see
+    /// [`Client::default_backend`]). Loaded by this process at client
+    /// creation; never at a worker's or a controller's request.
+    pub pjrt: Option<crate::backend::PjrtOptions>,
 }
 
 /// The default of [`ClientOptions::max_executor_threads`].
@@ -297,6 +303,11 @@ impl Client {
         };
         let id = NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed);
         let backend = CpuBackend;
+        let plugin = match (&options.pjrt, include_local) {
+            (Some(pjrt), true) => Some(PjrtBackend::open(pjrt)?),
+            _ => None,
+        };
+        let num_plugin = plugin.as_ref().map_or(0, |p| p.client().devices().len());
 
         // (process index, name, devices as (local id, local hardware id), worker)
         type HostSpec = (u32, String, Vec<(u32, u32)>, Option<RemoteSession>);
@@ -327,13 +338,15 @@ impl Client {
             let name = session.address().to_string();
             specs.push((i as u32 + 1, name, devices, Some(session)));
         }
-        let total: usize = specs.iter().map(|s| s.2.len()).sum();
+        let total: usize = specs.iter().map(|s| s.2.len()).sum::<usize>() + num_plugin;
         let total = u32::try_from(total)
             .ok()
             .filter(|n| *n <= 1 << 20)
             .ok_or_else(|| Error::invalid_argument("too many devices"))?;
 
+        let host_count = specs.len() as u32;
         let mut devices = Vec::with_capacity(total as usize);
+        let mut plugin_spaces = Vec::new();
         let mut memory_spaces = Vec::with_capacity(total as usize + 2 * specs.len());
         let mut host_spaces = Vec::with_capacity(2 * specs.len());
         let mut hosts = Vec::with_capacity(specs.len());
@@ -342,19 +355,24 @@ impl Client {
             specs.into_iter().enumerate()
         {
             let first = devices.len() as u32;
-            let device_ids: Vec<u32> = (first..first + host_devices.len() as u32).collect();
+            // The local host's plugin devices follow its CPU devices.
+            let host_plugin = plugin.as_ref().filter(|_| session.is_none());
+            let host_total =
+                host_devices.len() as u32 + host_plugin.map_or(0, |_| num_plugin as u32);
+            let device_ids: Vec<u32> = (first..first + host_total).collect();
+            let cpu_ids = &device_ids[..host_devices.len()];
             let space = |offset: u32, kind: MemoryKind| {
                 MemorySpace(Arc::new(MemorySpaceInner {
                     id: total + 2 * host_index as u32 + offset,
                     kind,
-                    device_ids: device_ids.clone(),
+                    device_ids: cpu_ids.to_vec(),
                     client_id: id,
                     host_index,
                 }))
             };
             let pinned = space(0, MemoryKind::PinnedHost);
             let unpinned = space(1, MemoryKind::UnpinnedHost);
-            for (global, (_, hardware)) in device_ids.iter().zip(&host_devices) {
+            for (global, (_, hardware)) in cpu_ids.iter().zip(&host_devices) {
                 let own = MemorySpace(Arc::new(MemorySpaceInner {
                     id: *global,
                     kind: MemoryKind::Device,
@@ -365,7 +383,9 @@ impl Client {
                 memory_spaces.push(own.clone());
                 devices.push(Device(Arc::new(DeviceInner {
                     id: *global,
-                    kind: backend.kind(),
+                    platform: Arc::from(backend.kind()),
+                    kind: Arc::from(backend.kind()),
+                    pjrt: None,
                     process_index,
                     host_index,
                     local_hardware_id: *hardware,
@@ -373,6 +393,22 @@ impl Client {
                     memory_spaces: vec![own, pinned.clone(), unpinned.clone()],
                     client_id: id,
                 })));
+            }
+            if let Some(plugin) = host_plugin {
+                let next_space = total + 2 * host_count + plugin_spaces.len() as u32;
+                let (plugin_devices, spaces) = plugin_devices(
+                    plugin,
+                    &device_ids[host_devices.len()..],
+                    next_space,
+                    process_index,
+                    host_index,
+                    id,
+                );
+                for d in &plugin_devices {
+                    memory_spaces.push(d.default_memory_space().clone());
+                }
+                devices.extend(plugin_devices);
+                plugin_spaces.extend(spaces);
             }
             host_spaces.push(pinned);
             host_spaces.push(unpinned);
@@ -392,6 +428,7 @@ impl Client {
             });
         }
         memory_spaces.extend(host_spaces);
+        memory_spaces.extend(plugin_spaces);
         let dispatcher = Dispatcher::new(threads, max_threads, id, "local")?;
         tracing::debug!(
             client = id,
@@ -469,6 +506,40 @@ impl Client {
     pub fn addressable_devices(&self) -> &[Device] {
         &self.0.devices
     }
+    /// The default backend, as JAX has one: a PJRT plugin's when a host has
+    /// one (its platform, or `"pjrt_cpu"` for a plugin whose platform is
+    /// `"cpu"`, such as XLA's CPU plugin), else `"cpu"`.
+    pub fn default_backend(&self) -> &str {
+        self.0
+            .devices
+            .iter()
+            .find(|d| !d.is_host_cpu())
+            .map_or("cpu", |d| d.backend())
+    }
+
+    /// The devices of `backend` (`None`: the default backend's), ordered by
+    /// id. `"cpu"` names this runtime's CPU devices, where colocated Python,
+    /// Node and native functions run. `not_found`, naming the backends there
+    /// are, for any other name.
+    pub fn backend_devices(&self, backend: Option<&str>) -> Result<Vec<Device>> {
+        let name = backend.unwrap_or_else(|| self.default_backend());
+        let devices: Vec<Device> = self
+            .0
+            .devices
+            .iter()
+            .filter(|d| d.backend() == name)
+            .cloned()
+            .collect();
+        if devices.is_empty() {
+            let mut names: Vec<&str> = self.0.devices.iter().map(Device::backend).collect();
+            names.dedup();
+            return Err(Error::not_found(format!(
+                "no devices of backend '{name}' in this client (it has {names:?})"
+            )));
+        }
+        Ok(devices)
+    }
+
     /// Every memory space of every host.
     pub fn memory_spaces(&self) -> &[MemorySpace] {
         &self.0.memory_spaces
@@ -506,7 +577,7 @@ impl Client {
             .iter()
             .map(|d| {
                 self.check_device(d)?;
-                if d.kind() == "cpu" {
+                if d.is_host_cpu() {
                     return Ok(d.clone());
                 }
                 let host = &self.0.hosts[d.host_index()];
@@ -515,11 +586,10 @@ impl Client {
                     .iter()
                     .filter_map(|id| self.0.devices.iter().find(|x| x.id() == *id))
                     .collect();
-                let cpus: Vec<&&Device> =
-                    host_devices.iter().filter(|x| x.kind() == "cpu").collect();
+                let cpus: Vec<&&Device> = host_devices.iter().filter(|x| x.is_host_cpu()).collect();
                 let position = host_devices
                     .iter()
-                    .filter(|x| x.kind() == d.kind())
+                    .filter(|x| x.backend() == d.backend())
                     .position(|x| *x == d)
                     .unwrap_or(0);
                 cpus.get(position % cpus.len().max(1))
@@ -584,5 +654,117 @@ impl Client {
             )));
         }
         Ok(())
+    }
+}
+
+/// The devices of `plugin` on a host, with global ids `ids`, and the memory
+/// spaces they share beyond their own (ids from `next_space`). A device's own
+/// memory of kind `device` has the device's id, as a CPU device's does; its
+/// default memory comes first among its spaces.
+fn plugin_devices(
+    plugin: &Arc<PjrtBackend>,
+    ids: &[u32],
+    mut next_space: u32,
+    process_index: u32,
+    host_index: usize,
+    client_id: u64,
+) -> (Vec<Device>, Vec<MemorySpace>) {
+    let plugin_devices = plugin.client().devices();
+    // Each of the plugin's memories, once, with the devices that address it.
+    let mut memories: Vec<(colocated_pjrt::Memory, MemoryKind, Vec<u32>)> = Vec::new();
+    for (device, &id) in plugin_devices.iter().zip(ids) {
+        for m in device.memories() {
+            let Some(kind) = memory_kind(m.kind()) else {
+                continue;
+            };
+            match memories.iter_mut().find(|(x, _, _)| x.id() == m.id()) {
+                Some((_, _, users)) => users.push(id),
+                None => memories.push((m.clone(), kind, vec![id])),
+            }
+        }
+    }
+    let mut spaces: Vec<(i32, MemorySpace)> = Vec::new();
+    let mut shared = Vec::new();
+    for (memory, kind, users) in &memories {
+        let own = *kind == MemoryKind::Device && users.len() == 1;
+        let space_id = if own {
+            users[0]
+        } else {
+            next_space += 1;
+            next_space - 1
+        };
+        let space = MemorySpace(Arc::new(MemorySpaceInner {
+            id: space_id,
+            kind: *kind,
+            device_ids: users.clone(),
+            client_id,
+            host_index,
+        }));
+        if !own {
+            shared.push(space.clone());
+        }
+        spaces.push((memory.id(), space));
+    }
+    let devices = plugin_devices
+        .iter()
+        .zip(ids)
+        .map(|(device, &id)| {
+            let default = device.default_memory().map(|m| m.id());
+            let mut own: Vec<(u32, colocated_pjrt::Memory, MemorySpace)> = device
+                .memories()
+                .iter()
+                .filter_map(|m| {
+                    let space = spaces.iter().find(|(x, _)| *x == m.id())?.1.clone();
+                    Some((space.id(), m.clone(), space))
+                })
+                .collect();
+            // The default memory first.
+            own.sort_by_key(|(_, m, _)| Some(m.id()) != default);
+            let attributes = device
+                .attributes()
+                .iter()
+                .filter_map(|(k, v)| attribute(v).map(|v| (k.clone(), v)))
+                .collect();
+            let pjrt = PjrtDevice::new(
+                plugin.clone(),
+                device.clone(),
+                own.iter().map(|(s, m, _)| (*s, m.clone())).collect(),
+            );
+            Device(Arc::new(DeviceInner {
+                id,
+                platform: Arc::from(plugin.platform()),
+                kind: Arc::from(device.kind()),
+                pjrt: Some(Arc::new(pjrt)),
+                process_index,
+                host_index,
+                local_hardware_id: u32::try_from(device.local_hardware_id()).unwrap_or(0),
+                attributes,
+                memory_spaces: own.into_iter().map(|(_, _, s)| s).collect(),
+                client_id,
+            }))
+        })
+        .collect();
+    (devices, shared)
+}
+
+/// A device attribute of a plugin's value (lists and floats are left out).
+fn attribute(v: &colocated_pjrt::Value) -> Option<crate::device::AttributeValue> {
+    use crate::device::AttributeValue;
+    match v {
+        colocated_pjrt::Value::String(s) => Some(AttributeValue::String(s.clone())),
+        colocated_pjrt::Value::Int64(i) => Some(AttributeValue::Int(*i)),
+        colocated_pjrt::Value::Bool(b) => Some(AttributeValue::Bool(*b)),
+        colocated_pjrt::Value::Int64List(_) | colocated_pjrt::Value::Float(_) => None,
+    }
+}
+
+/// The memory kind of a plugin memory's kind name; `None` for kinds this
+/// runtime does not model.
+fn memory_kind(name: &str) -> Option<MemoryKind> {
+    match name {
+        "device" => Some(MemoryKind::Device),
+        "pinned_host" => Some(MemoryKind::PinnedHost),
+        "unpinned_host" => Some(MemoryKind::UnpinnedHost),
+        _ => None,
     }
 }

@@ -37,6 +37,23 @@ impl Client {
         self.compile_in(program, options, None)
     }
 
+    /// Compiles a StableHLO module (MLIR text, as `jax.jit(f).lower(...)
+    /// .as_text()` gives) for `devices`, which must be devices of one host's
+    /// PJRT plugin: one device for a module without partitions, as many as
+    /// its `mhlo.num_partitions` for an SPMD module. The executable takes and
+    /// gives arrays with the shapes, dtypes and shardings of the module's
+    /// `@main` (an argument or result without `sdy.sharding` is replicated).
+    ///
+    /// Errors: `invalid_argument` for a module the compiler refuses (with its
+    /// message), devices that are not one plugin's on one host, or a device
+    /// count the module does not take; `unimplemented` for what a per-host
+    /// program cannot be (replicas, cross-host devices) or this runtime does
+    /// not read (bytecode, dynamic shapes, complex types).
+    pub fn compile_stablehlo(&self, module: &[u8], devices: &[Device]) -> Result<LoadedExecutable> {
+        let program = crate::xla::xla_program(module, devices)?;
+        self.compile(program, CompileOptions::default())
+    }
+
     /// [`compile`](Self::compile) for the worker session `session` (`None`:
     /// the process's own): its programs run for that session.
     fn compile_in(
@@ -101,7 +118,7 @@ impl Client {
                 hosts.push(plan?);
                 continue;
             }
-            let executors = crate::executor::Languages::of(self);
+            let executors = languages(self, &program.language);
             let loaded = if program.language == LANGUAGE_COLOCATED {
                 crate::colocated::load(&program, executors)?
             } else {
@@ -423,4 +440,19 @@ fn plan_host(
         output_shards,
         host_specs,
     })
+}
+
+/// The local host's languages, with `xla` among them when `language` is
+/// `xla` and the host has a PJRT plugin's devices (the built-in language of
+/// such hosts, registered on first use).
+fn languages<'a>(client: &'a Client, language: &str) -> &'a crate::executor::Languages {
+    let executors = crate::executor::Languages::of(client);
+    if language == crate::program::LANGUAGE_XLA
+        && executors.get(language).is_none()
+        && client.devices().iter().any(|d| !d.is_host_cpu())
+    {
+        // Another thread may have registered it meanwhile: either is the same.
+        let _ = executors.register(language, Arc::new(crate::xla::XlaExecutor));
+    }
+    executors
 }

@@ -21,6 +21,7 @@ static STATE: Mutex<State> = Mutex::new(State {
         num_cpu_devices: None,
         executor_threads: None,
         max_executor_threads: None,
+        pjrt: None,
     },
     client: None,
 });
@@ -59,7 +60,8 @@ pub fn configure(options: ClientOptions) -> Result<()> {
 
 /// The default client: the one made default by [`set_default_client`], else
 /// a client of this process created now with the configured options (the
-/// number of CPU devices from [`NUM_CPU_DEVICES_ENV`] unless configured).
+/// number of CPU devices from [`NUM_CPU_DEVICES_ENV`] and the PJRT plugin
+/// from [`PJRT_PLUGIN_ENV`](crate::PJRT_PLUGIN_ENV) unless configured).
 ///
 /// Errors: `invalid_argument` for a malformed environment variable, and
 /// whatever creating the client reports.
@@ -71,6 +73,9 @@ pub fn default_client() -> Result<Client> {
     let mut options = state.options.clone();
     if options.num_cpu_devices.is_none() {
         options.num_cpu_devices = num_cpu_devices_from_env()?;
+    }
+    if options.pjrt.is_none() {
+        options.pjrt = crate::backend::plugin_from_env()?;
     }
     let client = Client::new_local(options)?;
     state.client = Some(client.clone());

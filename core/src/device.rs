@@ -139,7 +139,12 @@ impl fmt::Debug for MemorySpace {
 
 pub(crate) struct DeviceInner {
     pub id: u32,
-    pub kind: &'static str,
+    /// The platform (`"cpu"` for this runtime's CPU devices; a PJRT plugin's
+    /// platform, such as `"cuda"`, for its devices).
+    pub platform: Arc<str>,
+    pub kind: Arc<str>,
+    /// The plugin device behind it, for a device of a PJRT plugin.
+    pub pjrt: Option<Arc<crate::backend::PjrtDevice>>,
     pub process_index: u32,
     pub host_index: usize,
     pub local_hardware_id: u32,
@@ -157,9 +162,30 @@ impl Device {
     pub fn id(&self) -> u32 {
         self.0.id
     }
-    /// The device kind (`"cpu"`).
+    /// The device kind: `"cpu"` for this runtime's CPU devices; a PJRT
+    /// plugin's name for its device (`"NVIDIA H100 80GB HBM3"`, `"cpu"`).
     pub fn kind(&self) -> &str {
-        self.0.kind
+        &self.0.kind
+    }
+    /// The platform: `"cpu"` for this runtime's CPU devices (where colocated
+    /// Python, Node and native functions run); a PJRT plugin's platform for
+    /// its devices (`"cuda"`, `"cpu"` for XLA's CPU plugin, ...).
+    pub fn platform(&self) -> &str {
+        &self.0.platform
+    }
+    /// The backend the device belongs to: `"cpu"` for this runtime's CPU
+    /// devices; a PJRT plugin's backend name for its devices (see
+    /// [`Client::default_backend`](crate::Client::default_backend)).
+    pub fn backend(&self) -> &str {
+        match &self.0.pjrt {
+            Some(p) => p.backend_name(),
+            None => "cpu",
+        }
+    }
+    /// True for this runtime's own CPU devices (not a plugin's): the devices
+    /// colocated programs of Python, Node and native functions run on.
+    pub fn is_host_cpu(&self) -> bool {
+        self.0.pjrt.is_none()
     }
     /// Process index of the host that owns the device.
     pub fn process_index(&self) -> u32 {
@@ -203,13 +229,13 @@ impl Device {
                     "Could not find memory addressable by device {kind}. Device {kind} can address the \
                      following memory kinds: {}. Got memory kind: {name}",
                     kinds.join(", "),
-                    kind = self.0.kind,
+                    kind = self.0.platform,
                 ))
             })
     }
     /// Short form, as JAX prints it: `CpuDevice(id=3)`.
     pub fn to_string_short(&self) -> String {
-        let mut kind = self.0.kind.to_string();
+        let mut kind = self.0.platform.to_string();
         if let Some(first) = kind.get_mut(0..1) {
             first.make_ascii_uppercase();
         }
@@ -219,7 +245,7 @@ impl Device {
     pub fn debug_string(&self) -> String {
         format!(
             "{}:{} (process {}, host {}, local {})",
-            self.0.kind,
+            self.0.platform,
             self.0.id,
             self.0.process_index,
             self.0.host_index,

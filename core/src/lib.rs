@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 mod array;
+mod backend;
 mod buffer;
 mod client;
 pub mod cluster;
@@ -53,8 +54,12 @@ mod spec;
 mod storage;
 pub mod trace;
 pub mod transport;
+mod xla;
 
 pub use array::Array;
+pub use backend::{
+    find_plugin, plugin_from_env, PjrtOptions, PjrtValue, PJRT_NAMES_ENV, PJRT_PLUGIN_ENV,
+};
 pub use buffer::{Buffer, ExternalReference, HostBufferSemantics, Kept};
 pub use client::{
     Client, ClientOptions, ClusterOptions, Host, DEFAULT_MAX_EXECUTOR_THREADS, PLATFORM_NAME,
@@ -81,7 +86,9 @@ pub use executor::{
 pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
 pub use future::{Event, Progress};
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
-pub use program::{Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON};
+pub use program::{
+    Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON, LANGUAGE_XLA,
+};
 pub use remote::without_waiting;
 pub use sharding::{AxisType, Replica, Sharding};
 pub use spec::ArraySpec;

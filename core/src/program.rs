@@ -14,6 +14,9 @@ pub const LANGUAGE_PYTHON: &str = "python";
 /// another language's program, or the popping, dropping and destroying of
 /// what such runs and objects left on a host).
 pub const LANGUAGE_COLOCATED: &str = "colocated";
+/// Language tag of XLA programs (payload: a StableHLO module, MLIR text),
+/// which hosts with a PJRT plugin compile and run on its devices.
+pub const LANGUAGE_XLA: &str = "xla";
 /// Language tag of colocated Node programs (payload: source plus captured JSON).
 pub const LANGUAGE_NODE: &str = "node";
 

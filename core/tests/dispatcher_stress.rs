@@ -33,6 +33,7 @@ fn streams_keep_program_order_complete_each_execution_once_and_overlap() {
         num_cpu_devices: Some(1),
         executor_threads: Some(4),
         max_executor_threads: Some(4),
+        pjrt: None,
     })
     .unwrap();
     let observed = Arc::new(Observed {

@@ -257,6 +257,7 @@ fn local_options(
         num_cpu_devices: given(num_cpu_devices),
         executor_threads: given(executor_threads),
         max_executor_threads: given(max_executor_threads),
+        pjrt: None,
     }
 }
 

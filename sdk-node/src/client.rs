@@ -218,6 +218,7 @@ pub fn configure(env: Env, options: ConfigureOptions) -> napi::Result<()> {
         num_cpu_devices: count("numCpuDevices", options.num_cpu_devices).js(&env)?,
         executor_threads: count("executorThreads", options.executor_threads).js(&env)?,
         max_executor_threads: None,
+        pjrt: None,
     })
     .js(&env)
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::{Buffer, HostDst, Storage, UsageHold};
 use crate::client::Client;
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::future::{Event, Progress};
@@ -36,6 +37,14 @@ pub(crate) trait HostData: Sync {
     /// strings), without a copy where the host can.
     fn put(&self, dst: &Buffer, data: Arc<Storage>, progress: Option<Progress>);
 
+    /// True when [`put`](Self::put) takes `held` (data of another buffer)
+    /// as it is, without a read into this process first: a plugin's buffer
+    /// put on another device of the same plugin, which the plugin copies.
+    fn takes_directly(&self, held: &Storage) -> bool {
+        let _ = held;
+        false
+    }
+
     /// Calls `done` with `src`'s data `held` (as this host holds it) as data
     /// of this process. `keep` lives until then.
     fn fetch(
@@ -59,9 +68,13 @@ pub(crate) trait HostData: Sync {
     );
 }
 
-/// The host of `index` in `client`, as buffers see it.
-pub(crate) fn of(client: &Client, index: usize) -> &dyn HostData {
-    match client.remote(index) {
+/// What holds the data of buffers on `device` of `client`: its PJRT
+/// plugin, its worker, or this process.
+pub(crate) fn of<'a>(client: &'a Client, device: &'a Device) -> &'a dyn HostData {
+    if let Some(pjrt) = &device.0.pjrt {
+        return &**pjrt;
+    }
+    match client.remote(device.host_index()) {
         Some(remote) => remote,
         None => &super::local::Local,
     }

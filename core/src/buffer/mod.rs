@@ -17,6 +17,7 @@ use host::HostData;
 
 mod host;
 mod local;
+mod on_plugin;
 mod on_worker;
 
 /// What a buffer holds: bytes or strings on this host, or a handle of the
@@ -25,6 +26,8 @@ pub(crate) enum Storage {
     Dense(DenseBytes),
     Strings(Box<[Box<str>]>),
     Remote(RemoteBuffer),
+    /// A PJRT plugin's buffer (read and written through its backend).
+    Device(crate::backend::DeviceData),
 }
 
 impl Storage {
@@ -35,7 +38,7 @@ impl Storage {
         match self {
             Storage::Dense(b) => b.len(),
             Storage::Strings(s) => (s.len() + 1) * 8 + s.iter().map(|x| x.len()).sum::<usize>(),
-            Storage::Remote(_) => 0,
+            Storage::Remote(_) | Storage::Device(_) => 0,
         }
     }
 
@@ -44,8 +47,10 @@ impl Storage {
     pub fn write_to(&self, dst: &mut [u8]) -> Result<()> {
         match self {
             Storage::Dense(b) => dst.copy_from_slice(b.as_slice()),
-            Storage::Remote(_) => {
-                return Err(Error::internal("remote data is downloaded, not copied"))
+            Storage::Remote(_) | Storage::Device(_) => {
+                return Err(Error::internal(
+                    "data on a worker or a plugin device is read, not copied",
+                ))
             }
             Storage::Strings(strings) => {
                 let (offsets, bytes) = dst.split_at_mut((strings.len() + 1) * 8);
@@ -66,7 +71,7 @@ impl Storage {
     pub fn strings(&self) -> Result<&[Box<str>]> {
         match self {
             Storage::Strings(s) => Ok(s),
-            Storage::Dense(_) | Storage::Remote(_) => {
+            Storage::Dense(_) | Storage::Remote(_) | Storage::Device(_) => {
                 Err(Error::invalid_argument("not a string buffer"))
             }
         }
@@ -77,9 +82,9 @@ impl Storage {
         Ok(match self {
             Storage::Dense(b) => Storage::Dense(DenseBytes::copy_of(b.as_slice())?),
             Storage::Strings(s) => Storage::Strings(s.clone()),
-            Storage::Remote(_) => {
+            Storage::Remote(_) | Storage::Device(_) => {
                 return Err(Error::internal(
-                    "a copy of remote data goes through its worker",
+                    "a copy of data on a worker or a plugin device goes through its host",
                 ))
             }
         })
@@ -257,14 +262,14 @@ impl ExternalReference {
     pub fn data_ptr(&self) -> *mut u8 {
         match &*self.storage {
             Storage::Dense(b) => b.as_ptr(),
-            Storage::Strings(_) | Storage::Remote(_) => std::ptr::null_mut(),
+            Storage::Strings(_) | Storage::Remote(_) | Storage::Device(_) => std::ptr::null_mut(),
         }
     }
     /// Byte length (dense buffers).
     pub fn len(&self) -> usize {
         match &*self.storage {
             Storage::Dense(b) => b.as_slice().len(),
-            Storage::Strings(_) | Storage::Remote(_) => 0,
+            Storage::Strings(_) | Storage::Remote(_) | Storage::Device(_) => 0,
         }
     }
     /// True when the buffer has no bytes.
@@ -274,14 +279,18 @@ impl ExternalReference {
 }
 
 /// A raw destination that outlives the call (the caller's promise in `to_host`).
-struct HostDst(*mut u8, usize);
+pub(crate) struct HostDst(*mut u8, usize);
 // SAFETY: the caller of `to_host_raw` guarantees the memory stays valid and is not
 // accessed until the returned event is ready; we write it from one thread only.
 unsafe impl Send for HostDst {}
 
 impl HostDst {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.1
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.0
     }
 
     /// Writes `chunk` at offset `at`; ignores what would not fit.
@@ -369,7 +378,7 @@ impl Buffer {
         } else {
             std::slice::from_raw_parts(data, len)
         };
-        let host = host::of(client, device.host_index());
+        let host = host::of(client, device);
         if semantics != HostBufferSemantics::ImmutableZeroCopy || !host.in_process() {
             // Copied during the call (on its way to a worker, whatever the
             // semantics: chunk by chunk while the chunks already copied travel).
@@ -432,7 +441,7 @@ impl Buffer {
         let memory_space = placement(client, device, memory_space)?;
         let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
         let data = Arc::new(Storage::Dense(memory.into_dense()));
-        host::of(client, device.host_index()).put(&buffer, data, progress);
+        host::of(client, device).put(&buffer, data, progress);
         Ok(buffer)
     }
 
@@ -513,7 +522,7 @@ impl Buffer {
             )));
         }
         let memory_space = placement(client, device, memory_space)?;
-        let host = host::of(client, device.host_index());
+        let host = host::of(client, device);
         host.check_dtype(DType::String)?;
         let elements = strings.iter().map(|s| Box::from(s.as_ref())).collect();
         let buffer = Buffer::pending(client, device, memory_space, DType::String, dims);
@@ -577,7 +586,7 @@ impl Buffer {
 
     /// The host that holds this buffer's data.
     fn host(&self) -> &dyn HostData {
-        host::of(&self.0.client, self.0.device.host_index())
+        host::of(&self.0.client, &self.0.device)
     }
 
     /// Stores the data of a pending buffer (ignored if the buffer was deleted).
@@ -924,6 +933,12 @@ impl Buffer {
     /// Waits until ready, then pins the data (see [`ExternalReference`]).
     pub fn acquire_external_reference(&self) -> Result<ExternalReference> {
         self.check_live()?;
+        if !self.0.device.is_host_cpu() {
+            return Err(Error::unimplemented(format!(
+                "{self:?} is on a PJRT plugin's device: external references to plugin buffers \
+                 are not supported yet; read it with to_host"
+            )));
+        }
         if !self.host().in_process() {
             return Err(Error::failed_precondition(format!(
                 "{self:?} lives on worker {}: copy it to a local device, or read it with to_host",
@@ -981,11 +996,14 @@ impl Buffer {
         let hold = self.hold()?;
         let client = &self.0.client;
         let dst_host = device.host_index();
-        let crosses = self.0.device.host_index() != dst_host;
-        for host in [self.0.device.host_index(), dst_host] {
-            host::of(client, host).check_dtype(self.0.dtype)?;
+        // Across hosts, or into or out of memory this process does not hold
+        // (a worker's, a plugin's): read on one side and put on the other.
+        let crosses =
+            self.0.device.host_index() != dst_host || !host::of(client, &device).in_process();
+        for on in [&self.0.device, &device] {
+            host::of(client, on).check_dtype(self.0.dtype)?;
         }
-        if self.0.dtype == DType::String && device.kind() != "cpu" {
+        if self.0.dtype == DType::String && !device.is_host_cpu() {
             return Err(Error::invalid_argument(
                 "string buffers live in CPU memory only",
             ));
@@ -1069,6 +1087,10 @@ impl Buffer {
                 let keep = (held.clone(), hold);
                 return remote.copy_to_worker(to, dst.clone(), progress, keep);
             }
+        }
+        if dst.host().takes_directly(&held) {
+            drop(hold);
+            return dst.host().put(dst, held, progress);
         }
         let (read_progress, put_progress) = match dst.host().in_process() {
             true => (progress, None),
@@ -1158,7 +1180,7 @@ fn device_of(client: &Client, memory_space: &MemorySpace) -> Result<Device> {
 impl Buffer {
     /// A buffer of `dtype[dims]` on `device` that is not ready yet: what an
     /// upload to the device's worker fills.
-    fn pending(
+    pub(crate) fn pending(
         client: &Client,
         device: &Device,
         memory_space: MemorySpace,

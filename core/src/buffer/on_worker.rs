@@ -110,8 +110,8 @@ fn put_shared(host: &Arc<RemoteHost>, dst: &Buffer, data: &Storage, progress: Op
             Ok(encoded) => host.upload(dst.clone(), Bytes::from(encoded), progress),
             Err(e) => dst.finish(Err(e)),
         },
-        Storage::Remote(_) => dst.finish(Err(Error::internal(
-            "data on a worker put on another without a read",
+        Storage::Remote(_) | Storage::Device(_) => dst.finish(Err(Error::internal(
+            "data on a worker or a plugin device put on a worker without a read",
         ))),
     }
 }

@@ -169,3 +169,47 @@ pub fn connect_workers(
     };
     Client::connect(&options).expect("a controller of the workers")
 }
+
+/// XLA's CPU PJRT plugin: `COLOCATED_TEST_PJRT_PLUGIN` (set by `make test`),
+/// else the one `make` installs into `build/venv`. `None` outside CI when
+/// neither exists; in CI (`CI` set) a missing plugin fails the test.
+pub fn pjrt_plugin() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("COLOCATED_TEST_PJRT_PLUGIN") {
+        return Some(p.into());
+    }
+    let venv_lib = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../build/venv/lib");
+    let found = std::fs::read_dir(venv_lib).ok().and_then(|entries| {
+        entries.flatten().find_map(|e| {
+            let p = e
+                .path()
+                .join("site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so");
+            p.exists().then_some(p)
+        })
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "XLA's CPU PJRT plugin is missing: run `make venv`"
+        );
+        eprintln!("skipped: XLA's CPU PJRT plugin is not installed (run `make venv`)");
+    }
+    found
+}
+
+/// A local client with `cpu` CPU devices and `plugin` devices of XLA's CPU
+/// PJRT plugin (`None` when the plugin is not installed; see [`pjrt_plugin`]).
+pub fn pjrt_client(cpu: usize, plugin: i64) -> Option<Client> {
+    let path = pjrt_plugin()?;
+    Some(
+        Client::new_local(ClientOptions {
+            num_cpu_devices: Some(cpu),
+            executor_threads: Some(4),
+            pjrt: Some(PjrtOptions {
+                plugin: path,
+                options: vec![("cpu_device_count".into(), PjrtValue::Int64(plugin))],
+            }),
+            ..Default::default()
+        })
+        .expect("a client with XLA's CPU plugin"),
+    )
+}

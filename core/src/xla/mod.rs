@@ -1,0 +1,259 @@
+//! XLA programs: the `xla` language, whose payload is a StableHLO module
+//! that a host's PJRT plugin compiles and runs on its devices.
+//!
+//! A program runs once on each host that owns its devices, with that host's
+//! shards (SPEC §4); an SPMD module (`mhlo.num_partitions` > 1, Shardy
+//! shardings) runs over several devices of one host. The program's specs come
+//! from the module's `@main` signature: its shapes, element types and
+//! `sdy.sharding`s over the `sdy.mesh`, laid over the program's devices in
+//! order (partition `p` runs on device `p`).
+
+mod signature;
+
+use std::sync::Arc;
+
+use colocated_pjrt as pjrt;
+
+use crate::backend::pjrt::{dtype_of, to_error};
+use crate::backend::{DeviceData, PjrtBackend};
+use crate::buffer::{Buffer, Storage};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::executor::{ExecutionContext, LanguageExecutor, LoadedProgram};
+use crate::program::{Program, LANGUAGE_XLA};
+use crate::sharding::Sharding;
+use crate::spec::ArraySpec;
+
+/// The program of `module` on `devices`, its specs read from the module.
+pub(crate) fn xla_program(module: &[u8], devices: &[Device]) -> Result<Program> {
+    let signature = signature::parse(module)?;
+    let first = devices
+        .first()
+        .ok_or_else(|| Error::invalid_argument("an XLA program needs at least one device"))?;
+    if devices.iter().any(|d| d.host_index() != first.host_index()) {
+        return Err(Error::unimplemented(
+            "an XLA program runs on one host's devices: cross-host programs (collectives \
+             between hosts) are not supported",
+        ));
+    }
+    if let Some(d) = devices.iter().find(|d| d.is_host_cpu()) {
+        return Err(Error::invalid_argument(format!(
+            "{d} is one of this runtime's CPU devices; XLA programs run on a PJRT plugin's \
+             devices (configure one, or use client.devices() of its backend)"
+        )));
+    }
+    if devices.iter().any(|d| d.backend() != first.backend()) {
+        return Err(Error::invalid_argument(
+            "an XLA program's devices must all be of one PJRT plugin",
+        ));
+    }
+    if signature.num_replicas != 1 {
+        return Err(Error::unimplemented(format!(
+            "the module has {} replicas; only partitioned (SPMD) modules with one replica run",
+            signature.num_replicas
+        )));
+    }
+    if devices.len() != signature.num_partitions {
+        return Err(Error::invalid_argument(format!(
+            "the module runs on {} device(s) (mhlo.num_partitions) but {} were given",
+            signature.num_partitions,
+            devices.len()
+        )));
+    }
+    let spec = |t: &signature::Tensor| -> Result<ArraySpec> {
+        let sharding = if devices.len() == 1 {
+            Sharding::single_device(devices[0].clone())
+        } else {
+            match &t.sharding {
+                None => Sharding::replicated(devices.to_vec())?,
+                Some(dims) => mesh_sharding(&signature, devices, dims)?,
+            }
+        };
+        ArraySpec::new(t.shape.clone(), t.dtype, sharding)
+    };
+    let input_specs = signature
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| spec(t).map_err(|e| e.context(format!("argument {i} of @main"))))
+        .collect::<Result<Vec<_>>>()?;
+    let output_specs = signature
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| spec(t).map_err(|e| e.context(format!("result {i} of @main"))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Program {
+        name: "xla".to_string(),
+        language: LANGUAGE_XLA.to_string(),
+        payload: module.to_vec(),
+        input_specs,
+        output_specs,
+        devices: devices.to_vec(),
+    })
+}
+
+/// A sharding over the module's mesh, its devices the program's in order.
+fn mesh_sharding(
+    signature: &signature::Signature,
+    devices: &[Device],
+    dims: &[Vec<String>],
+) -> Result<Sharding> {
+    let names: Vec<String> = signature.mesh.iter().map(|(n, _)| n.clone()).collect();
+    let shape: Vec<usize> = signature.mesh.iter().map(|(_, s)| *s).collect();
+    if shape.iter().product::<usize>() != devices.len() {
+        return Err(Error::invalid_argument(format!(
+            "the module's mesh {:?} does not have the {} devices given",
+            signature.mesh,
+            devices.len()
+        )));
+    }
+    let partition = dims
+        .iter()
+        .map(|axes| {
+            axes.iter()
+                .map(|a| {
+                    names.iter().position(|n| n == a).ok_or_else(|| {
+                        Error::invalid_argument(format!("mesh axis \"{a}\" is not in sdy.mesh"))
+                    })
+                })
+                .collect::<Result<Vec<usize>>>()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Sharding::named(devices.to_vec(), shape, names, partition)
+}
+
+/// The `xla` language of a host with a PJRT plugin.
+pub(crate) struct XlaExecutor;
+
+struct XlaProgram {
+    executable: pjrt::LoadedExecutable,
+    backend: Arc<PjrtBackend>,
+    num_inputs: usize,
+    num_outputs: usize,
+}
+
+impl LanguageExecutor for XlaExecutor {
+    fn load(&self, program: &Program) -> Result<Arc<dyn LoadedProgram>> {
+        let signature = signature::parse(&program.payload)?;
+        let mut plugin_devices = Vec::with_capacity(program.devices.len());
+        for d in &program.devices {
+            let pjrt = d.0.pjrt.as_ref().ok_or_else(|| {
+                Error::invalid_argument(format!("{d} is not a PJRT plugin's device"))
+            })?;
+            plugin_devices.push(pjrt.clone());
+        }
+        let backend = plugin_devices[0].backend().clone();
+        let n = plugin_devices.len() as i64;
+        let options = pjrt::CompileOptions {
+            num_replicas: 1,
+            num_partitions: n,
+            use_spmd_partitioning: n > 1,
+            use_shardy_partitioner: !signature.mesh.is_empty(),
+            device_assignment: Some(vec![plugin_devices
+                .iter()
+                .map(|d| i64::from(d.device().id()))
+                .collect()]),
+        };
+        let executable = backend
+            .client()
+            .compile(&program.payload, pjrt::ProgramFormat::Mlir, &options)
+            .map_err(to_error)?;
+        // The compiled program's outputs must be the shards the specs say.
+        for (o, spec) in program.output_specs.iter().enumerate() {
+            let shard = spec.sharding.shard_shape(&spec.shape)?;
+            let (ty, dims) = (
+                executable.output_types().get(o),
+                executable.output_dims().get(o),
+            );
+            let matches =
+                ty.is_some_and(|t| dtype_of(*t) == spec.dtype) && dims.is_some_and(|d| *d == shard);
+            if !matches {
+                return Err(Error::invalid_argument(format!(
+                    "result {o} of @main compiles to {ty:?}{dims:?} per device, not the {}{shard:?} \
+                     its type and sharding give",
+                    spec.dtype.name()
+                )));
+            }
+        }
+        Ok(Arc::new(XlaProgram {
+            executable,
+            backend,
+            num_inputs: program.input_specs.len(),
+            num_outputs: program.output_specs.len(),
+        }))
+    }
+}
+
+impl LoadedProgram for XlaProgram {
+    fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()> {
+        let devices = self.executable.devices().len();
+        let inputs = ctx.inputs();
+        if inputs.len() != self.num_inputs * devices {
+            return Err(Error::internal(format!(
+                "{} input shards for {} inputs on {devices} devices",
+                inputs.len(),
+                self.num_inputs
+            )));
+        }
+        // Input i's shard on device p is at i * devices + p.
+        let storages = inputs
+            .iter()
+            .map(Buffer::storage)
+            .collect::<Result<Vec<_>>>()?;
+        let mut plugin_buffers = Vec::with_capacity(storages.len());
+        for (i, s) in storages.iter().enumerate() {
+            match &**s {
+                Storage::Device(d) if d.is_of(&self.backend) => plugin_buffers.push(&d.buffer),
+                _ => {
+                    return Err(Error::invalid_argument(format!(
+                        "input shard {i} is not on the program's PJRT devices"
+                    )))
+                }
+            }
+        }
+        let arguments: Vec<Vec<&pjrt::Buffer>> = (0..devices)
+            .map(|p| {
+                (0..self.num_inputs)
+                    .map(|i| plugin_buffers[i * devices + p])
+                    .collect()
+            })
+            .collect();
+        let (outputs, events) = self.executable.execute(&arguments).map_err(to_error)?;
+        for event in &events {
+            event.wait().map_err(to_error)?;
+        }
+        // Output o's shard on device p is shard o * devices + p.
+        let mut per_device: Vec<std::vec::IntoIter<pjrt::Buffer>> =
+            outputs.into_iter().map(Vec::into_iter).collect();
+        let mut produced: Vec<Vec<pjrt::Buffer>> =
+            (0..self.num_outputs).map(|_| Vec::new()).collect();
+        for device_outputs in &mut per_device {
+            for (o, b) in device_outputs.enumerate() {
+                produced[o].push(b);
+            }
+        }
+        let shards = ctx.output_shards().to_vec();
+        let client = ctx.client().clone();
+        let mut index = 0;
+        for buffers in produced {
+            for buffer in buffers {
+                let shard = &shards[index];
+                let out = Buffer::pending(
+                    &client,
+                    &shard.device,
+                    shard.device.default_memory_space().clone(),
+                    shard.dtype,
+                    &shard.dims,
+                );
+                out.finish(Ok(Arc::new(Storage::Device(DeviceData::new(
+                    buffer,
+                    &self.backend,
+                )))));
+                ctx.set_output(index, out)?;
+                index += 1;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,390 @@
+//! A PJRT plugin as a device backend (XLA's CPU plugin from PyPI): its
+//! devices beside the CPU devices, buffers on them, XLA programs compiled and
+//! run on them, and order across backends.
+
+mod common;
+
+use colocated_core::*;
+use common::*;
+
+const ADD_ONE: &str = r#"
+module @add_one {
+  func.func public @main(%arg0: tensor<8xf32>) -> tensor<8xf32> {
+    %c = stablehlo.constant dense<1.0> : tensor<8xf32>
+    %0 = stablehlo.add %arg0, %c : tensor<8xf32>
+    return %0 : tensor<8xf32>
+  }
+}
+"#;
+
+/// `x + 1` over `f32[8]` split along "x" of a 4-device mesh (Shardy, as JAX
+/// 0.10 lowers it).
+const ADD_ONE_SHARDED: &str = r#"
+module @jit_add_one attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["x"=4]>
+  func.func public @main(%arg0: tensor<8xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"x"}]>}) -> (tensor<8xf32> {jax.result_info = "result", sdy.sharding = #sdy.sharding<@mesh, [{"x"}]>}) {
+    %c = stablehlo.constant dense<1.0> : tensor<8xf32>
+    %0 = stablehlo.add %arg0, %c : tensor<8xf32>
+    return %0 : tensor<8xf32>
+  }
+}
+"#;
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn f32_array(client: &Client, values: &[f32], device: &Device) -> Array {
+    let spec = ArraySpec::new(
+        vec![values.len() as i64],
+        DType::F32,
+        Sharding::single_device(device.clone()),
+    )
+    .unwrap();
+    Array::from_host_bytes(client, &f32_bytes(values), spec).unwrap()
+}
+
+#[test]
+fn a_plugin_s_devices_join_the_cpu_devices_as_the_default_backend() {
+    let Some(client) = pjrt_client(2, 4) else {
+        return;
+    };
+    assert_eq!(client.devices().len(), 6);
+    assert_eq!(client.default_backend(), "pjrt_cpu");
+    let plugin = client.backend_devices(None).unwrap();
+    assert_eq!(plugin.len(), 4);
+    for (i, d) in plugin.iter().enumerate() {
+        assert_eq!(d.platform(), "cpu");
+        assert_eq!(d.kind(), "cpu");
+        assert_eq!(d.backend(), "pjrt_cpu");
+        assert!(!d.is_host_cpu());
+        assert_eq!(d.local_hardware_id(), i as u32);
+        assert_eq!(d.host_index(), 0);
+        assert_eq!(d.default_memory_space().kind(), MemoryKind::Device);
+        assert_eq!(d.default_memory_space().id(), d.id());
+    }
+    let cpus = client.backend_devices(Some("cpu")).unwrap();
+    assert_eq!(cpus.len(), 2);
+    assert!(cpus.iter().all(Device::is_host_cpu));
+    let ids: std::collections::HashSet<u32> = client.devices().iter().map(Device::id).collect();
+    assert_eq!(ids.len(), 6);
+    let spaces: std::collections::HashSet<u32> =
+        client.memory_spaces().iter().map(MemorySpace::id).collect();
+    assert_eq!(spaces.len(), client.memory_spaces().len());
+    // Colocated programs run next to the plugin's data on the host's CPU devices.
+    let colocated = client.colocated_cpu_devices(&plugin).unwrap();
+    assert_eq!(
+        colocated,
+        vec![
+            cpus[0].clone(),
+            cpus[1].clone(),
+            cpus[0].clone(),
+            cpus[1].clone()
+        ]
+    );
+    assert_error(
+        client.backend_devices(Some("tpu")),
+        ErrorCode::NotFound,
+        "pjrt_cpu",
+    );
+}
+
+#[test]
+fn every_dtype_round_trips_through_a_plugin_device() {
+    let Some(client) = pjrt_client(1, 1) else {
+        return;
+    };
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    for dtype in [
+        DType::Bool,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ] {
+        let size = dtype.byte_size().unwrap();
+        let bytes: Vec<u8> = (0..size * 6)
+            .map(|i| {
+                if dtype == DType::Bool {
+                    (i % 2) as u8
+                } else {
+                    (i * 5 + 1) as u8
+                }
+            })
+            .collect();
+        let b = Buffer::from_bytes(&client, &bytes, dtype, &[2, 3], &device).unwrap();
+        assert_eq!(b.to_host_vec().unwrap(), bytes, "{dtype:?}");
+    }
+    assert_error(
+        Buffer::from_strings(&client, &["a"], &[1], &device, None),
+        ErrorCode::InvalidArgument,
+        "CPU devices only",
+    );
+}
+
+#[test]
+fn host_buffer_semantics_all_give_the_data() {
+    let Some(client) = pjrt_client(1, 1) else {
+        return;
+    };
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    let data = f32_bytes(&[1.0, 2.0, 3.0]);
+    for semantics in [
+        HostBufferSemantics::ImmutableOnlyDuringCall,
+        HostBufferSemantics::ImmutableUntilTransferCompletes,
+        HostBufferSemantics::ImmutableZeroCopy,
+    ] {
+        // SAFETY: `data` outlives the done event waited on below.
+        let (b, done) = unsafe {
+            Buffer::from_host_raw(
+                &client,
+                data.as_ptr(),
+                data.len(),
+                DType::F32,
+                &[3],
+                &device,
+                None,
+                semantics,
+            )
+        }
+        .unwrap();
+        assert_eq!(b.to_host_vec().unwrap(), data, "{semantics:?}");
+        drop(b);
+        done.wait().unwrap();
+    }
+}
+
+#[test]
+fn copies_between_plugin_and_cpu_devices_keep_the_data() {
+    let Some(client) = pjrt_client(1, 2) else {
+        return;
+    };
+    let plugin = client.backend_devices(None).unwrap();
+    let cpu = client.backend_devices(Some("cpu")).unwrap()[0].clone();
+    let data = f32_bytes(&[1.5, 2.5, 3.5, 4.5]);
+    let a = Buffer::from_bytes(&client, &data, DType::F32, &[4], &plugin[0]).unwrap();
+    let b = a.copy_to_device(&plugin[1]).unwrap();
+    let c = b.copy_to_device(&cpu).unwrap();
+    let d = c.copy_to_device(&plugin[0]).unwrap();
+    for x in [&b, &c, &d] {
+        assert_eq!(x.to_host_vec().unwrap(), data);
+    }
+    assert_eq!(b.device(), &plugin[1]);
+    assert_eq!(c.device(), &cpu);
+    // Deleting a buffer while a copy of it is queued does not take its data away.
+    let e = a.copy_to_device(&plugin[1]).unwrap();
+    a.delete();
+    assert_eq!(e.to_host_vec().unwrap(), data);
+    assert_error(a.to_host_vec(), ErrorCode::FailedPrecondition, "deleted");
+}
+
+#[test]
+fn add_one_compiles_and_runs_on_a_plugin_device() {
+    let Some(client) = pjrt_client(1, 1) else {
+        return;
+    };
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    let exe = client
+        .compile_stablehlo(ADD_ONE.as_bytes(), std::slice::from_ref(&device))
+        .unwrap();
+    let x: Vec<f32> = (0..8).map(|i| i as f32 * 0.5).collect();
+    let input = f32_array(&client, &x, &device);
+    let run = exe.execute(&[input], &ExecuteOptions::default()).unwrap();
+    let y = f32s(&run.outputs[0].to_host_bytes().unwrap());
+    assert_eq!(y, x.iter().map(|v| v + 1.0).collect::<Vec<_>>());
+    run.status.wait().unwrap();
+    assert_eq!(run.outputs[0].sharding().devices(), &[device]);
+}
+
+#[test]
+fn a_sharded_program_runs_over_all_plugin_devices() {
+    let Some(client) = pjrt_client(1, 4) else {
+        return;
+    };
+    let devices = client.backend_devices(None).unwrap();
+    let exe = client
+        .compile_stablehlo(ADD_ONE_SHARDED.as_bytes(), &devices)
+        .unwrap();
+    let spec = exe.program().input_specs[0].clone();
+    assert_eq!(spec.sharding.shard_shape(&spec.shape).unwrap(), vec![2]);
+    let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let input = Array::from_host_bytes(&client, &f32_bytes(&x), spec).unwrap();
+    let run = exe.execute(&[input], &ExecuteOptions::default()).unwrap();
+    let y = f32s(&run.outputs[0].to_host_bytes().unwrap());
+    assert_eq!(y, (1..=8).map(|v| v as f32).collect::<Vec<_>>());
+    for (b, d) in run.outputs[0].buffers().iter().zip(&devices) {
+        assert_eq!(b.device(), d);
+    }
+}
+
+#[test]
+fn an_xla_program_and_a_native_function_feed_each_other_in_order() {
+    let Some(client) = pjrt_client(1, 1) else {
+        return;
+    };
+    let plugin = client.backend_devices(None).unwrap()[0].clone();
+    let cpu = client
+        .colocated_cpu_devices(std::slice::from_ref(&plugin))
+        .unwrap()[0]
+        .clone();
+    let gate = Event::new();
+    let (opened, fail) = (
+        gate.clone(),
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let failing = fail.clone();
+    // Doubles its input on the CPU device, once the gate opens.
+    client
+        .register_native_function("double_after_gate", move |ctx| {
+            opened.wait()?;
+            if failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::invalid_argument("the CPU step failed on purpose"));
+            }
+            let x = f32s(&ctx.inputs()[0].to_host_vec()?);
+            let doubled: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+            let shard = ctx.output_shards()[0].clone();
+            let out = Buffer::from_bytes(
+                ctx.client(),
+                &f32_bytes(&doubled),
+                DType::F32,
+                &shard.dims,
+                &shard.device,
+            )?;
+            ctx.set_output(0, out)
+        })
+        .unwrap();
+    let xla = client
+        .compile_stablehlo(ADD_ONE.as_bytes(), std::slice::from_ref(&plugin))
+        .unwrap();
+    let cpu_spec =
+        ArraySpec::new(vec![8], DType::F32, Sharding::single_device(cpu.clone())).unwrap();
+    let double = client
+        .compile(
+            Program::native(
+                "double_after_gate",
+                vec![cpu_spec.clone()],
+                vec![cpu_spec],
+                vec![cpu.clone()],
+            ),
+            CompileOptions::default(),
+        )
+        .unwrap();
+    let chain = |x: &[f32], first: bool| -> Result<Vec<f32>> {
+        let a = xla.execute(
+            &[f32_array(&client, x, &plugin)],
+            &ExecuteOptions::default(),
+        )?;
+        let on_cpu = a.outputs[0].buffers()[0].copy_to_device(&cpu)?;
+        let on_cpu = Array::assemble(double.program().input_specs[0].clone(), vec![on_cpu])?;
+        let b = double.execute(&[on_cpu], &ExecuteOptions::default())?;
+        let back = b.outputs[0].buffers()[0].copy_to_device(&plugin)?;
+        let back = Array::assemble(xla.program().input_specs[0].clone(), vec![back])?;
+        let c = xla.execute(&[back], &ExecuteOptions::default())?;
+        if first {
+            // Nothing has run past the gate yet: every step was queued in order.
+            assert!(!c.outputs[0].ready_event().is_ready());
+            gate.set(Ok(())).unwrap();
+        }
+        Ok(f32s(&c.outputs[0].to_host_bytes()?))
+    };
+    let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    assert_eq!(
+        chain(&x, true).unwrap(),
+        x.iter().map(|v| (v + 1.0) * 2.0 + 1.0).collect::<Vec<_>>()
+    );
+    // An error in the middle reaches the last program's outputs.
+    fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_error(
+        chain(&x, false),
+        ErrorCode::InvalidArgument,
+        "failed on purpose",
+    );
+}
+
+#[test]
+fn bad_programs_and_arguments_get_typed_errors() {
+    let Some(client) = pjrt_client(1, 4) else {
+        return;
+    };
+    let plugin = client.backend_devices(None).unwrap();
+    let cpu = client.backend_devices(Some("cpu")).unwrap();
+    let one = std::slice::from_ref(&plugin[0]);
+    assert_error(
+        client.compile_stablehlo(
+            b"module { func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { this is wrong } }",
+            one,
+        ),
+        ErrorCode::InvalidArgument,
+        "",
+    );
+    assert_error(
+        client.compile_stablehlo(b"not mlir", one),
+        ErrorCode::InvalidArgument,
+        "@main",
+    );
+    assert_error(
+        client.compile_stablehlo(ADD_ONE.as_bytes(), &cpu),
+        ErrorCode::InvalidArgument,
+        "CPU devices",
+    );
+    assert_error(
+        client.compile_stablehlo(ADD_ONE.as_bytes(), &plugin[..2]),
+        ErrorCode::InvalidArgument,
+        "1 device",
+    );
+    assert_error(
+        client.compile_stablehlo(ADD_ONE_SHARDED.as_bytes(), &plugin[..2]),
+        ErrorCode::InvalidArgument,
+        "4 device",
+    );
+    let exe = client.compile_stablehlo(ADD_ONE.as_bytes(), one).unwrap();
+    // Wrong dtype, wrong shape, wrong device, wrong count.
+    let ints = ArraySpec::new(
+        vec![8],
+        DType::I32,
+        Sharding::single_device(plugin[0].clone()),
+    )
+    .unwrap();
+    let ints = Array::from_host_bytes(&client, &[0u8; 32], ints).unwrap();
+    assert!(exe.execute(&[ints], &ExecuteOptions::default()).is_err());
+    let short = f32_array(&client, &[0.0; 4], &plugin[0]);
+    assert!(exe.execute(&[short], &ExecuteOptions::default()).is_err());
+    let elsewhere = f32_array(&client, &[0.0; 8], &plugin[1]);
+    assert!(exe
+        .execute(&[elsewhere], &ExecuteOptions::default())
+        .is_err());
+    assert!(exe.execute(&[], &ExecuteOptions::default()).is_err());
+    // A plugin that is not there, or not a plugin.
+    let missing = Client::new_local(ClientOptions {
+        pjrt: Some(PjrtOptions {
+            plugin: "/nonexistent/pjrt_plugin.so".into(),
+            options: vec![],
+        }),
+        ..Default::default()
+    });
+    assert_error(missing, ErrorCode::NotFound, "does not exist");
+    let not_plugin = Client::new_local(ClientOptions {
+        pjrt: Some(PjrtOptions {
+            plugin: "/lib/x86_64-linux-gnu/libm.so.6".into(),
+            options: vec![],
+        }),
+        ..Default::default()
+    });
+    if std::path::Path::new("/lib/x86_64-linux-gnu/libm.so.6").exists() {
+        assert_error(not_plugin, ErrorCode::InvalidArgument, "GetPjrtApi");
+    }
+}
