@@ -711,6 +711,10 @@ export interface WorkerValues {
   listen: string
   port?: string
   cpuDevices?: number
+  /** `--pjrt-plugin`: a PJRT plugin library or name. */
+  pjrtPlugin?: string
+  /** `--pjrt-option`, each (`KEY=VALUE`). */
+  pjrtOptions: Array<string>
   tokenFile?: string
   insecure: boolean
   tlsCert?: string

@@ -23,7 +23,7 @@ use clap::{Arg, ArgAction, ArgMatches, Command};
 use colocated_core::transport::worker::{
     FlagKind, StatusFlags, Worker, WorkerFlag, WorkerFlags, STATUS_FLAGS, WORKER_FLAGS,
 };
-use colocated_core::{Client, ClientOptions};
+use colocated_core::Client;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// The argument of one flag of core's tables.
@@ -114,6 +114,13 @@ fn worker_flags(matches: &ArgMatches) -> WorkerFlags {
             .unwrap_or_default(),
         port: matches.get_one::<String>("port").cloned(),
         cpu_devices: matches.get_one::<usize>("cpu-devices").copied(),
+        pjrt_plugin: matches
+            .get_one::<PathBuf>("pjrt-plugin")
+            .map(|p| p.display().to_string()),
+        pjrt_options: matches
+            .get_many::<String>("pjrt-option")
+            .map(|o| o.cloned().collect())
+            .unwrap_or_default(),
         token_file: path("token-file"),
         insecure: matches.get_flag("insecure"),
         tls_cert: path("tls-cert"),
@@ -172,12 +179,8 @@ fn main() -> ExitCode {
 fn run_worker(args: WorkerFlags) -> Result<(), String> {
     // Every flag checked before anything starts.
     let options = args.options().map_err(|e| e.message().to_string())?;
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: args.cpu_devices,
-        executor_threads: None,
-        ..Default::default()
-    })
-    .map_err(|e| e.to_string())?;
+    let client_options = args.client_options().map_err(|e| e.message().to_string())?;
+    let client = Client::new_local(client_options).map_err(|e| e.to_string())?;
     for path in &args.plugins {
         let names = colocated_plugin::load_plugin(&client, path).map_err(|e| e.to_string())?;
         tracing::info!(plugin = %path.display(), functions = ?names, "loaded a plugin");

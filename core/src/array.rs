@@ -454,6 +454,13 @@ impl Array {
         self.0.buffers[0].memory_space().kind()
     }
 
+    /// True when every shard's data is in this process's memory (see
+    /// [`Buffer::is_in_process`]); false when a shard is on a worker or a
+    /// PJRT plugin's device.
+    pub fn is_in_process(&self) -> bool {
+        self.buffers().iter().all(Buffer::is_in_process)
+    }
+
     /// The spec (shape, dtype, sharding).
     pub fn spec(&self) -> &ArraySpec {
         &self.0.spec

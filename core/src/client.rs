@@ -309,11 +309,15 @@ impl Client {
         };
         let num_plugin = plugin.as_ref().map_or(0, |p| p.client().devices().len());
 
-        // (process index, name, devices as (local id, local hardware id), worker)
-        type HostSpec = (u32, String, Vec<(u32, u32)>, Option<RemoteSession>);
+        // (process index, name, devices as (local id, local hardware id,
+        // platform, kind, backend), worker)
+        type HostSpec = (u32, String, Vec<RemoteDevice>, Option<RemoteSession>);
         let mut specs: Vec<HostSpec> = Vec::new();
         if include_local {
-            let devices = (0..num_local as u32).map(|i| (i, i)).collect();
+            let cpu = || Arc::<str>::from(backend.kind());
+            let devices = (0..num_local as u32)
+                .map(|i| (i, i, cpu(), cpu(), cpu()))
+                .collect();
             specs.push((0, "local".to_string(), devices, None));
         }
         for (i, session) in sessions.into_iter().enumerate() {
@@ -326,14 +330,15 @@ impl Client {
             }
             let mut devices = Vec::with_capacity(info.devices.len());
             for d in &info.devices {
-                if d.kind != backend.kind() {
-                    return Err(Error::unimplemented(format!(
-                        "worker {} has a '{}' device; this build drives CPU devices only",
-                        session.address(),
-                        d.kind
-                    )));
-                }
-                devices.push((d.local_id, u32::try_from(d.local_hardware_id).unwrap_or(0)));
+                // Workers from before PJRT plugins send no platform: CPU devices.
+                let or_cpu = |s: &str| Arc::<str>::from(if s.is_empty() { "cpu" } else { s });
+                devices.push((
+                    d.local_id,
+                    u32::try_from(d.local_hardware_id).unwrap_or(0),
+                    or_cpu(&d.platform),
+                    Arc::from(d.kind.as_str()),
+                    or_cpu(&d.backend),
+                ));
             }
             let name = session.address().to_string();
             specs.push((i as u32 + 1, name, devices, Some(session)));
@@ -357,10 +362,20 @@ impl Client {
             let first = devices.len() as u32;
             // The local host's plugin devices follow its CPU devices.
             let host_plugin = plugin.as_ref().filter(|_| session.is_none());
+            // A worker's plugin devices have their own memory only here (their
+            // host memories are the plugin's, on the worker); its CPU devices
+            // share the host's pinned and unpinned spaces.
+            let cpu_count = host_devices.iter().filter(|d| &*d.4 == "cpu").count();
             let host_total =
                 host_devices.len() as u32 + host_plugin.map_or(0, |_| num_plugin as u32);
             let device_ids: Vec<u32> = (first..first + host_total).collect();
-            let cpu_ids = &device_ids[..host_devices.len()];
+            let cpu_ids: Vec<u32> = device_ids[..host_devices.len()]
+                .iter()
+                .zip(&host_devices)
+                .filter(|(_, d)| &*d.4 == "cpu")
+                .map(|(id, _)| *id)
+                .collect();
+            debug_assert_eq!(cpu_ids.len(), cpu_count);
             let space = |offset: u32, kind: MemoryKind| {
                 MemorySpace(Arc::new(MemorySpaceInner {
                     id: total + 2 * host_index as u32 + offset,
@@ -372,7 +387,9 @@ impl Client {
             };
             let pinned = space(0, MemoryKind::PinnedHost);
             let unpinned = space(1, MemoryKind::UnpinnedHost);
-            for (global, (_, hardware)) in cpu_ids.iter().zip(&host_devices) {
+            for (global, (_, hardware, platform, kind, device_backend)) in
+                device_ids.iter().zip(&host_devices)
+            {
                 let own = MemorySpace(Arc::new(MemorySpaceInner {
                     id: *global,
                     kind: MemoryKind::Device,
@@ -381,16 +398,27 @@ impl Client {
                     host_index,
                 }));
                 memory_spaces.push(own.clone());
+                let host_cpu = &**device_backend == "cpu";
+                let spaces = if host_cpu {
+                    vec![own, pinned.clone(), unpinned.clone()]
+                } else {
+                    vec![own]
+                };
                 devices.push(Device(Arc::new(DeviceInner {
                     id: *global,
-                    platform: Arc::from(backend.kind()),
-                    kind: Arc::from(backend.kind()),
+                    platform: platform.clone(),
+                    kind: kind.clone(),
+                    backend: device_backend.clone(),
                     pjrt: None,
                     process_index,
                     host_index,
                     local_hardware_id: *hardware,
-                    attributes: backend.attributes(*hardware as usize),
-                    memory_spaces: vec![own, pinned.clone(), unpinned.clone()],
+                    attributes: if host_cpu {
+                        backend.attributes(*hardware as usize)
+                    } else {
+                        Vec::new()
+                    },
+                    memory_spaces: spaces,
                     client_id: id,
                 })));
             }
@@ -734,6 +762,7 @@ fn plugin_devices(
                 id,
                 platform: Arc::from(plugin.platform()),
                 kind: Arc::from(device.kind()),
+                backend: Arc::from(plugin.name()),
                 pjrt: Some(Arc::new(pjrt)),
                 process_index,
                 host_index,
@@ -768,3 +797,7 @@ fn memory_kind(name: &str) -> Option<MemoryKind> {
         _ => None,
     }
 }
+
+/// A device of a host as the client is built: its id there, local hardware
+/// id, platform, kind and backend.
+type RemoteDevice = (u32, u32, Arc<str>, Arc<str>, Arc<str>);

@@ -143,7 +143,10 @@ pub(crate) struct DeviceInner {
     /// platform, such as `"cuda"`, for its devices).
     pub platform: Arc<str>,
     pub kind: Arc<str>,
-    /// The plugin device behind it, for a device of a PJRT plugin.
+    /// `"cpu"` for this runtime's CPU devices; a PJRT plugin's backend name.
+    pub backend: Arc<str>,
+    /// The plugin device behind it, for a device of a PJRT plugin of this
+    /// process.
     pub pjrt: Option<Arc<crate::backend::PjrtDevice>>,
     pub process_index: u32,
     pub host_index: usize,
@@ -177,15 +180,12 @@ impl Device {
     /// devices; a PJRT plugin's backend name for its devices (see
     /// [`Client::default_backend`](crate::Client::default_backend)).
     pub fn backend(&self) -> &str {
-        match &self.0.pjrt {
-            Some(p) => p.backend_name(),
-            None => "cpu",
-        }
+        &self.0.backend
     }
     /// True for this runtime's own CPU devices (not a plugin's): the devices
     /// colocated programs of Python, Node and native functions run on.
     pub fn is_host_cpu(&self) -> bool {
-        self.0.pjrt.is_none()
+        &*self.0.backend == "cpu"
     }
     /// Process index of the host that owns the device.
     pub fn process_index(&self) -> u32 {

@@ -408,7 +408,21 @@ impl Client {
         }
         Ok(match self.remote(host) {
             Some(remote) => remote.session.host().languages.clone(),
-            None => Languages::of(self).languages(),
+            None => {
+                let mut languages = Languages::of(self).languages();
+                // A host with a PJRT plugin's devices runs XLA programs (its
+                // executor is registered when the first one is compiled).
+                let xla = crate::program::LANGUAGE_XLA;
+                let has_plugin = self.0.hosts[host]
+                    .device_ids()
+                    .iter()
+                    .any(|id| self.lookup_device(*id).is_ok_and(|d| d.0.pjrt.is_some()));
+                if has_plugin && !languages.iter().any(|l| l == xla) {
+                    languages.push(xla.to_string());
+                    languages.sort();
+                }
+                languages
+            }
         })
     }
 }

@@ -116,6 +116,8 @@ function main(argv) {
       listen: text('listen'),
       port: text('port'),
       cpuDevices,
+      pjrtPlugin: text('pjrt-plugin'),
+      pjrtOptions: parsed['pjrt-option'] ?? [],
       tokenFile: text('token-file'),
       insecure: parsed.insecure ?? false,
       tlsCert: text('tls-cert'),

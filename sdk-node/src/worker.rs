@@ -105,6 +105,10 @@ pub struct WorkerValues {
     pub listen: String,
     pub port: Option<String>,
     pub cpu_devices: Option<u32>,
+    /// `--pjrt-plugin`: a PJRT plugin library or name.
+    pub pjrt_plugin: Option<String>,
+    /// `--pjrt-option`, each (`KEY=VALUE`).
+    pub pjrt_options: Vec<String>,
     pub token_file: Option<String>,
     pub insecure: bool,
     pub tls_cert: Option<String>,
@@ -181,6 +185,8 @@ pub fn start_worker(env: Env, values: WorkerValues) -> napi::Result<WorkerHandle
         listen: values.listen,
         port: values.port,
         cpu_devices: values.cpu_devices.map(|n| n as usize),
+        pjrt_plugin: values.pjrt_plugin,
+        pjrt_options: values.pjrt_options,
         token_file: values.token_file.map(Into::into),
         insecure: values.insecure,
         tls_cert: values.tls_cert.map(Into::into),
@@ -195,11 +201,7 @@ pub fn start_worker(env: Env, values: WorkerValues) -> napi::Result<WorkerHandle
     // warnings for the operator, COLOCATED_TRACE left to the controller.
     core::trace::init_worker(WORKER_DEFAULT_LOG, flags.trace.as_deref());
     let options = flags.options().js(&env)?;
-    let client = core::Client::new_local(core::ClientOptions {
-        num_cpu_devices: flags.cpu_devices,
-        ..Default::default()
-    })
-    .js(&env)?;
+    let client = core::Client::new_local(flags.client_options().js(&env)?).js(&env)?;
     let client = with_node(client);
     for path in &flags.plugins {
         colocated_plugin::load_plugin(&client, path).js(&env)?;

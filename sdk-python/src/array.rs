@@ -702,16 +702,12 @@ impl ArrayImpl {
         Ok((placed, CopyProgress(counters)))
     }
 
-    /// True when some shard lives on a worker host (it is read by download, not
-    /// viewed in place).
+    /// True when some shard's data is outside this process's memory (on a
+    /// worker, or on a PJRT plugin's device): it is read by a copy, not
+    /// viewed in place.
     #[getter]
     fn on_workers(&self) -> bool {
-        let hosts = self.client.metadata().hosts();
-        self.inner
-            .metadata()
-            .buffers()
-            .iter()
-            .any(|b| hosts[b.device().host_index()].is_remote())
+        !self.inner.metadata().is_in_process()
     }
 
     /// Shard `i` as a single-device array sharing its buffer.

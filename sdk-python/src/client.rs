@@ -19,15 +19,23 @@ pub struct Client {
 #[pymethods]
 impl Client {
     /// Creates a local client with `num_cpu_devices` CPU devices (default: the
-    /// number of cores). Raises `InvalidArgumentError` for an impossible count.
+    /// number of cores) and, with `pjrt_plugin` (a library path), the devices
+    /// of that PJRT plugin made with `pjrt_options` (`(name, value)` pairs).
+    /// Raises `InvalidArgumentError` for an impossible count or option, and
+    /// the plugin's errors (`NotFoundError` for a missing library).
     #[new]
-    #[pyo3(signature = (num_cpu_devices=None, executor_threads=None))]
+    #[pyo3(signature = (num_cpu_devices=None, executor_threads=None, pjrt_plugin=None, pjrt_options=None))]
     fn new(
         py: Python<'_>,
         num_cpu_devices: Option<usize>,
         executor_threads: Option<usize>,
+        pjrt_plugin: Option<std::path::PathBuf>,
+        pjrt_options: Option<Vec<(String, Bound<'_, PyAny>)>>,
     ) -> PyResult<Self> {
-        let client = core::Client::new_local(local_options(num_cpu_devices, executor_threads))
+        let mut options = local_options(num_cpu_devices, executor_threads);
+        options.pjrt = pjrt(pjrt_plugin, pjrt_options)?;
+        let client = py
+            .detach(|| core::Client::new_local(options))
             .map_err(py_err)?;
         Client::wrap(py, client)
     }
@@ -140,9 +148,21 @@ impl Client {
         self.inner.metadata().process_index()
     }
 
-    /// Every device, in id order.
-    fn devices(&self, py: Python<'_>) -> Vec<Py<Device>> {
-        self.devices.iter().map(|d| d.clone_ref(py)).collect()
+    /// The devices of `backend` (default: the default backend's), in id
+    /// order; `"cpu"` gives the CPU devices colocated Python runs on.
+    /// `NotFoundError` for a backend the client lacks.
+    #[pyo3(signature = (backend=None))]
+    fn devices(&self, py: Python<'_>, backend: Option<&str>) -> PyResult<Vec<Py<Device>>> {
+        let client = self.inner.get().map_err(py_err)?;
+        let chosen = client.backend_devices(backend).map_err(py_err)?;
+        Ok(chosen.iter().map(|d| self.device_object(py, d)).collect())
+    }
+
+    /// The default backend: a PJRT plugin's (`"cuda"`, `"pjrt_cpu"` for XLA's
+    /// CPU plugin, ...) when the client has one, else `"cpu"`.
+    fn default_backend(&self) -> PyResult<String> {
+        let client = self.inner.get().map_err(py_err)?;
+        Ok(client.default_backend().to_string())
     }
 
     /// The devices this process can address, in id order.
@@ -275,13 +295,20 @@ impl Device {
         self.inner.metadata().id()
     }
 
-    /// Platform of the device (`"cpu"`).
+    /// Platform of the device (`"cpu"`; a PJRT plugin's, such as `"cuda"`).
     #[getter]
     fn platform(&self) -> String {
-        self.inner.metadata().kind().to_string()
+        self.inner.metadata().platform().to_string()
     }
 
-    /// Kind of the device (`"cpu"`).
+    /// The backend the device belongs to (`"cpu"` for the CPU devices
+    /// colocated Python runs on; a PJRT plugin's backend name).
+    #[getter]
+    fn backend(&self) -> String {
+        self.inner.metadata().backend().to_string()
+    }
+
+    /// Kind of the device (`"cpu"`; a plugin's, such as `"NVIDIA H100 80GB HBM3"`).
     #[getter]
     fn device_kind(&self) -> String {
         self.inner.metadata().kind().to_string()
@@ -404,9 +431,80 @@ pub fn colocated_cpu_devices(devices: Vec<PyRef<'_, Device>>) -> PyResult<Vec<De
 /// Sets the options of the process's default client (core's rule: before its
 /// first use, else `FailedPreconditionError`; counts of at least 1).
 #[pyfunction]
-#[pyo3(signature = (num_cpu_devices=None))]
-pub fn configure_default(num_cpu_devices: Option<usize>) -> PyResult<()> {
-    core::configure(local_options(num_cpu_devices, None)).map_err(py_err)
+#[pyo3(signature = (num_cpu_devices=None, pjrt_plugin=None, pjrt_options=None))]
+pub fn configure_default(
+    num_cpu_devices: Option<usize>,
+    pjrt_plugin: Option<std::path::PathBuf>,
+    pjrt_options: Option<Vec<(String, Bound<'_, PyAny>)>>,
+) -> PyResult<()> {
+    let mut options = local_options(num_cpu_devices, None);
+    options.pjrt = pjrt(pjrt_plugin, pjrt_options)?;
+    core::configure(options).map_err(py_err)
+}
+
+/// Sets the default client's options from a worker's flags (core's
+/// `WorkerFlags::client_options`: `--cpu-devices`, `--pjrt-plugin`, each
+/// `--pjrt-option` as `KEY=VALUE`, else `COLOCATED_PJRT_PLUGIN`).
+#[pyfunction]
+#[pyo3(signature = (cpu_devices, pjrt_plugin, pjrt_options))]
+pub fn configure_worker_client(
+    cpu_devices: Option<usize>,
+    pjrt_plugin: Option<String>,
+    pjrt_options: Vec<String>,
+) -> PyResult<()> {
+    let flags = core::transport::worker::WorkerFlags {
+        cpu_devices,
+        pjrt_plugin,
+        pjrt_options,
+        ..Default::default()
+    };
+    core::configure(flags.client_options().map_err(py_err)?).map_err(py_err)
+}
+
+/// The PJRT options of `plugin` and its create `options`.
+fn pjrt(
+    plugin: Option<std::path::PathBuf>,
+    options: Option<Vec<(String, Bound<'_, PyAny>)>>,
+) -> PyResult<Option<core::PjrtOptions>> {
+    let Some(plugin) = plugin else {
+        if options.is_some_and(|o| !o.is_empty()) {
+            return Err(py_err(core::Error::invalid_argument(
+                "pjrt_options need a pjrt_plugin",
+            )));
+        }
+        return Ok(None);
+    };
+    let options = options
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| pjrt_value(&k, &v).map(|v| (k, v)))
+        .collect::<PyResult<_>>()?;
+    Ok(Some(core::PjrtOptions { plugin, options }))
+}
+
+/// A plugin create option's value: a bool, an int, a float, a str or a list
+/// of ints.
+fn pjrt_value(name: &str, v: &Bound<'_, PyAny>) -> PyResult<core::PjrtValue> {
+    use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+    if v.is_instance_of::<PyBool>() {
+        return Ok(core::PjrtValue::Bool(v.extract()?));
+    }
+    if v.is_instance_of::<PyInt>() {
+        return Ok(core::PjrtValue::Int64(v.extract()?));
+    }
+    if v.is_instance_of::<PyFloat>() {
+        return Ok(core::PjrtValue::Float(v.extract::<f64>()? as f32));
+    }
+    if v.is_instance_of::<PyString>() {
+        return Ok(core::PjrtValue::String(v.extract()?));
+    }
+    if let Ok(list) = v.extract::<Vec<i64>>() {
+        return Ok(core::PjrtValue::Int64List(list));
+    }
+    Err(py_err(core::Error::invalid_argument(format!(
+        "PJRT option {name}: a bool, int, float, str or list of ints was expected, got {}",
+        v.get_type().name()?
+    ))))
 }
 
 /// The process's default client, created on first use from the configured

@@ -553,6 +553,42 @@ impl Executable {
         })
     }
 
+    /// Compiles a StableHLO module (MLIR text) for `devices` of a PJRT
+    /// plugin (core's `compile_stablehlo`).
+    #[staticmethod]
+    fn compile_stablehlo(
+        py: Python<'_>,
+        module: Vec<u8>,
+        devices: Vec<PyRef<'_, Device>>,
+    ) -> PyResult<Self> {
+        let first = devices.first().ok_or_else(|| {
+            py_err(core::Error::invalid_argument(
+                "an XLA program needs devices",
+            ))
+        })?;
+        let client = first.client.get().map_err(py_err)?.clone();
+        let devices = devices
+            .iter()
+            .map(|d| d.inner.get().cloned().map_err(py_err))
+            .collect::<PyResult<Vec<_>>>()?;
+        let exe = py
+            .detach(|| client.compile_stablehlo(&module, &devices))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(Executable {
+            inner: ForkSafe::new(exe),
+        })
+    }
+
+    /// The devices the program runs on.
+    fn devices(&self) -> PyResult<Vec<Device>> {
+        let exe = self.inner.get().map_err(py_err)?;
+        Ok(exe
+            .devices()
+            .iter()
+            .map(|d| Device::new(exe.client().clone(), d.clone()))
+            .collect())
+    }
+
     /// The portable bytes of the executable (for a host with the same device
     /// ids, e.g. a worker).
     fn serialize<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {

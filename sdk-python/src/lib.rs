@@ -35,6 +35,7 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Host>()?;
     m.add_function(wrap_pyfunction!(client::colocated_cpu_devices, m)?)?;
     m.add_function(wrap_pyfunction!(client::configure_default, m)?)?;
+    m.add_function(wrap_pyfunction!(client::configure_worker_client, m)?)?;
     m.add_function(wrap_pyfunction!(client::default_client, m)?)?;
     m.add_function(wrap_pyfunction!(client::set_default_client, m)?)?;
     m.add_class::<sharding::Sharding>()?;

@@ -144,10 +144,6 @@ impl PjrtDevice {
         }
     }
 
-    pub(crate) fn backend_name(&self) -> &str {
-        self.backend.name()
-    }
-
     pub(crate) fn backend(&self) -> &Arc<PjrtBackend> {
         &self.backend
     }

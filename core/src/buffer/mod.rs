@@ -522,6 +522,12 @@ impl Buffer {
             )));
         }
         let memory_space = placement(client, device, memory_space)?;
+        if !device.is_host_cpu() {
+            return Err(Error::invalid_argument(format!(
+                "string buffers live on CPU devices only, not on {device} (a {} device)",
+                device.backend()
+            )));
+        }
         let host = host::of(client, device);
         host.check_dtype(DType::String)?;
         let elements = strings.iter().map(|s| Box::from(s.as_ref())).collect();
@@ -582,6 +588,14 @@ impl Buffer {
             }
             Err(e) => self.0.ready.set_if_pending(Err(e)),
         }
+    }
+
+    /// True when the buffer's data is in this process's memory, where it can
+    /// be viewed in place ([`acquire_external_reference`](Self::acquire_external_reference));
+    /// false for data on a worker or a PJRT plugin's device, which is read
+    /// by a copy ([`to_host_raw`](Self::to_host_raw)).
+    pub fn is_in_process(&self) -> bool {
+        self.host().in_process()
     }
 
     /// The host that holds this buffer's data.

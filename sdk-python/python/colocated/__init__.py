@@ -24,7 +24,16 @@ from ._array import (
     make_array_from_single_device_arrays,
     wait,
 )
-from ._client import client, colocated_cpu_devices, configure, connect, devices, local_devices
+from ._client import (
+    client,
+    colocated_cpu_devices,
+    configure,
+    connect,
+    default_backend,
+    devices,
+    find_pjrt_plugin,
+    local_devices,
+)
 from ._colocated import Client, Device, Host, __version__
 from ._colocated_class import colocated_python_class
 from ._colocated_python import ColocatedFunction, clear_caches, colocated_python
@@ -56,6 +65,7 @@ from ._sharding import (
     SingleDeviceSharding,
     make_mesh,
 )
+from ._xla import XlaExecutable, compile_stablehlo
 
 __all__ = [
     "AlreadyExistsError",
@@ -87,6 +97,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
+    "XlaExecutable",
     "__version__",
     "block_until_ready",
     "clear_caches",
@@ -94,11 +105,14 @@ __all__ = [
     "colocated_cpu_devices",
     "colocated_python",
     "colocated_python_class",
+    "compile_stablehlo",
     "configure",
     "connect",
+    "default_backend",
     "device_get",
     "device_put",
     "devices",
+    "find_pjrt_plugin",
     "host_callback",
     "local_devices",
     "make_array_from_callback",

@@ -30,22 +30,87 @@ def _register(c: _colocated.Client) -> _colocated.Client:
     return c
 
 
-def configure(*, num_cpu_devices: int | None = None) -> None:
+def configure(
+    *,
+    num_cpu_devices: int | None = None,
+    pjrt_plugin: str | os.PathLike | None = None,
+    pjrt_options: dict | None = None,
+) -> None:
     """Sets options of the default client. Must be called before first use.
 
     ``num_cpu_devices``: number of CPU devices of the local host (default: the
     environment variable ``COLOCATED_NUM_CPU_DEVICES``, else the number of cores).
 
-    Raises ``FailedPreconditionError`` once the default client exists, and
-    ``InvalidArgumentError`` for a count that is not a positive integer.
+    ``pjrt_plugin``: a PJRT plugin whose devices join the CPU devices and
+    become the default backend (``devices()``, ``default_backend()``):
+    ``"cpu"`` for XLA's CPU plugin (the ``lammps-jax-pjrt-cpu`` package),
+    ``"cuda"`` for the installed ``jax-cuda13-pjrt`` or ``jax-cuda12-pjrt``
+    plugin, a name in JAX's ``PJRT_NAMES_AND_LIBRARY_PATHS``, or the plugin
+    library's path. Default: the environment variable
+    ``COLOCATED_PJRT_PLUGIN`` (a path or such a name), else none.
+    ``pjrt_options``: the plugin client's create options (``{"cpu_device_count":
+    4}`` for XLA's CPU plugin; the CUDA plugin's allocator options), values of
+    type ``bool``, ``int``, ``float``, ``str`` or a list of ints.
+
+    Raises ``FailedPreconditionError`` once the default client exists,
+    ``InvalidArgumentError`` for a count that is not a positive integer or an
+    option of another type, and ``NotFoundError`` for a plugin name that is
+    not installed.
     """
     if num_cpu_devices is not None and (
         isinstance(num_cpu_devices, bool) or not isinstance(num_cpu_devices, int) or num_cpu_devices < 1
     ):
         raise InvalidArgumentError(f"num_cpu_devices must be a positive integer, got {num_cpu_devices!r}")
+    if pjrt_options is not None and not isinstance(pjrt_options, dict):
+        raise InvalidArgumentError(f"pjrt_options must be a dict, got {type(pjrt_options).__name__}")
+    plugin = None if pjrt_plugin is None else find_pjrt_plugin(pjrt_plugin)
+    options = None if pjrt_options is None else [(str(k), v) for k, v in pjrt_options.items()]
     with _lock:
         # The rule (before first use) and the options are core's, shared by every SDK.
-        _colocated.configure_default(num_cpu_devices)
+        _colocated.configure_default(num_cpu_devices, plugin, options)
+
+
+#: Installed packages that carry a PJRT plugin, by the name ``configure``
+#: takes: (module, library file in it), the first installed one wins.
+_PLUGIN_PACKAGES = {
+    "cpu": [("lammps_jax_pjrt_cpu", "pjrt_c_api_cpu_plugin.so")],
+    "cuda": [
+        ("jax_plugins.xla_cuda13", "xla_cuda_plugin.so"),
+        ("jax_plugins.xla_cuda12", "xla_cuda_plugin.so"),
+    ],
+}
+_PLUGIN_PACKAGES["gpu"] = _PLUGIN_PACKAGES["cuda"]
+
+
+def find_pjrt_plugin(spec: str | os.PathLike) -> str:
+    """The library of the PJRT plugin ``spec``: ``"cpu"`` or ``"cuda"``
+    (``"gpu"``) find the installed package that carries it (XLA's CPU plugin;
+    ``jax-cuda13-pjrt``, else ``jax-cuda12-pjrt``); a path is returned as it
+    is; any other name is looked up in ``PJRT_NAMES_AND_LIBRARY_PATHS`` when
+    the client is made.
+
+    Raises ``NotFoundError`` naming the package to install when none is.
+    """
+    import importlib.util
+
+    if not isinstance(spec, str):
+        return os.fspath(spec)
+    packages = _PLUGIN_PACKAGES.get(spec)
+    if packages is None:
+        return spec
+    for module, library in packages:
+        try:
+            found = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            found = None
+        if found is None or not found.submodule_search_locations:
+            continue
+        for location in found.submodule_search_locations:
+            path = os.path.join(location, library)
+            if os.path.exists(path):
+                return path
+    wheels = {"cpu": "lammps-jax-pjrt-cpu", "cuda": "jax-cuda13-pjrt", "gpu": "jax-cuda13-pjrt"}
+    raise NotFoundError(f"no PJRT plugin for '{spec}' is installed: pip install {wheels[spec]}")
 
 
 def connect(
@@ -153,9 +218,22 @@ def client() -> _colocated.Client:
         return _client
 
 
-def devices() -> list[_colocated.Device]:
-    """Every device of the default client, in id order (as ``jax.devices()``)."""
-    return client().devices()
+def devices(backend: str | None = None) -> list[_colocated.Device]:
+    """The devices of ``backend`` of the default client, in id order (as
+    ``jax.devices()``): by default the default backend's (a PJRT plugin's when
+    one is configured, else every CPU device); ``"cpu"`` gives the CPU devices
+    colocated Python runs on.
+
+    Raises ``NotFoundError`` for a backend the client does not have.
+    """
+    return client().devices(backend)
+
+
+def default_backend() -> str:
+    """The default backend's name (``jax.default_backend()``): a PJRT plugin's
+    (its platform, such as ``"cuda"``; ``"pjrt_cpu"`` for XLA's CPU plugin)
+    when one is configured, else ``"cpu"``."""
+    return client().default_backend()
 
 
 def local_devices() -> list[_colocated.Device]:

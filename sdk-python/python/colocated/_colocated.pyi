@@ -17,7 +17,15 @@ class Client:
     """A client: the in-process host with CPU devices, or (from ``connect``) worker
     hosts with, optionally, the in-process host."""
 
-    def __init__(self, num_cpu_devices: int | None = None, executor_threads: int | None = None) -> None: ...
+    def __init__(
+        self,
+        num_cpu_devices: int | None = None,
+        executor_threads: int | None = None,
+        pjrt_plugin: str | os.PathLike | None = None,
+        pjrt_options: list[tuple[str, bool | int | float | str | list[int]]] | None = None,
+    ) -> None:
+        """A local client with ``num_cpu_devices`` CPU devices and, with
+        ``pjrt_plugin`` (a library path), that PJRT plugin's devices."""
     @staticmethod
     def connect(
         addresses: list[str],
@@ -56,8 +64,11 @@ class Client:
     @property
     def process_index(self) -> int:
         """Index of this (controller) process."""
-    def devices(self) -> list[Device]:
-        """Every device, in id order."""
+    def devices(self, backend: str | None = None) -> list[Device]:
+        """The devices of ``backend`` (default: the default backend's), in id
+        order; ``"cpu"``: the CPU devices colocated Python runs on."""
+    def default_backend(self) -> str:
+        """A PJRT plugin's backend name when the client has one, else ``"cpu"``."""
     def local_devices(self) -> list[Device]:
         """The devices this process can address, in id order."""
     def device(self, id: int) -> Device:
@@ -69,8 +80,16 @@ def colocated_cpu_devices(devices: list[Device]) -> list[Device]:
     """Maps each device to the CPU device of the same host, in order, in the
     devices' own client (``InvalidArgumentError`` for devices of several clients)."""
 
-def configure_default(num_cpu_devices: int | None = None) -> None:
+def configure_default(
+    num_cpu_devices: int | None = None,
+    pjrt_plugin: str | os.PathLike | None = None,
+    pjrt_options: list[tuple[str, bool | int | float | str | list[int]]] | None = None,
+) -> None:
     """Sets the options of the process's default client (before its first use)."""
+
+def configure_worker_client(cpu_devices: int | None, pjrt_plugin: str | None, pjrt_options: list[str]) -> None:
+    """Sets the default client's options from a worker's flags (``--cpu-devices``,
+    ``--pjrt-plugin``, each ``--pjrt-option KEY=VALUE``)."""
 
 def default_client() -> Client:
     """The process's default client, created on first use."""
@@ -108,10 +127,13 @@ class Device:
         """Global device id."""
     @property
     def platform(self) -> str:
-        """Platform of the device (``"cpu"``)."""
+        """Platform of the device (``"cpu"``; a PJRT plugin's, such as ``"cuda"``)."""
+    @property
+    def backend(self) -> str:
+        """``"cpu"`` for the CPU devices colocated Python runs on; a PJRT plugin's backend name."""
     @property
     def device_kind(self) -> str:
-        """Kind of the device (``"cpu"``)."""
+        """Kind of the device (``"cpu"``; a plugin's, such as ``"NVIDIA H100 80GB HBM3"``)."""
     @property
     def process_index(self) -> int:
         """Index of the process (host) that owns the device."""
@@ -401,6 +423,11 @@ class Executable:
         devices: list[Device],
         host_callbacks: list[Callable[[bytes], bytes]] = ...,
     ) -> Executable: ...
+    @staticmethod
+    def compile_stablehlo(module: bytes, devices: list[Device]) -> Executable:
+        """Compiles a StableHLO module (MLIR text) for devices of a PJRT plugin."""
+    def devices(self) -> list[Device]:
+        """The devices the program runs on."""
     def execute(self, arrays: list[ArrayImpl]) -> tuple[list[ArrayImpl], Event]: ...
     def serialize(self) -> bytes:
         """The portable bytes of the executable."""

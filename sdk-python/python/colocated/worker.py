@@ -83,6 +83,10 @@ def _child_command(args) -> list[str]:
     command += ["--session-timeout", repr(args.session_timeout)]
     if args.cpu_devices is not None:
         command += ["--cpu-devices", str(args.cpu_devices)]
+    if args.pjrt_plugin is not None:
+        command += ["--pjrt-plugin", _client.find_pjrt_plugin(args.pjrt_plugin)]
+    for option in args.pjrt_option:
+        command += ["--pjrt-option", option]
     for plugin in args.plugin:
         command += ["--plugin", os.path.abspath(plugin)]
     if args.tls_cert is not None:
@@ -161,8 +165,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m colocated.worker"
         config = _colocated.WorkerConfig(**flags, token=token)
     except ColocatedError as e:
         parser.error(str(e))
-    if args.cpu_devices is not None:
-        _client.configure(num_cpu_devices=args.cpu_devices)
+    try:
+        # The plugin's name ("cpu", "cuda": an installed package) or path;
+        # the rest (options, COLOCATED_PJRT_PLUGIN) by core's rule.
+        plugin = None if args.pjrt_plugin is None else _client.find_pjrt_plugin(args.pjrt_plugin)
+        _colocated.configure_worker_client(args.cpu_devices, plugin, args.pjrt_option)
+    except ColocatedError as e:
+        parser.error(str(e))
     for plugin in args.plugin:
         try:
             names = _colocated.load_plugin(_client.client(), plugin)

@@ -99,7 +99,16 @@ pub fn health(options: &ConnectOptions) -> Result<WorkerHealth> {
         address: options.address.clone(),
         version: response.software_version,
         protocol: (response.protocol_min, response.protocol_max),
-        devices: host.devices.into_iter().map(|d| d.kind).collect(),
+        // A plugin's devices go by their backend and kind: `cuda (NVIDIA H100
+        // 80GB HBM3)`; the host's CPU devices by their kind.
+        devices: host
+            .devices
+            .into_iter()
+            .map(|d| match d.backend.as_str() {
+                "" | "cpu" => d.kind,
+                backend => format!("{backend} ({})", d.kind),
+            })
+            .collect(),
         languages: host.languages,
         sessions: response.sessions,
         uptime: Duration::from_millis(response.uptime_ms),

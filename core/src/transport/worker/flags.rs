@@ -92,6 +92,23 @@ pub const WORKER_FLAGS: &[WorkerFlag] = &[
         "Number of CPU devices to serve (default: the number of cores).",
     ),
     flag(
+        "pjrt-plugin",
+        FlagKind::Path,
+        "Serve this PJRT plugin's devices beside the CPU devices: the plugin library \
+         (pjrt_c_api_cpu_plugin.so, xla_cuda_plugin.so) or a name in PJRT_NAMES_AND_LIBRARY_PATHS \
+         (default: COLOCATED_PJRT_PLUGIN). XLA programs compile and run on them here. \
+         Controllers cannot load plugins.",
+    ),
+    WorkerFlag {
+        repeatable: true,
+        ..flag(
+            "pjrt-option",
+            FlagKind::Name,
+            "KEY=VALUE: a create option of the --pjrt-plugin client (an integer, a number, \
+             true or false, or text), such as cpu_device_count=4. Repeatable.",
+        )
+    },
+    flag(
         "token-file",
         FlagKind::Path,
         "File holding the token every request must carry (default: the COLOCATED_TOKEN environment variable).",
@@ -159,6 +176,10 @@ pub struct WorkerFlags {
     pub port: Option<String>,
     /// `--cpu-devices`.
     pub cpu_devices: Option<usize>,
+    /// `--pjrt-plugin`: a library path or a name (see [`crate::find_plugin`]).
+    pub pjrt_plugin: Option<String>,
+    /// `--pjrt-option`, each (`KEY=VALUE`).
+    pub pjrt_options: Vec<String>,
     /// `--token-file`.
     pub token_file: Option<PathBuf>,
     /// `--insecure`.
@@ -180,6 +201,28 @@ pub struct WorkerFlags {
     pub trace: Option<PathBuf>,
 }
 
+/// A PJRT create option given as `KEY=VALUE`: an integer, a number, `true`
+/// or `false`, else text. `invalid_argument` without `=` or a key.
+pub fn parse_pjrt_option(text: &str) -> Result<(String, crate::PjrtValue)> {
+    use crate::PjrtValue;
+    let (key, value) = text
+        .split_once('=')
+        .filter(|(k, _)| !k.trim().is_empty())
+        .ok_or_else(|| {
+            Error::invalid_argument(format!("--pjrt-option {text:?} is not KEY=VALUE"))
+        })?;
+    let value = if let Ok(i) = value.parse::<i64>() {
+        PjrtValue::Int64(i)
+    } else if let Ok(f) = value.parse::<f32>() {
+        PjrtValue::Float(f)
+    } else if value == "true" || value == "false" {
+        PjrtValue::Bool(value == "true")
+    } else {
+        PjrtValue::String(value.to_string())
+    };
+    Ok((key.trim().to_string(), value))
+}
+
 /// A positive, finite number of seconds given as option `name` (a flag, a
 /// keyword argument), or `invalid_argument` naming it.
 pub fn seconds(name: &str, value: f64) -> Result<Duration> {
@@ -194,6 +237,46 @@ pub fn seconds(name: &str, value: f64) -> Result<Duration> {
 }
 
 impl WorkerFlags {
+    /// The options of the client the worker serves: `--cpu-devices` CPU
+    /// devices and the `--pjrt-plugin` (else `COLOCATED_PJRT_PLUGIN`'s)
+    /// devices with `--pjrt-option`s. `invalid_argument` naming the flag;
+    /// `not_found` for a plugin name that is not known.
+    pub fn client_options(&self) -> Result<crate::ClientOptions> {
+        let pjrt = match &self.pjrt_plugin {
+            Some(spec) => {
+                let names = std::env::var(crate::PJRT_NAMES_ENV).ok();
+                Some(crate::PjrtOptions {
+                    plugin: crate::find_plugin(spec, names.as_deref())
+                        .map_err(|e| e.context("--pjrt-plugin"))?,
+                    options: Vec::new(),
+                })
+            }
+            None => crate::plugin_from_env()?,
+        };
+        let options = self
+            .pjrt_options
+            .iter()
+            .map(|o| parse_pjrt_option(o))
+            .collect::<Result<Vec<_>>>()?;
+        let pjrt = match pjrt {
+            Some(mut p) => {
+                p.options = options;
+                Some(p)
+            }
+            None if options.is_empty() => None,
+            None => {
+                return Err(Error::invalid_argument(
+                    "--pjrt-option needs --pjrt-plugin (or COLOCATED_PJRT_PLUGIN)",
+                ))
+            }
+        };
+        Ok(crate::ClientOptions {
+            num_cpu_devices: self.cpu_devices,
+            pjrt,
+            ..Default::default()
+        })
+    }
+
     /// The worker's options: the token by the worker's rule
     /// ([`Token::for_worker`]), the address parsed, the seconds checked, the
     /// TLS files read. `invalid_argument` naming the flag. (`--cpu-devices`

@@ -137,6 +137,8 @@ impl Service {
                     local_id: d.id(),
                     kind: d.kind().to_string(),
                     local_hardware_id: i32::try_from(d.local_hardware_id()).unwrap_or(-1),
+                    platform: d.platform().to_string(),
+                    backend: d.backend().to_string(),
                 })
                 .collect(),
             languages: client.languages(0).unwrap_or_default(),

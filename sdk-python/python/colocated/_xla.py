@@ -1,0 +1,63 @@
+"""XLA programs: StableHLO modules compiled by a PJRT plugin and run on its devices."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import _colocated
+from ._array import Array, _wrap
+from ._client import devices as _devices
+from ._errors import InvalidArgumentError
+
+
+class XlaExecutable:
+    """A StableHLO module compiled for a PJRT plugin's devices.
+
+    Calling it runs the program once with ``Array`` arguments whose shapes,
+    dtypes and shardings are those of the module's ``@main``; it returns at
+    once with the results as ``Array``s (one, or a tuple for several), which
+    become ready when the program has run. Calls run in program order on the
+    calling thread's stream, after the work that makes their inputs; an error
+    in the program reaches its results (raised when they are read).
+    """
+
+    __slots__ = ("_impl",)
+
+    def __init__(self, impl: _colocated.Executable) -> None:
+        self._impl = impl
+
+    @property
+    def devices(self) -> list[_colocated.Device]:
+        """The devices it runs on; partition ``p`` of an SPMD module on the ``p``-th."""
+        return self._impl.devices()
+
+    def __call__(self, *args: Array) -> Array | tuple[Array, ...]:
+        for i, a in enumerate(args):
+            if not isinstance(a, Array):
+                raise InvalidArgumentError(
+                    f"argument {i} must be a colocated Array (colocated.device_put), got {type(a).__name__}"
+                )
+        outputs, _status = self._impl.execute([a._impl for a in args])
+        results = tuple(_wrap(o, None) for o in outputs)
+        return results[0] if len(results) == 1 else results
+
+
+def compile_stablehlo(module: str | bytes, devices: Sequence[_colocated.Device] | None = None) -> XlaExecutable:
+    """Compiles ``module``, a StableHLO module as MLIR text (what
+    ``jax.jit(f).lower(...).as_text()`` gives), for ``devices`` of a PJRT
+    plugin (default: the first device of the default backend; an SPMD module
+    with ``mhlo.num_partitions = n`` takes ``n`` devices). The compiled
+    program's arguments and results have the shapes, dtypes and shardings of
+    the module's ``@main``.
+
+    Raises ``InvalidArgumentError`` for a module the compiler refuses (with its
+    message) or devices that do not fit it, and ``UnimplementedError`` for what
+    is not supported (bytecode modules, replicas, dynamic shapes).
+    """
+    if isinstance(module, str):
+        module = module.encode()
+    if not isinstance(module, bytes | bytearray):
+        raise InvalidArgumentError(f"module must be MLIR text (str or bytes), got {type(module).__name__}")
+    if devices is None:
+        devices = _devices()[:1]
+    return XlaExecutable(_colocated.Executable.compile_stablehlo(bytes(module), list(devices)))

@@ -1,0 +1,243 @@
+"""PJRT plugins as devices (XLA's CPU plugin from PyPI) and XLA programs on them."""
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_devices import run_python
+
+import colocated
+
+ADD_ONE = """
+module @add_one {
+  func.func public @main(%arg0: tensor<8xf32>) -> tensor<8xf32> {
+    %c = stablehlo.constant dense<1.0> : tensor<8xf32>
+    %0 = stablehlo.add %arg0, %c : tensor<8xf32>
+    return %0 : tensor<8xf32>
+  }
+}
+"""
+
+# x + 1 over f32[8] split along "x" of a 4-device mesh (Shardy, as JAX 0.10 lowers it).
+ADD_ONE_SHARDED = """
+module @jit_add_one attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["x"=4]>
+  func.func public @main(%arg0: tensor<8xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"x"}]>})
+      -> (tensor<8xf32> {jax.result_info = "result", sdy.sharding = #sdy.sharding<@mesh, [{"x"}]>}) {
+    %c = stablehlo.constant dense<1.0> : tensor<8xf32>
+    %0 = stablehlo.add %arg0, %c : tensor<8xf32>
+    return %0 : tensor<8xf32>
+  }
+}
+"""
+
+
+def cpu_plugin() -> str:
+    """XLA's CPU plugin; `make test` installs it (never skipped in CI)."""
+    try:
+        return colocated.find_pjrt_plugin("cpu")
+    except colocated.NotFoundError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("XLA's CPU PJRT plugin is not installed (pip install lammps-jax-pjrt-cpu)")
+
+
+@pytest.fixture(scope="module")
+def client():
+    return colocated.Client(num_cpu_devices=2, pjrt_plugin=cpu_plugin(), pjrt_options=[("cpu_device_count", 4)])
+
+
+def test_the_plugin_is_the_default_backend_beside_the_cpu_devices(client):
+    assert client.default_backend() == "pjrt_cpu"
+    plugin = client.devices()
+    cpus = client.devices("cpu")
+    assert [d.id for d in cpus] == [0, 1]
+    assert [d.id for d in plugin] == [2, 3, 4, 5]
+    for d in plugin:
+        assert (d.platform, d.device_kind, d.backend) == ("cpu", "cpu", "pjrt_cpu")
+        assert d.default_memory_kind == "device"
+    assert [d.local_hardware_id for d in plugin] == [0, 1, 2, 3]
+    assert all(d.backend == "cpu" for d in cpus)
+    assert client.colocated_cpu_devices(plugin) == [cpus[0], cpus[1], cpus[0], cpus[1]]
+    with pytest.raises(colocated.NotFoundError, match="pjrt_cpu"):
+        client.devices("tpu")
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+    + [np.float16, ml_dtypes.bfloat16, np.float32, np.float64],
+)
+def test_every_dtype_round_trips_through_a_plugin_device(client, dtype):
+    value = (np.arange(12).reshape(3, 4) % 7).astype(dtype)
+    x = colocated.device_put(value, client.devices()[1])
+    assert x.sharding.device_set == {client.devices()[1]}
+    out = np.asarray(x)
+    assert out.dtype == value.dtype
+    np.testing.assert_array_equal(out, value)
+
+
+def test_strings_stay_on_cpu_devices(client):
+    with pytest.raises(colocated.InvalidArgumentError, match="CPU devices only"):
+        colocated.device_put(np.array(["a", "b"], dtype=np.dtypes.StringDType()), client.devices()[0])
+
+
+def test_copies_between_plugin_and_cpu_devices_keep_the_data(client):
+    plugin, cpu = client.devices(), client.devices("cpu")
+    value = np.linspace(0, 1, 16, dtype=np.float32)
+    a = colocated.device_put(value, plugin[0])
+    b = colocated.device_put(a, plugin[3])
+    c = colocated.device_put(b, cpu[1])
+    d = colocated.device_put(c, plugin[2])
+    for x, device in [(b, plugin[3]), (c, cpu[1]), (d, plugin[2])]:
+        assert x.sharding.device_set == {device}
+        np.testing.assert_array_equal(np.asarray(x), value)
+
+
+def test_add_one_runs_and_results_match_numpy(client):
+    f = colocated.compile_stablehlo(ADD_ONE, client.devices()[:1])
+    value = np.arange(8, dtype=np.float32) / 3
+    y = f(colocated.device_put(value, client.devices()[0]))
+    np.testing.assert_allclose(np.asarray(y), value + 1)
+    # Calls chain without waits; each result is an Array on the plugin device.
+    z = f(f(y))
+    np.testing.assert_allclose(np.asarray(z), value + 3)
+    assert z.sharding.device_set == {client.devices()[0]}
+
+
+def test_a_sharded_program_runs_over_all_plugin_devices(client):
+    devices = client.devices()
+    f = colocated.compile_stablehlo(ADD_ONE_SHARDED, devices)
+    assert f.devices == devices
+    mesh = colocated.Mesh(devices, ("x",))
+    sharding = colocated.NamedSharding(mesh, colocated.P("x"))
+    x = colocated.device_put(np.arange(8, dtype=np.float32), sharding)
+    y = f(x)
+    np.testing.assert_array_equal(np.asarray(y), np.arange(1, 9, dtype=np.float32))
+    assert [s.device for s in y.addressable_shards] == devices
+    np.testing.assert_array_equal(np.asarray(y.addressable_shards[2].data), [5.0, 6.0])
+
+
+def test_an_xla_program_and_colocated_python_feed_each_other(client):
+    plugin = client.devices()[0]
+    cpu = client.colocated_cpu_devices([plugin])[0]
+    f = colocated.compile_stablehlo(ADD_ONE, [plugin])
+
+    @colocated.colocated_python
+    def double(x):
+        return x * 2
+
+    value = np.arange(8, dtype=np.float32)
+    a = f(colocated.device_put(value, plugin))
+    b = double(colocated.device_put(a, cpu))
+    c = f(colocated.device_put(b, plugin))
+    np.testing.assert_array_equal(np.asarray(c), (value + 1) * 2 + 1)
+
+    @colocated.colocated_python
+    def fail(x):
+        raise ValueError("the CPU step failed on purpose")
+
+    broken = fail.specialize(out_specs_fn=lambda s: s)(colocated.device_put(a, cpu))
+    last = f(colocated.device_put(broken, plugin))
+    with pytest.raises(Exception, match="failed on purpose"):
+        np.asarray(last)
+
+
+def test_bad_modules_and_arguments_get_typed_errors(client):
+    plugin = client.devices()
+    with pytest.raises(colocated.InvalidArgumentError):
+        colocated.compile_stablehlo(
+            "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { this is not stablehlo }", plugin[:1]
+        )
+    with pytest.raises(colocated.InvalidArgumentError, match="@main"):
+        colocated.compile_stablehlo("not mlir", plugin[:1])
+    with pytest.raises(colocated.InvalidArgumentError, match="CPU devices"):
+        colocated.compile_stablehlo(ADD_ONE, client.devices("cpu")[:1])
+    with pytest.raises(colocated.InvalidArgumentError, match="4 device"):
+        colocated.compile_stablehlo(ADD_ONE_SHARDED, plugin[:2])
+    with pytest.raises(colocated.UnimplementedError, match="text"):
+        colocated.compile_stablehlo(b"ML\xefR\xff\x00", plugin[:1])
+    f = colocated.compile_stablehlo(ADD_ONE, plugin[:1])
+    with pytest.raises(colocated.InvalidArgumentError):
+        f(colocated.device_put(np.zeros(8, np.int32), plugin[0]))
+    with pytest.raises(colocated.InvalidArgumentError):
+        f(colocated.device_put(np.zeros(4, np.float32), plugin[0]))
+    with pytest.raises(colocated.InvalidArgumentError):
+        f(np.zeros(8, np.float32))
+
+
+def test_a_missing_or_foreign_plugin_is_a_typed_error(tmp_path):
+    with pytest.raises(colocated.NotFoundError, match="does not exist"):
+        colocated.Client(num_cpu_devices=1, pjrt_plugin=str(tmp_path / "nowhere.so"))
+    not_a_library = tmp_path / "plugin.so"
+    not_a_library.write_bytes(b"not an ELF file")
+    with pytest.raises(colocated.InvalidArgumentError, match="cannot load"):
+        colocated.Client(num_cpu_devices=1, pjrt_plugin=str(not_a_library))
+    with pytest.raises(colocated.InvalidArgumentError, match="pjrt_plugin"):
+        colocated.Client(num_cpu_devices=1, pjrt_options=[("cpu_device_count", 2)])
+    with pytest.raises(colocated.InvalidArgumentError, match="cpu_device_count"):
+        colocated.Client(num_cpu_devices=1, pjrt_plugin=cpu_plugin(), pjrt_options=[("cpu_device_count", object())])
+
+
+def test_configure_names_the_plugin_of_the_default_client():
+    plugin = cpu_plugin()
+    result = run_python(
+        f"""
+        import numpy as np, colocated
+        colocated.configure(num_cpu_devices=1, pjrt_plugin="cpu", pjrt_options={{"cpu_device_count": 2}})
+        assert colocated.default_backend() == "pjrt_cpu", colocated.default_backend()
+        assert len(colocated.devices()) == 2 and len(colocated.devices("cpu")) == 1
+        x = colocated.device_put(np.ones(3, np.float32))
+        assert x.sharding.device_set == {{colocated.devices()[0]}}
+        print("ok", {plugin!r} != "")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ok True" in result.stdout
+    # The environment names the default client's plugin, by path or by JAX's names.
+    code = "import colocated; print(colocated.default_backend(), len(colocated.devices()))"
+    by_path = run_python(code, {"COLOCATED_PJRT_PLUGIN": plugin})
+    assert by_path.stdout.split()[0] == "pjrt_cpu", by_path.stderr
+    by_name = run_python(
+        code, {"COLOCATED_PJRT_PLUGIN": "xla_cpu", "PJRT_NAMES_AND_LIBRARY_PATHS": f"other:/x.so,xla_cpu:{plugin}"}
+    )
+    assert by_name.stdout.split()[0] == "pjrt_cpu", by_name.stderr
+    unknown = run_python(code, {"COLOCATED_PJRT_PLUGIN": "rocm"})
+    assert unknown.returncode != 0
+    assert "NotFoundError" in unknown.stderr and "rocm" in unknown.stderr
+
+
+@pytest.mark.parametrize("isolation", ["--shared-interpreter", "--isolate"])
+def test_a_python_worker_serves_a_plugin_and_runs_xla_programs(token_file, isolation):
+    from workers import Worker
+
+    cpu_plugin()
+    args = (isolation, "--pjrt-plugin", "cpu", "--pjrt-option", "cpu_device_count=2")
+    worker = Worker(token_file, devices=1, extra_args=args)
+    try:
+        client = colocated.connect(worker.address, token_file=token_file, default=False)
+        assert client.default_backend() == "pjrt_cpu"
+        plugin = client.devices()
+        assert [(d.platform, d.backend) for d in plugin] == [("cpu", "pjrt_cpu")] * 2
+        assert [d.backend for d in client.devices("cpu")] == ["cpu"]
+        f = colocated.compile_stablehlo(ADD_ONE, plugin[:1])
+        value = np.arange(8, dtype=np.float32)
+        x = colocated.device_put(value, plugin[0])
+        np.testing.assert_array_equal(np.asarray(f(f(x))), value + 2)
+        # The worker's colocated Python runs next to the plugin's data.
+        cpu = client.colocated_cpu_devices(plugin[:1])[0]
+
+        @colocated.colocated_python
+        def negate(a):
+            return -a
+
+        back = colocated.device_put(negate(colocated.device_put(f(x), cpu)), plugin[0])
+        np.testing.assert_array_equal(np.asarray(f(back)), -(value + 1) + 1)
+        # 256 MiB in and out of the worker's plugin device.
+        big = np.arange(64 << 20, dtype=np.float32)
+        on_plugin = colocated.device_put(big, plugin[1])
+        np.testing.assert_array_equal(np.asarray(on_plugin)[[0, 1, -1]], big[[0, 1, -1]])
+        client.close()
+    finally:
+        worker.stop()
