@@ -182,15 +182,16 @@ test-install: $(VENV_STAMP)
 	$(MAKE) --no-print-directory install PREFIX=$(BUILD)/prefix PROFILE=debug
 	PATH=$(VENV)/bin:$$PATH sh tests/install/check.sh $(BUILD)/prefix $(SONAME) $(SOFILE) $(RELEASE)
 
-# The PJRT tests run on XLA's CPU plugin from build/venv.
+# The PJRT tests and benchmarks run on XLA's CPU plugin from build/venv.
+PJRT_TEST_ENV = COLOCATED_TEST_PJRT_PLUGIN=$$($(VENV_PY) -c 'import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)')
+
 test-rust: $(VENV_STAMP)
-	COLOCATED_TEST_PJRT_PLUGIN=$$($(VENV_PY) -c 'import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)') \
-	  $(CARGO) test --workspace
+	$(PJRT_TEST_ENV) $(CARGO) test --workspace
 
 # Without the mimalloc feature, so LeakSanitizer sees every allocation.
-test-c: | $(BUILD)
+test-c: $(VENV_STAMP) | $(BUILD)
 	$(CARGO) build -p colocated-ffi --no-default-features
-	$(MAKE) -C tests/c run LIBDIR=$(DEBUG_DIR) BUILD=$(BUILD)/c
+	$(PJRT_TEST_ENV) $(MAKE) -C tests/c run LIBDIR=$(DEBUG_DIR) BUILD=$(BUILD)/c
 
 test-abi: build | $(BUILD)
 	$(PYTHON) tests/abi/abi_manifest.py check --header include/colocated.h --lib $(DEBUG_DIR)/libcolocated.so --manifest tests/abi/manifest.json --build $(BUILD)/abi
@@ -234,8 +235,8 @@ BENCH_VENV := $(BUILD)/bench-venv
 
 bench: bench-rust bench-python bench-node
 
-bench-rust:
-	$(CARGO) bench --workspace
+bench-rust: $(VENV_STAMP)
+	$(PJRT_TEST_ENV) $(CARGO) bench --workspace
 
 # A release build of the SDK beside its baselines: jax[cpu] for local calls, Ray
 # (and raw TCP) for calls to a worker process.

@@ -161,7 +161,7 @@ typedef struct colocated_object colocated_object;
 /**
  * Minor version of the C API. Bumped for every additive change.
  */
-#define COLOCATED_API_VERSION_MINOR 4
+#define COLOCATED_API_VERSION_MINOR 5
 
 /**
  * `(major << 16) | minor`, as [`colocated_api_version`] returns it.
@@ -593,6 +593,23 @@ typedef struct {
    * Since API 1.2.
    */
   uint32_t reserved;
+  /**
+   * A PJRT plugin whose devices join the CPU devices, as the default
+   * backend: the plugin library's path, or a name in
+   * `PJRT_NAMES_AND_LIBRARY_PATHS` (`name:path,...`). Empty: none. Borrowed
+   * for the call. Since API 1.5.
+   */
+  colocated_string_view pjrt_plugin;
+  /**
+   * The plugin client's create options, `KEY=VALUE` each (an integer, a
+   * number, `true` or `false`, or text: `cpu_device_count=4`). Borrowed for
+   * the call. Since API 1.5.
+   */
+  const colocated_string_view *pjrt_options;
+  /**
+   * Number of `pjrt_options`. Since API 1.5.
+   */
+  size_t num_pjrt_options;
 } colocated_client_options;
 
 /**
@@ -1454,11 +1471,15 @@ colocated_error *colocated_buffer_copy_to_memory_space(const colocated_buffer *b
                                                        colocated_buffer **out);
 
 /**
- * Creates a client whose only host is this process, with CPU devices.
- * `options` may be NULL (defaults). On success `*out` is a new client the caller
- * owns (destroy with `colocated_client_destroy`).
+ * Creates a client whose only host is this process, with CPU devices and,
+ * when `options` names a PJRT plugin, that plugin's devices. `options` may be
+ * NULL (defaults). On success `*out` is a new client the caller owns (destroy
+ * with `colocated_client_destroy`).
  *
- * Errors: `invalid_argument` for a bad options struct or out-of-range counts.
+ * Errors: `invalid_argument` for a bad options struct, out-of-range counts, a
+ * malformed PJRT option, or a file that is not a PJRT plugin; `not_found` for a
+ * missing plugin; `failed_precondition` for a plugin of an API version this
+ * library does not accept; the plugin's own errors.
  * Thread-safety: any thread.
  */
 colocated_error *colocated_client_create_local(const colocated_client_options *options,
@@ -1496,6 +1517,17 @@ colocated_error *colocated_client_connect(const colocated_connect_options *optio
  * Thread-safety: any thread, once per handle, with no other call using it.
  */
 void colocated_client_destroy(colocated_client *client);
+
+/**
+ * The default backend's name: a PJRT plugin's (its platform, such as
+ * `"cuda"`; `"pjrt_cpu"` for XLA's CPU plugin) when the client has one, else
+ * `"cpu"`. Since API 1.5.
+ *
+ * The string is borrowed from the object (NUL-terminated).
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_default_backend(const colocated_client *handle_,
+                                                  colocated_string_view *out);
 
 /**
  * The platform name (`"colocated"`).
@@ -1778,7 +1810,27 @@ colocated_error *colocated_execution_context_set_host_outputs(colocated_executio
 colocated_error *colocated_device_id(const colocated_device *handle_, uint32_t *out);
 
 /**
- * The device kind (`"cpu"`).
+ * The device's platform: `"cpu"` for CPU devices; a PJRT plugin's platform
+ * (`"cuda"`, ...) for its devices. Since API 1.5.
+ *
+ * The string is borrowed from the object (NUL-terminated).
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_device_platform(const colocated_device *handle_,
+                                           colocated_string_view *out);
+
+/**
+ * The device's backend: `"cpu"` for the CPU devices colocated and native
+ * programs run on; a PJRT plugin's backend name for its devices. Since API 1.5.
+ *
+ * The string is borrowed from the object (NUL-terminated).
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_device_backend(const colocated_device *handle_,
+                                          colocated_string_view *out);
+
+/**
+ * The device kind (`"cpu"`; a PJRT plugin's, such as `"NVIDIA H100 80GB HBM3"`).
  *
  * The string is borrowed from the object (NUL-terminated).
  * Thread-safety: any thread.
@@ -2038,6 +2090,26 @@ colocated_error *colocated_client_compile(const colocated_client *client,
                                           const colocated_program *program,
                                           const colocated_compile_options *options,
                                           colocated_loaded_executable **out);
+
+/**
+ * Compiles a StableHLO module (`module`, `module_size` bytes of MLIR text, as
+ * `jax.jit(f).lower(...).as_text()` gives) for `devices` of one PJRT plugin
+ * on one host: one device, or as many as the module's `mhlo.num_partitions`
+ * for an SPMD module. The executable's inputs and outputs have the shapes,
+ * dtypes and shardings of the module's `@main`. `*out` is caller owned.
+ * Since API 1.5.
+ *
+ * Errors: `invalid_argument` for a module the compiler refuses (its message),
+ * CPU devices, or a device count the module does not take; `unimplemented`
+ * for bytecode, replicas, dynamic shapes or devices of several hosts.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_compile_stablehlo(const colocated_client *client,
+                                                    const uint8_t *module,
+                                                    size_t module_size,
+                                                    const colocated_device *const *devices,
+                                                    size_t num_devices,
+                                                    colocated_loaded_executable **out);
 
 /**
  * Checks whether `data` (`size` bytes) is a serialized executable this library can

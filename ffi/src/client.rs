@@ -27,6 +27,7 @@ pub(crate) struct ClientShell {
     pub client: Client,
     platform_name: CString,
     platform_version: CString,
+    default_backend: CString,
     devices: Vec<colocated_device>,
     device_ptrs: Vec<*const colocated_device>,
     memory_spaces: Vec<colocated_memory_space>,
@@ -108,6 +109,8 @@ impl ClientShell {
                     tag: <colocated_device as crate::handle::Tagged>::TAG,
                     device: d.clone(),
                     kind: cstr(d.kind()),
+                    platform: cstr(d.platform()),
+                    backend: cstr(d.backend()),
                     to_string: cstr(&d.to_string_short()),
                     debug_string: cstr(&d.debug_string()),
                     strings,
@@ -149,6 +152,7 @@ impl ClientShell {
         Arc::new(ClientShell {
             platform_name: cstr(client.platform_name()),
             platform_version: cstr(client.platform_version()),
+            default_backend: cstr(client.default_backend()),
             client,
             devices,
             device_ptrs,
@@ -233,8 +237,19 @@ pub struct colocated_client_options {
     /// Must be zero (room for a later field; keeps the struct free of padding).
     /// Since API 1.2.
     pub reserved: u32,
+    /// A PJRT plugin whose devices join the CPU devices, as the default
+    /// backend: the plugin library's path, or a name in
+    /// `PJRT_NAMES_AND_LIBRARY_PATHS` (`name:path,...`). Empty: none. Borrowed
+    /// for the call. Since API 1.5.
+    pub pjrt_plugin: colocated_string_view,
+    /// The plugin client's create options, `KEY=VALUE` each (an integer, a
+    /// number, `true` or `false`, or text: `cpu_device_count=4`). Borrowed for
+    /// the call. Since API 1.5.
+    pub pjrt_options: *const colocated_string_view,
+    /// Number of `pjrt_options`. Since API 1.5.
+    pub num_pjrt_options: usize,
 }
-versioned!(colocated_client_options, required: struct_size, fields: [struct_size, num_cpu_devices, executor_threads, max_executor_threads, reserved]);
+versioned!(colocated_client_options, required: struct_size, fields: [struct_size, num_cpu_devices, executor_threads, max_executor_threads, reserved, pjrt_plugin, pjrt_options, num_pjrt_options]);
 
 /// `invalid_argument` unless a struct's `reserved` field is zero.
 fn check_reserved(reserved: u32, what: &str) -> Result<()> {
@@ -261,11 +276,15 @@ fn local_options(
     }
 }
 
-/// Creates a client whose only host is this process, with CPU devices.
-/// `options` may be NULL (defaults). On success `*out` is a new client the caller
-/// owns (destroy with `colocated_client_destroy`).
+/// Creates a client whose only host is this process, with CPU devices and,
+/// when `options` names a PJRT plugin, that plugin's devices. `options` may be
+/// NULL (defaults). On success `*out` is a new client the caller owns (destroy
+/// with `colocated_client_destroy`).
 ///
-/// Errors: `invalid_argument` for a bad options struct or out-of-range counts.
+/// Errors: `invalid_argument` for a bad options struct, out-of-range counts, a
+/// malformed PJRT option, or a file that is not a PJRT plugin; `not_found` for a
+/// missing plugin; `failed_precondition` for a plugin of an API version this
+/// library does not accept; the plugin's own errors.
 /// Thread-safety: any thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_client_create_local(
@@ -278,11 +297,13 @@ pub unsafe extern "C" fn colocated_client_create_local(
             return Err(Error::invalid_argument("out-parameter out is NULL"));
         }
         check_reserved(o.reserved, "colocated_client_options")?;
-        let client = Client::new_local(local_options(
+        let mut options = local_options(
             o.num_cpu_devices,
             o.executor_threads,
             o.max_executor_threads,
-        ))?;
+        );
+        options.pjrt = pjrt_options(&o)?;
+        let client = Client::new_local(options)?;
         put_box(out, colocated_client::new(ClientShell::new(client)), "out")
     })
 }
@@ -419,6 +440,51 @@ pub unsafe extern "C" fn colocated_client_connect(
 #[no_mangle]
 pub unsafe extern "C" fn colocated_client_destroy(client: *mut colocated_client) {
     boundary_void(|| drop(take(client)));
+}
+
+/// The PJRT options of `o` (core's rules, as a worker's flags), or none.
+unsafe fn pjrt_options(
+    o: &colocated_client_options,
+) -> Result<Option<colocated_core::PjrtOptions>> {
+    let plugin = o.pjrt_plugin.to_str("pjrt_plugin")?;
+    let options = crate::handle::slice(o.pjrt_options, o.num_pjrt_options, "pjrt_options")?
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.to_str(&format!("pjrt_options[{i}]")).map(str::to_string))
+        .collect::<Result<Vec<String>>>()?;
+    if plugin.is_empty() {
+        if !options.is_empty() {
+            return Err(Error::invalid_argument("pjrt_options need a pjrt_plugin"));
+        }
+        return Ok(None);
+    }
+    let flags = colocated_core::transport::worker::WorkerFlags {
+        pjrt_plugin: Some(plugin.to_string()),
+        pjrt_options: options,
+        ..Default::default()
+    };
+    Ok(flags.client_options()?.pjrt)
+}
+
+/// The default backend's name: a PJRT plugin's (its platform, such as
+/// `"cuda"`; `"pjrt_cpu"` for XLA's CPU plugin) when the client has one, else
+/// `"cpu"`. Since API 1.5.
+///
+/// The string is borrowed from the object (NUL-terminated).
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_client_default_backend(
+    handle_: *const colocated_client,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(handle_, "colocated_client")?;
+        put(
+            out,
+            colocated_string_view::of_cstr(&c.shell.default_backend),
+            "out",
+        )
+    })
 }
 
 /// The platform name (`"colocated"`).

@@ -55,6 +55,8 @@ pub struct colocated_device {
     pub(crate) tag: u64,
     pub(crate) device: Device,
     pub(crate) kind: CString,
+    pub(crate) platform: CString,
+    pub(crate) backend: CString,
     pub(crate) to_string: CString,
     pub(crate) debug_string: CString,
     /// Owns the strings `attributes` points into.
@@ -94,7 +96,31 @@ pub unsafe extern "C" fn colocated_device_id(
 ) -> *mut colocated_error {
     get(handle_, out, |d| d.device.id())
 }
-/// The device kind (`"cpu"`).
+/// The device's platform: `"cpu"` for CPU devices; a PJRT plugin's platform
+/// (`"cuda"`, ...) for its devices. Since API 1.5.
+///
+/// The string is borrowed from the object (NUL-terminated).
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_device_platform(
+    handle_: *const colocated_device,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
+    get_str(handle_, out, |d| &d.platform)
+}
+/// The device's backend: `"cpu"` for the CPU devices colocated and native
+/// programs run on; a PJRT plugin's backend name for its devices. Since API 1.5.
+///
+/// The string is borrowed from the object (NUL-terminated).
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_device_backend(
+    handle_: *const colocated_device,
+    out: *mut colocated_string_view,
+) -> *mut colocated_error {
+    get_str(handle_, out, |d| &d.backend)
+}
+/// The device kind (`"cpu"`; a PJRT plugin's, such as `"NVIDIA H100 80GB HBM3"`).
 ///
 /// The string is borrowed from the object (NUL-terminated).
 /// Thread-safety: any thread.

@@ -182,6 +182,38 @@ pub unsafe extern "C" fn colocated_client_compile(
     })
 }
 
+/// Compiles a StableHLO module (`module`, `module_size` bytes of MLIR text, as
+/// `jax.jit(f).lower(...).as_text()` gives) for `devices` of one PJRT plugin
+/// on one host: one device, or as many as the module's `mhlo.num_partitions`
+/// for an SPMD module. The executable's inputs and outputs have the shapes,
+/// dtypes and shardings of the module's `@main`. `*out` is caller owned.
+/// Since API 1.5.
+///
+/// Errors: `invalid_argument` for a module the compiler refuses (its message),
+/// CPU devices, or a device count the module does not take; `unimplemented`
+/// for bytecode, replicas, dynamic shapes or devices of several hosts.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_client_compile_stablehlo(
+    client: *const colocated_client,
+    module: *const u8,
+    module_size: usize,
+    devices: *const *const colocated_device,
+    num_devices: usize,
+    out: *mut *mut colocated_loaded_executable,
+) -> *mut colocated_error {
+    boundary(|| {
+        let c = handle(client, "client")?;
+        let module = slice(module, module_size, "module")?;
+        let devices = device_list(devices, num_devices)?;
+        if out.is_null() {
+            return Err(Error::invalid_argument("out-parameter out is NULL"));
+        }
+        let exe = c.shell.client.compile_stablehlo(module, &devices)?;
+        put_box(out, executable_handle(exe, c.shell.clone()), "out")
+    })
+}
+
 /// Checks whether `data` (`size` bytes) is a serialized executable this library can
 /// load. Returns NULL if so, else an `invalid_argument` error whose message gives the
 /// precise reason (truncated, magic, format version, non-zero reserved bytes,

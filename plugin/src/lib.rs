@@ -33,7 +33,7 @@ pub use loader::load_plugin;
 /// Major version of the C API. Bumped only for incompatible changes (never so far).
 pub const COLOCATED_API_VERSION_MAJOR: u32 = 1;
 /// Minor version of the C API. Bumped for every additive change.
-pub const COLOCATED_API_VERSION_MINOR: u32 = 4;
+pub const COLOCATED_API_VERSION_MINOR: u32 = 5;
 /// `(major << 16) | minor`, as [`colocated_api_version`] returns it.
 pub const COLOCATED_API_VERSION: u32 =
     (COLOCATED_API_VERSION_MAJOR << 16) | COLOCATED_API_VERSION_MINOR;
