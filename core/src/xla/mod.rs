@@ -186,6 +186,12 @@ impl LanguageExecutor for XlaExecutor {
 }
 
 impl LoadedProgram for XlaProgram {
+    /// The program waits for the plugin: the thread that waits for its
+    /// outputs runs it, saving a handoff to an executor thread and back.
+    fn waiter_first(&self) -> bool {
+        true
+    }
+
     fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()> {
         let devices = self.executable.devices().len();
         let inputs = ctx.inputs();

@@ -1,0 +1,215 @@
+//! XLA programs on a PJRT plugin (XLA's CPU plugin from PyPI), each figure
+//! beside its floor measured in the same run:
+//!
+//! - execute + await of `x + 1` on `f32[8]` and of a 1024x1024 f32 matmul
+//!   through `colocated` (an `Array` in, an `Array` out, program order) against
+//!   the same compiled program through the raw PJRT C API (`colocated-pjrt`:
+//!   one `PJRT_LoadedExecutable_Execute` and a wait on its event);
+//! - 256 MiB host -> plugin device -> host against `memcpy` of the same bytes
+//!   twice (into a fresh allocation, as the round trip's read is), and against
+//!   the raw PJRT calls (`BufferFromHostBuffer`, `ToHostBuffer`).
+//!
+//! Goals (issue 34): small program <= 1.2x raw PJRT; matmul within 5%.
+//! The plugin: `COLOCATED_TEST_PJRT_PLUGIN` (make bench sets it), else
+//! build/venv's.
+
+use std::time::{Duration, Instant};
+
+use colocated_core::{
+    Array, ArraySpec, Client, ClientOptions, DType, ExecuteOptions, PjrtOptions, PjrtValue,
+    Sharding,
+};
+use colocated_pjrt as pjrt;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const ADD_ONE: &str = r#"
+module @add_one {
+  func.func public @main(%arg0: tensor<8xf32>) -> tensor<8xf32> {
+    %c = stablehlo.constant dense<1.0> : tensor<8xf32>
+    %0 = stablehlo.add %arg0, %c : tensor<8xf32>
+    return %0 : tensor<8xf32>
+  }
+}
+"#;
+
+const MATMUL: &str = r#"
+module @matmul {
+  func.func public @main(%a: tensor<1024x1024xf32>, %b: tensor<1024x1024xf32>) -> tensor<1024x1024xf32> {
+    %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<1024x1024xf32>, tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
+    return %0 : tensor<1024x1024xf32>
+  }
+}
+"#;
+
+fn plugin_path() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("COLOCATED_TEST_PJRT_PLUGIN") {
+        return Some(p.into());
+    }
+    let lib = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../build/venv/lib");
+    std::fs::read_dir(lib).ok()?.flatten().find_map(|e| {
+        let p = e
+            .path()
+            .join("site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so");
+        p.exists().then_some(p)
+    })
+}
+
+/// The median and the 10th-90th percentile range of `runs` timings of `f`
+/// (after `warm` untimed ones), in microseconds.
+fn time(warm: usize, runs: usize, mut f: impl FnMut()) -> (f64, f64, f64) {
+    for _ in 0..warm {
+        f();
+    }
+    let mut t: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed()
+        })
+        .collect();
+    t.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    (us(t[runs / 2]), us(t[runs / 10]), us(t[runs * 9 / 10]))
+}
+
+fn f32_bytes(n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|i| ((i % 97) as f32).to_le_bytes())
+        .collect()
+}
+
+fn raw_put(client: &pjrt::Client, bytes: &[u8], dims: &[i64]) -> pjrt::Buffer {
+    let memory = client.devices()[0].default_memory().unwrap().clone();
+    // SAFETY: copied during the call.
+    unsafe {
+        client.buffer_from_host(
+            bytes.as_ptr(),
+            bytes.len(),
+            pjrt::ElementType::F32,
+            dims,
+            pjrt::HostBufferSemantics::ImmutableOnlyDuringCall,
+            &memory,
+        )
+    }
+    .unwrap()
+    .0
+}
+
+fn report(name: &str, ours: (f64, f64, f64), floor_name: &str, floor: (f64, f64, f64)) {
+    println!(
+        "{name:<34} colocated {:>9.1} us [{:.1}-{:.1}]   {floor_name} {:>9.1} us [{:.1}-{:.1}]   ratio {:.2}x",
+        ours.0,
+        ours.1,
+        ours.2,
+        floor.0,
+        floor.1,
+        floor.2,
+        ours.0 / floor.0
+    );
+}
+
+fn main() {
+    // `cargo bench` passes --bench; any other argument is a filter we ignore.
+    let Some(path) = plugin_path() else {
+        println!("pjrt bench skipped: XLA's CPU PJRT plugin is not installed (make venv)");
+        return;
+    };
+    let plugin = pjrt::Plugin::load(&path).unwrap();
+    let options = vec![("cpu_device_count".to_string(), PjrtValue::Int64(1))];
+    let raw = pjrt::Client::create(&plugin, &options).unwrap();
+    let client = Client::new_local(ClientOptions {
+        num_cpu_devices: Some(1),
+        executor_threads: Some(2),
+        pjrt: Some(PjrtOptions {
+            plugin: path,
+            options,
+        }),
+        ..Default::default()
+    })
+    .unwrap();
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    let spec = |dims: Vec<i64>| {
+        ArraySpec::new(dims, DType::F32, Sharding::single_device(device.clone())).unwrap()
+    };
+
+    for (name, module, shapes, warm, runs) in [
+        ("x + 1, f32[8]", ADD_ONE, vec![vec![8i64]], 200, 3000),
+        (
+            "matmul 1024x1024 f32",
+            MATMUL,
+            vec![vec![1024i64, 1024], vec![1024, 1024]],
+            3,
+            25,
+        ),
+    ] {
+        let raw_exe = raw
+            .compile(
+                module.as_bytes(),
+                pjrt::ProgramFormat::Mlir,
+                &pjrt::CompileOptions::default(),
+            )
+            .unwrap();
+        let raw_inputs: Vec<pjrt::Buffer> = shapes
+            .iter()
+            .map(|d| raw_put(&raw, &f32_bytes(d.iter().product::<i64>() as usize), d))
+            .collect();
+        let floor = time(warm, runs, || {
+            let args: Vec<&pjrt::Buffer> = raw_inputs.iter().collect();
+            let (outputs, events) = raw_exe.execute(&[args]).unwrap();
+            for e in events {
+                e.wait().unwrap();
+            }
+            drop(outputs);
+        });
+        let exe = client
+            .compile_stablehlo(module.as_bytes(), std::slice::from_ref(&device))
+            .unwrap();
+        let inputs: Vec<Array> = shapes
+            .iter()
+            .map(|d| {
+                let bytes = f32_bytes(d.iter().product::<i64>() as usize);
+                Array::from_host_bytes(&client, &bytes, spec(d.clone())).unwrap()
+            })
+            .collect();
+        let options = ExecuteOptions::default();
+        let ours = time(warm, runs, || {
+            let run = exe.execute(&inputs, &options).unwrap();
+            run.outputs[0].ready_event().wait().unwrap();
+        });
+        report(name, ours, "raw PJRT", floor);
+    }
+
+    let n = 64 << 20;
+    let data = f32_bytes(n);
+    let mut out = vec![0u8; n * 4];
+    let memcpy = time(1, 5, || {
+        let copy = data.clone();
+        out.copy_from_slice(&copy);
+        std::hint::black_box(&out);
+    });
+    let round_trip = time(1, 5, || {
+        let x = Array::from_host_bytes(&client, &data, spec(vec![n as i64])).unwrap();
+        x.to_host_into(&mut out).unwrap();
+    });
+    let raw_round_trip = time(1, 5, || {
+        let b = raw_put(&raw, &data, &[n as i64]);
+        // SAFETY: `out` outlives the wait.
+        if let Some(e) = unsafe { b.to_host(out.as_mut_ptr(), out.len()) }.unwrap() {
+            e.wait().unwrap();
+        }
+    });
+    report(
+        "256 MiB host -> plugin -> host",
+        round_trip,
+        "memcpy x2",
+        memcpy,
+    );
+    report(
+        "256 MiB host -> plugin -> host",
+        round_trip,
+        "raw PJRT",
+        raw_round_trip,
+    );
+}
