@@ -181,6 +181,14 @@ pub trait LoadedProgram: Send + Sync + 'static {
     fn waiter_first(&self) -> bool {
         false
     }
+
+    /// The program in a form its language loads again without compiling it
+    /// (an XLA program's plugin executable), which
+    /// [`LoadedExecutable::serialize`](crate::LoadedExecutable::serialize)
+    /// stores as the payload; `None` (the default): the payload as given.
+    fn artifact(&self) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 impl<F> LoadedProgram for F

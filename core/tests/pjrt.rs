@@ -388,3 +388,48 @@ fn bad_programs_and_arguments_get_typed_errors() {
         assert_error(not_plugin, ErrorCode::InvalidArgument, "GetPjrtApi");
     }
 }
+
+#[test]
+fn a_serialized_xla_program_carries_the_plugin_s_executable_and_loads_again() {
+    let Some(client) = pjrt_client(1, 1) else {
+        return;
+    };
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    let exe = client
+        .compile_stablehlo(ADD_ONE.as_bytes(), std::slice::from_ref(&device))
+        .unwrap();
+    let bytes = exe.serialize();
+    let magic = b"colocated-xla-artifact";
+    assert!(bytes.windows(magic.len()).any(|w| w == magic));
+    check_compatible(&bytes).unwrap();
+    // Another client of the same plugin loads it without the module's text.
+    let other = pjrt_client(1, 1).unwrap();
+    let loaded = other
+        .deserialize_and_load(&bytes, CompileOptions::default())
+        .unwrap();
+    let device = other.backend_devices(None).unwrap()[0].clone();
+    let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let run = loaded
+        .execute(
+            &[f32_array(&other, &x, &device)],
+            &ExecuteOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(
+        f32s(&run.outputs[0].to_host_bytes().unwrap()),
+        x.iter().map(|v| v + 1.0).collect::<Vec<_>>()
+    );
+    // The artifact names its plugin (an artifact of another plugin is
+    // refused: the unit tests of core's xla module), and a byte changed in it
+    // is caught by the format's checksum.
+    let text = String::from_utf8_lossy(&bytes);
+    let at = text
+        .find("cpu plugin")
+        .expect("the plugin's identity is in the bytes");
+    let mut forged = bytes.clone();
+    forged[at] = b'g';
+    let Err(e) = other.deserialize_and_load(&forged, CompileOptions::default()) else {
+        panic!("a changed artifact loaded");
+    };
+    assert!(e.message().contains("corrupted"), "{e}");
+}

@@ -82,6 +82,7 @@ pub fn plugin_from_env() -> Result<Option<PjrtOptions>> {
 pub(crate) struct PjrtBackend {
     client: pjrt::Client,
     name: String,
+    identity: String,
 }
 
 impl PjrtBackend {
@@ -103,7 +104,30 @@ impl PjrtBackend {
             "cpu" => "pjrt_cpu".to_string(),
             other => other.to_string(),
         };
-        Ok(Arc::new(PjrtBackend { client, name }))
+        let (major, minor) = plugin.api_version();
+        let xla = plugin
+            .attributes()
+            .unwrap_or_default()
+            .into_iter()
+            .find_map(|(k, v)| match (k.as_str(), v) {
+                ("xla_version", PjrtValue::Int64(n)) => Some(n.to_string()),
+                ("xla_version", PjrtValue::String(s)) => Some(s),
+                _ => None,
+            })
+            .unwrap_or_else(|| "unknown".to_string());
+        let identity = format!(
+            "{} plugin {} (PJRT API {major}.{minor}, XLA {xla})",
+            client.platform_name(),
+            match client.platform_version() {
+                "" => "of no stated version",
+                v => v,
+            }
+        );
+        Ok(Arc::new(PjrtBackend {
+            client,
+            name,
+            identity,
+        }))
     }
 
     /// The plugin's client.
@@ -119,6 +143,13 @@ impl PjrtBackend {
     /// The platform (`"cpu"`, `"cuda"`, ...).
     pub(crate) fn platform(&self) -> &str {
         self.client.platform_name()
+    }
+
+    /// Which plugin this is, as far as its compiled executables go: its
+    /// platform, platform version, PJRT API version and XLA version. An
+    /// executable it serialized loads only where this is the same.
+    pub(crate) fn identity(&self) -> &str {
+        &self.identity
     }
 }
 

@@ -32,6 +32,12 @@ pub(crate) trait HostRun: Send + Sync {
     /// Whether the caller's wait runs the part (see `Task::waiter_first`).
     fn waiter_first(&self) -> bool;
 
+    /// The loaded program's artifact (see `LoadedProgram::artifact`), for a
+    /// part that runs in this process.
+    fn artifact(&self) -> Option<Vec<u8>> {
+        None
+    }
+
     /// Whether the part, queued on stream `stream`, may be sent while
     /// `input` is still pending: the host will have it by then (a worker, for
     /// an output of work sent to it before, or first on the stream). The part

@@ -22,6 +22,10 @@ impl HostRun for LocalRun {
         self.0.waiter_first()
     }
 
+    fn artifact(&self) -> Option<Vec<u8>> {
+        self.0.artifact()
+    }
+
     fn run(&self, exe: &LoadedExecutable, part: Part<'_>, _done: &Event) -> Option<Result<()>> {
         Some(run_here(&self.0, exe, part))
     }

@@ -222,9 +222,18 @@ impl LoadedExecutable {
     pub fn host_callbacks(&self) -> &[LoadedHostCallback] {
         &self.0.callbacks
     }
-    /// Versioned bytes for [`Client::deserialize_and_load`].
+    /// Versioned bytes for [`Client::deserialize_and_load`]. A program that
+    /// runs on this process only and whose language keeps a compiled form
+    /// (an XLA program: the plugin's executable) carries that form, which
+    /// loads again without compiling on the same plugin and version only.
     pub fn serialize(&self) -> Vec<u8> {
-        format::encode(&self.0.program.to_proto(self.0.callbacks.len()))
+        let mut proto = self.0.program.to_proto(self.0.callbacks.len());
+        if let [only] = self.0.hosts.as_slice() {
+            if let Some(artifact) = only.run.artifact() {
+                proto.payload = artifact;
+            }
+        }
+        format::encode(&proto)
     }
 
     /// Runs the program once per host with that host's shards of `args`.

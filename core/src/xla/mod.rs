@@ -20,6 +20,7 @@ use crate::buffer::{Buffer, Storage};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::executor::{ExecutionContext, LanguageExecutor, LoadedProgram};
+use crate::format::pb;
 use crate::program::{Program, LANGUAGE_XLA};
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
@@ -129,13 +130,37 @@ pub(crate) struct XlaExecutor;
 struct XlaProgram {
     executable: pjrt::LoadedExecutable,
     backend: Arc<PjrtBackend>,
+    /// The StableHLO module it was compiled from.
+    module: Vec<u8>,
     num_inputs: usize,
     num_outputs: usize,
 }
 
+/// What starts the payload of a serialized XLA program that carries the
+/// plugin's executable (a `pb::XlaArtifact` follows).
+const ARTIFACT_MAGIC: &[u8] = b"colocated-xla-artifact\0";
+
+/// The plugin's executable in `payload`, when it is an artifact: `Ok(None)`
+/// for a module; `invalid_argument` saying why for an artifact that is
+/// corrupted or of another plugin or version than `backend`.
+fn artifact_of(payload: &[u8], identity: &str) -> Result<Option<pb::XlaArtifact>> {
+    let Some(bytes) = payload.strip_prefix(ARTIFACT_MAGIC) else {
+        return Ok(None);
+    };
+    let artifact = <pb::XlaArtifact as prost::Message>::decode(bytes).map_err(|e| {
+        Error::invalid_argument(format!("a serialized XLA program is corrupted: {e}"))
+    })?;
+    if artifact.plugin != identity {
+        return Err(Error::invalid_argument(format!(
+            "the XLA program was compiled by the {}, and loads only there; this host has the {identity}",
+            artifact.plugin,
+        )));
+    }
+    Ok(Some(artifact))
+}
+
 impl LanguageExecutor for XlaExecutor {
     fn load(&self, program: &Program) -> Result<Arc<dyn LoadedProgram>> {
-        let signature = signature::parse(&program.payload)?;
         let mut plugin_devices = Vec::with_capacity(program.devices.len());
         for d in &program.devices {
             let pjrt = d.0.pjrt.as_ref().ok_or_else(|| {
@@ -144,6 +169,31 @@ impl LanguageExecutor for XlaExecutor {
             plugin_devices.push(pjrt.clone());
         }
         let backend = plugin_devices[0].backend().clone();
+        if let Some(artifact) = artifact_of(&program.payload, backend.identity())? {
+            let executable = backend
+                .client()
+                .deserialize_and_load(&artifact.executable)
+                .map_err(to_error)?;
+            let same_devices = executable.devices().len() == plugin_devices.len()
+                && executable
+                    .devices()
+                    .iter()
+                    .zip(&plugin_devices)
+                    .all(|(a, b)| a.id() == b.device().id());
+            if !same_devices {
+                return Err(Error::invalid_argument(
+                    "the serialized XLA program runs on other devices of its plugin than the program's",
+                ));
+            }
+            return Ok(Arc::new(XlaProgram {
+                executable,
+                backend,
+                module: artifact.module,
+                num_inputs: program.input_specs.len(),
+                num_outputs: program.output_specs.len(),
+            }));
+        }
+        let signature = signature::parse(&program.payload)?;
         let n = plugin_devices.len() as i64;
         let options = pjrt::CompileOptions {
             num_replicas: 1,
@@ -179,6 +229,7 @@ impl LanguageExecutor for XlaExecutor {
         Ok(Arc::new(XlaProgram {
             executable,
             backend,
+            module: program.payload.clone(),
             num_inputs: program.input_specs.len(),
             num_outputs: program.output_specs.len(),
         }))
@@ -190,6 +241,19 @@ impl LoadedProgram for XlaProgram {
     /// outputs runs it, saving a handoff to an executor thread and back.
     fn waiter_first(&self) -> bool {
         true
+    }
+
+    /// The plugin's executable, with the plugin's identity and the module.
+    fn artifact(&self) -> Option<Vec<u8>> {
+        let executable = self.executable.serialize().ok()?;
+        let artifact = pb::XlaArtifact {
+            module: self.module.clone(),
+            plugin: self.backend.identity().to_string(),
+            executable,
+        };
+        let mut out = ARTIFACT_MAGIC.to_vec();
+        out.extend(prost::Message::encode_to_vec(&artifact));
+        Some(out)
     }
 
     fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()> {
@@ -261,5 +325,40 @@ impl LoadedProgram for XlaProgram {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn artifact(plugin: &str) -> Vec<u8> {
+        let mut out = ARTIFACT_MAGIC.to_vec();
+        out.extend(prost::Message::encode_to_vec(&pb::XlaArtifact {
+            module: b"module".to_vec(),
+            plugin: plugin.to_string(),
+            executable: vec![1, 2, 3],
+        }));
+        out
+    }
+
+    #[test]
+    fn an_artifact_loads_only_on_the_plugin_that_made_it() {
+        let here = "cpu plugin 0.11.2 (PJRT API 0.115, XLA 1)";
+        let found = artifact_of(&artifact(here), here).unwrap().unwrap();
+        assert_eq!(found.executable, vec![1, 2, 3]);
+        let e = artifact_of(&artifact("cuda plugin 13 (PJRT API 0.120, XLA 2)"), here).unwrap_err();
+        assert_eq!(e.code(), crate::error::ErrorCode::InvalidArgument);
+        assert!(
+            e.message().contains("compiled by the cuda plugin 13"),
+            "{e}"
+        );
+        assert!(e.message().contains(here), "{e}");
+        let mut corrupted = artifact(here);
+        corrupted.truncate(ARTIFACT_MAGIC.len() + 3);
+        let e = artifact_of(&corrupted, here).unwrap_err();
+        assert!(e.message().contains("corrupted"), "{e}");
+        // A module's text is not an artifact.
+        assert!(artifact_of(b"module @m {}", here).unwrap().is_none());
     }
 }

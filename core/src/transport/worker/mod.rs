@@ -41,7 +41,8 @@ mod sessions;
 mod spans;
 
 pub use flags::{
-    seconds, FlagKind, StatusFlags, WorkerFlag, WorkerFlags, STATUS_FLAGS, WORKER_FLAGS,
+    parse_pjrt_option, seconds, FlagKind, StatusFlags, WorkerFlag, WorkerFlags, STATUS_FLAGS,
+    WORKER_FLAGS,
 };
 
 use routes::Routes;
