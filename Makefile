@@ -65,7 +65,7 @@ SOFILE := $(SONAME).$(API_MINOR).0
 # What the static library needs (`rustc --print native-static-libs`).
 NATIVE_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
-PHONY_EXTRA := pjrt-bindings check-pjrt-bindings bench-rust bench-python bench-node fuzz fuzz-tools node node-debug test-node check-prerequisites venv check-node-binding install test-install wheel test-wheel
+PHONY_EXTRA := gpu-bundle pjrt-bindings check-pjrt-bindings bench-rust bench-python bench-node fuzz fuzz-tools node node-debug test-node check-prerequisites venv check-node-binding install test-install wheel test-wheel
 .PHONY: all build demo test test-rust test-c test-abi test-python python $(PHONY_EXTRA) check-header header abi-manifest bench lint tools clean
 
 all: build
@@ -108,6 +108,8 @@ demo: check-prerequisites build python node $(PLUGIN) | $(BUILD)
 	@echo
 	$(VENV_PY) examples/cluster_demo.py
 	@echo
+	$(VENV_PY) examples/xla_demo.py
+	@echo
 	COLOCATED_PLUGIN=$(PLUGIN) node examples/demo.mjs
 
 # The example plugin (the tests' `plugin_add_one_i32` and `plugin_fail`).
@@ -140,7 +142,7 @@ test-node: node python
 	$(CARGO) build -p colocated-cli
 	cd $(NODE_DIR) && $(NODE_BIN)/tsc -p tsconfig.json
 	cd $(NODE_DIR) && rm -rf tests/ts-out && $(NODE_BIN)/tsc -p tsconfig.decorators.json
-	cd $(NODE_DIR) && COLOCATED_PYTHON=$(VENV_PY) node --test --test-concurrency=1 tests/
+	cd $(NODE_DIR) && $(PJRT_TEST_ENV) COLOCATED_PYTHON=$(VENV_PY) node --test --test-concurrency=1 tests/
 
 header: tools
 	cd ffi && $(CBINDGEN) --config cbindgen.toml --crate colocated-ffi --quiet --output ../include/colocated.h
@@ -231,6 +233,22 @@ test-wheel:
 	$(MAKE) --no-print-directory wheel PROFILE=debug
 	sh tests/install/wheel.sh $(BUILD)/wheels $(BUILD)/wheel-venv $(PYTHON)
 
+# What tests/gpu/run.sh takes to a machine with a GPU but no Rust and no
+# network (the device tool carries build/gpu): the Python SDK's release wheel,
+# the wheels it and the tests need beyond JAX's (CPython 3.10-3.13), and the
+# release XLA benchmark.
+gpu-bundle: $(VENV_STAMP)
+	rm -rf $(BUILD)/gpu && mkdir -p $(BUILD)/gpu/wheels
+	$(VENV)/bin/maturin build --quiet --release -m sdk-python/Cargo.toml -o $(BUILD)/gpu/wheels
+	for v in 3.10 3.11 3.12 3.13; do \
+	  $(VENV_PY) -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+	    --platform manylinux2014_x86_64 --python-version $$v -d $(BUILD)/gpu/wheels optree cloudpickle pytest; \
+	done
+	$(CARGO) bench -p colocated-core --bench pjrt --no-run --message-format=json 2>/dev/null \
+	  | $(VENV_PY) -c 'import json, sys; print(next(m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "pjrt" and m.get("executable")))' \
+	  | xargs -I{} cp {} $(BUILD)/gpu/bench_pjrt
+	@du -sh $(BUILD)/gpu
+
 BENCH_VENV := $(BUILD)/bench-venv
 
 bench: bench-rust bench-python bench-node
@@ -242,8 +260,10 @@ bench-rust: $(VENV_STAMP)
 # (and raw TCP) for calls to a worker process.
 bench-python: | $(BUILD)
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "jax[cpu]" ray pytest ./sdk-python
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "jax[cpu]" ray pytest \
+	  lammps-jax-pjrt-cpu==$(PJRT_CPU_PLUGIN_VERSION) ./sdk-python
 	cd $(BUILD) && COLOCATED_NUM_CPU_DEVICES=2 $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_colocated.py
+	cd $(BUILD) && $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_xla.py
 	cd $(BUILD) && $(BENCH_VENV)/bin/python $(CURDIR)/sdk-python/bench/bench_remote.py
 
 # The Node SDK's figures, on a release build of the addon and the worker.

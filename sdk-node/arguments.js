@@ -219,7 +219,33 @@ const SIGNATURES = {
       ],
     ],
   },
-  configure: { params: [['options', options({ numCpuDevices: optional(number), executorThreads: optional(number) })]] },
+  compileStablehlo: {
+    async: true,
+    params: [
+      ['module', anyOf(string, bytes)],
+      ['devices', optional(devices)],
+    ],
+  },
+  configure: {
+    params: [
+      [
+        'options',
+        options({
+          numCpuDevices: optional(number),
+          executorThreads: optional(number),
+          pjrtPlugin: optional(string),
+          pjrtOptions: optional(
+            recordOf(
+              anyOf(number, boolean, string, arrayOf(number, 'an array of integers')),
+              'an object of numbers, booleans, strings or arrays of integers',
+            ),
+          ),
+        }),
+      ],
+    ],
+  },
+  defaultBackend: { params: [] },
+  devices: { params: [['backend', optional(string)]] },
   connect: {
     async: true,
     // connect(options) is connect(undefined, options).
@@ -348,6 +374,7 @@ const SIGNATURES = {
     params: [['options', optional(options({ signal: optional(signal) }))]],
   },
   'Client.loadPlugin': { params: [['path', string]] },
+  'Client.devices': { params: [['backend', optional(string)]] },
   ...Object.fromEntries(
     ['on', 'once', 'off', 'addListener', 'removeListener'].map((method) => [
       `Client.${method}`,

@@ -37,8 +37,18 @@ export declare class CallbackCall {
 
 /** A client: hosts with devices, on which arrays live and programs run. */
 export declare class Client {
-  /** Every device, in id order. */
-  devices(): Array<Device>
+  /**
+   * The devices of `backend` (default: the default backend's: a PJRT
+   * plugin's when the client has one, else every device), in id order;
+   * `'cpu'` gives the CPU devices colocated functions run on. Throws
+   * `NotFoundError` for a backend the client lacks.
+   */
+  devices(backend?: string | undefined | null): Array<Device>
+  /**
+   * The default backend: a PJRT plugin's (`'cuda'`, `'pjrt_cpu'` for
+   * XLA's CPU plugin) when the client has one, else `'cpu'`.
+   */
+  defaultBackend(): string
   /**
    * The devices this process can address: every device, workers' too
    * (as in the Python SDK: the controller addresses its workers' devices).
@@ -119,8 +129,15 @@ export declare class ColocatedArray {
 export declare class Device {
   /** Global id, unique in its client. */
   get id(): number
-  /** Kind of device (`"cpu"`). */
+  /** Kind of device (`"cpu"`; a PJRT plugin's, such as `"NVIDIA H100 80GB HBM3"`). */
   get kind(): string
+  /** Platform (`"cpu"`; a PJRT plugin's, such as `"cuda"`). */
+  get platform(): string
+  /**
+   * Backend: `"cpu"` for the CPU devices where colocated functions run; a
+   * PJRT plugin's backend name (`"cuda"`, `"pjrt_cpu"`) for its devices.
+   */
+  get backend(): string
   /**
    * The process (host) that owns it: 0 for the controller when it is a
    * host, worker `i` is process `i + 1`.
@@ -472,6 +489,17 @@ export declare function colocatedCpuDevices(devices: Array<Device>): Array<Devic
 export declare function compile(program: ProgramOptions): Promise<LoadedExecutable>
 
 /**
+ * Compiles a StableHLO module (MLIR text, as JAX's
+ * `jax.jit(f).lower(...).as_text()` gives) for `devices` of a PJRT plugin
+ * (default: the default backend's first device; an SPMD module with
+ * `mhlo.num_partitions = n` takes `n`) and resolves with the executable,
+ * whose inputs and outputs are the module's `@main`'s. Rejects with
+ * `InvalidArgumentError` for a module the compiler refuses (its message)
+ * or devices that do not fit it, `UnimplementedError` for bytecode.
+ */
+export declare function compileStablehlo(module: string | Buffer, devices?: Array<Device> | undefined | null): Promise<LoadedExecutable>
+
+/**
  * Sets the options of the default client; call it before the first use.
  * Throws `FailedPreconditionError` once the default client exists.
  */
@@ -486,6 +514,17 @@ export interface ConfigureOptions {
   numCpuDevices?: number
   /** Executor threads of this process (default: the number of cores). */
   executorThreads?: number
+  /**
+   * A PJRT plugin whose devices join the CPU devices as the default
+   * backend: its library's path, or a name in
+   * `PJRT_NAMES_AND_LIBRARY_PATHS` (default: `COLOCATED_PJRT_PLUGIN`).
+   */
+  pjrtPlugin?: string
+  /**
+   * The plugin client's create options (`{cpu_device_count: 4}`): numbers,
+   * booleans, strings or arrays of integers.
+   */
+  pjrtOptions?: Record<string, number | boolean | string | number[]>
 }
 
 /**
@@ -557,6 +596,9 @@ export interface Declared {
   structure: string
 }
 
+/** The default client's default backend (`jax.default_backend()`). */
+export declare function defaultBackend(): string
+
 /**
  * Loads bytes of `LoadedExecutable.serialize()` (from this SDK or another:
  * a Python program serialized by the Python SDK runs on Python workers) on
@@ -574,8 +616,11 @@ export declare function deserializeAndLoad(bytes: Buffer, client?: Client | unde
  */
 export declare function devicePut(data: TypedArray | number | bigint | boolean | string | unknown[] | ColocatedArray, sharding?: NamedSharding | SingleDeviceSharding | Device | null, options?: PutOptions): ColocatedArray
 
-/** Every device of the default client, in id order (`jax.devices()`). */
-export declare function devices(): Array<Device>
+/**
+ * The devices of `backend` of the default client (default: the default
+ * backend's), in id order (`jax.devices()`).
+ */
+export declare function devices(backend?: string | undefined | null): Array<Device>
 
 /** What `execute` returns at once. */
 export interface Execution {

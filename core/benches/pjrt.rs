@@ -117,7 +117,17 @@ fn main() {
         return;
     };
     let plugin = pjrt::Plugin::load(&path).unwrap();
-    let options = vec![("cpu_device_count".to_string(), PjrtValue::Int64(1))];
+    // The plugin's create options: `COLOCATED_BENCH_PJRT_OPTIONS`
+    // (`KEY=VALUE,...`, as `--pjrt-option` takes them; the GPU script gives
+    // the CUDA plugin's allocator options), else one device of XLA's CPU plugin.
+    let options = match std::env::var("COLOCATED_BENCH_PJRT_OPTIONS") {
+        Ok(list) => list
+            .split(',')
+            .filter(|o| !o.is_empty())
+            .map(|o| colocated_core::transport::worker::parse_pjrt_option(o).unwrap())
+            .collect(),
+        Err(_) => vec![("cpu_device_count".to_string(), PjrtValue::Int64(1))],
+    };
     let raw = pjrt::Client::create(&plugin, &options).unwrap();
     let client = Client::new_local(ClientOptions {
         num_cpu_devices: Some(1),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use colocated_core as core;
-use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either, Object};
+use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either, Either4, Object};
 use napi::{Env, Task};
 use napi_derive::napi;
 
@@ -27,10 +27,23 @@ impl Device {
         self.inner.id()
     }
 
-    /// Kind of device (`"cpu"`).
+    /// Kind of device (`"cpu"`; a PJRT plugin's, such as `"NVIDIA H100 80GB HBM3"`).
     #[napi(getter)]
     pub fn kind(&self) -> String {
         self.inner.kind().to_string()
+    }
+
+    /// Platform (`"cpu"`; a PJRT plugin's, such as `"cuda"`).
+    #[napi(getter)]
+    pub fn platform(&self) -> String {
+        self.inner.platform().to_string()
+    }
+
+    /// Backend: `"cpu"` for the CPU devices where colocated functions run; a
+    /// PJRT plugin's backend name (`"cuda"`, `"pjrt_cpu"`) for its devices.
+    #[napi(getter)]
+    pub fn backend(&self) -> String {
+        self.inner.backend().to_string()
     }
 
     /// The process (host) that owns it: 0 for the controller when it is a
@@ -110,11 +123,21 @@ pub struct Client {
 
 #[napi]
 impl Client {
-    /// Every device, in id order.
+    /// The devices of `backend` (default: the default backend's: a PJRT
+    /// plugin's when the client has one, else every device), in id order;
+    /// `'cpu'` gives the CPU devices colocated functions run on. Throws
+    /// `NotFoundError` for a backend the client lacks.
     #[napi]
-    pub fn devices(&self) -> Vec<Device> {
-        let devices = self.inner.devices();
-        devices.iter().map(|d| Device::of(&self.inner, d)).collect()
+    pub fn devices(&self, env: Env, backend: Option<String>) -> napi::Result<Vec<Device>> {
+        let devices = self.inner.backend_devices(backend.as_deref()).js(&env)?;
+        Ok(devices.iter().map(|d| Device::of(&self.inner, d)).collect())
+    }
+
+    /// The default backend: a PJRT plugin's (`'cuda'`, `'pjrt_cpu'` for
+    /// XLA's CPU plugin) when the client has one, else `'cpu'`.
+    #[napi]
+    pub fn default_backend(&self) -> String {
+        self.inner.default_backend().to_string()
     }
 
     /// The devices this process can address: every device, workers' too
@@ -207,6 +230,14 @@ pub struct ConfigureOptions {
     pub num_cpu_devices: Option<f64>,
     /// Executor threads of this process (default: the number of cores).
     pub executor_threads: Option<f64>,
+    /// A PJRT plugin whose devices join the CPU devices as the default
+    /// backend: its library's path, or a name in
+    /// `PJRT_NAMES_AND_LIBRARY_PATHS` (default: `COLOCATED_PJRT_PLUGIN`).
+    pub pjrt_plugin: Option<String>,
+    /// The plugin client's create options (`{cpu_device_count: 4}`): numbers,
+    /// booleans, strings or arrays of integers.
+    #[napi(ts_type = "Record<string, number | boolean | string | number[]>")]
+    pub pjrt_options: Option<std::collections::HashMap<String, PjrtOptionValue>>,
 }
 
 /// Sets the options of the default client; call it before the first use.
@@ -214,13 +245,66 @@ pub struct ConfigureOptions {
 #[napi]
 pub fn configure(env: Env, options: ConfigureOptions) -> napi::Result<()> {
     let count = |name, v: Option<f64>| v.map(|v| crate::convert::count(name, v, 4096)).transpose();
+    let pjrt = pjrt_options(&env, options.pjrt_plugin, options.pjrt_options)?;
     core::configure(core::ClientOptions {
         num_cpu_devices: count("numCpuDevices", options.num_cpu_devices).js(&env)?,
         executor_threads: count("executorThreads", options.executor_threads).js(&env)?,
         max_executor_threads: None,
-        pjrt: None,
+        pjrt,
     })
     .js(&env)
+}
+
+/// A PJRT create option's value.
+pub type PjrtOptionValue = Either4<f64, bool, String, Vec<f64>>;
+
+/// The PJRT options of `plugin` (a path or a name, core's rule) and its
+/// create `options`.
+fn pjrt_options(
+    env: &Env,
+    plugin: Option<String>,
+    options: Option<std::collections::HashMap<String, PjrtOptionValue>>,
+) -> napi::Result<Option<core::PjrtOptions>> {
+    let mut values = Vec::new();
+    for (key, value) in options.unwrap_or_default() {
+        let value = match value {
+            Either4::A(n) if n.fract() == 0.0 && n.abs() < 9.0e15 => {
+                core::PjrtValue::Int64(n as i64)
+            }
+            Either4::A(n) => core::PjrtValue::Float(n as f32),
+            Either4::B(b) => core::PjrtValue::Bool(b),
+            Either4::C(s) => core::PjrtValue::String(s),
+            Either4::D(list) => {
+                if list.iter().any(|n| n.fract() != 0.0) {
+                    return Err(to_js(
+                        env,
+                        &core::Error::invalid_argument(format!(
+                            "pjrtOptions.{key} must hold integers"
+                        )),
+                    ));
+                }
+                core::PjrtValue::Int64List(list.into_iter().map(|n| n as i64).collect())
+            }
+        };
+        values.push((key, value));
+    }
+    // One order whatever the object's.
+    values.sort_by(|a, b| a.0.cmp(&b.0));
+    let Some(plugin) = plugin else {
+        if !values.is_empty() {
+            return Err(to_js(
+                env,
+                &core::Error::invalid_argument("pjrtOptions need a pjrtPlugin"),
+            ));
+        }
+        return Ok(None);
+    };
+    let names = std::env::var(core::PJRT_NAMES_ENV).ok();
+    let path = core::find_plugin(&plugin, names.as_deref()).js(env)?;
+    Ok(Some(core::PjrtOptions {
+        plugin: path,
+        options: values,
+    }))
 }
 
 /// The default client: this process with CPU devices, unless `connect` made
@@ -231,10 +315,17 @@ pub fn client(env: Env) -> napi::Result<Client> {
     Ok(Client { inner })
 }
 
-/// Every device of the default client, in id order (`jax.devices()`).
+/// The devices of `backend` of the default client (default: the default
+/// backend's), in id order (`jax.devices()`).
 #[napi]
-pub fn devices(env: Env) -> napi::Result<Vec<Device>> {
-    Ok(client(env)?.devices())
+pub fn devices(env: Env, backend: Option<String>) -> napi::Result<Vec<Device>> {
+    client(env)?.devices(env, backend)
+}
+
+/// The default client's default backend (`jax.default_backend()`).
+#[napi]
+pub fn default_backend(env: Env) -> napi::Result<String> {
+    Ok(client(env)?.default_backend())
 }
 
 /// The default client's addressable devices (`jax.local_devices()`).

@@ -107,6 +107,7 @@ fn to_program(p: ProgramOptions) -> core::Result<(core::Client, core::Program)> 
 enum Work {
     Compile(core::Program),
     Load(Vec<u8>),
+    Stablehlo(Vec<u8>, Vec<core::Device>),
 }
 
 /// Compiling or loading, on libuv's thread pool (loading on workers waits
@@ -128,6 +129,9 @@ impl Task for Compile {
         Ok(match self.work.take() {
             Some(Work::Compile(program)) => self.client.compile(program, options),
             Some(Work::Load(bytes)) => self.client.deserialize_and_load(&bytes, options),
+            Some(Work::Stablehlo(module, devices)) => {
+                self.client.compile_stablehlo(&module, &devices)
+            }
             None => Err(core::Error::internal("a compile ran twice")),
         })
     }
@@ -139,6 +143,42 @@ impl Task for Compile {
             inner,
         })
     }
+}
+
+/// Compiles a StableHLO module (MLIR text, as JAX's
+/// `jax.jit(f).lower(...).as_text()` gives) for `devices` of a PJRT plugin
+/// (default: the default backend's first device; an SPMD module with
+/// `mhlo.num_partitions = n` takes `n`) and resolves with the executable,
+/// whose inputs and outputs are the module's `@main`'s. Rejects with
+/// `InvalidArgumentError` for a module the compiler refuses (its message)
+/// or devices that do not fit it, `UnimplementedError` for bytecode.
+#[napi(ts_return_type = "Promise<LoadedExecutable>")]
+pub fn compile_stablehlo(
+    env: Env,
+    module: Either<String, Buffer>,
+    devices: Option<Vec<ClassInstance<Device>>>,
+) -> napi::Result<AsyncTask<Compile>> {
+    let module = match module {
+        Either::A(text) => text.into_bytes(),
+        Either::B(bytes) => bytes.to_vec(),
+    };
+    let (client, devices) = match devices.as_deref() {
+        Some([first, ..]) => (
+            first.client.clone(),
+            devices.iter().flatten().map(|d| d.inner.clone()).collect(),
+        ),
+        Some([]) => return Err(to_js(&env, &invalid("compileStablehlo: devices is empty"))),
+        None => {
+            let client = crate::client::default_client().js(&env)?;
+            let first = client.backend_devices(None).js(&env)?.swap_remove(0);
+            (client, vec![first])
+        }
+    };
+    Ok(AsyncTask::new(Compile {
+        client,
+        callbacks: Vec::new(),
+        work: Some(Work::Stablehlo(module, devices)),
+    }))
 }
 
 /// Loads bytes of `LoadedExecutable.serialize()` (from this SDK or another:

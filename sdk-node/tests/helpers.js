@@ -50,8 +50,8 @@ function tokenFile() {
  * once it prints its
  * `listening on HOST:PORT` line.
  */
-function startWorker({ devices = 1, token, python = false, node = false, listen = '127.0.0.1:0' }) {
-  const args = ['--listen', listen, '--cpu-devices', String(devices), '--token-file', token.file]
+function startWorker({ devices = 1, token, python = false, node = false, listen = '127.0.0.1:0', extra = [] }) {
+  const args = ['--listen', listen, '--cpu-devices', String(devices), '--token-file', token.file, ...extra]
   // The test plugin checks that the loader refuses bad registrations; the
   // loader's warnings of those are expected.
   const env = { ...process.env, COLOCATED_LOG: 'warn,colocated_plugin=error' }

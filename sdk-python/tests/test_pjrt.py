@@ -1,5 +1,12 @@
-"""PJRT plugins as devices (XLA's CPU plugin from PyPI) and XLA programs on them."""
+"""PJRT plugins as devices (XLA's CPU plugin from PyPI) and XLA programs on them.
 
+By default the tests run on XLA's CPU plugin with four devices. On a machine
+with a GPU, ``COLOCATED_TEST_PJRT=cuda`` runs them on the installed CUDA
+plugin's devices, with the create options of ``COLOCATED_TEST_PJRT_OPTIONS``
+(JSON), as tests/gpu/run.sh does.
+"""
+
+import json
 import os
 
 import ml_dtypes
@@ -19,7 +26,24 @@ module @add_one {
 }
 """
 
-# x + 1 over f32[8] split along "x" of a 4-device mesh (Shardy, as JAX 0.10 lowers it).
+PLATFORM = os.environ.get("COLOCATED_TEST_PJRT", "cpu")
+#: The plugin's backend name ("cpu" names the CPU devices colocated Python runs on).
+BACKEND = "pjrt_cpu" if PLATFORM == "cpu" else PLATFORM
+EXTRA_OPTIONS = json.loads(os.environ.get("COLOCATED_TEST_PJRT_OPTIONS", "{}"))
+
+
+def plugin_options(count: int) -> list:
+    """Create options: ``count`` devices of XLA's CPU plugin; the given ones for another."""
+    if PLATFORM == "cpu":
+        return [("cpu_device_count", count)]
+    return list(EXTRA_OPTIONS.items())
+
+
+def sharded_add_one(n: int) -> str:
+    """x + 1 over f32[8] split along "x" of an ``n``-device mesh (Shardy, as JAX 0.10 lowers it)."""
+    return ADD_ONE_SHARDED.replace("= 4 : i32", f"= {n} : i32").replace('"x"=4', f'"x"={n}')
+
+
 ADD_ONE_SHARDED = """
 module @jit_add_one attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["x"=4]>
@@ -34,9 +58,10 @@ module @jit_add_one attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas
 
 
 def cpu_plugin() -> str:
-    """XLA's CPU plugin; `make test` installs it (never skipped in CI)."""
+    """The plugin under test: XLA's CPU plugin, which `make test` installs (never
+    skipped in CI), or the one ``COLOCATED_TEST_PJRT`` names."""
     try:
-        return colocated.find_pjrt_plugin("cpu")
+        return colocated.find_pjrt_plugin(PLATFORM)
     except colocated.NotFoundError:
         if os.environ.get("CI"):
             raise
@@ -45,22 +70,25 @@ def cpu_plugin() -> str:
 
 @pytest.fixture(scope="module")
 def client():
-    return colocated.Client(num_cpu_devices=2, pjrt_plugin=cpu_plugin(), pjrt_options=[("cpu_device_count", 4)])
+    return colocated.Client(num_cpu_devices=2, pjrt_plugin=cpu_plugin(), pjrt_options=plugin_options(4))
 
 
 def test_the_plugin_is_the_default_backend_beside_the_cpu_devices(client):
-    assert client.default_backend() == "pjrt_cpu"
+    assert client.default_backend() == BACKEND
     plugin = client.devices()
     cpus = client.devices("cpu")
+    n = len(plugin)
     assert [d.id for d in cpus] == [0, 1]
-    assert [d.id for d in plugin] == [2, 3, 4, 5]
+    assert [d.id for d in plugin] == list(range(2, 2 + n))
+    assert n == 4 or PLATFORM != "cpu"
     for d in plugin:
-        assert (d.platform, d.device_kind, d.backend) == ("cpu", "cpu", "pjrt_cpu")
+        assert (d.platform, d.backend) == (PLATFORM, BACKEND)
+        assert d.device_kind == "cpu" if PLATFORM == "cpu" else d.device_kind
         assert d.default_memory_kind == "device"
-    assert [d.local_hardware_id for d in plugin] == [0, 1, 2, 3]
+    assert [d.local_hardware_id for d in plugin] == list(range(n))
     assert all(d.backend == "cpu" for d in cpus)
-    assert client.colocated_cpu_devices(plugin) == [cpus[0], cpus[1], cpus[0], cpus[1]]
-    with pytest.raises(colocated.NotFoundError, match="pjrt_cpu"):
+    assert client.colocated_cpu_devices(plugin) == [cpus[i % 2] for i in range(n)]
+    with pytest.raises(colocated.NotFoundError, match=BACKEND):
         client.devices("tpu")
 
 
@@ -87,10 +115,10 @@ def test_copies_between_plugin_and_cpu_devices_keep_the_data(client):
     plugin, cpu = client.devices(), client.devices("cpu")
     value = np.linspace(0, 1, 16, dtype=np.float32)
     a = colocated.device_put(value, plugin[0])
-    b = colocated.device_put(a, plugin[3])
+    b = colocated.device_put(a, plugin[-1])
     c = colocated.device_put(b, cpu[1])
-    d = colocated.device_put(c, plugin[2])
-    for x, device in [(b, plugin[3]), (c, cpu[1]), (d, plugin[2])]:
+    d = colocated.device_put(c, plugin[len(plugin) // 2])
+    for x, device in [(b, plugin[-1]), (c, cpu[1]), (d, plugin[len(plugin) // 2])]:
         assert x.sharding.device_set == {device}
         np.testing.assert_array_equal(np.asarray(x), value)
 
@@ -107,8 +135,11 @@ def test_add_one_runs_and_results_match_numpy(client):
 
 
 def test_a_sharded_program_runs_over_all_plugin_devices(client):
-    devices = client.devices()
-    f = colocated.compile_stablehlo(ADD_ONE_SHARDED, devices)
+    n = next(k for k in (8, 4, 2, 1) if k <= len(client.devices()))
+    if n == 1:
+        pytest.skip("one plugin device: an SPMD program needs two")
+    devices = client.devices()[:n]
+    f = colocated.compile_stablehlo(sharded_add_one(n), devices)
     assert f.devices == devices
     mesh = colocated.Mesh(devices, ("x",))
     sharding = colocated.NamedSharding(mesh, colocated.P("x"))
@@ -116,7 +147,8 @@ def test_a_sharded_program_runs_over_all_plugin_devices(client):
     y = f(x)
     np.testing.assert_array_equal(np.asarray(y), np.arange(1, 9, dtype=np.float32))
     assert [s.device for s in y.addressable_shards] == devices
-    np.testing.assert_array_equal(np.asarray(y.addressable_shards[2].data), [5.0, 6.0])
+    per = 8 // n
+    np.testing.assert_array_equal(np.asarray(y.addressable_shards[1].data), np.arange(per, 2 * per) + 1.0)
 
 
 def test_an_xla_program_and_colocated_python_feed_each_other(client):
@@ -155,7 +187,7 @@ def test_bad_modules_and_arguments_get_typed_errors(client):
     with pytest.raises(colocated.InvalidArgumentError, match="CPU devices"):
         colocated.compile_stablehlo(ADD_ONE, client.devices("cpu")[:1])
     with pytest.raises(colocated.InvalidArgumentError, match="4 device"):
-        colocated.compile_stablehlo(ADD_ONE_SHARDED, plugin[:2])
+        colocated.compile_stablehlo(ADD_ONE_SHARDED, plugin[:1])
     with pytest.raises(colocated.UnimplementedError, match="text"):
         colocated.compile_stablehlo(b"ML\xefR\xff\x00", plugin[:1])
     f = colocated.compile_stablehlo(ADD_ONE, plugin[:1])
@@ -182,12 +214,13 @@ def test_a_missing_or_foreign_plugin_is_a_typed_error(tmp_path):
 
 def test_configure_names_the_plugin_of_the_default_client():
     plugin = cpu_plugin()
+    options = dict(plugin_options(2))
     result = run_python(
         f"""
         import numpy as np, colocated
-        colocated.configure(num_cpu_devices=1, pjrt_plugin="cpu", pjrt_options={{"cpu_device_count": 2}})
-        assert colocated.default_backend() == "pjrt_cpu", colocated.default_backend()
-        assert len(colocated.devices()) == 2 and len(colocated.devices("cpu")) == 1
+        colocated.configure(num_cpu_devices=1, pjrt_plugin={PLATFORM!r}, pjrt_options={options!r})
+        assert colocated.default_backend() == {BACKEND!r}, colocated.default_backend()
+        assert len(colocated.devices()) >= 1 and len(colocated.devices("cpu")) == 1
         x = colocated.device_put(np.ones(3, np.float32))
         assert x.sharding.device_set == {{colocated.devices()[0]}}
         print("ok", {plugin!r} != "")
@@ -198,11 +231,11 @@ def test_configure_names_the_plugin_of_the_default_client():
     # The environment names the default client's plugin, by path or by JAX's names.
     code = "import colocated; print(colocated.default_backend(), len(colocated.devices()))"
     by_path = run_python(code, {"COLOCATED_PJRT_PLUGIN": plugin})
-    assert by_path.stdout.split()[0] == "pjrt_cpu", by_path.stderr
+    assert by_path.stdout.split()[0] == BACKEND, by_path.stderr
     by_name = run_python(
         code, {"COLOCATED_PJRT_PLUGIN": "xla_cpu", "PJRT_NAMES_AND_LIBRARY_PATHS": f"other:/x.so,xla_cpu:{plugin}"}
     )
-    assert by_name.stdout.split()[0] == "pjrt_cpu", by_name.stderr
+    assert by_name.stdout.split()[0] == BACKEND, by_name.stderr
     unknown = run_python(code, {"COLOCATED_PJRT_PLUGIN": "rocm"})
     assert unknown.returncode != 0
     assert "NotFoundError" in unknown.stderr and "rocm" in unknown.stderr
@@ -213,13 +246,15 @@ def test_a_python_worker_serves_a_plugin_and_runs_xla_programs(token_file, isola
     from workers import Worker
 
     cpu_plugin()
-    args = (isolation, "--pjrt-plugin", "cpu", "--pjrt-option", "cpu_device_count=2")
+    options = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in plugin_options(2)]
+    args = (isolation, "--pjrt-plugin", PLATFORM, *(a for o in options for a in ("--pjrt-option", o)))
     worker = Worker(token_file, devices=1, extra_args=args)
     try:
         client = colocated.connect(worker.address, token_file=token_file, default=False)
-        assert client.default_backend() == "pjrt_cpu"
+        assert client.default_backend() == BACKEND
         plugin = client.devices()
-        assert [(d.platform, d.backend) for d in plugin] == [("cpu", "pjrt_cpu")] * 2
+        assert [(d.platform, d.backend) for d in plugin] == [(PLATFORM, BACKEND)] * len(plugin)
+        assert len(plugin) == 2 or PLATFORM != "cpu"
         assert [d.backend for d in client.devices("cpu")] == ["cpu"]
         f = colocated.compile_stablehlo(ADD_ONE, plugin[:1])
         value = np.arange(8, dtype=np.float32)
@@ -236,7 +271,7 @@ def test_a_python_worker_serves_a_plugin_and_runs_xla_programs(token_file, isola
         np.testing.assert_array_equal(np.asarray(f(back)), -(value + 1) + 1)
         # 256 MiB in and out of the worker's plugin device.
         big = np.arange(64 << 20, dtype=np.float32)
-        on_plugin = colocated.device_put(big, plugin[1])
+        on_plugin = colocated.device_put(big, plugin[-1])
         np.testing.assert_array_equal(np.asarray(on_plugin)[[0, 1, -1]], big[[0, 1, -1]])
         client.close()
     finally:

@@ -1,0 +1,67 @@
+"""XLA programs through colocated beside ``jax.jit`` of the same function, in one run.
+
+JAX lowers each function (``jax.jit(f).lower(...).as_text()``); colocated
+compiles that module on XLA's CPU plugin (``lammps-jax-pjrt-cpu``) and runs it
+on an Array of the plugin's device. Measures the median of
+``block_until_ready(f(x))`` for ``x + 1`` on f32[8] and a 1024x1024 f32
+matmul, both ways.
+
+Goal (issue 34): the small program below ``jax.jit``'s time. Run by
+``make bench`` (which installs jax[cpu] and the CPU plugin into the benchmark
+venv).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+import colocated
+
+
+def _median_us(fn, n: int, repeats: int = 5) -> float:
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        runs.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        print("bench_xla skipped: jax is not installed")
+        return
+    colocated.configure(num_cpu_devices=1, pjrt_plugin="cpu", pjrt_options={"cpu_device_count": 1})
+    device = colocated.devices()[0]
+    cases = [
+        ("x + 1, f32[8]", lambda x: x + 1, [np.arange(8, dtype=np.float32)], 5000),
+        (
+            "matmul 1024x1024 f32",
+            lambda a, b: a @ b,
+            [np.ones((1024, 1024), np.float32), np.ones((1024, 1024), np.float32)],
+            20,
+        ),
+    ]
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; colocated on {device.platform} ({device.backend})")
+    for name, fn, args, n in cases:
+        jitted = jax.jit(fn)
+        jax_args = [jnp.asarray(a) for a in args]
+        jitted(*jax_args).block_until_ready()
+        theirs = _median_us(lambda jitted=jitted, a=jax_args: jitted(*a).block_until_ready(), n)
+        module = jitted.lower(*jax_args).as_text()
+        exe = colocated.compile_stablehlo(module, [device])
+        ours_args = [colocated.device_put(a, device) for a in args]
+        colocated.block_until_ready(exe(*ours_args))
+        ours = _median_us(lambda exe=exe, a=ours_args: colocated.block_until_ready(exe(*a)), n)
+        print(f"{name:<24} colocated {ours:>9.1f} us   jax.jit {theirs:>9.1f} us   ratio {ours / theirs:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
