@@ -24,24 +24,9 @@ use colocated_pjrt as pjrt;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const ADD_ONE: &str = r#"
-module @add_one {
-  func.func public @main(%arg0: tensor<8xf32>) -> tensor<8xf32> {
-    %c = stablehlo.constant dense<1.0> : tensor<8xf32>
-    %0 = stablehlo.add %arg0, %c : tensor<8xf32>
-    return %0 : tensor<8xf32>
-  }
-}
-"#;
+const ADD_ONE: &str = include_str!("../../tests/xla/add_one.mlir");
 
-const MATMUL: &str = r#"
-module @matmul {
-  func.func public @main(%a: tensor<1024x1024xf32>, %b: tensor<1024x1024xf32>) -> tensor<1024x1024xf32> {
-    %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<1024x1024xf32>, tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
-    return %0 : tensor<1024x1024xf32>
-  }
-}
-"#;
+const MATMUL: &str = include_str!("../../tests/xla/matmul.mlir");
 
 fn plugin_path() -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os("COLOCATED_TEST_PJRT_PLUGIN") {

@@ -7,28 +7,11 @@ mod common;
 use colocated_core::*;
 use common::*;
 
-const ADD_ONE: &str = r#"
-module @add_one {
-  func.func public @main(%arg0: tensor<8xf32>) -> tensor<8xf32> {
-    %c = stablehlo.constant dense<1.0> : tensor<8xf32>
-    %0 = stablehlo.add %arg0, %c : tensor<8xf32>
-    return %0 : tensor<8xf32>
-  }
-}
-"#;
+const ADD_ONE: &str = include_str!("../../tests/xla/add_one.mlir");
 
 /// `x + 1` over `f32[8]` split along "x" of a 4-device mesh (Shardy, as JAX
 /// 0.10 lowers it).
-const ADD_ONE_SHARDED: &str = r#"
-module @jit_add_one attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
-  sdy.mesh @mesh = <["x"=4]>
-  func.func public @main(%arg0: tensor<8xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"x"}]>}) -> (tensor<8xf32> {jax.result_info = "result", sdy.sharding = #sdy.sharding<@mesh, [{"x"}]>}) {
-    %c = stablehlo.constant dense<1.0> : tensor<8xf32>
-    %0 = stablehlo.add %arg0, %c : tensor<8xf32>
-    return %0 : tensor<8xf32>
-  }
-}
-"#;
+const ADD_ONE_SHARDED: &str = include_str!("../../tests/xla/add_one_sharded.mlir");
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
