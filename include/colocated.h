@@ -1438,7 +1438,11 @@ colocated_error *colocated_buffer_to_host(const colocated_buffer *buffer,
  * across `colocated_buffer_delete`, until the matching `colocated_buffer_unpin` on
  * this handle (or its destruction). Waits until the buffer is ready. Writing
  * through the pointer while programs read the buffer is a data race the caller
- * must prevent. Errors: `failed_precondition` (deleted), `invalid_argument`
+ * must prevent. On a PJRT plugin's device the pointer is the plugin's device
+ * memory (host memory only for a host platform; a GPU address for the CUDA
+ * plugin) and `size` the buffer's size there (since API 1.5; before, and for
+ * a plugin without external references, `unimplemented`). Errors:
+ * `failed_precondition` (deleted, or on a worker), `invalid_argument`
  * (string buffers), the producer's error.
  * Thread-safety: any thread; blocks until ready.
  */

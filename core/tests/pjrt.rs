@@ -416,3 +416,26 @@ fn a_serialized_xla_program_carries_the_plugin_s_executable_and_loads_again() {
     };
     assert!(e.message().contains("corrupted"), "{e}");
 }
+
+#[test]
+fn an_external_reference_pins_a_plugin_buffer_s_memory() {
+    let Some(client) = pjrt_client(1, 1) else {
+        return;
+    };
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+    let b = Buffer::from_bytes(&client, &data, DType::F32, &[4], &device).unwrap();
+    let pin = b.acquire_external_reference().unwrap();
+    assert_eq!(pin.len(), 16);
+    assert!(!pin.data_ptr().is_null());
+    // XLA's CPU plugin's device memory is this process's memory.
+    // SAFETY: pinned for 16 bytes while `pin` lives.
+    let seen = unsafe { std::slice::from_raw_parts(pin.data_ptr(), 16) };
+    assert_eq!(seen, &data[..]);
+    // Deleting the buffer keeps pinned memory valid until the pin goes.
+    b.delete();
+    // SAFETY: as above.
+    let still = unsafe { std::slice::from_raw_parts(pin.data_ptr(), 16) };
+    assert_eq!(still, &data[..]);
+    drop(pin);
+}

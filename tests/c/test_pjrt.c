@@ -85,6 +85,23 @@ TEST(a_stablehlo_module_compiles_and_runs_on_a_plugin_device) {
   colocated_client_destroy(client);
 }
 
+TEST(a_plugin_buffer_pins_its_device_memory) {
+  colocated_client *client = plugin_client();
+  float x[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  colocated_buffer *buffer = make_f32(client, device_at(client, 2), x, 4);
+  void *data = NULL;
+  size_t size = 0;
+  CHECK_OK(colocated_buffer_pin(buffer, &data, &size));
+  CHECK_EQ_U64(size, sizeof x);
+  /* XLA's CPU plugin keeps device memory in this process. */
+  CHECK(memcmp(data, x, sizeof x) == 0);
+  CHECK_OK(colocated_buffer_delete(buffer));
+  CHECK(memcmp(data, x, sizeof x) == 0); /* pinned across the delete */
+  CHECK_OK(colocated_buffer_unpin(buffer));
+  colocated_buffer_destroy(buffer);
+  colocated_client_destroy(client);
+}
+
 TEST(bad_plugins_options_and_modules_get_typed_errors) {
   colocated_client *client = NULL;
   colocated_client_options o = {sizeof o};
