@@ -276,3 +276,32 @@ def test_a_python_worker_serves_a_plugin_and_runs_xla_programs(token_file, isola
         client.close()
     finally:
         worker.stop()
+
+
+def test_a_module_that_jax_lowered_runs_with_its_shardings(client):
+    from pathlib import Path
+
+    devices = client.devices()
+    if len(devices) < 4:
+        pytest.skip("the module runs on a 2x2 mesh: four plugin devices")
+    module = (Path(__file__).parents[2] / "tests" / "xla" / "jax_step.mlir").read_text()
+    step = colocated.compile_stablehlo(module, devices[:4])
+    mesh = colocated.Mesh(np.array(devices[:4]).reshape(2, 2), ("data", "model"))
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((8, 4), (4, 6), (6,)))
+    P = colocated.P
+    args = [
+        colocated.device_put(x, colocated.NamedSharding(mesh, P("data", None))),
+        colocated.device_put(w, colocated.NamedSharding(mesh, P(None, "model"))),
+        colocated.device_put(b, colocated.NamedSharding(mesh, P("model"))),
+    ]
+    h, total = step(*args)
+    expected = np.tanh(x @ w + b)
+    np.testing.assert_allclose(np.asarray(h), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(total), np.sum(expected * expected), rtol=1e-5)
+    assert h.sharding.spec == P("data", "model")
+    assert [s.data.shape for s in h.addressable_shards] == [(4, 3)] * 4
+    assert total.is_fully_replicated
+    # Arguments of other shardings than the module's are refused.
+    with pytest.raises(colocated.InvalidArgumentError):
+        step(colocated.device_put(x, colocated.NamedSharding(mesh, P())), *args[1:])
