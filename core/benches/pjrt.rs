@@ -9,15 +9,25 @@
 //!   twice (into a fresh allocation, as the round trip's read is), and against
 //!   the raw PJRT calls (`BufferFromHostBuffer`, `ToHostBuffer`).
 //!
-//! Goals (issue 34): small program <= 1.2x raw PJRT; matmul within 5%.
+//! - execute + await of `x + 1` on a worker (in this process, on loopback)
+//!   that serves the plugin, against a 1-byte TCP ping-pong.
+//!
+//! Goals (issue 34): small program <= 1.2x raw PJRT; matmul within 5%; the
+//! worker's call <= 3x the TCP ping-pong.
 //! The plugin: `COLOCATED_TEST_PJRT_PLUGIN` (make bench sets it), else
 //! build/venv's.
 
 use std::time::{Duration, Instant};
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+
+use colocated_core::transport::session::ConnectOptions;
+use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::transport::Token;
 use colocated_core::{
-    Array, ArraySpec, Client, ClientOptions, DType, ExecuteOptions, PjrtOptions, PjrtValue,
-    Sharding,
+    Array, ArraySpec, Client, ClientOptions, ClusterOptions, DType, ExecuteOptions, PjrtOptions,
+    PjrtValue, Sharding,
 };
 use colocated_pjrt as pjrt;
 
@@ -114,7 +124,7 @@ fn main() {
         Err(_) => vec![("cpu_device_count".to_string(), PjrtValue::Int64(1))],
     };
     let raw = pjrt::Client::create(&plugin, &options).unwrap();
-    let client = Client::new_local(ClientOptions {
+    let local_options = ClientOptions {
         num_cpu_devices: Some(1),
         executor_threads: Some(2),
         pjrt: Some(PjrtOptions {
@@ -122,8 +132,8 @@ fn main() {
             options,
         }),
         ..Default::default()
-    })
-    .unwrap();
+    };
+    let client = Client::new_local(local_options.clone()).unwrap();
     let device = client.backend_devices(None).unwrap()[0].clone();
     let spec = |dims: Vec<i64>| {
         ArraySpec::new(dims, DType::F32, Sharding::single_device(device.clone())).unwrap()
@@ -207,4 +217,56 @@ fn main() {
         "raw PJRT",
         raw_round_trip,
     );
+    worker_call(local_options);
+}
+
+/// `x + 1` on a worker of this process that serves the plugin, through a
+/// controller on loopback, beside a 1-byte TCP ping-pong.
+fn worker_call(options: ClientOptions) {
+    let token = Token::generate().unwrap();
+    let served = Client::new_local(options).unwrap();
+    let worker = Worker::start(served, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let controller = Client::connect(&ClusterOptions {
+        workers: vec![ConnectOptions::new(
+            worker.local_addr().to_string(),
+            Some(token),
+        )],
+        include_local: false,
+        local: ClientOptions::default(),
+    })
+    .unwrap();
+    let device = controller.backend_devices(None).unwrap()[0].clone();
+    let exe = controller
+        .compile_stablehlo(ADD_ONE.as_bytes(), std::slice::from_ref(&device))
+        .unwrap();
+    let spec = ArraySpec::new(vec![8], DType::F32, Sharding::single_device(device)).unwrap();
+    let x = Array::from_host_bytes(&controller, &f32_bytes(8), spec).unwrap();
+    let options = ExecuteOptions::default();
+    let ours = time(100, 2000, || {
+        let run = exe.execute(std::slice::from_ref(&x), &options).unwrap();
+        run.outputs[0].ready_event().wait().unwrap();
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        if let Ok((mut peer, _)) = listener.accept() {
+            let _ = peer.set_nodelay(true);
+            let mut byte = [0u8; 1];
+            while peer.read_exact(&mut byte).is_ok() && peer.write_all(&byte).is_ok() {}
+        }
+    });
+    let mut ping = TcpStream::connect(address).unwrap();
+    ping.set_nodelay(true).unwrap();
+    let tcp = time(100, 2000, || {
+        let mut byte = [1u8; 1];
+        ping.write_all(&byte).unwrap();
+        ping.read_exact(&mut byte).unwrap();
+    });
+    report(
+        "x + 1 on a worker with the plugin",
+        ours,
+        "TCP ping-pong",
+        tcp,
+    );
+    drop(worker);
 }
