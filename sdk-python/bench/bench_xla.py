@@ -59,7 +59,7 @@ def main() -> None:
         exe = colocated.compile_stablehlo(module, [device])
         ours_args = [colocated.device_put(a, device) for a in args]
         colocated.block_until_ready(exe(*ours_args))
-        ours = _median_us(lambda exe=exe, a=ours_args: colocated.block_until_ready(exe(*a)), n)
+        ours = _median_us(lambda exe=exe, a=ours_args: exe(*a).block_until_ready(), n)
         print(f"{name:<24} colocated {ours:>9.1f} us   jax.jit {theirs:>9.1f} us   ratio {ours / theirs:.2f}x")
 
 
