@@ -108,7 +108,7 @@ demo: check-prerequisites build python node $(PLUGIN) | $(BUILD)
 	@echo
 	$(VENV_PY) examples/cluster_demo.py
 	@echo
-	$(VENV_PY) examples/xla_demo.py
+	TF_CPP_MIN_LOG_LEVEL=1 $(VENV_PY) examples/xla_demo.py
 	@echo
 	COLOCATED_PLUGIN=$(PLUGIN) node examples/demo.mjs
 
