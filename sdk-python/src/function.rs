@@ -579,6 +579,24 @@ impl Executable {
         })
     }
 
+    /// Loads bytes of `serialize()` on `client` (core's
+    /// `deserialize_and_load`: an XLA program compiled on the same plugin
+    /// and version loads without compiling).
+    #[staticmethod]
+    fn deserialize_and_load(
+        py: Python<'_>,
+        data: Vec<u8>,
+        client: PyRef<'_, crate::client::Client>,
+    ) -> PyResult<Self> {
+        let client = client.inner.get().map_err(py_err)?.clone();
+        let exe = py
+            .detach(|| client.deserialize_and_load(&data, core::CompileOptions::default()))
+            .map_err(|e| to_py(py, &e))?;
+        Ok(Executable {
+            inner: ForkSafe::new(exe),
+        })
+    }
+
     /// The devices the program runs on.
     fn devices(&self) -> PyResult<Vec<Device>> {
         let exe = self.inner.get().map_err(py_err)?;

@@ -305,3 +305,18 @@ def test_a_module_that_jax_lowered_runs_with_its_shardings(client):
     # Arguments of other shardings than the module's are refused.
     with pytest.raises(colocated.InvalidArgumentError):
         step(colocated.device_put(x, colocated.NamedSharding(mesh, P())), *args[1:])
+
+
+def test_a_serialized_xla_program_loads_and_runs_again(client):
+    device = client.devices()[0]
+    f = colocated.compile_stablehlo(ADD_ONE, [device])
+    data = f.serialize()
+    assert b"colocated-xla-artifact" in data
+    g = colocated.deserialize_and_load(data, client)
+    assert g.devices == [device]
+    x = colocated.device_put(np.arange(8, dtype=np.float32), device)
+    np.testing.assert_array_equal(np.asarray(g(x)), np.arange(1, 9, dtype=np.float32))
+    with pytest.raises(colocated.InvalidArgumentError, match="corrupted|truncated"):
+        colocated.deserialize_and_load(data[:-5], client)
+    with pytest.raises(colocated.InvalidArgumentError):
+        colocated.deserialize_and_load("not bytes", client)

@@ -65,7 +65,7 @@ from ._sharding import (
     SingleDeviceSharding,
     make_mesh,
 )
-from ._xla import XlaExecutable, compile_stablehlo
+from ._xla import XlaExecutable, compile_stablehlo, deserialize_and_load
 
 __all__ = [
     "AlreadyExistsError",
@@ -109,6 +109,7 @@ __all__ = [
     "configure",
     "connect",
     "default_backend",
+    "deserialize_and_load",
     "device_get",
     "device_put",
     "devices",

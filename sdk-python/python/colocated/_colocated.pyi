@@ -426,6 +426,9 @@ class Executable:
     @staticmethod
     def compile_stablehlo(module: bytes, devices: list[Device]) -> Executable:
         """Compiles a StableHLO module (MLIR text) for devices of a PJRT plugin."""
+    @staticmethod
+    def deserialize_and_load(data: bytes, client: Client) -> Executable:
+        """Loads bytes of ``serialize()`` on ``client``."""
     def devices(self) -> list[Device]:
         """The devices the program runs on."""
     def execute(self, arrays: list[ArrayImpl]) -> tuple[list[ArrayImpl], Event]: ...

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from . import _colocated
 from ._array import Array, _wrap
+from ._client import client as _client_default
 from ._client import devices as _devices
 from ._errors import InvalidArgumentError
 
@@ -31,6 +32,12 @@ class XlaExecutable:
         """The devices it runs on; partition ``p`` of an SPMD module on the ``p``-th."""
         return self._impl.devices()
 
+    def serialize(self) -> bytes:
+        """Versioned bytes for ``deserialize_and_load``: with the plugin's own
+        compiled executable when it was compiled in this process (it then loads
+        without compiling on the same plugin and version only), else the module."""
+        return self._impl.serialize()
+
     def __call__(self, *args: Array) -> Array | tuple[Array, ...]:
         for i, a in enumerate(args):
             if not isinstance(a, Array):
@@ -40,6 +47,19 @@ class XlaExecutable:
         outputs, _status = self._impl.execute([a._impl for a in args])
         results = tuple(_wrap(o, None) for o in outputs)
         return results[0] if len(results) == 1 else results
+
+
+def deserialize_and_load(data: bytes, client: _colocated.Client | None = None) -> XlaExecutable:
+    """Loads what ``XlaExecutable.serialize()`` gave on ``client`` (default: the
+    default client), whose devices must include the program's.
+
+    Raises ``InvalidArgumentError`` saying why for bytes that are truncated,
+    corrupted or of another format version, or for an executable compiled by
+    another plugin or plugin version.
+    """
+    if not isinstance(data, bytes | bytearray):
+        raise InvalidArgumentError(f"data must be bytes, got {type(data).__name__}")
+    return XlaExecutable(_colocated.Executable.deserialize_and_load(bytes(data), client or _client_default()))
 
 
 def compile_stablehlo(module: str | bytes, devices: Sequence[_colocated.Device] | None = None) -> XlaExecutable:
