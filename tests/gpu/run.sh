@@ -8,7 +8,12 @@
 #   1. sdk-python/tests/test_pjrt.py on the GPU's devices (COLOCATED_TEST_PJRT=cuda);
 #   2. the XLA benchmark (core/benches/pjrt.rs) on the GPU, beside the raw PJRT C API.
 #
-# Usage, from the repository root:  sh tests/gpu/run.sh   (under 5 minutes)
+# Usage, from the repository root:  sh tests/gpu/run.sh   (under 5 minutes;
+# PYTHON names the Python that has JAX, default python3)
+#
+# COLOCATED_GPU_RUN_PLATFORM=cpu runs the same steps on XLA's CPU plugin (the
+# package lammps-jax-pjrt-cpu, installed beside JAX): a check of the script
+# itself on a machine without a GPU.
 set -eu
 cd "$(dirname "$0")/../.."
 BUNDLE=build/gpu
@@ -16,32 +21,42 @@ PYTHON=${PYTHON:-python3}
 [ -d "$BUNDLE" ] || { echo "no $BUNDLE: run make gpu-bundle on a machine with Rust first" >&2; exit 2; }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
-# The CUDA plugin JAX uses: jax_plugins.xla_cuda13, else xla_cuda12.
-PLUGIN=$("$PYTHON" - <<'PY'
+PLATFORM=${COLOCATED_GPU_RUN_PLATFORM:-cuda}
+# The CUDA plugin JAX uses: jax_plugins.xla_cuda13, else xla_cuda12 (for the
+# check on a CPU: XLA's CPU plugin package).
+PLUGIN=$(PLATFORM="$PLATFORM" "$PYTHON" - <<'PY'
 import importlib.util, os
-for name in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
+packages = {"cuda": [("jax_plugins.xla_cuda13", "xla_cuda_plugin.so"), ("jax_plugins.xla_cuda12", "xla_cuda_plugin.so")],
+            "cpu": [("lammps_jax_pjrt_cpu", "pjrt_c_api_cpu_plugin.so")]}[os.environ["PLATFORM"]]
+for name, library in packages:
     try:
         spec = importlib.util.find_spec(name)
     except ModuleNotFoundError:
         continue
     for location in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(location, "xla_cuda_plugin.so")
+        path = os.path.join(location, library)
         if os.path.exists(path):
             print(path)
             raise SystemExit
-raise SystemExit("no jax_plugins.xla_cuda13 or xla_cuda12 with xla_cuda_plugin.so is installed")
+raise SystemExit(f"none of {[n for n, _ in packages]} is installed")
 PY
 )
 echo "plugin: $PLUGIN"
 
-# A venv over the system's packages (numpy, ml_dtypes, JAX), with the SDK and
-# what it needs beyond them from the bundle only.
-VENV=$(mktemp -d)/venv
-"$PYTHON" -m venv --system-site-packages "$VENV"
-"$VENV/bin/python" -m pip install --quiet --no-index --find-links "$BUNDLE/wheels" colocated pytest
+# The SDK, and what it and the tests need beyond what the Python of JAX has,
+# from the bundle only, into a folder of their own on PYTHONPATH (JAX may
+# live in a venv, which a new venv would not see).
+SITE=$(mktemp -d)/site
+pip_bundle() { "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-index \
+  --upgrade --find-links "$BUNDLE/wheels" --target "$SITE" "$@"; }
+pip_bundle --no-deps colocated
+for module in optree cloudpickle pytest; do
+  "$PYTHON" -c "import $module" 2>/dev/null || pip_bundle "$module"
+done
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 # The CUDA libraries JAX's cuda extras install (nvidia-* wheels) on the loader's path.
-NVIDIA_LIBS=$("$VENV/bin/python" - <<'PY'
+NVIDIA_LIBS=$("$PYTHON" - <<'PY'
 import glob, os, site
 dirs = []
 for root in site.getsitepackages():
@@ -52,13 +67,19 @@ PY
 export LD_LIBRARY_PATH="${NVIDIA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # The allocator takes memory as it needs it (JAX's XLA_PYTHON_CLIENT_PREALLOCATE=false).
-export COLOCATED_TEST_PJRT=cuda
-export COLOCATED_TEST_PJRT_OPTIONS='{"preallocate": false}'
+export COLOCATED_TEST_PJRT="$PLATFORM"
+if [ "$PLATFORM" = cuda ]; then
+  export COLOCATED_TEST_PJRT_OPTIONS='{"preallocate": false}'
+  BENCH_OPTIONS=preallocate=false
+else
+  BENCH_OPTIONS=cpu_device_count=1
+fi
+export TF_CPP_MIN_LOG_LEVEL=1
 echo "== device tests (sdk-python/tests/test_pjrt.py on $PLUGIN)"
 cd sdk-python/tests
-timeout 180 "$VENV/bin/python" -m pytest -q -rs test_pjrt.py
+timeout 180 "$PYTHON" -m pytest -q -rs -p no:cacheprovider test_pjrt.py
 cd ../..
 
 echo "== benchmark (core/benches/pjrt.rs)"
-COLOCATED_TEST_PJRT_PLUGIN="$PLUGIN" COLOCATED_BENCH_PJRT_OPTIONS="preallocate=false" \
+COLOCATED_TEST_PJRT_PLUGIN="$PLUGIN" COLOCATED_BENCH_PJRT_OPTIONS="$BENCH_OPTIONS" \
   timeout 90 "$BUNDLE/bench_pjrt" --bench
