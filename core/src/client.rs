@@ -424,19 +424,17 @@ impl Client {
             }
             if let Some(plugin) = host_plugin {
                 let next_space = total + 2 * host_count + plugin_spaces.len() as u32;
-                let (plugin_devices, spaces) = plugin_devices(
+                let (plugin_devices, own, shared) = plugin_devices(
                     plugin,
                     &device_ids[host_devices.len()..],
                     next_space,
                     process_index,
                     host_index,
                     id,
-                );
-                for d in &plugin_devices {
-                    memory_spaces.push(d.default_memory_space().clone());
-                }
+                )?;
+                memory_spaces.extend(own);
                 devices.extend(plugin_devices);
-                plugin_spaces.extend(spaces);
+                plugin_spaces.extend(shared);
             }
             host_spaces.push(pinned);
             host_spaces.push(unpinned);
@@ -560,6 +558,7 @@ impl Client {
             .collect();
         if devices.is_empty() {
             let mut names: Vec<&str> = self.0.devices.iter().map(Device::backend).collect();
+            names.sort_unstable();
             names.dedup();
             return Err(Error::not_found(format!(
                 "no devices of backend '{name}' in this client (it has {names:?})"
@@ -685,10 +684,12 @@ impl Client {
     }
 }
 
-/// The devices of `plugin` on a host, with global ids `ids`, and the memory
-/// spaces they share beyond their own (ids from `next_space`). A device's own
-/// memory of kind `device` has the device's id, as a CPU device's does; its
-/// default memory comes first among its spaces.
+/// The devices of `plugin` on a host, with global ids `ids`; their own memory
+/// spaces (a device's memory of kind `device` that no other device
+/// addresses: it has the device's id, as a CPU device's does); and the memory
+/// spaces they share (ids from `next_space`). A device's default memory comes
+/// first among its spaces. `failed_precondition` for a device with no memory
+/// of a kind this runtime models.
 fn plugin_devices(
     plugin: &Arc<PjrtBackend>,
     ids: &[u32],
@@ -696,7 +697,7 @@ fn plugin_devices(
     process_index: u32,
     host_index: usize,
     client_id: u64,
-) -> (Vec<Device>, Vec<MemorySpace>) {
+) -> Result<(Vec<Device>, Vec<MemorySpace>, Vec<MemorySpace>)> {
     let plugin_devices = plugin.client().devices();
     // Each of the plugin's memories, once, with the devices that address it.
     let mut memories: Vec<(colocated_pjrt::Memory, MemoryKind, Vec<u32>)> = Vec::new();
@@ -712,7 +713,7 @@ fn plugin_devices(
         }
     }
     let mut spaces: Vec<(i32, MemorySpace)> = Vec::new();
-    let mut shared = Vec::new();
+    let (mut owned, mut shared) = (Vec::new(), Vec::new());
     for (memory, kind, users) in &memories {
         let own = *kind == MemoryKind::Device && users.len() == 1;
         let space_id = if own {
@@ -728,7 +729,9 @@ fn plugin_devices(
             client_id,
             host_index,
         }));
-        if !own {
+        if own {
+            owned.push(space.clone());
+        } else {
             shared.push(space.clone());
         }
         spaces.push((memory.id(), space));
@@ -736,7 +739,7 @@ fn plugin_devices(
     let devices = plugin_devices
         .iter()
         .zip(ids)
-        .map(|(device, &id)| {
+        .map(|(device, &id)| -> Result<Device> {
             let default = device.default_memory().map(|m| m.id());
             let mut own: Vec<(u32, colocated_pjrt::Memory, MemorySpace)> = device
                 .memories()
@@ -746,6 +749,14 @@ fn plugin_devices(
                     Some((space.id(), m.clone(), space))
                 })
                 .collect();
+            if own.is_empty() {
+                return Err(Error::failed_precondition(format!(
+                    "PJRT device {} ({}) has no memory of kind device, pinned_host or \
+                     unpinned_host",
+                    device.id(),
+                    device.kind()
+                )));
+            }
             // The default memory first.
             own.sort_by_key(|(_, m, _)| Some(m.id()) != default);
             let attributes = device
@@ -758,7 +769,7 @@ fn plugin_devices(
                 device.clone(),
                 own.iter().map(|(s, m, _)| (*s, m.clone())).collect(),
             );
-            Device(Arc::new(DeviceInner {
+            Ok(Device(Arc::new(DeviceInner {
                 id,
                 platform: Arc::from(plugin.platform()),
                 kind: Arc::from(device.kind()),
@@ -770,10 +781,10 @@ fn plugin_devices(
                 attributes,
                 memory_spaces: own.into_iter().map(|(_, _, s)| s).collect(),
                 client_id,
-            }))
+            })))
         })
-        .collect();
-    (devices, shared)
+        .collect::<Result<Vec<_>>>()?;
+    Ok((devices, owned, shared))
 }
 
 /// A device attribute of a plugin's value (lists and floats are left out).

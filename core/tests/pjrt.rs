@@ -60,6 +60,12 @@ fn a_plugin_s_devices_join_the_cpu_devices_as_the_default_backend() {
     let spaces: std::collections::HashSet<u32> =
         client.memory_spaces().iter().map(MemorySpace::id).collect();
     assert_eq!(spaces.len(), client.memory_spaces().len());
+    // Every memory space a device addresses is one of the client's.
+    for d in client.devices() {
+        for m in d.memory_spaces() {
+            assert_eq!(client.lookup_memory_space(m.id()).unwrap(), *m);
+        }
+    }
     // Colocated programs run next to the plugin's data on the host's CPU devices.
     let colocated = client.colocated_cpu_devices(&plugin).unwrap();
     assert_eq!(
@@ -438,4 +444,27 @@ fn an_external_reference_pins_a_plugin_buffer_s_memory() {
     let still = unsafe { std::slice::from_raw_parts(pin.data_ptr(), 16) };
     assert_eq!(still, &data[..]);
     drop(pin);
+}
+
+#[test]
+fn a_sharded_program_over_devices_in_another_order_gives_each_shard_its_device() {
+    let Some(client) = pjrt_client(1, 4) else {
+        return;
+    };
+    let mut devices = client.backend_devices(None).unwrap();
+    devices.reverse();
+    let exe = client
+        .compile_stablehlo(ADD_ONE_SHARDED.as_bytes(), &devices)
+        .unwrap();
+    let spec = exe.program().input_specs[0].clone();
+    let x: Vec<f32> = (0..8).map(|i| i as f32 * 10.0).collect();
+    let input = Array::from_host_bytes(&client, &f32_bytes(&x), spec).unwrap();
+    let run = exe.execute(&[input], &ExecuteOptions::default()).unwrap();
+    assert_eq!(
+        f32s(&run.outputs[0].to_host_bytes().unwrap()),
+        x.iter().map(|v| v + 1.0).collect::<Vec<_>>()
+    );
+    for (b, d) in run.outputs[0].buffers().iter().zip(&devices) {
+        assert_eq!(b.device(), d);
+    }
 }

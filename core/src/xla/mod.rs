@@ -128,6 +128,10 @@ fn mesh_sharding(
 pub(crate) struct XlaExecutor;
 
 struct XlaProgram {
+    /// For each of the executable's devices (the order of its argument and
+    /// output lists), the position of that device in the program's devices
+    /// (the order of the shards).
+    order: Vec<usize>,
     executable: pjrt::LoadedExecutable,
     backend: Arc<PjrtBackend>,
     /// The StableHLO module it was compiled from.
@@ -159,6 +163,28 @@ fn artifact_of(payload: &[u8], identity: &str) -> Result<Option<pb::XlaArtifact>
     Ok(Some(artifact))
 }
 
+/// Where each device of `executable` stands among `devices` (the program's);
+/// `invalid_argument` when the executable runs on other devices.
+fn device_order(
+    executable: &pjrt::LoadedExecutable,
+    devices: &[Arc<crate::backend::PjrtDevice>],
+) -> Result<Vec<usize>> {
+    let order: Vec<usize> = executable
+        .devices()
+        .iter()
+        .filter_map(|e| devices.iter().position(|d| d.device().id() == e.id()))
+        .collect();
+    let mut seen = order.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    if order.len() != devices.len() || seen.len() != devices.len() {
+        return Err(Error::invalid_argument(
+            "the XLA program runs on other devices of its plugin than the program's",
+        ));
+    }
+    Ok(order)
+}
+
 impl LanguageExecutor for XlaExecutor {
     fn load(&self, program: &Program) -> Result<Arc<dyn LoadedProgram>> {
         let mut plugin_devices = Vec::with_capacity(program.devices.len());
@@ -174,18 +200,9 @@ impl LanguageExecutor for XlaExecutor {
                 .client()
                 .deserialize_and_load(&artifact.executable)
                 .map_err(to_error)?;
-            let same_devices = executable.devices().len() == plugin_devices.len()
-                && executable
-                    .devices()
-                    .iter()
-                    .zip(&plugin_devices)
-                    .all(|(a, b)| a.id() == b.device().id());
-            if !same_devices {
-                return Err(Error::invalid_argument(
-                    "the serialized XLA program runs on other devices of its plugin than the program's",
-                ));
-            }
+            let order = device_order(&executable, &plugin_devices)?;
             return Ok(Arc::new(XlaProgram {
+                order,
                 executable,
                 backend,
                 module: artifact.module,
@@ -209,6 +226,7 @@ impl LanguageExecutor for XlaExecutor {
             .client()
             .compile(&program.payload, pjrt::ProgramFormat::Mlir, &options)
             .map_err(to_error)?;
+        let order = device_order(&executable, &plugin_devices)?;
         // The compiled program's outputs must be the shards the specs say.
         for (o, spec) in program.output_specs.iter().enumerate() {
             let shard = spec.sharding.shard_shape(&spec.shape)?;
@@ -227,6 +245,7 @@ impl LanguageExecutor for XlaExecutor {
             }
         }
         Ok(Arc::new(XlaProgram {
+            order,
             executable,
             backend,
             module: program.payload.clone(),
@@ -282,8 +301,12 @@ impl LoadedProgram for XlaProgram {
                 }
             }
         }
-        let arguments: Vec<Vec<&pjrt::Buffer>> = (0..devices)
-            .map(|p| {
+        // The executable's k-th argument list is the shards of the program's
+        // device `order[k]`.
+        let arguments: Vec<Vec<&pjrt::Buffer>> = self
+            .order
+            .iter()
+            .map(|&p| {
                 (0..self.num_inputs)
                     .map(|i| plugin_buffers[i * devices + p])
                     .collect()
@@ -293,36 +316,39 @@ impl LoadedProgram for XlaProgram {
         for event in &events {
             event.wait().map_err(to_error)?;
         }
-        // Output o's shard on device p is shard o * devices + p.
-        let mut per_device: Vec<std::vec::IntoIter<pjrt::Buffer>> =
-            outputs.into_iter().map(Vec::into_iter).collect();
-        let mut produced: Vec<Vec<pjrt::Buffer>> =
-            (0..self.num_outputs).map(|_| Vec::new()).collect();
-        for device_outputs in &mut per_device {
-            for (o, b) in device_outputs.enumerate() {
-                produced[o].push(b);
+        // Output o's shard on the program's device p is shard o * devices + p.
+        let mut produced: Vec<Option<pjrt::Buffer>> =
+            (0..self.num_outputs * devices).map(|_| None).collect();
+        for (device_outputs, &p) in outputs.into_iter().zip(&self.order) {
+            for (o, b) in device_outputs.into_iter().enumerate() {
+                if let Some(slot) = produced.get_mut(o * devices + p) {
+                    *slot = Some(b);
+                }
             }
         }
         let shards = ctx.output_shards().to_vec();
         let client = ctx.client().clone();
-        let mut index = 0;
-        for buffers in produced {
-            for buffer in buffers {
-                let shard = &shards[index];
-                let out = Buffer::pending(
-                    &client,
-                    &shard.device,
-                    shard.device.default_memory_space().clone(),
-                    shard.dtype,
-                    &shard.dims,
-                );
-                out.finish(Ok(Arc::new(Storage::Device(DeviceData::new(
-                    buffer,
-                    &self.backend,
-                )))));
-                ctx.set_output(index, out)?;
-                index += 1;
-            }
+        for (index, buffer) in produced.into_iter().enumerate() {
+            let buffer = buffer.ok_or_else(|| {
+                Error::internal(format!(
+                    "the plugin gave no buffer for output shard {index}"
+                ))
+            })?;
+            let shard = shards.get(index).ok_or_else(|| {
+                Error::internal(format!("no output shard {index} for the plugin's buffer"))
+            })?;
+            let out = Buffer::pending(
+                &client,
+                &shard.device,
+                shard.device.default_memory_space().clone(),
+                shard.dtype,
+                &shard.dims,
+            );
+            out.finish(Ok(Arc::new(Storage::Device(DeviceData::new(
+                buffer,
+                &self.backend,
+            )))));
+            ctx.set_output(index, out)?;
         }
         Ok(())
     }

@@ -85,11 +85,12 @@ fn find_main(text: &str) -> Result<usize> {
         let after = from + at + "@main".len();
         let rest = &text[after..];
         let trimmed = rest.trim_start();
-        let before = &text[..from + at];
-        if trimmed.starts_with('(') && before.trim_end().ends_with("func.func")
-            || trimmed.starts_with('(') && before.trim_end().ends_with("public")
-            || trimmed.starts_with('(') && before.trim_end().ends_with("private")
-        {
+        let before = text[..from + at].trim_end();
+        // `func.func @main(`, `func.func public @main(`, `... private @main(`.
+        let declares = ["func.func", "public", "private"]
+            .iter()
+            .any(|w| before.ends_with(w));
+        if trimmed.starts_with('(') && declares {
             return Ok(after + (rest.len() - trimmed.len()));
         }
         from = after;
