@@ -450,20 +450,12 @@ unsafe fn pjrt_options(
     let options = crate::handle::slice(o.pjrt_options, o.num_pjrt_options, "pjrt_options")?
         .iter()
         .enumerate()
-        .map(|(i, s)| s.to_str(&format!("pjrt_options[{i}]")).map(str::to_string))
-        .collect::<Result<Vec<String>>>()?;
-    if plugin.is_empty() {
-        if !options.is_empty() {
-            return Err(Error::invalid_argument("pjrt_options need a pjrt_plugin"));
-        }
-        return Ok(None);
-    }
-    let flags = colocated_core::transport::worker::WorkerFlags {
-        pjrt_plugin: Some(plugin.to_string()),
-        pjrt_options: options,
-        ..Default::default()
-    };
-    Ok(flags.client_options()?.pjrt)
+        .map(|(i, s)| {
+            let text = s.to_str(&format!("pjrt_options[{i}]"))?;
+            colocated_core::transport::worker::parse_pjrt_option(text)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    colocated_core::PjrtOptions::of((!plugin.is_empty()).then_some(plugin), options)
 }
 
 /// The default backend's name: a PJRT plugin's (its platform, such as

@@ -290,21 +290,7 @@ fn pjrt_options(
     }
     // One order whatever the object's.
     values.sort_by(|a, b| a.0.cmp(&b.0));
-    let Some(plugin) = plugin else {
-        if !values.is_empty() {
-            return Err(to_js(
-                env,
-                &core::Error::invalid_argument("pjrtOptions need a pjrtPlugin"),
-            ));
-        }
-        return Ok(None);
-    };
-    let names = std::env::var(core::PJRT_NAMES_ENV).ok();
-    let path = core::find_plugin(&plugin, names.as_deref()).js(env)?;
-    Ok(Some(core::PjrtOptions {
-        plugin: path,
-        options: values,
-    }))
+    core::PjrtOptions::of(plugin.as_deref(), values).js(env)
 }
 
 /// The default client: this process with CPU devices, unless `connect` made

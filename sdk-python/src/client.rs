@@ -466,20 +466,21 @@ fn pjrt(
     plugin: Option<std::path::PathBuf>,
     options: Option<Vec<(String, Bound<'_, PyAny>)>>,
 ) -> PyResult<Option<core::PjrtOptions>> {
-    let Some(plugin) = plugin else {
-        if options.is_some_and(|o| !o.is_empty()) {
-            return Err(py_err(core::Error::invalid_argument(
-                "pjrt_options need a pjrt_plugin",
-            )));
-        }
-        return Ok(None);
-    };
+    let plugin = plugin
+        .map(|p| {
+            p.into_os_string().into_string().map_err(|_| {
+                py_err(core::Error::invalid_argument(
+                    "pjrt_plugin is not valid UTF-8",
+                ))
+            })
+        })
+        .transpose()?;
     let options = options
         .unwrap_or_default()
         .into_iter()
         .map(|(k, v)| pjrt_value(&k, &v).map(|v| (k, v)))
         .collect::<PyResult<_>>()?;
-    Ok(Some(core::PjrtOptions { plugin, options }))
+    core::PjrtOptions::of(plugin.as_deref(), options).map_err(py_err)
 }
 
 /// A plugin create option's value: a bool, an int, a float, a str or a list

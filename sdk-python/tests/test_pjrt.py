@@ -83,7 +83,7 @@ def test_the_plugin_is_the_default_backend_beside_the_cpu_devices(client):
     assert n == 4 or PLATFORM != "cpu"
     for d in plugin:
         assert (d.platform, d.backend) == (PLATFORM, BACKEND)
-        assert d.device_kind == "cpu" if PLATFORM == "cpu" else d.device_kind
+        assert d.device_kind == "cpu" or (PLATFORM != "cpu" and d.device_kind)
         assert d.default_memory_kind == "device"
     assert [d.local_hardware_id for d in plugin] == list(range(n))
     assert all(d.backend == "cpu" for d in cpus)
@@ -206,8 +206,11 @@ def test_a_missing_or_foreign_plugin_is_a_typed_error(tmp_path):
     not_a_library.write_bytes(b"not an ELF file")
     with pytest.raises(colocated.InvalidArgumentError, match="cannot load"):
         colocated.Client(num_cpu_devices=1, pjrt_plugin=str(not_a_library))
-    with pytest.raises(colocated.InvalidArgumentError, match="pjrt_plugin"):
+    with pytest.raises(colocated.InvalidArgumentError, match="need a PJRT plugin"):
         colocated.Client(num_cpu_devices=1, pjrt_options=[("cpu_device_count", 2)])
+    # A name is looked up in PJRT_NAMES_AND_LIBRARY_PATHS (here: none has it).
+    with pytest.raises(colocated.NotFoundError, match="no PJRT plugin named 'nosuchplugin'"):
+        colocated.Client(num_cpu_devices=1, pjrt_plugin="nosuchplugin")
     with pytest.raises(colocated.InvalidArgumentError, match="cpu_device_count"):
         colocated.Client(num_cpu_devices=1, pjrt_plugin=cpu_plugin(), pjrt_options=[("cpu_device_count", object())])
 

@@ -113,8 +113,10 @@ TEST(bad_plugins_options_and_modules_get_typed_errors) {
   o.pjrt_options = bad;
   o.num_pjrt_options = 1;
   CHECK_CODE_MSG(colocated_client_create_local(&o, &client), COLOCATED_INVALID_ARGUMENT, "KEY=VALUE");
+  colocated_string_view good[1] = {sv("cpu_device_count=2")};
+  o.pjrt_options = good;
   o.pjrt_plugin = sv("");
-  CHECK_CODE_MSG(colocated_client_create_local(&o, &client), COLOCATED_INVALID_ARGUMENT, "pjrt_plugin");
+  CHECK_CODE_MSG(colocated_client_create_local(&o, &client), COLOCATED_INVALID_ARGUMENT, "need a PJRT plugin");
 
   client = plugin_client();
   const colocated_device *cpu = device_at(client, 0);

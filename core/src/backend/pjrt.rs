@@ -63,6 +63,32 @@ pub fn find_plugin(spec: &str, names_and_paths: Option<&str>) -> Result<PathBuf>
         })
 }
 
+impl PjrtOptions {
+    /// The options of the plugin `spec` (a path, or a name that
+    /// [`PJRT_NAMES_ENV`] maps to one, as [`find_plugin`] reads it) with the
+    /// create `options`: the one rule every SDK applies to what its caller
+    /// gives. `None` without a plugin; `invalid_argument` for options without
+    /// one; `not_found` for an unknown name.
+    pub fn of(
+        spec: Option<&str>,
+        options: Vec<(String, PjrtValue)>,
+    ) -> Result<Option<PjrtOptions>> {
+        let Some(spec) = spec else {
+            if !options.is_empty() {
+                return Err(Error::invalid_argument(
+                    "PJRT create options need a PJRT plugin",
+                ));
+            }
+            return Ok(None);
+        };
+        let names = std::env::var(PJRT_NAMES_ENV).ok();
+        Ok(Some(PjrtOptions {
+            plugin: find_plugin(spec, names.as_deref())?,
+            options,
+        }))
+    }
+}
+
 /// The plugin the environment names ([`PJRT_PLUGIN_ENV`]), if any.
 pub fn plugin_from_env() -> Result<Option<PjrtOptions>> {
     let Some(spec) = std::env::var_os(PJRT_PLUGIN_ENV) else {

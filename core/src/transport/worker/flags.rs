@@ -208,9 +208,7 @@ pub fn parse_pjrt_option(text: &str) -> Result<(String, crate::PjrtValue)> {
     let (key, value) = text
         .split_once('=')
         .filter(|(k, _)| !k.trim().is_empty())
-        .ok_or_else(|| {
-            Error::invalid_argument(format!("--pjrt-option {text:?} is not KEY=VALUE"))
-        })?;
+        .ok_or_else(|| Error::invalid_argument(format!("PJRT option {text:?} is not KEY=VALUE")))?;
     let value = if let Ok(i) = value.parse::<i64>() {
         PjrtValue::Int64(i)
     } else if let Ok(f) = value.parse::<f32>() {
@@ -242,33 +240,26 @@ impl WorkerFlags {
     /// devices with `--pjrt-option`s. `invalid_argument` naming the flag;
     /// `not_found` for a plugin name that is not known.
     pub fn client_options(&self) -> Result<crate::ClientOptions> {
-        let pjrt = match &self.pjrt_plugin {
-            Some(spec) => {
-                let names = std::env::var(crate::PJRT_NAMES_ENV).ok();
-                Some(crate::PjrtOptions {
-                    plugin: crate::find_plugin(spec, names.as_deref())
-                        .map_err(|e| e.context("--pjrt-plugin"))?,
-                    options: Vec::new(),
-                })
-            }
-            None => crate::plugin_from_env()?,
-        };
         let options = self
             .pjrt_options
             .iter()
             .map(|o| parse_pjrt_option(o))
             .collect::<Result<Vec<_>>>()?;
-        let pjrt = match pjrt {
-            Some(mut p) => {
-                p.options = options;
-                Some(p)
-            }
-            None if options.is_empty() => None,
-            None => {
-                return Err(Error::invalid_argument(
-                    "--pjrt-option needs --pjrt-plugin (or COLOCATED_PJRT_PLUGIN)",
-                ))
-            }
+        let pjrt = match &self.pjrt_plugin {
+            Some(spec) => crate::PjrtOptions::of(Some(spec), options)
+                .map_err(|e| e.context("--pjrt-plugin"))?,
+            None => match crate::plugin_from_env()? {
+                Some(from_env) => Some(crate::PjrtOptions {
+                    options,
+                    ..from_env
+                }),
+                None if options.is_empty() => None,
+                None => {
+                    return Err(Error::invalid_argument(
+                        "--pjrt-option needs --pjrt-plugin (or COLOCATED_PJRT_PLUGIN)",
+                    ))
+                }
+            },
         };
         Ok(crate::ClientOptions {
             num_cpu_devices: self.cpu_devices,
