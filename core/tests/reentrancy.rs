@@ -290,10 +290,11 @@ fn a_thread_that_pipelines_waiter_first_calls_runs_its_backlog_itself() {
     // leaves it to the feeding thread; descheduled in that moment (a busy
     // machine), it keeps the caller from the backlog for a whole time slice.
     // So a round may fall short; three in a row would not.
-    let client = client(1);
     let me = std::thread::current().id();
     let mut rounds = Vec::new();
     for _ in 0..3 {
+        // A client per round: a language's executor registers once per client.
+        let client = client(1);
         let (exe, ran) = waiter_first_executable(&client);
         let mut last = None;
         for _ in 0..2000 {
