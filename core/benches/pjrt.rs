@@ -51,22 +51,31 @@ fn plugin_path() -> Option<std::path::PathBuf> {
     })
 }
 
-/// The median and the 10th-90th percentile range of `runs` timings of `f`
-/// (after `warm` untimed ones), in microseconds.
-fn time(warm: usize, runs: usize, mut f: impl FnMut()) -> (f64, f64, f64) {
+/// Timings of `fs` taken in turns (one call of each per round, after `warm`
+/// untimed rounds), so that a noisy machine's drift weighs on each alike: per
+/// function, the median and the 10th-90th percentile range of `runs` calls,
+/// in microseconds.
+fn time_in_turns<const N: usize>(
+    warm: usize,
+    runs: usize,
+    mut fs: [&mut dyn FnMut(); N],
+) -> [(f64, f64, f64); N] {
     for _ in 0..warm {
-        f();
+        fs.iter_mut().for_each(|f| f());
     }
-    let mut t: Vec<Duration> = (0..runs)
-        .map(|_| {
+    let mut t: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::with_capacity(runs));
+    for _ in 0..runs {
+        for (f, t) in fs.iter_mut().zip(&mut t) {
             let start = Instant::now();
             f();
-            start.elapsed()
-        })
-        .collect();
-    t.sort();
+            t.push(start.elapsed());
+        }
+    }
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    (us(t[runs / 2]), us(t[runs / 10]), us(t[runs * 9 / 10]))
+    t.map(|mut t| {
+        t.sort();
+        (us(t[runs / 2]), us(t[runs / 10]), us(t[runs * 9 / 10]))
+    })
 }
 
 fn f32_bytes(n: usize) -> Vec<u8> {
@@ -160,14 +169,6 @@ fn main() {
             .iter()
             .map(|d| raw_put(&raw, &f32_bytes(d.iter().product::<i64>() as usize), d))
             .collect();
-        let floor = time(warm, runs, || {
-            let args: Vec<&pjrt::Buffer> = raw_inputs.iter().collect();
-            let (outputs, events) = raw_exe.execute(&[args]).unwrap();
-            for e in events {
-                e.wait().unwrap();
-            }
-            drop(outputs);
-        });
         let exe = client
             .compile_stablehlo(module.as_bytes(), std::slice::from_ref(&device))
             .unwrap();
@@ -179,32 +180,55 @@ fn main() {
             })
             .collect();
         let options = ExecuteOptions::default();
-        let ours = time(warm, runs, || {
-            let run = exe.execute(&inputs, &options).unwrap();
-            run.outputs[0].ready_event().wait().unwrap();
-        });
+        let [floor, ours] = time_in_turns(
+            warm,
+            runs,
+            [
+                &mut || {
+                    let args: Vec<&pjrt::Buffer> = raw_inputs.iter().collect();
+                    let (outputs, events) = raw_exe.execute(&[args]).unwrap();
+                    for e in events.into_iter().flatten() {
+                        e.wait().unwrap();
+                    }
+                    drop(outputs);
+                },
+                &mut || {
+                    let run = exe.execute(&inputs, &options).unwrap();
+                    run.outputs[0].ready_event().wait().unwrap();
+                },
+            ],
+        );
         report(name, ours, "raw PJRT", floor);
     }
 
     let n = 64 << 20;
     let data = f32_bytes(n);
-    let mut out = vec![0u8; n * 4];
-    let memcpy = time(1, 5, || {
-        let copy = data.clone();
-        out.copy_from_slice(&copy);
-        std::hint::black_box(&out);
-    });
-    let round_trip = time(1, 5, || {
-        let x = Array::from_host_bytes(&client, &data, spec(vec![n as i64])).unwrap();
-        x.to_host_into(&mut out).unwrap();
-    });
-    let raw_round_trip = time(1, 5, || {
-        let b = raw_put(&raw, &data, &[n as i64]);
-        // SAFETY: `out` outlives the wait.
-        if let Some(e) = unsafe { b.to_host(out.as_mut_ptr(), out.len()) }.unwrap() {
-            e.wait().unwrap();
-        }
-    });
+    // The three take turns with one destination.
+    let out = std::cell::RefCell::new(vec![0u8; n * 4]);
+    let [memcpy, round_trip, raw_round_trip] = time_in_turns(
+        1,
+        5,
+        [
+            &mut || {
+                let copy = data.clone();
+                let mut out = out.borrow_mut();
+                out.copy_from_slice(&copy);
+                std::hint::black_box(&*out);
+            },
+            &mut || {
+                let x = Array::from_host_bytes(&client, &data, spec(vec![n as i64])).unwrap();
+                x.to_host_into(&mut out.borrow_mut()).unwrap();
+            },
+            &mut || {
+                let b = raw_put(&raw, &data, &[n as i64]);
+                let mut out = out.borrow_mut();
+                // SAFETY: `out` outlives the wait.
+                if let Some(e) = unsafe { b.to_host(out.as_mut_ptr(), out.len()) }.unwrap() {
+                    e.wait().unwrap();
+                }
+            },
+        ],
+    );
     report(
         "256 MiB host -> plugin -> host",
         round_trip,
@@ -242,10 +266,6 @@ fn worker_call(options: ClientOptions) {
     let spec = ArraySpec::new(vec![8], DType::F32, Sharding::single_device(device)).unwrap();
     let x = Array::from_host_bytes(&controller, &f32_bytes(8), spec).unwrap();
     let options = ExecuteOptions::default();
-    let ours = time(100, 2000, || {
-        let run = exe.execute(std::slice::from_ref(&x), &options).unwrap();
-        run.outputs[0].ready_event().wait().unwrap();
-    });
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -257,11 +277,21 @@ fn worker_call(options: ClientOptions) {
     });
     let mut ping = TcpStream::connect(address).unwrap();
     ping.set_nodelay(true).unwrap();
-    let tcp = time(100, 2000, || {
-        let mut byte = [1u8; 1];
-        ping.write_all(&byte).unwrap();
-        ping.read_exact(&mut byte).unwrap();
-    });
+    let [ours, tcp] = time_in_turns(
+        100,
+        2000,
+        [
+            &mut || {
+                let run = exe.execute(std::slice::from_ref(&x), &options).unwrap();
+                run.outputs[0].ready_event().wait().unwrap();
+            },
+            &mut || {
+                let mut byte = [1u8; 1];
+                ping.write_all(&byte).unwrap();
+                ping.read_exact(&mut byte).unwrap();
+            },
+        ],
+    );
     report(
         "x + 1 on a worker with the plugin",
         ours,

@@ -487,6 +487,9 @@ impl Array {
     }
     /// Ready when every buffer is.
     pub fn ready_event(&self) -> Event {
+        if let [one] = &self.0.buffers[..] {
+            return one.ready_event().clone();
+        }
         let events: Vec<Event> = self
             .0
             .buffers

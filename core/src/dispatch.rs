@@ -42,10 +42,10 @@ pub(crate) struct Task {
     /// Leave the task to a waiting thread while its stream is being fed (see
     /// `LoadedProgram::waiter_first`).
     pub waiter_first: bool,
-    /// The task only hands work to another host (a send that never blocks):
-    /// the submitting thread runs it at once when its stream is idle, rather
-    /// than waking an executor to do it.
-    pub sends_only: bool,
+    /// The task only hands work to another host or to a device's queue (a
+    /// send, an enqueue: it never blocks): the submitting thread runs it at
+    /// once when its stream is idle, rather than waking an executor to do it.
+    pub hands_off: bool,
 }
 
 /// How long executor threads leave a stream to its waiter after the last
@@ -814,19 +814,18 @@ impl Dispatcher {
         let queue = stream.local_queue(self);
         let helper: Weak<dyn Helper> = Arc::downgrade(queue) as Weak<dyn Helper>;
         task.completion.set_helper(helper);
-        let task = match task.sends_only {
-            true => match queue.run_now(task) {
+        // A thread that claims its tasks (a worker's lane) runs them once it
+        // has let go of what it holds; a hand-off runs at once.
+        let task = match (claiming(), task.hands_off) {
+            (true, _) => match queue.claim_for_later(task) {
                 None => return,
                 Some(task) => task,
             },
-            false => task,
-        };
-        let task = match claiming() {
-            true => match queue.claim_for_later(task) {
+            (false, true) => match queue.run_now(task) {
                 None => return,
                 Some(task) => task,
             },
-            false => task,
+            (false, false) => task,
         };
         let waiter_first = task.waiter_first;
         queue.push(task);
@@ -848,7 +847,7 @@ impl Dispatcher {
                 completion: reached.clone(),
                 run: Box::new(move |_: Result<()>| mark.set_if_pending(Ok(()))),
                 waiter_first: false,
-                sends_only: false,
+                hands_off: false,
             },
         );
         let held = Event::new();
@@ -860,7 +859,7 @@ impl Dispatcher {
                 completion: held,
                 run: Box::new(move |_: Result<()>| done.set_if_pending(Ok(()))),
                 waiter_first: false,
-                sends_only: false,
+                hands_off: false,
             },
         );
         // The held work's own stream starts at the place.
@@ -874,7 +873,7 @@ impl Dispatcher {
                 completion: passed,
                 run: Box::new(move |status: Result<()>| pass.set_if_pending(status)),
                 waiter_first: false,
-                sends_only: false,
+                hands_off: false,
             },
         );
         StreamSlot {
@@ -1116,7 +1115,7 @@ mod tests {
                 done.set_if_pending(status);
             }),
             waiter_first: false,
-            sends_only: false,
+            hands_off: false,
         }
     }
 
@@ -1178,7 +1177,7 @@ mod tests {
                     .unwrap()
                     .push((i, std::thread::current().id()))
             });
-            t.sends_only = true;
+            t.hands_off = true;
             t
         };
         // Idle stream: the send ran before `submit` returned, on this thread.

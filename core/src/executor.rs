@@ -182,6 +182,16 @@ pub trait LoadedProgram: Send + Sync + 'static {
         false
     }
 
+    /// True when `run` only hands the work to a device that orders it (a PJRT
+    /// plugin's queue) and never blocks: the submitting thread runs it at
+    /// once when its stream is idle and its inputs are there (as JAX
+    /// dispatches), an input still being computed on that device does not
+    /// hold it back, and the outputs `run` sets may still be pending: the
+    /// execution completes when they are ready.
+    fn enqueues(&self) -> bool {
+        false
+    }
+
     /// The program in a form its language loads again without compiling it
     /// (an XLA program's plugin executable), which
     /// [`LoadedExecutable::serialize`](crate::LoadedExecutable::serialize)

@@ -324,19 +324,14 @@ impl Sharding {
         }
         self.0.devices == other.0.devices
             && (0..rank).all(|d| self.dim_split(d) == other.dim_split(d))
-            && self.split_positions(rank) == other.split_positions(rank)
+            && (0..self.0.devices.len())
+                .all(|i| (0..rank).all(|d| self.part_index(i, d) == other.part_index(i, d)))
     }
 
     fn dim_split(&self, dim: usize) -> usize {
         self.0.partition.get(dim).map_or(1, |axes| {
             axes.iter().map(|&a| self.0.mesh_shape[a]).product()
         })
-    }
-
-    fn split_positions(&self, rank: usize) -> Vec<Vec<usize>> {
-        (0..self.0.devices.len())
-            .map(|i| (0..rank).map(|d| self.part_index(i, d)).collect())
-            .collect()
     }
 
     fn part_index(&self, device_pos: usize, dim: usize) -> usize {
@@ -348,8 +343,8 @@ impl Sharding {
             .fold(0, |acc, &a| acc * self.0.mesh_shape[a] + coords[a])
     }
 
-    fn coords(&self, mut pos: usize) -> Vec<usize> {
-        let mut coords = vec![0; self.0.mesh_shape.len()];
+    fn coords(&self, mut pos: usize) -> smallvec::SmallVec<[usize; 4]> {
+        let mut coords = smallvec::smallvec![0; self.0.mesh_shape.len()];
         for (c, &n) in coords.iter_mut().zip(&self.0.mesh_shape).rev() {
             *c = pos % n;
             pos /= n;

@@ -199,6 +199,44 @@ fn add_one_compiles_and_runs_on_a_plugin_device() {
     assert_eq!(run.outputs[0].sharding().devices(), &[device]);
 }
 
+const MATMUL: &str = include_str!("../../tests/xla/matmul.mlir");
+
+#[test]
+fn xla_programs_queued_back_to_back_feed_each_other_without_waits() {
+    // Whether the plugin finishes a program before `Execute` returns (XLA's
+    // CPU plugin) or after (an accelerator's: the next program is then queued
+    // on an input still being made, and the plugin orders them), each
+    // product gets the one before.
+    let Some(client) = pjrt_client(1, 1) else {
+        return;
+    };
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    let exe = client
+        .compile_stablehlo(MATMUL.as_bytes(), std::slice::from_ref(&device))
+        .unwrap();
+    let n = 1024usize;
+    let spec = exe.program().input_specs[0].clone();
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 251) as f32).collect();
+    let identity: Vec<f32> = (0..n * n)
+        .map(|i| if i / n == i % n { 1.0 } else { 0.0 })
+        .collect();
+    let a_array = Array::from_host_bytes(&client, &f32_bytes(&a), spec.clone()).unwrap();
+    let i_array = Array::from_host_bytes(&client, &f32_bytes(&identity), spec).unwrap();
+    let mut y = a_array;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let run = exe
+            .execute(&[y, i_array.clone()], &ExecuteOptions::default())
+            .unwrap();
+        statuses.push(run.status);
+        y = run.outputs.into_iter().next().unwrap();
+    }
+    assert_eq!(f32s(&y.to_host_bytes().unwrap()), a);
+    for status in statuses {
+        status.wait().unwrap();
+    }
+}
+
 #[test]
 fn a_sharded_program_runs_over_all_plugin_devices() {
     let Some(client) = pjrt_client(1, 4) else {

@@ -46,7 +46,8 @@ pub struct Buffer {
     raw: *mut sys::PJRT_Buffer,
     client: Arc<ClientInner>,
     element_type: ElementType,
-    dims: Vec<i64>,
+    /// Inline up to rank 4 (no allocation of their own).
+    dims: smallvec::SmallVec<[i64; 4]>,
 }
 
 // SAFETY: PJRT buffers may be used from any thread.
@@ -126,7 +127,7 @@ impl Client {
             &mut a
         )?;
         let done = Event::from_raw(&self.0.plugin, a.done_with_host_buffer);
-        let buffer = self.adopt(a.buffer, element_type, dims.to_vec())?;
+        let buffer = self.adopt(a.buffer, element_type, dims)?;
         Ok((buffer, done))
     }
 
@@ -162,7 +163,7 @@ impl Client {
         &self,
         raw: *mut sys::PJRT_Buffer,
         element_type: ElementType,
-        dims: Vec<i64>,
+        dims: &[i64],
     ) -> Result<Buffer> {
         if raw.is_null() {
             return Err(Error::internal("the PJRT plugin returned no buffer"));
@@ -171,7 +172,7 @@ impl Client {
             raw,
             client: self.0.clone(),
             element_type,
-            dims,
+            dims: smallvec::SmallVec::from_slice(dims),
         })
     }
 }
@@ -291,7 +292,7 @@ impl Buffer {
         a.buffer = self.raw;
         a.dst_device = device.raw;
         call!(self.client.plugin.api(), PJRT_Buffer_CopyToDevice, &mut a)?;
-        client.adopt(a.dst_buffer, self.element_type, self.dims.clone())
+        client.adopt(a.dst_buffer, self.element_type, &self.dims)
     }
 
     /// A copy in `memory`, made by the plugin.
@@ -305,7 +306,7 @@ impl Buffer {
         a.buffer = self.raw;
         a.dst_memory = memory.raw;
         call!(self.client.plugin.api(), PJRT_Buffer_CopyToMemory, &mut a)?;
-        client.adopt(a.dst_buffer, self.element_type, self.dims.clone())
+        client.adopt(a.dst_buffer, self.element_type, &self.dims)
     }
 
     /// Frees the device memory once work in flight is done; the handle stays.

@@ -4,6 +4,7 @@ use std::os::raw::c_char;
 use std::sync::Arc;
 
 use prost::Message;
+use smallvec::SmallVec;
 
 use crate::buffer::Buffer;
 use crate::client::{Client, ClientInner, Device};
@@ -49,6 +50,10 @@ pub struct CompileOptions {
     /// default assignment.
     pub device_assignment: Option<Vec<Vec<i64>>>,
 }
+
+/// What [`LoadedExecutable::execute`] gives: each device's outputs, and
+/// each device's completion event (`None` where the plugin gave none).
+pub type Executed = (Vec<Vec<Buffer>>, Vec<Option<Event>>);
 
 impl Default for CompileOptions {
     fn default() -> Self {
@@ -369,12 +374,16 @@ impl LoadedExecutable {
     /// Runs the program once: `arguments[d]` are the inputs of the `d`-th of
     /// [`devices`](Self::devices). Gives each device's outputs, which become
     /// ready when the program has run (their ready events carry its error),
-    /// and each device's completion event.
+    /// and each device's completion event (`None` where the plugin gave none).
     ///
     /// Errors: `invalid_argument` when there is not one argument list per
     /// device, the lists differ in length, or a buffer is of another client;
     /// the plugin's error for arguments the program does not take.
-    pub fn execute(&self, arguments: &[Vec<&Buffer>]) -> Result<(Vec<Vec<Buffer>>, Vec<Event>)> {
+    pub fn execute<'a, L: AsRef<[&'a Buffer]>>(
+        &self,
+        arguments: &[L],
+    ) -> Result<Executed> {
+        type PerDevice<T> = SmallVec<[T; 2]>;
         let num_devices = self.devices.len();
         if arguments.len() != num_devices {
             return Err(Error::invalid_argument(format!(
@@ -382,34 +391,35 @@ impl LoadedExecutable {
                 arguments.len()
             )));
         }
-        let num_args = arguments.first().map_or(0, Vec::len);
-        if arguments.iter().any(|l| l.len() != num_args) {
+        let num_args = arguments.first().map_or(0, |l| l.as_ref().len());
+        if arguments.iter().any(|l| l.as_ref().len() != num_args) {
             return Err(Error::invalid_argument(
                 "every device's argument list must have the same length",
             ));
         }
         if arguments
             .iter()
-            .flatten()
+            .flat_map(|l| l.as_ref())
             .any(|b| !Arc::ptr_eq(b.client_arc(), &self.client))
         {
             return Err(Error::invalid_argument(
                 "an argument is a buffer of another PJRT client",
             ));
         }
-        let lists: Vec<Vec<*mut sys::PJRT_Buffer>> = arguments
+        let lists: PerDevice<SmallVec<[*mut sys::PJRT_Buffer; 8]>> = arguments
             .iter()
-            .map(|l| l.iter().map(|b| b.raw()).collect())
+            .map(|l| l.as_ref().iter().map(|b| b.raw()).collect())
             .collect();
-        let list_ptrs: Vec<*const *mut sys::PJRT_Buffer> =
+        let list_ptrs: PerDevice<*const *mut sys::PJRT_Buffer> =
             lists.iter().map(|l| l.as_ptr()).collect();
         let num_outputs = self.output_types.len();
-        let mut outputs: Vec<Vec<*mut sys::PJRT_Buffer>> = (0..num_devices)
-            .map(|_| vec![std::ptr::null_mut(); num_outputs])
+        let mut outputs: PerDevice<SmallVec<[*mut sys::PJRT_Buffer; 8]>> = (0..num_devices)
+            .map(|_| smallvec::smallvec![std::ptr::null_mut(); num_outputs])
             .collect();
-        let output_ptrs: Vec<*mut *mut sys::PJRT_Buffer> =
+        let output_ptrs: PerDevice<*mut *mut sys::PJRT_Buffer> =
             outputs.iter_mut().map(|l| l.as_mut_ptr()).collect();
-        let mut events: Vec<*mut sys::PJRT_Event> = vec![std::ptr::null_mut(); num_devices];
+        let mut events: PerDevice<*mut sys::PJRT_Event> =
+            smallvec::smallvec![std::ptr::null_mut(); num_devices];
         let mut options = new_args!(PJRT_ExecuteOptions, PJRT_ExecuteOptions_STRUCT_SIZE);
         let mut a = new_args!(
             PJRT_LoadedExecutable_Execute_Args,
@@ -429,16 +439,16 @@ impl LoadedExecutable {
         )?;
         let client = Client(self.client.clone());
         let plugin = &self.client.plugin;
-        let events: Vec<Event> = events
+        let events: Vec<Option<Event>> = events
             .into_iter()
-            .filter_map(|e| Event::from_raw(plugin, e))
+            .map(|e| Event::from_raw(plugin, e))
             .collect();
         let mut per_device = Vec::with_capacity(num_devices);
         let mut failure = None;
         for list in outputs {
             let mut buffers = Vec::with_capacity(num_outputs);
             for (i, raw) in list.into_iter().enumerate() {
-                match client.adopt(raw, self.output_types[i], self.output_dims[i].clone()) {
+                match client.adopt(raw, self.output_types[i], &self.output_dims[i]) {
                     Ok(b) => buffers.push(b),
                     Err(e) => failure = Some(e),
                 }

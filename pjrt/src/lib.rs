@@ -52,6 +52,6 @@ pub use buffer::{Buffer, HostBufferSemantics};
 pub use client::{Client, Device, Memory};
 pub use error::{Code, Error, Result};
 pub use event::Event;
-pub use executable::{CompileOptions, LoadedExecutable, ProgramFormat};
+pub use executable::{CompileOptions, Executed, LoadedExecutable, ProgramFormat};
 pub use plugin::{Plugin, HEADER_API_MINOR, MIN_API_MINOR};
 pub use types::{ElementType, Value};

@@ -188,7 +188,7 @@ fn add_one_compiles_and_runs() {
     let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
     let input = put(&client, 0, ElementType::F32, &[8], &f32_bytes(&x));
     let (outputs, events) = exe.execute(&[vec![&input]]).unwrap();
-    for e in events {
+    for e in events.into_iter().flatten() {
         e.wait().unwrap();
     }
     let y = f32s(&get(&outputs[0][0]));
@@ -348,7 +348,7 @@ fn bad_input_gets_typed_errors() {
         .unwrap();
     let right = put(&client, 0, ElementType::F32, &[8], &f32_bytes(&[0.0; 8]));
     assert_eq!(
-        exe.execute(&[]).err().unwrap().code(),
+        exe.execute::<Vec<&Buffer>>(&[]).err().unwrap().code(),
         Code::InvalidArgument
     );
     assert!(exe.execute(&[vec![&right, &right]]).is_err());

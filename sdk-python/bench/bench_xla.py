@@ -4,7 +4,7 @@ JAX lowers each function (``jax.jit(f).lower(...).as_text()``); colocated
 compiles that module on XLA's CPU plugin (``lammps-jax-pjrt-cpu``) and runs it
 on an Array of the plugin's device. Measures the median of
 ``block_until_ready(f(x))`` for ``x + 1`` on f32[8] and a 1024x1024 f32
-matmul, both ways.
+matmul, both ways, taking turns.
 
 Goal (issue 34): the small program below ``jax.jit``'s time. Run by
 ``make bench`` (which installs jax[cpu] and the CPU plugin into the benchmark
@@ -21,14 +21,18 @@ import numpy as np
 import colocated
 
 
-def _median_us(fn, n: int, repeats: int = 5) -> float:
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        runs.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(runs)
+def _in_turns(fns, n: int, rounds: int = 7) -> list[tuple[float, float, float]]:
+    """Per function: the median, lowest and highest of ``rounds`` mean times
+    (µs) of ``n`` calls, the functions taking turns round by round so that a
+    noisy machine's drift weighs on each alike."""
+    runs = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, times in zip(fns, runs, strict=True):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times.append((time.perf_counter() - start) / n * 1e6)
+    return [(statistics.median(t), min(t), max(t)) for t in runs]
 
 
 def main() -> None:
@@ -54,13 +58,21 @@ def main() -> None:
         jitted = jax.jit(fn)
         jax_args = [jnp.asarray(a) for a in args]
         jitted(*jax_args).block_until_ready()
-        theirs = _median_us(lambda jitted=jitted, a=jax_args: jitted(*a).block_until_ready(), n)
         module = jitted.lower(*jax_args).as_text()
         exe = colocated.compile_stablehlo(module, [device])
         ours_args = [colocated.device_put(a, device) for a in args]
         colocated.block_until_ready(exe(*ours_args))
-        ours = _median_us(lambda exe=exe, a=ours_args: exe(*a).block_until_ready(), n)
-        print(f"{name:<24} colocated {ours:>9.1f} us   jax.jit {theirs:>9.1f} us   ratio {ours / theirs:.2f}x")
+        ours, theirs = _in_turns(
+            [
+                lambda exe=exe, a=ours_args: exe(*a).block_until_ready(),
+                lambda jitted=jitted, a=jax_args: jitted(*a).block_until_ready(),
+            ],
+            n,
+        )
+        print(
+            f"{name:<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
+            f"   jax.jit {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]   ratio {ours[0] / theirs[0]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -621,6 +621,12 @@ impl Buffer {
         }
     }
 
+    /// True when the buffer's data is a PJRT plugin's buffer already, ready
+    /// or still being computed there (the plugin orders work on it).
+    pub(crate) fn is_defined_on_device(&self) -> bool {
+        matches!(&*self.data(), Slot::Ready(s) if matches!(**s, Storage::Device(_)))
+    }
+
     /// True when the buffer's data is in this process's memory, where it can
     /// be viewed in place ([`acquire_external_reference`](Self::acquire_external_reference));
     /// false for data on a worker or a PJRT plugin's device, which is read
@@ -1093,7 +1099,7 @@ impl Buffer {
                     Err(e) => dst.0.ready.set_if_pending(Err(e)),
                 }),
                 waiter_first: false,
-                sends_only: false,
+                hands_off: false,
             };
             client
                 .0
@@ -1126,7 +1132,7 @@ impl Buffer {
                 }
             }),
             waiter_first: false,
-            sends_only: false,
+            hands_off: false,
         };
         let stream = client.current_stream();
         client.0.local.dispatcher.submit(&stream, task);

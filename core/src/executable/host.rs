@@ -32,6 +32,12 @@ pub(crate) trait HostRun: Send + Sync {
     /// Whether the caller's wait runs the part (see `Task::waiter_first`).
     fn waiter_first(&self) -> bool;
 
+    /// Whether the part only hands its work to a device that orders it (see
+    /// `LoadedProgram::enqueues`).
+    fn enqueues(&self) -> bool {
+        false
+    }
+
     /// The loaded program's artifact (see `LoadedProgram::artifact`), for a
     /// part that runs in this process.
     fn artifact(&self) -> Option<Vec<u8>> {

@@ -26,17 +26,37 @@ impl HostRun for LocalRun {
         self.0.artifact()
     }
 
-    fn run(&self, exe: &LoadedExecutable, part: Part<'_>, _done: &Event) -> Option<Result<()>> {
-        Some(run_here(&self.0, exe, part))
+    fn enqueues(&self) -> bool {
+        self.0.enqueues()
+    }
+
+    /// An enqueuing program takes an input whose data are already on its
+    /// device, ready or not: the device orders the work on them.
+    fn takes_pending(&self, input: &Buffer, _stream: u64) -> bool {
+        self.0.enqueues() && input.is_defined_on_device()
+    }
+
+    fn run(&self, exe: &LoadedExecutable, part: Part<'_>, done: &Event) -> Option<Result<()>> {
+        match run_here(&self.0, exe, part) {
+            Ok(pending) if pending.is_empty() => Some(Ok(())),
+            Ok(pending) => {
+                // Complete when the device has made every output.
+                let done = done.clone();
+                Event::join(&pending).when_ready(move |r| done.set_if_pending(r));
+                None
+            }
+            Err(e) => Some(Err(e)),
+        }
     }
 }
 
-/// Runs `part` of `exe` with `program` on this thread.
+/// Runs `part` of `exe` with `program` on this thread; the readiness of the
+/// outputs an enqueuing program left pending (their data are set already).
 fn run_here(
     program: &Arc<dyn LoadedProgram>,
     exe: &LoadedExecutable,
     part: Part<'_>,
-) -> Result<()> {
+) -> Result<Vec<Event>> {
     let Part {
         host,
         inputs,
@@ -96,6 +116,7 @@ fn run_here(
             exe.name()
         ))
     })?;
+    let mut pending = Vec::new();
     for (i, (produced, out)) in ctx.outputs.into_iter().zip(outputs).enumerate() {
         let produced = produced.ok_or_else(|| {
             Error::internal(format!(
@@ -104,8 +125,13 @@ fn run_here(
                 exe.name()
             ))
         })?;
+        if program.enqueues() && !produced.ready_event().is_ready() {
+            out.fill_shared(produced.storage()?);
+            pending.push(produced.ready_event().clone());
+            continue;
+        }
         produced.ready_event().wait()?;
         out.fill_shared(produced.storage()?);
     }
-    Ok(())
+    Ok(pending)
 }

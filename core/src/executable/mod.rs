@@ -620,7 +620,7 @@ impl LoadedExecutable {
             completion: completion.clone(),
             run: Box::new(job),
             waiter_first: plan.run.waiter_first(),
-            sends_only: !plan.run.in_process(),
+            hands_off: !plan.run.in_process() || plan.run.enqueues(),
         };
         (outputs, completion, Some(task))
     }

@@ -13,6 +13,7 @@ mod signature;
 use std::sync::Arc;
 
 use colocated_pjrt as pjrt;
+use smallvec::SmallVec;
 
 use crate::backend::pjrt::{dtype_of, to_error};
 use crate::backend::{DeviceData, PjrtBackend};
@@ -137,7 +138,6 @@ struct XlaProgram {
     /// The StableHLO module it was compiled from.
     module: Vec<u8>,
     num_inputs: usize,
-    num_outputs: usize,
 }
 
 /// What starts the payload of a serialized XLA program that carries the
@@ -207,7 +207,6 @@ impl LanguageExecutor for XlaExecutor {
                 backend,
                 module: artifact.module,
                 num_inputs: program.input_specs.len(),
-                num_outputs: program.output_specs.len(),
             }));
         }
         let signature = signature::parse(&program.payload)?;
@@ -250,15 +249,26 @@ impl LanguageExecutor for XlaExecutor {
             backend,
             module: program.payload.clone(),
             num_inputs: program.input_specs.len(),
-            num_outputs: program.output_specs.len(),
         }))
     }
 }
 
+/// What the plugin said of one device's part of an execution.
+enum Made {
+    /// Its outputs are made.
+    Done,
+    /// They (the buffers) are made when the event is ready.
+    When(pjrt::Event, Vec<Buffer>),
+    /// It gave no event: each output's own ready event says.
+    Unknown,
+}
+
 impl LoadedProgram for XlaProgram {
-    /// The program waits for the plugin: the thread that waits for its
-    /// outputs runs it, saving a handoff to an executor thread and back.
-    fn waiter_first(&self) -> bool {
+    /// `PJRT_LoadedExecutable_Execute` queues the program on the plugin's
+    /// devices and returns (XLA's CPU plugin runs a small program before it
+    /// returns): the submitting thread runs it, as `jax.jit` dispatches, and
+    /// the outputs are ready when the plugin's events say so.
+    fn enqueues(&self) -> bool {
         true
     }
 
@@ -276,6 +286,7 @@ impl LoadedProgram for XlaProgram {
     }
 
     fn run(&self, ctx: &mut ExecutionContext<'_>) -> Result<()> {
+        type PerDevice<T> = SmallVec<[T; 2]>;
         let devices = self.executable.devices().len();
         let inputs = ctx.inputs();
         if inputs.len() != self.num_inputs * devices {
@@ -289,8 +300,8 @@ impl LoadedProgram for XlaProgram {
         let storages = inputs
             .iter()
             .map(Buffer::storage)
-            .collect::<Result<Vec<_>>>()?;
-        let mut plugin_buffers = Vec::with_capacity(storages.len());
+            .collect::<Result<SmallVec<[_; 8]>>>()?;
+        let mut plugin_buffers: SmallVec<[&pjrt::Buffer; 8]> = SmallVec::new();
         for (i, s) in storages.iter().enumerate() {
             match &**s {
                 Storage::Device(d) if d.is_of(&self.backend) => plugin_buffers.push(&d.buffer),
@@ -303,7 +314,7 @@ impl LoadedProgram for XlaProgram {
         }
         // The executable's k-th argument list is the shards of the program's
         // device `order[k]`.
-        let arguments: Vec<Vec<&pjrt::Buffer>> = self
+        let arguments: PerDevice<SmallVec<[&pjrt::Buffer; 8]>> = self
             .order
             .iter()
             .map(|&p| {
@@ -313,42 +324,78 @@ impl LoadedProgram for XlaProgram {
             })
             .collect();
         let (outputs, events) = self.executable.execute(&arguments).map_err(to_error)?;
-        for event in &events {
-            event.wait().map_err(to_error)?;
+        drop(arguments);
+        // The plugin's k-th event completes device `order[k]`'s outputs.
+        let mut done_on: PerDevice<Made> = (0..devices).map(|_| Made::Unknown).collect();
+        for (event, &p) in events.into_iter().zip(&self.order) {
+            let Some(event) = event else {
+                continue; // none: the outputs' own readiness (below)
+            };
+            done_on[p] = match event.is_ready() {
+                // Done already: its error, if any, now.
+                Ok(true) => {
+                    event.wait().map_err(to_error)?;
+                    Made::Done
+                }
+                _ => Made::When(event, Vec::new()),
+            };
         }
         // Output o's shard on the program's device p is shard o * devices + p.
-        let mut produced: Vec<Option<pjrt::Buffer>> =
-            (0..self.num_outputs * devices).map(|_| None).collect();
+        let shards = ctx.output_shards();
+        let client = ctx.client();
         for (device_outputs, &p) in outputs.into_iter().zip(&self.order) {
-            for (o, b) in device_outputs.into_iter().enumerate() {
-                if let Some(slot) = produced.get_mut(o * devices + p) {
-                    *slot = Some(b);
+            for (o, buffer) in device_outputs.into_iter().enumerate() {
+                let index = o * devices + p;
+                let shard = shards.get(index).ok_or_else(|| {
+                    Error::internal(format!("no output shard {index} for the plugin's buffer"))
+                })?;
+                // Without the device's event, the buffer's own says when it is made.
+                let own = match done_on[p] {
+                    Made::Done | Made::When(..) => None,
+                    Made::Unknown => match buffer.ready_event() {
+                        Ok(e) if !matches!(e.is_ready(), Ok(true)) => Some(e),
+                        Ok(e) => {
+                            e.wait().map_err(to_error)?;
+                            None
+                        }
+                        Err(e) if e.code() == pjrt::Code::Unimplemented => None,
+                        Err(e) => return Err(to_error(e)),
+                    },
+                };
+                let out = Buffer::pending(
+                    client,
+                    &shard.device,
+                    shard.device.default_memory_space().clone(),
+                    shard.dtype,
+                    &shard.dims,
+                );
+                // The data are the plugin's now; ready when its event is.
+                out.fill_shared(Arc::new(Storage::Device(DeviceData::new(
+                    buffer,
+                    &self.backend,
+                ))));
+                match (&mut done_on[p], own) {
+                    (Made::When(_, made), _) => made.push(out.clone()),
+                    (_, Some(event)) => {
+                        let made = out.clone();
+                        event.on_ready(move |r| {
+                            made.ready_event().set_if_pending(r.map_err(to_error))
+                        });
+                    }
+                    _ => out.ready_event().set_if_pending(Ok(())),
                 }
+                ctx.set_output(index, out)?;
             }
         }
-        let shards = ctx.output_shards().to_vec();
-        let client = ctx.client().clone();
-        for (index, buffer) in produced.into_iter().enumerate() {
-            let buffer = buffer.ok_or_else(|| {
-                Error::internal(format!(
-                    "the plugin gave no buffer for output shard {index}"
-                ))
-            })?;
-            let shard = shards.get(index).ok_or_else(|| {
-                Error::internal(format!("no output shard {index} for the plugin's buffer"))
-            })?;
-            let out = Buffer::pending(
-                &client,
-                &shard.device,
-                shard.device.default_memory_space().clone(),
-                shard.dtype,
-                &shard.dims,
-            );
-            out.finish(Ok(Arc::new(Storage::Device(DeviceData::new(
-                buffer,
-                &self.backend,
-            )))));
-            ctx.set_output(index, out)?;
+        for made in done_on {
+            if let Made::When(event, outs) = made {
+                event.on_ready(move |r| {
+                    let r = r.map_err(to_error);
+                    for out in outs {
+                        out.ready_event().set_if_pending(r.clone());
+                    }
+                });
+            }
         }
         Ok(())
     }

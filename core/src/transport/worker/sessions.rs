@@ -58,7 +58,7 @@ pub(super) fn end_session(
                     completion: done.clone(),
                     run: Box::new(move |_| marked.set_if_pending(Ok(()))),
                     waiter_first: false,
-                    sends_only: false,
+                    hands_off: false,
                 };
                 client.0.local.dispatcher.submit(stream, task);
                 done
