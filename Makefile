@@ -30,10 +30,13 @@ RUFF_VERSION := 0.17.6
 CMAKE_PY_VERSION := 4.4.5
 # XLA's CPU PJRT plugin (pjrt_c_api_cpu_plugin.so), the plugin the tests run on.
 PJRT_CPU_PLUGIN_VERSION := 0.11.2
+# JAX (on CPU), whose lowered and exported modules the XLA tests compile.
+JAX_VERSION := 0.10.2
 # cmake (for the install check's CMake build) and ruff (make lint) come from
 # PyPI too, so that no system package is needed for them.
 PY_DEPS := maturin numpy optree ml_dtypes cloudpickle pytest tqdm absl-py pyyaml kubernetes-validate ray \
-  cmake==$(CMAKE_PY_VERSION) ruff==$(RUFF_VERSION) lammps-jax-pjrt-cpu==$(PJRT_CPU_PLUGIN_VERSION)
+  cmake==$(CMAKE_PY_VERSION) ruff==$(RUFF_VERSION) lammps-jax-pjrt-cpu==$(PJRT_CPU_PLUGIN_VERSION) \
+  jax==$(JAX_VERSION)
 # The venv is made again when the list above changes (its stamp names the list's checksum).
 VENV_STAMP := $(VENV)/.deps-$(shell echo '$(PY_DEPS)' | cksum | cut -d ' ' -f 1)
 # Tools built from crates.io, kept in the build folder.

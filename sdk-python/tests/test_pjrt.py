@@ -132,6 +132,14 @@ def test_add_one_runs_and_results_match_numpy(client):
     z = f(f(y))
     np.testing.assert_allclose(np.asarray(z), value + 3)
     assert z.sharding.device_set == {client.devices()[0]}
+    # A long chain queued without waits, each input deleted once its call is
+    # queued: on an accelerator each call is queued on a result the device
+    # is still making, and the plugin keeps what it still reads.
+    w = z
+    for _ in range(100):
+        previous, w = w, f(w)
+        previous.delete()
+    np.testing.assert_allclose(np.asarray(w), value + 103)
 
 
 def test_a_sharded_program_runs_over_all_plugin_devices(client):
@@ -308,6 +316,28 @@ def test_a_module_that_jax_lowered_runs_with_its_shardings(client):
     # Arguments of other shardings than the module's are refused.
     with pytest.raises(colocated.InvalidArgumentError):
         step(colocated.device_put(x, colocated.NamedSharding(mesh, P())), *args[1:])
+
+
+def test_what_jax_lowers_and_exports_compiles_as_given(client):
+    jax = pytest.importorskip("jax")
+    from jax import export
+
+    def step(x, y):
+        return x @ y + 1.0, x.sum()
+
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    args = [colocated.device_put(v, client.devices()[0]) for v in (x, x.T)]
+    lowered = jax.jit(step).lower(x, x.T)
+    exported = export.export(jax.jit(step))(x, x.T)
+    for module in (lowered, exported):
+        product, total = colocated.compile_stablehlo(module, client.devices()[:1])(*args)
+        np.testing.assert_allclose(np.asarray(product), x @ x.T + 1.0)
+        np.testing.assert_allclose(np.asarray(total), x.sum())
+    # Bytecode is refused with what to give instead.
+    with pytest.raises(colocated.UnimplementedError, match="as_text"):
+        colocated.compile_stablehlo(exported.mlir_module_serialized, client.devices()[:1])
+    with pytest.raises(colocated.InvalidArgumentError, match="Lowered"):
+        colocated.compile_stablehlo(42, client.devices()[:1])
 
 
 def test_a_serialized_xla_program_loads_and_runs_again(client):

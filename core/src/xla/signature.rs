@@ -36,7 +36,17 @@ fn bad(what: impl std::fmt::Display) -> Error {
 /// `@main` function, or types this runtime has no dtype for; `unimplemented`
 /// for dynamic shapes and Shardy features it does not map (sub-axes,
 /// explicit device ids).
+/// What every MLIR bytecode file starts with.
+const MLIR_BYTECODE_MAGIC: &[u8] = b"ML\xefR";
+
 pub(crate) fn parse(module: &[u8]) -> Result<Signature> {
+    if module.starts_with(MLIR_BYTECODE_MAGIC) {
+        return Err(Error::unimplemented(
+            "the module is MLIR bytecode (such as a jax.export artifact's \
+             mlir_module_serialized); give it as MLIR text: jax's lowered.as_text() or \
+             exported.mlir_module() (the Python SDK takes those objects themselves)",
+        ));
+    }
     let text = std::str::from_utf8(module).map_err(|_| {
         Error::unimplemented(
             "only StableHLO modules as MLIR text are taken (as jax's lowered.as_text() gives); \
@@ -377,6 +387,10 @@ mod tests {
         assert_eq!(e.code(), crate::error::ErrorCode::Unimplemented);
         let e = parse(&[0x4d, 0x4c, 0xef, 0x52, 0xff]).unwrap_err();
         assert_eq!(e.code(), crate::error::ErrorCode::Unimplemented);
-        assert!(e.message().contains("text"), "{e}");
+        assert!(e.message().contains("MLIR bytecode"), "{e}");
+        assert!(e.message().contains("as_text()"), "{e}");
+        let e = parse(&[0xff, 0xfe, 0x00]).unwrap_err();
+        assert_eq!(e.code(), crate::error::ErrorCode::Unimplemented);
+        assert!(e.message().contains("not UTF-8"), "{e}");
     }
 }

@@ -62,22 +62,40 @@ def deserialize_and_load(data: bytes, client: _colocated.Client | None = None) -
     return XlaExecutable(_colocated.Executable.deserialize_and_load(bytes(data), client or _client_default()))
 
 
-def compile_stablehlo(module: str | bytes, devices: Sequence[_colocated.Device] | None = None) -> XlaExecutable:
-    """Compiles ``module``, a StableHLO module as MLIR text (what
-    ``jax.jit(f).lower(...).as_text()`` gives), for ``devices`` of a PJRT
+def _module_text(module: object) -> bytes:
+    """The MLIR text of ``module``: text as given; JAX's ``Lowered``
+    (``jax.jit(f).lower(...)``) and ``jax.export.Exported`` as their text."""
+    if isinstance(module, str):
+        return module.encode()
+    if isinstance(module, bytes | bytearray):
+        return bytes(module)
+    for method in ("as_text", "mlir_module"):  # Lowered, Exported
+        text = getattr(module, method, None)
+        if callable(text):
+            text = text()
+            if isinstance(text, str):
+                return text.encode()
+    raise InvalidArgumentError(
+        "module must be MLIR text (str or bytes), a jax Lowered (jax.jit(f).lower(...)) "
+        f"or a jax.export.Exported, got {type(module).__name__}"
+    )
+
+
+def compile_stablehlo(module: object, devices: Sequence[_colocated.Device] | None = None) -> XlaExecutable:
+    """Compiles ``module``, a StableHLO module, for ``devices`` of a PJRT
     plugin (default: the first device of the default backend; an SPMD module
-    with ``mhlo.num_partitions = n`` takes ``n`` devices). The compiled
+    with ``mhlo.num_partitions = n`` takes ``n`` devices). The module is MLIR
+    text (``str`` or ``bytes``), or what JAX gives: a ``Lowered``
+    (``jax.jit(f).lower(...)``, read with ``as_text()``) or a
+    ``jax.export.Exported`` (read with ``mlir_module()``). The compiled
     program's arguments and results have the shapes, dtypes and shardings of
     the module's ``@main``.
 
     Raises ``InvalidArgumentError`` for a module the compiler refuses (with its
     message) or devices that do not fit it, and ``UnimplementedError`` for what
-    is not supported (bytecode modules, replicas, dynamic shapes).
+    is not supported (MLIR bytecode, replicas, dynamic shapes).
     """
-    if isinstance(module, str):
-        module = module.encode()
-    if not isinstance(module, bytes | bytearray):
-        raise InvalidArgumentError(f"module must be MLIR text (str or bytes), got {type(module).__name__}")
+    text = _module_text(module)
     if devices is None:
         devices = _devices()[:1]
-    return XlaExecutable(_colocated.Executable.compile_stablehlo(bytes(module), list(devices)))
+    return XlaExecutable(_colocated.Executable.compile_stablehlo(text, list(devices)))
