@@ -379,10 +379,7 @@ impl LoadedExecutable {
     /// Errors: `invalid_argument` when there is not one argument list per
     /// device, the lists differ in length, or a buffer is of another client;
     /// the plugin's error for arguments the program does not take.
-    pub fn execute<'a, L: AsRef<[&'a Buffer]>>(
-        &self,
-        arguments: &[L],
-    ) -> Result<Executed> {
+    pub fn execute<'a, L: AsRef<[&'a Buffer]>>(&self, arguments: &[L]) -> Result<Executed> {
         type PerDevice<T> = SmallVec<[T; 2]>;
         let num_devices = self.devices.len();
         if arguments.len() != num_devices {

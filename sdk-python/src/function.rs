@@ -622,20 +622,37 @@ impl Executable {
         py: Python<'_>,
         arrays: Vec<PyRef<'_, ArrayImpl>>,
     ) -> PyResult<(Vec<ArrayImpl>, Event)> {
+        let (outputs, status) = self.run(py, &arrays)?;
+        Ok((outputs, Event::wrap(status)))
+    }
+
+    /// [`execute`](Self::execute) without the status: the outputs only.
+    fn call(&self, py: Python<'_>, arrays: Vec<PyRef<'_, ArrayImpl>>) -> PyResult<Vec<ArrayImpl>> {
+        Ok(self.run(py, &arrays)?.0)
+    }
+}
+
+impl Executable {
+    /// Runs the program without the GIL (as `jax.jit` hands a program to its
+    /// plugin: a program that needs Python takes the GIL back itself).
+    fn run(
+        &self,
+        py: Python<'_>,
+        arrays: &[PyRef<'_, ArrayImpl>],
+    ) -> PyResult<(Vec<ArrayImpl>, core::Event)> {
         let exe = self.inner.get().map_err(py_err)?;
         crate::streams::enter_call_scope(py)?;
         let args = arrays
             .iter()
             .map(|a| a.array().cloned())
             .collect::<PyResult<Vec<_>>>()?;
-        let run = exe
-            .execute(&args, &core::ExecuteOptions::default())
-            .map_err(py_err)?;
+        let options = core::ExecuteOptions::default();
+        let run = py.detach(|| exe.execute(&args, &options)).map_err(py_err)?;
         let outputs = run
             .outputs
             .into_iter()
             .map(|a| ArrayImpl::wrap(exe.client().clone(), a))
             .collect();
-        Ok((outputs, Event::wrap(run.status)))
+        Ok((outputs, run.status))
     }
 }

@@ -67,12 +67,22 @@ fn run_here(
         stream_id: _,
     } = part;
     // The program sees views that share the data: a caller deleting an input
-    // after submission does not take it away from the running program.
-    let views = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, b)| b.view().map_err(|e| e.context(format!("input shard {i}"))))
-        .collect::<Result<smallvec::SmallVec<[Buffer; 4]>>>()?;
+    // after submission does not take it away from the running program. An
+    // enqueuing program reads them only during `run` (the job holds them
+    // until then) and its device keeps what it still reads: it gets the
+    // inputs themselves.
+    let views = match program.enqueues() {
+        true => smallvec::SmallVec::new(),
+        false => inputs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b.view().map_err(|e| e.context(format!("input shard {i}"))))
+            .collect::<Result<smallvec::SmallVec<[Buffer; 4]>>>()?,
+    };
+    let inputs = match program.enqueues() {
+        true => inputs,
+        false => &views[..],
+    };
     let program_specs = &exe.0.program;
     let (host_inputs, host_outputs) = match host_specs {
         Some(specs) => (&specs.inputs[..], &specs.outputs[..]),
@@ -99,7 +109,7 @@ fn run_here(
         host,
         host_input_specs: host_inputs,
         host_output_specs: host_outputs,
-        inputs: &views,
+        inputs,
         input_counts,
         output_shards: shards,
         outputs: smallvec::smallvec![None; shards.len()],

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::array::Array;
 use crate::buffer::{Buffer, UsageHold};
 use crate::client::Client;
@@ -136,9 +138,9 @@ struct ExecJob {
     plan_index: usize,
     inputs: Vec<Buffer>,
     /// Keep the inputs' data alive even if the caller deletes them meanwhile.
-    holds: Vec<UsageHold>,
+    holds: SmallVec<[UsageHold; 4]>,
     layout: Option<Box<Layout>>,
-    outputs: Vec<Buffer>,
+    outputs: SmallVec<[Buffer; 4]>,
     stream_id: u64,
 }
 
@@ -357,9 +359,9 @@ impl LoadedExecutable {
             .unwrap_or_else(|| client.current_stream());
         client.check_stream(&stream)?;
         let outputs_spec = &self.0.program.output_specs;
-        let mut out_buffers: Vec<Vec<Option<Buffer>>> = outputs_spec
+        let mut out_buffers: SmallVec<[SmallVec<[Option<Buffer>; 4]>; 4]> = outputs_spec
             .iter()
-            .map(|s| vec![None; s.sharding.devices().len()])
+            .map(|s| smallvec::smallvec![None; s.sharding.devices().len()])
             .collect();
         // One status and task per host; no allocation for the common single-host
         // case. Tasks are queued last, after the bookkeeping: the caller then
@@ -598,7 +600,7 @@ impl LoadedExecutable {
             .filter(|b| !b.ready_event().is_ready() && !plan.run.takes_pending(b, stream.id()))
             .map(|b| b.ready_event().clone())
             .collect();
-        let holds = match inputs.iter().map(Buffer::hold).collect::<Result<Vec<_>>>() {
+        let holds = match inputs.iter().map(Buffer::hold).collect::<Result<_>>() {
             Ok(holds) => holds,
             Err(e) => {
                 completion.set_if_pending(Err(e));
@@ -612,7 +614,7 @@ impl LoadedExecutable {
             inputs,
             holds,
             layout,
-            outputs: outputs.clone(),
+            outputs: outputs.iter().cloned().collect(),
             stream_id: stream.id(),
         };
         let task = Task {

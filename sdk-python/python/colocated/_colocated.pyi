@@ -432,6 +432,8 @@ class Executable:
     def devices(self) -> list[Device]:
         """The devices the program runs on."""
     def execute(self, arrays: list[ArrayImpl]) -> tuple[list[ArrayImpl], Event]: ...
+    def call(self, arrays: list[ArrayImpl]) -> list[ArrayImpl]:
+        """``execute`` without the status: the outputs only."""
     def serialize(self) -> bytes:
         """The portable bytes of the executable."""
 

@@ -39,14 +39,20 @@ class XlaExecutable:
         return self._impl.serialize()
 
     def __call__(self, *args: Array) -> Array | tuple[Array, ...]:
-        for i, a in enumerate(args):
-            if not isinstance(a, Array):
-                raise InvalidArgumentError(
-                    f"argument {i} must be a colocated Array (colocated.device_put), got {type(a).__name__}"
-                )
-        outputs, _status = self._impl.execute([a._impl for a in args])
-        results = tuple(_wrap(o, None) for o in outputs)
-        return results[0] if len(results) == 1 else results
+        outputs = self._impl.call([a._impl if a.__class__ is Array else _impl_of(a, args) for a in args])
+        if len(outputs) == 1:
+            return _wrap(outputs[0], None)
+        return tuple([_wrap(o, None) for o in outputs])
+
+
+def _impl_of(a: object, args: tuple) -> _colocated.ArrayImpl:
+    """The runtime array of argument ``a`` (of ``args``), an ``Array`` of a subclass."""
+    if isinstance(a, Array):
+        return a._impl
+    i = next(i for i, b in enumerate(args) if b is a)
+    raise InvalidArgumentError(
+        f"argument {i} must be a colocated Array (colocated.device_put), got {type(a).__name__}"
+    )
 
 
 def deserialize_and_load(data: bytes, client: _colocated.Client | None = None) -> XlaExecutable:
