@@ -461,6 +461,12 @@ impl Array {
         self.buffers().iter().all(Buffer::is_in_process)
     }
 
+    /// True when this process can view every shard's bytes in place (see
+    /// [`Buffer::is_host_addressable`]).
+    pub fn is_host_addressable(&self) -> bool {
+        self.buffers().iter().all(Buffer::is_host_addressable)
+    }
+
     /// The spec (shape, dtype, sharding).
     pub fn spec(&self) -> &ArraySpec {
         &self.0.spec

@@ -217,6 +217,31 @@ pub fn with_stream<R>(stream: &Stream, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+thread_local! {
+    static ON_EVENT_LOOP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` as an event loop's call (Node's): a program that enqueues on a
+/// device (see `LoadedProgram::enqueues`) and that `f` submits is handed to
+/// an executor thread instead of being dispatched on this thread, since a
+/// plugin may run the whole program before it returns (XLA's CPU plugin
+/// does), and an event loop must not block.
+pub fn as_event_loop<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ON_EVENT_LOOP.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(ON_EVENT_LOOP.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether this thread runs an event loop's call (see [`as_event_loop`]).
+pub(crate) fn on_event_loop() -> bool {
+    ON_EVENT_LOOP.with(std::cell::Cell::get)
+}
+
 /// A place held in a stream's program order for work that is not known yet:
 /// an asynchronous SDK's call that must first compile or discover off the
 /// caller's thread holds its place, so that what the caller queues after it

@@ -75,7 +75,9 @@ pub use default_client::{
     NUM_CPU_DEVICES_ENV,
 };
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
-pub use dispatch::{forget_stream_scope, set_stream_scope, with_stream, Stream, StreamSlot};
+pub use dispatch::{
+    as_event_loop, forget_stream_scope, set_stream_scope, with_stream, Stream, StreamSlot,
+};
 pub use dtype::DType;
 pub use error::{bound_text, Error, ErrorCode, Result};
 pub use executable::{ExecuteOptions, Execution, LoadedExecutable};

@@ -316,3 +316,64 @@ fn a_thread_that_pipelines_waiter_first_calls_runs_its_backlog_itself() {
          in three rounds: {rounds:?}"
     );
 }
+
+/// A program that hands its work to a device's queue (as an XLA program),
+/// recording the thread that dispatched it.
+struct Enqueues(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
+
+impl LanguageExecutor for Enqueues {
+    fn load(&self, _: &Program) -> Result<Arc<dyn LoadedProgram>> {
+        Ok(Arc::new(EnqueueRecord(self.0.clone())))
+    }
+}
+
+struct EnqueueRecord(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
+
+impl LoadedProgram for EnqueueRecord {
+    fn run(&self, _: &mut ExecutionContext<'_>) -> Result<()> {
+        self.0.lock().unwrap().push(std::thread::current().id());
+        Ok(())
+    }
+
+    fn enqueues(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn an_enqueuing_program_is_dispatched_by_its_caller_but_never_on_an_event_loop() {
+    let client = client(1);
+    let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
+    client
+        .register_executor("enqueues", Enqueues(ran.clone()))
+        .unwrap();
+    let program = Program {
+        name: "enqueue".into(),
+        language: "enqueues".into(),
+        payload: vec![],
+        input_specs: vec![],
+        output_specs: vec![],
+        devices: vec![client.devices()[0].clone()],
+    };
+    let exe = client.compile(program, CompileOptions::default()).unwrap();
+    let me = std::thread::current().id();
+    // Dispatched during the call, before anyone waits.
+    let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();
+    assert_eq!(*ran.lock().unwrap(), vec![me]);
+    run.status.wait().unwrap();
+    // From an event loop's call, an executor dispatches it (an event loop
+    // never waits: it learns of completion by a callback).
+    let run = as_event_loop(|| exe.execute(&[], &ExecuteOptions::default())).unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    let seen = done.clone();
+    run.status.on_ready(move |r| {
+        assert!(r.is_ok());
+        seen.fetch_add(1, Ordering::SeqCst);
+    });
+    eventually("the event loop's call runs", || {
+        done.load(Ordering::SeqCst) == 1
+    });
+    let ran = ran.lock().unwrap();
+    assert_eq!(ran.len(), 2);
+    assert_ne!(ran[1], me, "an event loop's call must not run the program");
+}

@@ -258,7 +258,8 @@ impl LoadedExecutable {
         let options = core::ExecuteOptions {
             stream: stream.map(|s| s.inner.clone()),
         };
-        let run = self.inner.execute(&args, &options).js(env)?;
+        // Never a plugin's whole program on the event loop.
+        let run = core::as_event_loop(|| self.inner.execute(&args, &options)).js(env)?;
         let done = settle(env, &run.status, |_| Ok(()))?;
         let outputs = run
             .outputs

@@ -702,12 +702,11 @@ impl ArrayImpl {
         Ok((placed, CopyProgress(counters)))
     }
 
-    /// True when some shard's data is outside this process's memory (on a
-    /// worker, or on a PJRT plugin's device): it is read by a copy, not
-    /// viewed in place.
+    /// True when some shard's data cannot be viewed in place by this process
+    /// (on a worker, or on a PJRT plugin's accelerator): it is read by a copy.
     #[getter]
     fn on_workers(&self) -> bool {
-        !self.inner.metadata().is_in_process()
+        !self.inner.metadata().is_host_addressable()
     }
 
     /// Shard `i` as a single-device array sharing its buffer.
@@ -766,8 +765,10 @@ impl ArrayImpl {
         Ok(self.array()?.is_deleted())
     }
 
-    /// Waits (without the GIL) for shard `i` and pins its bytes.
-    fn host_view(&self, py: Python<'_>, i: usize) -> PyResult<HostView> {
+    /// Waits (without the GIL) for shard `i` and pins its bytes; `None` when
+    /// they are not its dense row-major bytes (a plugin's own layout): read
+    /// them with a copy.
+    fn host_view(&self, py: Python<'_>, i: usize) -> PyResult<Option<HostView>> {
         let buffer = self.buffer(i)?;
         if buffer.dtype() == core::DType::String {
             return Err(py_err(core::Error::invalid_argument(
@@ -781,9 +782,12 @@ impl ArrayImpl {
             py.detach(|| buffer.acquire_external_reference())
         }
         .map_err(py_err)?;
-        Ok(HostView {
+        if buffer.on_host_size().map_err(py_err)? != pin.len() {
+            return Ok(None);
+        }
+        Ok(Some(HostView {
             pin: ForkSafe::new(pin),
-        })
+        }))
     }
 
     /// Shard `i`'s bytes, copied (cheaper than a pinned view for small shards).

@@ -142,6 +142,23 @@ def test_add_one_runs_and_results_match_numpy(client):
     np.testing.assert_allclose(np.asarray(w), value + 103)
 
 
+def test_numpy_views_a_host_platform_plugin_buffer_in_place(client):
+    device = client.devices()[0]
+    value = np.arange(1 << 20, dtype=np.float32)
+    x = colocated.device_put(value, device)
+    y = colocated.compile_stablehlo(ADD_ONE.replace("tensor<8x", f"tensor<{1 << 20}x"), [device])(x)
+    for array, expected in ((x, value), (y, value + 1)):
+        a, b = np.asarray(array), np.asarray(array)
+        np.testing.assert_array_equal(a, expected)
+        assert not a.flags.writeable
+        # XLA's CPU plugin keeps its buffers in host memory: numpy views them
+        # (both reads see the same bytes); an accelerator's are copied.
+        assert np.shares_memory(a, b) == (PLATFORM == "cpu")
+        array.delete()
+        # A view keeps the plugin's buffer pinned past the delete.
+        np.testing.assert_array_equal(a[[0, 1, -1]], expected[[0, 1, -1]])
+
+
 def test_a_sharded_program_runs_over_all_plugin_devices(client):
     n = next(k for k in (8, 4, 2, 1) if k <= len(client.devices()))
     if n == 1:

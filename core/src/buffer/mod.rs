@@ -635,6 +635,17 @@ impl Buffer {
         self.host().in_process()
     }
 
+    /// True when this process can view the buffer's bytes in place
+    /// ([`acquire_external_reference`](Self::acquire_external_reference) gives
+    /// their host address): data in this process's memory, or on a device
+    /// of this process's PJRT plugin whose memory is this host's (platform
+    /// `cpu`, as XLA's CPU plugin's). Whether the plugin lays them out as
+    /// dense row-major bytes shows in the reference's length.
+    pub fn is_host_addressable(&self) -> bool {
+        self.is_in_process()
+            || (self.0.device.0.pjrt.is_some() && self.0.device.platform() == "cpu")
+    }
+
     /// The host that holds this buffer's data.
     fn host(&self) -> &dyn HostData {
         host::of(&self.0.client, &self.0.device)

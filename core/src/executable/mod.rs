@@ -622,7 +622,8 @@ impl LoadedExecutable {
             completion: completion.clone(),
             run: Box::new(job),
             waiter_first: plan.run.waiter_first(),
-            hands_off: !plan.run.in_process() || plan.run.enqueues(),
+            hands_off: !plan.run.in_process()
+                || (plan.run.enqueues() && !crate::dispatch::on_event_loop()),
         };
         (outputs, completion, Some(task))
     }

@@ -188,10 +188,14 @@ class Array(NDArrayOperatorsMixin):
             out = np.zeros(shard_shape, dtype)
             out.flags.writeable = False
             return out
-        if self._impl.on_workers and self._impl.shard(pos).on_workers:
-            # Outside this process (a worker's, a PJRT plugin's device's): copied.
+        view = None
+        if not (self._impl.on_workers and self._impl.shard(pos).on_workers):
+            view = self._impl.host_view(pos)
+        if view is None:
+            # Outside this process (a worker's, a PJRT accelerator's), or in a
+            # plugin's own layout: copied.
             return np.frombuffer(self._impl.shard_bytes(pos), dtype).reshape(shard_shape)
-        return np.asarray(self._impl.host_view(pos)).view(dtype).reshape(shard_shape)
+        return np.asarray(view).view(dtype).reshape(shard_shape)
 
     def _operand(self) -> np.ndarray:
         """The value of a one-buffer array as a ufunc operand: a copy when small

@@ -343,8 +343,9 @@ class ArrayImpl:
         """Deletes every shard."""
     def is_deleted(self) -> bool:
         """True when any shard was deleted."""
-    def host_view(self, i: int) -> HostView:
-        """Waits for shard ``i`` and pins its bytes."""
+    def host_view(self, i: int) -> HostView | None:
+        """Waits for shard ``i`` and pins its bytes; ``None`` when they are not
+        its dense row-major bytes (a plugin's own layout)."""
     def to_host_into(self, ptr: int, nbytes: int) -> None:
         """Gathers the array row-major into ``nbytes`` at ``ptr``."""
     def to_host_strings(self) -> list[str]:
