@@ -839,18 +839,19 @@ impl Dispatcher {
         let queue = stream.local_queue(self);
         let helper: Weak<dyn Helper> = Arc::downgrade(queue) as Weak<dyn Helper>;
         task.completion.set_helper(helper);
-        // A thread that claims its tasks (a worker's lane) runs them once it
-        // has let go of what it holds; a hand-off runs at once.
-        let task = match (claiming(), task.hands_off) {
-            (true, _) => match queue.claim_for_later(task) {
+        let task = match task.hands_off {
+            true => match queue.run_now(task) {
                 None => return,
                 Some(task) => task,
             },
-            (false, true) => match queue.run_now(task) {
+            false => task,
+        };
+        let task = match claiming() {
+            true => match queue.claim_for_later(task) {
                 None => return,
                 Some(task) => task,
             },
-            (false, false) => task,
+            false => task,
         };
         let waiter_first = task.waiter_first;
         queue.push(task);
