@@ -38,7 +38,7 @@ pub(crate) fn check_spec(client: &Client, spec: &BufferSpec) -> Result<CheckedSp
             Error::invalid_argument(format!("this host has no device {}", spec.device))
         })?;
     let dtype = DType::from_u32(spec.dtype)?;
-    if dtype == DType::String && device.kind() != "cpu" {
+    if dtype == DType::String && !device.is_host_cpu() {
         return Err(Error::invalid_argument(
             "string buffers live in CPU memory only",
         ));
@@ -396,6 +396,35 @@ mod tests {
         );
         assert_eq!(parts.concat(), data.to_vec());
         assert_eq!(chunks(Bytes::new()).len(), 1);
+    }
+
+    #[test]
+    fn a_string_buffer_for_a_plugin_device_is_refused_from_the_wire() {
+        // XLA's CPU plugin's devices are of kind "cpu" too, but not the
+        // host's CPU devices: strings do not go there.
+        let Some(plugin) = std::env::var_os("COLOCATED_TEST_PJRT_PLUGIN") else {
+            return;
+        };
+        let client = Client::new_local(ClientOptions {
+            num_cpu_devices: Some(1),
+            executor_threads: Some(1),
+            pjrt: Some(crate::PjrtOptions {
+                plugin: plugin.into(),
+                options: vec![("cpu_device_count".into(), crate::PjrtValue::Int64(1))],
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+        let device = client.backend_devices(None).unwrap()[0].clone();
+        assert_eq!(device.kind(), "cpu");
+        let spec = BufferSpec {
+            device: device.id(),
+            dtype: DType::String as u32,
+            dims: vec![2],
+        };
+        let e = check_spec(&client, &spec).err().unwrap();
+        assert_eq!(e.code(), ErrorCode::InvalidArgument);
+        assert!(e.message().contains("CPU memory only"), "{e}");
     }
 
     #[test]
