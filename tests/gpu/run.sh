@@ -75,6 +75,10 @@ else
   BENCH_OPTIONS=cpu_device_count=1
 fi
 export TF_CPP_MIN_LOG_LEVEL=1
+# JAX (which some tests use to lower modules) stays on the CPU: the GPU is the
+# SDK's plugin's alone, and JAX's own CUDA client would take most of its
+# memory when it starts.
+export JAX_PLATFORMS=cpu
 echo "== device tests (sdk-python/tests/test_pjrt.py on $PLUGIN)"
 cd sdk-python/tests
 timeout 180 "$PYTHON" -m pytest -q -rs -p no:cacheprovider test_pjrt.py
