@@ -712,6 +712,10 @@ fn run_task(task: Task, stream_id: u64) {
     drop(deps);
     let done = &completion;
     let outcome = catch_unwind(AssertUnwindSafe(move || run.run(status, done)));
+    if outcome.is_ok() && !completion.is_ready() {
+        // Its work left the stream (a worker or a device completes it).
+        completion.set_dispatched();
+    }
     if outcome.is_err() {
         tracing::error!(
             stream = stream_id,
@@ -1305,6 +1309,42 @@ mod tests {
         t.deps.push(Event::ready(Err(Error::not_found("upstream"))));
         d.submit(&s, t);
         assert_eq!(ev.wait().unwrap_err().message(), "upstream");
+    }
+
+    #[test]
+    fn a_task_may_wait_for_work_its_stream_dispatched_before_it() {
+        // A hand-off (a send, a device's queue) leaves its stream with its
+        // completion pending; work queued after it on the stream may wait
+        // for that completion (it is not queued behind the waiter).
+        let d = Dispatcher::new(1, 1, 9041, "t").unwrap();
+        let s = Stream::new(9041);
+        let sent = Event::new();
+        let later = sent.clone();
+        let send = Task {
+            deps: vec![],
+            completion: sent.clone(),
+            run: Box::new(move |_: Result<()>| {
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    later.set_if_pending(Ok(()));
+                });
+            }),
+            waiter_first: false,
+            hands_off: true,
+        };
+        d.submit(&s, send);
+        let waited = Event::new();
+        let outcome = Arc::new(Mutex::new(None));
+        let seen = outcome.clone();
+        d.submit(
+            &s,
+            task(&waited, move || {
+                *seen.lock().unwrap() = Some(sent.wait());
+            }),
+        );
+        waited.wait().unwrap();
+        let outcome = outcome.lock().unwrap().take();
+        assert!(matches!(outcome, Some(Ok(()))), "{outcome:?}");
     }
 
     /// Streams whose tasks block until every one of them runs (a barrier)

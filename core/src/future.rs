@@ -56,6 +56,9 @@ struct Inner {
     /// A thread waits for this event through the [`WaitHook`]: `set` wakes
     /// it there.
     hooked: AtomicBool,
+    /// The work that sets it has left its stream (sent to a worker, queued on
+    /// a device): nothing queued there holds it back any more.
+    dispatched: AtomicBool,
 }
 
 /// What a thread that is about to sleep until an event is ready may do
@@ -180,6 +183,7 @@ impl Event {
             helper: OnceLock::new(),
             waker: OnceLock::new(),
             hooked: AtomicBool::new(false),
+            dispatched: AtomicBool::new(false),
         }))
     }
 
@@ -292,6 +296,13 @@ impl Event {
         Ok(())
     }
 
+    /// Marks the work that sets the event as gone from its stream (sent to a
+    /// worker, queued on a device): a wait no longer runs the stream's queue
+    /// for it, nor takes it for work queued behind the waiting task.
+    pub(crate) fn set_dispatched(&self) {
+        self.0.dispatched.store(true, Ordering::Release);
+    }
+
     /// Sets the event unless it is already set (used where several paths may
     /// complete the same work, e.g. a failure after a partial success).
     pub(crate) fn set_if_pending(&self, result: Result<()>) {
@@ -349,7 +360,13 @@ impl Event {
         if let Some(status) = self.status() {
             return status;
         }
-        if let Some(helper) = self.0.helper.get().and_then(Weak::upgrade) {
+        // Once its work has left the stream (a worker, a device completes
+        // it), neither the stream's order nor running it inline applies.
+        let helper = match self.0.dispatched.load(Ordering::Acquire) {
+            true => None,
+            false => self.0.helper.get().and_then(Weak::upgrade),
+        };
+        if let Some(helper) = &helper {
             if helper.blocks_on_caller() {
                 return Err(Error::failed_precondition(
                     "waiting for work queued behind the task this thread is running, on the same stream, would never end",
@@ -357,11 +374,7 @@ impl Event {
             }
         }
         // Running queued work inline has no deadline, so only unbounded waits help.
-        if let Some(helper) = deadline
-            .is_none()
-            .then(|| self.0.helper.get().and_then(Weak::upgrade))
-            .flatten()
-        {
+        if let Some(helper) = deadline.is_none().then_some(helper).flatten() {
             helper.help(self);
             if let Some(status) = self.status() {
                 return status;

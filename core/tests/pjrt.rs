@@ -482,6 +482,27 @@ fn an_external_reference_pins_a_plugin_buffer_s_memory() {
     let still = unsafe { std::slice::from_raw_parts(pin.data_ptr(), 16) };
     assert_eq!(still, &data[..]);
     drop(pin);
+    // A large put is copied by the plugin after it returns: a pin taken at
+    // once still sees every byte, and the layout is the dense row-major one.
+    let values: Vec<f32> = (0..(16 << 20)).map(|i| (i % 1021) as f32 + 1.0).collect();
+    let data = f32_bytes(&values);
+    let mut memory = HostMemory::zeroed(data.len()).unwrap();
+    memory.as_mut_slice().copy_from_slice(&data);
+    let dims = [values.len() as i64];
+    let b = &Buffer::from_host_memory(&client, memory, DType::F32, &dims, &device).unwrap();
+    let pin = b.acquire_external_reference().unwrap();
+    assert_eq!(pin.len(), data.len());
+    // SAFETY: pinned for its length while `pin` lives.
+    let seen = unsafe { std::slice::from_raw_parts(pin.data_ptr(), pin.len()) };
+    // The last bytes first: a copy still running writes them last.
+    let tail = data.len() - 4096;
+    assert_eq!(
+        &seen[tail..],
+        &data[tail..],
+        "the pin saw bytes not copied yet"
+    );
+    assert!(seen == &data[..]);
+    assert!(b.is_dense_row_major().unwrap());
 }
 
 #[test]

@@ -327,6 +327,48 @@ impl Buffer {
         Ok(a.is_deleted)
     }
 
+    /// True when the plugin keeps the data as dense row-major bytes
+    /// (major-to-minor, untiled): what a view of its memory reads as the
+    /// array. `Ok(false)` for any other layout; the plugin's error where it
+    /// cannot say.
+    pub fn is_dense_row_major(&self) -> Result<bool> {
+        let mut a = new_args!(
+            PJRT_Buffer_GetMemoryLayout_Args,
+            PJRT_Buffer_GetMemoryLayout_Args_STRUCT_SIZE
+        );
+        a.buffer = self.raw;
+        call!(
+            self.client.plugin.api(),
+            PJRT_Buffer_GetMemoryLayout,
+            &mut a
+        )?;
+        if a.layout.type_ != sys::PJRT_Buffer_MemoryLayout_Type_Tiled {
+            return Ok(false);
+        }
+        // SAFETY: the plugin filled the tiled variant (its type says so).
+        let tiled = unsafe { a.layout.__bindgen_anon_1.tiled };
+        if tiled.num_tiles != 0 || tiled.minor_to_major_size != self.dims.len() {
+            return Ok(false);
+        }
+        if tiled.minor_to_major_size == 0 {
+            return Ok(true);
+        }
+        if tiled.minor_to_major.is_null() {
+            return Err(Error::internal(
+                "the PJRT plugin gave a layout without dimensions",
+            ));
+        }
+        // SAFETY: the plugin's array of `minor_to_major_size` entries, owned
+        // by the buffer, which outlives this borrow.
+        let minor_to_major =
+            unsafe { std::slice::from_raw_parts(tiled.minor_to_major, tiled.minor_to_major_size) };
+        let rank = minor_to_major.len() as i64;
+        Ok(minor_to_major
+            .iter()
+            .zip((0..rank).rev())
+            .all(|(&dim, row_major)| dim == row_major))
+    }
+
     /// Pins the device memory and gives its address, valid until
     /// [`release_external_reference`](Self::release_external_reference).
     /// `unimplemented` where the plugin has no external references.

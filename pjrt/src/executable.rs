@@ -417,7 +417,12 @@ impl LoadedExecutable {
             outputs.iter_mut().map(|l| l.as_mut_ptr()).collect();
         let mut events: PerDevice<*mut sys::PJRT_Event> =
             smallvec::smallvec![std::ptr::null_mut(); num_devices];
+        // No argument is donated: the caller's buffers stay theirs (a module
+        // that aliases an input to an output gets a copy from the plugin).
+        let keep: SmallVec<[i64; 8]> = (0..num_args as i64).collect();
         let mut options = new_args!(PJRT_ExecuteOptions, PJRT_ExecuteOptions_STRUCT_SIZE);
+        options.non_donatable_input_indices = keep.as_ptr();
+        options.num_non_donatable_input_indices = keep.len();
         let mut a = new_args!(
             PJRT_LoadedExecutable_Execute_Args,
             PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE

@@ -196,6 +196,38 @@ fn add_one_compiles_and_runs() {
 }
 
 #[test]
+fn an_input_the_module_aliases_to_an_output_is_not_donated() {
+    // JAX writes `tf.aliasing_output` for donated arguments; the caller's
+    // buffer must stay readable all the same.
+    let Some(client) = client(1) else { return };
+    let module = ADD_ONE.replace(
+        "%arg0: tensor<8xf32>)",
+        "%arg0: tensor<8xf32> {tf.aliasing_output = 0 : i32})",
+    );
+    assert_ne!(module, ADD_ONE);
+    let exe = client
+        .compile(
+            module.as_bytes(),
+            ProgramFormat::Mlir,
+            &CompileOptions::default(),
+        )
+        .unwrap();
+    let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let input = put(&client, 0, ElementType::F32, &[8], &f32_bytes(&x));
+    let (outputs, events) = exe.execute(&[vec![&input]]).unwrap();
+    for e in events.into_iter().flatten() {
+        e.wait().unwrap();
+    }
+    assert_eq!(
+        f32s(&get(&outputs[0][0])),
+        x.iter().map(|v| v + 1.0).collect::<Vec<_>>()
+    );
+    assert!(!input.is_deleted().unwrap());
+    assert_eq!(f32s(&get(&input)), x);
+    assert!(input.is_dense_row_major().unwrap());
+}
+
+#[test]
 fn a_sharded_program_runs_over_four_devices() {
     let Some(client) = client(4) else { return };
     let options = CompileOptions {

@@ -782,7 +782,10 @@ impl ArrayImpl {
             py.detach(|| buffer.acquire_external_reference())
         }
         .map_err(py_err)?;
-        if buffer.on_host_size().map_err(py_err)? != pin.len() {
+        // A plugin's own layout (another order, tiles, padding) is copied.
+        let dense = buffer.on_host_size().map_err(py_err)? == pin.len()
+            && buffer.is_dense_row_major().unwrap_or(false);
+        if !dense {
             return Ok(None);
         }
         Ok(Some(HostView {

@@ -1003,6 +1003,14 @@ impl Buffer {
             let Storage::Device(data) = &*storage else {
                 return Err(Error::internal("a plugin device's buffer holds other data"));
             };
+            // The runtime's readiness may come first (a put is ready once the
+            // plugin has taken the bytes): the memory holds them only once
+            // the plugin's own event says so.
+            match data.buffer.ready_event() {
+                Ok(event) => event.wait().map_err(crate::backend::pjrt::to_error)?,
+                Err(e) if e.code() == colocated_pjrt::Code::Unimplemented => {}
+                Err(e) => return Err(crate::backend::pjrt::to_error(e)),
+            }
             let ptr = data
                 .buffer
                 .acquire_external_reference()
@@ -1030,6 +1038,24 @@ impl Buffer {
             storage: self.storage()?,
             device: None,
         })
+    }
+
+    /// True when the buffer's bytes in memory are its dense row-major bytes,
+    /// what a view through
+    /// [`acquire_external_reference`](Self::acquire_external_reference)
+    /// reads as the array: always for data of this process; for a PJRT
+    /// plugin's buffer, when the plugin lays it out major-to-minor and
+    /// untiled. Waits until the buffer is ready.
+    pub fn is_dense_row_major(&self) -> Result<bool> {
+        self.check_live()?;
+        self.0.ready.wait()?;
+        match &*self.storage()? {
+            Storage::Device(data) => data
+                .buffer
+                .is_dense_row_major()
+                .map_err(crate::backend::pjrt::to_error),
+            _ => Ok(true),
+        }
     }
 
     /// Copies the buffer to `device`'s default memory space. Returns at once; the

@@ -257,8 +257,9 @@ impl LanguageExecutor for XlaExecutor {
 enum Made {
     /// Its outputs are made.
     Done,
-    /// They (the buffers) are made when the event is ready.
-    When(pjrt::Event, Vec<Buffer>),
+    /// They are made (these ready events of theirs set) when the event is
+    /// ready.
+    When(pjrt::Event, Vec<crate::future::Event>),
     /// It gave no event: each output's own ready event says.
     Unknown,
 }
@@ -374,13 +375,14 @@ impl LoadedProgram for XlaProgram {
                     buffer,
                     &self.backend,
                 ))));
+                // The plugin's callbacks hold the outputs' events only: never
+                // the last reference to a buffer, whose client could then be
+                // destroyed on the plugin's own thread.
                 match (&mut done_on[p], own) {
-                    (Made::When(_, made), _) => made.push(out.clone()),
+                    (Made::When(_, made), _) => made.push(out.ready_event().clone()),
                     (_, Some(event)) => {
-                        let made = out.clone();
-                        event.on_ready(move |r| {
-                            made.ready_event().set_if_pending(r.map_err(to_error))
-                        });
+                        let made = out.ready_event().clone();
+                        event.on_ready(move |r| made.set_if_pending(r.map_err(to_error)));
                     }
                     _ => out.ready_event().set_if_pending(Ok(())),
                 }
@@ -388,13 +390,16 @@ impl LoadedProgram for XlaProgram {
             }
         }
         for made in done_on {
-            if let Made::When(event, outs) = made {
-                event.on_ready(move |r| {
+            match made {
+                // Without outputs, the execution's status is the event's.
+                Made::When(event, outs) if outs.is_empty() => event.wait().map_err(to_error)?,
+                Made::When(event, outs) => event.on_ready(move |r| {
                     let r = r.map_err(to_error);
                     for out in outs {
-                        out.ready_event().set_if_pending(r.clone());
+                        out.set_if_pending(r.clone());
                     }
-                });
+                }),
+                Made::Done | Made::Unknown => {}
             }
         }
         Ok(())
