@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::client::{Client, ClientInner, Device, Memory};
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -271,6 +273,25 @@ impl Buffer {
             PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE
         );
         a.src = self.raw;
+        // The plugin writes its own layout unless asked for another: a
+        // buffer it keeps in another order (a module's result layout) is
+        // asked for row-major.
+        let row_major: SmallVec<[i64; 4]> = (0..self.dims.len() as i64).rev().collect();
+        let mut host_layout = new_args!(
+            PJRT_Buffer_MemoryLayout,
+            PJRT_Buffer_MemoryLayout_STRUCT_SIZE
+        );
+        if !self.is_dense_row_major().unwrap_or(true) {
+            let mut tiled = new_args!(
+                PJRT_Buffer_MemoryLayout_Tiled,
+                PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE
+            );
+            tiled.minor_to_major = row_major.as_ptr();
+            tiled.minor_to_major_size = row_major.len();
+            host_layout.__bindgen_anon_1.tiled = tiled;
+            host_layout.type_ = sys::PJRT_Buffer_MemoryLayout_Type_Tiled;
+            a.host_layout = &mut host_layout;
+        }
         a.dst = if len == 0 {
             std::ptr::NonNull::<u64>::dangling().as_ptr().cast()
         } else {

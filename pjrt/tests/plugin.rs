@@ -228,6 +228,40 @@ fn an_input_the_module_aliases_to_an_output_is_not_donated() {
 }
 
 #[test]
+fn a_result_in_another_layout_reads_back_row_major() {
+    // The module asks for its result in column-major order (`{0,1}`).
+    let Some(client) = client(1) else { return };
+    let module = r#"
+module @t {
+  func.func public @main(%x: tensor<2x3xf32>) -> (tensor<2x3xf32> {mhlo.layout_mode = "{0,1}"}) {
+    %c = stablehlo.constant dense<1.0> : tensor<2x3xf32>
+    %0 = stablehlo.add %x, %c : tensor<2x3xf32>
+    return %0 : tensor<2x3xf32>
+  }
+}"#;
+    let exe = client
+        .compile(
+            module.as_bytes(),
+            ProgramFormat::Mlir,
+            &CompileOptions::default(),
+        )
+        .unwrap();
+    let x: Vec<f32> = (0..6).map(|i| i as f32).collect();
+    let input = put(&client, 0, ElementType::F32, &[2, 3], &f32_bytes(&x));
+    assert!(input.is_dense_row_major().unwrap());
+    let (outputs, events) = exe.execute(&[vec![&input]]).unwrap();
+    for e in events.into_iter().flatten() {
+        e.wait().unwrap();
+    }
+    let out = &outputs[0][0];
+    assert!(!out.is_dense_row_major().unwrap());
+    assert_eq!(
+        f32s(&get(out)),
+        x.iter().map(|v| v + 1.0).collect::<Vec<_>>()
+    );
+}
+
+#[test]
 fn a_sharded_program_runs_over_four_devices() {
     let Some(client) = client(4) else { return };
     let options = CompileOptions {

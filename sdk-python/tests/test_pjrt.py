@@ -159,6 +159,20 @@ def test_numpy_views_a_host_platform_plugin_buffer_in_place(client):
         np.testing.assert_array_equal(a[[0, 1, -1]], expected[[0, 1, -1]])
 
 
+def test_a_result_the_module_lays_out_column_major_reads_row_major(client):
+    module = ADD_ONE.replace("tensor<8xf32>", "tensor<2x4xf32>").replace(
+        ") -> tensor<2x4xf32> {", ') -> (tensor<2x4xf32> {mhlo.layout_mode = "{0,1}"}) {'
+    )
+    assert "layout_mode" in module
+    device = client.devices()[0]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    y = colocated.compile_stablehlo(module, [device])(colocated.device_put(x, device))
+    a = np.asarray(y)
+    np.testing.assert_array_equal(a, x + 1)
+    # Not a view of the plugin's column-major bytes: a row-major copy.
+    assert not np.shares_memory(a, np.asarray(y))
+
+
 def test_a_sharded_program_runs_over_all_plugin_devices(client):
     n = next(k for k in (8, 4, 2, 1) if k <= len(client.devices()))
     if n == 1:
