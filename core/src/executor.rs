@@ -12,6 +12,7 @@ use crate::client::Client;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
 
 /// A native function: reads its inputs from the context and sets every output.
@@ -470,7 +471,12 @@ pub struct ExecutionContext<'a> {
     pub(crate) inputs: &'a [Buffer],
     pub(crate) input_counts: &'a [usize],
     pub(crate) output_shards: &'a [OutputShard],
-    pub(crate) outputs: smallvec::SmallVec<[Option<Buffer>; 2]>,
+    pub(crate) outputs: smallvec::SmallVec<[Produced; 2]>,
+    /// The output buffers the caller holds, in the order of `output_shards`
+    /// (an enqueuing program places its device's data in them).
+    pub(crate) placed_in: &'a [Buffer],
+    /// When placed outputs' data are made, where that is later than the run.
+    pub(crate) placed_pending: smallvec::SmallVec<[Event; 1]>,
     pub(crate) callbacks: &'a [LoadedHostCallback],
     pub(crate) session: SessionKey,
     /// Set while a colocated discovery run takes the program's outputs.
@@ -479,6 +485,16 @@ pub struct ExecutionContext<'a> {
     pub(crate) native_data: Option<Arc<[u8]>>,
     /// Whether `set_host_outputs` ran.
     pub(crate) host_outputs_set: bool,
+}
+
+/// What a program made for one of its output shards.
+pub(crate) enum Produced {
+    /// Nothing yet.
+    Unset,
+    /// A buffer of the program's, whose data become the output's.
+    Buffer(Buffer),
+    /// Data placed in the output itself ([`ExecutionContext::place_output`]).
+    Placed,
 }
 
 /// Takes the outputs of a discovery run (see
@@ -580,13 +596,48 @@ impl<'a> ExecutionContext<'a> {
         }
         buffer.check_live()?;
         let slot = &mut self.outputs[index];
-        if slot.is_some() {
+        if !matches!(slot, Produced::Unset) {
             return Err(Error::invalid_argument(format!(
                 "output shard {index} was already set"
             )));
         }
-        *slot = Some(buffer);
+        *slot = Produced::Buffer(buffer);
         Ok(())
+    }
+
+    /// Places `data` in output shard `index` itself, for an enqueuing
+    /// program whose device makes them (ready or not: `made`, when given,
+    /// completes when they are): no buffer of the program's in between.
+    /// The caller has checked that `data` are of the shard's dtype, dims and
+    /// device.
+    pub(crate) fn place_output(
+        &mut self,
+        index: usize,
+        data: Arc<crate::buffer::Storage>,
+        made: Option<Event>,
+    ) -> Result<()> {
+        let (Some(slot), Some(out)) = (self.outputs.get_mut(index), self.placed_in.get(index))
+        else {
+            return Err(Error::internal(format!(
+                "output shard {index} is out of range ({} shards)",
+                self.output_shards.len()
+            )));
+        };
+        if !matches!(slot, Produced::Unset) {
+            return Err(Error::internal(format!(
+                "output shard {index} was already set"
+            )));
+        }
+        out.fill_shared(data);
+        *slot = Produced::Placed;
+        self.placed_pending.extend(made);
+        Ok(())
+    }
+
+    /// Marks the outputs placed so far made when `made` completes (one event
+    /// for a device's outputs).
+    pub(crate) fn placed_made_when(&mut self, made: Event) {
+        self.placed_pending.push(made);
     }
     /// The host callbacks the executable was compiled with, by index (on a
     /// worker, each call of one travels to the controller).

@@ -7,7 +7,7 @@ use super::host::{HostRun, Part};
 use super::LoadedExecutable;
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use crate::executor::{ExecutionContext, LoadedProgram, SessionKey};
+use crate::executor::{ExecutionContext, LoadedProgram, Produced, SessionKey};
 use crate::future::Event;
 
 /// The local host's part: the loaded program.
@@ -112,7 +112,9 @@ fn run_here(
         inputs,
         input_counts,
         output_shards: shards,
-        outputs: smallvec::smallvec![None; shards.len()],
+        outputs: (0..shards.len()).map(|_| Produced::Unset).collect(),
+        placed_in: outputs,
+        placed_pending: smallvec::SmallVec::new(),
         callbacks: &exe.0.callbacks,
         session,
         discovery: None,
@@ -126,15 +128,19 @@ fn run_here(
             exe.name()
         ))
     })?;
-    let mut pending = Vec::new();
+    let mut pending: Vec<Event> = ctx.placed_pending.into_iter().collect();
     for (i, (produced, out)) in ctx.outputs.into_iter().zip(outputs).enumerate() {
-        let produced = produced.ok_or_else(|| {
-            Error::internal(format!(
-                "{} program '{}' did not set output shard {i}",
-                exe.0.program.language,
-                exe.name()
-            ))
-        })?;
+        let produced = match produced {
+            Produced::Placed => continue,
+            Produced::Buffer(b) => b,
+            Produced::Unset => {
+                return Err(Error::internal(format!(
+                    "{} program '{}' did not set output shard {i}",
+                    exe.0.program.language,
+                    exe.name()
+                )))
+            }
+        };
         if program.enqueues() && !produced.ready_event().is_ready() {
             out.fill_shared(produced.storage()?);
             pending.push(produced.ready_event().clone());

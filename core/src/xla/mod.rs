@@ -257,9 +257,8 @@ impl LanguageExecutor for XlaExecutor {
 enum Made {
     /// Its outputs are made.
     Done,
-    /// They are made (these ready events of theirs set) when the event is
-    /// ready.
-    When(pjrt::Event, Vec<crate::future::Event>),
+    /// They are made when the event is ready.
+    When(pjrt::Event),
     /// It gave no event: each output's own ready event says.
     Unknown,
 }
@@ -338,18 +337,29 @@ impl LoadedProgram for XlaProgram {
                     event.wait().map_err(to_error)?;
                     Made::Done
                 }
-                _ => Made::When(event, Vec::new()),
+                _ => Made::When(event),
             };
         }
         // Output o's shard on the program's device p is shard o * devices + p.
         let shards = ctx.output_shards();
-        let client = ctx.client();
         for (device_outputs, &p) in outputs.into_iter().zip(&self.order) {
             for (o, buffer) in device_outputs.into_iter().enumerate() {
                 let index = o * devices + p;
                 let shard = shards.get(index).ok_or_else(|| {
                     Error::internal(format!("no output shard {index} for the plugin's buffer"))
                 })?;
+                // What the runtime reads of it follows the shard's spec.
+                if buffer.dims() != shard.dims.as_slice()
+                    || crate::backend::pjrt::dtype_of(buffer.element_type()) != shard.dtype
+                {
+                    return Err(Error::internal(format!(
+                        "the plugin made output shard {index} {:?}{:?}, not {}{:?}",
+                        buffer.element_type(),
+                        buffer.dims(),
+                        shard.dtype.name(),
+                        shard.dims
+                    )));
+                }
                 // Without the device's event, the buffer's own says when it is made.
                 let own = match done_on[p] {
                     Made::Done | Made::When(..) => None,
@@ -363,42 +373,30 @@ impl LoadedProgram for XlaProgram {
                         Err(e) => return Err(to_error(e)),
                     },
                 };
-                let out = Buffer::pending(
-                    client,
-                    &shard.device,
-                    shard.device.default_memory_space().clone(),
-                    shard.dtype,
-                    &shard.dims,
-                );
-                // The data are the plugin's now; ready when its event is.
-                out.fill_shared(Arc::new(Storage::Device(DeviceData::new(
-                    buffer,
-                    &self.backend,
-                ))));
-                // The plugin's callbacks hold the outputs' events only: never
-                // the last reference to a buffer, whose client could then be
+                // The plugin's callbacks hold events only: never the last
+                // reference to a buffer, whose client could then be
                 // destroyed on the plugin's own thread.
-                match (&mut done_on[p], own) {
-                    (Made::When(_, made), _) => made.push(out.ready_event().clone()),
-                    (_, Some(event)) => {
-                        let made = out.ready_event().clone();
-                        event.on_ready(move |r| made.set_if_pending(r.map_err(to_error)));
-                    }
-                    _ => out.ready_event().set_if_pending(Ok(())),
-                }
-                ctx.set_output(index, out)?;
+                let made = own.map(|event| {
+                    let made = crate::future::Event::new();
+                    let set = made.clone();
+                    event.on_ready(move |r| set.set_if_pending(r.map_err(to_error)));
+                    made
+                });
+                // The data are the plugin's, placed in the output itself.
+                let data = Arc::new(Storage::Device(DeviceData::new(buffer, &self.backend)));
+                ctx.place_output(index, data, made)?;
             }
         }
         for made in done_on {
             match made {
                 // Without outputs, the execution's status is the event's.
-                Made::When(event, outs) if outs.is_empty() => event.wait().map_err(to_error)?,
-                Made::When(event, outs) => event.on_ready(move |r| {
-                    let r = r.map_err(to_error);
-                    for out in outs {
-                        out.set_if_pending(r.clone());
-                    }
-                }),
+                Made::When(event) if shards.is_empty() => event.wait().map_err(to_error)?,
+                Made::When(event) => {
+                    let made = crate::future::Event::new();
+                    let set = made.clone();
+                    event.on_ready(move |r| set.set_if_pending(r.map_err(to_error)));
+                    ctx.placed_made_when(made);
+                }
                 Made::Done | Made::Unknown => {}
             }
         }
