@@ -23,6 +23,7 @@ fn controller_works(session: &RemoteSession, round: u8) {
         device: 0,
         dtype: DType::U8 as u32,
         dims: vec![4096],
+        memory_kind: 0,
     };
     session.put_buffer(handle, spec, data.clone()).unwrap();
     assert_eq!(session.get_buffer(handle).unwrap(), data.to_vec());

@@ -8,8 +8,8 @@ use std::time::Duration;
 use colocated_core::transport::session::ConnectOptions;
 use colocated_core::transport::Token;
 use colocated_core::{
-    Array, ArraySpec, Client, ClientOptions, ClusterOptions, DType, ErrorCode, ExecuteOptions,
-    Sharding,
+    Array, ArraySpec, Buffer, Client, ClientOptions, ClusterOptions, DType, ErrorCode,
+    ExecuteOptions, MemoryKind, Sharding,
 };
 
 mod common;
@@ -107,6 +107,50 @@ fn a_worker_serves_a_pjrt_plugin_s_devices_and_runs_xla_programs() {
         "{status}"
     );
     assert!(status.contains("xla"), "{status}");
+
+    // The plugin's memories travel, as the plugin has them (XLA's CPU plugin:
+    // each device its own host memories), distinct from the CPU devices'.
+    let device = &plugin_devices[0];
+    let kinds: Vec<&str> = device.memory_kinds().iter().map(|k| k.name()).collect();
+    assert_eq!(kinds, ["device", "pinned_host", "unpinned_host"]);
+    let pinned = device.memory_space_by_kind("pinned_host").unwrap().clone();
+    assert_eq!(pinned.device_ids(), [device.id()]);
+    assert_ne!(
+        &pinned,
+        plugin_devices[1]
+            .memory_space_by_kind("pinned_host")
+            .unwrap()
+    );
+    assert_ne!(&pinned, cpu[0].memory_space_by_kind("pinned_host").unwrap());
+    let ids: std::collections::HashSet<u32> =
+        client.memory_spaces().iter().map(|m| m.id()).collect();
+    assert_eq!(
+        ids.len(),
+        client.memory_spaces().len(),
+        "memory space ids repeat"
+    );
+    assert!(client.memory_spaces().contains(&pinned));
+    // Into the worker's pinned host memory, then to the device's memory and
+    // back, and to the other device.
+    let data: Vec<u8> = (0..32u8).collect();
+    let put =
+        Buffer::from_bytes_in(&client, &data, DType::F32, &[8], device, Some(&pinned)).unwrap();
+    assert_eq!(put.memory_space().kind(), MemoryKind::PinnedHost);
+    assert_eq!(put.to_host_vec().unwrap(), data);
+    let on_device = put
+        .copy_to_memory_space(device.default_memory_space())
+        .unwrap();
+    assert_eq!(on_device.memory_space().kind(), MemoryKind::Device);
+    assert_eq!(on_device.to_host_vec().unwrap(), data);
+    let back = on_device.copy_to_memory_space(&pinned).unwrap();
+    assert_eq!(back.device(), device);
+    assert_eq!(back.to_host_vec().unwrap(), data);
+    let moved = back.copy_to_device(&plugin_devices[1]).unwrap();
+    assert_eq!(
+        moved.memory_space(),
+        plugin_devices[1].default_memory_space()
+    );
+    assert_eq!(moved.to_host_vec().unwrap(), data);
 
     // An SPMD program over the worker's two plugin devices.
     let exe = client

@@ -122,6 +122,7 @@ fn a_stock_grpc_client_uploads_through_the_workers_put_buffer_route() {
             device: 1,
             dtype: colocated_core::DType::U8 as u32,
             dims: vec![5],
+            memory_kind: 0,
         };
         let first = PutBufferChunk {
             handle,
@@ -461,6 +462,7 @@ fn a_killed_worker_is_lost_within_two_seconds_and_a_restarted_one_serves_again()
         device: 0,
         dtype: colocated_core::DType::U8 as u32,
         dims: vec![3],
+        memory_kind: 0,
     };
     let handle = session.new_handle();
     session

@@ -269,6 +269,7 @@ fn main() {
         device: 0,
         dtype: DType::U8 as u32,
         dims: vec![BULK as i64],
+        memory_kind: 0,
     };
     let put_once = |handle: u64| {
         let start = Instant::now();

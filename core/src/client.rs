@@ -309,14 +309,20 @@ impl Client {
         };
         let num_plugin = plugin.as_ref().map_or(0, |p| p.client().devices().len());
 
-        // (process index, name, devices as (local id, local hardware id,
-        // platform, kind, backend), worker)
+        // (process index, name, devices, worker)
         type HostSpec = (u32, String, Vec<RemoteDevice>, Option<RemoteSession>);
         let mut specs: Vec<HostSpec> = Vec::new();
         if include_local {
             let cpu = || Arc::<str>::from(backend.kind());
             let devices = (0..num_local as u32)
-                .map(|i| (i, i, cpu(), cpu(), cpu()))
+                .map(|i| RemoteDevice {
+                    local_id: i,
+                    hardware: i,
+                    platform: cpu(),
+                    kind: cpu(),
+                    backend: cpu(),
+                    memories: Vec::new(),
+                })
                 .collect();
             specs.push((0, "local".to_string(), devices, None));
         }
@@ -332,13 +338,26 @@ impl Client {
             for d in &info.devices {
                 // Workers from before PJRT plugins send no platform: CPU devices.
                 let or_cpu = |s: &str| Arc::<str>::from(if s.is_empty() { "cpu" } else { s });
-                devices.push((
-                    d.local_id,
-                    u32::try_from(d.local_hardware_id).unwrap_or(0),
-                    or_cpu(&d.platform),
-                    Arc::from(d.kind.as_str()),
-                    or_cpu(&d.backend),
-                ));
+                let mut memories = Vec::with_capacity(d.memories.len());
+                for m in &d.memories {
+                    let kind = MemoryKind::from_u32(m.kind).ok_or_else(|| {
+                        Error::failed_precondition(format!(
+                            "worker {} names memory kind {} for its device {}",
+                            session.address(),
+                            m.kind,
+                            d.local_id
+                        ))
+                    })?;
+                    memories.push((m.id, kind));
+                }
+                devices.push(RemoteDevice {
+                    local_id: d.local_id,
+                    hardware: u32::try_from(d.local_hardware_id).unwrap_or(0),
+                    platform: or_cpu(&d.platform),
+                    kind: Arc::from(d.kind.as_str()),
+                    backend: or_cpu(&d.backend),
+                    memories,
+                });
             }
             let name = session.address().to_string();
             specs.push((i as u32 + 1, name, devices, Some(session)));
@@ -365,14 +384,14 @@ impl Client {
             // A worker's plugin devices have their own memory only here (their
             // host memories are the plugin's, on the worker); its CPU devices
             // share the host's pinned and unpinned spaces.
-            let cpu_count = host_devices.iter().filter(|d| &*d.4 == "cpu").count();
+            let cpu_count = host_devices.iter().filter(|d| &*d.backend == "cpu").count();
             let host_total =
                 host_devices.len() as u32 + host_plugin.map_or(0, |_| num_plugin as u32);
             let device_ids: Vec<u32> = (first..first + host_total).collect();
             let cpu_ids: Vec<u32> = device_ids[..host_devices.len()]
                 .iter()
                 .zip(&host_devices)
-                .filter(|(_, d)| &*d.4 == "cpu")
+                .filter(|(_, d)| &*d.backend == "cpu")
                 .map(|(id, _)| *id)
                 .collect();
             debug_assert_eq!(cpu_ids.len(), cpu_count);
@@ -387,9 +406,34 @@ impl Client {
             };
             let pinned = space(0, MemoryKind::PinnedHost);
             let unpinned = space(1, MemoryKind::UnpinnedHost);
-            for (global, (_, hardware, platform, kind, device_backend)) in
-                device_ids.iter().zip(&host_devices)
-            {
+            // A worker's plugin memories that are not one device's own (its
+            // pinned and unpinned host memories), each once, as (id there,
+            // space here).
+            let mut worker_spaces: Vec<(u32, MemorySpace)> = Vec::new();
+            let mut users: Vec<(u32, MemoryKind, Vec<u32>)> = Vec::new();
+            for (global, d) in device_ids.iter().zip(&host_devices) {
+                for &(memory, kind) in &d.memories {
+                    match users.iter_mut().find(|(m, _, _)| *m == memory) {
+                        Some((_, _, ids)) => ids.push(*global),
+                        None => users.push((memory, kind, vec![*global])),
+                    }
+                }
+            }
+            for (memory, kind, ids) in users {
+                if kind == MemoryKind::Device && ids.len() == 1 {
+                    continue; // the device's own (below)
+                }
+                let space = MemorySpace(Arc::new(MemorySpaceInner {
+                    id: total + 2 * host_count + plugin_spaces.len() as u32,
+                    kind,
+                    device_ids: ids,
+                    client_id: id,
+                    host_index,
+                }));
+                plugin_spaces.push(space.clone());
+                worker_spaces.push((memory, space));
+            }
+            for (global, d) in device_ids.iter().zip(&host_devices) {
                 let own = MemorySpace(Arc::new(MemorySpaceInner {
                     id: *global,
                     kind: MemoryKind::Device,
@@ -397,24 +441,38 @@ impl Client {
                     client_id: id,
                     host_index,
                 }));
-                memory_spaces.push(own.clone());
-                let host_cpu = &**device_backend == "cpu";
-                let spaces = if host_cpu {
-                    vec![own, pinned.clone(), unpinned.clone()]
+                let host_cpu = &*d.backend == "cpu";
+                let spaces = if host_cpu || d.memories.is_empty() {
+                    match host_cpu {
+                        true => vec![own.clone(), pinned.clone(), unpinned.clone()],
+                        false => vec![own.clone()],
+                    }
                 } else {
-                    vec![own]
+                    // The worker's order: its default first.
+                    d.memories
+                        .iter()
+                        .map(|(memory, _)| {
+                            worker_spaces
+                                .iter()
+                                .find(|(m, _)| m == memory)
+                                .map_or_else(|| own.clone(), |(_, space)| space.clone())
+                        })
+                        .collect()
                 };
+                if spaces.contains(&own) {
+                    memory_spaces.push(own);
+                }
                 devices.push(Device(Arc::new(DeviceInner {
                     id: *global,
-                    platform: platform.clone(),
-                    kind: kind.clone(),
-                    backend: device_backend.clone(),
+                    platform: d.platform.clone(),
+                    kind: d.kind.clone(),
+                    backend: d.backend.clone(),
                     pjrt: None,
                     process_index,
                     host_index,
-                    local_hardware_id: *hardware,
+                    local_hardware_id: d.hardware,
                     attributes: if host_cpu {
-                        backend.attributes(*hardware as usize)
+                        backend.attributes(d.hardware as usize)
                     } else {
                         Vec::new()
                     },
@@ -441,7 +499,7 @@ impl Client {
             remotes.push(session.map(|session| {
                 Arc::new(RemoteHost {
                     session,
-                    local_ids: host_devices.iter().map(|d| d.0).collect(),
+                    local_ids: host_devices.iter().map(|d| d.local_id).collect(),
                     first_device: first,
                 })
             }));
@@ -811,4 +869,15 @@ fn memory_kind(name: &str) -> Option<MemoryKind> {
 
 /// A device of a host as the client is built: its id there, local hardware
 /// id, platform, kind and backend.
-type RemoteDevice = (u32, u32, Arc<str>, Arc<str>, Arc<str>);
+/// A device of a host as the client learns it (the local host's CPU
+/// devices, or a worker's devices from its `HostInfo`).
+struct RemoteDevice {
+    local_id: u32,
+    hardware: u32,
+    platform: Arc<str>,
+    kind: Arc<str>,
+    backend: Arc<str>,
+    /// A plugin device's memories on its worker, as (id there, kind),
+    /// default first; empty for CPU devices and from older workers.
+    memories: Vec<(u32, MemoryKind)>,
+}

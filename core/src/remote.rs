@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::device::Device;
+use crate::device::{Device, MemorySpace};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::format::pb;
@@ -194,7 +194,7 @@ impl RemoteHost {
     /// ([`put_small`](Self::put_small)).
     fn puts_small(&self, target: &impl UploadTarget, bytes: usize) -> bool {
         bytes <= MAX_SMALL_PUT_BYTES
-            && target.spec().1 != DType::String
+            && target.spec().2 != DType::String
             && self.session.version() >= SMALL_PUT_VERSION
     }
 
@@ -231,12 +231,18 @@ impl RemoteHost {
         target: impl UploadTarget,
         inline: Option<Bytes>,
     ) -> Option<(u64, BufferSpec, Completion)> {
-        let (device, dtype, dims) = target.spec();
+        let (device, memory, dtype, dims) = target.spec();
         let spec = match self.local_id(device) {
-            Ok(device) => BufferSpec {
-                device,
+            Ok(id) => BufferSpec {
+                device: id,
                 dtype: dtype as u32,
                 dims: dims.to_vec(),
+                // The device's default memory goes unnamed, as to workers
+                // from before memory kinds travelled.
+                memory_kind: match memory == device.default_memory_space() {
+                    true => 0,
+                    false => memory.kind() as u32,
+                },
             },
             Err(e) => {
                 target.finish(Err(e), None);
@@ -265,8 +271,8 @@ pub(crate) trait UploadTarget: Clone + Send + 'static {
     /// upload on the wire.
     fn stop_if_deleted(&self, stop: UploadStop);
 
-    /// Its device, element type and dimensions.
-    fn spec(&self) -> (&Device, DType, &[i64]);
+    /// Its device, memory space, element type and dimensions.
+    fn spec(&self) -> (&Device, &MemorySpace, DType, &[i64]);
 
     /// The operation that makes it on worker `host`, as `handle`, is sent
     /// (ordered with the session's executions): they may use it at once.

@@ -726,6 +726,7 @@ fn a_read_grant_admits_one_read_of_one_buffer() {
         device: 0,
         dtype: DType::U8 as u32,
         dims: vec![5],
+        memory_kind: 0,
     };
     let source = on_a.new_handle();
     on_a.put_buffer(source, spec.clone(), Bytes::from_static(b"hello"))
@@ -1449,6 +1450,7 @@ fn a_malformed_string_upload_is_refused_and_the_worker_serves_on() {
         device: 0,
         dtype: DType::String as u32,
         dims: vec![n],
+        memory_kind: 0,
     };
     let invalid = ErrorCode::InvalidArgument;
     let cases: [(&str, i64, Vec<u8>, ErrorCode, &str); 7] = [

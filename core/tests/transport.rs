@@ -38,6 +38,7 @@ fn spec(device: u32, dtype: DType, dims: &[i64]) -> BufferSpec {
         device,
         dtype: dtype as u32,
         dims: dims.to_vec(),
+        memory_kind: 0,
     }
 }
 
@@ -102,10 +103,21 @@ fn bad_uploads_are_refused_and_store_nothing() {
                 device: 0,
                 dtype: 77,
                 dims: vec![1],
+                memory_kind: 0,
             },
             1,
             ErrorCode::InvalidArgument,
             "unknown dtype",
+        ),
+        (
+            "a memory kind the protocol lacks",
+            BufferSpec {
+                memory_kind: 9,
+                ..spec(0, DType::F32, &[4])
+            },
+            16,
+            ErrorCode::InvalidArgument,
+            "memory kind 9",
         ),
         (
             "negative dims",

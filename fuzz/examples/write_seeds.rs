@@ -80,6 +80,7 @@ fn control_seeds() {
                     device: 0,
                     dtype: DType::I32 as u32,
                     dims: vec![2],
+                    memory_kind: 0,
                 }),
                 data: Bytes::from_static(&[1, 0, 0, 0, 2, 0, 0, 0]),
             }),
@@ -127,6 +128,7 @@ fn chunk(handle: u64, spec: Option<(u32, DType, Vec<i64>)>, data: &[u8]) -> PutB
             device,
             dtype: dtype as u32,
             dims,
+            memory_kind: 0,
         }),
         data: Bytes::copy_from_slice(data),
     }
@@ -250,6 +252,7 @@ fn lane_seeds() {
             device: 0,
             dtype: DType::F32 as u32,
             dims: vec![2],
+            memory_kind: 0,
         }),
         data: Bytes::from_static(&[0; 8]),
     });

@@ -76,6 +76,7 @@ impl RemoteSession {
             device,
             dtype: dtype as u32,
             dims,
+            memory_kind: 0,
         };
         py.detach(|| self.inner.put_buffer(handle, spec, data.into()))
             .map_err(|e| to_py(py, &e))

@@ -311,6 +311,15 @@ def test_a_python_worker_serves_a_plugin_and_runs_xla_programs(token_file, isola
 
         back = colocated.device_put(negate(colocated.device_put(f(x), cpu)), plugin[0])
         np.testing.assert_array_equal(np.asarray(f(back)), -(value + 1) + 1)
+        # The plugin's host memories on the worker, as JAX names them.
+        assert plugin[0].memory_kinds == ["device", "pinned_host", "unpinned_host"] or PLATFORM != "cpu"
+        assert "pinned_host" in plugin[0].memory_kinds
+        pinned = colocated.SingleDeviceSharding(plugin[0], memory_kind="pinned_host")
+        offloaded = colocated.device_put(value, pinned)
+        assert offloaded.sharding.memory_kind == "pinned_host"
+        np.testing.assert_array_equal(np.asarray(offloaded), value)
+        on_device = colocated.device_put(offloaded, plugin[0])
+        np.testing.assert_array_equal(np.asarray(f(on_device)), value + 1)
         # 256 MiB in and out of the worker's plugin device.
         big = np.arange(64 << 20, dtype=np.float32)
         on_plugin = colocated.device_put(big, plugin[-1])

@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::host::{Fetched, HostData};
 use super::{write_on_host, Buffer, HostDst, Storage, UsageHold};
-use crate::device::Device;
+use crate::device::{Device, MemorySpace};
 use crate::dtype::{checked_byte_size, DType};
 use crate::error::{Error, Result};
 use crate::future::{Event, Progress};
@@ -122,8 +122,13 @@ fn not_on_worker(buffer: &Buffer) -> Error {
 
 /// A pending buffer of a worker's device is what an upload fills.
 impl UploadTarget for Buffer {
-    fn spec(&self) -> (&Device, DType, &[i64]) {
-        (self.device(), self.dtype(), self.dims())
+    fn spec(&self) -> (&Device, &MemorySpace, DType, &[i64]) {
+        (
+            self.device(),
+            self.memory_space(),
+            self.dtype(),
+            self.dims(),
+        )
     }
 
     fn stop_if_deleted(&self, stop: UploadStop) {

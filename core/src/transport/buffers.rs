@@ -7,7 +7,7 @@ use super::proto::BufferSpec;
 use super::strings::encode_strings;
 use crate::buffer::{Buffer, HostBufferSemantics};
 use crate::client::Client;
-use crate::device::Device;
+use crate::device::{Device, MemoryKind, MemorySpace};
 use crate::dtype::{checked_byte_size, DType};
 use crate::error::{Error, Result};
 
@@ -18,6 +18,8 @@ pub const CHUNK_BYTES: usize = 2 << 20;
 /// dimensions and size.
 pub(crate) struct CheckedSpec {
     pub device: Device,
+    /// The device's memory the buffer goes to.
+    pub memory: MemorySpace,
     pub dtype: DType,
     pub dims: Vec<i64>,
     /// The byte size of a dense buffer; the number of elements of a string
@@ -26,8 +28,8 @@ pub(crate) struct CheckedSpec {
 }
 
 /// Checks a spec from the wire: a device of this host, a known element type,
-/// valid dimensions whose byte size (dense) fits in memory. Strings live in
-/// CPU memory only.
+/// valid dimensions whose byte size (dense) fits in memory, a memory kind
+/// the device addresses. Strings live in CPU memory only.
 pub(crate) fn check_spec(client: &Client, spec: &BufferSpec) -> Result<CheckedSpec> {
     let device = client
         .devices()
@@ -43,8 +45,18 @@ pub(crate) fn check_spec(client: &Client, spec: &BufferSpec) -> Result<CheckedSp
             "string buffers live in CPU memory only",
         ));
     }
+    let memory = match spec.memory_kind {
+        0 => device.default_memory_space().clone(),
+        kind => {
+            let kind = MemoryKind::from_u32(kind).ok_or_else(|| {
+                Error::invalid_argument(format!("memory kind {kind} is none of 1, 2, 3"))
+            })?;
+            device.memory_space_by_kind(kind.name())?.clone()
+        }
+    };
     let size = checked_byte_size(dtype, &spec.dims)?;
     Ok(CheckedSpec {
+        memory,
         device,
         dtype,
         dims: spec.dims.clone(),
@@ -309,7 +321,7 @@ pub(crate) fn buffer_owning(client: &Client, spec: &CheckedSpec, data: Vec<u8>) 
             spec.dtype,
             &spec.dims,
             &spec.device,
-            None,
+            Some(&spec.memory),
             HostBufferSemantics::ImmutableZeroCopy,
         )
     }?;
@@ -421,10 +433,26 @@ mod tests {
             device: device.id(),
             dtype: DType::String as u32,
             dims: vec![2],
+            memory_kind: 0,
         };
         let e = check_spec(&client, &spec).err().unwrap();
         assert_eq!(e.code(), ErrorCode::InvalidArgument);
         assert!(e.message().contains("CPU memory only"), "{e}");
+        // A spec's memory kind places the buffer in the plugin's memory of
+        // that kind.
+        let pinned = BufferSpec {
+            dtype: DType::F32 as u32,
+            memory_kind: MemoryKind::PinnedHost as u32,
+            ..spec
+        };
+        let checked = check_spec(&client, &pinned).unwrap();
+        let buffer = buffer_owning(&client, &checked, vec![1u8; 8]).unwrap();
+        assert_eq!(buffer.memory_space().kind(), MemoryKind::PinnedHost);
+        assert_eq!(
+            buffer.memory_space(),
+            device.memory_space_by_kind("pinned_host").unwrap()
+        );
+        assert_eq!(buffer.to_host_vec().unwrap(), vec![1u8; 8]);
     }
 
     #[test]
@@ -439,6 +467,7 @@ mod tests {
             device,
             dtype,
             dims,
+            memory_kind: 0,
         };
         let ok = check_spec(&client, &spec(1, DType::F32 as u32, vec![2, 3])).unwrap();
         assert_eq!((ok.device.id(), ok.size), (1, 24));
@@ -462,6 +491,14 @@ mod tests {
                 spec(0, DType::String as u32, vec![-1]),
                 ErrorCode::InvalidArgument,
             ),
+            // A memory kind the protocol does not name.
+            (
+                BufferSpec {
+                    memory_kind: 4,
+                    ..spec(0, DType::F32 as u32, vec![2])
+                },
+                ErrorCode::InvalidArgument,
+            ),
         ] {
             assert_eq!(
                 check_spec(&client, &bad).err().map(|e| e.code()),
@@ -471,6 +508,17 @@ mod tests {
         }
         let buffer = buffer_owning(&client, &ok, vec![7u8; 24]).unwrap();
         assert_eq!(buffer.to_host_vec().unwrap(), vec![7u8; 24]);
+        assert_eq!(buffer.memory_space().kind(), MemoryKind::Device);
         assert!(buffer_owning(&client, &ok, vec![0u8; 23]).is_err());
+        // Each kind a CPU device addresses.
+        for kind in [MemoryKind::PinnedHost, MemoryKind::UnpinnedHost] {
+            let spec = BufferSpec {
+                memory_kind: kind as u32,
+                ..spec(1, DType::F32 as u32, vec![2, 3])
+            };
+            let checked = check_spec(&client, &spec).unwrap();
+            let buffer = buffer_owning(&client, &checked, vec![7u8; 24]).unwrap();
+            assert_eq!(buffer.memory_space().kind(), kind);
+        }
     }
 }

@@ -759,6 +759,7 @@ mod tests {
             device: 1,
             dtype: 11,
             dims: vec![2, 3],
+            memory_kind: 0,
         }
     }
 

@@ -505,6 +505,7 @@ impl Peer {
                 device,
                 dtype: DType::F32 as u32,
                 dims: vec![2],
+                memory_kind: 0,
             }),
             data: Bytes::copy_from_slice(data),
         };

@@ -167,7 +167,7 @@ impl<'a> Upload<'a> {
                 buffer_owning(client, &spec, data)
             }
             Received::Strings(decoder) => decoder.finish().map(|elements| {
-                let memory = spec.device.default_memory_space().clone();
+                let memory = spec.memory.clone();
                 Buffer::of_strings(client, elements, &spec.dims, &spec.device, memory)
             }),
         }

@@ -238,7 +238,7 @@ impl Service {
         let buffer = Buffer::new(
             &self.0.client,
             spec.device.clone(),
-            spec.device.default_memory_space().clone(),
+            spec.memory.clone(),
             spec.dtype,
             &spec.dims,
             ready.clone(),

@@ -24,7 +24,7 @@ use crate::transport::proto::{
     ControlRequest, ControlResponse, DeleteBuffersRequest, DeleteBuffersResponse, DeviceInfo,
     ExecuteRequest, ExecuteResponse, GetBufferRequest, HealthRequest, HealthResponse,
     HeartbeatRequest, HeartbeatResponse, HostInfo, LoadExecutableRequest, LoadExecutableResponse,
-    OpenSessionRequest, OpenSessionResponse, PutBufferChunk, PutBufferResponse,
+    MemoryInfo, OpenSessionRequest, OpenSessionResponse, PutBufferChunk, PutBufferResponse,
 };
 use crate::transport::{
     to_status, version_mismatch, SessionId, AUTHORIZATION, LANE_VERSION, PROTOCOL_VERSION_MAX,
@@ -139,6 +139,14 @@ impl Service {
                     local_hardware_id: i32::try_from(d.local_hardware_id()).unwrap_or(-1),
                     platform: d.platform().to_string(),
                     backend: d.backend().to_string(),
+                    memories: d
+                        .memory_spaces()
+                        .iter()
+                        .map(|m| MemoryInfo {
+                            id: m.id(),
+                            kind: m.kind() as u32,
+                        })
+                        .collect(),
                 })
                 .collect(),
             languages: client.languages(0).unwrap_or_default(),
