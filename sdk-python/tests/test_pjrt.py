@@ -142,6 +142,20 @@ def test_add_one_runs_and_results_match_numpy(client):
     np.testing.assert_allclose(np.asarray(w), value + 103)
 
 
+def test_xla_programs_take_jax_arrays(client):
+    jax = pytest.importorskip("jax")
+    f = colocated.compile_stablehlo(ADD_ONE, client.devices()[:1])
+    y = f(jax.numpy.arange(8, dtype=jax.numpy.float32))
+    assert y.sharding.device_set == {client.devices()[0]}
+    np.testing.assert_array_equal(np.asarray(y), np.arange(1, 9, dtype=np.float32))
+    if len(client.devices()) >= 2:
+        spmd = colocated.compile_stablehlo(sharded_add_one(2), client.devices()[:2])
+        with pytest.raises(colocated.InvalidArgumentError, match="runs on 2 devices: device_put it"):
+            spmd(jax.numpy.zeros(8, dtype=jax.numpy.float32))
+    with pytest.raises(colocated.InvalidArgumentError, match=r"or a jax.Array, got list"):
+        f([1.0] * 8)
+
+
 def test_numpy_views_a_host_platform_plugin_buffer_in_place(client):
     device = client.devices()[0]
     value = np.arange(1 << 20, dtype=np.float32)

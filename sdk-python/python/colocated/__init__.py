@@ -54,6 +54,7 @@ from ._errors import (
     UnimplementedError,
 )
 from ._host_callback import HostCallback, host_callback
+from ._jax import from_jax, to_jax
 from ._sharding import (
     AxisType,
     Mesh,
@@ -114,10 +115,12 @@ __all__ = [
     "device_put",
     "devices",
     "find_pjrt_plugin",
+    "from_jax",
     "host_callback",
     "local_devices",
     "make_array_from_callback",
     "make_array_from_single_device_arrays",
     "make_mesh",
+    "to_jax",
     "wait",
 ]

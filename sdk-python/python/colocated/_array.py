@@ -357,6 +357,16 @@ def _put(x, sharding: Sharding) -> Array:
 _SMALL_BYTES = 4096
 
 
+def _put_default(x, first: Sharding) -> Array:
+    """``device_put`` without a device: a ``jax.Array`` keeps its layout, on
+    the corresponding devices; anything else goes to ``first``."""
+    from ._jax import from_jax, is_jax_array
+
+    if is_jax_array(x):
+        return from_jax(x)
+    return _put(x, first)
+
+
 def _put_array(x: Array, sharding: Sharding):
     """``x`` on ``sharding`` (the runtime's ``put_to``: as it is, host to host,
     or gathered and put again), and its ``CopyProgress`` (None when as it is)."""
@@ -373,8 +383,10 @@ def _is_sharding_leaf(x) -> bool:
 def device_put(x, device=None, *, progress=None):
     """Places ``x`` on devices; returns an ``Array`` (or a pytree of them).
 
-    ``x``: a numpy array, a Python or numpy scalar, an ``Array``, or a pytree of
-    those. ``device``: a ``Device``, a ``Sharding``, ``None`` (the first device), or
+    ``x``: a numpy array, a Python or numpy scalar, an ``Array``, a
+    ``jax.Array``, or a pytree of those. ``device``: a ``Device``, a
+    ``Sharding``, ``None`` (the first device; a ``jax.Array`` keeps its layout,
+    on the devices that correspond to JAX's: see ``to_jax``), or
     a pytree of those that is a prefix of ``x``; the devices may be of any
     client, and a sharding's ``memory_kind`` says which memory of each device
     the buffers go to. An ``Array`` already laid out that way is returned as is;
@@ -394,6 +406,9 @@ def device_put(x, device=None, *, progress=None):
     """
     if progress is not None and progress is not False:
         return _put_with_progress(x, device, progress)
+    if device is None:
+        first = _as_sharding(None)
+        return optree.tree_map(lambda leaf: _put_default(leaf, first), x)
     if _is_sharding_leaf(device):
         sharding = _as_sharding(device)
         return optree.tree_map(lambda leaf: _put(leaf, sharding), x)

@@ -41,6 +41,7 @@ from ._array import clear_caches as _array_clear_caches
 from ._dtypes import core_name
 from ._errors import InvalidArgumentError
 from ._host_callback import _dumps_with_callbacks
+from ._jax import from_jax, is_jax_array
 from ._sharding import ShapeDtypeStruct, _sharding_from_core
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
@@ -125,12 +126,19 @@ def _spec_of(x) -> ShapeDtypeStruct:
     return ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
 
 
-def _check_arrays(leaves: list, what: str) -> None:
+def _check_arrays(leaves: list, what: str) -> list:
+    """``leaves``, each an ``Array``: a ``jax.Array`` of this process becomes
+    one (on the corresponding devices); anything else is refused."""
     for i, leaf in enumerate(leaves):
-        if not isinstance(leaf, Array):
-            raise InvalidArgumentError(
-                f"colocated Python {what} must be colocated Arrays; leaf {i} is a {type(leaf).__name__}"
-            )
+        if type(leaf) is Array or isinstance(leaf, Array):
+            continue
+        if is_jax_array(leaf):
+            leaves[i] = from_jax(leaf)
+            continue
+        raise InvalidArgumentError(
+            f"colocated Python {what} must be colocated Arrays or jax.Arrays; leaf {i} is a {type(leaf).__name__}"
+        )
+    return leaves
 
 
 class _HostCall:
@@ -171,7 +179,7 @@ class _HostCall:
             # One array out, as the specs say (the runtime checks its spec).
             return [out._impl]
         leaves, treedef = _flatten(out)
-        _check_arrays(leaves, "function outputs")
+        leaves = _check_arrays(leaves, "function outputs")
         if self.out_treedef is None:
             if self.local:
                 self.discovered = (leaves, treedef)
@@ -372,7 +380,7 @@ class ColocatedFunction(_colocated.FunctionBase):
             # runtime (and its locks may be held): start over with the child's.
             self._state = self._new_state()
         leaves, treedef = _flatten((args, kwargs))
-        _check_arrays(leaves, "function arguments")
+        leaves = _check_arrays(leaves, "function arguments")
         impls = [leaf._impl for leaf in leaves]
         tree, _flat = _tree_key(treedef)
         site = _Site(self, treedef, leaves)

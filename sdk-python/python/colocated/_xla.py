@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import _colocated
-from ._array import Array, _wrap
+from ._array import Array, _wrap, device_put
 from ._client import client as _client_default
 from ._client import devices as _devices
 from ._errors import InvalidArgumentError
+from ._jax import is_jax_array
 
 
 class XlaExecutable:
@@ -39,20 +40,30 @@ class XlaExecutable:
         return self._impl.serialize()
 
     def __call__(self, *args: Array) -> Array | tuple[Array, ...]:
-        outputs = self._impl.call([a._impl if a.__class__ is Array else _impl_of(a, args) for a in args])
+        outputs = self._impl.call([a._impl if a.__class__ is Array else self._impl_of(a, args) for a in args])
         if len(outputs) == 1:
             return _wrap(outputs[0], None)
         return tuple([_wrap(o, None) for o in outputs])
 
 
-def _impl_of(a: object, args: tuple) -> _colocated.ArrayImpl:
-    """The runtime array of argument ``a`` (of ``args``), an ``Array`` of a subclass."""
-    if isinstance(a, Array):
-        return a._impl
-    i = next(i for i, b in enumerate(args) if b is a)
-    raise InvalidArgumentError(
-        f"argument {i} must be a colocated Array (colocated.device_put), got {type(a).__name__}"
-    )
+    def _impl_of(self, a: object, args: tuple) -> _colocated.ArrayImpl:
+        """The runtime array of argument ``a`` (of ``args``): an ``Array`` of a
+        subclass, or a ``jax.Array`` put on the program's device (a program
+        over several devices takes Arrays laid out as its module says)."""
+        if isinstance(a, Array):
+            return a._impl
+        i = next(i for i, b in enumerate(args) if b is a)
+        if is_jax_array(a):
+            devices = self.devices
+            if len(devices) != 1:
+                raise InvalidArgumentError(
+                    f"argument {i} is a jax.Array, and this program runs on {len(devices)} devices: "
+                    "device_put it with the sharding the module gives it"
+                )
+            return device_put(a, devices[0])._impl
+        raise InvalidArgumentError(
+            f"argument {i} must be a colocated Array (colocated.device_put) or a jax.Array, got {type(a).__name__}"
+        )
 
 
 def deserialize_and_load(data: bytes, client: _colocated.Client | None = None) -> XlaExecutable:

@@ -1,0 +1,149 @@
+"""JAX's arrays in and out of ``colocated``.
+
+A ``jax.Array`` of this process goes wherever an ``Array`` goes (``device_put``,
+colocated functions, XLA executables) and ``to_jax`` turns an ``Array`` into a
+``jax.Array``. The devices correspond by platform and index on this process's
+host: JAX's CPU device ``k`` is the CPU device with local hardware id ``k``
+that colocated Python runs on, and JAX's device ``k`` of a plugin's platform
+(``cuda``) is the device of that platform with local hardware id ``k``.
+
+JAX is never imported here unless the caller has imported it (a
+``jax.Array`` exists) or asks for one (``to_jax``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from . import _colocated
+from ._array import Array, _host_value, device_put
+from ._client import client as _client_default
+from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+
+def is_jax_array(x) -> bool:
+    """Whether ``x`` is a ``jax.Array`` (without importing JAX)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.Array)
+
+
+def _import_jax():
+    try:
+        import jax
+    except ImportError as e:
+        raise FailedPreconditionError("to_jax needs JAX: pip install jax") from e
+    return jax
+
+
+def _is_local(device: _colocated.Device) -> bool:
+    """Whether ``device`` is of this process's host (process 0 of its client;
+    workers are 1 and up)."""
+    return device.process_index == 0
+
+
+def _jax_index(jax_device) -> int:
+    index = getattr(jax_device, "local_hardware_id", None)
+    return jax_device.id if index is None else index
+
+
+def device_of(jax_device, client: _colocated.Client | None = None) -> _colocated.Device:
+    """The device of ``client`` (default: the default client) on this
+    process's host that corresponds to ``jax_device``: by platform and index
+    (see the module's doc). ``InvalidArgumentError`` when there is none."""
+    client = client or _client_default()
+    platform = jax_device.platform
+    index = _jax_index(jax_device)
+    if jax_device.process_index != 0:
+        raise InvalidArgumentError(f"{jax_device} belongs to JAX process {jax_device.process_index}, not this one")
+    for d in client.devices() + client.devices("cpu"):
+        if d.local_hardware_id != index or not _is_local(d):
+            continue
+        # JAX's CPU devices are where colocated Python runs: this runtime's own.
+        if (platform == "cpu" and d.backend == "cpu") or (platform != "cpu" and d.platform == platform):
+            return d
+    raise InvalidArgumentError(
+        f"JAX's {jax_device} has no {platform} device with local hardware id {index} in this process's client"
+    )
+
+
+def jax_device_of(device: _colocated.Device):
+    """JAX's device that corresponds to ``device`` (of this process's host);
+    ``InvalidArgumentError`` when JAX has none (a worker's device, or a platform
+    JAX was not started with)."""
+    jax = _import_jax()
+    if not _is_local(device):
+        raise InvalidArgumentError(
+            f"{device} is a worker's device, which JAX in this process cannot address; "
+            "give to_jax a JAX device to copy it to"
+        )
+    try:
+        candidates = jax.local_devices(backend=device.platform)
+    except RuntimeError as e:
+        raise InvalidArgumentError(f"JAX has no {device.platform} devices for {device}: {e}") from e
+    for j in candidates:
+        if _jax_index(j) == device.local_hardware_id:
+            return j
+    raise InvalidArgumentError(
+        f"JAX has no {device.platform} device with local hardware id {device.local_hardware_id} for {device}"
+    )
+
+
+def sharding_of(jax_sharding, client: _colocated.Client | None = None):
+    """The ``colocated`` sharding that lays an array out as ``jax_sharding``
+    does, on the corresponding devices (``NamedSharding`` and
+    ``SingleDeviceSharding``, with their memory kind)."""
+    jax = sys.modules.get("jax") or _import_jax()
+    kind = getattr(jax_sharding, "memory_kind", None)
+    if isinstance(jax_sharding, jax.sharding.SingleDeviceSharding):
+        (device,) = jax_sharding.device_set
+        return SingleDeviceSharding(device_of(device, client), memory_kind=kind)
+    if isinstance(jax_sharding, jax.sharding.NamedSharding):
+        mesh = jax_sharding.mesh
+        devices = np.vectorize(lambda d: device_of(d, client), otypes=[object])(mesh.devices)
+        ours = Mesh(devices, mesh.axis_names)
+        return NamedSharding(ours, PartitionSpec(*jax_sharding.spec), memory_kind=kind)
+    raise InvalidArgumentError(
+        f"{type(jax_sharding).__name__} has no colocated equivalent; use a NamedSharding or SingleDeviceSharding"
+    )
+
+
+def from_jax(x, client: _colocated.Client | None = None) -> Array:
+    """A ``jax.Array`` of this process as an ``Array`` of the corresponding
+    devices and sharding (one copy of the data)."""
+    return device_put(_host_value(x), sharding_of(x.sharding, client))
+
+
+def to_jax(x: Array, device=None):
+    """``x`` as a ``jax.Array``.
+
+    ``device``: a JAX ``Device`` or ``Sharding`` to put it on (the data is
+    copied there unless JAX can alias it); by default JAX's devices that
+    correspond to ``x``'s, with the same layout. An array of one buffer in
+    this process's host memory becomes a ``jax.Array`` of JAX's CPU device
+    without a copy (when its address is aligned as XLA needs, which the
+    runtime's buffers are): JAX reads the same memory, which stays alive
+    while either array uses it.
+
+    Raises ``InvalidArgumentError`` when JAX has no corresponding device (a
+    worker's array: give ``device``).
+    """
+    jax = _import_jax()
+    if is_jax_array(x):
+        return x if device is None else jax.device_put(x, device)
+    if not isinstance(x, Array):
+        raise InvalidArgumentError(f"to_jax takes a colocated Array, got {type(x).__name__}")
+    if device is not None:
+        return jax.device_put(x._value(), device)
+    sharding = x.sharding
+    if isinstance(sharding, SingleDeviceSharding) or len(sharding.device_set) == 1:
+        (ours,) = sharding.device_set
+        return jax.device_put(x._value(), jax_device_of(ours))
+    if isinstance(sharding, NamedSharding):
+        mesh = sharding.mesh
+        devices = np.vectorize(jax_device_of, otypes=[object])(mesh.devices)
+        target = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, mesh.axis_names), jax.sharding.PartitionSpec(*sharding.spec))
+        return jax.device_put(x._value(), target)
+    raise InvalidArgumentError(f"{type(sharding).__name__} has no JAX equivalent; give to_jax a device")

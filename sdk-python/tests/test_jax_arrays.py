@@ -1,0 +1,148 @@
+"""JAX's arrays in and out of colocated, with real JAX on CPU: ``device_put``
+and colocated functions take ``jax.Array``s, functions may return them, and
+``to_jax`` gives a ``jax.Array`` (without a copy for a buffer in this process's
+memory)."""
+
+import textwrap
+
+import numpy as np
+import pytest
+from test_devices import run_python
+
+import colocated
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+
+def test_device_put_of_a_jax_array_keeps_its_device_and_values():
+    x = jnp.arange(8, dtype=jnp.float32)
+    (jax_device,) = x.devices()
+    a = colocated.device_put(x)
+    assert isinstance(a, colocated.Array)
+    cpu = colocated.devices("cpu")[jax_device.id]
+    assert a.sharding == colocated.SingleDeviceSharding(cpu)
+    np.testing.assert_array_equal(np.asarray(a), np.arange(8, dtype=np.float32))
+    # An explicit device still wins, as for any value.
+    b = colocated.device_put(x, colocated.devices()[3])
+    assert b.sharding.device_set == {colocated.devices()[3]}
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(x))
+
+
+def test_colocated_functions_take_jax_arrays_and_may_return_them():
+    @colocated.colocated_python
+    def add_one(v):
+        return v + 1
+
+    x = jnp.arange(4, dtype=jnp.int32)
+    out = add_one(x)
+    assert isinstance(out, colocated.Array)
+    np.testing.assert_array_equal(np.asarray(out), [1, 2, 3, 4])
+
+    @colocated.colocated_python
+    def doubled_by_jax(v):
+        import jax.numpy as jnp
+
+        return {"twice": jnp.asarray(np.asarray(v)) * 2}
+
+    out = doubled_by_jax(colocated.device_put(np.arange(3, dtype=np.float32)))
+    assert isinstance(out["twice"], colocated.Array)
+    np.testing.assert_array_equal(np.asarray(out["twice"]), [0, 2, 4])
+
+
+def test_to_jax_reads_a_buffer_of_this_process_in_place():
+    value = np.arange(1 << 16, dtype=np.float32)
+    a = colocated.device_put(value, colocated.devices("cpu")[0])
+    j = colocated.to_jax(a)
+    assert isinstance(j, jax.Array)
+    assert j.devices() == {jax.devices("cpu")[0]}
+    # The same memory: no copy.
+    assert j.unsafe_buffer_pointer() == np.asarray(a).ctypes.data
+    np.testing.assert_array_equal(np.asarray(j), value)
+    # It stays readable after the colocated array is deleted.
+    a.delete()
+    np.testing.assert_array_equal(np.asarray(j + 1), value + 1)
+
+
+def test_to_jax_puts_on_the_device_given():
+    a = colocated.device_put(np.arange(6, dtype=np.int32).reshape(2, 3))
+    target = jax.devices("cpu")[0]
+    j = colocated.to_jax(a, device=target)
+    assert j.devices() == {target} and j.shape == (2, 3)
+    np.testing.assert_array_equal(np.asarray(j), np.arange(6).reshape(2, 3))
+
+
+def test_bad_inputs_get_typed_errors():
+    with pytest.raises(colocated.InvalidArgumentError, match="to_jax takes a colocated Array, got str"):
+        colocated.to_jax("x")
+
+    @colocated.colocated_python
+    def identity(v):
+        return v
+
+    with pytest.raises(colocated.InvalidArgumentError, match="colocated Arrays or jax.Arrays; leaf 0 is a int"):
+        identity([1, 2])
+    # A device JAX does not have here: the 8th CPU device of colocated.
+    with pytest.raises(colocated.InvalidArgumentError, match="JAX has no cpu device with local hardware id 7"):
+        colocated.to_jax(colocated.device_put(np.zeros(2), colocated.devices("cpu")[7]))
+
+
+def test_a_worker_s_array_goes_to_jax_with_a_device(cluster):
+    cluster(1)
+    worker_cpu = colocated.devices("cpu")[0]
+    assert worker_cpu.process_index != 0
+    a = colocated.device_put(np.arange(5, dtype=np.float64), worker_cpu)
+    with pytest.raises(colocated.InvalidArgumentError, match="a worker's device"):
+        colocated.to_jax(a)
+    j = colocated.to_jax(a, device=jax.devices("cpu")[0])
+    np.testing.assert_array_equal(np.asarray(j), np.arange(5))
+
+
+def test_sharded_jax_arrays_keep_their_layout_both_ways():
+    # JAX with four CPU devices, in a process of its own (JAX's device count
+    # is fixed once its backend starts).
+    code = textwrap.dedent(
+        """
+        import jax, numpy as np, colocated
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        colocated.configure(num_cpu_devices=4)
+        mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("x", "y"))
+        value = np.arange(32, dtype=np.float32).reshape(4, 8)
+        x = jax.device_put(value, NamedSharding(mesh, P("x", "y")))
+        a = colocated.device_put(x)
+        assert isinstance(a.sharding, colocated.NamedSharding), a.sharding
+        assert a.sharding.spec == colocated.P("x", "y"), a.sharding
+        ours = [[d.id for d in row] for row in a.sharding.mesh.devices]
+        assert ours == [[d.id for d in row] for row in mesh.devices], ours
+        np.testing.assert_array_equal(np.asarray(a), value)
+
+        @colocated.colocated_python
+        def negate(v):
+            return -v
+
+        back = colocated.to_jax(negate(x))
+        assert back.sharding == x.sharding, back.sharding
+        np.testing.assert_array_equal(np.asarray(back), -value)
+        print("ok")
+        """
+    )
+    result = run_python(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "ok", result.stdout
+
+
+def test_a_jax_device_without_a_counterpart_is_refused():
+    code = textwrap.dedent(
+        """
+        import jax, numpy as np, colocated
+        colocated.configure(num_cpu_devices=1)
+        x = jax.device_put(np.ones(3), jax.devices()[1])
+        try:
+            colocated.device_put(x)
+        except colocated.InvalidArgumentError as e:
+            print("refused:", e)
+        """
+    )
+    result = run_python(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr
+    assert "refused:" in result.stdout and "local hardware id 1" in result.stdout, result.stdout
