@@ -6,6 +6,10 @@ on an Array of the plugin's device. Measures the median of
 ``block_until_ready(f(x))`` for ``x + 1`` on f32[8] and a 1024x1024 f32
 matmul, both ways, taking turns.
 
+Also a 256 MiB ``jax.Array`` into colocated and back out (``from_jax``,
+``to_jax``) beside a ``memcpy`` of the same bytes (``np.copyto``): the goal
+is no copy, microseconds.
+
 Goal (issue 34): the small program below ``jax.jit``'s time. Run by
 ``make bench`` (which installs jax[cpu] and the CPU plugin into the benchmark
 venv).
@@ -73,6 +77,27 @@ def main() -> None:
             f"{name:<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
             f"   jax.jit {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]   ratio {ours[0] / theirs[0]:.2f}x"
         )
+    _jax_round_trip(jax)
+
+
+def _jax_round_trip(jax) -> None:
+    """A 256 MiB ``jax.Array`` of JAX's CPU device through ``from_jax`` and
+    ``to_jax``, beside ``np.copyto`` of the same bytes into warm memory."""
+    value = np.arange(64 << 20, dtype=np.float32)
+    x = jax.device_put(value, jax.devices("cpu")[0])
+    x.block_until_ready()
+    target = np.empty_like(value)
+
+    def round_trip() -> None:
+        back = colocated.to_jax(colocated.from_jax(x))
+        if back.unsafe_buffer_pointer() != x.unsafe_buffer_pointer():
+            raise AssertionError("the round trip copied the data")
+
+    ours, theirs = _in_turns([round_trip, lambda: np.copyto(target, value)], 3)
+    print(
+        f"{'256 MiB jax -> colocated -> jax':<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
+        f"   memcpy {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]   ratio {ours[0] / theirs[0]:.4f}x"
+    )
 
 
 if __name__ == "__main__":

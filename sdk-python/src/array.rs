@@ -396,6 +396,53 @@ impl ArrayImpl {
         Ok(ArrayImpl::wrap(client.clone(), array))
     }
 
+    /// An array of one buffer that reads the `nbytes` at address `ptr` in
+    /// place where the runtime can (`ImmutableZeroCopy`: a CPU device of this
+    /// process), keeping `owner`, the object that holds that memory
+    /// unchanged, until the runtime lets go of them; the runtime copies them
+    /// during the call for any other device. A sharding of several devices
+    /// takes `from_host_bytes`'s copy.
+    #[staticmethod]
+    #[pyo3(signature = (sharding, dtype, shape, ptr, nbytes, owner, memory_kind=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_host_view(
+        py: Python<'_>,
+        sharding: PyRef<'_, Sharding>,
+        dtype: &str,
+        shape: Vec<i64>,
+        ptr: usize,
+        nbytes: usize,
+        owner: Py<PyAny>,
+        memory_kind: Option<&str>,
+    ) -> PyResult<Self> {
+        let (client, core_sharding) = sharding.get()?;
+        let dtype_ = dtype_from_name(dtype)?;
+        if core_sharding.devices().len() != 1 {
+            return Self::from_host_bytes(py, sharding, dtype, shape, ptr, nbytes, memory_kind);
+        }
+        let kind = parse_memory_kind(core_sharding, memory_kind)?;
+        let device = &core_sharding.devices()[0];
+        let spec = core::ArraySpec::new(shape, dtype_, core_sharding.clone()).map_err(py_err)?;
+        // SAFETY: `owner` keeps the memory readable and unchanged until
+        // `done`, whose callback drops it.
+        let (buffer, done) = unsafe {
+            core::Buffer::from_host_raw(
+                client,
+                ptr as *const u8,
+                nbytes,
+                dtype_,
+                &spec.shape,
+                device,
+                memory_space(device, kind).map_err(py_err)?,
+                core::HostBufferSemantics::ImmutableZeroCopy,
+            )
+        }
+        .map_err(py_err)?;
+        done.on_ready(move |_| drop(owner));
+        let array = core::Array::assemble(spec, vec![buffer]).map_err(py_err)?;
+        Ok(ArrayImpl::wrap(client.clone(), array))
+    }
+
     /// Like `from_host_bytes`, from a `bytes` object (for small values, where
     /// reading a numpy array's address costs more than copying it).
     #[staticmethod]

@@ -29,6 +29,24 @@ def test_device_put_of_a_jax_array_keeps_its_device_and_values():
     np.testing.assert_array_equal(np.asarray(b), np.asarray(x))
 
 
+def test_a_jax_array_on_the_cpu_goes_in_and_back_out_in_place():
+    value = np.arange(1 << 18, dtype=np.float32)
+    x = jax.device_put(value, jax.devices("cpu")[0])
+    a = colocated.from_jax(x)
+    assert np.asarray(a).ctypes.data == x.unsafe_buffer_pointer()
+    back = colocated.to_jax(a)
+    assert back.unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
+    # JAX's array may go: the runtime's keeps what it reads.
+    x.delete()
+    del back
+    np.testing.assert_array_equal(np.asarray(a), value)
+    # Several devices: one copy, laid out as asked.
+    sharding = colocated.NamedSharding(colocated.Mesh(colocated.devices("cpu")[:2], ("x",)), colocated.P("x"))
+    split = colocated.device_put(jax.device_put(value), sharding)
+    assert [s.data.shape for s in split.addressable_shards] == [(1 << 17,), (1 << 17,)]
+    np.testing.assert_array_equal(np.asarray(split), value)
+
+
 def test_colocated_functions_take_jax_arrays_and_may_return_them():
     @colocated.colocated_python
     def add_one(v):

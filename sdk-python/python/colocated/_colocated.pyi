@@ -259,6 +259,19 @@ class ArrayImpl:
         """Splits row-major host bytes of the global array over the sharding's devices,
         into their memory of kind ``memory_kind`` (default: their default memory)."""
     @staticmethod
+    def from_host_view(
+        sharding: Sharding,
+        dtype: str,
+        shape: list[int],
+        ptr: int,
+        nbytes: int,
+        owner: object,
+        memory_kind: str | None = None,
+    ) -> ArrayImpl:
+        """An array of one buffer reading the bytes in place where the runtime can
+        (a CPU device of this process), keeping ``owner`` until it lets go of them;
+        copied for any other device, and like ``from_host_bytes`` for several."""
+    @staticmethod
     def from_bytes(
         sharding: Sharding, dtype: str, shape: list[int], data: bytes, memory_kind: str | None = None
     ) -> ArrayImpl:

@@ -18,8 +18,9 @@ import sys
 import numpy as np
 
 from . import _colocated
-from ._array import Array, _host_value, device_put
+from ._array import Array, _host_value, _wrap, device_put
 from ._client import client as _client_default
+from ._dtypes import STRING, core_name
 from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
@@ -112,8 +113,23 @@ def sharding_of(jax_sharding, client: _colocated.Client | None = None):
 
 def from_jax(x, client: _colocated.Client | None = None) -> Array:
     """A ``jax.Array`` of this process as an ``Array`` of the corresponding
-    devices and sharding (one copy of the data)."""
-    return device_put(_host_value(x), sharding_of(x.sharding, client))
+    devices and sharding: reading JAX's buffer in place for an array on one
+    CPU device (the ``jax.Array`` stays alive while the runtime reads it), else
+    one copy of the data."""
+    sharding = sharding_of(x.sharding, client)
+    value = _host_value(x)
+    if len(sharding.device_set) != 1 or value.dtype == STRING or not value.flags.c_contiguous:
+        return device_put(value, sharding)
+    impl = _colocated.ArrayImpl.from_host_view(
+        sharding._core_sharding(),
+        core_name(value.dtype),
+        list(value.shape),
+        value.ctypes.data,
+        value.nbytes,
+        (x, value),
+        sharding._placement,
+    )
+    return _wrap(impl, sharding)
 
 
 def to_jax(x: Array, device=None):
