@@ -147,7 +147,7 @@ def test_unsupported_dtype_is_an_invalid_argument():
 
 
 def test_bad_target_is_an_invalid_argument():
-    with pytest.raises(colocated.InvalidArgumentError, match="expected a Sharding or a Device, got str"):
+    with pytest.raises(colocated.InvalidArgumentError, match=r"expected a Sharding or a Device \(colocated.s or JAX.s\), got str"):
         colocated.device_put(np.arange(2), "cpu:0")
 
 

@@ -82,6 +82,29 @@ def test_to_jax_reads_a_buffer_of_this_process_in_place():
     np.testing.assert_array_equal(np.asarray(j + 1), value + 1)
 
 
+def test_jax_devices_and_shardings_place_data():
+    value = np.arange(6, dtype=np.int64)
+    cpu0 = jax.devices("cpu")[0]
+    ours = colocated.devices("cpu")[0]
+    for target in [
+        cpu0,
+        jax.sharding.SingleDeviceSharding(cpu0),
+        jax.sharding.NamedSharding(jax.sharding.Mesh([cpu0], ("x",)), jax.sharding.PartitionSpec("x")),
+    ]:
+        a = colocated.device_put(value, target)
+        assert a.sharding.device_set == {ours}, target
+        np.testing.assert_array_equal(np.asarray(a), value)
+    # A pytree of placements, as device_put takes.
+    tree = colocated.device_put({"a": value, "b": value}, {"a": cpu0, "b": colocated.devices()[2]})
+    assert tree["a"].sharding.device_set == {ours}
+    assert tree["b"].sharding.device_set == {colocated.devices()[2]}
+    # colocated_cpu_devices of JAX's devices and meshes answers in JAX's terms.
+    assert colocated.colocated_cpu_devices(jax.devices("cpu")) == jax.devices("cpu")
+    mesh = jax.sharding.Mesh(jax.devices("cpu")[:1], ("x",))
+    cpu_mesh = colocated.colocated_cpu_devices(mesh)
+    assert isinstance(cpu_mesh, jax.sharding.Mesh) and cpu_mesh == mesh
+
+
 def test_to_jax_puts_on_the_device_given():
     a = colocated.device_put(np.arange(6, dtype=np.int32).reshape(2, 3))
     target = jax.devices("cpu")[0]
@@ -141,6 +164,10 @@ def test_sharded_jax_arrays_keep_their_layout_both_ways():
         back = colocated.to_jax(negate(x))
         assert back.sharding == x.sharding, back.sharding
         np.testing.assert_array_equal(np.asarray(back), -value)
+        # JAX's sharding as the placement, and JAX's mesh of CPU devices.
+        again = colocated.device_put(value, NamedSharding(mesh, P(None, "y")))
+        assert again.sharding == colocated.NamedSharding(a.sharding.mesh, colocated.P(None, "y")), again.sharding
+        assert colocated.colocated_cpu_devices(mesh) == mesh
         print("ok")
         """
     )

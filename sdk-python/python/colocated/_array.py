@@ -318,8 +318,12 @@ def _as_sharding(target) -> Sharding:
         return target
     if isinstance(target, Device):
         return SingleDeviceSharding(target)
+    from ._jax import is_jax_placement, placement_of
+
+    if is_jax_placement(target):
+        return placement_of(target)
     raise InvalidArgumentError(
-        f"expected a Sharding or a Device, got {type(target).__name__}"
+        f"expected a Sharding or a Device (colocated's or JAX's), got {type(target).__name__}"
     )
 
 
@@ -377,7 +381,11 @@ def _put_array(x: Array, sharding: Sharding):
 
 
 def _is_sharding_leaf(x) -> bool:
-    return x is None or isinstance(x, (Sharding, Device))
+    if x is None or isinstance(x, (Sharding, Device)):
+        return True
+    from ._jax import is_jax_placement
+
+    return is_jax_placement(x)
 
 
 def device_put(x, device=None, *, progress=None):

@@ -274,11 +274,17 @@ def colocated_cpu_devices(devices_or_mesh):
 
     Takes a sequence of devices (returns a list) or a ``Mesh`` (returns a ``Mesh``
     of the same shape, axis names and axis types), as
-    ``jax.experimental.colocated_python``. Raises ``InvalidArgumentError`` for
-    anything else, and for devices of several clients.
+    ``jax.experimental.colocated_python``. JAX's devices and meshes (of this
+    process) give JAX's CPU devices and meshes: those that correspond to the
+    CPU devices of the devices that correspond to them. Raises
+    ``InvalidArgumentError`` for anything else, and for devices of several
+    clients.
     """
+    from ._jax import colocated_cpu_devices_of_jax, is_jax_devices
     from ._sharding import Mesh
 
+    if is_jax_devices(devices_or_mesh):
+        return colocated_cpu_devices_of_jax(devices_or_mesh)
     if isinstance(devices_or_mesh, Mesh):
         mesh = devices_or_mesh
         flat = _colocated.colocated_cpu_devices(list(mesh.devices.flat))

@@ -92,6 +92,50 @@ def jax_device_of(device: _colocated.Device):
     )
 
 
+def is_jax_devices(x) -> bool:
+    """Whether ``x`` is a JAX ``Mesh`` or a sequence that starts with a JAX
+    device (without importing JAX)."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    if isinstance(x, jax.sharding.Mesh):
+        return True
+    if isinstance(x, list | tuple) and x:
+        return isinstance(x[0], jax.Device)
+    return False
+
+
+def colocated_cpu_devices_of_jax(devices_or_mesh):
+    """``colocated_cpu_devices`` of JAX's devices or mesh, in JAX's terms."""
+    jax = sys.modules["jax"]
+    client = _client_default()
+    if isinstance(devices_or_mesh, jax.sharding.Mesh):
+        mesh = devices_or_mesh
+        flat = colocated_cpu_devices_of_jax(list(mesh.devices.flat))
+        grid = np.empty(len(flat), dtype=object)
+        grid[:] = flat
+        return jax.sharding.Mesh(grid.reshape(mesh.devices.shape), mesh.axis_names, axis_types=mesh.axis_types)
+    for d in devices_or_mesh:
+        if not isinstance(d, jax.Device):
+            raise InvalidArgumentError(f"colocated_cpu_devices expects devices or a Mesh, got {type(d).__name__}")
+    ours = [device_of(d, client) for d in devices_or_mesh]
+    return [jax_device_of(cpu) for cpu in client.colocated_cpu_devices(ours)]
+
+
+def is_jax_placement(x) -> bool:
+    """Whether ``x`` is a JAX ``Device`` or ``Sharding`` (without importing JAX)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.Device | jax.sharding.Sharding)
+
+
+def placement_of(x, client: _colocated.Client | None = None):
+    """The ``colocated`` sharding for a JAX ``Device`` or ``Sharding``."""
+    jax = sys.modules["jax"]
+    if isinstance(x, jax.Device):
+        return SingleDeviceSharding(device_of(x, client))
+    return sharding_of(x, client)
+
+
 def sharding_of(jax_sharding, client: _colocated.Client | None = None):
     """The ``colocated`` sharding that lays an array out as ``jax_sharding``
     does, on the corresponding devices (``NamedSharding`` and
