@@ -6,7 +6,8 @@ on an Array of the plugin's device. Measures the median of
 ``block_until_ready(f(x))`` for ``x + 1`` on f32[8] and a 1024x1024 f32
 matmul, both ways, taking turns.
 
-Also a 256 MiB ``jax.Array`` into colocated and back out (``from_jax``,
+The same functions through ``colocated.jit`` beside ``jax.jit`` (goal
+<= 1.1x, issue 35). Also a 256 MiB ``jax.Array`` into colocated and back out (``from_jax``,
 ``to_jax``) beside a ``memcpy`` of the same bytes (``np.copyto``): the goal
 is no copy, microseconds.
 
@@ -75,6 +76,21 @@ def main() -> None:
         )
         print(
             f"{name:<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
+            f"   jax.jit {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]   ratio {ours[0] / theirs[0]:.2f}x"
+        )
+        # The same function through colocated.jit (tracing and the cache
+        # lookup per call included).
+        ours_jit = colocated.jit(fn)
+        colocated.block_until_ready(ours_jit(*ours_args))
+        ours, theirs = _in_turns(
+            [
+                lambda f=ours_jit, a=ours_args: f(*a).block_until_ready(),
+                lambda jitted=jitted, a=jax_args: jitted(*a).block_until_ready(),
+            ],
+            n,
+        )
+        print(
+            f"{'colocated.jit ' + name:<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
             f"   jax.jit {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]   ratio {ours[0] / theirs[0]:.2f}x"
         )
     _jax_round_trip(jax)

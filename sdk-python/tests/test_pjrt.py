@@ -6,6 +6,7 @@ plugin's devices, with the create options of ``COLOCATED_TEST_PJRT_OPTIONS``
 (JSON), as tests/gpu/run.sh does.
 """
 
+import importlib.util
 import json
 import os
 
@@ -154,6 +155,62 @@ def test_xla_programs_take_jax_arrays(client):
             spmd(jax.numpy.zeros(8, dtype=jax.numpy.float32))
     with pytest.raises(colocated.InvalidArgumentError, match=r"or a jax.Array, got list"):
         f([1.0] * 8)
+
+
+def test_jit_traces_with_jax_and_runs_on_the_arguments_devices(client):
+    jax = pytest.importorskip("jax")
+    device = client.devices()[0]
+    x = colocated.device_put(np.arange(8, dtype=np.float32), device)
+
+    @colocated.jit
+    def step(a, b):
+        return {"scaled": a * 2 + b.sum(), "mean": a.mean()}
+
+    out = step(x, x)
+    assert out["scaled"].sharding.device_set == {device}
+    np.testing.assert_allclose(np.asarray(out["scaled"]), np.arange(8) * 2 + 28)
+    np.testing.assert_allclose(np.asarray(out["mean"]), 3.5)
+    step(x, x)
+    assert step.cache_info() == (1, 1, 1)
+    # Another shape compiles again; a jax.Array or numpy argument goes to the
+    # default backend's first device (this client's is not the default one:
+    # in_shardings says where).
+    to_device = colocated.SingleDeviceSharding(device)
+    again = colocated.jit(lambda a: a + 1, in_shardings=to_device)
+    np.testing.assert_array_equal(np.asarray(again(jax.numpy.ones((2, 3)))), np.full((2, 3), 2.0))
+    assert again(np.zeros(4, np.float32)).sharding.device_set == {device}
+    assert again.cache_info() == (0, 2, 2)
+    # Static arguments are baked in, one program per value.
+    scale = colocated.jit(lambda a, n: a * n, static_argnums=1)
+    np.testing.assert_array_equal(np.asarray(scale(x, 3)), np.arange(8) * 3)
+    np.testing.assert_array_equal(np.asarray(scale(x, 4)), np.arange(8) * 4)
+    assert scale.cache_info() == (0, 2, 2)
+    with pytest.raises(colocated.InvalidArgumentError, match="static arguments must be hashable"):
+        scale(x, [1])
+
+
+def test_jit_runs_an_spmd_program_over_the_arguments_mesh(client):
+    pytest.importorskip("jax")
+    if len(client.devices()) < 2:
+        pytest.skip("one plugin device: an SPMD program needs two")
+    mesh = colocated.Mesh(client.devices()[:2], ("x",))
+    split = colocated.NamedSharding(mesh, colocated.P("x"))
+    x = colocated.device_put(np.arange(8, dtype=np.float32), split)
+    # Results are replicated over the mesh unless out_shardings says otherwise.
+    total = colocated.jit(lambda a: a * 2 + a.sum())(x)
+    assert total.sharding == colocated.NamedSharding(mesh, colocated.P())
+    np.testing.assert_array_equal(np.asarray(total), np.arange(8) * 2 + 28)
+    plus = colocated.jit(lambda a: a + 1, out_shardings=split)(x)
+    assert plus.sharding == split
+    np.testing.assert_array_equal(np.asarray(plus.addressable_shards[1].data), np.arange(4, 8) + 1)
+    # Arguments on two meshes, or on this runtime's CPU devices, are refused.
+    other = colocated.device_put(np.zeros(8, np.float32), colocated.NamedSharding(
+        colocated.Mesh(client.devices()[2:4], ("x",)), colocated.P("x")))
+    with pytest.raises(colocated.InvalidArgumentError, match="over one mesh"):
+        colocated.jit(lambda a, b: a + b)(x, other)
+    on_cpu = colocated.device_put(np.zeros(8, np.float32), client.devices("cpu")[0])
+    with pytest.raises(colocated.InvalidArgumentError, match="this runtime's CPU devices"):
+        colocated.jit(lambda a: a + 1)(on_cpu)
 
 
 def test_numpy_views_a_host_platform_plugin_buffer_in_place(client):
@@ -325,6 +382,10 @@ def test_a_python_worker_serves_a_plugin_and_runs_xla_programs(token_file, isola
 
         back = colocated.device_put(negate(colocated.device_put(f(x), cpu)), plugin[0])
         np.testing.assert_array_equal(np.asarray(f(back)), -(value + 1) + 1)
+        # colocated.jit compiles on the worker, for its plugin's devices.
+        if importlib.util.find_spec("jax") is not None:
+            jitted = colocated.jit(lambda a: (a * 3).sum())
+            np.testing.assert_allclose(np.asarray(jitted(x)), value.sum() * 3)
         # The plugin's host memories on the worker, as JAX names them.
         assert plugin[0].memory_kinds == ["device", "pinned_host", "unpinned_host"] or PLATFORM != "cpu"
         assert "pinned_host" in plugin[0].memory_kinds

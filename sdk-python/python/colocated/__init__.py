@@ -55,6 +55,7 @@ from ._errors import (
 )
 from ._host_callback import HostCallback, host_callback
 from ._jax import from_jax, to_jax
+from ._jit import JittedFunction, jit
 from ._sharding import (
     AxisType,
     Mesh,
@@ -83,6 +84,7 @@ __all__ = [
     "HostCallback",
     "InternalError",
     "InvalidArgumentError",
+    "JittedFunction",
     "Mesh",
     "NamedSharding",
     "NotFoundError",
@@ -117,6 +119,7 @@ __all__ = [
     "find_pjrt_plugin",
     "from_jax",
     "host_callback",
+    "jit",
     "local_devices",
     "make_array_from_callback",
     "make_array_from_single_device_arrays",

@@ -1,0 +1,222 @@
+"""``colocated.jit``: a JAX function traced and lowered with JAX here, compiled
+and run by the PJRT plugin of the host that owns its inputs (this process's,
+or a worker's).
+
+JAX on this process is enough to lower (``jax.export`` for the inputs'
+platform, with abstract meshes of the inputs' shape): the program is
+compiled where it runs, as ``compile_stablehlo`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from . import _colocated
+from ._array import Array, device_put
+from ._client import client as _client_default
+from ._errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
+from ._jax import is_jax_placement, placement_of
+from ._sharding import NamedSharding, Sharding, SingleDeviceSharding
+from ._xla import XlaExecutable
+
+
+def _import_jax():
+    try:
+        import jax
+    except ImportError as e:
+        raise FailedPreconditionError("colocated.jit needs JAX to trace and lower: pip install jax") from e
+    return jax
+
+
+def _argnums(value, what: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, Sequence) and all(isinstance(v, int) for v in value):
+        return tuple(value)
+    raise InvalidArgumentError(f"{what} must be an int or a sequence of ints, got {value!r}")
+
+
+def _sharding(value, what: str):
+    """A ``colocated`` sharding (or None) from ours or JAX's."""
+    if value is None or isinstance(value, Sharding):
+        return value
+    if is_jax_placement(value):
+        return placement_of(value)
+    raise InvalidArgumentError(f"{what} must be a Sharding (colocated's or JAX's), got {type(value).__name__}")
+
+
+class JittedFunction:
+    """What ``colocated.jit`` returns: calling it runs the function's program
+    on the devices of its arguments' host (see ``jit``)."""
+
+    def __init__(self, fun, static_argnums, donate_argnums, in_shardings, out_shardings) -> None:
+        if not callable(fun):
+            raise InvalidArgumentError(f"jit takes a callable, got {type(fun).__name__}")
+        self._fun = fun
+        self._static = _argnums(static_argnums, "static_argnums")
+        # The runtime never hands a caller's buffer to a program: donation is
+        # accepted and does nothing (an input stays readable).
+        self._donate = _argnums(donate_argnums, "donate_argnums")
+        self._in_shardings = in_shardings
+        self._out_sharding = _sharding(out_shardings, "out_shardings")
+        self._cache: dict = {}
+        self._hits = self._misses = 0
+        functools.update_wrapper(self, fun)
+
+    def __call__(self, *args, **kwargs):
+        jax = _import_jax()
+        static = tuple((i, args[i]) for i in self._static if i < len(args))
+        dynamic = tuple(a for i, a in enumerate(args) if i not in self._static)
+        leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
+        arrays = self._place(leaves, len(dynamic))
+        key = (treedef, static, tuple((a.shape, a.dtype, a.sharding) for a in arrays))
+        try:
+            entry = self._cache.get(key)
+        except TypeError as e:  # an unhashable static argument
+            raise InvalidArgumentError(f"static arguments must be hashable: {e}") from e
+        if entry is None:
+            self._misses += 1
+            entry = self._cache[key] = self._compile(jax, treedef, static, len(args), arrays)
+        else:
+            self._hits += 1
+        exe, out_tree = entry
+        outputs = exe(*arrays)
+        if not isinstance(outputs, tuple):
+            outputs = (outputs,)
+        return jax.tree_util.tree_unflatten(out_tree, list(outputs))
+
+    def cache_info(self) -> tuple[int, int, int]:
+        """``(hits, misses, size)`` of the cache of compiled programs per input spec."""
+        return (self._hits, self._misses, len(self._cache))
+
+    def _place(self, leaves: list, num_positional: int) -> list[Array]:
+        """Each leaf as an ``Array``: Arrays as they are (or moved to
+        ``in_shardings``), anything else put on the default backend's first
+        device (or ``in_shardings``)."""
+        targets = self._in_shardings
+        if targets is not None and not isinstance(targets, list | tuple):
+            targets = [targets] * len(leaves)
+        if targets is not None and len(targets) != len(leaves):
+            raise InvalidArgumentError(
+                f"in_shardings has {len(targets)} entries but the call has {len(leaves)} array arguments"
+            )
+        out = []
+        for i, leaf in enumerate(leaves):
+            target = None if targets is None else _sharding(targets[i], f"in_shardings[{i}]")
+            if isinstance(leaf, Array) and (target is None or leaf.sharding == target):
+                out.append(leaf)
+            elif target is not None:
+                out.append(device_put(leaf, target))
+            else:
+                out.append(device_put(leaf, _client_default().devices()[0]))
+        return out
+
+    def _compile(self, jax, treedef, static, num_args: int, arrays: list[Array]) -> tuple[XlaExecutable, object]:
+        devices, mesh = _program_devices(arrays)
+        platform = devices[0].platform
+        specs = [_abstract_spec(jax, a, len(devices)) for a in arrays]
+        out_sharding = None
+        if self._out_sharding is not None:
+            out_sharding = _abstract_sharding(jax, self._out_sharding, len(devices))
+        elif mesh is not None:
+            # Without the compiler's choice at hand, results are replicated
+            # over the arguments' mesh.
+            out_sharding = jax.sharding.NamedSharding(_abstract_mesh(jax, mesh), jax.sharding.PartitionSpec())
+        fun, statics = self._fun, dict(static)
+
+        def flat(*leaves):
+            dynamic, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+            if not statics:
+                return fun(*dynamic, **kwargs)
+            it = iter(dynamic)
+            full = [statics[i] if i in statics else next(it) for i in range(num_args)]
+            return fun(*full, **kwargs)
+
+        jitted = jax.jit(flat, out_shardings=out_sharding) if out_sharding is not None else jax.jit(flat)
+        exported = jax.export.export(jitted, platforms=[platform])(*specs)
+        exe = XlaExecutable(_colocated.Executable.compile_stablehlo(exported.mlir_module().encode(), devices))
+        return exe, exported.out_tree
+
+
+def _program_devices(arrays: list[Array]) -> tuple[list[_colocated.Device], object]:
+    """The devices the program runs on, and their mesh: the one device of
+    single-device inputs (no mesh), or the mesh of the inputs'
+    ``NamedSharding``s (one mesh for all)."""
+    if not arrays:
+        raise InvalidArgumentError("colocated.jit needs at least one array argument to know where to run")
+    hosts = {d.process_index for a in arrays for d in a.sharding.device_set}
+    if len(hosts) > 1:
+        raise UnimplementedError(
+            "the arguments are on several hosts: an XLA program runs on one host's devices "
+            "(cross-host collectives are out of scope); put them on one host's devices"
+        )
+    meshes = [
+        a.sharding.mesh for a in arrays if isinstance(a.sharding, NamedSharding) and a.sharding.mesh.devices.size > 1
+    ]
+    if meshes:
+        mesh = meshes[0]
+        if any(m != mesh for m in meshes):
+            raise InvalidArgumentError("colocated.jit takes arguments over one mesh; they are on several")
+        devices = list(mesh.devices.flat)
+        for a in arrays:
+            if not a.sharding.device_set <= set(devices):
+                raise InvalidArgumentError(f"an argument on {a.sharding} is not on the arguments' mesh")
+        return devices, mesh
+    device_sets = {frozenset(a.sharding.device_set) for a in arrays}
+    if len(device_sets) > 1:
+        raise InvalidArgumentError("colocated.jit's single-device arguments must all be on one device")
+    return list(next(iter(device_sets))), None
+
+
+def _abstract_mesh(jax, mesh):
+    return jax.sharding.AbstractMesh(tuple(mesh.shape.values()), tuple(mesh.axis_names))
+
+
+def _abstract_sharding(jax, sharding: Sharding, num_devices: int):
+    if isinstance(sharding, SingleDeviceSharding) or num_devices == 1:
+        return None
+    if not isinstance(sharding, NamedSharding):
+        raise UnimplementedError(f"colocated.jit lays arrays out by NamedSharding, not {type(sharding).__name__}")
+    return jax.sharding.NamedSharding(_abstract_mesh(jax, sharding.mesh), jax.sharding.PartitionSpec(*sharding.spec))
+
+
+def _abstract_spec(jax, array: Array, num_devices: int):
+    sharding = _abstract_sharding(jax, array.sharding, num_devices)
+    return jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding)
+
+
+def jit(fun=None, *, static_argnums=None, donate_argnums=None, in_shardings=None, out_shardings=None):
+    """Compiles ``fun``, a function of JAX arrays, for its arguments' devices
+    and runs it there: JAX traces and lowers it here (for the arguments'
+    shapes, dtypes, shardings and platform), and the PJRT plugin of the host
+    that owns the arguments (this process's or a worker's) compiles and runs
+    it. Returns Arrays, in ``fun``'s output tree, laid out by
+    ``out_shardings`` (default: one device's arrays on it; over several
+    devices, replicated).
+
+    Arguments: ``Array``s on one host's plugin devices (one device, or one
+    mesh of ``NamedSharding``s); anything else is put on the default
+    backend's first device, or on ``in_shardings`` (one sharding, or one per
+    array argument). ``static_argnums``: positional arguments that are Python
+    values baked into the program (hashable). ``donate_argnums`` is accepted
+    and does nothing: an argument stays readable. A program is compiled once
+    per input spec (tree, static values, shapes, dtypes, shardings);
+    ``cache_info()`` counts.
+
+    Raises ``UnimplementedError`` for arguments on several hosts (an XLA
+    program runs on one host: cross-host collectives are out of scope).
+    Usable as ``@colocated.jit`` and ``@colocated.jit(static_argnums=...)``.
+    """
+    if fun is None:
+        return functools.partial(
+            jit,
+            static_argnums=static_argnums,
+            donate_argnums=donate_argnums,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+        )
+    return JittedFunction(fun, static_argnums, donate_argnums, in_shardings, out_shardings)
+
