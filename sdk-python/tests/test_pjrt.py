@@ -172,6 +172,12 @@ def test_jit_traces_with_jax_and_runs_on_the_arguments_devices(client):
     np.testing.assert_allclose(np.asarray(out["mean"]), 3.5)
     step(x, x)
     assert step.cache_info() == (1, 1, 1)
+    # Another shape after the last call's: compiled for it, then both hit.
+    y = colocated.device_put(np.ones((2, 2), dtype=np.float32), device)
+    np.testing.assert_allclose(np.asarray(step(y, y)["scaled"]), np.full((2, 2), 6.0))
+    np.testing.assert_allclose(np.asarray(step(x, x)["mean"]), 3.5)
+    np.testing.assert_allclose(np.asarray(step(y, y)["mean"]), 1.0)
+    assert step.cache_info() == (3, 2, 2)
     # Another shape compiles again; a jax.Array or numpy argument goes to the
     # default backend's first device (this client's is not the default one:
     # in_shardings says where).
