@@ -138,6 +138,17 @@ def test_a_worker_s_array_goes_to_jax_with_a_device(cluster):
     j = colocated.to_jax(a, device=jax.devices("cpu")[0])
     np.testing.assert_array_equal(np.asarray(j), np.arange(5))
 
+    # A function on the worker may return JAX's arrays, made by JAX there.
+    @colocated.colocated_python
+    def plus_one_by_jax(v):
+        import jax.numpy as jnp
+
+        return jnp.asarray(np.asarray(v)) + 1
+
+    out = plus_one_by_jax(a)
+    assert out.sharding.device_set == {worker_cpu}
+    np.testing.assert_array_equal(np.asarray(out), np.arange(1, 6))
+
 
 def test_sharded_jax_arrays_keep_their_layout_both_ways():
     # JAX with four CPU devices, in a process of its own (JAX's device count
