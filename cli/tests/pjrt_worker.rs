@@ -130,6 +130,16 @@ fn a_worker_serves_a_pjrt_plugin_s_devices_and_runs_xla_programs() {
         "memory space ids repeat"
     );
     assert!(client.memory_spaces().contains(&pinned));
+    // Every memory space of the client is one its devices list.
+    for space in client.memory_spaces() {
+        for id in space.device_ids() {
+            let device = client.lookup_device(*id).unwrap();
+            assert!(
+                device.memory_spaces().contains(space),
+                "{space:?} names {device} but {device} does not list it"
+            );
+        }
+    }
     // Into the worker's pinned host memory, then to the device's memory and
     // back, and to the other device.
     let data: Vec<u8> = (0..32u8).collect();

@@ -338,18 +338,27 @@ impl Client {
             for d in &info.devices {
                 // Workers from before PJRT plugins send no platform: CPU devices.
                 let or_cpu = |s: &str| Arc::<str>::from(if s.is_empty() { "cpu" } else { s });
-                let mut memories = Vec::with_capacity(d.memories.len());
-                for m in &d.memories {
-                    let kind = MemoryKind::from_u32(m.kind).ok_or_else(|| {
-                        Error::failed_precondition(format!(
-                            "worker {} names memory kind {} for its device {}",
-                            session.address(),
-                            m.kind,
-                            d.local_id
-                        ))
-                    })?;
-                    memories.push((m.id, kind));
-                }
+                // A plugin device's memories (a CPU device's are the host's,
+                // below); a kind this release does not know is left out.
+                let memories = match or_cpu(&d.backend).as_ref() {
+                    "cpu" => Vec::new(),
+                    _ => d
+                        .memories
+                        .iter()
+                        .filter_map(|m| {
+                            let kind = MemoryKind::from_u32(m.kind);
+                            if kind.is_none() {
+                                tracing::warn!(
+                                    worker = %session.address(),
+                                    device = d.local_id,
+                                    kind = m.kind,
+                                    "a memory of a kind this release does not know; left out"
+                                );
+                            }
+                            Some((m.id, kind?))
+                        })
+                        .collect(),
+                };
                 devices.push(RemoteDevice {
                     local_id: d.local_id,
                     hardware: u32::try_from(d.local_hardware_id).unwrap_or(0),

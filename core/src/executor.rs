@@ -472,9 +472,9 @@ pub struct ExecutionContext<'a> {
     pub(crate) input_counts: &'a [usize],
     pub(crate) output_shards: &'a [OutputShard],
     pub(crate) outputs: smallvec::SmallVec<[Produced; 2]>,
-    /// The output buffers the caller holds, in the order of `output_shards`
-    /// (an enqueuing program places its device's data in them).
-    pub(crate) placed_in: &'a [Buffer],
+    /// The data an enqueuing program placed, by output shard: they go into
+    /// the outputs once the program has run without an error.
+    pub(crate) placed: smallvec::SmallVec<[(usize, Arc<crate::buffer::Storage>); 2]>,
     /// When placed outputs' data are made, where that is later than the run.
     pub(crate) placed_pending: smallvec::SmallVec<[Event; 1]>,
     pub(crate) callbacks: &'a [LoadedHostCallback],
@@ -605,19 +605,18 @@ impl<'a> ExecutionContext<'a> {
         Ok(())
     }
 
-    /// Places `data` in output shard `index` itself, for an enqueuing
-    /// program whose device makes them (ready or not: `made`, when given,
-    /// completes when they are): no buffer of the program's in between.
-    /// The caller has checked that `data` are of the shard's dtype, dims and
-    /// device.
+    /// Places `data` in output shard `index` itself (once the program's run
+    /// returns without an error), for an enqueuing program whose device
+    /// makes them (ready or not: `made`, when given, completes when they
+    /// are): no buffer of the program's in between. The caller has checked
+    /// that `data` are of the shard's dtype, dims and device.
     pub(crate) fn place_output(
         &mut self,
         index: usize,
         data: Arc<crate::buffer::Storage>,
         made: Option<Event>,
     ) -> Result<()> {
-        let (Some(slot), Some(out)) = (self.outputs.get_mut(index), self.placed_in.get(index))
-        else {
+        let Some(slot) = self.outputs.get_mut(index) else {
             return Err(Error::internal(format!(
                 "output shard {index} is out of range ({} shards)",
                 self.output_shards.len()
@@ -628,7 +627,7 @@ impl<'a> ExecutionContext<'a> {
                 "output shard {index} was already set"
             )));
         }
-        out.fill_shared(data);
+        self.placed.push((index, data));
         *slot = Produced::Placed;
         self.placed_pending.extend(made);
         Ok(())

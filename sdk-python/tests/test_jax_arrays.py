@@ -158,7 +158,8 @@ def test_sharded_jax_arrays_keep_their_layout_both_ways():
         import jax, numpy as np, colocated
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
         colocated.configure(num_cpu_devices=4)
-        mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("x", "y"))
+        from jax.sharding import AxisType
+        mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("x", "y"), axis_types=(AxisType.Explicit, AxisType.Auto))
         value = np.arange(32, dtype=np.float32).reshape(4, 8)
         x = jax.device_put(value, NamedSharding(mesh, P("x", "y")))
         a = colocated.device_put(x)
@@ -166,6 +167,7 @@ def test_sharded_jax_arrays_keep_their_layout_both_ways():
         assert a.sharding.spec == colocated.P("x", "y"), a.sharding
         ours = [[d.id for d in row] for row in a.sharding.mesh.devices]
         assert ours == [[d.id for d in row] for row in mesh.devices], ours
+        assert a.sharding.mesh.axis_types == (colocated.AxisType.Explicit, colocated.AxisType.Auto)
         np.testing.assert_array_equal(np.asarray(a), value)
 
         @colocated.colocated_python

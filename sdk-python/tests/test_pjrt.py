@@ -193,6 +193,27 @@ def test_jit_traces_with_jax_and_runs_on_the_arguments_devices(client):
     assert scale.cache_info() == (0, 2, 2)
     with pytest.raises(colocated.InvalidArgumentError, match="static arguments must be hashable"):
         scale(x, [1])
+    rows = colocated.jit(lambda a, n: a.reshape(n, -1), static_argnums=-1)
+    assert rows(x, 2).shape == (2, 4)
+
+
+def test_jit_types_and_places_values_as_jax_jit_does(client):
+    pytest.importorskip("jax")
+    device = client.devices()[1]
+    x = colocated.device_put(np.arange(8, dtype=np.float32), device)
+    # A Python scalar is weakly typed (the result stays float32) and goes
+    # where the Array arguments are; numpy's float64 becomes float32 there.
+    times = colocated.jit(lambda a, b: a * b)
+    out = times(x, 2.0)
+    assert out.dtype == np.float32 and out.sharding.device_set == {device}
+    np.testing.assert_array_equal(np.asarray(out), np.arange(8) * 2)
+    out = times(x, np.full(8, 0.5))
+    assert out.dtype == np.float32 and out.sharding.device_set == {device}
+    # An Array of a 64-bit type runs as it is.
+    wide = colocated.device_put(np.arange(8), device)
+    out = colocated.jit(lambda a: a + 1)(wide)
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(np.asarray(out), np.arange(1, 9))
 
 
 def test_jit_runs_an_spmd_program_over_the_arguments_mesh(client):
@@ -206,6 +227,8 @@ def test_jit_runs_an_spmd_program_over_the_arguments_mesh(client):
     total = colocated.jit(lambda a: a * 2 + a.sum())(x)
     assert total.sharding == colocated.NamedSharding(mesh, colocated.P())
     np.testing.assert_array_equal(np.asarray(total), np.arange(8) * 2 + 28)
+    # A scalar goes over the mesh with them, replicated.
+    np.testing.assert_array_equal(np.asarray(colocated.jit(lambda a, b: a * b)(x, 3)), np.arange(8) * 3)
     plus = colocated.jit(lambda a: a + 1, out_shardings=split)(x)
     assert plus.sharding == split
     np.testing.assert_array_equal(np.asarray(plus.addressable_shards[1].data), np.arange(4, 8) + 1)

@@ -113,7 +113,7 @@ fn run_here(
         input_counts,
         output_shards: shards,
         outputs: (0..shards.len()).map(|_| Produced::Unset).collect(),
-        placed_in: outputs,
+        placed: smallvec::SmallVec::new(),
         placed_pending: smallvec::SmallVec::new(),
         callbacks: &exe.0.callbacks,
         session,
@@ -128,6 +128,13 @@ fn run_here(
             exe.name()
         ))
     })?;
+    // Run without an error: what the program placed goes into the outputs.
+    for (index, data) in ctx.placed.drain(..) {
+        let out = outputs
+            .get(index)
+            .ok_or_else(|| Error::internal(format!("output shard {index} is out of range")))?;
+        out.fill_shared(data);
+    }
     let mut pending: Vec<Event> = ctx.placed_pending.into_iter().collect();
     for (i, (produced, out)) in ctx.outputs.into_iter().zip(outputs).enumerate() {
         let produced = match produced {

@@ -363,10 +363,11 @@ _SMALL_BYTES = 4096
 
 def _put_default(x, first: Sharding) -> Array:
     """``device_put`` without a device: a ``jax.Array`` keeps its layout, on
-    the corresponding devices; anything else goes to ``first``."""
-    from ._jax import from_jax, is_jax_array
+    the corresponding devices (a ``SingleDeviceSharding`` or
+    ``NamedSharding``); anything else goes to ``first``."""
+    from ._jax import from_jax, has_equivalent, is_jax_array
 
-    if is_jax_array(x):
+    if is_jax_array(x) and has_equivalent(x.sharding):
         return from_jax(x)
     return _put(x, first)
 

@@ -22,7 +22,7 @@ from ._array import Array, _host_value, _wrap, device_put
 from ._client import client as _client_default
 from ._dtypes import STRING, core_name
 from ._errors import FailedPreconditionError, InvalidArgumentError
-from ._sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from ._sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 
 def is_jax_array(x) -> bool:
@@ -57,13 +57,16 @@ def device_of(jax_device, client: _colocated.Client | None = None) -> _colocated
     client = client or _client_default()
     platform = jax_device.platform
     index = _jax_index(jax_device)
-    if jax_device.process_index != 0:
+    jax = sys.modules["jax"]
+    if jax_device.process_index != jax.process_index():
         raise InvalidArgumentError(f"{jax_device} belongs to JAX process {jax_device.process_index}, not this one")
+    # JAX calls CUDA and ROCm devices "gpu"; their plugins say which.
+    platforms = {"cuda", "rocm"} if platform == "gpu" else {platform}
     for d in client.devices() + client.devices("cpu"):
         if d.local_hardware_id != index or not _is_local(d):
             continue
         # JAX's CPU devices are where colocated Python runs: this runtime's own.
-        if (platform == "cpu" and d.backend == "cpu") or (platform != "cpu" and d.platform == platform):
+        if (platform == "cpu" and d.backend == "cpu") or (platform != "cpu" and d.platform in platforms):
             return d
     raise InvalidArgumentError(
         f"JAX's {jax_device} has no {platform} device with local hardware id {index} in this process's client"
@@ -148,11 +151,18 @@ def sharding_of(jax_sharding, client: _colocated.Client | None = None):
     if isinstance(jax_sharding, jax.sharding.NamedSharding):
         mesh = jax_sharding.mesh
         devices = np.vectorize(lambda d: device_of(d, client), otypes=[object])(mesh.devices)
-        ours = Mesh(devices, mesh.axis_names)
+        types = tuple(AxisType[t.name] for t in mesh.axis_types)
+        ours = Mesh(devices, mesh.axis_names, types)
         return NamedSharding(ours, PartitionSpec(*jax_sharding.spec), memory_kind=kind)
     raise InvalidArgumentError(
         f"{type(jax_sharding).__name__} has no colocated equivalent; use a NamedSharding or SingleDeviceSharding"
     )
+
+
+def has_equivalent(jax_sharding) -> bool:
+    """Whether ``sharding_of`` takes ``jax_sharding``."""
+    jax = sys.modules["jax"]
+    return isinstance(jax_sharding, jax.sharding.SingleDeviceSharding | jax.sharding.NamedSharding)
 
 
 def from_jax(x, client: _colocated.Client | None = None) -> Array:
@@ -185,7 +195,8 @@ def to_jax(x: Array, device=None):
     this process's host memory becomes a ``jax.Array`` of JAX's CPU device
     without a copy (when its address is aligned as XLA needs, which the
     runtime's buffers are): JAX reads the same memory, which stays alive
-    while either array uses it.
+    while either array uses it. The ``jax.Array`` is in JAX's default memory
+    of its devices, whatever memory kind ``x`` is in.
 
     Raises ``InvalidArgumentError`` when JAX has no corresponding device (a
     worker's array: give ``device``).
@@ -204,6 +215,8 @@ def to_jax(x: Array, device=None):
     if isinstance(sharding, NamedSharding):
         mesh = sharding.mesh
         devices = np.vectorize(jax_device_of, otypes=[object])(mesh.devices)
-        target = jax.sharding.NamedSharding(jax.sharding.Mesh(devices, mesh.axis_names), jax.sharding.PartitionSpec(*sharding.spec))
+        types = tuple(getattr(jax.sharding.AxisType, t.name) for t in mesh.axis_types)
+        jax_mesh = jax.sharding.Mesh(devices, mesh.axis_names, axis_types=types)
+        target = jax.sharding.NamedSharding(jax_mesh, jax.sharding.PartitionSpec(*sharding.spec))
         return jax.device_put(x._value(), target)
     raise InvalidArgumentError(f"{type(sharding).__name__} has no JAX equivalent; give to_jax a device")

@@ -9,15 +9,18 @@ compiled where it runs, as ``compile_stablehlo`` does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
+
+import numpy as np
 
 from . import _colocated
 from ._array import Array, _wrap, device_put
 from ._client import client as _client_default
 from ._errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
 from ._jax import is_jax_placement, placement_of
-from ._sharding import NamedSharding, Sharding, SingleDeviceSharding
+from ._sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 from ._xla import XlaExecutable
 
 
@@ -89,18 +92,19 @@ class JittedFunction:
 
     def _call(self, args: tuple, kwargs: dict):
         jax = _import_jax()
-        static = tuple((i, args[i]) for i in self._static if i < len(args))
-        dynamic = tuple(a for i, a in enumerate(args) if i not in self._static)
+        positions = {i % len(args) for i in self._static if -len(args) <= i < len(args)}
+        static = tuple((i, args[i]) for i in sorted(positions))
+        dynamic = tuple(a for i, a in enumerate(args) if i not in positions)
         leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
-        arrays = self._place(leaves, len(dynamic))
-        key = (treedef, static, tuple((a.shape, a.dtype, a.sharding) for a in arrays))
+        arrays, weak = self._place(jax, leaves)
+        key = (treedef, static, weak, tuple((a.shape, a.dtype, a.sharding) for a in arrays))
         try:
             entry = self._cache.get(key)
         except TypeError as e:  # an unhashable static argument
             raise InvalidArgumentError(f"static arguments must be hashable: {e}") from e
         if entry is None:
             self._misses += 1
-            exe, out_tree = self._compile(jax, treedef, static, len(args), arrays)
+            exe, out_tree = self._compile(jax, treedef, static, len(args), arrays, weak)
             # One Array out: returned as it is.
             leaf = jax.tree_util.tree_structure(0)
             entry = self._cache[key] = (exe, None if out_tree == leaf else out_tree)
@@ -122,10 +126,14 @@ class JittedFunction:
         """``(hits, misses, size)`` of the cache of compiled programs per input spec."""
         return (self._hits, self._misses, len(self._cache))
 
-    def _place(self, leaves: list, num_positional: int) -> list[Array]:
-        """Each leaf as an ``Array``: Arrays as they are (or moved to
-        ``in_shardings``), anything else put on the default backend's first
-        device (or ``in_shardings``)."""
+    def _place(self, jax, leaves: list) -> tuple[list[Array], tuple[bool, ...]]:
+        """Each leaf as an ``Array``, and which are Python scalars (weakly
+        typed, as JAX traces them): Arrays as they are (or moved to
+        ``in_shardings``); anything else, in the dtype JAX gives it, where
+        the Array arguments are (replicated over their mesh), or on the
+        default backend's first device without any (or on ``in_shardings``)."""
+        weak = tuple(type(leaf) in (bool, int, float, complex) for leaf in leaves)
+        leaves = [leaf if isinstance(leaf, Array) else _canonical(jax, leaf) for leaf in leaves]
         targets = self._in_shardings
         if targets is not None and not isinstance(targets, list | tuple):
             targets = [targets] * len(leaves)
@@ -134,6 +142,7 @@ class JittedFunction:
                 f"in_shardings has {len(targets)} entries but the call has {len(leaves)} array arguments"
             )
         out = []
+        loose = None
         for i, leaf in enumerate(leaves):
             target = None if targets is None else _sharding(targets[i], f"in_shardings[{i}]")
             if isinstance(leaf, Array) and (target is None or leaf.sharding == target):
@@ -141,13 +150,17 @@ class JittedFunction:
             elif target is not None:
                 out.append(device_put(leaf, target))
             else:
-                out.append(device_put(leaf, _client_default().devices()[0]))
-        return out
+                if loose is None:
+                    loose = _loose_placement([a for a in leaves if isinstance(a, Array)])
+                out.append(device_put(leaf, loose))
+        return out, weak
 
-    def _compile(self, jax, treedef, static, num_args: int, arrays: list[Array]) -> tuple[XlaExecutable, object]:
+    def _compile(
+        self, jax, treedef, static, num_args: int, arrays: list[Array], weak: tuple[bool, ...]
+    ) -> tuple[XlaExecutable, object]:
         devices, mesh = _program_devices(arrays)
         platform = devices[0].platform
-        specs = [_abstract_spec(jax, a, len(devices)) for a in arrays]
+        specs = [_abstract_spec(jax, a, len(devices), w) for a, w in zip(arrays, weak, strict=True)]
         out_sharding = None
         if self._out_sharding is not None:
             out_sharding = _abstract_sharding(jax, self._out_sharding, len(devices))
@@ -166,7 +179,11 @@ class JittedFunction:
             return fun(*full, **kwargs)
 
         jitted = jax.jit(flat, out_shardings=out_sharding) if out_sharding is not None else jax.jit(flat)
-        exported = jax.export.export(jitted, platforms=[platform])(*specs)
+        # Arrays of 64-bit types (which JAX makes only with x64 on) are traced
+        # as they are, with x64 on for that trace.
+        wide = any(np.dtype(a.dtype).itemsize == 8 and np.dtype(a.dtype).kind in "iuf" for a in arrays)
+        with jax.enable_x64(True) if wide and not jax.config.jax_enable_x64 else contextlib.nullcontext():
+            exported = jax.export.export(jitted, platforms=[platform])(*specs)
         exe = XlaExecutable(_colocated.Executable.compile_stablehlo(exported.mlir_module().encode(), devices))
         return exe, exported.out_tree
 
@@ -213,9 +230,28 @@ def _abstract_sharding(jax, sharding: Sharding, num_devices: int):
     return jax.sharding.NamedSharding(_abstract_mesh(jax, sharding.mesh), jax.sharding.PartitionSpec(*sharding.spec))
 
 
-def _abstract_spec(jax, array: Array, num_devices: int):
+def _abstract_spec(jax, array: Array, num_devices: int, weak: bool):
     sharding = _abstract_sharding(jax, array.sharding, num_devices)
-    return jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=sharding, weak_type=weak)
+
+
+def _canonical(jax, leaf) -> np.ndarray:
+    """``leaf`` as numpy, in the dtype JAX gives it (64-bit types narrowed
+    unless x64 is on, as ``jax.jit`` takes numpy arguments)."""
+    value = np.asarray(leaf)
+    return value.astype(jax.dtypes.canonicalize_dtype(value.dtype), copy=False)
+
+
+def _loose_placement(arrays: list[Array]):
+    """Where a call's values that are not Arrays go: the Array arguments'
+    device, replicated over their mesh, or the default backend's first
+    device without any."""
+    if not arrays:
+        return _client_default().devices()[0]
+    devices, mesh = _program_devices(arrays)
+    if mesh is None:
+        return devices[0]
+    return NamedSharding(mesh, PartitionSpec())
 
 
 def jit(fun=None, *, static_argnums=None, donate_argnums=None, in_shardings=None, out_shardings=None):
