@@ -264,9 +264,10 @@ def jit(fun=None, *, static_argnums=None, donate_argnums=None, in_shardings=None
     devices, replicated).
 
     Arguments: ``Array``s on one host's plugin devices (one device, or one
-    mesh of ``NamedSharding``s); anything else is put on the default
-    backend's first device, or on ``in_shardings`` (one sharding, or one per
-    array argument). ``static_argnums``: positional arguments that are Python
+    mesh of ``NamedSharding``s); anything else is typed as ``jax.jit`` types
+    it and put where they are (replicated over their mesh), on the default
+    backend's first device without any, or on ``in_shardings`` (one
+    sharding, or one per array argument). ``static_argnums``: positional arguments that are Python
     values baked into the program (hashable). ``donate_argnums`` is accepted
     and does nothing: an argument stays readable. A program is compiled once
     per input spec (tree, static values, shapes, dtypes, shardings);
