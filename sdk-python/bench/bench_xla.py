@@ -67,33 +67,26 @@ def main() -> None:
         exe = colocated.compile_stablehlo(module, [device])
         ours_args = [colocated.device_put(a, device) for a in args]
         colocated.block_until_ready(exe(*ours_args))
-        ours, theirs = _in_turns(
-            [
-                lambda exe=exe, a=ours_args: exe(*a).block_until_ready(),
-                lambda jitted=jitted, a=jax_args: jitted(*a).block_until_ready(),
-            ],
-            n,
-        )
-        print(
-            f"{name:<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
-            f"   jax.jit {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]   ratio {ours[0] / theirs[0]:.2f}x"
-        )
+        jitted_call = lambda jitted=jitted, a=jax_args: jitted(*a).block_until_ready()
+        _compare(name, lambda exe=exe, a=ours_args: exe(*a).block_until_ready(), "jax.jit", jitted_call, n)
         # The same function through colocated.jit (tracing and the cache
         # lookup per call included).
         ours_jit = colocated.jit(fn)
         colocated.block_until_ready(ours_jit(*ours_args))
-        ours, theirs = _in_turns(
-            [
-                lambda f=ours_jit, a=ours_args: f(*a).block_until_ready(),
-                lambda jitted=jitted, a=jax_args: jitted(*a).block_until_ready(),
-            ],
-            n,
-        )
-        print(
-            f"{'colocated.jit ' + name:<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
-            f"   jax.jit {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]   ratio {ours[0] / theirs[0]:.2f}x"
+        _compare(
+            "colocated.jit " + name, lambda f=ours_jit, a=ours_args: f(*a).block_until_ready(), "jax.jit", jitted_call, n
         )
     _jax_round_trip(jax)
+
+
+def _compare(name: str, ours_fn, baseline: str, theirs_fn, n: int, digits: int = 2) -> None:
+    """Times ``ours_fn`` and ``theirs_fn`` in turns and prints them side by side."""
+    ours, theirs = _in_turns([ours_fn, theirs_fn], n)
+    print(
+        f"{name:<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
+        f"   {baseline} {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]"
+        f"   ratio {ours[0] / theirs[0]:.{digits}f}x"
+    )
 
 
 def _jax_round_trip(jax) -> None:
@@ -109,11 +102,7 @@ def _jax_round_trip(jax) -> None:
         if back.unsafe_buffer_pointer() != x.unsafe_buffer_pointer():
             raise AssertionError("the round trip copied the data")
 
-    ours, theirs = _in_turns([round_trip, lambda: np.copyto(target, value)], 3)
-    print(
-        f"{'256 MiB jax -> colocated -> jax':<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
-        f"   memcpy {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]   ratio {ours[0] / theirs[0]:.4f}x"
-    )
+    _compare("256 MiB jax -> colocated -> jax", round_trip, "memcpy", lambda: np.copyto(target, value), 3, digits=4)
 
 
 if __name__ == "__main__":
