@@ -105,6 +105,32 @@ def test_jax_devices_and_shardings_place_data():
     assert isinstance(cpu_mesh, jax.sharding.Mesh) and cpu_mesh == mesh
 
 
+def test_jax_specs_declare_and_check_colocated_functions():
+    cpu0 = jax.devices("cpu")[0]
+    on_cpu0 = jax.sharding.SingleDeviceSharding(cpu0)
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32, sharding=on_cpu0)
+
+    @colocated.colocated_python
+    def double(v):
+        return v * 2
+
+    # out_specs_fn may answer with JAX's specs; in_specs may be JAX's.
+    declared = double.specialize(in_specs=((spec,), {}), out_specs_fn=lambda v: spec)
+    x = colocated.device_put(np.arange(4, dtype=np.float32), cpu0)
+    out = declared(x)
+    assert out.sharding == colocated.SingleDeviceSharding(colocated.devices("cpu")[0])
+    np.testing.assert_array_equal(np.asarray(out), [0, 2, 4, 6])
+    with pytest.raises(colocated.InvalidArgumentError):
+        declared(colocated.device_put(np.zeros(3, np.float32), cpu0))
+    # Ahead of time, from JAX's specs; colocated's ShapeDtypeStruct takes a JAX sharding.
+    compiled = double.specialize(out_specs_fn=lambda v: v).compile(spec)
+    assert compiled is not None
+    ours = colocated.ShapeDtypeStruct((4,), np.float32, sharding=on_cpu0)
+    assert ours.sharding == colocated.SingleDeviceSharding(colocated.devices("cpu")[0])
+    with pytest.raises(colocated.InvalidArgumentError, match="colocated's or JAX's"):
+        colocated.ShapeDtypeStruct((4,), np.float32, sharding="cpu")
+
+
 def test_to_jax_puts_on_the_device_given():
     a = colocated.device_put(np.arange(6, dtype=np.int32).reshape(2, 3))
     target = jax.devices("cpu")[0]

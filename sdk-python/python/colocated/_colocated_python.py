@@ -41,7 +41,7 @@ from ._array import clear_caches as _array_clear_caches
 from ._dtypes import core_name
 from ._errors import InvalidArgumentError
 from ._host_callback import _dumps_with_callbacks
-from ._jax import from_jax, is_jax_array
+from ._jax import from_jax, is_jax_array, is_jax_spec, spec_of_jax
 from ._sharding import ShapeDtypeStruct, _sharding_from_core
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
@@ -111,12 +111,14 @@ def _spec_leaf(x) -> tuple:
     """(dtype name, shape, core sharding) of an Array or a ShapeDtypeStruct."""
     if isinstance(x, Array):
         return (x._impl.dtype, list(x.shape), x._impl.sharding)
+    if is_jax_spec(x):
+        x = spec_of_jax(x)
     if isinstance(x, ShapeDtypeStruct):
         if x.sharding is None:
             raise InvalidArgumentError(f"{x!r} has no sharding; colocated specs need one")
         return (core_name(x.dtype), list(x.shape), x.sharding._core_sharding())
     raise InvalidArgumentError(
-        f"expected colocated.ShapeDtypeStruct or colocated.Array, got {type(x).__name__}"
+        f"expected a ShapeDtypeStruct (colocated's or JAX's) or a colocated.Array, got {type(x).__name__}"
     )
 
 
@@ -236,10 +238,11 @@ class _Site:
             return None
         args, kwargs = optree.tree_unflatten(self.treedef, [_spec_of(leaf) for leaf in self.leaves])
         specs, self.declared_treedef = _flatten(out_specs_fn(*args, **kwargs))
+        specs = [spec_of_jax(spec) if is_jax_spec(spec) else spec for spec in specs]
         for spec in specs:
             if not isinstance(spec, ShapeDtypeStruct):
                 raise InvalidArgumentError(
-                    f"out_specs_fn must return ShapeDtypeStructs, got {type(spec).__name__}"
+                    f"out_specs_fn must return ShapeDtypeStructs (colocated's or JAX's), got {type(spec).__name__}"
                 )
         self._declared_shardings = [spec.sharding for spec in specs]
         return [_spec_leaf(spec) for spec in specs]
@@ -404,6 +407,7 @@ class ColocatedFunction(_colocated.FunctionBase):
         hosts. Later calls of that spec take it. Raises ``InvalidArgumentError``
         without ``out_specs_fn`` (discovering the outputs runs the function)."""
         leaves, treedef = _flatten((args, kwargs))
+        leaves = [spec_of_jax(leaf) if is_jax_spec(leaf) else leaf for leaf in leaves]
         for i, leaf in enumerate(leaves):
             if not isinstance(leaf, (Array, ShapeDtypeStruct)):
                 raise InvalidArgumentError(

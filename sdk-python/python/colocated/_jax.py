@@ -159,6 +159,21 @@ def sharding_of(jax_sharding, client: _colocated.Client | None = None):
     )
 
 
+def is_jax_spec(x) -> bool:
+    """Whether ``x`` is a ``jax.ShapeDtypeStruct`` (without importing JAX)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.ShapeDtypeStruct)
+
+
+def spec_of_jax(x, client: _colocated.Client | None = None):
+    """A ``jax.ShapeDtypeStruct`` as ``colocated.ShapeDtypeStruct``, its
+    sharding on the corresponding devices."""
+    from ._sharding import ShapeDtypeStruct
+
+    sharding = None if x.sharding is None else sharding_of(x.sharding, client)
+    return ShapeDtypeStruct(x.shape, x.dtype, sharding)
+
+
 def has_equivalent(jax_sharding) -> bool:
     """Whether ``sharding_of`` takes ``jax_sharding``."""
     jax = sys.modules["jax"]

@@ -503,7 +503,11 @@ class ShapeDtypeStruct:
         self.shape = tuple(int(d) for d in shape)
         self.dtype = canonicalize(dtype)
         if sharding is not None and not isinstance(sharding, Sharding):
-            raise InvalidArgumentError(f"sharding must be a Sharding, got {type(sharding).__name__}")
+            from ._jax import is_jax_placement, placement_of
+
+            if not is_jax_placement(sharding):
+                raise InvalidArgumentError(f"sharding must be a Sharding (colocated's or JAX's), got {type(sharding).__name__}")
+            sharding = placement_of(sharding)
         self.sharding = sharding
 
     @property
