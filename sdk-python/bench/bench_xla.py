@@ -11,6 +11,9 @@ The same functions through ``colocated.jit`` beside ``jax.jit`` (goal
 ``to_jax``) beside a ``memcpy`` of the same bytes (``np.copyto``): the goal
 is no copy, microseconds.
 
+Also the small step through ``colocated.jit`` on a worker with the plugin,
+beside a TCP ping-pong (goal: at most 3x it on top of the step's time).
+
 Goal (issue 34): the small program below ``jax.jit``'s time. Run by
 ``make bench`` (which installs jax[cpu] and the CPU plugin into the benchmark
 venv).
@@ -77,16 +80,74 @@ def main() -> None:
             "colocated.jit " + name, lambda f=ours_jit, a=ours_args: f(*a).block_until_ready(), "jax.jit", jitted_call, n
         )
     _jax_round_trip(jax)
+    _worker_step(cases[0][1], cases[0][2], local_us=_last_jit_us)
 
 
-def _compare(name: str, ours_fn, baseline: str, theirs_fn, n: int, digits: int = 2) -> None:
+#: The median of the first ``colocated.jit`` row (the small step run here),
+#: which the worker's row subtracts.
+_last_jit_us: list[float] = []
+
+
+def _compare(name: str, ours_fn, baseline: str, theirs_fn, n: int, digits: int = 2) -> tuple:
     """Times ``ours_fn`` and ``theirs_fn`` in turns and prints them side by side."""
     ours, theirs = _in_turns([ours_fn, theirs_fn], n)
+    if name.startswith("colocated.jit") and not _last_jit_us:
+        _last_jit_us.append(ours[0])
     print(
         f"{name:<24} colocated {ours[0]:>9.1f} us [{ours[1]:.1f}-{ours[2]:.1f}]"
         f"   {baseline} {theirs[0]:>9.1f} us [{theirs[1]:.1f}-{theirs[2]:.1f}]"
         f"   ratio {ours[0] / theirs[0]:.{digits}f}x"
     )
+    return ours, theirs
+
+
+def _worker_step(fn, args, local_us: list[float]) -> None:
+    """The small step through ``colocated.jit`` on a worker's plugin device
+    (a ``colocated.worker`` on loopback with XLA's CPU plugin), beside a
+    1-byte TCP ping-pong between two processes, in turns: the goal is at
+    most 3x the ping-pong on top of the step's time here."""
+    import os
+    import secrets
+    import subprocess
+    import sys
+    import tempfile
+
+    from bench_colocated import TcpEchoes
+
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = os.path.join(tmp, "token")
+        with open(token_file, "w") as f:
+            f.write(secrets.token_hex(32))
+        args_ = ["--cpu-devices", "1", "--pjrt-plugin", "cpu", "--pjrt-option", "cpu_device_count=1"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "colocated.worker", *args_, "--token-file", token_file],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            line = proc.stdout.readline()
+            if not line.startswith("listening on "):
+                raise SystemExit(f"the worker did not start: {line!r}")
+            client = colocated.connect([line.split()[-1]], token_file=token_file, default=False)
+            device = client.devices()[0]
+            step = colocated.jit(fn)
+            on_worker = [colocated.device_put(a, device) for a in args]
+            colocated.block_until_ready(step(*on_worker))
+            with TcpEchoes(1) as echoes:
+                ours, tcp = _compare(
+                    "colocated.jit step on a worker",
+                    lambda: step(*on_worker).block_until_ready(),
+                    "TCP ping-pong",
+                    echoes.ping,
+                    500,
+                )
+            if local_us:
+                extra = (ours[0] - local_us[0]) / tcp[0]
+                print(f"{'':<24} on top of the step's {local_us[0]:.1f} us here: {extra:.2f}x the ping-pong (goal <= 3x)")
+            client.close()
+        finally:
+            proc.terminate()
+            proc.wait()
 
 
 def _jax_round_trip(jax) -> None:
