@@ -242,6 +242,20 @@ def test_jit_runs_an_spmd_program_over_the_arguments_mesh(client):
         colocated.jit(lambda a: a + 1)(on_cpu)
 
 
+def test_an_xla_program_refuses_an_input_in_host_memory(client):
+    f = colocated.compile_stablehlo(ADD_ONE, client.devices()[:1])
+    device = client.devices()[0]
+    if "pinned_host" not in device.memory_kinds:
+        pytest.skip("the plugin's devices have no pinned_host memory")
+    pinned = colocated.device_put(
+        np.arange(8, dtype=np.float32), colocated.SingleDeviceSharding(device, memory_kind="pinned_host")
+    )
+    with pytest.raises(colocated.InvalidArgumentError, match="input shard 0 is in pinned_host memory"):
+        np.asarray(f(pinned))
+    # Copied to the device's memory, it runs.
+    np.testing.assert_array_equal(np.asarray(f(colocated.device_put(pinned, device))), np.arange(1, 9))
+
+
 def test_numpy_views_a_host_platform_plugin_buffer_in_place(client):
     device = client.devices()[0]
     value = np.arange(1 << 20, dtype=np.float32)

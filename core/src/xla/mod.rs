@@ -302,7 +302,19 @@ impl LoadedProgram for XlaProgram {
             .map(Buffer::storage)
             .collect::<Result<SmallVec<[_; 8]>>>()?;
         let mut plugin_buffers: SmallVec<[&pjrt::Buffer; 8]> = SmallVec::new();
-        for (i, s) in storages.iter().enumerate() {
+        for (i, (s, input)) in storages.iter().zip(inputs).enumerate() {
+            // The module's arguments are in their devices' default memory
+            // (memory kinds of arguments are not read from it): a buffer in
+            // another memory is refused here, not handed to the plugin.
+            let memory = input.memory_space();
+            if memory != input.device().default_memory_space() {
+                return Err(Error::invalid_argument(format!(
+                    "input shard {i} is in {} memory; XLA programs take arrays in their devices' \
+                     default memory ({}): copy it there first",
+                    memory.kind().name(),
+                    input.device().default_memory_space().kind().name()
+                )));
+            }
             match &**s {
                 Storage::Device(d) if d.is_of(&self.backend) => plugin_buffers.push(&d.buffer),
                 _ => {
