@@ -142,6 +142,8 @@ def test_to_jax_puts_on_the_device_given():
 def test_bad_inputs_get_typed_errors():
     with pytest.raises(colocated.InvalidArgumentError, match="to_jax takes a colocated Array, got str"):
         colocated.to_jax("x")
+    with pytest.raises(colocated.InvalidArgumentError, match="device must be a JAX Device or Sharding, got str"):
+        colocated.to_jax(colocated.device_put(np.zeros(2)), device="cpu")
 
     @colocated.colocated_python
     def identity(v):

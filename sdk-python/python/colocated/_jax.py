@@ -217,6 +217,8 @@ def to_jax(x: Array, device=None):
     worker's array: give ``device``).
     """
     jax = _import_jax()
+    if device is not None and not is_jax_placement(device):
+        raise InvalidArgumentError(f"to_jax's device must be a JAX Device or Sharding, got {type(device).__name__}")
     if is_jax_array(x):
         return x if device is None else jax.device_put(x, device)
     if not isinstance(x, Array):
