@@ -17,10 +17,16 @@ beside a TCP ping-pong (goal: at most 3x it on top of the step's time).
 Goal (issue 34): the small program below ``jax.jit``'s time. Run by
 ``make bench`` (which installs jax[cpu] and the CPU plugin into the benchmark
 venv).
+
+``COLOCATED_BENCH_PJRT_PLUGIN`` (a plugin's path) and
+``COLOCATED_BENCH_PJRT_OPTIONS`` (``name=value,...``) run the same rows on
+another plugin, JAX on its own client of that platform (``tests/gpu/run.sh``
+does so on a GPU); the 256 MiB row stays on the CPU.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -50,7 +56,8 @@ def main() -> None:
     except ImportError:
         print("bench_xla skipped: jax is not installed")
         return
-    colocated.configure(num_cpu_devices=1, pjrt_plugin="cpu", pjrt_options={"cpu_device_count": 1})
+    plugin, options = _plugin()
+    colocated.configure(num_cpu_devices=1, pjrt_plugin=plugin, pjrt_options=options)
     device = colocated.devices()[0]
     cases = [
         ("x + 1, f32[8]", lambda x: x + 1, [np.arange(8, dtype=np.float32)], 5000),
@@ -61,10 +68,11 @@ def main() -> None:
             20,
         ),
     ]
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; colocated on {device.platform} ({device.backend})")
+    jax_device = jax.devices(device.platform)[0]
+    print(f"jax {jax.__version__} on {jax_device.platform}; colocated on {device.platform} ({device.backend})")
     for name, fn, args, n in cases:
         jitted = jax.jit(fn)
-        jax_args = [jnp.asarray(a) for a in args]
+        jax_args = [jax.device_put(jnp.asarray(a), jax_device) for a in args]
         jitted(*jax_args).block_until_ready()
         module = jitted.lower(*jax_args).as_text()
         exe = colocated.compile_stablehlo(module, [device])
@@ -81,6 +89,19 @@ def main() -> None:
         )
     _jax_round_trip(jax)
     _worker_step(cases[0][1], cases[0][2], local_us=_last_jit_us)
+
+
+def _plugin() -> tuple[str, dict]:
+    """The plugin under test and its create options: XLA's CPU plugin with one
+    device, or the ones the environment names."""
+    path = os.environ.get("COLOCATED_BENCH_PJRT_PLUGIN")
+    if not path:
+        return "cpu", {"cpu_device_count": 1}
+    options = {}
+    for item in filter(None, os.environ.get("COLOCATED_BENCH_PJRT_OPTIONS", "").split(",")):
+        name, _, value = item.partition("=")
+        options[name] = {"true": True, "false": False}.get(value, int(value) if value.isdigit() else value)
+    return path, options
 
 
 #: The median of the first ``colocated.jit`` row (the small step run here),
@@ -118,7 +139,10 @@ def _worker_step(fn, args, local_us: list[float]) -> None:
         token_file = os.path.join(tmp, "token")
         with open(token_file, "w") as f:
             f.write(secrets.token_hex(32))
-        args_ = ["--cpu-devices", "1", "--pjrt-plugin", "cpu", "--pjrt-option", "cpu_device_count=1"]
+        plugin, options = _plugin()
+        args_ = ["--cpu-devices", "1", "--pjrt-plugin", plugin]
+        for name, value in options.items():
+            args_ += ["--pjrt-option", f"{name}={str(value).lower() if isinstance(value, bool) else value}"]
         proc = subprocess.Popen(
             [sys.executable, "-m", "colocated.worker", *args_, "--token-file", token_file],
             stdout=subprocess.PIPE,

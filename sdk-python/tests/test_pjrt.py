@@ -100,8 +100,8 @@ def test_the_plugin_is_the_default_backend_beside_the_cpu_devices(client):
 )
 def test_every_dtype_round_trips_through_a_plugin_device(client, dtype):
     value = (np.arange(12).reshape(3, 4) % 7).astype(dtype)
-    x = colocated.device_put(value, client.devices()[1])
-    assert x.sharding.device_set == {client.devices()[1]}
+    x = colocated.device_put(value, client.devices()[-1])
+    assert x.sharding.device_set == {client.devices()[-1]}
     out = np.asarray(x)
     assert out.dtype == value.dtype
     np.testing.assert_array_equal(out, value)
@@ -199,7 +199,7 @@ def test_jit_traces_with_jax_and_runs_on_the_arguments_devices(client):
 
 def test_jit_types_and_places_values_as_jax_jit_does(client):
     pytest.importorskip("jax")
-    device = client.devices()[1]
+    device = client.devices()[-1]
     x = colocated.device_put(np.arange(8, dtype=np.float32), device)
     # A Python scalar is weakly typed (the result stays float32) and goes
     # where the Array arguments are; numpy's float64 becomes float32 there.

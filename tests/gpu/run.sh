@@ -6,7 +6,9 @@
 # benchmark binary), finds xla_cuda_plugin.so itself, and runs:
 #
 #   1. sdk-python/tests/test_pjrt.py on the GPU's devices (COLOCATED_TEST_PJRT=cuda);
-#   2. the XLA benchmark (core/benches/pjrt.rs) on the GPU, beside the raw PJRT C API.
+#   2. the XLA benchmark (core/benches/pjrt.rs) on the GPU, beside the raw PJRT C API;
+#   3. sdk-python/bench/bench_xla.py: colocated.jit on the GPU beside jax.jit on
+#      JAX's own client of it, and the step on a worker's GPU beside TCP.
 #
 # Usage, from the repository root:  sh tests/gpu/run.sh   (under 5 minutes;
 # PYTHON names the Python that has JAX, default python3)
@@ -87,3 +89,10 @@ cd ../..
 echo "== benchmark (core/benches/pjrt.rs)"
 COLOCATED_TEST_PJRT_PLUGIN="$PLUGIN" COLOCATED_BENCH_PJRT_OPTIONS="$BENCH_OPTIONS" \
   timeout 90 "$BUNDLE/bench_pjrt" --bench
+
+echo "== benchmark (sdk-python/bench/bench_xla.py: colocated.jit beside jax.jit)"
+# Here JAX takes the GPU too (its own client, memory taken as it needs it).
+cd sdk-python/bench
+JAX_PLATFORMS="$PLATFORM,cpu" XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  COLOCATED_BENCH_PJRT_PLUGIN="$PLUGIN" COLOCATED_BENCH_PJRT_OPTIONS="$BENCH_OPTIONS" \
+  timeout 150 "$PYTHON" bench_xla.py
