@@ -113,6 +113,8 @@ demo: check-prerequisites build python node $(PLUGIN) | $(BUILD)
 	@echo
 	TF_CPP_MIN_LOG_LEVEL=1 $(VENV_PY) examples/xla_demo.py
 	@echo
+	TF_CPP_MIN_LOG_LEVEL=1 $(VENV_PY) examples/jax_cluster.py
+	@echo
 	COLOCATED_PLUGIN=$(PLUGIN) node examples/demo.mjs
 
 # The example plugin (the tests' `plugin_add_one_i32` and `plugin_fail`).

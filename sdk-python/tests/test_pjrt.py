@@ -447,6 +447,100 @@ def test_a_python_worker_serves_a_plugin_and_runs_xla_programs(token_file, isola
         worker.stop()
 
 
+@pytest.fixture(scope="module")
+def two_plugin_hosts(tmp_path_factory):
+    """A controller's client of two Python workers, each serving the plugin's
+    devices (two of XLA's CPU plugin)."""
+    from workers import Worker, write_token
+
+    cpu_plugin()
+    pytest.importorskip("jax")
+    token_file = tmp_path_factory.mktemp("hosts") / "token"
+    write_token(token_file)
+    options = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in plugin_options(2)]
+    args = ("--shared-interpreter", "--pjrt-plugin", PLATFORM, *(a for o in options for a in ("--pjrt-option", o)))
+    workers = [Worker(token_file, devices=1, extra_args=args) for _ in range(2)]
+    try:
+        client = colocated.connect([w.address for w in workers], token_file=token_file, default=False)
+        yield client
+        client.close()
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def _host_mesh(client):
+    """The plugin devices of both hosts as a ("hosts", "x") mesh (a single
+    GPU per host makes "x" of size 1)."""
+    devices = client.devices()
+    per_host = len(devices) // 2
+    assert [d.process_index for d in devices] == sorted(d.process_index for d in devices)
+    return colocated.Mesh(np.array(devices, dtype=object).reshape(2, per_host), ("hosts", "x"))
+
+
+def test_jit_per_host_runs_on_each_hosts_part_and_assembles_the_outputs(two_plugin_hosts):
+    mesh = _host_mesh(two_plugin_hosts)
+    rows = 4 * mesh.shape["x"]
+    value = np.arange(2 * rows * 3, dtype=np.float32).reshape(2 * rows, 3)
+    x = colocated.device_put(value, colocated.NamedSharding(mesh, colocated.P(("hosts", "x"))))
+    w = colocated.device_put(np.ones(3, np.float32), colocated.NamedSharding(mesh, colocated.P()))
+    step = colocated.jit(lambda a, b: (a * b + a.sum(0), (a.sum() * b)[None]), per_host=True)
+    y, total = step(x, w)
+    halves = value.reshape(2, rows, 3)
+    # Each host saw its half: the column sums are the half's, not the whole's.
+    np.testing.assert_array_equal(np.asarray(y), np.concatenate([h + h.sum(0) for h in halves]))
+    assert y.sharding == colocated.NamedSharding(mesh, colocated.P("hosts"))
+    assert {d.process_index for d in y.sharding.device_set} == {d.process_index for d in mesh.devices.flat}
+    # The hosts' parts side by side, along the first axis.
+    np.testing.assert_array_equal(np.asarray(total), [[h.sum()] * 3 for h in halves])
+    assert total.shape == (2, 3)
+    step(x, w)
+    assert step.cache_info() == (1, 1, 1)
+    # out_shardings that names no host axis: each host's replica (equal here).
+    replicated = colocated.NamedSharding(mesh, colocated.P())
+    mean = colocated.jit(lambda b: b * 2, per_host=True, out_shardings=replicated)(w)
+    assert mean.sharding == replicated
+    np.testing.assert_array_equal(np.asarray(mean), [2, 2, 2])
+
+
+def test_jit_per_host_errors_say_what_a_per_host_program_cannot_do(two_plugin_hosts):
+    import jax
+
+    mesh = _host_mesh(two_plugin_hosts)
+    rows = 2 * mesh.shape["x"]
+    x = colocated.device_put(
+        np.ones((2 * rows, 2), np.float32), colocated.NamedSharding(mesh, colocated.P(("hosts", "x")))
+    )
+    # Without per_host, several hosts are refused: jax.jit's semantics would
+    # need communication between them.
+    with pytest.raises(colocated.UnimplementedError, match="per_host=True"):
+        colocated.jit(lambda a: a + 1)(x)
+    # A collective over the host axis.
+    with pytest.raises(colocated.UnimplementedError, match="'hosts' across hosts"):
+        colocated.jit(lambda a: jax.lax.psum(a, "hosts"), per_host=True)(x)
+    # A scalar has no axis to put the hosts' parts along.
+    with pytest.raises(colocated.InvalidArgumentError, match="scalar"):
+        colocated.jit(lambda a: a.sum(), per_host=True)(x)
+    # The host axis after another in a dimension: a host's part is not a block.
+    if mesh.shape["x"] > 1:
+        strided = colocated.device_put(
+            np.ones((2 * rows, 2), np.float32), colocated.NamedSharding(mesh, colocated.P(("x", "hosts")))
+        )
+        with pytest.raises(colocated.InvalidArgumentError, match="must come first"):
+            colocated.jit(lambda a: a + 1, per_host=True)(strided)
+    # A mesh whose hosts interleave along its one axis has no block per host.
+    devices = list(mesh.devices.T.flat)
+    if len(devices) > 2:
+        flat = colocated.Mesh(devices, ("d",))
+        y = colocated.device_put(np.ones(len(devices), np.float32), colocated.NamedSharding(flat, colocated.P("d")))
+        with pytest.raises(colocated.InvalidArgumentError, match="one block of devices per host"):
+            colocated.jit(lambda a: a + 1, per_host=True)(y)
+    # out_shardings over another mesh.
+    other = colocated.NamedSharding(colocated.Mesh(mesh.devices[:, :1], ("hosts", "x")), colocated.P())
+    with pytest.raises(colocated.InvalidArgumentError, match="NamedSharding of the arguments' mesh"):
+        colocated.jit(lambda a: a, per_host=True, out_shardings=other)(x)
+
+
 def test_a_module_that_jax_lowered_runs_with_its_shardings(client):
     from pathlib import Path
 

@@ -5,22 +5,29 @@ or a worker's).
 JAX on this process is enough to lower (``jax.export`` for the inputs'
 platform, with abstract meshes of the inputs' shape): the program is
 compiled where it runs, as ``compile_stablehlo`` does.
+
+Over a mesh of several hosts (``per_host=True``), the function runs once per
+host on that host's part of each argument, as ``jax.shard_map`` over the
+mesh's host axes would run it: one lowering for the per-host shapes, one
+program compiled on each host, and the hosts' outputs assembled into Arrays
+over the whole mesh.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from . import _colocated
-from ._array import Array, _wrap, device_put
+from ._array import Array, _wrap, device_put, make_array_from_single_device_arrays
 from ._client import client as _client_default
 from ._errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
 from ._jax import is_jax_placement, placement_of
-from ._sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
+from ._sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 from ._xla import XlaExecutable
 
 
@@ -55,7 +62,7 @@ class JittedFunction:
     """What ``colocated.jit`` returns: calling it runs the function's program
     on the devices of its arguments' host (see ``jit``)."""
 
-    def __init__(self, fun, static_argnums, donate_argnums, in_shardings, out_shardings) -> None:
+    def __init__(self, fun, static_argnums, donate_argnums, in_shardings, out_shardings, per_host=False) -> None:
         if not callable(fun):
             raise InvalidArgumentError(f"jit takes a callable, got {type(fun).__name__}")
         self._fun = fun
@@ -65,6 +72,7 @@ class JittedFunction:
         self._donate = _argnums(donate_argnums, "donate_argnums")
         self._in_shardings = in_shardings
         self._out_sharding = _sharding(out_shardings, "out_shardings")
+        self._per_host = bool(per_host)
         self._cache: dict = {}
         self._last = None
         self._hits = self._misses = 0
@@ -114,7 +122,7 @@ class JittedFunction:
         outputs = exe(*arrays)
         # Positional Arrays as they are: the next such call tries this
         # program first.
-        flat = not kwargs and not static and self._in_shardings is None
+        flat = not kwargs and not static and self._in_shardings is None and isinstance(exe, XlaExecutable)
         self._last = (exe, out_tree, len(args)) if flat and all(type(a) is Array for a in args) else None
         if out_tree is None:
             return outputs
@@ -159,6 +167,14 @@ class JittedFunction:
         self, jax, treedef, static, num_args: int, arrays: list[Array], weak: tuple[bool, ...]
     ) -> tuple[XlaExecutable, object]:
         devices, mesh = _program_devices(arrays)
+        if len({d.process_index for d in devices}) > 1:
+            if not self._per_host:
+                raise UnimplementedError(
+                    "the arguments are on several hosts, and an XLA program runs on one host's devices: "
+                    "pass per_host=True to run the function on each host's part of them (as jax.shard_map "
+                    "over the hosts), or put them on one host's devices"
+                )
+            return self._compile_per_host(jax, treedef, static, num_args, arrays, weak, _Hosts(mesh))
         platform = devices[0].platform
         specs = [_abstract_spec(jax, a, len(devices), w) for a, w in zip(arrays, weak, strict=True)]
         out_sharding = None
@@ -168,6 +184,12 @@ class JittedFunction:
             # Without the compiler's choice at hand, results are replicated
             # over the arguments' mesh.
             out_sharding = jax.sharding.NamedSharding(_abstract_mesh(jax, mesh), jax.sharding.PartitionSpec())
+        exported = self._export(jax, treedef, static, num_args, arrays, specs, out_sharding, platform)
+        exe = XlaExecutable(_colocated.Executable.compile_stablehlo(exported.mlir_module().encode(), devices))
+        return exe, exported.out_tree
+
+    def _export(self, jax, treedef, static, num_args, arrays, specs, out_sharding, platform, hosts=None):
+        """``fun`` traced and lowered by JAX for ``specs`` on ``platform``."""
         fun, statics = self._fun, dict(static)
 
         def flat(*leaves):
@@ -183,9 +205,154 @@ class JittedFunction:
         # as they are, with x64 on for that trace.
         wide = any(np.dtype(a.dtype).itemsize == 8 and np.dtype(a.dtype).kind in "iuf" for a in arrays)
         with jax.enable_x64(True) if wide and not jax.config.jax_enable_x64 else contextlib.nullcontext():
-            exported = jax.export.export(jitted, platforms=[platform])(*specs)
-        exe = XlaExecutable(_colocated.Executable.compile_stablehlo(exported.mlir_module().encode(), devices))
-        return exe, exported.out_tree
+            try:
+                return jax.export.export(jitted, platforms=[platform])(*specs)
+            except NameError as e:
+                # A collective over a host axis: that axis is not bound in
+                # a host's own program.
+                crossing = [a for a in (hosts.axes if hosts else ()) if repr(a) in str(e) or a in str(e)]
+                if crossing:
+                    raise UnimplementedError(
+                        f"the function uses mesh axis {crossing[0]!r} across hosts (a collective such as "
+                        "psum over it): a per-host program cannot communicate between hosts; reduce the "
+                        "hosts' outputs after the call instead"
+                    ) from e
+                raise
+
+    def _compile_per_host(self, jax, treedef, static, num_args, arrays, weak, hosts: _Hosts):
+        """One lowering for a host's part of the arguments, compiled on each
+        host; the program that runs them all (see ``_PerHost``)."""
+        platform = next(iter(arrays[0].sharding.device_set)).platform
+        specs = [hosts.local_struct(jax, a, w) for a, w in zip(arrays, weak, strict=True)]
+        global_out = self._out_sharding
+        if global_out is not None:
+            if not isinstance(global_out, NamedSharding) or global_out.mesh != hosts.mesh:
+                raise InvalidArgumentError("over several hosts, out_shardings must be a NamedSharding of the arguments' mesh")
+            out_sharding = hosts.local_abstract_sharding(jax, global_out.spec)
+        else:
+            out_sharding = hosts.local_abstract_sharding(jax, PartitionSpec())
+        exported = self._export(jax, treedef, static, num_args, arrays, specs, out_sharding, platform, hosts)
+        module = exported.mlir_module().encode()
+        exes = [
+            XlaExecutable(_colocated.Executable.compile_stablehlo(module, list(block.flat)))
+            for block in hosts.blocks
+        ]
+        out_specs = []
+        for i, aval in enumerate(exported.out_avals):
+            if global_out is not None:
+                out_specs.append(global_out.spec)
+            elif not aval.shape:
+                raise InvalidArgumentError(
+                    f"output {i} is a scalar: over several hosts each host's output is its part along "
+                    "the first axis; return it with a leading axis (x[None]) or give out_shardings"
+                )
+            else:
+                out_specs.append(PartitionSpec(hosts.axes[0] if len(hosts.axes) == 1 else hosts.axes))
+        return _PerHost(hosts, exes, out_specs, [tuple(a.shape) for a in exported.out_avals]), exported.out_tree
+
+
+class _Hosts:
+    """How a mesh over several hosts splits into one block per host: the
+    axes along which the host changes (``axes``, major first in each
+    dimension that names them), and each host's devices (``blocks``, over
+    the other axes, ``local_names``)."""
+
+    def __init__(self, mesh) -> None:
+        self.mesh = mesh
+        names = tuple(mesh.axis_names)
+        grid = np.vectorize(lambda d: d.process_index, otypes=[np.int64])(mesh.devices)
+        self.axes = tuple(n for i, n in enumerate(names) if not np.all(grid == np.take(grid, [0], axis=i)))
+        self.local_names = tuple(n for n in names if n not in self.axes)
+        host_dims = [names.index(a) for a in self.axes]
+        self.blocks = []
+        for coords in np.ndindex(*(grid.shape[i] for i in host_dims)):
+            index = [slice(None)] * len(names)
+            for dim, c in zip(host_dims, coords, strict=True):
+                index[dim] = c
+            block = mesh.devices[tuple(index)]
+            self.blocks.append(block if isinstance(block, np.ndarray) else np.array(block, dtype=object))
+        seen = [{d.process_index for d in block.flat} for block in self.blocks]
+        if any(len(s) != 1 for s in seen) or len({next(iter(s)) for s in seen}) != len(seen):
+            raise InvalidArgumentError(
+                f"the mesh {dict(mesh.shape)} does not split into one block of devices per host along its axes"
+            )
+
+    def _local_entry(self, entry, what: str):
+        names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        crossing = [n for n in names if n in self.axes]
+        if names[: len(crossing)] != tuple(crossing):
+            raise InvalidArgumentError(f"{what}: the host axes {self.axes} must come first in a dimension's axes")
+        local = tuple(n for n in names if n not in self.axes)
+        factor = math.prod(self.mesh.shape[n] for n in crossing)
+        return (None if not local else local[0] if len(local) == 1 else local), factor
+
+    def local_spec(self, spec, what: str = "a sharding") -> tuple[PartitionSpec, list[int]]:
+        """A host's part of ``spec``, and each dimension's number of host parts."""
+        entries = [self._local_entry(e, what) for e in spec]
+        return PartitionSpec(*(e for e, _ in entries)), [f for _, f in entries]
+
+    def local_abstract_sharding(self, jax, spec):
+        if not self.local_names:
+            return None
+        local, _ = self.local_spec(spec)
+        shape = tuple(self.mesh.shape[n] for n in self.local_names)
+        mesh = jax.sharding.AbstractMesh(shape, self.local_names)
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*local))
+
+    def local_shape(self, shape, factors: list[int], what: str) -> tuple[int, ...]:
+        out = list(shape)
+        for dim, f in enumerate(factors):
+            if out[dim] % f:
+                raise InvalidArgumentError(f"{what}: dimension {dim} ({out[dim]}) does not split into {f} host parts")
+            out[dim] //= f
+        return tuple(out)
+
+    def local_sharding(self, block, spec, memory_kind):
+        """A host's sharding of its part: over its block, or its one device."""
+        if not self.local_names:
+            return SingleDeviceSharding(block.item(), memory_kind=memory_kind)
+        local, _ = self.local_spec(spec)
+        return NamedSharding(Mesh(block, self.local_names), local, memory_kind=memory_kind)
+
+    def local_struct(self, jax, array: Array, weak: bool):
+        spec = array.sharding.spec
+        _, factors = self.local_spec(spec, "an argument")
+        shape = self.local_shape(array.shape, factors, f"an argument of shape {array.shape}")
+        return jax.ShapeDtypeStruct(shape, array.dtype, sharding=self.local_abstract_sharding(jax, spec), weak_type=weak)
+
+
+class _PerHost:
+    """A per-host program over several hosts: each host's part of every
+    argument (its shards, shared), its program run there, and the hosts'
+    outputs assembled over the whole mesh (shards shared, no copy)."""
+
+    def __init__(self, hosts: _Hosts, exes: list[XlaExecutable], out_specs: list, out_shapes: list) -> None:
+        self._hosts, self._exes = hosts, exes
+        self._out = []
+        for i, (spec, shape) in enumerate(zip(out_specs, out_shapes, strict=True)):
+            padded = PartitionSpec(*spec, *([None] * (len(shape) - len(spec))))
+            _, factors = hosts.local_spec(padded, f"output {i}")
+            self._out.append((spec, tuple(d * f for d, f in zip(shape, factors, strict=True))))
+
+    def __call__(self, *arrays: Array):
+        hosts = self._hosts
+        results = []
+        for block, exe in zip(hosts.blocks, self._exes, strict=True):
+            parts = []
+            for a in arrays:
+                shards = {s.device: s for s in a.addressable_shards}
+                _, factors = hosts.local_spec(a.sharding.spec)
+                sharding = hosts.local_sharding(block, a.sharding.spec, a.sharding.memory_kind)
+                shape = hosts.local_shape(a.shape, factors, "an argument")
+                parts.append(make_array_from_single_device_arrays(shape, sharding, [shards[d].data for d in block.flat]))
+            out = exe(*parts)
+            results.append(out if isinstance(out, tuple) else (out,))
+        outputs = []
+        for k, (spec, shape) in enumerate(self._out):
+            sharding = NamedSharding(hosts.mesh, spec)
+            shards = [s.data for r in results for s in r[k].addressable_shards]
+            outputs.append(make_array_from_single_device_arrays(shape, sharding, shards))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 def _program_devices(arrays: list[Array]) -> tuple[list[_colocated.Device], object]:
@@ -194,12 +361,6 @@ def _program_devices(arrays: list[Array]) -> tuple[list[_colocated.Device], obje
     ``NamedSharding``s (one mesh for all)."""
     if not arrays:
         raise InvalidArgumentError("colocated.jit needs at least one array argument to know where to run")
-    hosts = {d.process_index for a in arrays for d in a.sharding.device_set}
-    if len(hosts) > 1:
-        raise UnimplementedError(
-            "the arguments are on several hosts: an XLA program runs on one host's devices "
-            "(cross-host collectives are out of scope); put them on one host's devices"
-        )
     meshes = [
         a.sharding.mesh for a in arrays if isinstance(a.sharding, NamedSharding) and a.sharding.mesh.devices.size > 1
     ]
@@ -254,7 +415,7 @@ def _loose_placement(arrays: list[Array]):
     return NamedSharding(mesh, PartitionSpec())
 
 
-def jit(fun=None, *, static_argnums=None, donate_argnums=None, in_shardings=None, out_shardings=None):
+def jit(fun=None, *, static_argnums=None, donate_argnums=None, in_shardings=None, out_shardings=None, per_host=False):
     """Compiles ``fun``, a function of JAX arrays, for its arguments' devices
     and runs it there: JAX traces and lowers it here (for the arguments'
     shapes, dtypes, shardings and platform), and the PJRT plugin of the host
@@ -273,8 +434,18 @@ def jit(fun=None, *, static_argnums=None, donate_argnums=None, in_shardings=None
     per input spec (tree, static values, shapes, dtypes, shardings);
     ``cache_info()`` counts.
 
-    Raises ``UnimplementedError`` for arguments on several hosts (an XLA
-    program runs on one host: cross-host collectives are out of scope).
+    Arguments over a mesh of several hosts need ``per_host=True``: ``fun``
+    then runs on each host's part of every argument, as ``jax.shard_map``
+    over the mesh's host axes runs it (the axes along which the host
+    changes; they come first in a dimension's axes). Each output is the
+    hosts' parts along its first axis (``P(host_axes)``), or laid out by
+    ``out_shardings`` (a ``NamedSharding`` of the mesh: its host axes say
+    where each host's part goes; an output that names none is each host's
+    replica, which ``fun`` must compute alike). A collective over a host axis
+    raises ``UnimplementedError``: a per-host program cannot communicate
+    between hosts. Without ``per_host``, arguments on several hosts raise
+    ``UnimplementedError``.
+
     Usable as ``@colocated.jit`` and ``@colocated.jit(static_argnums=...)``.
     """
     if fun is None:
@@ -284,6 +455,7 @@ def jit(fun=None, *, static_argnums=None, donate_argnums=None, in_shardings=None
             donate_argnums=donate_argnums,
             in_shardings=in_shardings,
             out_shardings=out_shardings,
+            per_host=per_host,
         )
-    return JittedFunction(fun, static_argnums, donate_argnums, in_shardings, out_shardings)
+    return JittedFunction(fun, static_argnums, donate_argnums, in_shardings, out_shardings, per_host)
 
