@@ -48,14 +48,34 @@ def test_a_jax_array_on_the_cpu_goes_in_and_back_out_in_place():
 
 
 def test_colocated_functions_take_jax_arrays_and_may_return_them():
+    import jax as host_jax
+
     @colocated.colocated_python
     def add_one(v):
+        # JAX's arrays in: the function sees them as JAX's arrays.
+        assert isinstance(v, host_jax.Array), type(v)
         return v + 1
 
     x = jnp.arange(4, dtype=jnp.int32)
     out = add_one(x)
-    assert isinstance(out, colocated.Array)
+    # ... and the caller gets JAX's arrays back, on the same device.
+    assert isinstance(out, jax.Array) and out.devices() == x.devices()
     np.testing.assert_array_equal(np.asarray(out), [1, 2, 3, 4])
+    assert add_one.cache_info().misses == 1
+    # colocated Arrays in: the function gets colocated Arrays, a program of
+    # its own.
+    @colocated.colocated_python
+    def kinds(v):
+        return v * 0 + (2 if isinstance(v, host_jax.Array) else 1)
+
+    assert np.asarray(kinds(colocated.device_put(np.zeros(2, np.int32)))).tolist() == [1, 1]
+    assert np.asarray(kinds(jnp.zeros(2, jnp.int32))).tolist() == [2, 2]
+    assert kinds.cache_info().misses == 2
+    # Specialized with JAX's devices, a call without arguments gives JAX's arrays.
+    zeros = colocated.colocated_python(lambda: jnp.zeros(3)).specialize(devices=jax.devices("cpu")[:1])
+    made = zeros()
+    assert isinstance(made, jax.Array) and made.devices() == {jax.devices("cpu")[0]}
+    np.testing.assert_array_equal(np.asarray(made), [0, 0, 0])
 
     @colocated.colocated_python
     def doubled_by_jax(v):
@@ -151,9 +171,11 @@ def test_bad_inputs_get_typed_errors():
 
     with pytest.raises(colocated.InvalidArgumentError, match="colocated Arrays or jax.Arrays; leaf 0 is a int"):
         identity([1, 2])
-    # A device JAX does not have here: the 8th CPU device of colocated.
-    with pytest.raises(colocated.InvalidArgumentError, match="JAX has no cpu device with local hardware id 7"):
-        colocated.to_jax(colocated.device_put(np.zeros(2), colocated.devices("cpu")[7]))
+    # A device JAX does not have here: a CPU device past JAX's.
+    n = len(jax.devices("cpu"))
+    client = colocated.Client(num_cpu_devices=n + 1)
+    with pytest.raises(colocated.InvalidArgumentError, match=f"JAX has no cpu device with local hardware id {n}"):
+        colocated.to_jax(colocated.device_put(np.zeros(2), client.devices("cpu")[n]))
 
 
 def test_a_worker_s_array_goes_to_jax_with_a_device(cluster):
@@ -232,3 +254,37 @@ def test_a_jax_device_without_a_counterpart_is_refused():
     result = run_python(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"})
     assert result.returncode == 0, result.stderr
     assert "refused:" in result.stdout and "local hardware id 1" in result.stdout, result.stdout
+
+
+def test_prng_keys_travel_through_functions_on_a_worker(cluster):
+    cluster(1)
+    worker_cpu = colocated.devices("cpu")[0]
+    seeds = colocated.device_put(np.arange(3, dtype=np.uint32), worker_cpu)
+
+    @colocated.colocated_python
+    def make_keys(s):
+        import jax
+
+        return {"keys": jax.vmap(jax.random.key)(jax.numpy.asarray(np.asarray(s)))}
+
+    @colocated.colocated_python
+    def draw(keys):
+        import jax
+
+        assert jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key), keys.dtype
+        return jax.vmap(lambda k: jax.random.uniform(k, (2,)))(keys)
+
+    # The worker's keys stay there: the caller holds their data and their
+    # implementation, and hands them back to the worker as keys.
+    keys = make_keys(seeds)["keys"]
+    assert isinstance(keys, colocated.PrngKeys)
+    assert keys.data.sharding.device_set == {worker_cpu} and keys.data.shape == (3, 2)
+    assert keys.impl == jax.random.key(0).dtype._impl
+    out = draw(keys)
+    assert isinstance(out, colocated.Array) and out.sharding.device_set == {worker_cpu}
+    local_keys = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
+    expected = jax.vmap(lambda k: jax.random.uniform(k, (2,)))(local_keys)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+    # Brought here, they are JAX's keys again.
+    here = jax.random.wrap_key_data(colocated.to_jax(keys.data, device=jax.devices("cpu")[0]), impl=keys.impl)
+    assert (jax.random.key_data(here) == jax.random.key_data(local_keys)).all()

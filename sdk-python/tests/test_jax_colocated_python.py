@@ -15,8 +15,9 @@
 # Ported from JAX (jax-ml/jax, tests/colocated_python_test.py) to colocated by
 # changing the imports: `jax_shim` (beside this file) maps the parts of `jax` that
 # the tests use onto colocated and numpy. Every test and assertion is JAX's; the
-# ones that need PRNG key arrays, which colocated lacks, are skipped where they
-# are defined. At the end, `ColocatedPythonWorkerHostTest` runs the same tests
+# ones that need PRNG key arrays, which the shim lacks (JAX's `jax.random`), are
+# skipped where they are defined: `test_jax_colocated_python_with_jax.py` runs
+# them all with real JAX. At the end, `ColocatedPythonWorkerHostTest` runs the same tests
 # against a worker host (`python -m colocated.worker`).
 
 import base64
@@ -34,7 +35,7 @@ from jax_shim import test_util as jtu
 
 import colocated as colocated_python
 
-_NO_PRNG_KEYS = "PRNG key arrays (jax.random) are a JAX feature colocated does not have"
+_NO_PRNG_KEYS = "jax_shim has no jax.random; test_jax_colocated_python_with_jax.py runs this with real JAX"
 
 config.parse_flags_with_absl()
 jtu.request_cpu_devices(8)

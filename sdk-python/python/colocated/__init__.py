@@ -54,7 +54,7 @@ from ._errors import (
     UnimplementedError,
 )
 from ._host_callback import HostCallback, host_callback
-from ._jax import from_jax, to_jax
+from ._jax import PrngKeys, from_jax, to_jax
 from ._jit import JittedFunction, jit
 from ._sharding import (
     AxisType,
@@ -91,6 +91,7 @@ __all__ = [
     "P",
     "PartitionSpec",
     "PermissionDeniedError",
+    "PrngKeys",
     "RemoteError",
     "ResourceExhaustedError",
     "ShapeDtypeStruct",

@@ -41,7 +41,17 @@ from ._array import clear_caches as _array_clear_caches
 from ._dtypes import core_name
 from ._errors import InvalidArgumentError
 from ._host_callback import _dumps_with_callbacks
-from ._jax import from_jax, is_jax_array, is_jax_spec, spec_of_jax
+from ._jax import (
+    PrngKeys,
+    device_of,
+    from_jax,
+    is_jax_array,
+    is_jax_devices,
+    is_jax_spec,
+    is_prng_key,
+    spec_of_jax,
+    to_jax,
+)
 from ._sharding import ShapeDtypeStruct, _sharding_from_core
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
@@ -64,6 +74,18 @@ NAMESPACE = "colocated"
 
 def _flatten(tree):
     return optree.tree_flatten(tree, none_is_leaf=False, namespace=NAMESPACE)
+
+
+optree.register_pytree_node(PrngKeys, PrngKeys.flatten, PrngKeys.unflatten, namespace=NAMESPACE)
+
+
+def _flatten_keys(tree, leaves: list, treedef) -> tuple[list, object]:
+    """``tree``'s leaves and structure (``_flatten``'s ``leaves`` and
+    ``treedef``), with each array of JAX PRNG keys a ``PrngKeys`` node whose
+    leaf is its key data."""
+    if not any(map(is_prng_key, leaves)):
+        return leaves, treedef
+    return _flatten(optree.tree_map(lambda x: PrngKeys.of(x) if is_prng_key(x) else x, tree, none_is_leaf=False, namespace=NAMESPACE))
 
 
 #: High bits of the tree key of a flat call: ``n`` positional arrays, no keywords
@@ -100,6 +122,17 @@ def _tree_key(treedef) -> tuple[int, int | None]:
     if key is None:
         key = _TREE_IDS.setdefault(treedef, next(_NEXT_TREE_ID))
     return key, None
+
+
+def _jax_tree_key(treedef, jax_leaves: tuple[bool, ...]) -> int:
+    """The tree key of a call with ``jax.Array`` leaves (``jax_leaves``): an id
+    of its own, since its program hands the function those leaves as
+    ``jax.Array``s."""
+    key = ("jax", treedef, jax_leaves)
+    tree = _TREE_IDS.get(key)
+    if tree is None:
+        tree = _TREE_IDS.setdefault(key, next(_NEXT_TREE_ID))
+    return tree
 
 
 def _is_leaf(treedef) -> bool:
@@ -147,14 +180,19 @@ class _HostCall:
     """What runs on each host: unflattens the arguments, calls the function, and
     flattens the outputs (or, when discovering, parks them for the controller)."""
 
-    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, local=False) -> None:
+    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, local=False, jax_leaves=None) -> None:
         self.fn = fn
+        # The arguments the caller gave as jax.Arrays, which the function gets
+        # as jax.Arrays too (None: none).
+        self.jax_leaves = jax_leaves
         # Handed to the local host by reference: a discovery run keeps its
         # result here for the controller (the same process) instead of pickling.
         self.local = local
         self.discovered = None
         self.in_treedef = in_treedef
-        self.flat = _flat_arity(in_treedef) is not None
+        # (The native executor's fast path, which hands the function
+        # colocated Arrays, takes flat calls without jax.Arrays.)
+        self.flat = _flat_arity(in_treedef) is not None and jax_leaves is None
         # The callers' sharding objects: the function sees its inputs as it was
         # given them (`x.sharding == y.sharding` holds across the call).
         self.in_shardings = in_shardings
@@ -166,6 +204,8 @@ class _HostCall:
         # (The native executor runs flat programs with one output itself: it calls
         # `fn` and takes `outputs` only for a result that is not one Array.)
         leaves = list(map(_wrap, impls, self.in_shardings))
+        if self.jax_leaves is not None:
+            leaves = [to_jax(leaf) if j else leaf for leaf, j in zip(leaves, self.jax_leaves, strict=True)]
         if self.flat:
             out = self.fn(*leaves)
         else:
@@ -181,6 +221,7 @@ class _HostCall:
             # One array out, as the specs say (the runtime checks its spec).
             return [out._impl]
         leaves, treedef = _flatten(out)
+        leaves, treedef = _flatten_keys(out, leaves, treedef)
         leaves = _check_arrays(leaves, "function outputs")
         if self.out_treedef is None:
             if self.local:
@@ -210,6 +251,7 @@ class _Site:
         "_declared_shardings",
         "declared_treedef",
         "function",
+        "jax_leaves",
         "leaves",
         "local_keys",
         "portable",
@@ -217,8 +259,12 @@ class _Site:
         "treedef",
     )
 
-    def __init__(self, function: ColocatedFunction, treedef, leaves: list, portable: bool = False) -> None:
+    def __init__(
+        self, function: ColocatedFunction, treedef, leaves: list, portable: bool = False, jax_leaves=None
+    ) -> None:
         self.function = function
+        # Which arguments were jax.Arrays (None: none).
+        self.jax_leaves = jax_leaves
         # A program compiled ahead to be serialized: its payload travels by
         # value even for the controller's own host.
         self.portable = portable
@@ -287,7 +333,9 @@ class _Site:
         fn = self.function._fn
         remote = remote or self.portable
         in_shardings = [None] * len(self.leaves) if remote else [leaf.sharding for leaf in self.leaves]
-        host_call = _HostCall(fn, self.treedef, in_shardings, self._out_treedef(structure), local=not remote)
+        host_call = _HostCall(
+            fn, self.treedef, in_shardings, self._out_treedef(structure), local=not remote, jax_leaves=self.jax_leaves
+        )
         if remote:
             return _dumps_with_callbacks(host_call)
         if structure is None:
@@ -330,6 +378,10 @@ class ColocatedFunction(_colocated.FunctionBase):
         self._fn = fn
         self._in_specs = in_specs
         self._out_specs_fn = out_specs_fn
+        # Specialized with JAX's devices: the results are jax.Arrays.
+        self._jax_devices = devices is not None and is_jax_devices(list(devices))
+        if self._jax_devices:
+            devices = [device_of(d) for d in devices]
         self._devices = None if devices is None else list(devices)
         self._state = self._new_state()
         functools.update_wrapper(self, fn)
@@ -383,20 +435,33 @@ class ColocatedFunction(_colocated.FunctionBase):
             # runtime (and its locks may be held): start over with the child's.
             self._state = self._new_state()
         leaves, treedef = _flatten((args, kwargs))
+        jax_leaves = tuple(map(is_jax_array, leaves))
+        if any(jax_leaves):
+            leaves, treedef = _flatten_keys((args, kwargs), leaves, treedef)
+            jax_leaves = tuple(map(is_jax_array, leaves))
         leaves = _check_arrays(leaves, "function arguments")
         impls = [leaf._impl for leaf in leaves]
-        tree, _flat = _tree_key(treedef)
-        site = _Site(self, treedef, leaves)
+        if any(jax_leaves):
+            # jax.Arrays in: the function sees them as jax.Arrays, and the
+            # results are jax.Arrays.
+            tree = _jax_tree_key(treedef, jax_leaves)
+            site = _Site(self, treedef, leaves, jax_leaves=jax_leaves)
+        else:
+            tree, _flat = _tree_key(treedef)
+            site = _Site(self, treedef, leaves)
         # The objects the call uses: it is a method of `obj`, and objects among
         # its arguments are built (or used) on its hosts too.
         objects = [] if obj is None else [obj]
         if _OBJECT_HANDLES:
             objects += _argument_objects(args, kwargs)
         try:
-            return self._state.call_general(tree, impls, site, objects)
+            result, event = self._state.call_general(tree, impls, site, objects)
         finally:
             for key in site.local_keys:
                 _LOCAL_PROGRAMS.pop(key, None)
+        if site.jax_leaves is not None or self._jax_devices:
+            result = _to_jax_outputs(result)
+        return result, event
 
     def compile(self, *args, **kwargs):
         """Compiles the program for arguments of these specs (``ShapeDtypeStruct``
@@ -423,6 +488,18 @@ class ColocatedFunction(_colocated.FunctionBase):
 
     def __repr__(self) -> str:
         return f"colocated_python({getattr(self._fn, '__qualname__', self._fn)!r})"
+
+
+def _to_jax_outputs(result):
+    """A call's result with each Array of this process as a ``jax.Array``
+    (``to_jax``, which waits for it); an Array of a worker stays as it is."""
+
+    def convert(leaf):
+        if isinstance(leaf, Array) and all(d.process_index == 0 for d in leaf.sharding.device_set):
+            return to_jax(leaf)
+        return leaf
+
+    return optree.tree_map(convert, result, none_is_leaf=False, namespace=NAMESPACE)
 
 
 #: How to find the handle of a colocated object among a call's arguments, by

@@ -31,6 +31,50 @@ def is_jax_array(x) -> bool:
     return jax is not None and isinstance(x, jax.Array)
 
 
+def is_prng_key(x) -> bool:
+    """Whether ``x`` is a ``jax.Array`` of PRNG keys (an extended dtype)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+class PrngKeys:
+    """An array of JAX PRNG keys crossing a colocated call, as a tree node:
+    its key data (``jax.random.key_data``, an unsigned integer array that
+    travels as any array) and its implementation (the node's metadata, in
+    the call's tree structure). ``colocated`` turns it back into keys
+    (``jax.random.wrap_key_data``) wherever the tree is rebuilt with arrays:
+    for the function on its host and for the caller. A tree of specs keeps
+    the node, with the data's spec."""
+
+    __slots__ = ("data", "impl")
+
+    def __init__(self, data, impl) -> None:
+        self.data = data
+        self.impl = impl
+
+    def __repr__(self) -> str:
+        return f"PrngKeys({self.data!r}, impl={self.impl!r})"
+
+    @staticmethod
+    def of(key) -> PrngKeys:
+        jax = sys.modules["jax"]
+        return PrngKeys(jax.random.key_data(key), key.dtype._impl)
+
+    def flatten(self):
+        return (self.data,), self.impl
+
+    @staticmethod
+    def unflatten(impl, children):
+        """Keys from a ``jax.Array`` or an Array of this process (a worker's
+        Array, or a spec, stays a node: it goes back to the worker as it is)."""
+        (data,) = children
+        local = isinstance(data, Array) and all(_is_local(d) for d in data.sharding.device_set)
+        if is_jax_array(data) or local:
+            jax = _import_jax()
+            return jax.random.wrap_key_data(to_jax(data) if local else data, impl=impl)
+        return PrngKeys(data, impl)
+
+
 def _import_jax():
     try:
         import jax
