@@ -158,6 +158,105 @@ fn host_buffer_semantics_all_give_the_data() {
 }
 
 #[test]
+fn a_view_of_device_memory_reads_it_in_place_and_lets_go_when_done() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let Some(client) = pjrt_client(1, 1) else {
+        return;
+    };
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    // XLA's CPU plugin's device memory is this process's: 64-byte aligned
+    // memory stands in for another client's allocation.
+    let mut storage = vec![0u64; 24];
+    let offset = storage.as_ptr().align_offset(64);
+    let data = storage[offset..].as_mut_ptr().cast::<u8>();
+    let bytes = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+    // SAFETY: 16 bytes fit in what follows `offset`.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, 16) };
+    let released = Arc::new(AtomicUsize::new(0));
+    let on_delete = |count: &Arc<AtomicUsize>| -> Box<dyn FnOnce() + Send> {
+        let count = count.clone();
+        Box::new(move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    // SAFETY: `storage` outlives the view (waited for below).
+    let view = unsafe {
+        Buffer::view_of_device_memory(
+            &client,
+            data,
+            16,
+            DType::F32,
+            &[4],
+            &device,
+            None,
+            on_delete(&released),
+        )
+    }
+    .unwrap();
+    let spec =
+        ArraySpec::new(vec![4], DType::F32, Sharding::single_device(device.clone())).unwrap();
+    let x = Array::assemble(spec, vec![view]).unwrap();
+    // An XLA program reads it where it is.
+    let exe = client
+        .compile_stablehlo(ADD_ONE_4.as_bytes(), std::slice::from_ref(&device))
+        .unwrap();
+    let run = exe
+        .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+        .unwrap();
+    assert_eq!(
+        f32s(&run.outputs[0].to_host_bytes().unwrap()),
+        [2.0, 3.0, 4.0, 5.0]
+    );
+    run.status.wait().unwrap();
+    // SAFETY: nothing reads the memory concurrently.
+    unsafe { *data.cast::<f32>() = 10.0 };
+    assert_eq!(f32s(&x.to_host_bytes().unwrap())[0], 10.0);
+    assert_eq!(released.load(Ordering::SeqCst), 0);
+    drop((x, run, exe));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while released.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(released.load(Ordering::SeqCst), 1);
+    // Refused, the callback run: a CPU device, a size that is not the shape's.
+    let cpu = client.backend_devices(Some("cpu")).unwrap()[0].clone();
+    for (device, len, want) in [
+        (&cpu, 16, "not a PJRT plugin's device"),
+        (&device, 12, "needs 16"),
+    ] {
+        // SAFETY: refused without reading.
+        let err = unsafe {
+            Buffer::view_of_device_memory(
+                &client,
+                data,
+                len,
+                DType::F32,
+                &[4],
+                device,
+                None,
+                on_delete(&released),
+            )
+        }
+        .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument);
+        assert!(err.message().contains(want), "{err}");
+    }
+    assert_eq!(released.load(Ordering::SeqCst), 3);
+    drop(storage);
+}
+
+const ADD_ONE_4: &str = r#"
+module @jit_add_one {
+  func.func public @main(%arg0: tensor<4xf32>) -> (tensor<4xf32>) {
+    %c = stablehlo.constant dense<1.0> : tensor<4xf32>
+    %0 = stablehlo.add %arg0, %c : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}
+"#;
+
+#[test]
 fn copies_between_plugin_and_cpu_devices_keep_the_data() {
     let Some(client) = pjrt_client(1, 2) else {
         return;

@@ -133,6 +133,84 @@ impl Client {
         Ok((buffer, done))
     }
 
+    /// A buffer of this client that views `len` bytes at `data` in
+    /// `memory` without owning them (`PJRT_Client_CreateViewOfDeviceBuffer`),
+    /// dense and row-major: memory another library allocated on the device
+    /// (another client of the same plugin in this process, through DLPack).
+    /// `on_delete` runs once the plugin is done with the memory (the buffer
+    /// and every use of it gone), on whatever thread that happens; it runs
+    /// before this returns when the plugin refuses the view.
+    ///
+    /// Errors: `invalid_argument` when `len` is not the size `element_type`
+    /// and `dims` give, or `memory` is not one of this client's;
+    /// `unimplemented` when the plugin has no views; the plugin's errors
+    /// otherwise.
+    ///
+    /// # Safety
+    /// `data` points to `len` bytes of `memory` as this plugin addresses
+    /// them, ready (no write to them pending), that stay valid and
+    /// unchanged until `on_delete` runs.
+    pub unsafe fn view_of_device_buffer(
+        &self,
+        data: *mut u8,
+        len: usize,
+        element_type: ElementType,
+        dims: &[i64],
+        memory: &Memory,
+        on_delete: Box<dyn FnOnce() + Send>,
+    ) -> Result<Buffer> {
+        let expected = byte_size(element_type, dims)?;
+        if len != expected {
+            on_delete();
+            return Err(Error::invalid_argument(format!(
+                "{len} bytes for {element_type:?}{dims:?}, which takes {expected}"
+            )));
+        }
+        if let Err(e) = self.check_memory(memory) {
+            on_delete();
+            return Err(e);
+        }
+        unsafe extern "C" fn deleted(_data: *mut std::ffi::c_void, arg: *mut std::ffi::c_void) {
+            // SAFETY: `arg` is the box leaked below, handed back once.
+            let callback = unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) };
+            // A panic must not unwind into the plugin.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(callback));
+        }
+        let arg = Box::into_raw(Box::new(on_delete));
+        let mut a = new_args!(
+            PJRT_Client_CreateViewOfDeviceBuffer_Args,
+            PJRT_Client_CreateViewOfDeviceBuffer_Args_STRUCT_SIZE
+        );
+        a.client = self.0.raw;
+        a.device_buffer_ptr = if len == 0 {
+            std::ptr::NonNull::<u64>::dangling().as_ptr().cast()
+        } else {
+            data.cast()
+        };
+        a.dims = dims.as_ptr();
+        a.num_dims = dims.len();
+        a.element_type = element_type.to_pjrt();
+        a.on_delete_callback = Some(deleted);
+        a.on_delete_callback_arg = arg.cast();
+        a.memory = memory.raw;
+        let result = call!(
+            self.0.plugin.api(),
+            PJRT_Client_CreateViewOfDeviceBuffer,
+            &mut a
+        );
+        match result.and_then(|()| self.adopt(a.buffer, element_type, dims)) {
+            Ok(buffer) => Ok(buffer),
+            Err(e) => {
+                if a.buffer.is_null() {
+                    // SAFETY: no buffer holds the callback: it is still ours.
+                    let on_delete = unsafe { Box::from_raw(arg) };
+                    on_delete();
+                }
+                Err(e)
+            }
+        }
+    }
+
     fn check_memory(&self, memory: &Memory) -> Result<()> {
         let ours = self
             .devices()

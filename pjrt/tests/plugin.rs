@@ -431,3 +431,91 @@ fn bad_input_gets_typed_errors() {
         Code::InvalidArgument
     );
 }
+
+#[test]
+fn a_view_of_memory_reads_it_in_place_and_releases_it_when_done() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let Some(client) = client(1) else { return };
+    let memory = client.devices()[0].default_memory().unwrap().clone();
+    // 64-byte aligned memory, as XLA's CPU plugin wants of what it views.
+    let mut storage = vec![0u64; 8 * 3];
+    let offset = storage.as_ptr().align_offset(64);
+    let words = &mut storage[offset..offset + 8];
+    let data = words.as_mut_ptr().cast::<u8>();
+    let values: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    // SAFETY: 64 bytes of `words` take the 16 floats.
+    unsafe { std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), data, 64) };
+    let released = Arc::new(AtomicUsize::new(0));
+    let counter = released.clone();
+    // SAFETY: `storage` outlives the view (the test waits for `released`).
+    let view = unsafe {
+        client.view_of_device_buffer(
+            data,
+            64,
+            ElementType::F32,
+            &[4, 4],
+            &memory,
+            Box::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+    }
+    .unwrap();
+    assert_eq!(get(&view), f32_bytes(&values));
+    // In place: a write to the memory shows through the view.
+    // SAFETY: the view reads nothing concurrently.
+    unsafe { *data.cast::<f32>() = 42.0 };
+    assert_eq!(&get(&view)[..4], &42f32.to_le_bytes());
+    assert_eq!(released.load(Ordering::SeqCst), 0);
+    drop(view);
+    // The plugin lets go once its last use of the memory is over (possibly
+    // on its own thread).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while released.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(released.load(Ordering::SeqCst), 1);
+
+    // A size that is not the shape's, or a memory of another client: refused
+    // before the plugin sees them, the callback run.
+    let counter = released.clone();
+    // SAFETY: refused without reading.
+    let err = unsafe {
+        client.view_of_device_buffer(
+            data,
+            60,
+            ElementType::F32,
+            &[4, 4],
+            &memory,
+            Box::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+    }
+    .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(released.load(Ordering::SeqCst), 2);
+    let Some(other) = common::client(1) else {
+        return;
+    };
+    let foreign = other.devices()[0].default_memory().unwrap().clone();
+    let counter = released.clone();
+    // SAFETY: refused without reading.
+    let err = unsafe {
+        client.view_of_device_buffer(
+            data,
+            64,
+            ElementType::F32,
+            &[4, 4],
+            &foreign,
+            Box::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+    }
+    .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(released.load(Ordering::SeqCst), 3);
+    drop(storage);
+}

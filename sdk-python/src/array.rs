@@ -443,6 +443,59 @@ impl ArrayImpl {
         Ok(ArrayImpl::wrap(client.clone(), array))
     }
 
+    /// An array of one buffer on a PJRT plugin's device that views the
+    /// device memory behind `capsule` (a DLPack capsule of another library's
+    /// array on the same device, `x.__dlpack__()` of a ready `jax.Array`)
+    /// without a copy, keeping the capsule (which keeps the memory) until
+    /// the plugin lets go of it. Checked first: the capsule's device,
+    /// dtype, shape and dense row-major layout must be the array's.
+    #[staticmethod]
+    fn from_device_dlpack(
+        sharding: PyRef<'_, Sharding>,
+        dtype: &str,
+        shape: Vec<i64>,
+        capsule: Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let (client, core_sharding) = sharding.get()?;
+        let dtype_ = dtype_from_name(dtype)?;
+        let [device] = core_sharding.devices() else {
+            return Err(PyValueError::new_err(
+                "a view of device memory is of one device",
+            ));
+        };
+        let spec = core::ArraySpec::new(shape, dtype_, core_sharding.clone()).map_err(py_err)?;
+        let id = i32::try_from(device.local_hardware_id()).map_err(|_| {
+            PyValueError::new_err("the device's local hardware id is out of DLPack's range")
+        })?;
+        let data =
+            crate::dlpack::device_data(&capsule, dtype_, &spec.shape, device.platform(), id)?;
+        let len = spec
+            .shape
+            .iter()
+            .try_fold(dtype_.byte_size().unwrap_or(0), |n, &d| {
+                n.checked_mul(usize::try_from(d).ok()?)
+            })
+            .ok_or_else(|| PyValueError::new_err("the array's size is out of range"))?;
+        let owner = capsule.unbind();
+        // SAFETY: the capsule keeps the memory (checked to be this device's,
+        // of this spec) until the plugin lets go and `owner` is dropped.
+        let buffer = unsafe {
+            core::Buffer::view_of_device_memory(
+                client,
+                data,
+                len,
+                dtype_,
+                &spec.shape,
+                device,
+                None,
+                Box::new(move || drop(owner)),
+            )
+        }
+        .map_err(py_err)?;
+        let array = core::Array::assemble(spec, vec![buffer]).map_err(py_err)?;
+        Ok(ArrayImpl::wrap(client.clone(), array))
+    }
+
     /// Like `from_host_bytes`, from a `bytes` object (for small values, where
     /// reading a numpy array's address costs more than copying it).
     #[staticmethod]
@@ -838,6 +891,34 @@ impl ArrayImpl {
         Ok(Some(HostView {
             pin: ForkSafe::new(pin),
         }))
+    }
+
+    /// A DLPack capsule of shard `i`'s device memory on a GPU plugin's
+    /// device (pinned until its consumer is done with it), for another
+    /// library in this process to read in place (`jax.dlpack.from_dlpack`).
+    /// Waits (without the GIL) for the shard. `None` when the plugin keeps
+    /// it in a layout of its own.
+    fn device_dlpack<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let buffer = self.buffer(i)?;
+        let pin = py
+            .detach(|| buffer.acquire_external_reference())
+            .map_err(py_err)?;
+        if !buffer.is_dense_row_major().unwrap_or(false) {
+            return Ok(None);
+        }
+        let device = buffer.device();
+        let id = i32::try_from(device.local_hardware_id()).map_err(|_| {
+            PyValueError::new_err("the device's local hardware id is out of DLPack's range")
+        })?;
+        crate::dlpack::export(
+            py,
+            pin,
+            buffer.dtype(),
+            buffer.dims(),
+            device.platform(),
+            id,
+        )
+        .map(Some)
     }
 
     /// Shard `i`'s bytes, copied (cheaper than a pinned view for small shards).

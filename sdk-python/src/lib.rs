@@ -9,6 +9,7 @@
 
 mod array;
 mod client;
+mod dlpack;
 mod errors;
 mod event;
 mod executor;

@@ -536,7 +536,7 @@ def test_jit_per_host_errors_say_what_a_per_host_program_cannot_do(two_plugin_ho
         with pytest.raises(colocated.InvalidArgumentError, match="one block of devices per host"):
             colocated.jit(lambda a: a + 1, per_host=True)(y)
     # out_shardings over another mesh.
-    other = colocated.NamedSharding(colocated.Mesh(mesh.devices[:, :1], ("hosts", "x")), colocated.P())
+    other = colocated.NamedSharding(colocated.Mesh(mesh.devices, ("hosts", "y")), colocated.P())
     with pytest.raises(colocated.InvalidArgumentError, match="NamedSharding of the arguments' mesh"):
         colocated.jit(lambda a: a, per_host=True, out_shardings=other)(x)
 

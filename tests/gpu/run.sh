@@ -5,7 +5,8 @@
 # Python SDK's release wheel, the wheels it needs beyond JAX's, the release
 # benchmark binary), finds xla_cuda_plugin.so itself, and runs:
 #
-#   1. sdk-python/tests/test_pjrt.py on the GPU's devices (COLOCATED_TEST_PJRT=cuda);
+#   1. sdk-python/tests/test_pjrt.py on the GPU's devices (COLOCATED_TEST_PJRT=cuda),
+#      and test_jax_gpu.py (jax.Arrays on the GPU in and out, JAX on the GPU too);
 #   2. the XLA benchmark (core/benches/pjrt.rs) on the GPU, beside the raw PJRT C API;
 #   3. sdk-python/bench/bench_xla.py: colocated.jit on the GPU beside jax.jit on
 #      JAX's own client of it, and the step on a worker's GPU beside TCP.
@@ -84,6 +85,9 @@ export JAX_PLATFORMS=cpu
 echo "== device tests (sdk-python/tests/test_pjrt.py on $PLUGIN)"
 cd sdk-python/tests
 timeout 180 "$PYTHON" -m pytest -q -rs -p no:cacheprovider test_pjrt.py
+echo "== jax.Array <-> colocated on the GPU (sdk-python/tests/test_jax_gpu.py; JAX on the GPU too)"
+JAX_PLATFORMS="$PLATFORM,cpu" XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  timeout 120 "$PYTHON" -m pytest -q -rs -p no:cacheprovider test_jax_gpu.py
 cd ../..
 
 echo "== benchmark (core/benches/pjrt.rs)"

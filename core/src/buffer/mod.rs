@@ -368,6 +368,73 @@ impl Buffer {
         )
     }
 
+    /// A buffer on a PJRT plugin's `device` that views `len` bytes of
+    /// device memory at `data` without owning or copying them: memory that
+    /// another client of a plugin in this process allocated on the same
+    /// device (a `jax.Array`'s, through DLPack), dense and row-major.
+    /// `on_delete` runs once the plugin is done with the memory (this buffer
+    /// and every use of it gone), on whatever thread that happens, or
+    /// before this returns an error.
+    ///
+    /// Errors: `invalid_argument` for a device that is not a plugin's, a
+    /// string dtype, or `len` that is not the size of `dtype` and `dims`;
+    /// `unimplemented` when the plugin has no views; the plugin's errors
+    /// (a misaligned address, say).
+    ///
+    /// # Safety
+    /// `data` points to `len` bytes of the device's memory (`memory_space`,
+    /// default: its default memory) as its plugin addresses them, with no
+    /// write to them pending, that stay valid and unchanged until
+    /// `on_delete` runs.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn view_of_device_memory(
+        client: &Client,
+        data: *mut u8,
+        len: usize,
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+        memory_space: Option<&MemorySpace>,
+        on_delete: Box<dyn FnOnce() + Send>,
+    ) -> Result<Buffer> {
+        let checked = (|| {
+            let Some(pjrt) = &device.0.pjrt else {
+                return Err(Error::invalid_argument(format!(
+                    "device {} is not a PJRT plugin's device: only a plugin's device views device memory",
+                    device.id()
+                )));
+            };
+            if dtype == DType::String {
+                return Err(Error::invalid_argument(
+                    "a view of device memory cannot hold strings",
+                ));
+            }
+            let expected = checked_byte_size(dtype, dims)?;
+            if len != expected {
+                return Err(Error::invalid_argument(format!(
+                    "the view is {len} bytes but {}{dims:?} needs {expected}",
+                    dtype.name()
+                )));
+            }
+            Ok((pjrt, placement(client, device, memory_space)?))
+        })();
+        let (pjrt, memory_space) = match checked {
+            Ok(checked) => checked,
+            Err(e) => {
+                on_delete();
+                return Err(e);
+            }
+        };
+        let buffer = Buffer::pending(client, device, memory_space, dtype, dims);
+        match on_plugin::view(pjrt, &buffer, data, len, on_delete) {
+            Ok(()) => Ok(buffer),
+            Err(e) => {
+                buffer.finish(Err(e.clone()));
+                Err(e)
+            }
+        }
+    }
+
     /// [`from_host_raw`](Self::from_host_raw), with `progress` of a copy to
     /// a worker.
     ///

@@ -48,6 +48,38 @@ unsafe fn upload(
         .map_err(to_error)
 }
 
+/// Fills `dst` with a view of the `len` bytes at `data` in its memory (see
+/// [`Buffer::view_of_device_memory`]); `on_delete` runs when the plugin lets
+/// go of them, or before this returns an error.
+///
+/// # Safety
+/// As [`Buffer::view_of_device_memory`].
+pub(super) unsafe fn view(
+    device: &PjrtDevice,
+    dst: &Buffer,
+    data: *mut u8,
+    len: usize,
+    on_delete: Box<dyn FnOnce() + Send>,
+) -> Result<()> {
+    let (memory, element_type) = match device
+        .memory_for(dst.memory_space().id())
+        .and_then(|m| Ok((m, element_type(dst.dtype())?)))
+    {
+        Ok(found) => found,
+        Err(e) => {
+            on_delete();
+            return Err(e);
+        }
+    };
+    let buffer = device
+        .backend()
+        .client()
+        .view_of_device_buffer(data, len, element_type, dst.dims(), memory, on_delete)
+        .map_err(to_error)?;
+    finish_with(device, dst, buffer);
+    Ok(())
+}
+
 fn finish_with(device: &PjrtDevice, dst: &Buffer, buffer: pjrt::Buffer) {
     dst.finish(Ok(Arc::new(Storage::Device(DeviceData::new(
         buffer,

@@ -21,7 +21,7 @@ from . import _colocated
 from ._array import Array, _host_value, _wrap, device_put
 from ._client import client as _client_default
 from ._dtypes import STRING, core_name
-from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._errors import ColocatedError, FailedPreconditionError, InvalidArgumentError
 from ._sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 
@@ -224,12 +224,56 @@ def has_equivalent(jax_sharding) -> bool:
     return isinstance(jax_sharding, jax.sharding.SingleDeviceSharding | jax.sharding.NamedSharding)
 
 
+#: Platforms whose devices' memory another client of this process can
+#: address (a GPU plugin's), which DLPack names.
+_DLPACK_PLATFORMS = ("cuda", "rocm")
+
+
+def _device_view(x, sharding) -> Array | None:
+    """``x``, a ``jax.Array`` on one GPU, as an Array of the corresponding
+    plugin device that views JAX's device memory (through DLPack: JAX's
+    capsule keeps the memory while the runtime uses it), or None where the
+    plugin cannot view it."""
+    x.block_until_ready()
+    try:
+        impl = _colocated.ArrayImpl.from_device_dlpack(
+            sharding._core_sharding(), core_name(np.dtype(x.dtype)), list(x.shape), x.__dlpack__()
+        )
+    except (ValueError, ColocatedError):
+        return None
+    return _wrap(impl, sharding)
+
+
+class _DeviceCapsule:
+    """A DLPack producer of one capsule of the runtime's device memory, for
+    ``jax.dlpack.from_dlpack``."""
+
+    def __init__(self, capsule, device) -> None:
+        self._capsule = capsule
+        self._device = (2 if device.platform == "cuda" else 10, device.local_hardware_id)
+
+    def __dlpack__(self, **_kwargs):
+        # The shard was ready when the capsule was made: no stream to order.
+        capsule, self._capsule = self._capsule, None
+        return capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
 def from_jax(x, client: _colocated.Client | None = None) -> Array:
     """A ``jax.Array`` of this process as an ``Array`` of the corresponding
     devices and sharding: reading JAX's buffer in place for an array on one
-    CPU device (the ``jax.Array`` stays alive while the runtime reads it), else
-    one copy of the data."""
+    CPU device (the ``jax.Array`` stays alive while the runtime reads it) or
+    on one GPU (JAX's device memory, through DLPack, where the runtime's
+    plugin can view it), else one copy of the data."""
     sharding = sharding_of(x.sharding, client)
+    if len(sharding.device_set) == 1:
+        (device,) = sharding.device_set
+        if device.platform in _DLPACK_PLATFORMS and sharding.memory_kind in (None, "device"):
+            view = _device_view(x, sharding)
+            if view is not None:
+                return view
     value = _host_value(x)
     if len(sharding.device_set) != 1 or value.dtype == STRING or not value.flags.c_contiguous:
         return device_put(value, sharding)
@@ -272,7 +316,14 @@ def to_jax(x: Array, device=None):
     sharding = x.sharding
     if isinstance(sharding, SingleDeviceSharding) or len(sharding.device_set) == 1:
         (ours,) = sharding.device_set
-        return jax.device_put(x._value(), jax_device_of(ours))
+        target = jax_device_of(ours)
+        if ours.platform in _DLPACK_PLATFORMS and sharding.memory_kind in (None, "device"):
+            # JAX reads the plugin's device memory in place (pinned until
+            # JAX's array is gone).
+            capsule = x._impl.device_dlpack(0)
+            if capsule is not None:
+                return jax.dlpack.from_dlpack(_DeviceCapsule(capsule, ours))
+        return jax.device_put(x._value(), target)
     if isinstance(sharding, NamedSharding):
         mesh = sharding.mesh
         devices = np.vectorize(jax_device_of, otypes=[object])(mesh.devices)
