@@ -656,3 +656,67 @@ impl Executable {
         Ok((outputs, run.status))
     }
 }
+
+/// Core's cache of one program per call spec ([`core::SpecCache`]) for a
+/// program that the SDK makes itself (`colocated.jit`'s): the spec is a tree
+/// key (the SDK's id of what else the program depends on) and the input
+/// arrays' specs, compared as colocated functions' are.
+#[pyclass(module = "colocated._colocated", frozen)]
+pub struct ProgramCache {
+    cache: core::SpecCache<std::sync::Arc<Py<PyAny>>>,
+}
+
+fn call_spec(tree: u64, arrays: &[PyRef<'_, ArrayImpl>]) -> PyResult<core::CallSpec> {
+    Ok(core::CallSpec {
+        tree,
+        leaves: arrays
+            .iter()
+            .map(|a| a.array().map(|a| a.spec().clone()))
+            .collect::<PyResult<_>>()?,
+    })
+}
+
+#[pymethods]
+impl ProgramCache {
+    #[new]
+    fn new() -> Self {
+        ProgramCache {
+            cache: core::SpecCache::default(),
+        }
+    }
+
+    /// The program for `tree` and the specs of `arrays`, or None (a hit or
+    /// a miss, counted).
+    fn get(
+        &self,
+        py: Python<'_>,
+        tree: u64,
+        arrays: Vec<PyRef<'_, ArrayImpl>>,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let spec = call_spec(tree, &arrays)?;
+        Ok(self.cache.get(&spec).map(|v| v.clone_ref(py)))
+    }
+
+    /// Keeps `program` for `tree` and the specs of `arrays`.
+    fn insert(
+        &self,
+        tree: u64,
+        arrays: Vec<PyRef<'_, ArrayImpl>>,
+        program: Py<PyAny>,
+    ) -> PyResult<()> {
+        let spec = call_spec(tree, &arrays)?;
+        self.cache.insert(&spec, std::sync::Arc::new(program));
+        Ok(())
+    }
+
+    /// `(hits, misses, size)`.
+    fn info(&self) -> (u64, u64, usize) {
+        let info = self.cache.info();
+        (info.hits, info.misses, info.currsize)
+    }
+
+    /// Drops every program and resets the counts.
+    fn clear(&self) {
+        self.cache.clear();
+    }
+}

@@ -48,6 +48,7 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<function::FunctionBase>()?;
     m.add_class::<function::Executable>()?;
     m.add_class::<function::ColocatedObject>()?;
+    m.add_class::<function::ProgramCache>()?;
     m.add_function(wrap_pyfunction!(fork::after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(executor::call_host_callback, m)?)?;
     m.add_function(wrap_pyfunction!(executor::current_session, m)?)?;

@@ -195,6 +195,11 @@ def test_jit_traces_with_jax_and_runs_on_the_arguments_devices(client):
         scale(x, [1])
     rows = colocated.jit(lambda a, n: a.reshape(n, -1), static_argnums=-1)
     assert rows(x, 2).shape == (2, 4)
+    # clear_caches() reaches jitted functions too: the next call compiles.
+    colocated.clear_caches()
+    assert step.cache_info() == (0, 0, 0)
+    np.testing.assert_allclose(np.asarray(step(x, x)["mean"]), 3.5)
+    assert step.cache_info() == (0, 1, 1)
 
 
 def test_jit_types_and_places_values_as_jax_jit_does(client):

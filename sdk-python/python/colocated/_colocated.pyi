@@ -272,6 +272,12 @@ class ArrayImpl:
         (a CPU device of this process), keeping ``owner`` until it lets go of them;
         copied for any other device, and like ``from_host_bytes`` for several."""
     @staticmethod
+    def from_device_dlpack(sharding: Sharding, dtype: str, shape: list[int], capsule: object) -> ArrayImpl:
+        """An array of one buffer on a GPU plugin's device that views the device
+        memory behind a DLPack capsule of another library's array on that device
+        (checked: device, dtype, shape, dense row-major), keeping the capsule
+        until the plugin lets go of it."""
+    @staticmethod
     def from_bytes(
         sharding: Sharding, dtype: str, shape: list[int], data: bytes, memory_kind: str | None = None
     ) -> ArrayImpl:
@@ -308,6 +314,10 @@ class ArrayImpl:
         shard by shard host to host when each shard keeps its index, else
         gathered and put again in the background (either way at once, ready
         later); and the bytes that crossed hosts so far."""
+    def device_dlpack(self, i: int) -> object | None:
+        """A DLPack capsule of shard ``i``'s device memory on a GPU plugin's
+        device, pinned until its consumer is done; None for a plugin layout
+        that is not dense row-major. Waits without the GIL."""
     def shard_bytes(self, i: int) -> bytes:
         """Shard ``i``'s bytes, copied; waits without the GIL."""
     @property
@@ -387,6 +397,20 @@ class FunctionState:
         """Compiles the program for the call spec ahead of a call, with declared outputs."""
     def cache_info(self) -> tuple[int, int, int]: ...
     def clear(self) -> None: ...
+
+class ProgramCache:
+    """Core's cache of one program per call spec, for programs the SDK makes
+    itself (``colocated.jit``'s): a tree key and the input arrays' specs."""
+
+    def __init__(self) -> None: ...
+    def get(self, tree: int, arrays: list[ArrayImpl]) -> object | None:
+        """The program for ``tree`` and the arrays' specs, or None (counted)."""
+    def insert(self, tree: int, arrays: list[ArrayImpl], program: object) -> None:
+        """Keeps ``program`` for ``tree`` and the arrays' specs."""
+    def info(self) -> tuple[int, int, int]:
+        """``(hits, misses, size)``."""
+    def clear(self) -> None:
+        """Drops every program and resets the counts."""
 
 class ColocatedObject:
     """A colocated object's handle: dropping it destroys the object on every host

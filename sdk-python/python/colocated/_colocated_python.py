@@ -66,6 +66,9 @@ _NEXT_LOCAL = itertools.count()
 #: Every live function state, so that ``clear_caches`` reaches them.
 _STATES: weakref.WeakSet = weakref.WeakSet()
 
+#: Every live cache of programs made here (``colocated.jit``'s), likewise.
+_PROGRAM_CACHES: weakref.WeakSet = weakref.WeakSet()
+
 
 #: The optree namespace where objects of colocated classes are registered (they
 #: flatten to no leaves, their reference kept in the tree structure).
@@ -534,3 +537,5 @@ def clear_caches() -> None:
     _array_clear_caches()
     for state in list(_STATES):
         state.clear()
+    for owner in list(_PROGRAM_CACHES):
+        owner.clear_cache()

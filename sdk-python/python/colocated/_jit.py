@@ -25,6 +25,7 @@ import numpy as np
 from . import _colocated
 from ._array import Array, _wrap, device_put, make_array_from_single_device_arrays
 from ._client import client as _client_default
+from ._colocated_python import _PROGRAM_CACHES
 from ._errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
 from ._jax import is_jax_placement, placement_of
 from ._sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
@@ -73,10 +74,14 @@ class JittedFunction:
         self._in_shardings = in_shardings
         self._out_sharding = _sharding(out_shardings, "out_shardings")
         self._per_host = bool(per_host)
-        self._cache: dict = {}
+        # Core's cache: one program per tree key (the argument tree, the
+        # static values and which leaves are weakly typed) and input specs.
+        self._cache = _colocated.ProgramCache()
+        self._tree_keys: dict = {}
         self._last = None
-        self._hits = self._misses = 0
+        self._fast_hits = 0
         functools.update_wrapper(self, fun)
+        _PROGRAM_CACHES.add(self)
 
     def __call__(self, *args, **kwargs):
         last = self._last
@@ -91,7 +96,7 @@ class JittedFunction:
                 outputs = last[0]._impl.call(impls)
             except InvalidArgumentError:
                 return self._call(args, kwargs)
-            self._hits += 1
+            self._fast_hits += 1
             out_tree = last[1]
             if out_tree is None:
                 return _wrap(outputs[0], None)
@@ -105,19 +110,18 @@ class JittedFunction:
         dynamic = tuple(a for i, a in enumerate(args) if i not in positions)
         leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
         arrays, weak = self._place(jax, leaves)
-        key = (treedef, static, weak, tuple((a.shape, a.dtype, a.sharding) for a in arrays))
         try:
-            entry = self._cache.get(key)
+            tree = self._tree_keys.setdefault((treedef, static, weak), len(self._tree_keys))
         except TypeError as e:  # an unhashable static argument
             raise InvalidArgumentError(f"static arguments must be hashable: {e}") from e
+        impls = [a._impl for a in arrays]
+        entry = self._cache.get(tree, impls)
         if entry is None:
-            self._misses += 1
             exe, out_tree = self._compile(jax, treedef, static, len(args), arrays, weak)
             # One Array out: returned as it is.
             leaf = jax.tree_util.tree_structure(0)
-            entry = self._cache[key] = (exe, None if out_tree == leaf else out_tree)
-        else:
-            self._hits += 1
+            entry = (exe, None if out_tree == leaf else out_tree)
+            self._cache.insert(tree, impls, entry)
         exe, out_tree = entry
         outputs = exe(*arrays)
         # Positional Arrays as they are: the next such call tries this
@@ -132,7 +136,15 @@ class JittedFunction:
 
     def cache_info(self) -> tuple[int, int, int]:
         """``(hits, misses, size)`` of the cache of compiled programs per input spec."""
-        return (self._hits, self._misses, len(self._cache))
+        hits, misses, size = self._cache.info()
+        return (hits + self._fast_hits, misses, size)
+
+    def clear_cache(self) -> None:
+        """Drops the compiled programs (``colocated.clear_caches()`` does so
+        for every jitted function); the next call compiles again."""
+        self._cache.clear()
+        self._last = None
+        self._fast_hits = 0
 
     def _place(self, jax, leaves: list) -> tuple[list[Array], tuple[bool, ...]]:
         """Each leaf as an ``Array``, and which are Python scalars (weakly
