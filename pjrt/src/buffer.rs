@@ -159,7 +159,13 @@ impl Client {
         memory: &Memory,
         on_delete: Box<dyn FnOnce() + Send>,
     ) -> Result<Buffer> {
-        let expected = byte_size(element_type, dims)?;
+        let expected = match byte_size(element_type, dims) {
+            Ok(expected) => expected,
+            Err(e) => {
+                on_delete();
+                return Err(e);
+            }
+        };
         if len != expected {
             on_delete();
             return Err(Error::invalid_argument(format!(

@@ -288,3 +288,33 @@ def test_prng_keys_travel_through_functions_on_a_worker(cluster):
     # Brought here, they are JAX's keys again.
     here = jax.random.wrap_key_data(colocated.to_jax(keys.data, device=jax.devices("cpu")[0]), impl=keys.impl)
     assert (jax.random.key_data(here) == jax.random.key_data(local_keys)).all()
+
+
+def test_jax_in_jax_out_keeps_in_specs_and_jax_devices_on_every_path():
+    cpu0 = jax.devices("cpu")[0]
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(cpu0))
+
+    @colocated.colocated_python
+    def add_one(v):
+        return v + 1
+
+    # in_specs (JAX's) hold for calls with jax.Arrays and with Arrays alike.
+    checked = add_one.specialize(in_specs=((spec,), {}))
+    out = checked(jnp.arange(3.0, dtype=jnp.float32))
+    assert isinstance(out, jax.Array)
+    np.testing.assert_array_equal(np.asarray(out), [1, 2, 3])
+    ours = checked(colocated.device_put(np.arange(3, dtype=np.float32), cpu0))
+    assert isinstance(ours, colocated.Array)
+    with pytest.raises(colocated.InvalidArgumentError):
+        checked(jnp.arange(4.0, dtype=jnp.float32))
+    # Specialized with JAX's devices: jax.Arrays on every call (the native
+    # path included), and after another specialization too.
+    on_jax = add_one.specialize(devices=[cpu0])
+    a = colocated.device_put(np.zeros(2, np.float32), cpu0)
+    assert all(isinstance(on_jax(a), jax.Array) for _ in range(3))
+    declared = on_jax.specialize(out_specs_fn=lambda v: v)
+    assert all(isinstance(declared(a), jax.Array) for _ in range(3))
+    # A spec of PRNG keys is refused with the form keys travel in.
+    key_spec = jax.ShapeDtypeStruct.like(jax.random.key(0))
+    with pytest.raises(colocated.InvalidArgumentError, match="PrngKeys"):
+        add_one.specialize(in_specs=((key_spec,), {}))

@@ -523,6 +523,13 @@ def test_jit_per_host_errors_say_what_a_per_host_program_cannot_do(two_plugin_ho
     # A collective over the host axis.
     with pytest.raises(colocated.UnimplementedError, match="'hosts' across hosts"):
         colocated.jit(lambda a: jax.lax.psum(a, "hosts"), per_host=True)(x)
+    # The function's own NameError stays what it is.
+    with pytest.raises(NameError, match="hosts_count"):
+        colocated.jit(lambda a: a * hosts_count, per_host=True)(x)  # noqa: F821
+    # An argument on one device of the mesh is not laid out over it.
+    one = colocated.device_put(np.float32(2), mesh.devices.flat[0])
+    with pytest.raises(colocated.InvalidArgumentError, match="array argument 1"):
+        colocated.jit(lambda a, b: a * b, per_host=True)(x, one)
     # A scalar has no axis to put the hosts' parts along.
     with pytest.raises(colocated.InvalidArgumentError, match="scalar"):
         colocated.jit(lambda a: a.sum(), per_host=True)(x)

@@ -20,6 +20,13 @@ the hosts' blocks stacked along the first mesh axis, as
 ``jax.make_array_from_process_local_data`` assembles them. Anything else needs
 ``out_specs_fn``.
 
+A call with ``jax.Array`` arguments is JAX in, JAX out, as with JAX's own
+colocated Python: its programs (apart from those of calls with Arrays) hand
+the function the call's arrays as ``jax.Array``s, and the caller gets the
+results of this process as ``jax.Array``s, once they are ready (a
+``jax.Array`` cannot be pending on another runtime), so such a call returns
+when its results are. PRNG keys travel as their key data (``PrngKeys``).
+
 This module supplies what is Python's: the pickled host callable
 (``_HostCall``), tree structures (optree) and sharding objects (``_Site``).
 """
@@ -127,17 +134,6 @@ def _tree_key(treedef) -> tuple[int, int | None]:
     return key, None
 
 
-def _jax_tree_key(treedef, jax_leaves: tuple[bool, ...]) -> int:
-    """The tree key of a call with ``jax.Array`` leaves (``jax_leaves``): an id
-    of its own, since its program hands the function those leaves as
-    ``jax.Array``s."""
-    key = ("jax", treedef, jax_leaves)
-    tree = _TREE_IDS.get(key)
-    if tree is None:
-        tree = _TREE_IDS.setdefault(key, next(_NEXT_TREE_ID))
-    return tree
-
-
 def _is_leaf(treedef) -> bool:
     """True when the tree is a single leaf (one array, no containers)."""
     return treedef.num_nodes == 1 and treedef.num_leaves == 1
@@ -183,11 +179,10 @@ class _HostCall:
     """What runs on each host: unflattens the arguments, calls the function, and
     flattens the outputs (or, when discovering, parks them for the controller)."""
 
-    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, local=False, jax_leaves=None) -> None:
+    def __init__(self, fn, in_treedef, in_shardings, out_treedef=None, local=False, jax_in=False) -> None:
         self.fn = fn
-        # The arguments the caller gave as jax.Arrays, which the function gets
-        # as jax.Arrays too (None: none).
-        self.jax_leaves = jax_leaves
+        # A call with jax.Arrays: the function gets its arrays as jax.Arrays.
+        self.jax_in = jax_in
         # Handed to the local host by reference: a discovery run keeps its
         # result here for the controller (the same process) instead of pickling.
         self.local = local
@@ -195,7 +190,7 @@ class _HostCall:
         self.in_treedef = in_treedef
         # (The native executor's fast path, which hands the function
         # colocated Arrays, takes flat calls without jax.Arrays.)
-        self.flat = _flat_arity(in_treedef) is not None and jax_leaves is None
+        self.flat = _flat_arity(in_treedef) is not None and not jax_in
         # The callers' sharding objects: the function sees its inputs as it was
         # given them (`x.sharding == y.sharding` holds across the call).
         self.in_shardings = in_shardings
@@ -207,8 +202,8 @@ class _HostCall:
         # (The native executor runs flat programs with one output itself: it calls
         # `fn` and takes `outputs` only for a result that is not one Array.)
         leaves = list(map(_wrap, impls, self.in_shardings))
-        if self.jax_leaves is not None:
-            leaves = [to_jax(leaf) if j else leaf for leaf, j in zip(leaves, self.jax_leaves, strict=True)]
+        if self.jax_in:
+            leaves = [to_jax(leaf) for leaf in leaves]
         if self.flat:
             out = self.fn(*leaves)
         else:
@@ -254,7 +249,7 @@ class _Site:
         "_declared_shardings",
         "declared_treedef",
         "function",
-        "jax_leaves",
+        "jax_in",
         "leaves",
         "local_keys",
         "portable",
@@ -263,11 +258,11 @@ class _Site:
     )
 
     def __init__(
-        self, function: ColocatedFunction, treedef, leaves: list, portable: bool = False, jax_leaves=None
+        self, function: ColocatedFunction, treedef, leaves: list, portable: bool = False, jax_in: bool = False
     ) -> None:
         self.function = function
-        # Which arguments were jax.Arrays (None: none).
-        self.jax_leaves = jax_leaves
+        # A call with jax.Arrays (see `_HostCall`).
+        self.jax_in = jax_in
         # A program compiled ahead to be serialized: its payload travels by
         # value even for the controller's own host.
         self.portable = portable
@@ -337,7 +332,7 @@ class _Site:
         remote = remote or self.portable
         in_shardings = [None] * len(self.leaves) if remote else [leaf.sharding for leaf in self.leaves]
         host_call = _HostCall(
-            fn, self.treedef, in_shardings, self._out_treedef(structure), local=not remote, jax_leaves=self.jax_leaves
+            fn, self.treedef, in_shardings, self._out_treedef(structure), local=not remote, jax_in=self.jax_in
         )
         if remote:
             return _dumps_with_callbacks(host_call)
@@ -381,12 +376,17 @@ class ColocatedFunction(_colocated.FunctionBase):
         self._fn = fn
         self._in_specs = in_specs
         self._out_specs_fn = out_specs_fn
-        # Specialized with JAX's devices: the results are jax.Arrays.
+        # Specialized with JAX's devices: the results are jax.Arrays (see
+        # `_JaxDevicesFunction`). The devices as given, for later specializations.
+        self._given_devices = devices
         self._jax_devices = devices is not None and is_jax_devices(list(devices))
         if self._jax_devices:
             devices = [device_of(d) for d in devices]
         self._devices = None if devices is None else list(devices)
         self._state = self._new_state()
+        # Calls with jax.Arrays have programs of their own (made on first use):
+        # theirs hand the function jax.Arrays.
+        self._jax_state = None
         functools.update_wrapper(self, fn)
 
     def _new_state(self):
@@ -413,16 +413,21 @@ class ColocatedFunction(_colocated.FunctionBase):
         ):
             if value is not None and current is not None:
                 raise InvalidArgumentError(f"{name} already specified")
-        return ColocatedFunction(
+        devices = self._given_devices if devices is None else devices
+        jax_devices = devices is not None and is_jax_devices(list(devices))
+        return (_JaxDevicesFunction if jax_devices else ColocatedFunction)(
             self._fn,
             in_specs=self._in_specs if in_specs is None else in_specs,
             out_specs_fn=self._out_specs_fn if out_specs_fn is None else out_specs_fn,
-            devices=self._devices if devices is None else devices,
+            devices=devices,
         )
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses and size of the cache of compiled programs per input spec."""
         hits, misses, size = self._state.cache_info()
+        if self._jax_state is not None:
+            more = self._jax_state.cache_info()
+            hits, misses, size = hits + more[0], misses + more[1], size + more[2]
         return CacheInfo(hits, misses, None, size)
 
     def _call_general(self, args, kwargs):
@@ -437,32 +442,32 @@ class ColocatedFunction(_colocated.FunctionBase):
             # A forked child: the parent's compiled programs belong to the parent's
             # runtime (and its locks may be held): start over with the child's.
             self._state = self._new_state()
+            self._jax_state = None
         leaves, treedef = _flatten((args, kwargs))
-        jax_leaves = tuple(map(is_jax_array, leaves))
-        if any(jax_leaves):
+        jax_in = any(map(is_jax_array, leaves))
+        state = self._state
+        if jax_in:
+            # jax.Arrays in: the function gets the call's arrays as
+            # jax.Arrays, and the caller gets jax.Arrays back.
             leaves, treedef = _flatten_keys((args, kwargs), leaves, treedef)
-            jax_leaves = tuple(map(is_jax_array, leaves))
+            if self._jax_state is None:
+                self._jax_state = self._new_state()
+            state = self._jax_state
         leaves = _check_arrays(leaves, "function arguments")
         impls = [leaf._impl for leaf in leaves]
-        if any(jax_leaves):
-            # jax.Arrays in: the function sees them as jax.Arrays, and the
-            # results are jax.Arrays.
-            tree = _jax_tree_key(treedef, jax_leaves)
-            site = _Site(self, treedef, leaves, jax_leaves=jax_leaves)
-        else:
-            tree, _flat = _tree_key(treedef)
-            site = _Site(self, treedef, leaves)
+        tree, _flat = _tree_key(treedef)
+        site = _Site(self, treedef, leaves, jax_in=jax_in)
         # The objects the call uses: it is a method of `obj`, and objects among
         # its arguments are built (or used) on its hosts too.
         objects = [] if obj is None else [obj]
         if _OBJECT_HANDLES:
             objects += _argument_objects(args, kwargs)
         try:
-            result, event = self._state.call_general(tree, impls, site, objects)
+            result, event = state.call_general(tree, impls, site, objects)
         finally:
             for key in site.local_keys:
                 _LOCAL_PROGRAMS.pop(key, None)
-        if site.jax_leaves is not None or self._jax_devices:
+        if jax_in or self._jax_devices:
             result = _to_jax_outputs(result)
         return result, event
 
@@ -491,6 +496,14 @@ class ColocatedFunction(_colocated.FunctionBase):
 
     def __repr__(self) -> str:
         return f"colocated_python({getattr(self._fn, '__qualname__', self._fn)!r})"
+
+
+class _JaxDevicesFunction(ColocatedFunction):
+    """A colocated function specialized with JAX's devices: every call gives
+    ``jax.Array``s, so none takes the native path (which gives Arrays)."""
+
+    def __call__(self, *args, **kwargs):
+        return self._call(args, kwargs)[0]
 
 
 def _to_jax_outputs(result):

@@ -214,6 +214,12 @@ def spec_of_jax(x, client: _colocated.Client | None = None):
     sharding on the corresponding devices."""
     from ._sharding import ShapeDtypeStruct
 
+    jax = sys.modules["jax"]
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        raise InvalidArgumentError(
+            f"a spec of PRNG keys ({x.dtype}) is not a colocated spec: the keys travel as their key data, "
+            "a colocated.PrngKeys of that data's spec and the keys' implementation"
+        )
     sharding = None if x.sharding is None else sharding_of(x.sharding, client)
     return ShapeDtypeStruct(x.shape, x.dtype, sharding)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -221,11 +222,11 @@ class JittedFunction:
                 return jax.export.export(jitted, platforms=[platform])(*specs)
             except NameError as e:
                 # A collective over a host axis: that axis is not bound in
-                # a host's own program.
-                crossing = [a for a in (hosts.axes if hosts else ()) if repr(a) in str(e) or a in str(e)]
-                if crossing:
+                # a host's own program (JAX: "unbound axis name: <name>").
+                unbound = re.search(r"unbound axis name: (\S+?)[.,;]?(?:\s|$)", str(e))
+                if hosts is not None and unbound is not None and unbound.group(1) in hosts.axes:
                     raise UnimplementedError(
-                        f"the function uses mesh axis {crossing[0]!r} across hosts (a collective such as "
+                        f"the function uses mesh axis {unbound.group(1)!r} across hosts (a collective such as "
                         "psum over it): a per-host program cannot communicate between hosts; reduce the "
                         "hosts' outputs after the call instead"
                     ) from e
@@ -234,6 +235,12 @@ class JittedFunction:
     def _compile_per_host(self, jax, treedef, static, num_args, arrays, weak, hosts: _Hosts):
         """One lowering for a host's part of the arguments, compiled on each
         host; the program that runs them all (see ``_PerHost``)."""
+        for i, a in enumerate(arrays):
+            if not isinstance(a.sharding, NamedSharding) or a.sharding.mesh != hosts.mesh:
+                raise InvalidArgumentError(
+                    f"over several hosts every argument is laid out over the arguments' mesh; array argument {i} "
+                    f"is on {a.sharding} (device_put it on a NamedSharding of that mesh)"
+                )
         platform = next(iter(arrays[0].sharding.device_set)).platform
         specs = [hosts.local_struct(jax, a, w) for a, w in zip(arrays, weak, strict=True)]
         global_out = self._out_sharding
