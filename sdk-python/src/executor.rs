@@ -33,7 +33,7 @@ pub struct PythonExecutor;
 
 impl core::LanguageExecutor for PythonExecutor {
     fn load(&self, program: &core::Program) -> core::Result<Arc<dyn core::LoadedProgram>> {
-        Python::attach(|py| {
+        crate::interpreter::attach(|py| {
             // The controller's own process hands its callable over by
             // reference (taken out of the table: the program keeps it).
             let callable = match program.payload.strip_prefix(LOCAL_PREFIX) {
@@ -61,6 +61,7 @@ impl core::LanguageExecutor for PythonExecutor {
                 flat,
             }) as Arc<dyn core::LoadedProgram>)
         })
+        .ok_or_else(crate::interpreter::exiting_error)?
         .map_err(|e: PyErr| {
             core::Error::invalid_argument(format!("cannot load the colocated Python program: {e}"))
         })
@@ -74,7 +75,7 @@ impl core::LanguageExecutor for PythonExecutor {
         if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
             return;
         }
-        Python::attach(|py| {
+        crate::interpreter::attach(|py| {
             if let Err(e) = py.import("gc").and_then(|gc| gc.call_method0("collect")) {
                 e.write_unraisable(py, None);
             }
@@ -247,7 +248,7 @@ thread_local! {
 /// a thread state, and with it the frame stack (an mmap and munmap per call).
 fn keep_python_thread_state() {
     THREAD_STATE_KEPT.with(|kept| {
-        if kept.get() {
+        if kept.get() || crate::interpreter::exiting() {
             return;
         }
         // SAFETY: all three calls are part of the stable ABI. A thread with a
@@ -282,7 +283,9 @@ impl core::LoadedProgram for PythonProgram {
         // The arrays as this host holds them: its part of each global array.
         let args = ctx.host_input_arrays()?;
         let (client, discovering) = (ctx.client(), ctx.discovering());
-        let (outputs, structure) = Python::attach(|py| self.call(py, client, args, discovering))?;
+        let (outputs, structure) =
+            crate::interpreter::attach(|py| self.call(py, client, args, discovering))
+                .ok_or_else(crate::interpreter::exiting_error)??;
         ctx.set_host_outputs(outputs, structure)
     }
 }
@@ -327,11 +330,12 @@ impl Drop for PyValue {
     fn drop(&mut self) {
         let Some(value) = self.0.take() else { return };
         // SAFETY: `Py_IsInitialized` may be called at any time, without the GIL.
-        if unsafe { pyo3::ffi::Py_IsInitialized() } != 0 {
-            Python::attach(|_py| drop(value));
-        } else {
-            // The interpreter is gone: nothing can run its destructor.
-            std::mem::forget(value);
+        let value = std::cell::Cell::new(Some(value));
+        if unsafe { pyo3::ffi::Py_IsInitialized() } == 0
+            || crate::interpreter::attach(|_py| drop(value.take())).is_none()
+        {
+            // The interpreter is gone or going: nothing can run its destructor.
+            std::mem::forget(value.take());
         }
     }
 }
@@ -456,12 +460,13 @@ pub fn call_host_callback<'py>(
 /// becomes an error carrying its traceback.
 pub(crate) fn host_callback(name: String, callable: Py<PyAny>) -> core::LoadedHostCallback {
     core::LoadedHostCallback::new(name, move |input| {
-        Python::attach(|py| {
+        crate::interpreter::attach(|py| {
             callable
                 .bind(py)
                 .call1((PyBytes::new(py, input),))
                 .and_then(|answer| answer.extract::<Vec<u8>>())
                 .map_err(|e| remote_error(py, e))
         })
+        .ok_or_else(crate::interpreter::exiting_error)?
     })
 }

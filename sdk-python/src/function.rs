@@ -66,13 +66,14 @@ impl PySite {
         &self,
         f: impl FnOnce(Python<'_>, &Bound<'_, PyAny>) -> PyResult<T>,
     ) -> core::Result<T> {
-        Python::attach(|py| {
+        crate::interpreter::attach(|py| {
             f(py, self.site.bind(py)).map_err(|e| {
                 let message = e.to_string();
                 *self.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 core::Error::invalid_argument(message)
             })
         })
+        .ok_or_else(crate::interpreter::exiting_error)?
     }
 }
 
@@ -163,7 +164,7 @@ impl core::CallSite for PySite {
     /// Two hosts' pickled structures compared as Python objects (their bytes
     /// may differ, e.g. in a dict's insertion order).
     fn same_structure(&self, a: &[u8], b: &[u8]) -> bool {
-        Python::attach(|py| {
+        crate::interpreter::attach(|py| {
             self.site
                 .bind(py)
                 .call_method1(
@@ -173,6 +174,7 @@ impl core::CallSite for PySite {
                 .and_then(|same| same.extract::<bool>())
                 .unwrap_or(false)
         })
+        .unwrap_or(false)
     }
 }
 

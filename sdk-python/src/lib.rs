@@ -15,6 +15,7 @@ mod event;
 mod executor;
 mod fork;
 mod function;
+mod interpreter;
 mod remote;
 mod scalar_math;
 #[cfg(feature = "testing")]
@@ -31,6 +32,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[pymodule]
 fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    interpreter::register(m)?;
     m.add_class::<client::Client>()?;
     m.add_class::<client::Device>()?;
     m.add_class::<client::Host>()?;

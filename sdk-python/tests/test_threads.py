@@ -126,3 +126,32 @@ def test_calls_of_one_thread_keep_program_order():
     slow, fast = make("slow", 0.2), make("fast", 0.0)
     colocated.block_until_ready([slow(x), fast(x)])
     assert log == ["slow", "fast"]
+
+
+def test_a_program_still_running_at_exit_does_not_crash_the_interpreter():
+    # Asynchronous calls (out_specs_fn) may still run Python on the runtime's
+    # threads when the interpreter exits: exit waits for them, and the
+    # runtime starts no more. Before, about a third of such exits aborted
+    # ("PyGILState_Release: thread state ... must be current").
+    pytest.importorskip("jax")
+    from test_devices import run_python
+
+    code = """
+        import jax, jax.numpy as jnp
+        import colocated
+        cpu = jax.devices("cpu")
+        spec = jax.ShapeDtypeStruct((2,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(cpu[0]))
+
+        @colocated.colocated_python
+        def make():
+            return jnp.zeros(2)
+
+        device = colocated.devices()[0]
+        a = make.specialize(devices=[device]).specialize(out_specs_fn=lambda: spec)
+        b = make.specialize(out_specs_fn=lambda: spec).specialize(devices=[device])
+        a(), a(), b(), b()
+        print("exiting")
+    """
+    for _ in range(8):
+        done = run_python(code)
+        assert done.returncode == 0 and done.stdout == "exiting\n", done.stderr[-2000:]
