@@ -384,9 +384,9 @@ class ColocatedFunction(_colocated.FunctionBase):
             devices = [device_of(d) for d in devices]
         self._devices = None if devices is None else list(devices)
         self._state = self._new_state()
-        # Calls with jax.Arrays have programs of their own (made on first use):
-        # theirs hand the function jax.Arrays.
-        self._jax_state = None
+        # Calls with jax.Arrays have programs of their own: theirs hand the
+        # function jax.Arrays.
+        self._jax_state = self._new_state()
         functools.update_wrapper(self, fn)
 
     def _new_state(self):
@@ -425,9 +425,8 @@ class ColocatedFunction(_colocated.FunctionBase):
     def cache_info(self) -> CacheInfo:
         """Hits, misses and size of the cache of compiled programs per input spec."""
         hits, misses, size = self._state.cache_info()
-        if self._jax_state is not None:
-            more = self._jax_state.cache_info()
-            hits, misses, size = hits + more[0], misses + more[1], size + more[2]
+        more = self._jax_state.cache_info()
+        hits, misses, size = hits + more[0], misses + more[1], size + more[2]
         return CacheInfo(hits, misses, None, size)
 
     def _call_general(self, args, kwargs):
@@ -442,7 +441,7 @@ class ColocatedFunction(_colocated.FunctionBase):
             # A forked child: the parent's compiled programs belong to the parent's
             # runtime (and its locks may be held): start over with the child's.
             self._state = self._new_state()
-            self._jax_state = None
+            self._jax_state = self._new_state()
         leaves, treedef = _flatten((args, kwargs))
         jax_in = any(map(is_jax_array, leaves))
         state = self._state
@@ -450,8 +449,6 @@ class ColocatedFunction(_colocated.FunctionBase):
             # jax.Arrays in: the function gets the call's arrays as
             # jax.Arrays, and the caller gets jax.Arrays back.
             leaves, treedef = _flatten_keys((args, kwargs), leaves, treedef)
-            if self._jax_state is None:
-                self._jax_state = self._new_state()
             state = self._jax_state
         leaves = _check_arrays(leaves, "function arguments")
         impls = [leaf._impl for leaf in leaves]
