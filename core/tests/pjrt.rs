@@ -185,7 +185,6 @@ fn a_view_of_device_memory_reads_it_in_place_and_lets_go_when_done() {
         Buffer::view_of_device_memory(
             &client,
             data,
-            16,
             DType::F32,
             &[4],
             &device,
@@ -219,19 +218,18 @@ fn a_view_of_device_memory_reads_it_in_place_and_lets_go_when_done() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     assert_eq!(released.load(Ordering::SeqCst), 1);
-    // Refused, the callback run: a CPU device, a size that is not the shape's.
+    // Refused, the callback run: a CPU device, strings.
     let cpu = client.backend_devices(Some("cpu")).unwrap()[0].clone();
-    for (device, len, want) in [
-        (&cpu, 16, "not a PJRT plugin's device"),
-        (&device, 12, "needs 16"),
+    for (device, dtype, want) in [
+        (&cpu, DType::F32, "not a PJRT plugin's device"),
+        (&device, DType::String, "cannot hold strings"),
     ] {
         // SAFETY: refused without reading.
         let err = unsafe {
             Buffer::view_of_device_memory(
                 &client,
                 data,
-                len,
-                DType::F32,
+                dtype,
                 &[4],
                 device,
                 None,

@@ -469,13 +469,6 @@ impl ArrayImpl {
         })?;
         let data =
             crate::dlpack::device_data(&capsule, dtype_, &spec.shape, device.platform(), id)?;
-        let len = spec
-            .shape
-            .iter()
-            .try_fold(dtype_.byte_size().unwrap_or(0), |n, &d| {
-                n.checked_mul(usize::try_from(d).ok()?)
-            })
-            .ok_or_else(|| PyValueError::new_err("the array's size is out of range"))?;
         let owner = capsule.unbind();
         // SAFETY: the capsule keeps the memory (checked to be this device's,
         // of this spec) until the plugin lets go and `owner` is dropped.
@@ -483,7 +476,6 @@ impl ArrayImpl {
             core::Buffer::view_of_device_memory(
                 client,
                 data,
-                len,
                 dtype_,
                 &spec.shape,
                 device,

@@ -368,8 +368,8 @@ impl Buffer {
         )
     }
 
-    /// A buffer on a PJRT plugin's `device` that views `len` bytes of
-    /// device memory at `data` without owning or copying them: memory that
+    /// A buffer on a PJRT plugin's `device` that views the `dtype` array of
+    /// `dims` in device memory at `data` without owning or copying it: memory that
     /// another client of a plugin in this process allocated on the same
     /// device (a `jax.Array`'s, through DLPack), dense and row-major.
     /// `on_delete` runs once the plugin is done with the memory (this buffer
@@ -377,12 +377,11 @@ impl Buffer {
     /// before this returns an error.
     ///
     /// Errors: `invalid_argument` for a device that is not a plugin's, a
-    /// string dtype, or `len` that is not the size of `dtype` and `dims`;
-    /// `unimplemented` when the plugin has no views; the plugin's errors
-    /// (a misaligned address, say).
+    /// string dtype, or a size out of range; `unimplemented` when the
+    /// plugin has no views; the plugin's errors (a misaligned address, say).
     ///
     /// # Safety
-    /// `data` points to `len` bytes of the device's memory (`memory_space`,
+    /// `data` points to the array's bytes in the device's memory (`memory_space`,
     /// default: its default memory) as its plugin addresses them, with no
     /// write to them pending, that stay valid and unchanged until
     /// `on_delete` runs.
@@ -390,7 +389,6 @@ impl Buffer {
     pub unsafe fn view_of_device_memory(
         client: &Client,
         data: *mut u8,
-        len: usize,
         dtype: DType,
         dims: &[i64],
         device: &Device,
@@ -409,16 +407,10 @@ impl Buffer {
                     "a view of device memory cannot hold strings",
                 ));
             }
-            let expected = checked_byte_size(dtype, dims)?;
-            if len != expected {
-                return Err(Error::invalid_argument(format!(
-                    "the view is {len} bytes but {}{dims:?} needs {expected}",
-                    dtype.name()
-                )));
-            }
-            Ok((pjrt, placement(client, device, memory_space)?))
+            let len = checked_byte_size(dtype, dims)?;
+            Ok((pjrt, len, placement(client, device, memory_space)?))
         })();
-        let (pjrt, memory_space) = match checked {
+        let (pjrt, len, memory_space) = match checked {
             Ok(checked) => checked,
             Err(e) => {
                 on_delete();

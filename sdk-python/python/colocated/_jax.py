@@ -21,7 +21,7 @@ from . import _colocated
 from ._array import Array, _host_value, _wrap, device_put
 from ._client import client as _client_default
 from ._dtypes import STRING, core_name
-from ._errors import ColocatedError, FailedPreconditionError, InvalidArgumentError
+from ._errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
 from ._sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 
@@ -245,7 +245,9 @@ def _device_view(x, sharding) -> Array | None:
         impl = _colocated.ArrayImpl.from_device_dlpack(
             sharding._core_sharding(), core_name(np.dtype(x.dtype)), list(x.shape), x.__dlpack__()
         )
-    except (ValueError, ColocatedError):
+    except (ValueError, UnimplementedError):
+        # Not a view the plugin takes (a layout DLPack describes otherwise,
+        # a plugin without views, an address it refuses): copied instead.
         return None
     return _wrap(impl, sharding)
 

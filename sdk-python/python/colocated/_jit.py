@@ -267,7 +267,8 @@ class JittedFunction:
                 )
             else:
                 out_specs.append(PartitionSpec(hosts.axes[0] if len(hosts.axes) == 1 else hosts.axes))
-        return _PerHost(hosts, exes, out_specs, [tuple(a.shape) for a in exported.out_avals]), exported.out_tree
+        out_shapes = [tuple(a.shape) for a in exported.out_avals]
+        return _PerHost(hosts, exes, arrays, out_specs, out_shapes), exported.out_tree
 
 
 class _Hosts:
@@ -345,8 +346,18 @@ class _PerHost:
     argument (its shards, shared), its program run there, and the hosts'
     outputs assembled over the whole mesh (shards shared, no copy)."""
 
-    def __init__(self, hosts: _Hosts, exes: list[XlaExecutable], out_specs: list, out_shapes: list) -> None:
+    def __init__(
+        self, hosts: _Hosts, exes: list[XlaExecutable], arrays: list[Array], out_specs: list, out_shapes: list
+    ) -> None:
         self._hosts, self._exes = hosts, exes
+        # Each argument's part on each host: its shape, and its sharding per
+        # block (the program's input spec fixes both).
+        self._in = []
+        for a in arrays:
+            _, factors = hosts.local_spec(a.sharding.spec)
+            shape = hosts.local_shape(a.shape, factors, "an argument")
+            shardings = [hosts.local_sharding(b, a.sharding.spec, a.sharding.memory_kind) for b in hosts.blocks]
+            self._in.append((shape, shardings))
         self._out = []
         for i, (spec, shape) in enumerate(zip(out_specs, out_shapes, strict=True)):
             padded = PartitionSpec(*spec, *([None] * (len(shape) - len(spec))))
@@ -356,14 +367,12 @@ class _PerHost:
     def __call__(self, *arrays: Array):
         hosts = self._hosts
         results = []
-        for block, exe in zip(hosts.blocks, self._exes, strict=True):
-            parts = []
-            for a in arrays:
-                shards = {s.device: s for s in a.addressable_shards}
-                _, factors = hosts.local_spec(a.sharding.spec)
-                sharding = hosts.local_sharding(block, a.sharding.spec, a.sharding.memory_kind)
-                shape = hosts.local_shape(a.shape, factors, "an argument")
-                parts.append(make_array_from_single_device_arrays(shape, sharding, [shards[d].data for d in block.flat]))
+        shards = [{s.device: s for s in a.addressable_shards} for a in arrays]
+        for h, (block, exe) in enumerate(zip(hosts.blocks, self._exes, strict=True)):
+            parts = [
+                make_array_from_single_device_arrays(shape, shardings[h], [by_device[d].data for d in block.flat])
+                for (shape, shardings), by_device in zip(self._in, shards, strict=True)
+            ]
             out = exe(*parts)
             results.append(out if isinstance(out, tuple) else (out,))
         outputs = []
