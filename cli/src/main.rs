@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use colocated_core::transport::worker::{
+use colocated_core::worker::{
     FlagKind, StatusFlags, Worker, WorkerFlag, WorkerFlags, STATUS_FLAGS, WORKER_FLAGS,
 };
 use colocated_core::Client;

@@ -8,8 +8,8 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use colocated_core::session::RemoteSession;
 use colocated_core::transport::proto::BufferSpec;
-use colocated_core::transport::session::RemoteSession;
 use colocated_core::transport::Token;
 use colocated_core::DType;
 use common::{allow_open_files, connect, spawn_worker};

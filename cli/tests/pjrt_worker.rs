@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use colocated_core::transport::session::ConnectOptions;
+use colocated_core::session::ConnectOptions;
 use colocated_core::transport::Token;
 use colocated_core::{
     Array, ArraySpec, Buffer, Client, ClientOptions, ClusterOptions, DType, ErrorCode,
@@ -97,10 +97,8 @@ fn a_worker_serves_a_pjrt_plugin_s_devices_and_runs_xla_programs() {
     assert!(client.languages(0).unwrap().contains(&"xla".to_string()));
     let mut connect = ConnectOptions::new(worker.address.clone(), Some(token.clone()));
     connect.timeout = Duration::from_secs(10);
-    let (status, all) = colocated_core::transport::session::status_report(
-        std::slice::from_ref(&worker.address),
-        &connect,
-    );
+    let (status, all) =
+        colocated_core::session::status_report(std::slice::from_ref(&worker.address), &connect);
     assert!(all, "{status}");
     assert!(
         status.contains("1 cpu device, 2 pjrt_cpu (cpu) devices"),

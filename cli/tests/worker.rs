@@ -8,9 +8,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use colocated_core::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::proto::worker_client::WorkerClient;
 use colocated_core::transport::proto::{HeartbeatRequest, OpenSessionRequest};
-use colocated_core::transport::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::{SessionId, Token, AUTHORIZATION, SESSION};
 use colocated_core::ErrorCode;
 

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 
-use colocated_core::transport::session::ConnectOptions;
-use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::session::ConnectOptions;
 use colocated_core::transport::Token;
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{
     Array, ArraySpec, Client, ClientOptions, ClusterOptions, DType, ExecuteOptions, PjrtOptions,
     PjrtValue, Sharding,
@@ -128,7 +128,7 @@ fn main() {
         Ok(list) => list
             .split(',')
             .filter(|o| !o.is_empty())
-            .map(|o| colocated_core::transport::worker::parse_pjrt_option(o).unwrap())
+            .map(|o| colocated_core::worker::parse_pjrt_option(o).unwrap())
             .collect(),
         Err(_) => vec![("cpu_device_count".to_string(), PjrtValue::Int64(1))],
     };

@@ -18,10 +18,10 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use colocated_core::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::proto::BufferSpec;
-use colocated_core::transport::session::{ConnectOptions, RemoteSession};
-use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{
     Array, ArraySpec, Client, ClientOptions, ClusterOptions, CompileOptions, DType, ExecuteOptions,
     Program, Sharding,

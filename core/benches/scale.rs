@@ -43,9 +43,9 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use colocated_core::transport::session::ConnectOptions;
-use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::session::ConnectOptions;
 use colocated_core::transport::Token;
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{
     ArraySpec, Client, ClientOptions, ClusterOptions, CompileOptions, DType, ExecuteOptions,
     Program, Sharding,

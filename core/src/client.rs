@@ -12,7 +12,7 @@ use crate::dispatch::{thread_stream, Dispatcher, Stream, StreamSlot};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::remote::RemoteHost;
-use crate::transport::session::{ConnectOptions, RemoteSession};
+use crate::session::{ConnectOptions, RemoteSession};
 
 pub use crate::device::PLATFORM_NAME;
 

@@ -50,7 +50,7 @@ impl Client {
     /// program cannot be (replicas, cross-host devices) or this runtime does
     /// not read (bytecode, dynamic shapes, complex types).
     pub fn compile_stablehlo(&self, module: &[u8], devices: &[Device]) -> Result<LoadedExecutable> {
-        let program = crate::xla::xla_program(module, devices)?;
+        let program = crate::languages::xla::xla_program(module, devices)?;
         self.compile(program, CompileOptions::default())
     }
 
@@ -120,7 +120,7 @@ impl Client {
             }
             let executors = languages(self, &program.language);
             let loaded = if program.language == LANGUAGE_COLOCATED {
-                crate::colocated::load(&program, executors)?
+                crate::languages::colocated::load(&program, executors)?
             } else {
                 let executor = executors.get(&program.language).ok_or_else(|| {
                     Error::unimplemented(format!(
@@ -262,7 +262,7 @@ fn load_on_workers(
         .iter_mut()
         .map(|s| s.as_mut().ok().and_then(|s| s.load.take()))
         .collect();
-    let answers = crate::transport::session::wait_all(loads);
+    let answers = crate::session::wait_all(loads);
     started
         .into_iter()
         .zip(answers)
@@ -452,7 +452,7 @@ fn languages<'a>(client: &'a Client, language: &str) -> &'a crate::executor::Lan
         && client.devices().iter().any(|d| !d.is_host_cpu())
     {
         // Another thread may have registered it meanwhile: either is the same.
-        let _ = executors.register(language, Arc::new(crate::xla::XlaExecutor));
+        let _ = executors.register(language, Arc::new(crate::languages::xla::XlaExecutor));
     }
     executors
 }

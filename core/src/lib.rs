@@ -44,17 +44,22 @@ mod executable;
 mod executor;
 mod format;
 mod future;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod host_callback;
+mod languages;
 mod prefault;
 mod process;
 mod program;
 mod remote;
+pub mod session;
 mod sharding;
 mod spec;
 mod storage;
 pub mod trace;
 pub mod transport;
-mod xla;
+pub mod worker;
 
 pub use array::Array;
 pub use backend::{
@@ -65,9 +70,8 @@ pub use client::{
     Client, ClientOptions, ClusterOptions, Host, DEFAULT_MAX_EXECUTOR_THREADS, PLATFORM_NAME,
 };
 pub use colocated::{
-    host_object, host_objects, parked_results, Built, CacheInfo, Call, CallSite, CallSpec,
-    ColocatedFunction, ColocatedObject, Entry, HostValue, OutputOrigin, Outputs, Payload,
-    SpecCache,
+    CacheInfo, Call, CallSite, CallSpec, ColocatedFunction, ColocatedObject, Entry, OutputOrigin,
+    Outputs, Payload, SpecCache,
 };
 pub use compiler::CompileOptions;
 pub use default_client::{
@@ -88,6 +92,7 @@ pub use executor::{
 pub use format::{check_compatible, FORMAT_VERSION, MAGIC, MIN_FORMAT_VERSION};
 pub use future::{Event, Progress};
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
+pub use languages::colocated::{host_object, host_objects, parked_results, Built, HostValue};
 pub use program::{
     Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON, LANGUAGE_XLA,
 };

@@ -20,11 +20,11 @@ use crate::format::pb;
 use crate::future::Event;
 use crate::future::{Completion, Progress};
 use crate::program::Program;
+use crate::session::{RemoteSession, UploadStop};
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
 use crate::transport::proto::BufferSpec;
 use crate::transport::reports_progress;
-use crate::transport::session::{RemoteSession, UploadStop};
 use crate::transport::{
     StringDecoder, COPY_VERSION, GRANT_ANSWER_VERSION, MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION,
     STRINGS_VERSION,

@@ -6,9 +6,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use colocated_core::transport::session::{ConnectOptions, RemoteSession};
-use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::Token;
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{Client, ClientOptions};
 
 fn worker(handshake_timeout: Duration) -> (Worker, Token) {

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use common::{assert_error, eventually, i32_bytes, i32_values, register_add_one};
 
-use colocated_core::transport::session::ConnectOptions;
-use colocated_core::transport::worker::{Worker, WorkerOptions};
+use colocated_core::session::ConnectOptions;
 use colocated_core::transport::Token;
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{
     Array, ArraySpec, Buffer, Client, ClientOptions, ClusterOptions, CompileOptions, DType,
     ErrorCode, Event, ExecuteOptions, ExecutionContext, LanguageExecutor, LoadedProgram, Program,
@@ -294,7 +294,7 @@ fn buffers_copy_between_hosts_with_progress() {
     let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &local).unwrap();
     let reports = Arc::new(Mutex::new(Vec::new()));
     let seen = reports.clone();
-    let progress: colocated_core::transport::session::Progress =
+    let progress: colocated_core::session::Progress =
         Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
     let on_a_copy = x
         .copy_to_device_with_progress(&on_a, Some(progress))
@@ -322,7 +322,7 @@ fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() 
     let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &on_a).unwrap();
     let reports = Arc::new(Mutex::new(Vec::new()));
     let seen = reports.clone();
-    let progress: colocated_core::transport::session::Progress =
+    let progress: colocated_core::session::Progress =
         Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
     let copy = x
         .copy_to_device_with_progress(&on_b, Some(progress))
@@ -708,8 +708,8 @@ fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
 #[test]
 fn a_read_grant_admits_one_read_of_one_buffer() {
     use bytes::Bytes;
+    use colocated_core::session::RemoteSession;
     use colocated_core::transport::proto::{BufferSpec, GetBufferRequest};
-    use colocated_core::transport::session::RemoteSession;
     use colocated_core::transport::GRANT;
 
     let token = Token::generate().unwrap();
@@ -1017,7 +1017,7 @@ fn connecting_needs_a_host_and_a_valid_token() {
 /// Grants one read of `handle` on `session`, and waits until the worker
 /// applied the grant.
 fn grant_read(
-    session: &colocated_core::transport::session::RemoteSession,
+    session: &colocated_core::session::RemoteSession,
     handle: u64,
     grant: &[u8; 32],
     ttl: Duration,
@@ -1363,7 +1363,7 @@ fn string_buffers_copy_between_hosts_and_are_deleted_on_their_workers() {
     let here = Buffer::from_strings(&client, &strings, &[2, 4], &local, None).unwrap();
     let reports = Arc::new(Mutex::new(Vec::new()));
     let seen = reports.clone();
-    let progress: colocated_core::transport::session::Progress =
+    let progress: colocated_core::session::Progress =
         Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
     // Local to a worker, worker to worker, and back.
     let there = here
@@ -1438,8 +1438,8 @@ fn programs_on_workers_take_and_return_string_arrays() {
 
 #[test]
 fn a_malformed_string_upload_is_refused_and_the_worker_serves_on() {
+    use colocated_core::session::RemoteSession;
     use colocated_core::transport::proto::BufferSpec;
-    use colocated_core::transport::session::RemoteSession;
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);
     let mut connect = ConnectOptions::new(a.worker.local_addr().to_string(), Some(token.clone()));
@@ -1814,9 +1814,10 @@ fn a_supervisor_refuses_old_controllers_and_reports_a_child_that_fails() {
     );
     assert!(!marks.exists(), "nothing starts for an old controller");
 
-    let err = match colocated_core::transport::session::RemoteSession::connect(
-        &ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone())),
-    ) {
+    let err = match colocated_core::session::RemoteSession::connect(&ConnectOptions::new(
+        worker.local_addr().to_string(),
+        Some(token.clone()),
+    )) {
         Ok(_) => panic!("a session on a child that did not start"),
         Err(err) => err,
     };
@@ -1867,7 +1868,7 @@ fn closing_a_session_that_is_gone_succeeds_but_needs_the_token() {
 
 #[test]
 fn a_workers_health_says_its_version_devices_sessions_and_uptime_and_needs_the_token() {
-    use colocated_core::transport::session::{health, status_report};
+    use colocated_core::session::{health, status_report};
     use colocated_core::transport::VERSION;
 
     let token = Token::generate().unwrap();

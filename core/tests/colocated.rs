@@ -12,8 +12,8 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use common::{assert_error, eventually, i32_bytes, i32_values, DropCounter};
 
-use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{
     host_object, host_objects, parked_results, Array, ArraySpec, AxisType, CallSite, CallSpec,
     Client, ClientOptions, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode,

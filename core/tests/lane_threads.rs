@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{
     Client, ClientOptions, CompileOptions, ExecuteOptions, LoadedExecutable, Program,
 };

@@ -8,10 +8,10 @@ use std::time::Duration;
 use common::i32_values;
 
 use bytes::Bytes;
+use colocated_core::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::proto::BufferSpec;
-use colocated_core::transport::session::{ConnectOptions, RemoteSession};
-use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::{Token, CHUNK_BYTES};
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{Client, ClientOptions, DType, ErrorCode};
 
 fn worker(options: impl FnOnce(&mut WorkerOptions)) -> (Worker, Token) {
@@ -465,7 +465,7 @@ fn bulk_transfers_report_progress_up_to_the_total() {
     let data = pattern(bytes);
     let reports = Arc::new(Mutex::new(Vec::new()));
     let sink = reports.clone();
-    let progress: colocated_core::transport::session::Progress =
+    let progress: colocated_core::session::Progress =
         Arc::new(move |done, total| sink.lock().unwrap().push((done, total)));
     let handle = session.new_handle();
     session

@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use colocated_core::transport::session::ConnectOptions;
+use colocated_core::session::ConnectOptions;
 use colocated_core::transport::Token;
 use colocated_core::{
     AttributeValue, Client, ClientOptions, ClusterOptions, Device, Error, Result, Stream,
@@ -452,7 +452,7 @@ unsafe fn pjrt_options(
         .enumerate()
         .map(|(i, s)| {
             let text = s.to_str(&format!("pjrt_options[{i}]"))?;
-            colocated_core::transport::worker::parse_pjrt_option(text)
+            colocated_core::worker::parse_pjrt_option(text)
         })
         .collect::<Result<Vec<_>>>()?;
     colocated_core::PjrtOptions::of((!plugin.is_empty()).then_some(plugin), options)

@@ -6,8 +6,8 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 use colocated::*;
-use colocated_core::transport::worker::{Worker, WorkerOptions};
 use colocated_core::transport::Token;
+use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{Client, ClientOptions};
 
 fn start_worker(token: &Token, devices: usize) -> Worker {

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use colocated_core::transport::fuzzing::{
+use colocated_core::fuzzing::{
     colocated_seeds, copy_shards, encode_input, encode_lane_input, sample_executable, Rpc,
     COPY_FUNCTION,
 };

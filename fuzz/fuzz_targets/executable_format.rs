@@ -9,7 +9,7 @@
 
 use std::sync::OnceLock;
 
-use colocated_core::transport::fuzzing::local_client;
+use colocated_core::fuzzing::local_client;
 use colocated_core::{
     Array, Client, CompileOptions, ExecuteOptions, LoadedExecutable, FORMAT_VERSION, MAGIC,
 };

@@ -390,7 +390,7 @@ pub struct Connect {
 pub struct Found {
     addresses: Vec<String>,
     discovery: core::cluster::Discovery,
-    connect: core::transport::session::ConnectOptions,
+    connect: core::session::ConnectOptions,
     include_local: bool,
     local: core::ClientOptions,
 }
@@ -474,7 +474,7 @@ fn cluster_options(
     )?;
     let timeout = match options.timeout {
         None => Duration::from_secs(10),
-        Some(ms) => core::transport::worker::seconds("timeout", ms / 1000.0)?,
+        Some(ms) => core::worker::seconds("timeout", ms / 1000.0)?,
     };
     let tls_ca = match options.tls_ca {
         None => None,
@@ -483,7 +483,7 @@ fn cluster_options(
         })?),
         Some(Either::B(bytes)) => Some(bytes.to_vec()),
     };
-    let mut connect = core::transport::session::ConnectOptions::new("", token);
+    let mut connect = core::session::ConnectOptions::new("", token);
     connect.timeout = timeout;
     connect.tls_ca = tls_ca;
     connect.tls_domain = options.tls_domain;

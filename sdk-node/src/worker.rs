@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 
 use colocated_core as core;
-use core::transport::worker::{Worker, WorkerFlags, WORKER_FLAGS};
+use core::worker::{Worker, WorkerFlags, WORKER_FLAGS};
 use napi::bindgen_prelude::AsyncTask;
 use napi::{Env, Task};
 use napi_derive::napi;
@@ -38,10 +38,7 @@ pub fn worker_flags() -> Vec<WorkerFlagInfo> {
 /// The flags of `colocated status` after its addresses.
 #[napi(js_name = "_statusFlags")]
 pub fn status_flags() -> Vec<WorkerFlagInfo> {
-    core::transport::worker::STATUS_FLAGS
-        .iter()
-        .map(flag_info)
-        .collect()
+    core::worker::STATUS_FLAGS.iter().map(flag_info).collect()
 }
 
 /// The values of `colocated status`'s flags, as parsed.
@@ -62,7 +59,7 @@ pub struct StatusValues {
 /// is given or found.
 #[napi(js_name = "_status", ts_return_type = "Promise<[string, boolean]>")]
 pub fn status(values: StatusValues) -> AsyncTask<Status> {
-    AsyncTask::new(Status(core::transport::worker::StatusFlags {
+    AsyncTask::new(Status(core::worker::StatusFlags {
         addresses: values.addresses,
         token_file: values.token_file.map(Into::into),
         tls_ca: values.tls_ca.map(Into::into),
@@ -74,7 +71,7 @@ pub fn status(values: StatusValues) -> AsyncTask<Status> {
 }
 
 /// `colocated status`, on libuv's thread pool.
-pub struct Status(core::transport::worker::StatusFlags);
+pub struct Status(core::worker::StatusFlags);
 
 impl Task for Status {
     type Output = core::Result<(String, bool)>;
@@ -89,7 +86,7 @@ impl Task for Status {
     }
 }
 
-fn flag_info(f: &core::transport::worker::WorkerFlag) -> WorkerFlagInfo {
+fn flag_info(f: &core::worker::WorkerFlag) -> WorkerFlagInfo {
     WorkerFlagInfo {
         name: f.name.to_string(),
         kind: f.kind.name().to_string(),

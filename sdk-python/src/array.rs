@@ -783,7 +783,7 @@ impl ArrayImpl {
         let array = self.array()?;
         let counters = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let report = counters.clone();
-        let progress: core::transport::session::Progress = Arc::new(move |done, total| {
+        let progress: core::session::Progress = Arc::new(move |done, total| {
             report.1.store(total, Ordering::Relaxed);
             report.0.fetch_max(done, Ordering::Relaxed);
         });

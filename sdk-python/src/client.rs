@@ -72,7 +72,7 @@ impl Client {
     ) -> PyResult<Self> {
         let token = crate::remote::token_from(token, token_file)?;
         let timeout = crate::remote::seconds("timeout", timeout)?;
-        let mut connect = core::transport::session::ConnectOptions::new("", token);
+        let mut connect = core::session::ConnectOptions::new("", token);
         connect.timeout = timeout;
         connect.tls_ca = tls_ca;
         connect.tls_domain = tls_domain;
@@ -452,7 +452,7 @@ pub fn configure_worker_client(
     pjrt_plugin: Option<String>,
     pjrt_options: Vec<String>,
 ) -> PyResult<()> {
-    let flags = core::transport::worker::WorkerFlags {
+    let flags = core::worker::WorkerFlags {
         cpu_devices,
         pjrt_plugin,
         pjrt_options,

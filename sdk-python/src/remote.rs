@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use colocated_core as core;
 use core::transport::isolate::IsolateCommand;
-use core::transport::worker::{Worker, WorkerFlags, WorkerOptions, WORKER_FLAGS};
 use core::transport::Token;
+use core::worker::{Worker, WorkerFlags, WorkerOptions, WORKER_FLAGS};
 use pyo3::prelude::*;
 
 use crate::client::Client;
@@ -16,7 +16,7 @@ use crate::errors::{py_err, to_py};
 
 /// A positive number of seconds (core's rule), or `InvalidArgumentError`.
 pub(crate) fn seconds(name: &str, value: f64) -> PyResult<Duration> {
-    core::transport::worker::seconds(name, value).map_err(py_err)
+    core::worker::seconds(name, value).map_err(py_err)
 }
 
 /// The token a controller presents (core's rule, `Token::resolve`): `token`,
@@ -76,7 +76,7 @@ type FlagInfo = (
 );
 
 /// One flag of core's tables as a [`FlagInfo`].
-fn flag_info(f: &core::transport::worker::WorkerFlag) -> FlagInfo {
+fn flag_info(f: &core::worker::WorkerFlag) -> FlagInfo {
     (f.name, f.kind.name(), f.default, f.repeatable, f.help)
 }
 
@@ -84,10 +84,7 @@ fn flag_info(f: &core::transport::worker::WorkerFlag) -> FlagInfo {
 /// (as `worker_flags`).
 #[pyfunction]
 pub fn status_flags() -> Vec<FlagInfo> {
-    core::transport::worker::STATUS_FLAGS
-        .iter()
-        .map(flag_info)
-        .collect()
+    core::worker::STATUS_FLAGS.iter().map(flag_info).collect()
 }
 
 /// `colocated status`: one line per worker (those given, else those found
@@ -107,7 +104,7 @@ pub fn status(
     cluster: String,
     port: Option<String>,
 ) -> PyResult<(String, bool)> {
-    let flags = core::transport::worker::StatusFlags {
+    let flags = core::worker::StatusFlags {
         addresses,
         token_file,
         tls_ca,

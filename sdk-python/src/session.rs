@@ -3,7 +3,7 @@
 //! sessions live under `Client.connect`).
 
 use colocated_core as core;
-use core::transport::session::{ConnectOptions, RemoteSession as CoreSession};
+use core::session::{ConnectOptions, RemoteSession as CoreSession};
 use core::transport::{proto, Token};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

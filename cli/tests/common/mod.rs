@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use colocated_core::transport::session::{ConnectOptions, RemoteSession};
+use colocated_core::session::{ConnectOptions, RemoteSession};
 use colocated_core::transport::{SessionId, Token};
 
 /// A worker process, killed when dropped.

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use colocated_core::transport::session::ConnectOptions;
+use colocated_core::session::ConnectOptions;
 use colocated_core::transport::Token;
 use colocated_core::{
     Array, ArraySpec, Client, ClientOptions, ClusterOptions, CompileOptions, DType, ExecuteOptions,

@@ -12,9 +12,9 @@ use crate::dtype::{checked_byte_size, DType};
 use crate::error::{Error, Result};
 use crate::future::{Event, Progress};
 use crate::remote::{RemoteBuffer, RemoteHost, UploadTarget};
+use crate::session::UploadStop;
 use crate::storage::DenseBytes;
 use crate::transport::encode_strings;
-use crate::transport::session::UploadStop;
 
 impl HostData for Arc<RemoteHost> {
     fn in_process(&self) -> bool {

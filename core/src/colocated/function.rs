@@ -6,7 +6,6 @@ use std::sync::Arc;
 use prost::Message;
 
 use super::discovery::{by_host, Outputs, Reports};
-use super::host::take_parked;
 use super::objects::{compile_op, ColocatedObject};
 use super::pb;
 use super::spec::{CacheInfo, CallSpec, SpecCache};
@@ -20,6 +19,7 @@ use crate::executable::{ExecuteOptions, Execution, LoadedExecutable};
 use crate::executor::SessionKey;
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
+use crate::languages::colocated::take_parked;
 use crate::program::{Program, LANGUAGE_COLOCATED};
 
 /// What a language ships to the hosts for one compiled program: the payload

@@ -1,5 +1,5 @@
 //! Entry points for fuzzing the colocated protocol's decoders (built only with
-//! the `fuzzing` feature; `transport::fuzzing::colocated_protocol` drives
+//! the `fuzzing` feature; `fuzzing::colocated_protocol` drives
 //! them): a host loading a `colocated` program of arbitrary payload, and a
 //! controller deriving global outputs from arbitrary discovery reports.
 //! Junk must get an error, never a panic.
@@ -61,7 +61,7 @@ pub fn reports(client: &Client, mut data: &[u8]) {
 }
 
 /// Seed inputs: `(name, input)` with the first byte as
-/// `transport::fuzzing::colocated_protocol` reads it; the discovery run's
+/// `fuzzing::colocated_protocol` reads it; the discovery run's
 /// program calls the native function `native`.
 pub fn seeds(native: &str) -> Vec<(&'static str, Vec<u8>)> {
     let op = |op: pb::op::Op| pb::Op { op: Some(op) }.encode_to_vec();

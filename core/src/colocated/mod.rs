@@ -20,20 +20,14 @@ mod discovery;
 mod function;
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing;
-mod host;
 mod objects;
 mod spec;
 
-/// The protocol's messages (`proto/colocated.proto`).
-mod pb {
-    include!(concat!(env!("OUT_DIR"), "/colocated.colocated.v1.rs"));
-}
+use crate::languages::colocated::pb;
 
 pub use discovery::{OutputOrigin, Outputs};
 pub use function::{Call, CallSite, ColocatedFunction, Entry, Payload};
-pub use host::parked_results;
-pub(crate) use host::{end_session, load};
-pub use objects::{host_object, host_objects, Built, ColocatedObject, HostValue};
+pub use objects::ColocatedObject;
 pub use spec::{CacheInfo, CallSpec, SpecCache};
 
 /// A key no other controller of a shared worker picks (63 random bits).

@@ -1,7 +1,7 @@
 //! Remote hosts: the protocol between a controller and its worker hosts (SPEC §6).
 //!
-//! A worker ([`worker::Worker`]) serves gRPC (tonic, HTTP/2) on a socket; a
-//! controller opens a session on it with [`session::RemoteSession::connect`].
+//! A worker ([`Worker`](crate::worker::Worker)) serves gRPC (tonic, HTTP/2) on a socket; a
+//! controller opens a session on it with [`RemoteSession::connect`](crate::session::RemoteSession::connect).
 //! Messages are protobuf (`proto/remote.proto`), the protocol is versioned and
 //! negotiated at connect.
 //!
@@ -18,22 +18,17 @@ use subtle::ConstantTimeEq;
 
 use crate::error::{bound_text, Error, ErrorCode, Result};
 
-mod admission;
-mod alarm;
-mod buffers;
-mod bulk;
-#[cfg(feature = "fuzzing")]
-#[doc(hidden)]
-pub mod fuzzing;
-mod host_calls;
-mod idle;
+pub(crate) mod admission;
+pub(crate) mod alarm;
+pub(crate) mod buffers;
+pub(crate) mod bulk;
+pub(crate) mod host_calls;
+pub(crate) mod idle;
 pub mod isolate;
-mod lane;
-mod lane_reader;
-mod refusals;
-pub mod session;
-mod strings;
-pub mod worker;
+pub(crate) mod lane;
+pub(crate) mod lane_reader;
+pub(crate) mod refusals;
+pub(crate) mod strings;
 
 pub(crate) use buffers::reports_progress;
 pub use buffers::CHUNK_BYTES;

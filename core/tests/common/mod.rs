@@ -149,14 +149,14 @@ pub fn add_one_shards(ctx: &mut colocated_core::ExecutionContext) -> colocated_c
 /// A controller of `workers` alone (no local devices), each connected with
 /// `token` and a 5 s timeout.
 pub fn connect_workers(
-    workers: &[&colocated_core::transport::worker::Worker],
+    workers: &[&colocated_core::worker::Worker],
     token: &colocated_core::transport::Token,
 ) -> Client {
     let options = ClusterOptions {
         workers: workers
             .iter()
             .map(|w| {
-                let mut o = colocated_core::transport::session::ConnectOptions::new(
+                let mut o = colocated_core::session::ConnectOptions::new(
                     w.local_addr().to_string(),
                     Some(token.clone()),
                 );

@@ -17,18 +17,17 @@ use tonic::codegen::http;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Channel;
 
+use super::buffers::{buffer_owning, check_fixed_size_spec, CheckedSpec};
 use super::control::check_new_handles;
 use super::service::Service;
 use super::{lock, Session};
 use crate::buffer::Buffer;
 use crate::error::{Error, ErrorCode, Result};
 use crate::prefault::Prefault;
-use crate::transport::buffers::{
-    buffer_owning, check_fixed_size_spec, receive_buffer, CheckedSpec,
-};
+use crate::session::{endpoint, ConnectOptions};
+use crate::transport::buffers::receive_buffer;
 use crate::transport::bulk::{get_call, ChunkSink};
 use crate::transport::proto::{BufferChunk, ControlResponse, FetchBufferRequest, GrantReadRequest};
-use crate::transport::session::{endpoint, ConnectOptions};
 use crate::transport::{from_status, reports_progress, SessionId, GRANT};
 
 /// Grants a worker keeps at most (for all sessions): a controller that grants

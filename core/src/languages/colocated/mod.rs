@@ -8,14 +8,23 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use prost::Message;
 
-use super::objects;
-use super::pb;
 use crate::array::Array;
 use crate::device::{Device, MemoryKind};
 use crate::error::{Error, Result};
 use crate::executor::{DiscoverySink, ExecutionContext, Languages, LoadedProgram, SessionKey};
 use crate::host_callback::LoadedHostCallback;
 use crate::program::{Program, LANGUAGE_COLOCATED};
+
+mod objects;
+
+pub(crate) use objects::forget;
+
+pub use objects::{host_object, host_objects, Built, HostValue};
+
+/// The protocol's messages (`proto/colocated.proto`).
+pub(crate) mod pb {
+    include!(concat!(env!("OUT_DIR"), "/colocated.colocated.v1.rs"));
+}
 
 /// Outputs of discovery runs, parked until the controller pops them: by
 /// session (a worker serves several controllers, and frees what a session
@@ -28,7 +37,7 @@ fn parked() -> std::sync::MutexGuard<'static, Parked> {
     PARKED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub(super) fn take_parked(session: SessionKey, key: u64) -> Option<Vec<Array>> {
+pub(crate) fn take_parked(session: SessionKey, key: u64) -> Option<Vec<Array>> {
     parked().remove(&(session, key))
 }
 

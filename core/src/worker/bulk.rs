@@ -6,15 +6,14 @@ use bytes::Bytes;
 use tonic::codegen::http;
 use tonic::{Request, Status};
 
+use super::buffers::{buffer_owning, check_spec, wire_bytes, CheckedSpec};
 use super::control::check_new_handles;
 use super::service::Service;
 use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::prefault::Prefault;
-use crate::transport::buffers::{
-    buffer_owning, check_spec, prefer_huge_pages, receive_buffer, wire_bytes, CheckedSpec,
-};
+use crate::transport::buffers::{prefer_huge_pages, receive_buffer};
 use crate::transport::bulk::{download_answer, empty_answer, ChunkParser, ChunkSink};
 use crate::transport::proto::{GetBufferRequest, PutBufferChunk};
 use crate::transport::{from_status, to_status, SessionId, StringDecoder};
@@ -26,7 +25,7 @@ impl Service {
     /// Receives buffer uploads of a `PutBuffer` body as its frames arrive
     /// (see [`bulk`](crate::transport::bulk)): each chunk's data goes from the received
     /// frame straight into the buffer's memory.
-    pub(in crate::transport) async fn put_body<B>(&self, id: SessionId, body: B) -> Result<()>
+    pub(crate) async fn put_body<B>(&self, id: SessionId, body: B) -> Result<()>
     where
         B: http_body::Body<Data = Bytes>,
         B::Error: Into<tonic::codegen::StdError>,
@@ -88,7 +87,7 @@ impl Service {
     /// Buffer `handle` of session `id` as it travels, once it is ready: a
     /// dense buffer's own memory (kept alive, and held, until the last of it
     /// is sent), a string buffer's encoding.
-    pub(in crate::transport) async fn download(&self, id: SessionId, handle: u64) -> Result<Bytes> {
+    pub(crate) async fn download(&self, id: SessionId, handle: u64) -> Result<Bytes> {
         let buffer = self.with_session(id, |session| {
             session
                 .buffers

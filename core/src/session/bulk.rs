@@ -14,7 +14,7 @@ use crate::transport::proto::{BufferChunk, BufferSpec};
 use crate::transport::runtime;
 
 impl RemoteSession {
-    /// [`put_buffer_with_progress`](Self::put_buffer_with_progress) without
+    /// `put_buffer_with_progress` (tests only) without
     /// blocking: `done` runs with the outcome on a network thread.
     /// [`UploadStop::stop`] ends it early: `done` gets `cancelled`, and the
     /// worker drops what it received.

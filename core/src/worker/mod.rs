@@ -14,22 +14,23 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::admission::{
-    Admission, Incoming, DEFAULT_HANDSHAKE_TIMEOUT, MAX_STREAMS_PER_CONNECTION,
-};
-use super::host_calls::PendingCalls;
-use super::idle::{expire_when_idle, IdleWatch};
-use super::isolate::{Children, IsolateCommand};
-use super::proto::worker_server::WorkerServer;
-use super::refusals::RefusalLog;
-use super::{runtime, SessionId, Token, MAX_MESSAGE_BYTES};
 use crate::buffer::Buffer;
 use crate::client::Client;
 use crate::dispatch::Stream;
 use crate::error::{Error, Result};
 use crate::executable::LoadedExecutable;
 use crate::executor::SessionScope;
+use crate::transport::admission::{
+    Admission, Incoming, DEFAULT_HANDSHAKE_TIMEOUT, MAX_STREAMS_PER_CONNECTION,
+};
+use crate::transport::host_calls::PendingCalls;
+use crate::transport::idle::{expire_when_idle, IdleWatch};
+use crate::transport::isolate::{Children, IsolateCommand};
+use crate::transport::proto::worker_server::WorkerServer;
+use crate::transport::refusals::RefusalLog;
+use crate::transport::{runtime, SessionId, Token, MAX_MESSAGE_BYTES};
 
+mod buffers;
 mod bulk;
 mod control;
 mod copies;
@@ -80,7 +81,7 @@ pub struct WorkerOptions {
     pub handshake_timeout: Duration,
     /// Isolate sessions: the worker becomes a supervisor that runs each
     /// session in a child worker of this command, and redirects controllers
-    /// there (see [`isolate`](super::isolate)). `None`: sessions are served
+    /// there (see [`isolate`](crate::transport::isolate)). `None`: sessions are served
     /// in this process.
     pub isolate: Option<IsolateCommand>,
     /// Serve exactly one session: a second `OpenSession` is refused, and
@@ -268,9 +269,9 @@ impl Worker {
                 .map_err(|e| Error::invalid_argument(format!("bad TLS certificate or key: {e}")))?;
         }
         let server = builder
-            .initial_stream_window_size(Some(super::STREAM_WINDOW_BYTES))
-            .initial_connection_window_size(Some(super::CONNECTION_WINDOW_BYTES))
-            .max_frame_size(Some(super::MAX_FRAME_BYTES))
+            .initial_stream_window_size(Some(crate::transport::STREAM_WINDOW_BYTES))
+            .initial_connection_window_size(Some(crate::transport::CONNECTION_WINDOW_BYTES))
+            .max_frame_size(Some(crate::transport::MAX_FRAME_BYTES))
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
             // Finds dead peers. A live controller's heartbeats (every third of

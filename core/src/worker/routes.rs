@@ -73,7 +73,7 @@ impl Service {
 /// `GetBuffer` to [`Service::get_http`] (copy-free, see
 /// [`bulk`](crate::transport::bulk)), every other RPC to the generated server.
 #[derive(Clone)]
-pub(in crate::transport) struct Routes {
+pub(crate) struct Routes {
     pub(super) grpc: WorkerServer<Service>,
     pub(super) shared: Arc<Shared>,
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::buffers::{buffer_owning, check_fixed_size_spec};
 use super::copies::Answers;
 use super::service::Service;
 use super::{lock, Session, Shared};
@@ -15,7 +16,6 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
-use crate::transport::buffers::{buffer_owning, check_fixed_size_spec};
 use crate::transport::host_calls::MAX_HOST_CALLBACKS;
 use crate::transport::proto::{
     control_request, ControlRequest, ControlResponse, ExecuteRequest, LoadExecutableRequest,

@@ -72,7 +72,7 @@ pub(super) fn end_session(
         }
         // The protocol's own leftovers first: objects' destructors run
         // before the executors collect what they held.
-        if std::panic::catch_unwind(|| crate::colocated::end_session(key)).is_err() {
+        if std::panic::catch_unwind(|| crate::languages::colocated::end_session(key)).is_err() {
             tracing::error!(session = %id, "freeing the session's colocated objects panicked");
         }
         for executor in crate::executor::Languages::of(&client).all() {

@@ -380,7 +380,7 @@ impl StatusFlags {
     /// flag; `not_found` when no worker is given or found.
     pub fn run(&self) -> Result<(String, bool)> {
         use crate::cluster::{find_workers, worker_port, Discovery, System};
-        use crate::transport::session::{status_report, ConnectOptions};
+        use crate::session::{status_report, ConnectOptions};
         let timeout = seconds("--timeout", self.timeout)?;
         let port = match &self.port {
             Some(text) => Some(worker_port(text, &System)?),

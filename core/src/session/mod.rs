@@ -18,12 +18,12 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::Request;
 
-use super::proto::worker_client::WorkerClient;
-use super::proto::{CloseSessionRequest, HostInfo, LoadExecutableRequest};
-use super::{runtime, SessionId, AUTHORIZATION, SESSION};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
+use crate::transport::proto::worker_client::WorkerClient;
+use crate::transport::proto::{CloseSessionRequest, HostInfo, LoadExecutableRequest};
+use crate::transport::{runtime, SessionId, AUTHORIZATION, SESSION};
 
 #[cfg(any(test, feature = "testing"))]
 mod blocking;
@@ -43,7 +43,7 @@ use control::Control;
 pub use health::{health, status_report, WorkerHealth};
 
 /// An open session on a worker host. Heartbeats keep it open while the value
-/// lives; dropping it (or [`RemoteSession::disconnect`]) closes it on the worker.
+/// lives; dropping it (or `RemoteSession::disconnect`) closes it on the worker.
 pub struct RemoteSession {
     inner: Arc<Inner>,
 }
@@ -51,7 +51,7 @@ pub struct RemoteSession {
 struct Inner {
     rpc: WorkerClient<Channel>,
     /// The connection under `rpc`, for `PutBuffer`, which bypasses the
-    /// generated client (see [`bulk`](super::bulk)).
+    /// generated client (see [`bulk`](crate::transport::bulk)).
     channel: Channel,
     id: SessionId,
     version: u32,

@@ -38,16 +38,6 @@ use tonic::metadata::MetadataValue;
 use tonic::{Code, Request, Status, Streaming};
 use tonic_prost::ProstCodec;
 
-use super::proto::worker_server::Worker as WorkerRpc;
-use super::proto::{
-    BufferSpec, CloseSessionRequest, ControlRequest, HeartbeatRequest, LoadExecutableRequest,
-    OpenSessionRequest, PutBufferChunk,
-};
-use super::worker::{Service, Worker, WorkerOptions};
-use super::{
-    SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
-    SESSION,
-};
 use crate::buffer::Buffer;
 use crate::client::{Client, ClientOptions};
 use crate::compiler::CompileOptions;
@@ -57,6 +47,16 @@ use crate::executor::ExecutionContext;
 use crate::program::Program;
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
+use crate::transport::proto::worker_server::Worker as WorkerRpc;
+use crate::transport::proto::{
+    BufferSpec, CloseSessionRequest, ControlRequest, HeartbeatRequest, LoadExecutableRequest,
+    OpenSessionRequest, PutBufferChunk,
+};
+use crate::transport::{
+    SessionId, Token, AUTHORIZATION, MAX_MESSAGE_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN,
+    SESSION,
+};
+use crate::worker::{Service, Worker, WorkerOptions};
 
 /// The native function of [`sample_executable`]: copies input shard `i` to
 /// output shard `i`.
@@ -270,7 +270,7 @@ impl http_body::Body for Watched {
 }
 
 /// Bytes on a connection to the worker's port, as a lane's (see
-/// [`lane`](super::lane)): the first byte's bit 0 says whether a valid lane
+/// [`lane`](crate::transport::lane)): the first byte's bit 0 says whether a valid lane
 /// opening (magic bytes and hello) for a throwaway session comes first (the
 /// rest then are frames of `ControlRequest`s); else the rest is all that is
 /// sent (a lane when it begins with a zero byte, gRPC otherwise). The worker
@@ -287,7 +287,7 @@ pub fn lane_bytes(data: &[u8]) {
 pub fn encode_lane_input(requests: &[ControlRequest]) -> Vec<u8> {
     let mut out = vec![1u8];
     for request in requests {
-        super::lane::encode_frame(request, &mut out);
+        crate::transport::lane::encode_frame(request, &mut out);
     }
     out
 }
@@ -457,7 +457,7 @@ fn check<T>(what: &str, result: std::result::Result<T, Status>) -> T {
 }
 
 fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    super::runtime()
+    crate::transport::runtime()
         .expect("the network runtime")
         .block_on(future)
 }
@@ -513,13 +513,16 @@ impl Peer {
             .service()
             .put_body(id, Wire::clean(grpc_body(&[chunk])))
             .await;
-        check("putting a buffer", put.map_err(|e| super::to_status(&e)));
+        check(
+            "putting a buffer",
+            put.map_err(|e| crate::transport::to_status(&e)),
+        );
     }
 
     async fn get(&self, id: SessionId, handle: u64) -> std::result::Result<Vec<u8>, Status> {
         let data = self.service().download(id, handle).await;
         data.map(|data| data.to_vec())
-            .map_err(|e| super::to_status(&e))
+            .map_err(|e| crate::transport::to_status(&e))
     }
 
     async fn close(&self, id: SessionId) {
@@ -626,7 +629,7 @@ impl Harness {
         use std::io::{Read, Write};
         let id = block_on(self.throwaway_session());
         let mut bytes = if opened {
-            super::lane::hello_bytes(self.peer.token.expose(), id.as_bytes())
+            crate::transport::lane::hello_bytes(self.peer.token.expose(), id.as_bytes())
         } else {
             Vec::new()
         };

@@ -542,7 +542,7 @@ fn stream_ended(state: &ControlState, inner: &Weak<Inner>, ended: Error) {
 }
 
 impl RemoteSession {
-    /// [`execute_async`](Self::execute_async), then `done` with the outcome
+    /// `execute_async` (tests only), then `done` with the outcome
     /// once the execution has run on the worker (or was refused, or the
     /// worker was lost). `done` always runs exactly once, on a network thread
     /// or (when the session is already lost) on this one.
@@ -704,7 +704,7 @@ impl RemoteSession {
 
     /// Makes buffer `handle` of this session (`spec`) from a buffer of the
     /// worker at `source`, which granted this read with `grant` (see
-    /// [`grant_read`](Self::grant_read)); this worker reads it from there,
+    /// [`grant_read_then`](Self::grant_read_then)); this worker reads it from there,
     /// over TLS as this session's connection when it has TLS. `progress`
     /// gets the bytes that arrived there, `done` the outcome (on a network
     /// thread, or on this one when the session is already lost).

@@ -31,7 +31,7 @@ use crate::transport::{
     PROTOCOL_VERSION_MIN, REDIRECT_VERSION,
 };
 
-pub(in crate::transport) struct Service(pub(in crate::transport) Arc<Shared>);
+pub(crate) struct Service(pub(crate) Arc<Shared>);
 
 impl Service {
     /// A supervisor's answer to `OpenSession`: a new child worker for this
