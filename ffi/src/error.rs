@@ -120,10 +120,10 @@ impl colocated_error {
 pub unsafe extern "C" fn colocated_error_get_code(
     error: *const colocated_error,
 ) -> colocated_error_code {
-    match error.as_ref() {
+    crate::guard(|| match error.as_ref() {
         Some(e) => colocated_error_code::from_core(e.error.code()),
         None => colocated_error_code::COLOCATED_INVALID_ARGUMENT,
-    }
+    })
 }
 
 /// The error's message: UTF-8, NUL-terminated, borrowed from the error (valid until
@@ -134,10 +134,10 @@ pub unsafe extern "C" fn colocated_error_get_code(
 pub unsafe extern "C" fn colocated_error_message(
     error: *const colocated_error,
 ) -> colocated_string_view {
-    match error.as_ref() {
+    crate::guard(|| match error.as_ref() {
         Some(e) => colocated_string_view::of_cstr(&e.message),
         None => colocated_string_view::empty(),
-    }
+    })
 }
 
 /// The traceback text of user code that failed on a host; empty when there is none.
@@ -148,10 +148,10 @@ pub unsafe extern "C" fn colocated_error_message(
 pub unsafe extern "C" fn colocated_error_remote_traceback(
     error: *const colocated_error,
 ) -> colocated_string_view {
-    match error.as_ref().and_then(|e| e.traceback.as_ref()) {
+    crate::guard(|| match error.as_ref().and_then(|e| e.traceback.as_ref()) {
         Some(t) => colocated_string_view::of_cstr(t),
         None => colocated_string_view::empty(),
-    }
+    })
 }
 
 /// The lower-case name of a code (`"invalid_argument"`), static and NUL-terminated;
@@ -160,6 +160,10 @@ pub unsafe extern "C" fn colocated_error_remote_traceback(
 /// Thread-safety: any thread.
 #[no_mangle]
 pub extern "C" fn colocated_error_code_name(code: u32) -> colocated_string_view {
+    crate::guard(|| code_name(code))
+}
+
+fn code_name(code: u32) -> colocated_string_view {
     let name: &'static str = match code {
         0 => "ok\0",
         _ => match colocated_error_code::to_core(code) {
@@ -198,16 +202,18 @@ pub unsafe extern "C" fn colocated_error_create(
     message: *const u8,
     message_size: usize,
 ) -> *mut colocated_error {
-    let text = if message.is_null() || message_size == 0 {
-        String::new()
-    } else {
-        String::from_utf8_lossy(std::slice::from_raw_parts(message, message_size)).into_owned()
-    };
-    let error = match colocated_error_code::to_core(code) {
-        Some(c) => Error::new(c, text),
-        None => Error::internal(format!("error created with invalid code {code}: {text}")),
-    };
-    colocated_error::into_raw(error)
+    crate::guard(|| {
+        let text = if message.is_null() || message_size == 0 {
+            String::new()
+        } else {
+            String::from_utf8_lossy(std::slice::from_raw_parts(message, message_size)).into_owned()
+        };
+        let error = match colocated_error_code::to_core(code) {
+            Some(c) => Error::new(c, text),
+            None => Error::internal(format!("error created with invalid code {code}: {text}")),
+        };
+        colocated_error::into_raw(error)
+    })
 }
 
 /// Frees an error. Accepts NULL.

@@ -3,8 +3,9 @@
 //! Every function validates its arguments, calls `colocated-core`, and converts the
 //! result; semantics live in core. Fallible functions return `colocated_error*`
 //! (NULL on success) and write results through out-parameters. No panic crosses the
-//! boundary: each export runs inside [`boundary`], which turns a panic into an
-//! `internal` error.
+//! boundary: each export runs inside [`guard`], which turns a panic into an
+//! `internal` error, or into the documented value of an export that returns no
+//! error (`ffi/tests/boundary.rs` checks that every export does).
 
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)]
@@ -53,7 +54,7 @@ pub use colocated_plugin::{
 /// Thread-safety: any thread.
 #[no_mangle]
 pub extern "C" fn colocated_api_version() -> u32 {
-    COLOCATED_API_VERSION
+    guard(|| COLOCATED_API_VERSION)
 }
 
 /// The release of the library that is loaded (`"0.2.0"`): a NUL-terminated
@@ -65,34 +66,82 @@ pub extern "C" fn colocated_api_version() -> u32 {
 #[no_mangle]
 pub extern "C" fn colocated_version() -> *const std::ffi::c_char {
     const RELEASE: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
-    RELEASE.as_ptr().cast()
+    guard(|| RELEASE.as_ptr().cast())
 }
 
 use colocated_core::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Runs an export's body, converting its `Result` and any panic into the C error
-/// convention.
-pub(crate) fn boundary(body: impl FnOnce() -> Result<()>) -> *mut colocated_error {
+/// The one panic boundary of the C ABI: runs an export's body and, when it
+/// panics, logs the panic and returns [`OnPanic::on_panic`] instead of
+/// unwinding into C (which would abort the caller's process).
+pub(crate) fn guard<R: OnPanic>(body: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => std::ptr::null_mut(),
-        Ok(Err(e)) => colocated_error::into_raw(e),
-        Err(payload) => colocated_error::into_raw(Error::internal(format!(
-            "colocated panicked: {}",
-            panic_message(&payload)
-        ))),
+        Ok(value) => value,
+        Err(payload) => {
+            let message = panic_message(&payload);
+            eprintln!("colocated: a panic was stopped at the C boundary: {message}");
+            R::on_panic(&message)
+        }
     }
 }
 
-/// Like [`boundary`] for functions that return nothing (destroy functions): a
-/// panic is logged and swallowed.
-pub(crate) fn boundary_void(body: impl FnOnce()) {
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(body)) {
-        eprintln!(
-            "colocated: a panic was stopped at the C boundary: {}",
-            panic_message(&payload)
-        );
+/// What an export returns when its body panicked: an `internal` error for the
+/// exports that return errors; for the others, the value their documentation
+/// gives for an invalid argument (NULL, zero, an empty string,
+/// `COLOCATED_INTERNAL`), or nothing.
+pub(crate) trait OnPanic {
+    /// The value for a panic with `message`.
+    fn on_panic(message: &str) -> Self;
+}
+
+impl OnPanic for *mut colocated_error {
+    fn on_panic(message: &str) -> Self {
+        colocated_error::into_raw(Error::internal(format!("colocated panicked: {message}")))
     }
+}
+
+impl OnPanic for () {
+    fn on_panic(_: &str) -> Self {}
+}
+
+impl OnPanic for u32 {
+    fn on_panic(_: &str) -> Self {
+        0
+    }
+}
+
+impl OnPanic for *const std::ffi::c_char {
+    fn on_panic(_: &str) -> Self {
+        std::ptr::null()
+    }
+}
+
+impl OnPanic for colocated_string_view {
+    fn on_panic(_: &str) -> Self {
+        colocated_string_view::empty()
+    }
+}
+
+impl OnPanic for colocated_error_code {
+    fn on_panic(_: &str) -> Self {
+        colocated_error_code::COLOCATED_INTERNAL
+    }
+}
+
+/// Runs a fallible export's body: its `Result` in the C error convention (NULL
+/// on success), a panic as an `internal` error.
+pub(crate) fn boundary(body: impl FnOnce() -> Result<()>) -> *mut colocated_error {
+    guard(|| match body() {
+        Ok(()) => std::ptr::null_mut(),
+        Err(e) => colocated_error::into_raw(e),
+    })
+}
+
+/// Runs an export that returns nothing (a destroy function): a panic is
+/// logged and stops here.
+pub(crate) fn boundary_void(body: impl FnOnce()) {
+    guard(body)
 }
 
 fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
@@ -101,4 +150,38 @@ fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_each_return_types_documented_value() {
+        let error = guard(|| -> *mut colocated_error { panic!("boom {}", 1) });
+        // SAFETY: `guard` gave a fresh error, used once here.
+        let error = unsafe { colocated_error::take(error) }.expect("an error");
+        assert_eq!(error.code(), colocated_core::ErrorCode::Internal);
+        assert_eq!(error.message(), "colocated panicked: boom 1");
+
+        assert_eq!(guard(|| -> u32 { panic!("boom") }), 0);
+        assert!(guard(|| -> *const std::ffi::c_char { panic!("boom") }).is_null());
+        let view = guard(|| -> colocated_string_view { panic!("boom") });
+        assert_eq!(view.size, 0);
+        assert_eq!(
+            guard(|| -> colocated_error_code { panic!("boom") }),
+            colocated_error_code::COLOCATED_INTERNAL
+        );
+        guard::<()>(|| panic!("boom"));
+    }
+
+    #[test]
+    fn a_body_that_returns_gives_its_value() {
+        assert_eq!(guard(|| 7u32), 7);
+        assert!(boundary(|| Ok(())).is_null());
+        let error = boundary(|| Err(Error::invalid_argument("bad")));
+        // SAFETY: `boundary` gave a fresh error, used once here.
+        let error = unsafe { colocated_error::take(error) }.expect("an error");
+        assert_eq!(error.message(), "bad");
+    }
 }
