@@ -1655,6 +1655,18 @@ colocated_error *colocated_function_create(const colocated_function_args *args,
 void colocated_function_destroy(colocated_function *function);
 
 /**
+ * The counts of a function's cache of compiled programs: calls that took a
+ * program compiled for their input spec (`hits`), calls that compiled one
+ * (`misses`), and programs held (`size`). Each out-parameter may be NULL.
+ * Since API 1.5.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_function_cache_info(const colocated_function *function,
+                                               uint64_t *hits,
+                                               uint64_t *misses,
+                                               size_t *size);
+
+/**
  * Calls `function` on the calling thread's stream. With a program compiled
  * for the inputs' spec (or declared outputs), it returns at once and
  * `colocated_call_status` is ready when the call has run; otherwise the

@@ -196,6 +196,32 @@ pub unsafe extern "C" fn colocated_function_destroy(function: *mut colocated_fun
     boundary_void(|| drop(take(function)));
 }
 
+/// The counts of a function's cache of compiled programs: calls that took a
+/// program compiled for their input spec (`hits`), calls that compiled one
+/// (`misses`), and programs held (`size`). Each out-parameter may be NULL.
+/// Since API 1.5.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_function_cache_info(
+    function: *const colocated_function,
+    hits: *mut u64,
+    misses: *mut u64,
+    size: *mut usize,
+) -> *mut colocated_error {
+    boundary(|| {
+        let info = handle(function, "function")?.function.cache_info();
+        for (out, value) in [(hits, info.hits), (misses, info.misses)] {
+            if !out.is_null() {
+                put(out, value, "out")?;
+            }
+        }
+        if !size.is_null() {
+            put(size, info.currsize, "size")?;
+        }
+        Ok(())
+    })
+}
+
 /// Arguments of `colocated_function_call`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -257,11 +257,8 @@ impl FunctionState {
         let client = match (inputs.first(), &self.devices_client) {
             (Some(a), _) => a.client.clone(),
             (None, Some(c)) => c.clone(),
-            (None, None) => {
-                return Err(invalid(
-                    "a call without arguments needs the function specialized with devices",
-                ))
-            }
+            // Core refuses the call (it has no devices), as in every SDK.
+            (None, None) => crate::client::default_client()?,
         };
         Ok((client, inputs.iter().map(|a| a.inner.clone()).collect()))
     }

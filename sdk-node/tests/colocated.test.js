@@ -72,7 +72,7 @@ test('a function without arguments runs on the devices it is specialized with', 
   assert.deepEqual(Array.from(await out.toTypedArray()), [7, 8])
   await assert.rejects(
     c.colocated(() => null)(),
-    (e) => e instanceof c.InvalidArgumentError && /without arguments needs/.test(e.message),
+    (e) => e instanceof c.InvalidArgumentError && /must be first specialized with devices/.test(e.message),
   )
 })
 

@@ -1,0 +1,242 @@
+/*
+ * The cases every SDK answers alike (tests/cases/colocated.json): the same
+ * calls of colocated functions give the same outputs, shardings, errors and
+ * cache counts in C, Python and Node, because core decides them. This is the
+ * C runner; the Makefile writes the table as shared_cases.h
+ * (tests/cases/to_c.py), one TEST per case.
+ *
+ * C has no trees: a call's arguments are its flat inputs, and its outputs the
+ * host's outputs in order.
+ */
+#include "harness.h"
+#include "helpers.h"
+
+typedef struct {
+  const char *dtype;
+  size_t num_values;
+  const double *values;
+  size_t num_devices;
+  const int *devices;
+  int split;
+} case_arg;
+
+typedef struct {
+  size_t num_values;
+  const double *values;
+  size_t num_devices;
+  const int *devices;
+  int split;
+} case_out;
+
+typedef struct {
+  size_t num_args;
+  const case_arg *args;
+  size_t num_outputs;
+  const case_out *outputs;
+  const char *error_code; /* NULL: the call succeeds */
+  const char *fragment;
+  uint64_t hits, misses;
+} case_call;
+
+typedef struct {
+  const char *name;
+  const char *function;
+  size_t num_calls;
+  const case_call *calls;
+} shared_case;
+
+static void run_case(const shared_case *c);
+
+/* The table (SHARED_CASES, SHARED_CASES_DEVICES) and one TEST per case. */
+#include "shared_cases.h"
+
+#define SHARED_CASES_DEVICES_MAX 16
+
+static const char STRUCTURE[] = "flat";
+
+/* The host's input `i` of `ctx`, plus one (float32 or int32), with its sharding. */
+static colocated_error *plus_one(colocated_execution_context *ctx, colocated_array *in, colocated_array **out) {
+  colocated_dtype dtype;
+  const int64_t *dims;
+  size_t num_dims;
+  colocated_error *err = colocated_array_dtype(in, &dtype);
+  if (!err) err = colocated_array_dims(in, &dims, &num_dims);
+  if (err) return err;
+  if (num_dims != 1 || (dtype != COLOCATED_DTYPE_F32 && dtype != COLOCATED_DTYPE_I32))
+    return make_error(COLOCATED_INVALID_ARGUMENT, "add_one takes vectors of float32 or int32");
+  size_t n = (size_t)dims[0];
+  union {
+    float f[16];
+    int32_t i[16];
+  } values;
+  if (n > 16) return make_error(COLOCATED_INVALID_ARGUMENT, "add_one takes up to 16 values");
+  if ((err = colocated_array_to_host(in, &values, n * 4))) return err;
+  for (size_t k = 0; k < n; ++k) {
+    if (dtype == COLOCATED_DTYPE_F32)
+      values.f[k] += 1.0f;
+    else
+      values.i[k] += 1;
+  }
+  colocated_sharding *sharding = NULL;
+  if ((err = colocated_array_sharding(in, &sharding))) return err;
+  const colocated_client *client;
+  if (!(err = colocated_execution_context_client(ctx, &client))) {
+    colocated_array_args args = {sizeof args};
+    args.client = client;
+    args.dtype = dtype;
+    args.dims = dims;
+    args.num_dims = num_dims;
+    args.sharding = sharding;
+    args.data = &values;
+    args.data_size = n * 4;
+    err = colocated_array_from_host(&args, out);
+  }
+  colocated_sharding_destroy(sharding);
+  return err;
+}
+
+/* Native "add_one" (every input plus one) and "first" (input 0 as it is),
+ * over this host's arrays; `user_data` is non-NULL for "add_one". */
+static colocated_error *native_case_function(void *user_data, colocated_execution_context *ctx,
+                                             const colocated_buffer *const *inputs, size_t num_inputs) {
+  (void)inputs, (void)num_inputs;
+  colocated_array *outs[8] = {0};
+  size_t n = 0;
+  colocated_error *err = NULL;
+  for (; n < 8; ++n) {
+    colocated_array *in = NULL;
+    colocated_error *beyond = colocated_execution_context_host_input(ctx, n, &in);
+    if (beyond) {
+      colocated_error_destroy(beyond);
+      break;
+    }
+    if (user_data) {
+      err = plus_one(ctx, in, &outs[n]);
+      colocated_array_destroy(in);
+      if (err) break;
+    } else {
+      outs[n] = in;
+      n += 1;
+      break;
+    }
+  }
+  if (!err) err = colocated_execution_context_set_host_outputs(ctx, (const colocated_array *const *)outs, n,
+                                                                (const uint8_t *)STRUCTURE, strlen(STRUCTURE));
+  for (size_t k = 0; k < 8; ++k) colocated_array_destroy(outs[k]);
+  return err;
+}
+
+static colocated_sharding *sharding_of(const colocated_client *client, const int *ids, size_t n, int split) {
+  const colocated_device *devices[SHARED_CASES_DEVICES_MAX];
+  CHECK(n <= SHARED_CASES_DEVICES_MAX);
+  for (size_t i = 0; i < n; ++i) devices[i] = device_at(client, (size_t)ids[i]);
+  return split ? make_split(client, devices, n) : make_replicated(client, devices, n);
+}
+
+static colocated_array *argument(const colocated_client *client, const case_arg *arg) {
+  CHECK(arg->num_values <= 16);
+  float f[16];
+  int32_t i[16];
+  bool is_f32 = strcmp(arg->dtype, "float32") == 0;
+  CHECK(is_f32 || strcmp(arg->dtype, "int32") == 0);
+  for (size_t k = 0; k < arg->num_values; ++k) {
+    f[k] = (float)arg->values[k];
+    i[k] = (int32_t)arg->values[k];
+  }
+  colocated_sharding *sharding = sharding_of(client, arg->devices, arg->num_devices, arg->split);
+  int64_t n = (int64_t)arg->num_values;
+  colocated_array_args args = {sizeof args};
+  args.client = client;
+  args.dtype = is_f32 ? COLOCATED_DTYPE_F32 : COLOCATED_DTYPE_I32;
+  args.dims = &n;
+  args.num_dims = 1;
+  args.sharding = sharding;
+  args.data = is_f32 ? (const void *)f : (const void *)i;
+  args.data_size = arg->num_values * 4;
+  colocated_array *array = NULL;
+  CHECK_OK(colocated_array_from_host(&args, &array));
+  colocated_sharding_destroy(sharding);
+  return array;
+}
+
+static void check_output(const colocated_client *client, const colocated_array *out, const case_out *want) {
+  colocated_dtype dtype;
+  CHECK_OK(colocated_array_dtype(out, &dtype));
+  CHECK(want->num_values <= 16);
+  union {
+    float f[16];
+    int32_t i[16];
+  } got;
+  CHECK_OK(colocated_array_to_host(out, &got, want->num_values * 4));
+  for (size_t k = 0; k < want->num_values; ++k)
+    CHECK((dtype == COLOCATED_DTYPE_F32 ? (double)got.f[k] : (double)got.i[k]) == want->values[k]);
+  colocated_sharding *sharding = NULL;
+  CHECK_OK(colocated_array_sharding(out, &sharding));
+  const colocated_device *const *devices;
+  size_t n;
+  CHECK_OK(colocated_sharding_devices(sharding, &devices, &n));
+  CHECK(n == want->num_devices);
+  for (size_t k = 0; k < n; ++k) CHECK(devices[k] == device_at(client, (size_t)want->devices[k]));
+  bool replicated = false;
+  CHECK_OK(colocated_sharding_is_fully_replicated(sharding, &replicated));
+  CHECK((n > 1 && !replicated) == (want->split != 0));
+  colocated_sharding_destroy(sharding);
+}
+
+static uint32_t code_of(const char *name) {
+  if (strcmp(name, "invalid_argument") == 0) return COLOCATED_INVALID_ARGUMENT;
+  if (strcmp(name, "failed_precondition") == 0) return COLOCATED_FAILED_PRECONDITION;
+  if (strcmp(name, "unimplemented") == 0) return COLOCATED_UNIMPLEMENTED;
+  FAIL("the table names an unknown code: %s", name);
+  return 0;
+}
+
+static void run_case(const shared_case *c) {
+  colocated_client *client = make_client(SHARED_CASES_DEVICES, 2);
+  bool add_one = strcmp(c->function, "add_one") == 0;
+  CHECK(add_one || strcmp(c->function, "first") == 0);
+  register_native(client, c->function, native_case_function, add_one ? (void *)client : NULL, NULL);
+  colocated_function_args fargs = {sizeof fargs};
+  fargs.client = client;
+  fargs.name = sv(c->function);
+  fargs.native_function = sv(c->function);
+  colocated_function *function = NULL;
+  CHECK_OK(colocated_function_create(&fargs, &function));
+  for (size_t s = 0; s < c->num_calls; ++s) {
+    const case_call *call = &c->calls[s];
+    colocated_array *args[8] = {0};
+    CHECK(call->num_args <= 8);
+    for (size_t a = 0; a < call->num_args; ++a) args[a] = argument(client, &call->args[a]);
+    colocated_function_call_args cargs = {sizeof cargs};
+    cargs.inputs = (const colocated_array *const *)args;
+    cargs.num_inputs = call->num_args;
+    colocated_call *result = NULL;
+    if (call->error_code) {
+      CHECK_CODE_MSG(colocated_function_call(function, &cargs, &result), code_of(call->error_code), call->fragment);
+    } else {
+      CHECK_OK(colocated_function_call(function, &cargs, &result));
+      colocated_event *status = NULL;
+      CHECK_OK(colocated_call_status(result, &status));
+      CHECK_OK(await_and_destroy(status));
+      size_t num_outputs = 0;
+      CHECK_OK(colocated_call_num_outputs(result, &num_outputs));
+      CHECK(num_outputs == call->num_outputs);
+      for (size_t o = 0; o < num_outputs; ++o) {
+        colocated_array *out = NULL;
+        CHECK_OK(colocated_call_output(result, o, &out));
+        check_output(client, out, &call->outputs[o]);
+        colocated_array_destroy(out);
+      }
+      colocated_call_destroy(result);
+    }
+    for (size_t a = 0; a < call->num_args; ++a) colocated_array_destroy(args[a]);
+    uint64_t hits = 0, misses = 0;
+    CHECK_OK(colocated_function_cache_info(function, &hits, &misses, NULL));
+    if (hits != call->hits || misses != call->misses)
+      FAIL("%s, call %zu: cache hits %llu, misses %llu; the table says %llu, %llu", c->name, s,
+           (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)call->hits,
+           (unsigned long long)call->misses);
+  }
+  colocated_function_destroy(function);
+  colocated_client_destroy(client);
+}

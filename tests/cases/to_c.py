@@ -1,0 +1,70 @@
+"""Writes tests/cases/colocated.json as a C header for the C runner
+(tests/c/test_shared_cases.c): the cases as static data, and one TEST per
+case that runs it with `run_case`.
+
+    python3 tests/cases/to_c.py tests/cases/colocated.json OUT.h
+"""
+
+import json
+import sys
+
+
+def c_string(text):
+    return json.dumps(text)  # a JSON string of ASCII text is a C string literal
+
+
+def numbers(kind, values):
+    return f"(const {kind}[]){{{', '.join(repr(v) for v in values)}}}" if values else "NULL"
+
+
+def arg(a):
+    return (
+        f"{{{c_string(a['dtype'])}, {len(a['values'])}, {numbers('double', a['values'])}, "
+        f"{len(a['devices'])}, {numbers('int', a['devices'])}, {int(a['split'])}}}"
+    )
+
+
+def out(o):
+    return (
+        f"{{{len(o['values'])}, {numbers('double', o['values'])}, "
+        f"{len(o['devices'])}, {numbers('int', o['devices'])}, {int(o['split'])}}}"
+    )
+
+
+def call(c):
+    args = f"(const case_arg[]){{{', '.join(arg(a) for a in c['args'])}}}" if c["args"] else "NULL"
+    outs = c.get("outputs", [])
+    outputs = f"(const case_out[]){{{', '.join(out(o) for o in outs)}}}" if outs else "NULL"
+    error = c.get("error")
+    code = c_string(error["code"]) if error else "NULL"
+    fragment = c_string(error["fragment"]) if error else "NULL"
+    cache = c["cache"]
+    return (
+        f"{{{len(c['args'])}, {args}, {len(outs)}, {outputs}, {code}, {fragment}, "
+        f"{cache['hits']}, {cache['misses']}}}"
+    )
+
+
+def main(source, target):
+    with open(source) as f:
+        table = json.load(f)
+    lines = [
+        f"/* Generated from {source} by tests/cases/to_c.py: do not edit. */",
+        f"#define SHARED_CASES_DEVICES {table['devices']}",
+        "static const shared_case SHARED_CASES[] = {",
+    ]
+    for case in table["cases"]:
+        calls = ", ".join(call(c) for c in case["calls"])
+        lines.append(
+            f"  {{{c_string(case['name'])}, {c_string(case['function'])}, {len(case['calls'])}, "
+            f"(const case_call[]){{{calls}}}}},"
+        )
+    lines.append("};")
+    for i, _ in enumerate(table["cases"]):
+        lines.append(f"TEST(shared_case_{i}) {{ run_case(&SHARED_CASES[{i}]); }}")
+    with open(target, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
