@@ -6,17 +6,6 @@
 #include "harness.h"
 #include "helpers.h"
 
-static colocated_array_args array_args(const colocated_client *client, uint32_t dtype, const int64_t *dims,
-                                       size_t num_dims, const colocated_sharding *sharding) {
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = dtype;
-  args.dims = dims;
-  args.num_dims = num_dims;
-  args.sharding = sharding;
-  return args;
-}
-
 static colocated_sharding *make_named(const colocated_client *client, const colocated_device *const *devices,
                                       size_t num_devices, const size_t *mesh_shape, size_t num_axes,
                                       const colocated_string_view *names, const size_t *counts, size_t num_dims,
@@ -226,9 +215,7 @@ TEST(array_from_host_splits_rows_and_to_host_gathers_them) {
   for (size_t i = 0; i < 4; ++i) {
     colocated_buffer *b = NULL;
     CHECK_OK(colocated_array_buffer(a, i, &b));
-    const colocated_device *on;
-    CHECK_OK(colocated_buffer_device(b, &on));
-    CHECK(on == devices[i]);
+    check_buffer_device(b, devices[i]);
     const int64_t *bdims;
     size_t nd;
     CHECK_OK(colocated_buffer_dims(b, &bdims, &nd));

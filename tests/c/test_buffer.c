@@ -27,23 +27,6 @@ static uint64_t le64(const uint8_t *p) {
   return v;
 }
 
-static colocated_buffer *from_host_with(const colocated_client *client, const colocated_device *device,
-                                        uint32_t dtype, const int64_t *dims, size_t num_dims, const void *data,
-                                        size_t size, uint32_t semantics, colocated_event **done) {
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = device;
-  args.dtype = dtype;
-  args.dims = dims;
-  args.num_dims = num_dims;
-  args.data = data;
-  args.data_size = size;
-  args.semantics = semantics;
-  colocated_buffer *buffer = NULL;
-  CHECK_OK(colocated_buffer_from_host(&args, &buffer, done));
-  return buffer;
-}
-
 TEST(every_dense_dtype_round_trips_with_its_dims_and_size) {
   colocated_client *client = make_client(2, 2);
   const colocated_device *device = device_at(client, 1);
@@ -68,13 +51,7 @@ TEST(every_dense_dtype_round_trips_with_its_dims_and_size) {
     memset(back, 0xAA, sizeof back);
     read_buffer(b, back, bytes);
     if (memcmp(back, data, bytes) != 0) FAIL("dtype %s did not round-trip", DENSE[t].name);
-    const colocated_device *on = NULL;
-    CHECK_OK(colocated_buffer_device(b, &on));
-    CHECK(on == device);
-    const colocated_memory_space *memory = NULL, *def = NULL;
-    CHECK_OK(colocated_buffer_memory_space(b, &memory));
-    CHECK_OK(colocated_device_default_memory_space(device, &def));
-    CHECK(memory == def);
+    check_buffer_place(b, device, NULL);
     colocated_buffer_destroy(b);
   }
   colocated_client_destroy(client);
@@ -117,14 +94,7 @@ TEST(zero_size_dims_make_empty_buffers) {
   }
   /* a zero-size buffer given a non-zero data_size is a mismatch */
   uint8_t one = 1;
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = device;
-  args.dtype = COLOCATED_DTYPE_U8;
-  args.dims = dims;
-  args.num_dims = 3;
-  args.data = &one;
-  args.data_size = 1;
+  colocated_buffer_from_host_args args = buffer_args(client, device, COLOCATED_DTYPE_U8, dims, 3, &one, 1);
   colocated_buffer *b = NULL;
   CHECK_CODE_MSG(colocated_buffer_from_host(&args, &b, NULL), COLOCATED_INVALID_ARGUMENT, "bytes");
   colocated_client_destroy(client);
@@ -137,7 +107,7 @@ TEST(string_buffers_use_offsets_then_bytes_on_the_host) {
   const int64_t dims[2] = {2, 2};
   colocated_event *done = NULL;
   colocated_buffer *b =
-      from_host_with(client, device, COLOCATED_DTYPE_STRING, dims, 2, strings, sizeof strings, 0, &done);
+      make_buffer_with(client, device, COLOCATED_DTYPE_STRING, dims, 2, strings, sizeof strings, 0, &done);
   /* strings are always copied: the done event is ready at once */
   CHECK(done != NULL && event_is_ready(done));
   CHECK_OK(await_and_destroy(done));
@@ -170,7 +140,7 @@ TEST(string_scalars_and_empty_string_buffers) {
   colocated_client *client = make_client(1, 1);
   const colocated_device *device = device_at(client, 0);
   colocated_string_view one = sv("scalar");
-  colocated_buffer *b = from_host_with(client, device, COLOCATED_DTYPE_STRING, NULL, 0, &one, sizeof one, 0, NULL);
+  colocated_buffer *b = make_buffer_with(client, device, COLOCATED_DTYPE_STRING, NULL, 0, &one, sizeof one, 0, NULL);
   size_t size = 0;
   CHECK_OK(colocated_buffer_on_host_size(b, &size));
   CHECK_EQ_U64(size, 16 + 6);
@@ -182,7 +152,7 @@ TEST(string_scalars_and_empty_string_buffers) {
   colocated_buffer_destroy(b);
 
   const int64_t zero[1] = {0};
-  b = from_host_with(client, device, COLOCATED_DTYPE_STRING, zero, 1, NULL, 0, 0, NULL);
+  b = make_buffer_with(client, device, COLOCATED_DTYPE_STRING, zero, 1, NULL, 0, 0, NULL);
   CHECK_OK(colocated_buffer_on_host_size(b, &size));
   CHECK_EQ_U64(size, 8); /* one offset, no bytes */
   uint8_t offset[8];
@@ -192,7 +162,7 @@ TEST(string_scalars_and_empty_string_buffers) {
 
   /* an empty element may have a NULL pointer */
   colocated_string_view empty = {NULL, 0};
-  b = from_host_with(client, device, COLOCATED_DTYPE_STRING, NULL, 0, &empty, sizeof empty, 0, NULL);
+  b = make_buffer_with(client, device, COLOCATED_DTYPE_STRING, NULL, 0, &empty, sizeof empty, 0, NULL);
   CHECK_OK(colocated_buffer_on_host_size(b, &size));
   CHECK_EQ_U64(size, 16);
   colocated_buffer_destroy(b);
@@ -251,12 +221,8 @@ TEST(bad_string_input_is_invalid) {
 TEST(unknown_semantics_are_invalid_for_every_dtype) {
   colocated_client *client = make_client(1, 1);
   float x = 1;
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = device_at(client, 0);
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.data = &x;
-  args.data_size = sizeof x;
+  colocated_buffer_from_host_args args =
+      buffer_args(client, device_at(client, 0), COLOCATED_DTYPE_F32, NULL, 0, &x, sizeof x);
   args.semantics = 4;
   colocated_buffer *b = NULL;
   CHECK_CODE_MSG(colocated_buffer_from_host(&args, &b, NULL), COLOCATED_INVALID_ARGUMENT, "semantics");
@@ -275,14 +241,8 @@ TEST(a_failed_from_host_returns_neither_buffer_nor_done_event) {
   colocated_client *client = make_client(1, 1);
   float x[2] = {1, 2};
   const int64_t dims[1] = {3}; /* 3 elements, 2 given */
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = device_at(client, 0);
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.data = x;
-  args.data_size = sizeof x;
+  colocated_buffer_from_host_args args =
+      buffer_args(client, device_at(client, 0), COLOCATED_DTYPE_F32, dims, 1, x, sizeof x);
   args.semantics = COLOCATED_HOST_BUFFER_IMMUTABLE_ZERO_COPY;
   colocated_buffer *b = NULL;
   colocated_event *done = NULL;
@@ -300,7 +260,7 @@ TEST(copying_semantics_are_done_with_the_host_buffer_at_once) {
     const int64_t dims[1] = {4};
     colocated_event *done = NULL;
     colocated_buffer *b =
-        from_host_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, sizeof host, semantics[s], &done);
+        make_buffer_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, sizeof host, semantics[s], &done);
     CHECK(done != NULL);
     CHECK(event_is_ready(done));
     CHECK_OK(await_and_destroy(done));
@@ -318,7 +278,7 @@ TEST(until_transfer_completes_semantics_release_the_host_buffer_after_the_done_e
   for (int i = 0; i < 4; ++i) host[i] = (float)i;
   const int64_t dims[1] = {4};
   colocated_event *done = NULL;
-  colocated_buffer *b = from_host_with(client, device_at(client, 0), COLOCATED_DTYPE_F32, dims, 1, host,
+  colocated_buffer *b = make_buffer_with(client, device_at(client, 0), COLOCATED_DTYPE_F32, dims, 1, host,
                                        4 * sizeof(float), COLOCATED_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES, &done);
   CHECK(done != NULL);
   CHECK_OK(colocated_event_await_timeout(done, 5ull * 1000 * 1000 * 1000));
@@ -338,7 +298,7 @@ TEST(zero_copy_done_event_fires_only_after_the_buffer_and_its_copies_are_gone) {
   for (int i = 0; i < 4; ++i) host[i] = (float)(i + 10);
   const int64_t dims[1] = {4};
   colocated_event *done = NULL;
-  colocated_buffer *b = from_host_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, 4 * sizeof(float),
+  colocated_buffer *b = make_buffer_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, 4 * sizeof(float),
                                        COLOCATED_HOST_BUFFER_IMMUTABLE_ZERO_COPY, &done);
   CHECK(done != NULL);
   CHECK(!event_is_ready(done));
@@ -349,16 +309,7 @@ TEST(zero_copy_done_event_fires_only_after_the_buffer_and_its_copies_are_gone) {
   /* a second handle (through an array) is another user */
   colocated_sharding *sharding = make_replicated(client, &device, 1);
   const colocated_buffer *parts[1] = {b};
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.buffers = parts;
-  args.num_buffers = 1;
-  colocated_array *array = NULL;
-  CHECK_OK(colocated_array_assemble(&args, &array));
+  colocated_array *array = assemble_array(client, sharding, COLOCATED_DTYPE_F32, dims, 1, parts, 1);
 
   colocated_buffer *copy = NULL;
   CHECK_OK(colocated_buffer_copy_to_device(b, device_at(client, 1), &copy));
@@ -479,16 +430,7 @@ TEST(delete_is_seen_by_every_handle_and_array_sharing_the_buffer) {
   colocated_sharding *sharding = make_replicated(client, &device, 1);
   const int64_t dims[1] = {2};
   const colocated_buffer *parts[1] = {b};
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.buffers = parts;
-  args.num_buffers = 1;
-  colocated_array *array;
-  CHECK_OK(colocated_array_assemble(&args, &array));
+  colocated_array *array = assemble_array(client, sharding, COLOCATED_DTYPE_F32, dims, 1, parts, 1);
   colocated_buffer *other;
   CHECK_OK(colocated_array_buffer(array, 0, &other));
   CHECK_OK(colocated_buffer_delete(b));
@@ -535,16 +477,7 @@ TEST(unpin_without_pin_is_a_failed_precondition) {
   colocated_sharding *sharding = make_replicated(client, &device, 1);
   const int64_t dims[1] = {1};
   const colocated_buffer *parts[1] = {b};
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.buffers = parts;
-  args.num_buffers = 1;
-  colocated_array *array;
-  CHECK_OK(colocated_array_assemble(&args, &array));
+  colocated_array *array = assemble_array(client, sharding, COLOCATED_DTYPE_F32, dims, 1, parts, 1);
   colocated_buffer *other;
   CHECK_OK(colocated_array_buffer(array, 0, &other));
   void *ptr;
@@ -628,13 +561,7 @@ TEST(copy_to_device_lands_on_the_device_default_memory) {
   for (size_t d = 0; d < n; ++d) {
     colocated_buffer *copy = NULL;
     CHECK_OK(colocated_buffer_copy_to_device(src, devices[d], &copy));
-    const colocated_device *on;
-    const colocated_memory_space *memory, *def;
-    CHECK_OK(colocated_buffer_device(copy, &on));
-    CHECK(on == devices[d]);
-    CHECK_OK(colocated_buffer_memory_space(copy, &memory));
-    CHECK_OK(colocated_device_default_memory_space(devices[d], &def));
-    CHECK(memory == def);
+    check_buffer_place(copy, devices[d], NULL);
     colocated_dtype dtype;
     CHECK_OK(colocated_buffer_dtype(copy, &dtype));
     CHECK_EQ_U64(dtype, COLOCATED_DTYPE_I32);
@@ -676,12 +603,7 @@ TEST(copy_to_memory_space_keeps_the_device_when_it_can_address_the_space) {
     const colocated_memory_space *target = memory_of_kind(devices[1], kinds[k]);
     colocated_buffer *copy;
     CHECK_OK(colocated_buffer_copy_to_memory_space(src, target, &copy));
-    const colocated_memory_space *memory;
-    const colocated_device *on;
-    CHECK_OK(colocated_buffer_memory_space(copy, &memory));
-    CHECK(memory == target);
-    CHECK_OK(colocated_buffer_device(copy, &on));
-    CHECK(on == devices[1]);
+    check_buffer_place(copy, devices[1], target);
     read_buffer(copy, back, sizeof back);
     CHECK(back[0] == 3 && back[1] == 4);
     colocated_buffer_destroy(copy);
@@ -691,9 +613,7 @@ TEST(copy_to_memory_space_keeps_the_device_when_it_can_address_the_space) {
   CHECK_OK(colocated_device_default_memory_space(devices[0], &dev0_memory));
   colocated_buffer *moved;
   CHECK_OK(colocated_buffer_copy_to_memory_space(src, dev0_memory, &moved));
-  const colocated_device *on;
-  CHECK_OK(colocated_buffer_device(moved, &on));
-  CHECK(on == devices[0]);
+  check_buffer_device(moved, devices[0]);
   read_buffer(moved, back, sizeof back);
   CHECK(back[0] == 3 && back[1] == 4);
   colocated_buffer_destroy(moved);
@@ -728,24 +648,12 @@ TEST(from_host_places_the_buffer_in_the_requested_memory_space) {
   const colocated_device *d0 = device_at(client, 0), *d1 = device_at(client, 1);
   const colocated_memory_space *pinned = memory_of_kind(d0, COLOCATED_MEMORY_PINNED_HOST);
   float values[2] = {1, 2}, back[2];
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = d0;
-  args.dtype = COLOCATED_DTYPE_F32;
   const int64_t dims[1] = {2};
-  args.dims = dims;
-  args.num_dims = 1;
-  args.data = values;
-  args.data_size = sizeof values;
+  colocated_buffer_from_host_args args = buffer_args(client, d0, COLOCATED_DTYPE_F32, dims, 1, values, sizeof values);
   args.memory_space = pinned;
   colocated_buffer *b = NULL;
   CHECK_OK(colocated_buffer_from_host(&args, &b, NULL));
-  const colocated_memory_space *memory;
-  const colocated_device *on;
-  CHECK_OK(colocated_buffer_memory_space(b, &memory));
-  CHECK(memory == pinned);
-  CHECK_OK(colocated_buffer_device(b, &on));
-  CHECK(on == d0);
+  check_buffer_place(b, d0, pinned);
   read_buffer(b, back, sizeof back);
   CHECK(back[1] == 2);
   colocated_buffer_destroy(b);
