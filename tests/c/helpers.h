@@ -170,6 +170,27 @@ static inline colocated_sharding *make_replicated(const colocated_client *client
   return sharding;
 }
 
+/* The arguments of a named sharding: `devices` as a mesh of `mesh_shape`
+ * (axes `names`), dimension i split `counts[i]` ways over mesh axis `axes[i]`.
+ * No CHECK. */
+static inline colocated_named_sharding_args named_args(const colocated_client *client,
+                                                       const colocated_device *const *devices, size_t num_devices,
+                                                       const size_t *mesh_shape, size_t num_axes,
+                                                       const colocated_string_view *names, const size_t *counts,
+                                                       size_t num_dims, const uint32_t *axes) {
+  colocated_named_sharding_args args = {sizeof args};
+  args.client = client;
+  args.devices = devices;
+  args.num_devices = num_devices;
+  args.mesh_shape = mesh_shape;
+  args.num_mesh_axes = num_axes;
+  args.axis_names = names;
+  args.partition_counts = counts;
+  args.num_partition_dims = num_dims;
+  args.partition_axes = axes;
+  return args;
+}
+
 /* Dimension 0 split over a 1-D mesh of `n` devices (axis "x"). */
 static inline colocated_sharding *make_split(const colocated_client *client, const colocated_device *const *devices,
                                              size_t n) {
@@ -177,16 +198,7 @@ static inline colocated_sharding *make_split(const colocated_client *client, con
   colocated_string_view axis = {"x", 1};
   size_t counts[1] = {1};
   uint32_t axes[1] = {0};
-  colocated_named_sharding_args args = {sizeof args};
-  args.client = client;
-  args.devices = devices;
-  args.num_devices = n;
-  args.mesh_shape = mesh_shape;
-  args.num_mesh_axes = 1;
-  args.axis_names = &axis;
-  args.partition_counts = counts;
-  args.num_partition_dims = 1;
-  args.partition_axes = axes;
+  colocated_named_sharding_args args = named_args(client, devices, n, mesh_shape, 1, &axis, counts, 1, axes);
   colocated_sharding *sharding = NULL;
   CHECK_OK(colocated_sharding_create_named(&args, &sharding));
   CHECK(sharding != NULL);

@@ -10,16 +10,8 @@ static colocated_sharding *make_named(const colocated_client *client, const colo
                                       size_t num_devices, const size_t *mesh_shape, size_t num_axes,
                                       const colocated_string_view *names, const size_t *counts, size_t num_dims,
                                       const uint32_t *axes, colocated_error **err) {
-  colocated_named_sharding_args args = {sizeof args};
-  args.client = client;
-  args.devices = devices;
-  args.num_devices = num_devices;
-  args.mesh_shape = mesh_shape;
-  args.num_mesh_axes = num_axes;
-  args.axis_names = names;
-  args.partition_counts = counts;
-  args.num_partition_dims = num_dims;
-  args.partition_axes = axes;
+  colocated_named_sharding_args args =
+      named_args(client, devices, num_devices, mesh_shape, num_axes, names, counts, num_dims, axes);
   colocated_sharding *sharding = NULL;
   *err = colocated_sharding_create_named(&args, &sharding);
   return sharding;
@@ -204,11 +196,7 @@ TEST(array_from_host_splits_rows_and_to_host_gathers_them) {
   const int64_t dims[2] = {8, 2};
   float x[16];
   for (int i = 0; i < 16; ++i) x[i] = (float)i;
-  colocated_array_args args = array_args(client, COLOCATED_DTYPE_F32, dims, 2, s);
-  args.data = x;
-  args.data_size = sizeof x;
-  colocated_array *a = NULL;
-  CHECK_OK(colocated_array_from_host(&args, &a));
+  colocated_array *a = make_array(client, s, COLOCATED_DTYPE_F32, dims, 2, x, sizeof x);
   size_t num_buffers = 0;
   CHECK_OK(colocated_array_num_buffers(a, &num_buffers));
   CHECK_EQ_U64(num_buffers, 4);
@@ -266,11 +254,7 @@ TEST(array_from_host_over_a_2d_mesh_round_trips) {
   const int64_t dims[2] = {4, 6};
   int16_t x[24];
   for (int i = 0; i < 24; ++i) x[i] = (int16_t)(i * 3 - 20);
-  colocated_array_args args = array_args(client, COLOCATED_DTYPE_I16, dims, 2, s);
-  args.data = x;
-  args.data_size = sizeof x;
-  colocated_array *a;
-  CHECK_OK(colocated_array_from_host(&args, &a));
+  colocated_array *a = make_array(client, s, COLOCATED_DTYPE_I16, dims, 2, x, sizeof x);
   /* device 3 = mesh (1, 1): rows 2..4, columns 3..6 */
   colocated_buffer *b;
   CHECK_OK(colocated_array_buffer(a, 3, &b));
@@ -294,11 +278,7 @@ TEST(replicated_arrays_copy_the_whole_data_to_every_device_including_scalars) {
   colocated_sharding *s = make_replicated(client, devices, 3);
   const int64_t dims[1] = {5};
   uint64_t x[5] = {1, 2, 3, 4, UINT64_MAX};
-  colocated_array_args args = array_args(client, COLOCATED_DTYPE_U64, dims, 1, s);
-  args.data = x;
-  args.data_size = sizeof x;
-  colocated_array *a;
-  CHECK_OK(colocated_array_from_host(&args, &a));
+  colocated_array *a = make_array(client, s, COLOCATED_DTYPE_U64, dims, 1, x, sizeof x);
   for (size_t i = 0; i < 3; ++i) {
     colocated_buffer *b;
     CHECK_OK(colocated_array_buffer(a, i, &b));
@@ -341,11 +321,7 @@ TEST(string_arrays_split_their_elements_and_have_no_dense_to_host) {
   colocated_sharding *s = make_split(client, devices, 2);
   const int64_t dims[1] = {4};
   colocated_string_view strings[4] = {sv("zero"), sv("one"), sv("two"), sv("three")};
-  colocated_array_args args = array_args(client, COLOCATED_DTYPE_STRING, dims, 1, s);
-  args.data = strings;
-  args.data_size = sizeof strings;
-  colocated_array *a;
-  CHECK_OK(colocated_array_from_host(&args, &a));
+  colocated_array *a = make_array(client, s, COLOCATED_DTYPE_STRING, dims, 1, strings, sizeof strings);
   colocated_buffer *b;
   CHECK_OK(colocated_array_buffer(a, 1, &b));
   size_t size;
@@ -487,11 +463,7 @@ TEST(array_buffer_and_to_host_reject_bad_indices_and_sizes) {
   colocated_sharding *s = make_split(client, devices, 2);
   float x[4] = {1, 2, 3, 4};
   const int64_t dims[1] = {4};
-  colocated_array_args args = array_args(client, COLOCATED_DTYPE_F32, dims, 1, s);
-  args.data = x;
-  args.data_size = sizeof x;
-  colocated_array *a;
-  CHECK_OK(colocated_array_from_host(&args, &a));
+  colocated_array *a = make_array(client, s, COLOCATED_DTYPE_F32, dims, 1, x, sizeof x);
   colocated_buffer *b = NULL;
   CHECK_CODE_MSG(colocated_array_buffer(a, 2, &b), COLOCATED_INVALID_ARGUMENT, "out of range");
   CHECK(b == NULL);
@@ -510,11 +482,7 @@ TEST(array_delete_deletes_every_buffer) {
   colocated_sharding *s = make_split(client, devices, 2);
   float x[4] = {1, 2, 3, 4};
   const int64_t dims[1] = {4};
-  colocated_array_args args = array_args(client, COLOCATED_DTYPE_F32, dims, 1, s);
-  args.data = x;
-  args.data_size = sizeof x;
-  colocated_array *a;
-  CHECK_OK(colocated_array_from_host(&args, &a));
+  colocated_array *a = make_array(client, s, COLOCATED_DTYPE_F32, dims, 1, x, sizeof x);
   colocated_buffer *first;
   CHECK_OK(colocated_array_buffer(a, 0, &first));
   bool deleted = true;
@@ -543,11 +511,7 @@ TEST(arrays_outlive_their_sharding_handle) {
   colocated_sharding *s = make_split(client, devices, 2);
   float x[2] = {1, 2};
   const int64_t dims[1] = {2};
-  colocated_array_args args = array_args(client, COLOCATED_DTYPE_F32, dims, 1, s);
-  args.data = x;
-  args.data_size = sizeof x;
-  colocated_array *a;
-  CHECK_OK(colocated_array_from_host(&args, &a));
+  colocated_array *a = make_array(client, s, COLOCATED_DTYPE_F32, dims, 1, x, sizeof x);
   colocated_sharding_destroy(s);
   colocated_client_destroy(client);
   float back[2];
@@ -565,16 +529,28 @@ TEST(arrays_outlive_their_sharding_handle) {
 
 /* The NULL-out cases of functions that allocate before checking `out`, one per
  * test so that a LeakSanitizer report names the function. */
-static colocated_array *small_array(colocated_client *client, colocated_sharding **s) {
-  const colocated_device *d = device_at(client, 0);
-  *s = make_replicated(client, &d, 1);
+/* A client of one device with a float32 scalar array replicated on it. */
+struct small_array {
+  colocated_client *client;
+  colocated_sharding *sharding;
+  colocated_array *array;
+};
+
+static struct small_array small_array(void) {
+  struct small_array f;
+  f.client = make_client(1, 1);
+  const colocated_device *d = device_at(f.client, 0);
+  f.sharding = make_replicated(f.client, &d, 1);
   float x = 1;
-  colocated_array_args args = array_args(client, COLOCATED_DTYPE_F32, NULL, 0, *s);
-  args.data = &x;
-  args.data_size = sizeof x;
-  colocated_array *a = NULL;
-  CHECK_OK(colocated_array_from_host(&args, &a));
-  return a;
+  f.array = make_array(f.client, f.sharding, COLOCATED_DTYPE_F32, NULL, 0, &x, sizeof x);
+  return f;
+}
+
+/* Destroys the array, its sharding and the client. */
+static void small_array_destroy(struct small_array *f) {
+  colocated_array_destroy(f->array);
+  colocated_sharding_destroy(f->sharding);
+  colocated_client_destroy(f->client);
 }
 
 TEST(array_from_host_with_null_out_is_invalid_and_leaks_nothing) {
@@ -607,31 +583,19 @@ TEST(array_assemble_with_null_out_is_invalid_and_leaks_nothing) {
 }
 
 TEST(array_sharding_with_null_out_is_invalid_and_leaks_nothing) {
-  colocated_client *client = make_client(1, 1);
-  colocated_sharding *s;
-  colocated_array *a = small_array(client, &s);
-  CHECK_CODE_MSG(colocated_array_sharding(a, NULL), COLOCATED_INVALID_ARGUMENT, "out");
-  colocated_array_destroy(a);
-  colocated_sharding_destroy(s);
-  colocated_client_destroy(client);
+  struct small_array f = small_array();
+  CHECK_CODE_MSG(colocated_array_sharding(f.array, NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  small_array_destroy(&f);
 }
 
 TEST(array_buffer_with_null_out_is_invalid_and_leaks_nothing) {
-  colocated_client *client = make_client(1, 1);
-  colocated_sharding *s;
-  colocated_array *a = small_array(client, &s);
-  CHECK_CODE_MSG(colocated_array_buffer(a, 0, NULL), COLOCATED_INVALID_ARGUMENT, "out");
-  colocated_array_destroy(a);
-  colocated_sharding_destroy(s);
-  colocated_client_destroy(client);
+  struct small_array f = small_array();
+  CHECK_CODE_MSG(colocated_array_buffer(f.array, 0, NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  small_array_destroy(&f);
 }
 
 TEST(array_ready_event_with_null_out_is_invalid_and_leaks_nothing) {
-  colocated_client *client = make_client(1, 1);
-  colocated_sharding *s;
-  colocated_array *a = small_array(client, &s);
-  CHECK_CODE_MSG(colocated_array_ready_event(a, NULL), COLOCATED_INVALID_ARGUMENT, "out");
-  colocated_array_destroy(a);
-  colocated_sharding_destroy(s);
-  colocated_client_destroy(client);
+  struct small_array f = small_array();
+  CHECK_CODE_MSG(colocated_array_ready_event(f.array, NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  small_array_destroy(&f);
 }
