@@ -155,6 +155,20 @@ static inline void check_buffer_place(const colocated_buffer *buffer, const colo
   CHECK(in == memory);
 }
 
+/* Waits until `buffer` is ready; fails the test if it became ready with an error. */
+static inline void await_buffer_ready(const colocated_buffer *buffer) {
+  colocated_event *ready = NULL;
+  CHECK_OK(colocated_buffer_ready_event(buffer, &ready));
+  CHECK_OK(await_and_destroy(ready));
+}
+
+/* Waits until every buffer of `array` is ready; fails the test on an error. */
+static inline void await_array_ready(const colocated_array *array) {
+  colocated_event *ready = NULL;
+  CHECK_OK(colocated_array_ready_event(array, &ready));
+  CHECK_OK(await_and_destroy(ready));
+}
+
 /* Copies a buffer to host memory (waits). */
 static inline void read_buffer(const colocated_buffer *buffer, void *dst, size_t size) {
   colocated_event *done = NULL;
@@ -345,7 +359,8 @@ static inline void register_native(const colocated_client *client, const char *n
 
 /* The usual start of an executable test: a client with one native function
  * registered, a sharding and that function compiled over float32[len]
- * (native_client, then compile_replicated or compile_split). */
+ * (native_client, then compile_replicated or compile_split). Tests that make
+ * their own sharding and program use the client part alone. */
 struct native_fixture {
   colocated_client *client;
   const colocated_device *const *devices; /* every device of the client */

@@ -233,9 +233,7 @@ TEST(array_from_host_splits_rows_and_to_host_gathers_them) {
   CHECK_EQ_U64(count, 4);
   for (size_t i = 0; i < 4; ++i) CHECK(sd[i] == devices[i]);
   colocated_sharding_destroy(as);
-  colocated_event *ready = NULL;
-  CHECK_OK(colocated_array_ready_event(a, &ready));
-  CHECK_OK(await_and_destroy(ready));
+  await_array_ready(a);
   colocated_array_destroy(a);
   colocated_sharding_destroy(s);
   colocated_client_destroy(client);

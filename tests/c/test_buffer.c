@@ -313,9 +313,7 @@ TEST(zero_copy_done_event_fires_only_after_the_buffer_and_its_copies_are_gone) {
 
   colocated_buffer *copy = NULL;
   CHECK_OK(colocated_buffer_copy_to_device(b, device_at(client, 1), &copy));
-  colocated_event *copied;
-  CHECK_OK(colocated_buffer_ready_event(copy, &copied));
-  CHECK_OK(await_and_destroy(copied));
+  await_buffer_ready(copy);
 
   colocated_buffer_destroy(b);
   harness_sleep_ms(20);

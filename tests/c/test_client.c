@@ -359,9 +359,7 @@ TEST(executor_threads_stop_when_the_last_object_of_the_client_is_gone) {
   colocated_buffer *buffer = make_f32(client, device_at(client, 0), &v, 1);
   colocated_buffer *copy = NULL;
   CHECK_OK(colocated_buffer_copy_to_device(buffer, device_at(client, 1), &copy));
-  colocated_event *ready;
-  CHECK_OK(colocated_buffer_ready_event(copy, &ready));
-  CHECK_OK(await_and_destroy(ready));
+  await_buffer_ready(copy);
   colocated_client_destroy(client);
   CHECK(thread_count() >= before + 3); /* buffers still use the runtime */
   colocated_buffer_destroy(buffer);

@@ -276,9 +276,7 @@ TEST(execute_accepts_null_status_and_an_equivalent_sharding_handle) {
   float x[4] = {1, 2, 3, 4};
   colocated_array *in = f32_array(f.client, same_layout, x, 4);
   colocated_array *out = run1(f.exe, in, NULL, NULL);
-  colocated_event *ready;
-  CHECK_OK(colocated_array_ready_event(out, &ready));
-  CHECK_OK(await_and_destroy(ready));
+  await_array_ready(out);
   float y[4];
   CHECK_OK(colocated_array_to_host(out, y, sizeof y));
   CHECK(y[0] == 2 && y[3] == 5);
@@ -307,9 +305,7 @@ TEST(program_order_holds_per_stream) {
   }
   for (int k = 0; k < 2; ++k) CHECK_OK(await_and_destroy(last[k]));
   for (int i = 0; i < 2 * PER_STREAM; ++i) {
-    colocated_event *ready;
-    CHECK_OK(colocated_array_ready_event(outs[i], &ready));
-    CHECK_OK(await_and_destroy(ready));
+    await_array_ready(outs[i]);
   }
   CHECK_EQ_I64(atomic_load(&log.count), 2 * PER_STREAM);
   int next[2] = {0, 0};
