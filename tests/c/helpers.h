@@ -357,6 +357,29 @@ static inline void register_native(const colocated_client *client, const char *n
   CHECK_OK(colocated_client_register_native_function(client, &args));
 }
 
+/* A client and its devices, and a sharding over them once the test makes one:
+ * the start of the sharding, array and device tests. */
+struct client_fixture {
+  colocated_client *client;
+  const colocated_device *const *devices; /* every device of the client */
+  size_t num_devices;
+  colocated_sharding *sharding; /* NULL until the test sets one */
+};
+
+/* A client of `num_devices` devices and `executor_threads` executor threads. */
+static inline struct client_fixture client_fixture(uint32_t num_devices, uint32_t executor_threads) {
+  struct client_fixture f = {0};
+  f.client = make_client(num_devices, executor_threads);
+  f.devices = client_devices(f.client, &f.num_devices);
+  return f;
+}
+
+/* Destroys the sharding (if any), then the client. */
+static inline void client_fixture_destroy(struct client_fixture *f) {
+  if (f->sharding) colocated_sharding_destroy(f->sharding);
+  colocated_client_destroy(f->client);
+}
+
 /* The usual start of an executable test: a client with one native function
  * registered, a sharding and that function compiled over float32[len]
  * (native_client, then compile_replicated or compile_split). Tests that make

@@ -550,16 +550,14 @@ TEST(pin_with_a_null_data_out_is_invalid_and_takes_no_pin) {
 }
 
 TEST(copy_to_device_lands_on_the_device_default_memory) {
-  colocated_client *client = make_client(3, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(3, 2);
   int32_t values[5] = {1, -2, 3, -4, 5}, back[5];
   const int64_t dims[1] = {5};
-  colocated_buffer *src = make_buffer(client, devices[0], COLOCATED_DTYPE_I32, dims, 1, values, sizeof values);
-  for (size_t d = 0; d < n; ++d) {
+  colocated_buffer *src = make_buffer(f.client, f.devices[0], COLOCATED_DTYPE_I32, dims, 1, values, sizeof values);
+  for (size_t d = 0; d < f.num_devices; ++d) {
     colocated_buffer *copy = NULL;
-    CHECK_OK(colocated_buffer_copy_to_device(src, devices[d], &copy));
-    check_buffer_place(copy, devices[d], NULL);
+    CHECK_OK(colocated_buffer_copy_to_device(src, f.devices[d], &copy));
+    check_buffer_place(copy, f.devices[d], NULL);
     colocated_dtype dtype;
     CHECK_OK(colocated_buffer_dtype(copy, &dtype));
     CHECK_EQ_U64(dtype, COLOCATED_DTYPE_I32);
@@ -568,18 +566,16 @@ TEST(copy_to_device_lands_on_the_device_default_memory) {
     colocated_buffer_destroy(copy);
   }
   colocated_buffer_destroy(src);
-  colocated_client_destroy(client);
+  client_fixture_destroy(&f);
 }
 
 TEST(a_chain_of_copies_runs_in_program_order) {
-  colocated_client *client = make_client(2, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(2, 2);
   float values[4] = {1, 2, 3, 4};
-  colocated_buffer *current = make_f32(client, devices[0], values, 4);
+  colocated_buffer *current = make_f32(f.client, f.devices[0], values, 4);
   for (int i = 0; i < 50; ++i) {
     colocated_buffer *next;
-    CHECK_OK(colocated_buffer_copy_to_device(current, devices[(i + 1) % 2], &next));
+    CHECK_OK(colocated_buffer_copy_to_device(current, f.devices[(i + 1) % 2], &next));
     colocated_buffer_destroy(current); /* in-flight copies keep their source alive */
     current = next;
   }
@@ -587,7 +583,7 @@ TEST(a_chain_of_copies_runs_in_program_order) {
   read_buffer(current, back, sizeof back);
   CHECK(memcmp(back, values, sizeof values) == 0);
   colocated_buffer_destroy(current);
-  colocated_client_destroy(client);
+  client_fixture_destroy(&f);
 }
 
 TEST(copy_to_memory_space_keeps_the_device_when_it_can_address_the_space) {
