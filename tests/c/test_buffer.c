@@ -27,6 +27,53 @@ static uint64_t le64(const uint8_t *p) {
   return v;
 }
 
+/* A client of one device and a float32 buffer on it: the start of the tests of
+ * one buffer (f32_on_one_device, then buffer_fixture_destroy). */
+struct buffer_fixture {
+  colocated_client *client;
+  colocated_buffer *buffer;
+};
+
+/* The `n` float32 `values` in a buffer on the one device of a new client. */
+static struct buffer_fixture f32_on_one_device(const float *values, size_t n) {
+  struct buffer_fixture f;
+  f.client = make_client(1, 1);
+  f.buffer = make_f32(f.client, device_at(f.client, 0), values, n);
+  return f;
+}
+
+/* Destroys the buffer, then the client. */
+static void buffer_fixture_destroy(struct buffer_fixture *f) {
+  colocated_buffer_destroy(f->buffer);
+  colocated_client_destroy(f->client);
+}
+
+/* Another handle of buffer `b` (float32[n] on `device`), taken through an
+ * array assembled from it. */
+struct second_handle {
+  colocated_sharding *sharding;
+  colocated_array *array;
+  colocated_buffer *other; /* the other handle */
+};
+
+static struct second_handle second_handle(const colocated_client *client, const colocated_device *device,
+                                          const colocated_buffer *b, int64_t n) {
+  struct second_handle h;
+  h.sharding = make_replicated(client, &device, 1);
+  const int64_t dims[1] = {n};
+  const colocated_buffer *parts[1] = {b};
+  h.array = assemble_array(client, h.sharding, COLOCATED_DTYPE_F32, dims, 1, parts, 1);
+  CHECK_OK(colocated_array_buffer(h.array, 0, &h.other));
+  return h;
+}
+
+/* Destroys the other handle, the array and the sharding. */
+static void second_handle_destroy(struct second_handle *h) {
+  colocated_buffer_destroy(h->other);
+  colocated_array_destroy(h->array);
+  colocated_sharding_destroy(h->sharding);
+}
+
 TEST(every_dense_dtype_round_trips_with_its_dims_and_size) {
   colocated_client *client = make_client(2, 2);
   const colocated_device *device = device_at(client, 1);
@@ -355,28 +402,24 @@ TEST(to_host_is_asynchronous_and_waits_for_the_data) {
 }
 
 TEST(to_host_rejects_wrong_sizes_and_null_destinations) {
-  colocated_client *client = make_client(1, 1);
   float values[3] = {1, 2, 3}, back[4];
-  colocated_buffer *b = make_f32(client, device_at(client, 0), values, 3);
+  struct buffer_fixture f = f32_on_one_device(values, 3);
   colocated_event *done = NULL;
-  CHECK_CODE_MSG(colocated_buffer_to_host(b, back, sizeof back, &done), COLOCATED_INVALID_ARGUMENT, "bytes");
-  CHECK_CODE_MSG(colocated_buffer_to_host(b, back, 2 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT, "bytes");
-  CHECK_CODE_MSG(colocated_buffer_to_host(b, NULL, 3 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT, "NULL");
-  CHECK_CODE_MSG(colocated_buffer_to_host(b, back, 3 * sizeof(float), NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, sizeof back, &done), COLOCATED_INVALID_ARGUMENT, "bytes");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, 2 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT, "bytes");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, NULL, 3 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT, "NULL");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, 3 * sizeof(float), NULL), COLOCATED_INVALID_ARGUMENT, "out");
   CHECK(done == NULL);
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  buffer_fixture_destroy(&f);
 }
 
 TEST(from_host_copies_during_the_call_by_default) {
-  colocated_client *client = make_client(1, 1);
   float values[2] = {5, 6}, back[2];
-  colocated_buffer *b = make_f32(client, device_at(client, 0), values, 2);
+  struct buffer_fixture f = f32_on_one_device(values, 2);
   values[0] = 0;
-  read_buffer(b, back, sizeof back);
+  read_buffer(f.buffer, back, sizeof back);
   CHECK(back[0] == 5 && back[1] == 6);
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  buffer_fixture_destroy(&f);
 }
 
 TEST(deleted_buffers_fail_every_data_use_with_failed_precondition) {
@@ -425,86 +468,65 @@ TEST(delete_is_seen_by_every_handle_and_array_sharing_the_buffer) {
   const colocated_device *device = device_at(client, 0);
   float values[2] = {1, 2};
   colocated_buffer *b = make_f32(client, device, values, 2);
-  colocated_sharding *sharding = make_replicated(client, &device, 1);
-  const int64_t dims[1] = {2};
-  const colocated_buffer *parts[1] = {b};
-  colocated_array *array = assemble_array(client, sharding, COLOCATED_DTYPE_F32, dims, 1, parts, 1);
-  colocated_buffer *other;
-  CHECK_OK(colocated_array_buffer(array, 0, &other));
+  struct second_handle h = second_handle(client, device, b, 2);
   CHECK_OK(colocated_buffer_delete(b));
   bool deleted = false;
-  CHECK_OK(colocated_buffer_is_deleted(other, &deleted));
+  CHECK_OK(colocated_buffer_is_deleted(h.other, &deleted));
   CHECK(deleted);
-  CHECK_OK(colocated_array_is_deleted(array, &deleted));
+  CHECK_OK(colocated_array_is_deleted(h.array, &deleted));
   CHECK(deleted);
   size_t size;
-  CHECK_CODE_MSG(colocated_buffer_on_host_size(other, &size), COLOCATED_FAILED_PRECONDITION, "deleted");
-  colocated_buffer_destroy(other);
-  colocated_array_destroy(array);
+  CHECK_CODE_MSG(colocated_buffer_on_host_size(h.other, &size), COLOCATED_FAILED_PRECONDITION, "deleted");
+  second_handle_destroy(&h);
   colocated_buffer_destroy(b);
-  colocated_sharding_destroy(sharding);
   colocated_client_destroy(client);
 }
 
 TEST(pin_gives_the_data_and_unpin_pairs_with_it) {
-  colocated_client *client = make_client(1, 1);
   float values[3] = {7, 8, 9};
-  colocated_buffer *b = make_f32(client, device_at(client, 0), values, 3);
+  struct buffer_fixture f = f32_on_one_device(values, 3);
   void *p1 = NULL, *p2 = NULL;
   size_t s1 = 0, s2 = 0;
-  CHECK_OK(colocated_buffer_pin(b, &p1, &s1));
+  CHECK_OK(colocated_buffer_pin(f.buffer, &p1, &s1));
   CHECK(p1 != NULL);
   CHECK_EQ_U64(s1, sizeof values);
   CHECK(memcmp(p1, values, sizeof values) == 0);
-  CHECK_OK(colocated_buffer_pin(b, &p2, &s2)); /* pins nest */
+  CHECK_OK(colocated_buffer_pin(f.buffer, &p2, &s2)); /* pins nest */
   CHECK(p2 == p1 && s2 == s1);
-  CHECK_OK(colocated_buffer_unpin(b));
-  CHECK_OK(colocated_buffer_unpin(b));
-  CHECK_CODE_MSG(colocated_buffer_unpin(b), COLOCATED_FAILED_PRECONDITION, "no pin");
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  CHECK_OK(colocated_buffer_unpin(f.buffer));
+  CHECK_OK(colocated_buffer_unpin(f.buffer));
+  CHECK_CODE_MSG(colocated_buffer_unpin(f.buffer), COLOCATED_FAILED_PRECONDITION, "no pin");
+  buffer_fixture_destroy(&f);
 }
 
 TEST(unpin_without_pin_is_a_failed_precondition) {
-  colocated_client *client = make_client(1, 1);
   float v = 1;
-  colocated_buffer *b = make_f32(client, device_at(client, 0), &v, 1);
-  CHECK_CODE_MSG(colocated_buffer_unpin(b), COLOCATED_FAILED_PRECONDITION, "no pin");
+  struct buffer_fixture f = f32_on_one_device(&v, 1);
+  CHECK_CODE_MSG(colocated_buffer_unpin(f.buffer), COLOCATED_FAILED_PRECONDITION, "no pin");
   /* a pin on another handle of the same buffer does not count for this one */
-  const colocated_device *device = device_at(client, 0);
-  colocated_sharding *sharding = make_replicated(client, &device, 1);
-  const int64_t dims[1] = {1};
-  const colocated_buffer *parts[1] = {b};
-  colocated_array *array = assemble_array(client, sharding, COLOCATED_DTYPE_F32, dims, 1, parts, 1);
-  colocated_buffer *other;
-  CHECK_OK(colocated_array_buffer(array, 0, &other));
+  struct second_handle h = second_handle(f.client, device_at(f.client, 0), f.buffer, 1);
   void *ptr;
   size_t size;
-  CHECK_OK(colocated_buffer_pin(other, &ptr, &size));
-  CHECK_CODE_MSG(colocated_buffer_unpin(b), COLOCATED_FAILED_PRECONDITION, "no pin");
-  CHECK_OK(colocated_buffer_unpin(other));
-  colocated_buffer_destroy(other);
-  colocated_array_destroy(array);
-  colocated_sharding_destroy(sharding);
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  CHECK_OK(colocated_buffer_pin(h.other, &ptr, &size));
+  CHECK_CODE_MSG(colocated_buffer_unpin(f.buffer), COLOCATED_FAILED_PRECONDITION, "no pin");
+  CHECK_OK(colocated_buffer_unpin(h.other));
+  second_handle_destroy(&h);
+  buffer_fixture_destroy(&f);
 }
 
 TEST(a_pinned_pointer_stays_valid_across_delete_until_unpin) {
-  colocated_client *client = make_client(1, 1);
   float values[64];
   for (int i = 0; i < 64; ++i) values[i] = (float)i;
-  colocated_buffer *b = make_f32(client, device_at(client, 0), values, 64);
+  struct buffer_fixture f = f32_on_one_device(values, 64);
   void *ptr;
   size_t size;
-  CHECK_OK(colocated_buffer_pin(b, &ptr, &size));
-  CHECK_OK(colocated_buffer_delete(b));
+  CHECK_OK(colocated_buffer_pin(f.buffer, &ptr, &size));
+  CHECK_OK(colocated_buffer_delete(f.buffer));
   /* AddressSanitizer reports this read if delete freed the pinned data */
   CHECK(memcmp(ptr, values, sizeof values) == 0);
   ((float *)ptr)[0] = 42; /* writing through a pin is the caller's business */
-  CHECK_OK(colocated_buffer_unpin(b));
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  CHECK_OK(colocated_buffer_unpin(f.buffer));
+  buffer_fixture_destroy(&f);
 }
 
 TEST(destroying_a_handle_releases_its_pins) {
@@ -539,14 +561,12 @@ TEST(pin_waits_for_a_pending_buffer) {
 }
 
 TEST(pin_with_a_null_data_out_is_invalid_and_takes_no_pin) {
-  colocated_client *client = make_client(1, 1);
   float v = 1;
-  colocated_buffer *b = make_f32(client, device_at(client, 0), &v, 1);
+  struct buffer_fixture f = f32_on_one_device(&v, 1);
   size_t size;
-  CHECK_CODE_MSG(colocated_buffer_pin(b, NULL, &size), COLOCATED_INVALID_ARGUMENT, "data");
-  CHECK_CODE_MSG(colocated_buffer_unpin(b), COLOCATED_FAILED_PRECONDITION, "no pin");
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  CHECK_CODE_MSG(colocated_buffer_pin(f.buffer, NULL, &size), COLOCATED_INVALID_ARGUMENT, "data");
+  CHECK_CODE_MSG(colocated_buffer_unpin(f.buffer), COLOCATED_FAILED_PRECONDITION, "no pin");
+  buffer_fixture_destroy(&f);
 }
 
 TEST(copy_to_device_lands_on_the_device_default_memory) {
@@ -676,12 +696,10 @@ TEST(ready_event_of_a_host_buffer_is_ready) {
 }
 
 TEST(buffer_ready_event_with_null_out_is_invalid_and_leaks_nothing) {
-  colocated_client *client = make_client(1, 1);
   float v = 1;
-  colocated_buffer *b = make_f32(client, device_at(client, 0), &v, 1);
-  CHECK_CODE_MSG(colocated_buffer_ready_event(b, NULL), COLOCATED_INVALID_ARGUMENT, "out");
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  struct buffer_fixture f = f32_on_one_device(&v, 1);
+  CHECK_CODE_MSG(colocated_buffer_ready_event(f.buffer, NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  buffer_fixture_destroy(&f);
 }
 
 TEST(buffer_destroy_accepts_null) {
