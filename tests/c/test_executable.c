@@ -207,6 +207,31 @@ static colocated_array *gate_submit(const struct gate_fixture *g, const colocate
   return out;
 }
 
+/* Registers "add_one" with the gate's client and compiles it over the gate's
+ * output (float32[1] on device 0): the execution to queue behind the gate. */
+static colocated_loaded_executable *compile_add_one_after_gate(const struct gate_fixture *g) {
+  register_native(g->client, "add_one", native_add_one, NULL, NULL);
+  return compile_f32_unary(g->client, "add_one", 1, g->sharding, &g->device, 1, NULL);
+}
+
+/* Submits the gate on this thread's default stream, then a copy of a float32
+ * buffer of `values` from device 0 to device 1 on the same stream: the copy
+ * waits for the gate. */
+struct queued_copy {
+  colocated_array *gated; /* the gate's output */
+  colocated_buffer *src;  /* on device 0 */
+  colocated_buffer *copy; /* on device 1, once the gate opens */
+};
+
+static struct queued_copy queue_copy_behind_gate(const struct gate_fixture *g, const float *values, size_t n) {
+  struct queued_copy q;
+  q.gated = gate_submit(g, NULL, NULL);
+  q.src = make_f32(g->client, device_at(g->client, 0), values, n);
+  q.copy = NULL;
+  CHECK_OK(colocated_buffer_copy_to_device(q.src, device_at(g->client, 1), &q.copy));
+  return q;
+}
+
 /* Opens the gate: every gate execution waiting on it goes on. */
 static void gate_open(struct gate_fixture *g) { CHECK_OK(colocated_event_set(g->gate.open, COLOCATED_OK, NULL, 0)); }
 
@@ -223,6 +248,16 @@ static bool is_hex16(colocated_string_view v) {
   for (size_t i = 0; i < 16; ++i)
     if (!((v.data[i] >= '0' && v.data[i] <= '9') || (v.data[i] >= 'a' && v.data[i] <= 'f'))) return false;
   return true;
+}
+
+/* Awaits the `status` of a one-output execute_sharded / execute_portable, then
+ * checks that its output shard `out` is on `device` and reads its `n` float32
+ * values into `values`. */
+static void await_shard_on(colocated_event *status, const colocated_buffer *out, const colocated_device *device,
+                           float *values, size_t n) {
+  CHECK_OK(await_and_destroy(status));
+  check_buffer_device(out, device);
+  read_buffer(out, values, n * sizeof(float));
 }
 
 /* ---- tests -------------------------------------------------------------------- */
@@ -391,8 +426,7 @@ TEST(each_thread_has_its_own_default_stream_in_program_order) {
 TEST(a_not_yet_ready_output_is_a_valid_argument_of_the_next_execution) {
   struct gate_fixture g;
   gate_fixture_init(&g, 1, 2, 41.0f);
-  register_native(g.client, "add_one", native_add_one, NULL, NULL);
-  colocated_loaded_executable *add = compile_f32_unary(g.client, "add_one", 1, g.sharding, &g.device, 1, NULL);
+  colocated_loaded_executable *add = compile_add_one_after_gate(&g);
 
   colocated_stream *gate_stream = make_stream(g.client);
   colocated_event *gate_status = NULL;
@@ -425,8 +459,7 @@ TEST(a_not_yet_ready_output_is_a_valid_argument_of_the_next_execution) {
 TEST(deleting_an_argument_of_a_queued_execution_waits_for_it) {
   struct gate_fixture g;
   gate_fixture_init(&g, 1, 2, 0.0f);
-  register_native(g.client, "add_one", native_add_one, NULL, NULL);
-  colocated_loaded_executable *add = compile_f32_unary(g.client, "add_one", 1, g.sharding, &g.device, 1, NULL);
+  colocated_loaded_executable *add = compile_add_one_after_gate(&g);
   colocated_stream *stream = make_stream(g.client);
   colocated_array *gated = gate_submit(&g, stream, NULL);
   float x = 7;
@@ -450,20 +483,16 @@ TEST(deleting_an_argument_of_a_queued_execution_waits_for_it) {
 TEST(deleting_the_source_of_a_queued_copy_waits_for_the_copy) {
   struct gate_fixture g;
   gate_fixture_init(&g, 2, 2, 0.0f);
-  /* the gate and the copy both use this thread's default stream */
-  colocated_array *gated = gate_submit(&g, NULL, NULL);
   float values[3] = {1, 2, 3};
-  colocated_buffer *src = make_f32(g.client, device_at(g.client, 0), values, 3);
-  colocated_buffer *copy = NULL;
-  CHECK_OK(colocated_buffer_copy_to_device(src, device_at(g.client, 1), &copy));
-  CHECK_OK(colocated_buffer_delete(src));
+  struct queued_copy q = queue_copy_behind_gate(&g, values, 3);
+  CHECK_OK(colocated_buffer_delete(q.src));
   gate_open(&g);
   float back[3];
-  read_buffer(copy, back, sizeof back);
+  read_buffer(q.copy, back, sizeof back);
   CHECK(back[0] == 1 && back[2] == 3);
-  colocated_buffer_destroy(copy);
-  colocated_buffer_destroy(src);
-  colocated_array_destroy(gated);
+  colocated_buffer_destroy(q.copy);
+  colocated_buffer_destroy(q.src);
+  colocated_array_destroy(q.gated);
   gate_fixture_destroy(&g);
 }
 
@@ -475,29 +504,26 @@ static void count_calls(colocated_error *error, void *user_data) {
 TEST(on_ready_callbacks_and_to_host_outlive_the_event_handle_and_a_delete) {
   struct gate_fixture g;
   gate_fixture_init(&g, 2, 2, 0.0f);
-  colocated_array *gated = gate_submit(&g, NULL, NULL);
   float values[3] = {4, 5, 6};
-  colocated_buffer *src = make_f32(g.client, device_at(g.client, 0), values, 3);
-  colocated_buffer *copy = NULL;
-  CHECK_OK(colocated_buffer_copy_to_device(src, device_at(g.client, 1), &copy)); /* queued behind the gate */
+  struct queued_copy q = queue_copy_behind_gate(&g, values, 3);
   atomic_int calls = 0;
   colocated_event *ready;
-  CHECK_OK(colocated_buffer_ready_event(copy, &ready));
+  CHECK_OK(colocated_buffer_ready_event(q.copy, &ready));
   CHECK(!event_is_ready(ready));
   CHECK_OK(colocated_event_on_ready(ready, count_calls, &calls));
   colocated_event_destroy(ready); /* the event lives on while the runtime needs it */
   float back[3] = {0};
   colocated_event *copied = NULL;
-  CHECK_OK(colocated_buffer_to_host(copy, back, sizeof back, &copied));
-  CHECK_OK(colocated_buffer_delete(copy)); /* the pending to_host is in-flight work */
-  colocated_buffer_destroy(copy);
+  CHECK_OK(colocated_buffer_to_host(q.copy, back, sizeof back, &copied));
+  CHECK_OK(colocated_buffer_delete(q.copy)); /* the pending to_host is in-flight work */
+  colocated_buffer_destroy(q.copy);
   CHECK_EQ_I64(atomic_load(&calls), 0);
   gate_open(&g);
   CHECK_OK(await_and_destroy(copied));
   CHECK(back[0] == 4 && back[2] == 6);
   CHECK(WAIT_FOR(atomic_load(&calls) == 1, 5000));
-  colocated_buffer_destroy(src);
-  colocated_array_destroy(gated);
+  colocated_buffer_destroy(q.src);
+  colocated_array_destroy(q.gated);
   gate_fixture_destroy(&g);
   CHECK_EQ_I64(atomic_load(&calls), 1);
 }
@@ -572,8 +598,7 @@ TEST(dropping_every_handle_while_work_is_in_flight_finishes_it_and_stops_the_exe
   struct gate_fixture g;
   gate_fixture_init(&g, 2, 2, 1.0f);
   atomic_int done = 0;
-  register_native(g.client, "add_one", native_add_one, NULL, NULL);
-  colocated_loaded_executable *add = compile_f32_unary(g.client, "add_one", 1, g.sharding, &g.device, 1, NULL);
+  colocated_loaded_executable *add = compile_add_one_after_gate(&g);
   colocated_array *x = gate_submit(&g, NULL, NULL);
   colocated_event *status;
   colocated_array *y = run1(add, x, NULL, &status);
@@ -944,10 +969,8 @@ TEST(execute_sharded_runs_the_part_of_one_device) {
   colocated_buffer *out[1] = {NULL};
   colocated_event *status = NULL;
   CHECK_OK(colocated_loaded_executable_execute_sharded(f.exe, args, 1, f.devices[1], NULL, out, 1, &status));
-  CHECK_OK(await_and_destroy(status));
-  check_buffer_device(out[0], f.devices[1]);
   float y[2];
-  read_buffer(out[0], y, sizeof y);
+  await_shard_on(status, out[0], f.devices[1], y, 2);
   CHECK(y[0] == 11 && y[1] == 21);
   colocated_buffer_destroy(out[0]);
   out[0] = NULL;
@@ -988,10 +1011,8 @@ TEST(execute_portable_runs_a_single_device_executable_on_any_device) {
   colocated_buffer *out[1] = {NULL};
   colocated_event *status;
   CHECK_OK(colocated_loaded_executable_execute_portable(f.exe, args, 1, f.devices[2], NULL, out, 1, &status));
-  CHECK_OK(await_and_destroy(status));
-  check_buffer_device(out[0], f.devices[2]);
   float y[3];
-  read_buffer(out[0], y, sizeof y);
+  await_shard_on(status, out[0], f.devices[2], y, 3);
   CHECK(y[0] == 2 && y[2] == 4);
   colocated_buffer_destroy(out[0]);
   out[0] = NULL;
