@@ -117,8 +117,10 @@ TEST(shard_index_rejects_out_of_range_devices_uneven_splits_and_negative_dims) {
   const int64_t uneven[1] = {7};
   CHECK_CODE_MSG(colocated_sharding_shard_index(f.sharding, 0, uneven, 1, starts, limits), COLOCATED_INVALID_ARGUMENT,
                  "evenly");
-  CHECK_CODE_MSG(colocated_sharding_shard_index(f.sharding, 0, NULL, 0, starts, limits), COLOCATED_INVALID_ARGUMENT, "rank");
-  CHECK_CODE_MSG(colocated_sharding_shard_index(f.sharding, 0, NULL, 1, starts, limits), COLOCATED_INVALID_ARGUMENT, "NULL");
+  CHECK_CODE_MSG(colocated_sharding_shard_index(f.sharding, 0, NULL, 0, starts, limits), COLOCATED_INVALID_ARGUMENT,
+                 "rank");
+  CHECK_CODE_MSG(colocated_sharding_shard_index(f.sharding, 0, NULL, 1, starts, limits), COLOCATED_INVALID_ARGUMENT,
+                 "NULL");
   const int64_t negative[1] = {-8};
   colocated_error *err = colocated_sharding_shard_index(f.sharding, 1, negative, 1, starts, limits);
   if (err == NULL) fprintf(stderr, "shard_index of dims [-8]: [%lld, %lld)\n", (long long)starts[0], (long long)limits[0]);

@@ -325,8 +325,9 @@ TEST(until_transfer_completes_semantics_release_the_host_buffer_after_the_done_e
   for (int i = 0; i < 4; ++i) host[i] = (float)i;
   const int64_t dims[1] = {4};
   colocated_event *done = NULL;
-  colocated_buffer *b = make_buffer_with(client, device_at(client, 0), COLOCATED_DTYPE_F32, dims, 1, host,
-                                       4 * sizeof(float), COLOCATED_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES, &done);
+  colocated_buffer *b =
+      make_buffer_with(client, device_at(client, 0), COLOCATED_DTYPE_F32, dims, 1, host, 4 * sizeof(float),
+                       COLOCATED_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES, &done);
   CHECK(done != NULL);
   CHECK_OK(colocated_event_await_timeout(done, 5ull * 1000 * 1000 * 1000));
   colocated_event_destroy(done);
@@ -346,7 +347,7 @@ TEST(zero_copy_done_event_fires_only_after_the_buffer_and_its_copies_are_gone) {
   const int64_t dims[1] = {4};
   colocated_event *done = NULL;
   colocated_buffer *b = make_buffer_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, 4 * sizeof(float),
-                                       COLOCATED_HOST_BUFFER_IMMUTABLE_ZERO_COPY, &done);
+                                         COLOCATED_HOST_BUFFER_IMMUTABLE_ZERO_COPY, &done);
   CHECK(done != NULL);
   CHECK(!event_is_ready(done));
   float back[4];
@@ -406,8 +407,10 @@ TEST(to_host_rejects_wrong_sizes_and_null_destinations) {
   struct buffer_fixture f = f32_on_one_device(values, 3);
   colocated_event *done = NULL;
   CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, sizeof back, &done), COLOCATED_INVALID_ARGUMENT, "bytes");
-  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, 2 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT, "bytes");
-  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, NULL, 3 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT, "NULL");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, 2 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT,
+                 "bytes");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, NULL, 3 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT,
+                 "NULL");
   CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, 3 * sizeof(float), NULL), COLOCATED_INVALID_ARGUMENT, "out");
   CHECK(done == NULL);
   buffer_fixture_destroy(&f);

@@ -998,7 +998,8 @@ TEST(wrong_arguments_at_execute_are_invalid_arguments) {
                  "argument 0");
   /* a deleted argument */
   CHECK_OK(colocated_array_delete(wrong_place));
-  colocated_array *deleted = make_array(f.client, f.sharding, COLOCATED_DTYPE_F32, f.dims, 1, f.values, sizeof f.values);
+  colocated_array *deleted =
+      make_array(f.client, f.sharding, COLOCATED_DTYPE_F32, f.dims, 1, f.values, sizeof f.values);
   CHECK_OK(colocated_array_delete(deleted));
   bad[0] = deleted;
   CHECK_CODE_MSG(colocated_loaded_executable_execute(f.exe, bad, 1, NULL, out, 1, &status),

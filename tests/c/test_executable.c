@@ -978,11 +978,13 @@ TEST(execute_sharded_runs_the_part_of_one_device) {
   CHECK_CODE_MSG(colocated_loaded_executable_execute_sharded(f.exe, args, 1, f.devices[2], NULL, out, 1, &status),
                  COLOCATED_INVALID_ARGUMENT, "does not run on");
   const colocated_buffer *wrong_device[1] = {on0};
-  CHECK_CODE_MSG(colocated_loaded_executable_execute_sharded(f.exe, wrong_device, 1, f.devices[1], NULL, out, 1, &status),
-                 COLOCATED_INVALID_ARGUMENT, "argument 0");
+  CHECK_CODE_MSG(
+      colocated_loaded_executable_execute_sharded(f.exe, wrong_device, 1, f.devices[1], NULL, out, 1, &status),
+      COLOCATED_INVALID_ARGUMENT, "argument 0");
   const colocated_buffer *wrong_shape[1] = {too_big};
-  CHECK_CODE_MSG(colocated_loaded_executable_execute_sharded(f.exe, wrong_shape, 1, f.devices[1], NULL, out, 1, &status),
-                 COLOCATED_INVALID_ARGUMENT, "argument 0");
+  CHECK_CODE_MSG(
+      colocated_loaded_executable_execute_sharded(f.exe, wrong_shape, 1, f.devices[1], NULL, out, 1, &status),
+      COLOCATED_INVALID_ARGUMENT, "argument 0");
   CHECK_CODE_MSG(colocated_loaded_executable_execute_sharded(f.exe, NULL, 0, f.devices[1], NULL, out, 1, &status),
                  COLOCATED_INVALID_ARGUMENT, "arguments");
   CHECK_CODE_MSG(colocated_loaded_executable_execute_sharded(f.exe, args, 1, f.devices[1], NULL, out, 0, &status),
@@ -1019,8 +1021,9 @@ TEST(execute_portable_runs_a_single_device_executable_on_any_device) {
 
   CHECK_CODE_MSG(colocated_loaded_executable_execute_portable(f.exe, args, 1, f.devices[1], NULL, out, 1, &status),
                  COLOCATED_INVALID_ARGUMENT, "argument 0");
-  CHECK_CODE_MSG(colocated_loaded_executable_execute_portable(f.exe, args, 1, device_at(other, 0), NULL, out, 1, &status),
-                 COLOCATED_INVALID_ARGUMENT, "another client");
+  CHECK_CODE_MSG(
+      colocated_loaded_executable_execute_portable(f.exe, args, 1, device_at(other, 0), NULL, out, 1, &status),
+      COLOCATED_INVALID_ARGUMENT, "another client");
 
   colocated_sharding *three = make_split(f.client, f.devices, 3);
   colocated_loaded_executable *multi = compile_f32_unary(f.client, "add_one", 3, three, f.devices, 3, NULL);
