@@ -503,15 +503,12 @@ TEST(array_delete_deletes_every_buffer) {
 }
 
 TEST(arrays_outlive_their_sharding_handle) {
-  colocated_client *client = make_client(2, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
-  colocated_sharding *s = make_split(client, devices, 2);
+  struct client_fixture f = client_fixture(2, 2);
+  f.sharding = make_split(f.client, f.devices, 2);
   float x[2] = {1, 2};
   const int64_t dims[1] = {2};
-  colocated_array *a = make_array(client, s, COLOCATED_DTYPE_F32, dims, 1, x, sizeof x);
-  colocated_sharding_destroy(s);
-  colocated_client_destroy(client);
+  colocated_array *a = make_array(f.client, f.sharding, COLOCATED_DTYPE_F32, dims, 1, x, sizeof x);
+  client_fixture_destroy(&f);
   float back[2];
   CHECK_OK(colocated_array_to_host(a, back, sizeof back));
   CHECK(back[0] == 1 && back[1] == 2);

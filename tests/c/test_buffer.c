@@ -610,32 +610,30 @@ TEST(a_chain_of_copies_runs_in_program_order) {
 }
 
 TEST(copy_to_memory_space_keeps_the_device_when_it_can_address_the_space) {
-  colocated_client *client = make_client(2, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(2, 2);
   float values[2] = {3, 4}, back[2];
-  colocated_buffer *src = make_f32(client, devices[1], values, 2);
+  colocated_buffer *src = make_f32(f.client, f.devices[1], values, 2);
   const colocated_memory_kind kinds[2] = {COLOCATED_MEMORY_PINNED_HOST, COLOCATED_MEMORY_UNPINNED_HOST};
   for (int k = 0; k < 2; ++k) {
-    const colocated_memory_space *target = memory_of_kind(devices[1], kinds[k]);
+    const colocated_memory_space *target = memory_of_kind(f.devices[1], kinds[k]);
     colocated_buffer *copy;
     CHECK_OK(colocated_buffer_copy_to_memory_space(src, target, &copy));
-    check_buffer_place(copy, devices[1], target);
+    check_buffer_place(copy, f.devices[1], target);
     read_buffer(copy, back, sizeof back);
     CHECK(back[0] == 3 && back[1] == 4);
     colocated_buffer_destroy(copy);
   }
   /* another device's own memory moves the buffer to that device */
   const colocated_memory_space *dev0_memory;
-  CHECK_OK(colocated_device_default_memory_space(devices[0], &dev0_memory));
+  CHECK_OK(colocated_device_default_memory_space(f.devices[0], &dev0_memory));
   colocated_buffer *moved;
   CHECK_OK(colocated_buffer_copy_to_memory_space(src, dev0_memory, &moved));
-  check_buffer_device(moved, devices[0]);
+  check_buffer_device(moved, f.devices[0]);
   read_buffer(moved, back, sizeof back);
   CHECK(back[0] == 3 && back[1] == 4);
   colocated_buffer_destroy(moved);
   colocated_buffer_destroy(src);
-  colocated_client_destroy(client);
+  client_fixture_destroy(&f);
 }
 
 TEST(copies_reject_devices_and_memory_spaces_of_another_client) {

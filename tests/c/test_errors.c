@@ -1014,14 +1014,12 @@ TEST(wrong_arguments_at_execute_are_invalid_arguments) {
 }
 
 TEST(impossible_counts_and_misaligned_arrays_are_invalid_arguments) {
-  colocated_client *client = make_client(2, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(2, 2);
   const colocated_device *out[2];
-  CHECK_CODE_MSG(colocated_client_cpu_devices(client, devices, SIZE_MAX / 4, out), COLOCATED_INVALID_ARGUMENT,
+  CHECK_CODE_MSG(colocated_client_cpu_devices(f.client, f.devices, SIZE_MAX / 4, out), COLOCATED_INVALID_ARGUMENT,
                  "impossible count");
-  const colocated_device *const *misaligned = (const colocated_device *const *)((const char *)devices + 1);
-  CHECK_CODE_MSG(colocated_client_cpu_devices(client, misaligned, 1, out), COLOCATED_INVALID_ARGUMENT, "not aligned");
-  CHECK_OK(colocated_client_cpu_devices(client, devices, n, out));
-  colocated_client_destroy(client);
+  const colocated_device *const *misaligned = (const colocated_device *const *)((const char *)f.devices + 1);
+  CHECK_CODE_MSG(colocated_client_cpu_devices(f.client, misaligned, 1, out), COLOCATED_INVALID_ARGUMENT, "not aligned");
+  CHECK_OK(colocated_client_cpu_devices(f.client, f.devices, f.num_devices, out));
+  client_fixture_destroy(&f);
 }
