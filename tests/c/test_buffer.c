@@ -27,21 +27,51 @@ static uint64_t le64(const uint8_t *p) {
   return v;
 }
 
-static colocated_buffer *from_host_with(const colocated_client *client, const colocated_device *device,
-                                        uint32_t dtype, const int64_t *dims, size_t num_dims, const void *data,
-                                        size_t size, uint32_t semantics, colocated_event **done) {
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = device;
-  args.dtype = dtype;
-  args.dims = dims;
-  args.num_dims = num_dims;
-  args.data = data;
-  args.data_size = size;
-  args.semantics = semantics;
-  colocated_buffer *buffer = NULL;
-  CHECK_OK(colocated_buffer_from_host(&args, &buffer, done));
-  return buffer;
+/* A client of one device and a float32 buffer on it: the start of the tests of
+ * one buffer (f32_on_one_device, then buffer_fixture_destroy). */
+struct buffer_fixture {
+  colocated_client *client;
+  colocated_buffer *buffer;
+};
+
+/* The `n` float32 `values` in a buffer on the one device of a new client. */
+static struct buffer_fixture f32_on_one_device(const float *values, size_t n) {
+  struct buffer_fixture f;
+  f.client = make_client(1, 1);
+  f.buffer = make_f32(f.client, device_at(f.client, 0), values, n);
+  return f;
+}
+
+/* Destroys the buffer, then the client. */
+static void buffer_fixture_destroy(struct buffer_fixture *f) {
+  colocated_buffer_destroy(f->buffer);
+  colocated_client_destroy(f->client);
+}
+
+/* Another handle of buffer `b` (float32[n] on `device`), taken through an
+ * array assembled from it. */
+struct second_handle {
+  colocated_sharding *sharding;
+  colocated_array *array;
+  colocated_buffer *other; /* the other handle */
+};
+
+static struct second_handle second_handle(const colocated_client *client, const colocated_device *device,
+                                          const colocated_buffer *b, int64_t n) {
+  struct second_handle h;
+  h.sharding = make_replicated(client, &device, 1);
+  const int64_t dims[1] = {n};
+  const colocated_buffer *parts[1] = {b};
+  h.array = assemble_array(client, h.sharding, COLOCATED_DTYPE_F32, dims, 1, parts, 1);
+  CHECK_OK(colocated_array_buffer(h.array, 0, &h.other));
+  return h;
+}
+
+/* Destroys the other handle, the array and the sharding. */
+static void second_handle_destroy(struct second_handle *h) {
+  colocated_buffer_destroy(h->other);
+  colocated_array_destroy(h->array);
+  colocated_sharding_destroy(h->sharding);
 }
 
 TEST(every_dense_dtype_round_trips_with_its_dims_and_size) {
@@ -68,13 +98,7 @@ TEST(every_dense_dtype_round_trips_with_its_dims_and_size) {
     memset(back, 0xAA, sizeof back);
     read_buffer(b, back, bytes);
     if (memcmp(back, data, bytes) != 0) FAIL("dtype %s did not round-trip", DENSE[t].name);
-    const colocated_device *on = NULL;
-    CHECK_OK(colocated_buffer_device(b, &on));
-    CHECK(on == device);
-    const colocated_memory_space *memory = NULL, *def = NULL;
-    CHECK_OK(colocated_buffer_memory_space(b, &memory));
-    CHECK_OK(colocated_device_default_memory_space(device, &def));
-    CHECK(memory == def);
+    check_buffer_place(b, device, NULL);
     colocated_buffer_destroy(b);
   }
   colocated_client_destroy(client);
@@ -117,14 +141,7 @@ TEST(zero_size_dims_make_empty_buffers) {
   }
   /* a zero-size buffer given a non-zero data_size is a mismatch */
   uint8_t one = 1;
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = device;
-  args.dtype = COLOCATED_DTYPE_U8;
-  args.dims = dims;
-  args.num_dims = 3;
-  args.data = &one;
-  args.data_size = 1;
+  colocated_buffer_from_host_args args = buffer_args(client, device, COLOCATED_DTYPE_U8, dims, 3, &one, 1);
   colocated_buffer *b = NULL;
   CHECK_CODE_MSG(colocated_buffer_from_host(&args, &b, NULL), COLOCATED_INVALID_ARGUMENT, "bytes");
   colocated_client_destroy(client);
@@ -137,7 +154,7 @@ TEST(string_buffers_use_offsets_then_bytes_on_the_host) {
   const int64_t dims[2] = {2, 2};
   colocated_event *done = NULL;
   colocated_buffer *b =
-      from_host_with(client, device, COLOCATED_DTYPE_STRING, dims, 2, strings, sizeof strings, 0, &done);
+      make_buffer_with(client, device, COLOCATED_DTYPE_STRING, dims, 2, strings, sizeof strings, 0, &done);
   /* strings are always copied: the done event is ready at once */
   CHECK(done != NULL && event_is_ready(done));
   CHECK_OK(await_and_destroy(done));
@@ -170,7 +187,7 @@ TEST(string_scalars_and_empty_string_buffers) {
   colocated_client *client = make_client(1, 1);
   const colocated_device *device = device_at(client, 0);
   colocated_string_view one = sv("scalar");
-  colocated_buffer *b = from_host_with(client, device, COLOCATED_DTYPE_STRING, NULL, 0, &one, sizeof one, 0, NULL);
+  colocated_buffer *b = make_buffer_with(client, device, COLOCATED_DTYPE_STRING, NULL, 0, &one, sizeof one, 0, NULL);
   size_t size = 0;
   CHECK_OK(colocated_buffer_on_host_size(b, &size));
   CHECK_EQ_U64(size, 16 + 6);
@@ -182,7 +199,7 @@ TEST(string_scalars_and_empty_string_buffers) {
   colocated_buffer_destroy(b);
 
   const int64_t zero[1] = {0};
-  b = from_host_with(client, device, COLOCATED_DTYPE_STRING, zero, 1, NULL, 0, 0, NULL);
+  b = make_buffer_with(client, device, COLOCATED_DTYPE_STRING, zero, 1, NULL, 0, 0, NULL);
   CHECK_OK(colocated_buffer_on_host_size(b, &size));
   CHECK_EQ_U64(size, 8); /* one offset, no bytes */
   uint8_t offset[8];
@@ -192,7 +209,7 @@ TEST(string_scalars_and_empty_string_buffers) {
 
   /* an empty element may have a NULL pointer */
   colocated_string_view empty = {NULL, 0};
-  b = from_host_with(client, device, COLOCATED_DTYPE_STRING, NULL, 0, &empty, sizeof empty, 0, NULL);
+  b = make_buffer_with(client, device, COLOCATED_DTYPE_STRING, NULL, 0, &empty, sizeof empty, 0, NULL);
   CHECK_OK(colocated_buffer_on_host_size(b, &size));
   CHECK_EQ_U64(size, 16);
   colocated_buffer_destroy(b);
@@ -251,12 +268,8 @@ TEST(bad_string_input_is_invalid) {
 TEST(unknown_semantics_are_invalid_for_every_dtype) {
   colocated_client *client = make_client(1, 1);
   float x = 1;
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = device_at(client, 0);
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.data = &x;
-  args.data_size = sizeof x;
+  colocated_buffer_from_host_args args =
+      buffer_args(client, device_at(client, 0), COLOCATED_DTYPE_F32, NULL, 0, &x, sizeof x);
   args.semantics = 4;
   colocated_buffer *b = NULL;
   CHECK_CODE_MSG(colocated_buffer_from_host(&args, &b, NULL), COLOCATED_INVALID_ARGUMENT, "semantics");
@@ -275,14 +288,8 @@ TEST(a_failed_from_host_returns_neither_buffer_nor_done_event) {
   colocated_client *client = make_client(1, 1);
   float x[2] = {1, 2};
   const int64_t dims[1] = {3}; /* 3 elements, 2 given */
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = device_at(client, 0);
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.data = x;
-  args.data_size = sizeof x;
+  colocated_buffer_from_host_args args =
+      buffer_args(client, device_at(client, 0), COLOCATED_DTYPE_F32, dims, 1, x, sizeof x);
   args.semantics = COLOCATED_HOST_BUFFER_IMMUTABLE_ZERO_COPY;
   colocated_buffer *b = NULL;
   colocated_event *done = NULL;
@@ -300,7 +307,7 @@ TEST(copying_semantics_are_done_with_the_host_buffer_at_once) {
     const int64_t dims[1] = {4};
     colocated_event *done = NULL;
     colocated_buffer *b =
-        from_host_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, sizeof host, semantics[s], &done);
+        make_buffer_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, sizeof host, semantics[s], &done);
     CHECK(done != NULL);
     CHECK(event_is_ready(done));
     CHECK_OK(await_and_destroy(done));
@@ -318,8 +325,9 @@ TEST(until_transfer_completes_semantics_release_the_host_buffer_after_the_done_e
   for (int i = 0; i < 4; ++i) host[i] = (float)i;
   const int64_t dims[1] = {4};
   colocated_event *done = NULL;
-  colocated_buffer *b = from_host_with(client, device_at(client, 0), COLOCATED_DTYPE_F32, dims, 1, host,
-                                       4 * sizeof(float), COLOCATED_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES, &done);
+  colocated_buffer *b =
+      make_buffer_with(client, device_at(client, 0), COLOCATED_DTYPE_F32, dims, 1, host, 4 * sizeof(float),
+                       COLOCATED_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES, &done);
   CHECK(done != NULL);
   CHECK_OK(colocated_event_await_timeout(done, 5ull * 1000 * 1000 * 1000));
   colocated_event_destroy(done);
@@ -338,8 +346,8 @@ TEST(zero_copy_done_event_fires_only_after_the_buffer_and_its_copies_are_gone) {
   for (int i = 0; i < 4; ++i) host[i] = (float)(i + 10);
   const int64_t dims[1] = {4};
   colocated_event *done = NULL;
-  colocated_buffer *b = from_host_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, 4 * sizeof(float),
-                                       COLOCATED_HOST_BUFFER_IMMUTABLE_ZERO_COPY, &done);
+  colocated_buffer *b = make_buffer_with(client, device, COLOCATED_DTYPE_F32, dims, 1, host, 4 * sizeof(float),
+                                         COLOCATED_HOST_BUFFER_IMMUTABLE_ZERO_COPY, &done);
   CHECK(done != NULL);
   CHECK(!event_is_ready(done));
   float back[4];
@@ -349,22 +357,11 @@ TEST(zero_copy_done_event_fires_only_after_the_buffer_and_its_copies_are_gone) {
   /* a second handle (through an array) is another user */
   colocated_sharding *sharding = make_replicated(client, &device, 1);
   const colocated_buffer *parts[1] = {b};
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.buffers = parts;
-  args.num_buffers = 1;
-  colocated_array *array = NULL;
-  CHECK_OK(colocated_array_assemble(&args, &array));
+  colocated_array *array = assemble_array(client, sharding, COLOCATED_DTYPE_F32, dims, 1, parts, 1);
 
   colocated_buffer *copy = NULL;
   CHECK_OK(colocated_buffer_copy_to_device(b, device_at(client, 1), &copy));
-  colocated_event *copied;
-  CHECK_OK(colocated_buffer_ready_event(copy, &copied));
-  CHECK_OK(await_and_destroy(copied));
+  await_buffer_ready(copy);
 
   colocated_buffer_destroy(b);
   harness_sleep_ms(20);
@@ -406,28 +403,26 @@ TEST(to_host_is_asynchronous_and_waits_for_the_data) {
 }
 
 TEST(to_host_rejects_wrong_sizes_and_null_destinations) {
-  colocated_client *client = make_client(1, 1);
   float values[3] = {1, 2, 3}, back[4];
-  colocated_buffer *b = make_f32(client, device_at(client, 0), values, 3);
+  struct buffer_fixture f = f32_on_one_device(values, 3);
   colocated_event *done = NULL;
-  CHECK_CODE_MSG(colocated_buffer_to_host(b, back, sizeof back, &done), COLOCATED_INVALID_ARGUMENT, "bytes");
-  CHECK_CODE_MSG(colocated_buffer_to_host(b, back, 2 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT, "bytes");
-  CHECK_CODE_MSG(colocated_buffer_to_host(b, NULL, 3 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT, "NULL");
-  CHECK_CODE_MSG(colocated_buffer_to_host(b, back, 3 * sizeof(float), NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, sizeof back, &done), COLOCATED_INVALID_ARGUMENT, "bytes");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, 2 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT,
+                 "bytes");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, NULL, 3 * sizeof(float), &done), COLOCATED_INVALID_ARGUMENT,
+                 "NULL");
+  CHECK_CODE_MSG(colocated_buffer_to_host(f.buffer, back, 3 * sizeof(float), NULL), COLOCATED_INVALID_ARGUMENT, "out");
   CHECK(done == NULL);
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  buffer_fixture_destroy(&f);
 }
 
 TEST(from_host_copies_during_the_call_by_default) {
-  colocated_client *client = make_client(1, 1);
   float values[2] = {5, 6}, back[2];
-  colocated_buffer *b = make_f32(client, device_at(client, 0), values, 2);
+  struct buffer_fixture f = f32_on_one_device(values, 2);
   values[0] = 0;
-  read_buffer(b, back, sizeof back);
+  read_buffer(f.buffer, back, sizeof back);
   CHECK(back[0] == 5 && back[1] == 6);
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  buffer_fixture_destroy(&f);
 }
 
 TEST(deleted_buffers_fail_every_data_use_with_failed_precondition) {
@@ -476,104 +471,65 @@ TEST(delete_is_seen_by_every_handle_and_array_sharing_the_buffer) {
   const colocated_device *device = device_at(client, 0);
   float values[2] = {1, 2};
   colocated_buffer *b = make_f32(client, device, values, 2);
-  colocated_sharding *sharding = make_replicated(client, &device, 1);
-  const int64_t dims[1] = {2};
-  const colocated_buffer *parts[1] = {b};
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.buffers = parts;
-  args.num_buffers = 1;
-  colocated_array *array;
-  CHECK_OK(colocated_array_assemble(&args, &array));
-  colocated_buffer *other;
-  CHECK_OK(colocated_array_buffer(array, 0, &other));
+  struct second_handle h = second_handle(client, device, b, 2);
   CHECK_OK(colocated_buffer_delete(b));
   bool deleted = false;
-  CHECK_OK(colocated_buffer_is_deleted(other, &deleted));
+  CHECK_OK(colocated_buffer_is_deleted(h.other, &deleted));
   CHECK(deleted);
-  CHECK_OK(colocated_array_is_deleted(array, &deleted));
+  CHECK_OK(colocated_array_is_deleted(h.array, &deleted));
   CHECK(deleted);
   size_t size;
-  CHECK_CODE_MSG(colocated_buffer_on_host_size(other, &size), COLOCATED_FAILED_PRECONDITION, "deleted");
-  colocated_buffer_destroy(other);
-  colocated_array_destroy(array);
+  CHECK_CODE_MSG(colocated_buffer_on_host_size(h.other, &size), COLOCATED_FAILED_PRECONDITION, "deleted");
+  second_handle_destroy(&h);
   colocated_buffer_destroy(b);
-  colocated_sharding_destroy(sharding);
   colocated_client_destroy(client);
 }
 
 TEST(pin_gives_the_data_and_unpin_pairs_with_it) {
-  colocated_client *client = make_client(1, 1);
   float values[3] = {7, 8, 9};
-  colocated_buffer *b = make_f32(client, device_at(client, 0), values, 3);
+  struct buffer_fixture f = f32_on_one_device(values, 3);
   void *p1 = NULL, *p2 = NULL;
   size_t s1 = 0, s2 = 0;
-  CHECK_OK(colocated_buffer_pin(b, &p1, &s1));
+  CHECK_OK(colocated_buffer_pin(f.buffer, &p1, &s1));
   CHECK(p1 != NULL);
   CHECK_EQ_U64(s1, sizeof values);
   CHECK(memcmp(p1, values, sizeof values) == 0);
-  CHECK_OK(colocated_buffer_pin(b, &p2, &s2)); /* pins nest */
+  CHECK_OK(colocated_buffer_pin(f.buffer, &p2, &s2)); /* pins nest */
   CHECK(p2 == p1 && s2 == s1);
-  CHECK_OK(colocated_buffer_unpin(b));
-  CHECK_OK(colocated_buffer_unpin(b));
-  CHECK_CODE_MSG(colocated_buffer_unpin(b), COLOCATED_FAILED_PRECONDITION, "no pin");
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  CHECK_OK(colocated_buffer_unpin(f.buffer));
+  CHECK_OK(colocated_buffer_unpin(f.buffer));
+  CHECK_CODE_MSG(colocated_buffer_unpin(f.buffer), COLOCATED_FAILED_PRECONDITION, "no pin");
+  buffer_fixture_destroy(&f);
 }
 
 TEST(unpin_without_pin_is_a_failed_precondition) {
-  colocated_client *client = make_client(1, 1);
   float v = 1;
-  colocated_buffer *b = make_f32(client, device_at(client, 0), &v, 1);
-  CHECK_CODE_MSG(colocated_buffer_unpin(b), COLOCATED_FAILED_PRECONDITION, "no pin");
+  struct buffer_fixture f = f32_on_one_device(&v, 1);
+  CHECK_CODE_MSG(colocated_buffer_unpin(f.buffer), COLOCATED_FAILED_PRECONDITION, "no pin");
   /* a pin on another handle of the same buffer does not count for this one */
-  const colocated_device *device = device_at(client, 0);
-  colocated_sharding *sharding = make_replicated(client, &device, 1);
-  const int64_t dims[1] = {1};
-  const colocated_buffer *parts[1] = {b};
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.buffers = parts;
-  args.num_buffers = 1;
-  colocated_array *array;
-  CHECK_OK(colocated_array_assemble(&args, &array));
-  colocated_buffer *other;
-  CHECK_OK(colocated_array_buffer(array, 0, &other));
+  struct second_handle h = second_handle(f.client, device_at(f.client, 0), f.buffer, 1);
   void *ptr;
   size_t size;
-  CHECK_OK(colocated_buffer_pin(other, &ptr, &size));
-  CHECK_CODE_MSG(colocated_buffer_unpin(b), COLOCATED_FAILED_PRECONDITION, "no pin");
-  CHECK_OK(colocated_buffer_unpin(other));
-  colocated_buffer_destroy(other);
-  colocated_array_destroy(array);
-  colocated_sharding_destroy(sharding);
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  CHECK_OK(colocated_buffer_pin(h.other, &ptr, &size));
+  CHECK_CODE_MSG(colocated_buffer_unpin(f.buffer), COLOCATED_FAILED_PRECONDITION, "no pin");
+  CHECK_OK(colocated_buffer_unpin(h.other));
+  second_handle_destroy(&h);
+  buffer_fixture_destroy(&f);
 }
 
 TEST(a_pinned_pointer_stays_valid_across_delete_until_unpin) {
-  colocated_client *client = make_client(1, 1);
   float values[64];
   for (int i = 0; i < 64; ++i) values[i] = (float)i;
-  colocated_buffer *b = make_f32(client, device_at(client, 0), values, 64);
+  struct buffer_fixture f = f32_on_one_device(values, 64);
   void *ptr;
   size_t size;
-  CHECK_OK(colocated_buffer_pin(b, &ptr, &size));
-  CHECK_OK(colocated_buffer_delete(b));
+  CHECK_OK(colocated_buffer_pin(f.buffer, &ptr, &size));
+  CHECK_OK(colocated_buffer_delete(f.buffer));
   /* AddressSanitizer reports this read if delete freed the pinned data */
   CHECK(memcmp(ptr, values, sizeof values) == 0);
   ((float *)ptr)[0] = 42; /* writing through a pin is the caller's business */
-  CHECK_OK(colocated_buffer_unpin(b));
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  CHECK_OK(colocated_buffer_unpin(f.buffer));
+  buffer_fixture_destroy(&f);
 }
 
 TEST(destroying_a_handle_releases_its_pins) {
@@ -608,33 +564,23 @@ TEST(pin_waits_for_a_pending_buffer) {
 }
 
 TEST(pin_with_a_null_data_out_is_invalid_and_takes_no_pin) {
-  colocated_client *client = make_client(1, 1);
   float v = 1;
-  colocated_buffer *b = make_f32(client, device_at(client, 0), &v, 1);
+  struct buffer_fixture f = f32_on_one_device(&v, 1);
   size_t size;
-  CHECK_CODE_MSG(colocated_buffer_pin(b, NULL, &size), COLOCATED_INVALID_ARGUMENT, "data");
-  CHECK_CODE_MSG(colocated_buffer_unpin(b), COLOCATED_FAILED_PRECONDITION, "no pin");
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  CHECK_CODE_MSG(colocated_buffer_pin(f.buffer, NULL, &size), COLOCATED_INVALID_ARGUMENT, "data");
+  CHECK_CODE_MSG(colocated_buffer_unpin(f.buffer), COLOCATED_FAILED_PRECONDITION, "no pin");
+  buffer_fixture_destroy(&f);
 }
 
 TEST(copy_to_device_lands_on_the_device_default_memory) {
-  colocated_client *client = make_client(3, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(3, 2);
   int32_t values[5] = {1, -2, 3, -4, 5}, back[5];
   const int64_t dims[1] = {5};
-  colocated_buffer *src = make_buffer(client, devices[0], COLOCATED_DTYPE_I32, dims, 1, values, sizeof values);
-  for (size_t d = 0; d < n; ++d) {
+  colocated_buffer *src = make_buffer(f.client, f.devices[0], COLOCATED_DTYPE_I32, dims, 1, values, sizeof values);
+  for (size_t d = 0; d < f.num_devices; ++d) {
     colocated_buffer *copy = NULL;
-    CHECK_OK(colocated_buffer_copy_to_device(src, devices[d], &copy));
-    const colocated_device *on;
-    const colocated_memory_space *memory, *def;
-    CHECK_OK(colocated_buffer_device(copy, &on));
-    CHECK(on == devices[d]);
-    CHECK_OK(colocated_buffer_memory_space(copy, &memory));
-    CHECK_OK(colocated_device_default_memory_space(devices[d], &def));
-    CHECK(memory == def);
+    CHECK_OK(colocated_buffer_copy_to_device(src, f.devices[d], &copy));
+    check_buffer_place(copy, f.devices[d], NULL);
     colocated_dtype dtype;
     CHECK_OK(colocated_buffer_dtype(copy, &dtype));
     CHECK_EQ_U64(dtype, COLOCATED_DTYPE_I32);
@@ -643,18 +589,16 @@ TEST(copy_to_device_lands_on_the_device_default_memory) {
     colocated_buffer_destroy(copy);
   }
   colocated_buffer_destroy(src);
-  colocated_client_destroy(client);
+  client_fixture_destroy(&f);
 }
 
 TEST(a_chain_of_copies_runs_in_program_order) {
-  colocated_client *client = make_client(2, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(2, 2);
   float values[4] = {1, 2, 3, 4};
-  colocated_buffer *current = make_f32(client, devices[0], values, 4);
+  colocated_buffer *current = make_f32(f.client, f.devices[0], values, 4);
   for (int i = 0; i < 50; ++i) {
     colocated_buffer *next;
-    CHECK_OK(colocated_buffer_copy_to_device(current, devices[(i + 1) % 2], &next));
+    CHECK_OK(colocated_buffer_copy_to_device(current, f.devices[(i + 1) % 2], &next));
     colocated_buffer_destroy(current); /* in-flight copies keep their source alive */
     current = next;
   }
@@ -662,43 +606,34 @@ TEST(a_chain_of_copies_runs_in_program_order) {
   read_buffer(current, back, sizeof back);
   CHECK(memcmp(back, values, sizeof values) == 0);
   colocated_buffer_destroy(current);
-  colocated_client_destroy(client);
+  client_fixture_destroy(&f);
 }
 
 TEST(copy_to_memory_space_keeps_the_device_when_it_can_address_the_space) {
-  colocated_client *client = make_client(2, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(2, 2);
   float values[2] = {3, 4}, back[2];
-  colocated_buffer *src = make_f32(client, devices[1], values, 2);
+  colocated_buffer *src = make_f32(f.client, f.devices[1], values, 2);
   const colocated_memory_kind kinds[2] = {COLOCATED_MEMORY_PINNED_HOST, COLOCATED_MEMORY_UNPINNED_HOST};
   for (int k = 0; k < 2; ++k) {
-    const colocated_memory_space *target = memory_of_kind(devices[1], kinds[k]);
+    const colocated_memory_space *target = memory_of_kind(f.devices[1], kinds[k]);
     colocated_buffer *copy;
     CHECK_OK(colocated_buffer_copy_to_memory_space(src, target, &copy));
-    const colocated_memory_space *memory;
-    const colocated_device *on;
-    CHECK_OK(colocated_buffer_memory_space(copy, &memory));
-    CHECK(memory == target);
-    CHECK_OK(colocated_buffer_device(copy, &on));
-    CHECK(on == devices[1]);
+    check_buffer_place(copy, f.devices[1], target);
     read_buffer(copy, back, sizeof back);
     CHECK(back[0] == 3 && back[1] == 4);
     colocated_buffer_destroy(copy);
   }
   /* another device's own memory moves the buffer to that device */
   const colocated_memory_space *dev0_memory;
-  CHECK_OK(colocated_device_default_memory_space(devices[0], &dev0_memory));
+  CHECK_OK(colocated_device_default_memory_space(f.devices[0], &dev0_memory));
   colocated_buffer *moved;
   CHECK_OK(colocated_buffer_copy_to_memory_space(src, dev0_memory, &moved));
-  const colocated_device *on;
-  CHECK_OK(colocated_buffer_device(moved, &on));
-  CHECK(on == devices[0]);
+  check_buffer_device(moved, f.devices[0]);
   read_buffer(moved, back, sizeof back);
   CHECK(back[0] == 3 && back[1] == 4);
   colocated_buffer_destroy(moved);
   colocated_buffer_destroy(src);
-  colocated_client_destroy(client);
+  client_fixture_destroy(&f);
 }
 
 TEST(copies_reject_devices_and_memory_spaces_of_another_client) {
@@ -728,24 +663,12 @@ TEST(from_host_places_the_buffer_in_the_requested_memory_space) {
   const colocated_device *d0 = device_at(client, 0), *d1 = device_at(client, 1);
   const colocated_memory_space *pinned = memory_of_kind(d0, COLOCATED_MEMORY_PINNED_HOST);
   float values[2] = {1, 2}, back[2];
-  colocated_buffer_from_host_args args = {sizeof args};
-  args.client = client;
-  args.device = d0;
-  args.dtype = COLOCATED_DTYPE_F32;
   const int64_t dims[1] = {2};
-  args.dims = dims;
-  args.num_dims = 1;
-  args.data = values;
-  args.data_size = sizeof values;
+  colocated_buffer_from_host_args args = buffer_args(client, d0, COLOCATED_DTYPE_F32, dims, 1, values, sizeof values);
   args.memory_space = pinned;
   colocated_buffer *b = NULL;
   CHECK_OK(colocated_buffer_from_host(&args, &b, NULL));
-  const colocated_memory_space *memory;
-  const colocated_device *on;
-  CHECK_OK(colocated_buffer_memory_space(b, &memory));
-  CHECK(memory == pinned);
-  CHECK_OK(colocated_buffer_device(b, &on));
-  CHECK(on == d0);
+  check_buffer_place(b, d0, pinned);
   read_buffer(b, back, sizeof back);
   CHECK(back[1] == 2);
   colocated_buffer_destroy(b);
@@ -774,12 +697,10 @@ TEST(ready_event_of_a_host_buffer_is_ready) {
 }
 
 TEST(buffer_ready_event_with_null_out_is_invalid_and_leaks_nothing) {
-  colocated_client *client = make_client(1, 1);
   float v = 1;
-  colocated_buffer *b = make_f32(client, device_at(client, 0), &v, 1);
-  CHECK_CODE_MSG(colocated_buffer_ready_event(b, NULL), COLOCATED_INVALID_ARGUMENT, "out");
-  colocated_buffer_destroy(b);
-  colocated_client_destroy(client);
+  struct buffer_fixture f = f32_on_one_device(&v, 1);
+  CHECK_CODE_MSG(colocated_buffer_ready_event(f.buffer, NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  buffer_fixture_destroy(&f);
 }
 
 TEST(buffer_destroy_accepts_null) {

@@ -113,37 +113,33 @@ TEST(devices_are_ordered_by_id_and_all_addressable) {
 }
 
 TEST(device_getters_describe_each_cpu_device) {
-  colocated_client *client = make_client(3, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
-  for (size_t i = 0; i < n; ++i) {
+  struct client_fixture f = client_fixture(3, 2);
+  for (size_t i = 0; i < f.num_devices; ++i) {
     colocated_string_view kind, text, debug;
     uint32_t process_index = 99, local = 99;
-    CHECK_OK(colocated_device_kind(devices[i], &kind));
+    CHECK_OK(colocated_device_kind(f.devices[i], &kind));
     CHECK_VIEW_EQ(kind, "cpu");
-    CHECK_OK(colocated_device_process_index(devices[i], &process_index));
+    CHECK_OK(colocated_device_process_index(f.devices[i], &process_index));
     CHECK_EQ_U64(process_index, 0);
-    CHECK_OK(colocated_device_local_hardware_id(devices[i], &local));
+    CHECK_OK(colocated_device_local_hardware_id(f.devices[i], &local));
     CHECK_EQ_U64(local, i);
     char expected[64];
     snprintf(expected, sizeof expected, "CpuDevice(id=%zu)", i);
-    CHECK_OK(colocated_device_to_string(devices[i], &text));
+    CHECK_OK(colocated_device_to_string(f.devices[i], &text));
     CHECK_VIEW_EQ(text, expected);
-    CHECK_OK(colocated_device_debug_string(devices[i], &debug));
+    CHECK_OK(colocated_device_debug_string(f.devices[i], &debug));
     CHECK(harness_contains(debug.data, debug.size, "cpu"));
     CHECK(debug.data[debug.size] == '\0');
   }
-  colocated_client_destroy(client);
+  client_fixture_destroy(&f);
 }
 
 TEST(device_attributes_are_well_formed_and_report_the_local_hardware_id) {
-  colocated_client *client = make_client(2, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
-  for (size_t d = 0; d < n; ++d) {
+  struct client_fixture f = client_fixture(2, 2);
+  for (size_t d = 0; d < f.num_devices; ++d) {
     const colocated_device_attribute *attrs = NULL;
     size_t count = 0;
-    CHECK_OK(colocated_device_attributes(devices[d], &attrs, &count));
+    CHECK_OK(colocated_device_attributes(f.devices[d], &attrs, &count));
     CHECK(count > 0 && attrs != NULL);
     bool found_local_id = false;
     for (size_t i = 0; i < count; ++i) {
@@ -162,7 +158,7 @@ TEST(device_attributes_are_well_formed_and_report_the_local_hardware_id) {
     }
     CHECK(found_local_id);
   }
-  colocated_client_destroy(client);
+  client_fixture_destroy(&f);
 }
 
 static const char *kind_name(colocated_memory_kind kind) {
@@ -233,12 +229,10 @@ TEST(each_device_has_its_own_memory_first_and_shares_the_host_memories) {
 }
 
 TEST(a_local_client_has_one_host_named_local_owning_every_device) {
-  colocated_client *client = make_client(3, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(3, 2);
   const colocated_host *const *hosts;
   size_t num_hosts;
-  CHECK_OK(colocated_client_hosts(client, &hosts, &num_hosts));
+  CHECK_OK(colocated_client_hosts(f.client, &hosts, &num_hosts));
   CHECK_EQ_U64(num_hosts, 1);
   size_t index = 99;
   uint32_t process_index = 99;
@@ -252,41 +246,37 @@ TEST(a_local_client_has_one_host_named_local_owning_every_device) {
   const colocated_device *const *owned;
   size_t num_owned;
   CHECK_OK(colocated_host_devices(hosts[0], &owned, &num_owned));
-  CHECK_EQ_U64(num_owned, n);
-  for (size_t i = 0; i < n; ++i) CHECK(owned[i] == devices[i]);
-  colocated_client_destroy(client);
+  CHECK_EQ_U64(num_owned, f.num_devices);
+  for (size_t i = 0; i < f.num_devices; ++i) CHECK(owned[i] == f.devices[i]);
+  client_fixture_destroy(&f);
 }
 
 TEST(lookup_device_finds_by_id_and_reports_not_found) {
-  colocated_client *client = make_client(4, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
-  for (uint32_t id = 0; id < n; ++id) {
+  struct client_fixture f = client_fixture(4, 2);
+  for (uint32_t id = 0; id < f.num_devices; ++id) {
     const colocated_device *d = NULL;
-    CHECK_OK(colocated_client_lookup_device(client, id, &d));
-    CHECK(d == devices[id]);
+    CHECK_OK(colocated_client_lookup_device(f.client, id, &d));
+    CHECK(d == f.devices[id]);
   }
   const colocated_device *d = NULL;
-  CHECK_CODE_MSG(colocated_client_lookup_device(client, 4, &d), COLOCATED_NOT_FOUND, "4");
-  CHECK_CODE_MSG(colocated_client_lookup_device(client, UINT32_MAX, &d), COLOCATED_NOT_FOUND, "no device");
+  CHECK_CODE_MSG(colocated_client_lookup_device(f.client, 4, &d), COLOCATED_NOT_FOUND, "4");
+  CHECK_CODE_MSG(colocated_client_lookup_device(f.client, UINT32_MAX, &d), COLOCATED_NOT_FOUND, "no device");
   CHECK(d == NULL);
-  CHECK_CODE_MSG(colocated_client_lookup_device(client, 0, NULL), COLOCATED_INVALID_ARGUMENT, "out");
-  colocated_client_destroy(client);
+  CHECK_CODE_MSG(colocated_client_lookup_device(f.client, 0, NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  client_fixture_destroy(&f);
 }
 
 TEST(cpu_devices_maps_cpu_devices_to_themselves_in_order) {
-  colocated_client *client = make_client(4, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
-  const colocated_device *in[3] = {devices[3], devices[0], devices[2]};
+  struct client_fixture f = client_fixture(4, 2);
+  const colocated_device *in[3] = {f.devices[3], f.devices[0], f.devices[2]};
   const colocated_device *out[3] = {NULL, NULL, NULL};
-  CHECK_OK(colocated_client_cpu_devices(client, in, 3, out));
+  CHECK_OK(colocated_client_cpu_devices(f.client, in, 3, out));
   for (int i = 0; i < 3; ++i) CHECK(out[i] == in[i]);
   /* nothing to map: out may be NULL */
-  CHECK_OK(colocated_client_cpu_devices(client, NULL, 0, NULL));
-  CHECK_CODE_MSG(colocated_client_cpu_devices(client, in, 3, NULL), COLOCATED_INVALID_ARGUMENT, "out");
-  CHECK_CODE_MSG(colocated_client_cpu_devices(client, NULL, 2, out), COLOCATED_INVALID_ARGUMENT, "NULL");
-  colocated_client_destroy(client);
+  CHECK_OK(colocated_client_cpu_devices(f.client, NULL, 0, NULL));
+  CHECK_CODE_MSG(colocated_client_cpu_devices(f.client, in, 3, NULL), COLOCATED_INVALID_ARGUMENT, "out");
+  CHECK_CODE_MSG(colocated_client_cpu_devices(f.client, NULL, 2, out), COLOCATED_INVALID_ARGUMENT, "NULL");
+  client_fixture_destroy(&f);
 }
 
 TEST(cpu_devices_rejects_a_device_of_another_client) {
@@ -359,9 +349,7 @@ TEST(executor_threads_stop_when_the_last_object_of_the_client_is_gone) {
   colocated_buffer *buffer = make_f32(client, device_at(client, 0), &v, 1);
   colocated_buffer *copy = NULL;
   CHECK_OK(colocated_buffer_copy_to_device(buffer, device_at(client, 1), &copy));
-  colocated_event *ready;
-  CHECK_OK(colocated_buffer_ready_event(copy, &ready));
-  CHECK_OK(await_and_destroy(ready));
+  await_buffer_ready(copy);
   colocated_client_destroy(client);
   CHECK(thread_count() >= before + 3); /* buffers still use the runtime */
   colocated_buffer_destroy(buffer);

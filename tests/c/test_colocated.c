@@ -42,12 +42,7 @@ static colocated_error *native_twice(void *user_data, colocated_execution_contex
   if ((err = colocated_array_sharding(in, &sharding))) goto done;
   const colocated_client *client;
   if ((err = colocated_execution_context_client(ctx, &client))) goto done;
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = dims;
-  args.num_dims = num_dims;
-  args.sharding = sharding;
+  colocated_array_args args = array_args(client, COLOCATED_DTYPE_F32, dims, num_dims, sharding);
   args.data = values;
   args.data_size = (size_t)dims[0] * sizeof(float);
   colocated_array *out = NULL;
@@ -62,21 +57,6 @@ done:
   colocated_sharding_destroy(sharding);
   colocated_array_destroy(in);
   return err;
-}
-
-static colocated_array *make_input(const colocated_client *client, const colocated_sharding *sharding,
-                                   const float *values, int64_t n) {
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.dims = &n;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.data = values;
-  args.data_size = (size_t)n * sizeof(float);
-  colocated_array *array = NULL;
-  CHECK_OK(colocated_array_from_host(&args, &array));
-  return array;
 }
 
 static colocated_function *make_function(const colocated_client *client, const char *native,
@@ -123,14 +103,11 @@ static void read_output(const colocated_call *call, float *values, size_t n) {
 TEST(a_function_discovers_its_outputs_then_runs_from_its_cache) {
   atomic_store(&twice_calls, 0);
   atomic_store(&twice_discovering, 0);
-  colocated_client *client = make_client(2, 2);
-  register_native(client, "twice", native_twice, NULL, NULL);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
-  colocated_sharding *split = make_split(client, devices, 2);
-  colocated_function *twice = make_function(client, "twice", NULL, 0, NULL, 0);
+  struct native_fixture f = native_client(2, 2, "twice", native_twice, NULL);
+  colocated_sharding *split = make_split(f.client, f.devices, 2);
+  colocated_function *twice = make_function(f.client, "twice", NULL, 0, NULL, 0);
   float x[4] = {1, 2, 3, 4};
-  colocated_array *input = make_input(client, split, x, 4);
+  colocated_array *input = f32_array(f.client, split, x, 4);
 
   colocated_call *first = call1(twice, input);
   float y[4];
@@ -162,22 +139,19 @@ TEST(a_function_discovers_its_outputs_then_runs_from_its_cache) {
   colocated_array_destroy(input);
   colocated_function_destroy(twice);
   colocated_sharding_destroy(split);
-  colocated_client_destroy(client);
+  colocated_client_destroy(f.client);
 }
 
 TEST(declared_outputs_skip_discovery_and_are_checked_against_what_the_host_sets) {
   atomic_store(&twice_discovering, 0);
-  colocated_client *client = make_client(2, 2);
-  register_native(client, "twice", native_twice, NULL, NULL);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
-  colocated_sharding *split = make_split(client, devices, 2);
+  struct native_fixture f = native_client(2, 2, "twice", native_twice, NULL);
+  colocated_sharding *split = make_split(f.client, f.devices, 2);
   int64_t dims[1] = {4};
   colocated_array_spec spec = make_spec(COLOCATED_DTYPE_F32, dims, 1, split);
   const colocated_array_spec *specs[1] = {&spec};
-  colocated_function *twice = make_function(client, "twice", NULL, 0, specs, 1);
+  colocated_function *twice = make_function(f.client, "twice", NULL, 0, specs, 1);
   float x[4] = {1, 2, 3, 4};
-  colocated_array *input = make_input(client, split, x, 4);
+  colocated_array *input = f32_array(f.client, split, x, 4);
   colocated_call *call = call1(twice, input);
   float y[4];
   read_output(call, y, 4);
@@ -188,7 +162,7 @@ TEST(declared_outputs_skip_discovery_and_are_checked_against_what_the_host_sets)
   /* Declared as int32: the host's float32 output is refused, with the difference. */
   colocated_array_spec wrong = make_spec(COLOCATED_DTYPE_I32, dims, 1, split);
   const colocated_array_spec *wrongs[1] = {&wrong};
-  colocated_function *lying = make_function(client, "twice", NULL, 0, wrongs, 1);
+  colocated_function *lying = make_function(f.client, "twice", NULL, 0, wrongs, 1);
   call = call1(lying, input);
   colocated_event *status = NULL;
   CHECK_OK(colocated_call_status(call, &status));
@@ -199,7 +173,7 @@ TEST(declared_outputs_skip_discovery_and_are_checked_against_what_the_host_sets)
   colocated_array_destroy(input);
   colocated_function_destroy(twice);
   colocated_sharding_destroy(split);
-  colocated_client_destroy(client);
+  colocated_client_destroy(f.client);
 }
 
 static atomic_int built, destroyed, build_failures;
@@ -264,10 +238,7 @@ static colocated_error *native_count(void *user_data, colocated_execution_contex
   if ((err = colocated_execution_context_client(ctx, &client))) return err;
   colocated_sharding *sharding = NULL;
   if ((err = colocated_sharding_create_replicated(client, devices, 1, &sharding))) return err;
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_F32;
-  args.sharding = sharding;
+  colocated_array_args args = array_args(client, COLOCATED_DTYPE_F32, NULL, 0, sharding);
   args.data = &now;
   args.data_size = sizeof now;
   colocated_array *out = NULL;
@@ -396,7 +367,7 @@ TEST(a_call_without_inputs_needs_devices_and_bad_arguments_are_refused) {
   colocated_function *on_first = make_function(client, "twice", devices, 1, NULL, 0);
   colocated_sharding *split = make_split(client, devices, 2);
   float x[2] = {1, 2};
-  colocated_array *input = make_input(client, split, x, 2);
+  colocated_array *input = f32_array(client, split, x, 2);
   colocated_function_call_args one = {sizeof one};
   one.inputs = (const colocated_array *const *)&input;
   one.num_inputs = 1;
@@ -448,14 +419,11 @@ TEST(a_call_without_inputs_needs_devices_and_bad_arguments_are_refused) {
 }
 
 TEST(a_host_that_sets_its_outputs_twice_fails_the_call) {
-  colocated_client *client = make_client(2, 2);
-  register_native(client, "twice_again", native_twice, (void *)1, NULL);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
-  colocated_sharding *split = make_split(client, devices, 2);
-  colocated_function *again = make_function(client, "twice_again", NULL, 0, NULL, 0);
+  struct native_fixture f = native_client(2, 2, "twice_again", native_twice, (void *)1);
+  colocated_sharding *split = make_split(f.client, f.devices, 2);
+  colocated_function *again = make_function(f.client, "twice_again", NULL, 0, NULL, 0);
   float x[2] = {1, 2};
-  colocated_array *input = make_input(client, split, x, 2);
+  colocated_array *input = f32_array(f.client, split, x, 2);
   colocated_function_call_args args = {sizeof args};
   args.inputs = (const colocated_array *const *)&input;
   args.num_inputs = 1;
@@ -464,5 +432,5 @@ TEST(a_host_that_sets_its_outputs_twice_fails_the_call) {
   colocated_array_destroy(input);
   colocated_function_destroy(again);
   colocated_sharding_destroy(split);
-  colocated_client_destroy(client);
+  colocated_client_destroy(f.client);
 }

@@ -28,6 +28,18 @@ static uint16_t bound_port(int *fd) {
   return ntohs(addr.sin_port);
 }
 
+/* A held port (bound_port) and its worker address "127.0.0.1:port". */
+struct held_port {
+  int fd;
+  char address[32];
+  colocated_string_view worker; /* the address as a view */
+};
+
+static void hold_port(struct held_port *p) {
+  snprintf(p->address, sizeof p->address, "127.0.0.1:%u", (unsigned)bound_port(&p->fd));
+  p->worker = sv(p->address);
+}
+
 /* Options naming the `n` workers in `workers`, with a short timeout. */
 static colocated_connect_options options_for(const colocated_string_view *workers, size_t n) {
   colocated_connect_options o = {sizeof o};
@@ -69,28 +81,26 @@ TEST(connect_to_an_address_that_does_not_parse_is_invalid_argument) {
 }
 
 TEST(connect_rejects_bad_fields_before_connecting) {
-  int fd;
-  char address[32];
-  snprintf(address, sizeof address, "127.0.0.1:%u", (unsigned)bound_port(&fd));
-  colocated_string_view worker = sv(address);
+  struct held_port port;
+  hold_port(&port);
   colocated_client *client = NULL;
 
-  colocated_connect_options o = options_for(&worker, 1);
+  colocated_connect_options o = options_for(&port.worker, 1);
   o.include_local = 2;
   CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_INVALID_ARGUMENT, "include_local");
 
   o = options_for(NULL, 1); /* a count without an array */
   CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_INVALID_ARGUMENT, "workers");
 
-  o = options_for(&worker, 1);
+  o = options_for(&port.worker, 1);
   o.token = sv("two words");
   CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_INVALID_ARGUMENT, "token");
 
-  o = options_for(&worker, 1);
+  o = options_for(&port.worker, 1);
   o.tls_ca_size = 16; /* a size without bytes */
   CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_INVALID_ARGUMENT, "tls_ca");
 
-  o = options_for(&worker, 1);
+  o = options_for(&port.worker, 1);
   o.tls_domain = (colocated_string_view){NULL, 3};
   CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_INVALID_ARGUMENT, "tls_domain");
 
@@ -99,20 +109,18 @@ TEST(connect_rejects_bad_fields_before_connecting) {
   o.num_cpu_devices = 4097;
   CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_INVALID_ARGUMENT, "num_cpu_devices");
   CHECK(client == NULL);
-  close(fd);
+  close(port.fd);
 }
 
 TEST(connect_to_a_port_nothing_serves_waits_up_to_the_timeout_then_is_unavailable) {
-  int fd;
-  char address[32];
-  snprintf(address, sizeof address, "127.0.0.1:%u", (unsigned)bound_port(&fd));
-  colocated_string_view worker = sv(address);
-  colocated_connect_options o = options_for(&worker, 1);
+  struct held_port port;
+  hold_port(&port);
+  colocated_connect_options o = options_for(&port.worker, 1);
   o.token = sv("a-token");
   o.timeout_ms = 300;
   colocated_client *client = NULL;
   uint64_t start = harness_now_ns();
-  CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_UNAVAILABLE, address);
+  CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_UNAVAILABLE, port.address);
   /* a worker that is not up yet is waited for, up to the timeout, and no longer */
   uint64_t waited = harness_now_ns() - start;
   CHECK(waited >= 300u * 1000000u);
@@ -121,20 +129,18 @@ TEST(connect_to_a_port_nothing_serves_waits_up_to_the_timeout_then_is_unavailabl
   /* the same with the local host as well: nothing is made (LeakSanitizer checks) */
   o.include_local = 1;
   o.num_cpu_devices = 2;
-  CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_UNAVAILABLE, address);
+  CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_UNAVAILABLE, port.address);
   CHECK(client == NULL);
-  close(fd);
+  close(port.fd);
 }
 
 TEST(connect_to_a_worker_that_never_answers_gives_up_after_timeout_ms) {
   /* A socket that accepts connections (the kernel completes the handshake) but
    * never reads or answers: a worker that hangs. */
-  int fd;
-  char address[32];
-  snprintf(address, sizeof address, "127.0.0.1:%u", (unsigned)bound_port(&fd));
-  CHECK(listen(fd, 8) == 0);
-  colocated_string_view worker = sv(address);
-  colocated_connect_options o = options_for(&worker, 1);
+  struct held_port port;
+  hold_port(&port);
+  CHECK(listen(port.fd, 8) == 0);
+  colocated_connect_options o = options_for(&port.worker, 1);
   o.timeout_ms = 300;
   colocated_client *client = NULL;
   uint64_t start = harness_now_ns();
@@ -144,43 +150,40 @@ TEST(connect_to_a_worker_that_never_answers_gives_up_after_timeout_ms) {
   CHECK(err != NULL);
   CHECK(colocated_error_get_code(err) == COLOCATED_UNAVAILABLE);
   colocated_string_view msg = colocated_error_message(err);
-  CHECK(harness_contains(msg.data, msg.size, address));
+  CHECK(harness_contains(msg.data, msg.size, port.address));
   colocated_error_destroy(err);
   CHECK(elapsed_ms >= 250 && elapsed_ms < 5000);
   CHECK(client == NULL);
-  close(fd);
+  close(port.fd);
 }
 
 TEST(connect_reports_the_first_unreachable_worker_in_order) {
-  int fd1, fd2;
-  char a1[32], a2[32];
-  snprintf(a1, sizeof a1, "127.0.0.1:%u", (unsigned)bound_port(&fd1));
-  snprintf(a2, sizeof a2, "127.0.0.1:%u", (unsigned)bound_port(&fd2));
-  colocated_string_view workers[2] = {sv(a1), sv(a2)};
+  struct held_port p1, p2;
+  hold_port(&p1);
+  hold_port(&p2);
+  colocated_string_view workers[2] = {p1.worker, p2.worker};
   colocated_connect_options o = options_for(workers, 2);
   colocated_client *client = NULL;
-  CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_UNAVAILABLE, a1);
+  CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_UNAVAILABLE, p1.address);
   CHECK(client == NULL);
-  close(fd1);
-  close(fd2);
+  close(p1.fd);
+  close(p2.fd);
 }
 
 TEST(connect_options_of_an_older_caller_ignore_the_bytes_past_struct_size) {
-  int fd;
-  char address[32];
-  snprintf(address, sizeof address, "127.0.0.1:%u", (unsigned)bound_port(&fd));
-  colocated_string_view worker = sv(address);
+  struct held_port port;
+  hold_port(&port);
   /* A caller that knows only the required fields: everything after them is
    * garbage (a token pointer, sizes, flags) that must not be read. */
   colocated_connect_options o;
   memset(&o, 0xA5, sizeof o);
   o.struct_size = COLOCATED_STRUCT_SIZE(colocated_connect_options, num_workers);
-  o.workers = &worker;
+  o.workers = &port.worker;
   o.num_workers = 1;
   colocated_client *client = NULL;
-  CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_UNAVAILABLE, address);
+  CHECK_CODE_MSG(colocated_client_connect(&o, &client), COLOCATED_UNAVAILABLE, port.address);
   CHECK(client == NULL);
-  close(fd);
+  close(port.fd);
 }
 
 TEST(connect_with_only_the_local_host_makes_a_client_of_this_process) {

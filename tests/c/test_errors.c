@@ -177,15 +177,7 @@ static void fixture_make(struct fixture *f) {
   f->dims[0] = 2;
   f->buffer = make_f32(f->client, f->device, f->values, 2);
   f->sharding = make_replicated(f->client, &f->device, 1);
-  colocated_array_args aa = {sizeof aa};
-  aa.client = f->client;
-  aa.dtype = COLOCATED_DTYPE_F32;
-  aa.dims = f->dims;
-  aa.num_dims = 1;
-  aa.sharding = f->sharding;
-  aa.data = f->values;
-  aa.data_size = sizeof f->values;
-  CHECK_OK(colocated_array_from_host(&aa, &f->array));
+  f->array = make_array(f->client, f->sharding, COLOCATED_DTYPE_F32, f->dims, 1, f->values, sizeof f->values);
   f->spec = make_spec(COLOCATED_DTYPE_F32, f->dims, 1, f->sharding);
   f->exe = compile_unary(f->client, "add_one", &f->spec, &f->device, 1, NULL);
   CHECK_OK(colocated_loaded_executable_serialize(f->exe, &f->bytes));
@@ -401,14 +393,8 @@ TEST(every_getter_rejects_a_null_out_parameter) {
   OUT_NULL(colocated_loaded_executable_num_outputs(f.exe, NULL));
 #undef OUT_NULL
   /* constructors that check their out-parameter first */
-  colocated_buffer_from_host_args bargs = {sizeof bargs};
-  bargs.client = f.client;
-  bargs.device = f.device;
-  bargs.dtype = COLOCATED_DTYPE_F32;
-  bargs.dims = f.dims;
-  bargs.num_dims = 1;
-  bargs.data = f.values;
-  bargs.data_size = sizeof f.values;
+  colocated_buffer_from_host_args bargs =
+      buffer_args(f.client, f.device, COLOCATED_DTYPE_F32, f.dims, 1, f.values, sizeof f.values);
   CHECK_CODE_MSG(colocated_buffer_from_host(&bargs, NULL, NULL), COLOCATED_INVALID_ARGUMENT, "out");
   CHECK_CODE_MSG(colocated_client_create_local(NULL, NULL), COLOCATED_INVALID_ARGUMENT, "out");
   CHECK_CODE_MSG(colocated_sharding_create_replicated(f.client, &f.device, 1, NULL), COLOCATED_INVALID_ARGUMENT, "out");
@@ -668,14 +654,8 @@ TEST(connect_options_follow_the_struct_size_rules) {
 TEST(buffer_from_host_args_follow_the_struct_size_rules) {
   struct fixture f;
   fixture_make(&f);
-  colocated_buffer_from_host_args a = {sizeof a};
-  a.client = f.client;
-  a.data = f.values;
-  a.data_size = sizeof f.values;
-  a.dtype = COLOCATED_DTYPE_F32;
-  a.dims = f.dims;
-  a.num_dims = 1;
-  a.device = f.device;
+  colocated_buffer_from_host_args a =
+      buffer_args(f.client, f.device, COLOCATED_DTYPE_F32, f.dims, 1, f.values, sizeof f.values);
   check_versions(&f, try_buffer_args, &a, sizeof a, END(colocated_buffer_from_host_args, device),
                  END(colocated_buffer_from_host_args, num_dims),
                  offsetof(colocated_buffer_from_host_args, memory_space) + 4);
@@ -688,15 +668,7 @@ TEST(named_sharding_args_follow_the_struct_size_rules) {
   const colocated_device *devices[2] = {f.device, f.device1};
   size_t mesh[1] = {2}, counts[1] = {1};
   uint32_t axes[1] = {0};
-  colocated_named_sharding_args a = {sizeof a};
-  a.client = f.client;
-  a.devices = devices;
-  a.num_devices = 2;
-  a.mesh_shape = mesh;
-  a.num_mesh_axes = 1;
-  a.partition_counts = counts;
-  a.num_partition_dims = 1;
-  a.partition_axes = axes;
+  colocated_named_sharding_args a = named_args(f.client, devices, 2, mesh, 1, NULL, counts, 1, axes);
   check_versions(&f, try_named_args, &a, sizeof a, 0, END(colocated_named_sharding_args, num_devices),
                  offsetof(colocated_named_sharding_args, partition_axes) + 4);
   fixture_destroy(&f);
@@ -706,12 +678,7 @@ TEST(array_args_follow_the_struct_size_rules) {
   struct fixture f;
   fixture_make(&f);
   const colocated_buffer *parts[1] = {f.buffer};
-  colocated_array_args a = {sizeof a};
-  a.client = f.client;
-  a.dtype = COLOCATED_DTYPE_F32;
-  a.dims = f.dims;
-  a.num_dims = 1;
-  a.sharding = f.sharding;
+  colocated_array_args a = array_args(f.client, COLOCATED_DTYPE_F32, f.dims, 1, f.sharding);
   a.buffers = parts;
   a.num_buffers = 1;
   /* assemble needs no more than `num_buffers`: data / data_size are ignored */
@@ -814,14 +781,7 @@ TEST(versioned_structs_passed_as_null_are_defaults_or_errors) {
 
 static colocated_error *from_host(struct fixture *f, uint32_t dtype, const int64_t *dims, size_t num_dims,
                                   const void *data, size_t size) {
-  colocated_buffer_from_host_args a = {sizeof a};
-  a.client = f->client;
-  a.device = f->device;
-  a.dtype = dtype;
-  a.dims = dims;
-  a.num_dims = num_dims;
-  a.data = data;
-  a.data_size = size;
+  colocated_buffer_from_host_args a = buffer_args(f->client, f->device, dtype, dims, num_dims, data, size);
   colocated_buffer *b = NULL;
   colocated_error *err = colocated_buffer_from_host(&a, &b, NULL);
   colocated_buffer_destroy(b);
@@ -868,14 +828,8 @@ TEST(unknown_dtypes_negative_and_overflowing_dims_and_size_mismatches_are_invali
 TEST(objects_of_another_client_are_invalid_arguments) {
   struct fixture f;
   fixture_make(&f);
-  colocated_buffer_from_host_args a = {sizeof a};
-  a.client = f.client;
-  a.device = f.foreign_device;
-  a.dtype = COLOCATED_DTYPE_F32;
-  a.dims = f.dims;
-  a.num_dims = 1;
-  a.data = f.values;
-  a.data_size = sizeof f.values;
+  colocated_buffer_from_host_args a =
+      buffer_args(f.client, f.foreign_device, COLOCATED_DTYPE_F32, f.dims, 1, f.values, sizeof f.values);
   colocated_buffer *b = NULL;
   CHECK_CODE_MSG(colocated_buffer_from_host(&a, &b, NULL), COLOCATED_INVALID_ARGUMENT, "another client");
   a.device = f.device;
@@ -901,16 +855,8 @@ TEST(objects_of_another_client_are_invalid_arguments) {
   /* an array of another client at execute */
   const colocated_device *od = f.foreign_device;
   colocated_sharding *os = make_replicated(f.other, &od, 1);
-  colocated_array_args aa = {sizeof aa};
-  aa.client = f.other;
-  aa.dtype = COLOCATED_DTYPE_F32;
-  aa.dims = f.dims;
-  aa.num_dims = 1;
-  aa.sharding = os;
-  aa.data = f.values;
-  aa.data_size = sizeof f.values;
-  colocated_array *foreign_array = NULL;
-  CHECK_OK(colocated_array_from_host(&aa, &foreign_array));
+  colocated_array *foreign_array =
+      make_array(f.other, os, COLOCATED_DTYPE_F32, f.dims, 1, f.values, sizeof f.values);
   const colocated_array *args[1] = {foreign_array};
   colocated_array *out = NULL;
   CHECK_CODE_MSG(colocated_loaded_executable_execute(f.exe, args, 1, NULL, &out, 1, NULL), COLOCATED_INVALID_ARGUMENT,
@@ -1035,44 +981,25 @@ TEST(wrong_arguments_at_execute_are_invalid_arguments) {
   /* an argument whose spec differs: other dims, other dtype, other sharding */
   const int64_t three[1] = {3};
   float values[3] = {1, 2, 3};
-  colocated_array_args aa = {sizeof aa};
-  aa.client = f.client;
-  aa.dtype = COLOCATED_DTYPE_F32;
-  aa.dims = three;
-  aa.num_dims = 1;
-  aa.sharding = f.sharding;
-  aa.data = values;
-  aa.data_size = sizeof values;
-  colocated_array *wrong_dims = NULL;
-  CHECK_OK(colocated_array_from_host(&aa, &wrong_dims));
+  colocated_array *wrong_dims = make_array(f.client, f.sharding, COLOCATED_DTYPE_F32, three, 1, values, sizeof values);
   const colocated_array *bad[1] = {wrong_dims};
   CHECK_CODE_MSG(colocated_loaded_executable_execute(f.exe, bad, 1, NULL, out, 1, &status), COLOCATED_INVALID_ARGUMENT,
                  "argument 0 is float32[3]");
   int32_t ints[2] = {1, 2};
-  aa.dtype = COLOCATED_DTYPE_I32;
-  aa.dims = f.dims;
-  aa.data = ints;
-  aa.data_size = sizeof ints;
-  colocated_array *wrong_dtype = NULL;
-  CHECK_OK(colocated_array_from_host(&aa, &wrong_dtype));
+  colocated_array *wrong_dtype = make_array(f.client, f.sharding, COLOCATED_DTYPE_I32, f.dims, 1, ints, sizeof ints);
   bad[0] = wrong_dtype;
   CHECK_CODE_MSG(colocated_loaded_executable_execute(f.exe, bad, 1, NULL, out, 1, &status), COLOCATED_INVALID_ARGUMENT,
                  "argument 0 is int32[2]");
   colocated_sharding *elsewhere = make_replicated(f.client, &f.device1, 1);
-  aa.dtype = COLOCATED_DTYPE_F32;
-  aa.sharding = elsewhere;
-  aa.data = f.values;
-  aa.data_size = sizeof f.values;
-  colocated_array *wrong_place = NULL;
-  CHECK_OK(colocated_array_from_host(&aa, &wrong_place));
+  colocated_array *wrong_place =
+      make_array(f.client, elsewhere, COLOCATED_DTYPE_F32, f.dims, 1, f.values, sizeof f.values);
   bad[0] = wrong_place;
   CHECK_CODE_MSG(colocated_loaded_executable_execute(f.exe, bad, 1, NULL, out, 1, &status), COLOCATED_INVALID_ARGUMENT,
                  "argument 0");
   /* a deleted argument */
   CHECK_OK(colocated_array_delete(wrong_place));
-  aa.sharding = f.sharding;
-  colocated_array *deleted = NULL;
-  CHECK_OK(colocated_array_from_host(&aa, &deleted));
+  colocated_array *deleted =
+      make_array(f.client, f.sharding, COLOCATED_DTYPE_F32, f.dims, 1, f.values, sizeof f.values);
   CHECK_OK(colocated_array_delete(deleted));
   bad[0] = deleted;
   CHECK_CODE_MSG(colocated_loaded_executable_execute(f.exe, bad, 1, NULL, out, 1, &status),
@@ -1087,14 +1014,12 @@ TEST(wrong_arguments_at_execute_are_invalid_arguments) {
 }
 
 TEST(impossible_counts_and_misaligned_arrays_are_invalid_arguments) {
-  colocated_client *client = make_client(2, 2);
-  size_t n;
-  const colocated_device *const *devices = client_devices(client, &n);
+  struct client_fixture f = client_fixture(2, 2);
   const colocated_device *out[2];
-  CHECK_CODE_MSG(colocated_client_cpu_devices(client, devices, SIZE_MAX / 4, out), COLOCATED_INVALID_ARGUMENT,
+  CHECK_CODE_MSG(colocated_client_cpu_devices(f.client, f.devices, SIZE_MAX / 4, out), COLOCATED_INVALID_ARGUMENT,
                  "impossible count");
-  const colocated_device *const *misaligned = (const colocated_device *const *)((const char *)devices + 1);
-  CHECK_CODE_MSG(colocated_client_cpu_devices(client, misaligned, 1, out), COLOCATED_INVALID_ARGUMENT, "not aligned");
-  CHECK_OK(colocated_client_cpu_devices(client, devices, n, out));
-  colocated_client_destroy(client);
+  const colocated_device *const *misaligned = (const colocated_device *const *)((const char *)f.devices + 1);
+  CHECK_CODE_MSG(colocated_client_cpu_devices(f.client, misaligned, 1, out), COLOCATED_INVALID_ARGUMENT, "not aligned");
+  CHECK_OK(colocated_client_cpu_devices(f.client, f.devices, f.num_devices, out));
+  client_fixture_destroy(&f);
 }

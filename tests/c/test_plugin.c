@@ -11,33 +11,6 @@
 #error "TEST_PLUGIN_PATH must name the built test plugin (see Makefile)"
 #endif
 
-static colocated_array *i32_array(const colocated_client *client, const colocated_sharding *sharding,
-                                  const int32_t *values, size_t n) {
-  const int64_t dims[1] = {(int64_t)n};
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = COLOCATED_DTYPE_I32;
-  args.dims = dims;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.data = values;
-  args.data_size = n * sizeof(int32_t);
-  colocated_array *a = NULL;
-  CHECK_OK(colocated_array_from_host(&args, &a));
-  return a;
-}
-
-/* Runs `exe` on `arg`; returns the output and its status (the caller owns both). */
-static colocated_array *run1(const colocated_loaded_executable *exe, const colocated_array *arg,
-                             colocated_event **status) {
-  colocated_execute_options options = {sizeof options};
-  const colocated_array *args[1] = {arg};
-  colocated_array *out[1] = {NULL};
-  CHECK_OK(colocated_loaded_executable_execute(exe, args, 1, &options, out, 1, status));
-  CHECK(out[0] != NULL);
-  return out[0];
-}
-
 TEST(load_plugin_refuses_bad_arguments) {
   colocated_client *client = make_client(1, 1);
   CHECK_CODE_MSG(colocated_client_load_plugin(NULL, sv(TEST_PLUGIN_PATH)), COLOCATED_INVALID_ARGUMENT, "client");
@@ -70,18 +43,18 @@ TEST(a_loaded_plugin_runs_over_every_shard_and_its_errors_reach_the_status) {
   const int64_t dims[1] = {6};
   colocated_array_spec spec = make_spec(COLOCATED_DTYPE_I32, dims, 1, s);
   int32_t x[6] = {-3, -2, -1, 0, 1, 2147483646};
-  colocated_array *in = i32_array(client, s, x, 6);
+  colocated_array *in = make_array(client, s, COLOCATED_DTYPE_I32, dims, 1, x, sizeof x);
 
   colocated_loaded_executable *add = compile_unary(client, "plugin_add_one_i32", &spec, devices, 2, NULL);
   colocated_event *status = NULL;
-  colocated_array *out = run1(add, in, &status);
+  colocated_array *out = run1(add, in, NULL, &status);
   CHECK_OK(await_and_destroy(status));
   int32_t y[6];
   CHECK_OK(colocated_array_to_host(out, y, sizeof y));
   for (int i = 0; i < 6; ++i) CHECK_EQ_I64(y[i], x[i] + 1);
 
   colocated_loaded_executable *fail = compile_unary(client, "plugin_fail", &spec, devices, 2, NULL);
-  colocated_array *failed = run1(fail, in, &status);
+  colocated_array *failed = run1(fail, in, NULL, &status);
   CHECK_CODE_MSG(await_and_destroy(status), COLOCATED_FAILED_PRECONDITION,
                  "plugin function 'plugin_fail': plugin_fail failed on purpose (2 input shards)");
 
