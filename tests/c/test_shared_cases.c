@@ -81,12 +81,7 @@ static colocated_error *plus_one(colocated_execution_context *ctx, colocated_arr
   if ((err = colocated_array_sharding(in, &sharding))) return err;
   const colocated_client *client;
   if (!(err = colocated_execution_context_client(ctx, &client))) {
-    colocated_array_args args = {sizeof args};
-    args.client = client;
-    args.dtype = dtype;
-    args.dims = dims;
-    args.num_dims = num_dims;
-    args.sharding = sharding;
+    colocated_array_args args = array_args(client, dtype, dims, num_dims, sharding);
     args.data = &values;
     args.data_size = n * 4;
     err = colocated_array_from_host(&args, out);
@@ -145,16 +140,8 @@ static colocated_array *argument(const colocated_client *client, const case_arg 
   }
   colocated_sharding *sharding = sharding_of(client, arg->devices, arg->num_devices, arg->split);
   int64_t n = (int64_t)arg->num_values;
-  colocated_array_args args = {sizeof args};
-  args.client = client;
-  args.dtype = is_f32 ? COLOCATED_DTYPE_F32 : COLOCATED_DTYPE_I32;
-  args.dims = &n;
-  args.num_dims = 1;
-  args.sharding = sharding;
-  args.data = is_f32 ? (const void *)f : (const void *)i;
-  args.data_size = arg->num_values * 4;
-  colocated_array *array = NULL;
-  CHECK_OK(colocated_array_from_host(&args, &array));
+  colocated_array *array = make_array(client, sharding, is_f32 ? COLOCATED_DTYPE_F32 : COLOCATED_DTYPE_I32, &n, 1,
+                                      is_f32 ? (const void *)f : (const void *)i, arg->num_values * 4);
   colocated_sharding_destroy(sharding);
   return array;
 }
