@@ -9,7 +9,7 @@ use colocated_core::{
 
 use crate::array::{colocated_array, colocated_sharding};
 use crate::buffer::{colocated_buffer, dtype_of};
-use crate::client::{colocated_client, colocated_stream, device_list, ClientShell};
+use crate::client::{colocated_client, device_list, ClientShell};
 use crate::device::colocated_device;
 use crate::error::colocated_error;
 use crate::event::colocated_event;
@@ -18,6 +18,7 @@ use crate::handle::{
     take, versioned,
 };
 use crate::host_callback::{colocated_bytes, colocated_loaded_host_callback};
+use crate::stream::colocated_stream;
 use crate::{boundary, boundary_void};
 
 /// A compiled program, ready to run. Owned by the caller; destroy with

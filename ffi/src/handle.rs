@@ -339,8 +339,8 @@ mod tests {
 
     #[test]
     fn versioned_structs_have_no_trailing_padding() {
-        no_trailing_padding::<crate::client::colocated_client_options>();
-        no_trailing_padding::<crate::client::colocated_connect_options>();
+        no_trailing_padding::<crate::connect::colocated_client_options>();
+        no_trailing_padding::<crate::connect::colocated_connect_options>();
         no_trailing_padding::<crate::buffer::colocated_buffer_from_host_args>();
         no_trailing_padding::<crate::array::colocated_named_sharding_args>();
         no_trailing_padding::<crate::array::colocated_array_args>();

@@ -16,7 +16,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod array;
 mod buffer;
+// cbindgen writes the header in the order of these modules: making a client,
+// then the client, then its streams, as when they were one file.
+mod connect;
+
 mod client;
+mod stream;
+
 mod colocated;
 mod device;
 mod error;
@@ -31,6 +37,7 @@ pub use array::*;
 pub use buffer::*;
 pub use client::*;
 pub use colocated::*;
+pub use connect::*;
 pub use device::*;
 pub use error::*;
 pub use event::*;
@@ -39,6 +46,7 @@ pub use handle::colocated_string_view;
 pub use host_callback::*;
 pub use native::*;
 pub use plugin::*;
+pub use stream::*;
 // The plugin ABI and the API version are defined once, in `colocated-plugin`
 // (cbindgen reads them there for `colocated.h`).
 pub use colocated_plugin::{

@@ -18,8 +18,9 @@ import sys
 import numpy as np
 
 from . import _colocated
-from ._array import Array, _host_value, _wrap, device_put
+from ._array import Array, _wrap, device_put
 from ._client import client as _client_default
+from ._device_put import _host_value
 from ._dtypes import STRING, core_name
 from ._errors import FailedPreconditionError, InvalidArgumentError, UnimplementedError
 from ._sharding import AxisType, Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding

@@ -1,6 +1,10 @@
 //! `ArrayImpl`: a core array (shape, dtype, core sharding, one buffer per device)
 //! behind the Python `colocated.Array`, and `HostView`, a pinned view of one
-//! buffer's bytes that numpy arrays can alias without a copy.
+//! buffer's bytes that numpy arrays can alias without a copy. The ways an array
+//! is made are in `construct`, the fast path of small values in `small`.
+
+mod construct;
+mod small;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -8,13 +12,11 @@ use std::sync::Arc;
 use colocated_core as core;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::errors::{py_err, to_py};
 use crate::event::Event;
 use crate::fork::ForkSafe;
-use crate::scalar_math;
 use crate::sharding::{ranges, Sharding};
 
 /// Host memory handed over by the Python side: the address and length of a
@@ -37,9 +39,6 @@ impl HostBytes {
         }
     }
 }
-
-/// Copies at least this large release the GIL.
-const DETACH_BYTES: usize = 1 << 20;
 
 pub(crate) fn dtype_from_name(name: &str) -> PyResult<core::DType> {
     core::DType::from_name(name).map_err(py_err)
@@ -68,242 +67,6 @@ fn memory_space(
 ) -> core::Result<Option<&core::MemorySpace>> {
     kind.map(|k| device.memory_space_by_kind(k.name()))
         .transpose()
-}
-
-/// Values up to this size are copied as ufunc operands and results (cheaper than
-/// pinning a view or passing an address); `_SMALL_BYTES` in `_array.py`.
-const SMALL_BYTES: usize = 4096;
-
-/// True for a dense element type whose array of `shape` fits in `SMALL_BYTES`.
-fn is_small(dtype: core::DType, shape: &[i64]) -> bool {
-    let Some(mut bytes) = dtype.byte_size() else {
-        return false;
-    };
-    for &d in shape {
-        match usize::try_from(d).ok().and_then(|d| bytes.checked_mul(d)) {
-            Some(b) if b <= SMALL_BYTES => bytes = b,
-            _ => return false,
-        }
-    }
-    true
-}
-
-/// `numpy.frombuffer` and the numpy dtype of each dense element type, resolved
-/// once per process.
-struct Numpy {
-    frombuffer: Py<PyAny>,
-    /// Indexed like `core::DType::ALL`.
-    dtypes: Vec<Py<PyAny>>,
-    /// The numpy scalar type of each dtype (`dtype.type`), indexed alike.
-    scalar_types: Vec<Py<PyAny>>,
-}
-
-static NUMPY: PyOnceLock<Numpy> = PyOnceLock::new();
-
-fn numpy(py: Python<'_>) -> PyResult<&'static Numpy> {
-    NUMPY.get_or_try_init(py, || {
-        let from_core = py.import("colocated._dtypes")?.getattr("_FROM_CORE")?;
-        let dtypes = core::DType::ALL
-            .iter()
-            .map(|d| from_core.get_item(d.name()).map(Bound::unbind))
-            .collect::<PyResult<Vec<_>>>()?;
-        let scalar_types = dtypes
-            .iter()
-            .map(|d| d.bind(py).getattr("type").map(Bound::unbind))
-            .collect::<PyResult<_>>()?;
-        Ok(Numpy {
-            frombuffer: py.import("numpy")?.getattr("frombuffer")?.unbind(),
-            dtypes,
-            scalar_types,
-        })
-    })
-}
-
-impl Numpy {
-    fn index(dtype: core::DType) -> PyResult<usize> {
-        core::DType::ALL
-            .iter()
-            .position(|d| *d == dtype)
-            .ok_or_else(|| PyValueError::new_err(format!("no numpy dtype for {dtype:?}")))
-    }
-
-    fn dtype<'py>(&self, py: Python<'py>, dtype: core::DType) -> PyResult<&Bound<'py, PyAny>> {
-        Ok(self.dtypes[Self::index(dtype)?].bind(py))
-    }
-
-    fn scalar_type<'py>(
-        &self,
-        py: Python<'py>,
-        dtype: core::DType,
-    ) -> PyResult<&Bound<'py, PyAny>> {
-        Ok(self.scalar_types[Self::index(dtype)?].bind(py))
-    }
-
-    /// The dense core element type whose numpy scalar type `value` is an exact
-    /// instance of.
-    fn scalar_dtype(&self, value: &Bound<'_, PyAny>) -> Option<core::DType> {
-        let ty = value.get_type();
-        let found = self.scalar_types.iter().position(|t| t.is(&ty))?;
-        let dtype = core::DType::ALL[found];
-        (dtype != core::DType::String).then_some(dtype)
-    }
-
-    /// The core element type of a numpy dtype (dense types; native byte order).
-    fn core_dtype(&self, np_dtype: &Bound<'_, PyAny>) -> Option<core::DType> {
-        // numpy's builtin dtypes are singletons: identity first, equality after.
-        let found = self
-            .dtypes
-            .iter()
-            .position(|d| d.is(np_dtype))
-            .or_else(|| {
-                self.dtypes
-                    .iter()
-                    .position(|d| d.bind(np_dtype.py()).eq(np_dtype).unwrap_or(false))
-            })?;
-        let dtype = core::DType::ALL[found];
-        (dtype != core::DType::String).then_some(dtype)
-    }
-}
-
-/// One element of a dense dtype as a Python number (None for float16/bfloat16,
-/// which numpy converts itself).
-fn scalar_to_py<'py>(
-    py: Python<'py>,
-    dtype: core::DType,
-    bytes: &[u8],
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    use core::DType as D;
-    macro_rules! read {
-        ($t:ty) => {{
-            let raw = <[u8; std::mem::size_of::<$t>()]>::try_from(bytes)
-                .map_err(|_| PyValueError::new_err("scalar of the wrong size"))?;
-            <$t>::from_ne_bytes(raw).into_pyobject(py)?.into_any()
-        }};
-    }
-    Ok(Some(match dtype {
-        D::Bool => pyo3::types::PyBool::new(py, bytes.first().is_some_and(|b| *b != 0))
-            .to_owned()
-            .into_any(),
-        D::I8 => read!(i8),
-        D::I16 => read!(i16),
-        D::I32 => read!(i32),
-        D::I64 => read!(i64),
-        D::U8 => read!(u8),
-        D::U16 => read!(u16),
-        D::U32 => read!(u32),
-        D::U64 => read!(u64),
-        D::F32 => read!(f32),
-        D::F64 => read!(f64),
-        D::F16 | D::BF16 | D::String => return Ok(None),
-    }))
-}
-
-/// The bytes of a small one-buffer dense array (waiting for them without the
-/// GIL); None when the array is split, large or holds strings.
-fn small_bytes(py: Python<'_>, array: &core::Array) -> PyResult<Option<Vec<u8>>> {
-    let [buffer] = array.buffers() else {
-        return Ok(None);
-    };
-    if !is_small(array.dtype(), array.shape()) {
-        return Ok(None);
-    }
-    if buffer.ready_event().is_ready() {
-        buffer.to_host_vec()
-    } else {
-        py.detach(|| buffer.to_host_vec())
-    }
-    .map(Some)
-    .map_err(py_err)
-}
-
-/// `scalar_op` computed natively (see `scalar_math`): None when the
-/// operator, the operand, the array or the outcome is one that numpy must
-/// handle.
-fn native_scalar_op(
-    this: &ArrayImpl,
-    py: Python<'_>,
-    op: &Bound<'_, PyAny>,
-    other: &Bound<'_, PyAny>,
-    reflected: bool,
-) -> PyResult<Option<ArrayImpl>> {
-    let Some(op) = native_op(py, op)? else {
-        return Ok(None);
-    };
-    let scalar = if other.is_exact_instance_of::<pyo3::types::PyInt>() {
-        match (other.extract::<i64>(), other.extract::<u64>()) {
-            (Ok(v), _) => scalar_math::Scalar::Int(v.into()),
-            (_, Ok(v)) => scalar_math::Scalar::Int(v.into()),
-            // Beyond every dtype's range: numpy raises OverflowError.
-            _ => return Ok(None),
-        }
-    } else if other.is_exact_instance_of::<pyo3::types::PyFloat>() {
-        scalar_math::Scalar::Float(other.extract::<f64>()?)
-    } else {
-        return Ok(None);
-    };
-    let array = this.array()?;
-    // The fast path makes buffers in the default memory space only.
-    let default_space = |b: &core::Buffer| b.memory_space() == b.device().default_memory_space();
-    if !array.buffers().iter().all(default_space) {
-        return Ok(None);
-    }
-    let Some(bytes) = small_bytes(py, array)? else {
-        return Ok(None);
-    };
-    let Some((dtype, out)) = scalar_math::compute(array.dtype(), &bytes, op, scalar, reflected)
-    else {
-        return Ok(None);
-    };
-    let Ok(spec) = core::ArraySpec::new(array.shape().to_vec(), dtype, array.sharding().clone())
-    else {
-        return Ok(None);
-    };
-    let client = this.client.get().map_err(py_err)?;
-    let out = core::Array::from_host_bytes(client, &out, spec).map_err(py_err)?;
-    Ok(Some(ArrayImpl::wrap(client.clone(), out)))
-}
-
-/// `operator.add`, `sub`, `mul` and `truediv`, which `scalar_math` computes.
-static NATIVE_OPS: PyOnceLock<[(Py<PyAny>, scalar_math::Op); 4]> = PyOnceLock::new();
-
-/// The operator `op` is, if `scalar_math` computes it.
-fn native_op(py: Python<'_>, op: &Bound<'_, PyAny>) -> PyResult<Option<scalar_math::Op>> {
-    let ops = NATIVE_OPS.get_or_try_init(py, || -> PyResult<_> {
-        let operator = py.import("operator")?;
-        let get = |name: &str| operator.getattr(name).map(Bound::unbind);
-        Ok([
-            (get("add")?, scalar_math::Op::Add),
-            (get("sub")?, scalar_math::Op::Sub),
-            (get("mul")?, scalar_math::Op::Mul),
-            (get("truediv")?, scalar_math::Op::TrueDiv),
-        ])
-    })?;
-    Ok(ops.iter().find(|(f, _)| f.is(op)).map(|(_, o)| *o))
-}
-
-/// The bytes of a numpy scalar of a dense dtype (None for float16/bfloat16 or a
-/// value that does not convert, which `tobytes` handles).
-fn scalar_from_py(dtype: core::DType, value: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
-    use core::DType as D;
-    macro_rules! write {
-        ($t:ty) => {
-            value.extract::<$t>().ok().map(|v| v.to_ne_bytes().to_vec())
-        };
-    }
-    match dtype {
-        D::Bool => value.extract::<bool>().ok().map(|b| vec![u8::from(b)]),
-        D::I8 => write!(i8),
-        D::I16 => write!(i16),
-        D::I32 => write!(i32),
-        D::I64 => write!(i64),
-        D::U8 => write!(u8),
-        D::U16 => write!(u16),
-        D::U32 => write!(u32),
-        D::U64 => write!(u64),
-        D::F32 => write!(f32),
-        D::F64 => write!(f64),
-        D::F16 | D::BF16 | D::String => None,
-    }
 }
 
 /// The native half of `colocated.Array`.
@@ -378,22 +141,7 @@ impl ArrayImpl {
         nbytes: usize,
         memory_kind: Option<&str>,
     ) -> PyResult<Self> {
-        let (client, core_sharding) = sharding.get()?;
-        let kind = parse_memory_kind(core_sharding, memory_kind)?;
-        let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
-            .map_err(py_err)?;
-        let data = HostBytes { ptr, len: nbytes };
-        // SAFETY: the Python caller passes the address and size of an array it keeps
-        // referenced (hence alive) for the duration of this call.
-        let copy = || core::Array::from_host_bytes_in(client, unsafe { data.slice() }, spec, kind);
-        // Releasing the GIL costs more than a small copy (and may hand it over).
-        let array = if nbytes >= DETACH_BYTES {
-            py.detach(copy)
-        } else {
-            copy()
-        }
-        .map_err(py_err)?;
-        Ok(ArrayImpl::wrap(client.clone(), array))
+        construct::from_host_bytes(py, sharding, dtype, shape, ptr, nbytes, memory_kind)
     }
 
     /// An array of one buffer that reads the `nbytes` at address `ptr` in
@@ -415,32 +163,7 @@ impl ArrayImpl {
         owner: Py<PyAny>,
         memory_kind: Option<&str>,
     ) -> PyResult<Self> {
-        let (client, core_sharding) = sharding.get()?;
-        let dtype_ = dtype_from_name(dtype)?;
-        if core_sharding.devices().len() != 1 {
-            return Self::from_host_bytes(py, sharding, dtype, shape, ptr, nbytes, memory_kind);
-        }
-        let kind = parse_memory_kind(core_sharding, memory_kind)?;
-        let device = &core_sharding.devices()[0];
-        let spec = core::ArraySpec::new(shape, dtype_, core_sharding.clone()).map_err(py_err)?;
-        // SAFETY: `owner` keeps the memory readable and unchanged until
-        // `done`, whose callback drops it.
-        let (buffer, done) = unsafe {
-            core::Buffer::from_host_raw(
-                client,
-                ptr as *const u8,
-                nbytes,
-                dtype_,
-                &spec.shape,
-                device,
-                memory_space(device, kind).map_err(py_err)?,
-                core::HostBufferSemantics::ImmutableZeroCopy,
-            )
-        }
-        .map_err(py_err)?;
-        done.on_ready(move |_| drop(owner));
-        let array = core::Array::assemble(spec, vec![buffer]).map_err(py_err)?;
-        Ok(ArrayImpl::wrap(client.clone(), array))
+        construct::from_host_view(py, sharding, dtype, shape, ptr, nbytes, owner, memory_kind)
     }
 
     /// An array of one buffer on a PJRT plugin's device that views the
@@ -456,36 +179,7 @@ impl ArrayImpl {
         shape: Vec<i64>,
         capsule: Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let (client, core_sharding) = sharding.get()?;
-        let dtype_ = dtype_from_name(dtype)?;
-        let [device] = core_sharding.devices() else {
-            return Err(PyValueError::new_err(
-                "a view of device memory is of one device",
-            ));
-        };
-        let spec = core::ArraySpec::new(shape, dtype_, core_sharding.clone()).map_err(py_err)?;
-        let id = i32::try_from(device.local_hardware_id()).map_err(|_| {
-            PyValueError::new_err("the device's local hardware id is out of DLPack's range")
-        })?;
-        let data =
-            crate::dlpack::device_data(&capsule, dtype_, &spec.shape, device.platform(), id)?;
-        let owner = capsule.unbind();
-        // SAFETY: the capsule keeps the memory (checked to be this device's,
-        // of this spec) until the plugin lets go and `owner` is dropped.
-        let buffer = unsafe {
-            core::Buffer::view_of_device_memory(
-                client,
-                data,
-                dtype_,
-                &spec.shape,
-                device,
-                None,
-                Box::new(move || drop(owner)),
-            )
-        }
-        .map_err(py_err)?;
-        let array = core::Array::assemble(spec, vec![buffer]).map_err(py_err)?;
-        Ok(ArrayImpl::wrap(client.clone(), array))
+        construct::from_device_dlpack(sharding, dtype, shape, capsule)
     }
 
     /// Like `from_host_bytes`, from a `bytes` object (for small values, where
@@ -499,12 +193,7 @@ impl ArrayImpl {
         data: &[u8],
         memory_kind: Option<&str>,
     ) -> PyResult<Self> {
-        let (client, core_sharding) = sharding.get()?;
-        let kind = parse_memory_kind(core_sharding, memory_kind)?;
-        let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
-            .map_err(py_err)?;
-        let array = core::Array::from_host_bytes_in(client, data, spec, kind).map_err(py_err)?;
-        Ok(ArrayImpl::wrap(client.clone(), array))
+        construct::from_bytes(sharding, dtype, shape, data, memory_kind)
     }
 
     /// Splits row-major strings of the global array over `sharding`'s devices
@@ -517,13 +206,7 @@ impl ArrayImpl {
         strings: Vec<String>,
         memory_kind: Option<&str>,
     ) -> PyResult<Self> {
-        let (client, core_sharding) = sharding.get()?;
-        let kind = parse_memory_kind(core_sharding, memory_kind)?;
-        let spec = core::ArraySpec::new(shape, core::DType::String, core_sharding.clone())
-            .map_err(py_err)?;
-        let array =
-            core::Array::from_host_strings_in(client, &strings, spec, kind).map_err(py_err)?;
-        Ok(ArrayImpl::wrap(client.clone(), array))
+        construct::from_host_strings(sharding, shape, strings, memory_kind)
     }
 
     /// Builds an array from one dense host shard per device of `sharding`, in its
@@ -540,28 +223,7 @@ impl ArrayImpl {
         shards: Vec<(usize, usize)>,
         memory_kind: Option<&str>,
     ) -> PyResult<Self> {
-        let (client, core_sharding) = sharding.get()?;
-        let kind = parse_memory_kind(core_sharding, memory_kind)?;
-        let dtype = dtype_from_name(dtype)?;
-        let spec = core::ArraySpec::new(shape, dtype, core_sharding.clone()).map_err(py_err)?;
-        check_shard_count(&spec, shards.len())?;
-        let dims = core_sharding.shard_shape(&spec.shape).map_err(py_err)?;
-        let build = || -> core::Result<core::Array> {
-            let buffers = shards
-                .iter()
-                .zip(spec.sharding.devices())
-                .map(|(&(ptr, len), device)| {
-                    // SAFETY: as in `from_host_bytes`, each shard is kept alive by
-                    // the caller for the duration of the call.
-                    let data = unsafe { HostBytes { ptr, len }.slice() };
-                    let memory = memory_space(device, kind)?;
-                    core::Buffer::from_bytes_in(client, data, dtype, &dims, device, memory)
-                })
-                .collect::<core::Result<Vec<_>>>()?;
-            core::Array::assemble(spec.clone(), buffers)
-        };
-        let array = py.detach(build).map_err(py_err)?;
-        Ok(ArrayImpl::wrap(client.clone(), array))
+        construct::from_host_shards(py, sharding, dtype, shape, shards, memory_kind)
     }
 
     /// Builds a string array from one row-major list of strings per device of
@@ -574,23 +236,7 @@ impl ArrayImpl {
         shards: Vec<Vec<String>>,
         memory_kind: Option<&str>,
     ) -> PyResult<Self> {
-        let (client, core_sharding) = sharding.get()?;
-        let kind = parse_memory_kind(core_sharding, memory_kind)?;
-        let spec = core::ArraySpec::new(shape, core::DType::String, core_sharding.clone())
-            .map_err(py_err)?;
-        check_shard_count(&spec, shards.len())?;
-        let dims = core_sharding.shard_shape(&spec.shape).map_err(py_err)?;
-        let buffers = shards
-            .iter()
-            .zip(spec.sharding.devices())
-            .map(|(strings, device)| {
-                let memory = memory_space(device, kind)?;
-                core::Buffer::from_strings(client, strings, &dims, device, memory)
-            })
-            .collect::<core::Result<Vec<_>>>()
-            .map_err(py_err)?;
-        let array = core::Array::assemble(spec, buffers).map_err(py_err)?;
-        Ok(ArrayImpl::wrap(client.clone(), array))
+        construct::from_string_shards(sharding, shape, shards, memory_kind)
     }
 
     /// Assembles an array of `shape` and `sharding` from single-device arrays,
@@ -605,16 +251,7 @@ impl ArrayImpl {
         arrays: Vec<PyRef<'_, ArrayImpl>>,
         memory_kind: Option<&str>,
     ) -> PyResult<Self> {
-        let (client, core_sharding) = sharding.get()?;
-        let kind = parse_memory_kind(core_sharding, memory_kind)?;
-        let spec = core::ArraySpec::new(shape, dtype_from_name(dtype)?, core_sharding.clone())
-            .map_err(py_err)?;
-        let arrays = arrays
-            .iter()
-            .map(|a| a.array().cloned())
-            .collect::<PyResult<Vec<_>>>()?;
-        let array = core::Array::from_single_device_arrays(spec, &arrays, kind).map_err(py_err)?;
-        Ok(ArrayImpl::wrap(client.clone(), array))
+        construct::assemble(sharding, dtype, shape, arrays, memory_kind)
     }
 
     /// Global shape.
@@ -639,7 +276,9 @@ impl ArrayImpl {
     /// Element type as a numpy dtype.
     #[getter]
     fn np_dtype<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        numpy(py)?.dtype(py, self.inner.metadata().dtype()).cloned()
+        small::numpy(py)?
+            .dtype(py, self.inner.metadata().dtype())
+            .cloned()
     }
 
     /// The value of a small one-buffer dense array as a fresh numpy value that
@@ -647,30 +286,7 @@ impl ArrayImpl {
     /// operand; None when the array is split, large or holds strings. Waits
     /// (without the GIL) for the data.
     fn small_value<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let array = self.array()?;
-        let Some(bytes) = small_bytes(py, array)? else {
-            return Ok(None);
-        };
-        let dtype = array.dtype();
-        let numpy = numpy(py)?;
-        let np_dtype = numpy.dtype(py, dtype)?;
-        let shape = array.shape();
-        if shape.is_empty() {
-            if let Some(number) = scalar_to_py(py, dtype, &bytes)? {
-                return numpy.scalar_type(py, dtype)?.call1((number,)).map(Some);
-            }
-        }
-        let value = numpy
-            .frombuffer
-            .bind(py)
-            .call1((PyBytes::new(py, &bytes), np_dtype))?;
-        match shape.len() {
-            0 => value.get_item(0).map(Some),
-            1 => Ok(Some(value)),
-            _ => value
-                .call_method1(pyo3::intern!(py, "reshape"), (PyTuple::new(py, shape)?,))
-                .map(Some),
-        }
+        small::small_value(self, py)
     }
 
     /// `op(value, other)` (or `op(other, value)` when `reflected`) for a Python
@@ -684,68 +300,14 @@ impl ArrayImpl {
         other: &Bound<'_, PyAny>,
         reflected: bool,
     ) -> PyResult<Option<Self>> {
-        if let Some(out) = native_scalar_op(self, py, op, other, reflected)? {
-            return Ok(Some(out));
-        }
-        let Some(value) = self.small_value(py)? else {
-            return Ok(None);
-        };
-        let out = if reflected {
-            op.call1((other, value))?
-        } else {
-            op.call1((value, other))?
-        };
-        self.small_like(py, &out)
+        small::scalar_op(self, py, op, other, reflected)
     }
 
     /// A small numpy result (`value`, an ndarray or numpy scalar) as an array
     /// laid out like this one-buffer array, or None when it does not qualify (a
     /// dtype the runtime lacks, a large value, another layout).
     fn small_like(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
-        let array = self.array()?;
-        let [buffer] = array.buffers() else {
-            return Ok(None);
-        };
-        // The fast path makes buffers in the default memory space only.
-        if buffer.memory_space() != buffer.device().default_memory_space() {
-            return Ok(None);
-        }
-        let numpy = numpy(py)?;
-        let (dtype, shape) = match numpy.scalar_dtype(value) {
-            // A numpy scalar: rank 0, its type says the dtype.
-            Some(dtype) => (dtype, Vec::new()),
-            None => {
-                let Ok(np_dtype) = value.getattr(pyo3::intern!(py, "dtype")) else {
-                    return Ok(None);
-                };
-                let Some(dtype) = numpy.core_dtype(&np_dtype) else {
-                    return Ok(None);
-                };
-                let shape: Vec<i64> = value.getattr(pyo3::intern!(py, "shape"))?.extract()?;
-                (dtype, shape)
-            }
-        };
-        if !is_small(dtype, &shape) {
-            return Ok(None);
-        }
-        let Ok(spec) = core::ArraySpec::new(shape, dtype, array.sharding().clone()) else {
-            return Ok(None);
-        };
-        let client = self.client.get().map_err(py_err)?;
-        let native = if spec.shape.is_empty() {
-            scalar_from_py(dtype, value)
-        } else {
-            None
-        };
-        let out = match native {
-            Some(bytes) => core::Array::from_host_bytes(client, &bytes, spec),
-            None => {
-                let bytes = value.call_method0(pyo3::intern!(py, "tobytes"))?;
-                core::Array::from_host_bytes(client, bytes.cast::<PyBytes>()?.as_bytes(), spec)
-            }
-        }
-        .map_err(py_err)?;
-        Ok(Some(ArrayImpl::wrap(client.clone(), out)))
+        small::small_like(self, py, value)
     }
 
     /// The core sharding.
@@ -955,16 +517,6 @@ impl ArrayImpl {
     fn __repr__(&self) -> String {
         format!("{:?}", self.inner.metadata())
     }
-}
-
-fn check_shard_count(spec: &core::ArraySpec, given: usize) -> PyResult<()> {
-    let devices = spec.sharding.devices().len();
-    if given != devices {
-        return Err(py_err(core::Error::invalid_argument(format!(
-            "the sharding has {devices} devices but {given} shards were given"
-        ))));
-    }
-    Ok(())
 }
 
 /// A pinned, read-only view of one buffer's bytes. numpy arrays made from it (via
