@@ -13,12 +13,62 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 
 /// A local client with `devices` CPU devices and four executor threads.
 pub fn client(devices: usize) -> Client {
+    client_with_threads(devices, 4)
+}
+
+/// A local client with `devices` CPU devices and `threads` executor threads.
+pub fn client_with_threads(devices: usize, threads: usize) -> Client {
     Client::new_local(ClientOptions {
         num_cpu_devices: Some(devices),
-        executor_threads: Some(4),
+        executor_threads: Some(threads),
         ..Default::default()
     })
     .expect("a local client")
+}
+
+/// Starts a worker serving `client` to controllers that hold `token`, with
+/// the default worker options as `options` changes them.
+pub fn start_worker(
+    client: Client,
+    token: &colocated_core::transport::Token,
+    options: impl FnOnce(&mut colocated_core::worker::WorkerOptions),
+) -> colocated_core::worker::Worker {
+    let mut opts = colocated_core::worker::WorkerOptions::new(Some(token.clone()));
+    options(&mut opts);
+    colocated_core::worker::Worker::start(client, opts).expect("a worker")
+}
+
+/// The options that connect to `worker` with `token` and a 5 s timeout.
+pub fn connect_options(
+    worker: &colocated_core::worker::Worker,
+    token: &colocated_core::transport::Token,
+) -> colocated_core::session::ConnectOptions {
+    let mut options = colocated_core::session::ConnectOptions::new(
+        worker.local_addr().to_string(),
+        Some(token.clone()),
+    );
+    options.timeout = Duration::from_secs(5);
+    options
+}
+
+/// A session of `worker`, connected with `token` and a 5 s timeout.
+pub fn connect_session(
+    worker: &colocated_core::worker::Worker,
+    token: &colocated_core::transport::Token,
+) -> colocated_core::session::RemoteSession {
+    colocated_core::session::RemoteSession::connect(&connect_options(worker, token))
+        .expect("a session of the worker")
+}
+
+/// Registers the native function `name`, which counts its runs in `runs`.
+pub fn register_counter(client: &Client, name: &str, runs: &Arc<std::sync::atomic::AtomicU64>) {
+    let counter = runs.clone();
+    client
+        .register_native_function(name, move |_ctx| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .expect("register a counter");
 }
 
 /// Asserts that `result` failed with `code` and a message containing `fragment`.
@@ -130,20 +180,36 @@ pub fn register_add_one(client: &Client) {
 
 /// The body of `add_one_i32`: output shard i is input shard i plus one.
 pub fn add_one_shards(ctx: &mut colocated_core::ExecutionContext) -> colocated_core::Result<()> {
+    set_i32_outputs(ctx, |ctx, i, _shard| {
+        let x = i32_values(&ctx.inputs()[i].to_host_vec()?);
+        Ok(x.iter().map(|v| v + 1).collect())
+    })
+}
+
+/// Sets every output shard `i` of `ctx` to the int32 values `values` gives
+/// for it (from the context, `i` and the shard's place and shape).
+pub fn set_i32_outputs(
+    ctx: &mut colocated_core::ExecutionContext,
+    values: impl Fn(&colocated_core::ExecutionContext, usize, &OutputShard) -> Result<Vec<i32>>,
+) -> Result<()> {
     let shards = ctx.output_shards().to_vec();
     for (i, shard) in shards.iter().enumerate() {
-        let x = i32_values(&ctx.inputs()[i].to_host_vec()?);
-        let y: Vec<i32> = x.iter().map(|v| v + 1).collect();
-        let out = Buffer::from_bytes(
-            ctx.client(),
-            &i32_bytes(&y),
-            shard.dtype,
-            &shard.dims,
-            &shard.device,
-        )?;
-        ctx.set_output(i, out)?;
+        let y = values(ctx, i, shard)?;
+        set_output_bytes(ctx, i, &i32_bytes(&y))?;
     }
     Ok(())
+}
+
+/// Sets output shard `i` of `ctx` to a buffer of `bytes` with the shard's
+/// dtype, dims and device.
+pub fn set_output_bytes(
+    ctx: &mut colocated_core::ExecutionContext,
+    i: usize,
+    bytes: &[u8],
+) -> Result<()> {
+    let shard = ctx.output_shards()[i].clone();
+    let out = Buffer::from_bytes(ctx.client(), bytes, shard.dtype, &shard.dims, &shard.device)?;
+    ctx.set_output(i, out)
 }
 
 /// A controller of `workers` alone (no local devices), each connected with
@@ -153,17 +219,7 @@ pub fn connect_workers(
     token: &colocated_core::transport::Token,
 ) -> Client {
     let options = ClusterOptions {
-        workers: workers
-            .iter()
-            .map(|w| {
-                let mut o = colocated_core::session::ConnectOptions::new(
-                    w.local_addr().to_string(),
-                    Some(token.clone()),
-                );
-                o.timeout = Duration::from_secs(5);
-                o
-            })
-            .collect(),
+        workers: workers.iter().map(|w| connect_options(w, token)).collect(),
         include_local: false,
         local: ClientOptions::default(),
     };
