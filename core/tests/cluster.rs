@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{assert_error, eventually, i32_bytes, i32_values, register_add_one};
+use common::{
+    assert_error, client_with_threads, connect_options, eventually, i32_bytes, i32_values,
+    plain_client, register_add_one, register_counter,
+};
 
 use colocated_core::session::ConnectOptions;
 use colocated_core::transport::Token;
@@ -29,21 +32,10 @@ struct TestWorker {
 }
 
 fn start_worker(token: &Token, devices: usize) -> TestWorker {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(devices),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(devices, 2);
     register_add_one(&client);
     let runs = Arc::new(AtomicU64::new(0));
-    let counter = runs.clone();
-    client
-        .register_native_function("count", move |_ctx| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
-        .unwrap();
+    register_counter(&client, "count", &runs);
     client
         .register_native_function("ask", |ctx| {
             // Asks the controller, and fails with its answer unless it is "pong".
@@ -93,7 +85,7 @@ fn start_worker(token: &Token, devices: usize) -> TestWorker {
             common::add_one_shards(ctx)
         })
         .unwrap();
-    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let worker = common::start_worker(client, token, |_| {});
     TestWorker { worker, runs, gate }
 }
 
@@ -101,12 +93,7 @@ fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> Clust
     ClusterOptions {
         workers: workers
             .iter()
-            .map(|w| {
-                let mut o =
-                    ConnectOptions::new(w.worker.local_addr().to_string(), Some(token.clone()));
-                o.timeout = Duration::from_secs(5);
-                o
-            })
+            .map(|w| connect_options(&w.worker, token))
             .collect(),
         include_local,
         local: ClientOptions {
@@ -128,10 +115,8 @@ fn one_worker() -> (TestWorker, Client, colocated_core::Device) {
 
 /// The options of a controller of `worker` alone (no local devices).
 fn controller_options(worker: &Worker, token: &Token) -> ClusterOptions {
-    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-    connect.timeout = Duration::from_secs(5);
     ClusterOptions {
-        workers: vec![connect],
+        workers: vec![connect_options(worker, token)],
         include_local: false,
         local: ClientOptions::default(),
     }
@@ -603,11 +588,7 @@ fn copies_between_two_workers_reuse_one_connection() {
 fn a_copy_from_a_restarted_worker_at_the_same_address_connects_anew() {
     let token = Token::generate().unwrap();
     let worker_at = |listen: Option<std::net::SocketAddr>| {
-        let client = Client::new_local(ClientOptions {
-            num_cpu_devices: Some(1),
-            ..Default::default()
-        })
-        .unwrap();
+        let client = plain_client(1);
         let mut options = WorkerOptions::new(Some(token.clone()));
         if let Some(listen) = listen {
             options.listen = listen;
@@ -1109,12 +1090,8 @@ fn a_compile_that_fails_on_a_worker_keeps_neither_its_parts_nor_its_host_callbac
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);
     // A worker that lacks the program's native function: its load fails.
-    let lacking = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
-    let b = Worker::start(lacking, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let lacking = plain_client(1);
+    let b = common::start_worker(lacking, &token, |_| {});
     let mut cluster = controller_options(&a.worker, &token);
     cluster
         .workers
@@ -1438,13 +1415,10 @@ fn programs_on_workers_take_and_return_string_arrays() {
 
 #[test]
 fn a_malformed_string_upload_is_refused_and_the_worker_serves_on() {
-    use colocated_core::session::RemoteSession;
     use colocated_core::transport::proto::BufferSpec;
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);
-    let mut connect = ConnectOptions::new(a.worker.local_addr().to_string(), Some(token.clone()));
-    connect.timeout = Duration::from_secs(5);
-    let session = RemoteSession::connect(&connect).unwrap();
+    let session = common::connect_session(&a.worker, &token);
     assert!(session.version() >= colocated_core::transport::STRINGS_VERSION);
     let spec = |n: i64| BufferSpec {
         device: 0,
@@ -1559,12 +1533,7 @@ fn probe_worker(
     token: &Token,
     options: impl FnOnce(&mut WorkerOptions),
 ) -> (Worker, Client, SessionProbe) {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(1, 2);
     let probe = SessionProbe::default();
     client.register_executor("probe", probe.clone()).unwrap();
     let mut opts = WorkerOptions::new(Some(token.clone()));
@@ -1773,11 +1742,7 @@ fn a_supervisor_refuses_old_controllers_and_reports_a_child_that_fails() {
         "echo \"$@\" > {0}; stat -c %a \"$4\" >> {0}; echo not a worker",
         marks.display()
     );
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = plain_client(1);
     let mut options = WorkerOptions::new(Some(token.clone()));
     options.isolate = Some(IsolateCommand {
         program: "sh".into(),
@@ -1931,11 +1896,7 @@ fn a_controller_and_a_worker_of_different_releases_refuse_each_other_naming_both
     assert!(versions_compatible("dev", "dev"));
 
     let token = Token::generate().unwrap();
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = plain_client(1);
     let mut worker_options = WorkerOptions::new(Some(token.clone()));
     worker_options.software_version = "0.99.0".into();
     let worker = Worker::start(client, worker_options).unwrap();
@@ -1977,18 +1938,13 @@ fn compiling_for_workers_loads_on_all_at_once_and_a_refusal_unloads_the_others()
     // Workers 0 and 2 have `only_some`; worker 1 does not.
     let workers: Vec<Worker> = (0..3)
         .map(|i| {
-            let client = Client::new_local(ClientOptions {
-                num_cpu_devices: Some(1),
-                executor_threads: Some(1),
-                ..Default::default()
-            })
-            .unwrap();
+            let client = client_with_threads(1, 1);
             if i != 1 {
                 client
                     .register_native_function("only_some", |_ctx| Ok(()))
                     .unwrap();
             }
-            Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+            common::start_worker(client, &token, |_| {})
         })
         .collect();
     let mut connect = ConnectOptions::new(String::new(), Some(token.clone()));
@@ -2039,12 +1995,7 @@ fn a_deleted_buffer_leaves_the_worker_without_a_further_operation() {
 #[test]
 fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
     let token = Token::generate().unwrap();
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(1, 2);
     let flag = Arc::new((Mutex::new(true), std::sync::Condvar::new()));
     let waits = flag.clone();
     client
@@ -2066,7 +2017,7 @@ fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
             Ok(())
         })
         .unwrap();
-    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let worker = common::start_worker(client, &token, |_| {});
     let controller = Client::connect(&controller_options(&worker, &token)).unwrap();
     let device = controller.devices()[0].clone();
     let compile = |name: &str| {

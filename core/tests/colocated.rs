@@ -13,12 +13,12 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use common::{assert_error, eventually, i32_bytes, i32_values, DropCounter};
 
 use colocated_core::transport::Token;
-use colocated_core::worker::{Worker, WorkerOptions};
+use colocated_core::worker::Worker;
 use colocated_core::{
     host_object, host_objects, parked_results, Array, ArraySpec, AxisType, CallSite, CallSpec,
-    Client, ClientOptions, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode,
-    ExecutionContext, LanguageExecutor, LoadedProgram, MemoryKind, OutputOrigin, Outputs, Payload,
-    Program, Result, Sharding,
+    Client, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode, ExecutionContext,
+    LanguageExecutor, LoadedProgram, MemoryKind, OutputOrigin, Outputs, Payload, Program, Result,
+    Sharding,
 };
 
 /// The test language's functions: a host's context and input arrays in, its
@@ -104,12 +104,7 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn local_client(devices: usize) -> Client {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(devices),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = common::client_with_threads(devices, 2);
     client.register_executor("test", TestLanguage).unwrap();
     client
 }
@@ -514,7 +509,7 @@ fn a_constructors_error_is_kept_and_returned_to_every_call() {
 
 fn start_worker(token: &Token, devices: usize) -> Worker {
     let client = local_client(devices);
-    Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+    common::start_worker(client, token, |_| {})
 }
 
 fn connect(workers: &[&Worker], token: &Token) -> Client {

@@ -1203,12 +1203,7 @@ fn events_of_an_execution_can_be_awaited_and_observed_with_on_ready() {
 #[test]
 fn wait_timeout_returns_by_its_deadline_even_when_the_awaited_work_has_not_started() {
     // One executor thread, kept busy, so the awaited execution stays queued.
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        executor_threads: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(1, 1);
     let device = client.devices()[0].clone();
     let running = Event::new();
     let release_hold = Event::new();

@@ -10,11 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use colocated_core::transport::Token;
-use colocated_core::worker::{Worker, WorkerOptions};
-use colocated_core::{
-    Client, ClientOptions, CompileOptions, ExecuteOptions, LoadedExecutable, Program,
-};
-use common::eventually;
+use colocated_core::worker::Worker;
+use colocated_core::{Client, CompileOptions, ExecuteOptions, LoadedExecutable, Program};
+use common::{client_with_threads, eventually, register_counter};
 
 /// The tests take turns: each counts what the process's threads do.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -77,20 +75,9 @@ fn cluster(n: usize, runs: &Arc<AtomicU64>) -> (Vec<Worker>, Client, LoadedExecu
     let token = Token::generate().unwrap();
     let workers: Vec<Worker> = (0..n)
         .map(|_| {
-            let client = Client::new_local(ClientOptions {
-                num_cpu_devices: Some(1),
-                executor_threads: Some(1),
-                ..Default::default()
-            })
-            .unwrap();
-            let counter = runs.clone();
-            client
-                .register_native_function("count", move |_ctx| {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    Ok(())
-                })
-                .unwrap();
-            Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+            let client = client_with_threads(1, 1);
+            register_counter(&client, "count", runs);
+            common::start_worker(client, &token, |_| {})
         })
         .collect();
     let client = common::connect_workers(&workers.iter().collect::<Vec<_>>(), &token);

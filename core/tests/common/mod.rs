@@ -26,6 +26,16 @@ pub fn client_with_threads(devices: usize, threads: usize) -> Client {
     .expect("a local client")
 }
 
+/// A local client with `devices` CPU devices and the default number of
+/// executor threads.
+pub fn plain_client(devices: usize) -> Client {
+    Client::new_local(ClientOptions {
+        num_cpu_devices: Some(devices),
+        ..Default::default()
+    })
+    .expect("a local client")
+}
+
 /// Starts a worker serving `client` to controllers that hold `token`, with
 /// the default worker options as `options` changes them.
 pub fn start_worker(
