@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    assert_error, client_with_threads, connect_options, eventually, i32_bytes, i32_values,
-    plain_client, register_add_one, register_counter,
+    assert_error, client_with_threads, compile_native, connect_options, eventually, i32_bytes,
+    i32_values, plain_client, register_add_one, register_counter,
 };
 
 use colocated_core::session::ConnectOptions;
@@ -212,17 +212,13 @@ fn an_array_over_three_hosts_runs_once_per_host_and_gathers() {
     let y = i32_values(&run.outputs[0].to_host_bytes().unwrap());
     assert_eq!(y, (1..13).collect::<Vec<i32>>());
     // Once per host: a program that counts its runs.
-    let count = client
-        .compile(
-            Program::native(
-                "count",
-                vec![spec.clone()],
-                vec![],
-                client.devices().to_vec(),
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let count = compile_native(
+        &client,
+        "count",
+        vec![spec.clone()],
+        vec![],
+        client.devices(),
+    );
     count
         .execute(&[x], &ExecuteOptions::default())
         .unwrap()
@@ -251,17 +247,13 @@ fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
     let spec = ArraySpec::new(vec![4, 2], DType::I32, sharding).unwrap();
     let values: Vec<i32> = (0..8).collect();
     let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
-    let exe = client
-        .compile(
-            Program::native(
-                "add_one_i32",
-                vec![spec.clone()],
-                vec![spec],
-                client.devices().to_vec(),
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let exe = compile_native(
+        &client,
+        "add_one_i32",
+        vec![spec.clone()],
+        vec![spec],
+        client.devices(),
+    );
     let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
     let y = i32_values(&run.outputs[0].to_host_bytes().unwrap());
     assert_eq!(y, (1..9).collect::<Vec<i32>>());
@@ -1018,12 +1010,13 @@ fn grant_read(
 
 fn compile_same(client: &Client, name: &str, spec: &ArraySpec) -> colocated_core::LoadedExecutable {
     let devices = spec.sharding.devices().to_vec();
-    client
-        .compile(
-            Program::native(name, vec![spec.clone()], vec![spec.clone()], devices),
-            CompileOptions::default(),
-        )
-        .unwrap()
+    compile_native(
+        client,
+        name,
+        vec![spec.clone()],
+        vec![spec.clone()],
+        &devices,
+    )
 }
 
 fn compile_on(
@@ -1031,12 +1024,7 @@ fn compile_on(
     name: &str,
     device: &colocated_core::Device,
 ) -> colocated_core::LoadedExecutable {
-    client
-        .compile(
-            Program::native(name, vec![], vec![], vec![device.clone()]),
-            CompileOptions::default(),
-        )
-        .unwrap()
+    compile_native(client, name, vec![], vec![], std::slice::from_ref(device))
 }
 
 #[test]
@@ -1136,12 +1124,7 @@ fn dropping_an_executable_unloads_it_on_the_workers_after_its_runs() {
     let token = Token::generate().unwrap();
     let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
     let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
-    let gate = client
-        .compile(
-            Program::native("gate", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let gate = compile_native(&client, "gate", vec![], vec![], client.devices());
     assert_eq!(a.worker.executable_count() + b.worker.executable_count(), 2);
     let held = a.gate.lock().unwrap().clone();
     let other = b.gate.lock().unwrap().clone();
@@ -1180,12 +1163,7 @@ fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
         .unwrap();
     let spec = sharded_over(&client, 8);
     let x = Array::from_host_bytes(&client, &i32_bytes(&[0; 8]), spec.clone()).unwrap();
-    let exe = client
-        .compile(
-            Program::native("count", vec![spec], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let exe = compile_native(&client, "count", vec![spec], vec![], client.devices());
     exe.execute(&[x], &ExecuteOptions::default())
         .unwrap()
         .status
@@ -1220,12 +1198,7 @@ fn a_programs_parts_on_workers_go_out_before_its_local_part_runs() {
             Ok(())
         })
         .unwrap();
-    let exe = client
-        .compile(
-            Program::native("count", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let exe = compile_native(&client, "count", vec![], vec![], client.devices());
     exe.execute(&[], &ExecuteOptions::default())
         .unwrap()
         .status
@@ -1391,17 +1364,13 @@ fn programs_on_workers_take_and_return_string_arrays() {
     let spec = string_spec(sharding, 8);
     let strings = sample_strings(8);
     let x = Array::from_host_strings(&client, &strings, spec.clone()).unwrap();
-    let exe = client
-        .compile(
-            Program::native(
-                "upper",
-                vec![spec.clone()],
-                vec![spec],
-                client.devices().to_vec(),
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let exe = compile_native(
+        &client,
+        "upper",
+        vec![spec.clone()],
+        vec![spec],
+        client.devices(),
+    );
     // The output of one run feeds the next, on the workers.
     let once = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
     let twice = exe
@@ -2021,12 +1990,13 @@ fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
     let controller = Client::connect(&controller_options(&worker, &token)).unwrap();
     let device = controller.devices()[0].clone();
     let compile = |name: &str| {
-        controller
-            .compile(
-                Program::native(name, vec![], vec![], vec![device.clone()]),
-                CompileOptions::default(),
-            )
-            .unwrap()
+        compile_native(
+            &controller,
+            name,
+            vec![],
+            vec![],
+            std::slice::from_ref(&device),
+        )
     };
     let (wait, set) = (compile("wait_for_flag"), compile("set_flag"));
     // Runs that finish at once while the flag is up (a worker must not

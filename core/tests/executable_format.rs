@@ -21,18 +21,14 @@ fn serialized_add_one() -> (Client, ArraySpec, Vec<u8>) {
     register_add_one(&client);
     let sharding = mesh_sharding(&client, &[4], &["x"], vec![vec![0]]);
     let spec = ArraySpec::new(vec![8], DType::I32, sharding).unwrap();
-    let bytes = client
-        .compile(
-            Program::native(
-                "add_one_i32",
-                vec![spec.clone()],
-                vec![spec.clone()],
-                client.devices()[..4].to_vec(),
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap()
-        .serialize();
+    let bytes = compile_native(
+        &client,
+        "add_one_i32",
+        vec![spec.clone()],
+        vec![spec.clone()],
+        &client.devices()[..4],
+    )
+    .serialize();
     (client, spec, bytes)
 }
 

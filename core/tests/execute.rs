@@ -17,21 +17,6 @@ fn x_spec(client: &Client) -> ArraySpec {
     ArraySpec::new(vec![8], DType::I32, sharding).unwrap()
 }
 
-fn compile(
-    client: &Client,
-    function: &str,
-    inputs: Vec<ArraySpec>,
-    outputs: Vec<ArraySpec>,
-    devices: &[Device],
-) -> LoadedExecutable {
-    client
-        .compile(
-            Program::native(function, inputs, outputs, devices.to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap_or_else(|e| panic!("compile {function}: {e}"))
-}
-
 fn on(stream: &Stream) -> ExecuteOptions {
     ExecuteOptions {
         stream: Some(stream.clone()),
@@ -47,22 +32,12 @@ fn ints(array: &Array) -> Vec<i32> {
     i32_values(&array.to_host_bytes().unwrap())
 }
 
-/// A spec of `dims` and `dtype` on `device` alone.
-fn spec_on(dims: &[i64], dtype: DType, device: &Device) -> ArraySpec {
-    ArraySpec::new(
-        dims.to_vec(),
-        dtype,
-        Sharding::single_device(device.clone()),
-    )
-    .unwrap()
-}
-
 /// Registers `add_one_i32` on `client` and compiles it over the first four
 /// devices, from and to [`x_spec`]: the executable and that spec.
 fn add_one_over_x(client: &Client) -> (LoadedExecutable, ArraySpec) {
     register_add_one(client);
     let spec = x_spec(client);
-    let exe = compile(
+    let exe = compile_native(
         client,
         "add_one_i32",
         vec![spec.clone()],
@@ -76,7 +51,7 @@ fn add_one_over_x(client: &Client) -> (LoadedExecutable, ArraySpec) {
 /// `device` alone.
 fn add_one_on(client: &Client, dims: &[i64], device: &Device) -> LoadedExecutable {
     let spec = spec_on(dims, DType::I32, device);
-    compile(
+    compile_native(
         client,
         "add_one_i32",
         vec![spec.clone()],
@@ -94,7 +69,7 @@ fn late_source_and_add_one(
 ) -> (LoadedExecutable, LoadedExecutable, ArraySpec) {
     let (add_one, spec) = add_one_over_x(client);
     register_gated_source(client, "late_source", gate);
-    let source = compile(
+    let source = compile_native(
         client,
         "late_source",
         vec![],
@@ -261,7 +236,7 @@ fn add_one_runs_on_int32_shards_over_four_devices_sharded_along_x() {
         })
         .unwrap();
     let spec = x_spec(&client);
-    let exe = compile(
+    let exe = compile_native(
         &client,
         "add_one_traced",
         vec![spec.clone()],
@@ -315,7 +290,7 @@ fn a_host_sees_its_input_shard_counts_argument_major() {
     let replicated = Sharding::replicated(devices.to_vec()).unwrap();
     let vector = ArraySpec::new(vec![3], DType::I32, replicated.clone()).unwrap();
     let scalar = ArraySpec::new(vec![], DType::U8, replicated).unwrap();
-    let exe = compile(
+    let exe = compile_native(
         &client,
         "count_inputs",
         vec![split.clone(), vector.clone(), scalar.clone()],
@@ -463,7 +438,7 @@ fn a_failing_native_function_fails_the_status_outputs_and_every_consumer() {
         })
         .unwrap();
     let (add_one, spec) = add_one_over_x(&client);
-    let fail = compile(
+    let fail = compile_native(
         &client,
         "fail",
         vec![spec.clone()],
@@ -580,7 +555,7 @@ fn a_native_function_that_misbehaves_fails_its_execution() {
         ),
     ];
     for (name, code, fragment) in cases {
-        let exe = compile(
+        let exe = compile_native(
             &client,
             name,
             vec![],
@@ -1020,7 +995,7 @@ fn execute_sharded_runs_the_part_of_one_device() {
         ia,
         "takes 1 arguments, 0 were given",
     );
-    let narrow = compile(
+    let narrow = compile_native(
         &client,
         "add_one_i32",
         vec![],
@@ -1111,7 +1086,7 @@ fn recorder(client: &Client, log: &Arc<Mutex<Vec<u64>>>) -> (LoadedExecutable, A
     let device = client.devices()[0].clone();
     let spec = spec_on(&[], DType::U64, &device);
     (
-        compile(client, "record", vec![spec.clone()], vec![], &[device]),
+        compile_native(client, "record", vec![spec.clone()], vec![], &[device]),
         spec,
     )
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use colocated_core::transport::Token;
 use colocated_core::worker::Worker;
-use colocated_core::{Client, CompileOptions, ExecuteOptions, LoadedExecutable, Program};
-use common::{client_with_threads, eventually, register_counter};
+use colocated_core::{Client, ExecuteOptions, LoadedExecutable};
+use common::{client_with_threads, compile_native, eventually, register_counter};
 
 /// The tests take turns: each counts what the process's threads do.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -81,12 +81,7 @@ fn cluster(n: usize, runs: &Arc<AtomicU64>) -> (Vec<Worker>, Client, LoadedExecu
         })
         .collect();
     let client = common::connect_workers(&workers.iter().collect::<Vec<_>>(), &token);
-    let count = client
-        .compile(
-            Program::native("count", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let count = compile_native(&client, "count", vec![], vec![], client.devices());
     (workers, client, count)
 }
 

@@ -121,6 +121,16 @@ pub fn names(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
+/// A spec of `dims` and `dtype` on `device` alone.
+pub fn spec_on(dims: &[i64], dtype: DType, device: &Device) -> ArraySpec {
+    ArraySpec::new(
+        dims.to_vec(),
+        dtype,
+        Sharding::single_device(device.clone()),
+    )
+    .expect("a single-device spec")
+}
+
 /// A sharding over a mesh of the first `prod(mesh)` devices of `client`.
 pub fn mesh_sharding(
     client: &Client,
@@ -170,14 +180,26 @@ pub fn register_gate(client: &Client, name: &str, gate: &Event) {
         .expect("register the gate");
 }
 
-/// Compiles a program with no inputs or outputs calling `name` on `device`.
-pub fn compile_nullary(client: &Client, name: &str, device: &Device) -> LoadedExecutable {
+/// Compiles the native `function` from `inputs` to `outputs` over
+/// `devices` (panics, naming the function, if that fails).
+pub fn compile_native(
+    client: &Client,
+    function: &str,
+    inputs: Vec<ArraySpec>,
+    outputs: Vec<ArraySpec>,
+    devices: &[Device],
+) -> LoadedExecutable {
     client
         .compile(
-            Program::native(name, vec![], vec![], vec![device.clone()]),
+            Program::native(function, inputs, outputs, devices.to_vec()),
             CompileOptions::default(),
         )
-        .expect("compile a nullary program")
+        .unwrap_or_else(|e| panic!("compile {function}: {e}"))
+}
+
+/// Compiles a program with no inputs or outputs calling `name` on `device`.
+pub fn compile_nullary(client: &Client, name: &str, device: &Device) -> LoadedExecutable {
+    compile_native(client, name, vec![], vec![], std::slice::from_ref(device))
 }
 
 /// Registers `add_one_i32`: every output shard is its input shard plus one (int32),
