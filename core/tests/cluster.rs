@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{
     assert_error, client_with_threads, compile_native, connect_options, eventually, i32_bytes,
-    i32_values, plain_client, register_add_one, register_counter,
+    i32_values, plain_client, progress_log, register_add_one, register_counter,
 };
 
 use colocated_core::session::ConnectOptions;
@@ -104,6 +104,23 @@ fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> Clust
     }
 }
 
+/// Two workers that accept `token` (a fresh one) with `a_devices` and
+/// `b_devices` devices, and a controller of both (and of one local device
+/// first, when `include_local`).
+fn two_workers(
+    a_devices: usize,
+    b_devices: usize,
+    include_local: bool,
+) -> (Token, TestWorker, TestWorker, Client) {
+    let token = Token::generate().unwrap();
+    let (a, b) = (
+        start_worker(&token, a_devices),
+        start_worker(&token, b_devices),
+    );
+    let client = Client::connect(&options(&[&a, &b], &token, include_local)).unwrap();
+    (token, a, b, client)
+}
+
 /// A worker with one device, a controller of it alone, and the device.
 fn one_worker() -> (TestWorker, Client, colocated_core::Device) {
     let token = Token::generate().unwrap();
@@ -165,9 +182,7 @@ fn sharded_over(client: &Client, n: i64) -> ArraySpec {
 
 #[test]
 fn devices_get_global_ids_and_their_hosts_process_index() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 3));
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, a, _b, client) = two_workers(2, 3, true);
     let ids: Vec<u32> = client.devices().iter().map(|d| d.id()).collect();
     assert_eq!(ids, vec![0, 1, 2, 3, 4, 5]);
     let processes: Vec<u32> = client.devices().iter().map(|d| d.process_index()).collect();
@@ -234,9 +249,7 @@ fn an_array_over_three_hosts_runs_once_per_host_and_gathers() {
 fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
     // A 2x2 mesh over two hosts of two devices: each host has one row of the
     // mesh, so its block is rows [2h, 2h+2) of a 4x2 array split on both axes.
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, _a, _b, client) = two_workers(2, 2, false);
     let sharding = Sharding::named(
         client.devices().to_vec(),
         vec![2, 2],
@@ -261,18 +274,13 @@ fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
 
 #[test]
 fn buffers_copy_between_hosts_with_progress() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, _a, _b, client) = two_workers(1, 1, true);
     let [local, on_a, on_b] = [0, 1, 2].map(|i| client.devices()[i].clone());
     let n = 3 << 20; // several chunks
     let values: Vec<i32> = (0..n as i32).collect();
     let bytes = i32_bytes(&values);
     let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &local).unwrap();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let seen = reports.clone();
-    let progress: colocated_core::session::Progress =
-        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
+    let (reports, progress) = progress_log();
     let on_a_copy = x
         .copy_to_device_with_progress(&on_a, Some(progress))
         .unwrap();
@@ -289,18 +297,13 @@ fn buffers_copy_between_hosts_with_progress() {
 
 #[test]
 fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, _a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     let n = 3 << 20; // several chunks
     let values: Vec<i32> = (0..n as i32).map(|v| v.wrapping_mul(7)).collect();
     let bytes = i32_bytes(&values);
     let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &on_a).unwrap();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let seen = reports.clone();
-    let progress: colocated_core::session::Progress =
-        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
+    let (reports, progress) = progress_log();
     let copy = x
         .copy_to_device_with_progress(&on_b, Some(progress))
         .unwrap();
@@ -511,9 +514,7 @@ fn small_uploads_travel_on_the_control_stream_and_read_here() {
 /// stranger, and the reader would retry).
 #[test]
 fn a_copy_between_workers_reads_only_once_the_source_holds_its_grant() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     let on = |device: &colocated_core::Device, n: i64| {
         ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
@@ -547,9 +548,7 @@ fn a_copy_between_workers_reads_only_once_the_source_holds_its_grant() {
 /// trips and, on the source, an admission).
 #[test]
 fn copies_between_two_workers_reuse_one_connection() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     let spec = ArraySpec::new(vec![4], DType::I32, Sharding::single_device(on_a)).unwrap();
     let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3, 4]), spec).unwrap();
@@ -615,9 +614,7 @@ fn a_copy_from_a_restarted_worker_at_the_same_address_connects_anew() {
 
 #[test]
 fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     // 2 MiB: read and put in streams of their own, not control operations.
     let n = 1 << 19;
@@ -772,9 +769,7 @@ fn a_read_grant_admits_one_read_of_one_buffer() {
 
 #[test]
 fn deleting_an_array_frees_its_shards_on_the_workers() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(2, 2, false);
     let spec = sharded_over(&client, 8);
     let x = Array::from_host_bytes(&client, &i32_bytes(&[0; 8]), spec).unwrap();
     x.ready_event().wait().unwrap();
@@ -788,17 +783,11 @@ fn deleting_an_array_frees_its_shards_on_the_workers() {
 
 #[test]
 fn a_put_of_host_bytes_reports_the_bytes_that_go_to_workers() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
     // One local device and one on each worker: 3 shards of 4 int32.
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, _a, _b, client) = two_workers(1, 1, true);
     let spec = sharded_over(&client, 12);
     let values: Vec<i32> = (0..12).collect();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = seen.clone();
-    let progress: colocated_core::Progress = Arc::new(move |done: u64, total: u64| {
-        record.lock().unwrap().push((done, total));
-    });
+    let (seen, progress) = progress_log();
     let x = Array::from_host_bytes_with_progress(
         &client,
         &i32_bytes(&values),
@@ -936,9 +925,7 @@ fn a_failing_program_on_a_worker_fails_the_outputs_with_its_error() {
 
 #[test]
 fn a_lost_worker_fails_pending_work_and_the_others_keep_working() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     let gate = compile_on(&client, "gate", &on_a);
     let pending = gate
@@ -1029,9 +1016,7 @@ fn compile_on(
 
 #[test]
 fn programs_on_workers_call_host_callbacks_of_the_controller() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, false);
     let calls = Arc::new(Mutex::new(Vec::new()));
     let seen = calls.clone();
     let callback = colocated_core::LoadedHostCallback::new("pong", move |input| {
@@ -1121,9 +1106,7 @@ fn a_compile_that_fails_on_a_worker_keeps_neither_its_parts_nor_its_host_callbac
 
 #[test]
 fn dropping_an_executable_unloads_it_on_the_workers_after_its_runs() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, false);
     let gate = compile_native(&client, "gate", vec![], vec![], client.devices());
     assert_eq!(a.worker.executable_count() + b.worker.executable_count(), 2);
     let held = a.gate.lock().unwrap().clone();
@@ -1239,9 +1222,7 @@ fn string_spec(sharding: Sharding, n: i64) -> ArraySpec {
 
 #[test]
 fn string_arrays_sharded_over_workers_round_trip() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, a, b, client) = two_workers(2, 2, true);
     let workers = client.devices()[1..].to_vec();
     let sharding =
         Sharding::named(workers.clone(), vec![4], vec!["x".into()], vec![vec![0]]).unwrap();
@@ -1305,16 +1286,11 @@ fn string_arrays_sharded_over_workers_round_trip() {
 
 #[test]
 fn string_buffers_copy_between_hosts_and_are_deleted_on_their_workers() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, true);
     let [local, on_a, on_b] = [0, 1, 2].map(|i| client.devices()[i].clone());
     let strings = sample_strings(8);
     let here = Buffer::from_strings(&client, &strings, &[2, 4], &local, None).unwrap();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let seen = reports.clone();
-    let progress: colocated_core::session::Progress =
-        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
+    let (reports, progress) = progress_log();
     // Local to a worker, worker to worker, and back.
     let there = here
         .copy_to_device_with_progress(&on_a, Some(progress))
@@ -1351,9 +1327,7 @@ fn string_buffers_copy_between_hosts_and_are_deleted_on_their_workers() {
 
 #[test]
 fn programs_on_workers_take_and_return_string_arrays() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, _a, _b, client) = two_workers(2, 2, false);
     let sharding = Sharding::named(
         client.devices().to_vec(),
         vec![4],
@@ -2040,9 +2014,7 @@ fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
 /// arrives.
 #[test]
 fn a_completion_that_waits_for_another_workers_answer_does_not_hold_it_up() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, false);
     let on_a = compile_on(&client, "gate", &client.devices()[0]);
     let on_b = compile_on(&client, "gate", &client.devices()[1]);
     let (gate_a, gate_b) = (

@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_error, client_with_threads, connect_options, i32_values, start_worker};
+use common::{
+    assert_error, client_with_threads, connect_options, i32_values, progress_log, start_worker,
+};
 
 use bytes::Bytes;
 use colocated_core::session::RemoteSession;
@@ -454,10 +456,7 @@ fn bulk_transfers_report_progress_up_to_the_total() {
     let session = connect(&worker, &token);
     let bytes = 5 * CHUNK_BYTES / 2;
     let data = pattern(bytes);
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let sink = reports.clone();
-    let progress: colocated_core::session::Progress =
-        Arc::new(move |done, total| sink.lock().unwrap().push((done, total)));
+    let (reports, progress) = progress_log();
     let handle = session.new_handle();
     session
         .put_buffer_with_progress(

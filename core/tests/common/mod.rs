@@ -148,6 +148,17 @@ pub fn mesh_sharding(
     .expect("a valid named sharding")
 }
 
+/// The `(done, total)` reports a progress callback was given, in order.
+pub type ProgressLog = Arc<std::sync::Mutex<Vec<(u64, u64)>>>;
+
+/// A progress callback that records every report, and its record.
+pub fn progress_log() -> (ProgressLog, Progress) {
+    let log = ProgressLog::default();
+    let sink = log.clone();
+    let progress: Progress = Arc::new(move |done, total| sink.lock().unwrap().push((done, total)));
+    (log, progress)
+}
+
 /// Polls `condition` until it holds or `PATIENCE` passes.
 #[track_caller]
 pub fn eventually(what: &str, condition: impl Fn() -> bool) {
