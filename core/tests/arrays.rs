@@ -584,12 +584,7 @@ fn single_device_arrays_assemble_matched_by_device_in_any_order() {
     let client = client(3);
     let devices = client.devices().to_vec();
     let one = |device: &Device, values: &[i32]| {
-        let spec = ArraySpec::new(
-            vec![values.len() as i64],
-            DType::I32,
-            Sharding::single_device(device.clone()),
-        )
-        .unwrap();
+        let spec = spec_on(&[values.len() as i64], DType::I32, device);
         Array::from_host_bytes(&client, &i32_bytes(values), spec).unwrap()
     };
     let sharding =

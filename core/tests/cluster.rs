@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    assert_error, client_with_threads, compile_native, connect_options, eventually, i32_bytes,
-    i32_values, plain_client, progress_log, register_add_one, register_counter,
+    assert_error, client_with_threads, compile_native, connect_options, eventually, i32_array,
+    i32_bytes, i32_values, plain_client, progress_log, register_add_one, register_counter, spec_on,
 };
 
 use colocated_core::session::ConnectOptions;
@@ -208,7 +208,7 @@ fn an_array_over_three_hosts_runs_once_per_host_and_gathers() {
     assert_eq!(client.devices().len(), 6);
     let spec = sharded_over(&client, 12);
     let values: Vec<i32> = (0..12).collect();
-    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+    let x = i32_array(&client, &values, &spec);
     // Each shard really is on its worker.
     for w in &workers {
         eventually("the shards arrive", || w.worker.buffer_count() == 2);
@@ -259,7 +259,7 @@ fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
     .unwrap();
     let spec = ArraySpec::new(vec![4, 2], DType::I32, sharding).unwrap();
     let values: Vec<i32> = (0..8).collect();
-    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+    let x = i32_array(&client, &values, &spec);
     let exe = compile_native(
         &client,
         "add_one_i32",
@@ -326,11 +326,10 @@ fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() 
 #[test]
 fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
     let (a, client, device) = one_worker();
-    let spec =
-        ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
+    let spec = spec_on(&[2], DType::I32, &device);
     let gated = compile_same(&client, "gated_add_one_i32", &spec);
     let add_one = compile_same(&client, "add_one_i32", &spec);
-    let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2]), spec.clone()).unwrap();
+    let x = i32_array(&client, &[1, 2], &spec);
     x.ready_event().wait().unwrap();
     let options = ExecuteOptions::default();
     let call = |exe: &colocated_core::LoadedExecutable, arg: &Array| {
@@ -376,14 +375,9 @@ fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
 fn many_threads_reading_large_buffers_of_one_worker_get_every_byte() {
     let (a, client, device) = one_worker();
     const N: usize = 64 << 10; // 256 KiB of int32
-    let spec = ArraySpec::new(
-        vec![N as i64],
-        DType::I32,
-        Sharding::single_device(device.clone()),
-    )
-    .unwrap();
+    let spec = spec_on(&[N as i64], DType::I32, &device);
     let values: Vec<i32> = (0..N as i32).collect();
-    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+    let x = i32_array(&client, &values, &spec);
     let exe = compile_same(&client, "add_one_i32", &spec);
     let expected = i32_bytes(&values.iter().map(|v| v + 1).collect::<Vec<_>>()).to_vec();
     // Eight buffers on the worker, each read by every thread in every round:
@@ -438,14 +432,9 @@ fn many_threads_reading_large_buffers_of_one_worker_get_every_byte() {
 fn small_outputs_are_read_without_another_round_trip() {
     let (a, client, device) = one_worker();
     let run_add_one = |n: usize| {
-        let spec = ArraySpec::new(
-            vec![n as i64],
-            DType::I32,
-            Sharding::single_device(device.clone()),
-        )
-        .unwrap();
+        let spec = spec_on(&[n as i64], DType::I32, &device);
         let values: Vec<i32> = (0..n as i32).collect();
-        let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+        let x = i32_array(&client, &values, &spec);
         let exe = compile_same(&client, "add_one_i32", &spec);
         let run = exe
             .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
@@ -482,9 +471,7 @@ fn small_outputs_are_read_without_another_round_trip() {
 #[test]
 fn small_uploads_travel_on_the_control_stream_and_read_here() {
     let (a, client, device) = one_worker();
-    let spec_of = |n: i64| {
-        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
-    };
+    let spec_of = |n: i64| spec_on(&[n], DType::I32, &device);
     let exe = compile_same(&client, "add_one_i32", &spec_of(3));
     let before = a.worker.control_operations();
     let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3]), spec_of(3)).unwrap();
@@ -516,9 +503,7 @@ fn small_uploads_travel_on_the_control_stream_and_read_here() {
 fn a_copy_between_workers_reads_only_once_the_source_holds_its_grant() {
     let (_, a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
-    let on = |device: &colocated_core::Device, n: i64| {
-        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
-    };
+    let on = |device: &colocated_core::Device, n: i64| spec_on(&[n], DType::I32, device);
     let values: Vec<i32> = (0..1 << 14).collect();
     let mut kept = Vec::new();
     for _ in 0..5 {
@@ -618,9 +603,7 @@ fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     // 2 MiB: read and put in streams of their own, not control operations.
     let n = 1 << 19;
-    let spec_on = |device: &colocated_core::Device| {
-        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
-    };
+    let spec_on = |device: &colocated_core::Device| spec_on(&[n], DType::I32, device);
     let values: Vec<i32> = (0..n as i32).collect();
     let plus_one: Vec<i32> = (1..=n as i32).collect();
     let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec_on(&on_a)).unwrap();
@@ -812,12 +795,7 @@ fn deleting_an_array_while_it_uploads_stops_the_upload_on_the_wire() {
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);
     let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let spec = ArraySpec::new(
-        vec![16 << 20],
-        DType::I32,
-        Sharding::single_device(client.devices()[0].clone()),
-    )
-    .unwrap();
+    let spec = spec_on(&[16 << 20], DType::I32, &client.devices()[0]);
     let bytes = vec![7u8; 64 << 20]; // 32 chunks
                                      // The first chunk's report holds the network until the test has deleted
                                      // the array, so the upload cannot have ended first.
@@ -912,8 +890,7 @@ fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
 #[test]
 fn a_failing_program_on_a_worker_fails_the_outputs_with_its_error() {
     let (_worker, client, device) = one_worker();
-    let spec =
-        ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
+    let spec = spec_on(&[2], DType::I32, &device);
     let program = Program::native("missing", vec![spec.clone()], vec![spec], vec![device]);
     // The worker resolves native functions when it loads the program.
     assert_error(
@@ -1145,7 +1122,7 @@ fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
         })
         .unwrap();
     let spec = sharded_over(&client, 8);
-    let x = Array::from_host_bytes(&client, &i32_bytes(&[0; 8]), spec.clone()).unwrap();
+    let x = i32_array(&client, &[0; 8], &spec);
     let exe = compile_native(&client, "count", vec![spec], vec![], client.devices());
     exe.execute(&[x], &ExecuteOptions::default())
         .unwrap()

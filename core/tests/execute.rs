@@ -23,10 +23,6 @@ fn on(stream: &Stream) -> ExecuteOptions {
     }
 }
 
-fn array_of(client: &Client, values: &[i32], spec: &ArraySpec) -> Array {
-    Array::from_host_bytes(client, &i32_bytes(values), spec.clone()).unwrap()
-}
-
 /// The int32 values of `array`, once it is ready (panics if it failed).
 fn ints(array: &Array) -> Vec<i32> {
     i32_values(&array.to_host_bytes().unwrap())
@@ -246,7 +242,7 @@ fn add_one_runs_on_int32_shards_over_four_devices_sharded_along_x() {
     assert_eq!(exe.name(), "add_one_traced");
     assert_eq!(exe.devices(), &client.devices()[..4]);
     assert_eq!(exe.fingerprint().len(), 16);
-    let x = array_of(&client, &[0, 10, 20, 30, 40, 50, 60, 70], &spec);
+    let x = i32_array(&client, &[0, 10, 20, 30, 40, 50, 60, 70], &spec);
     let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
     assert_eq!(run.outputs.len(), 1);
     let out = &run.outputs[0];
@@ -298,8 +294,8 @@ fn a_host_sees_its_input_shard_counts_argument_major() {
         devices,
     );
     let args = [
-        array_of(&client, &[0; 8], &split),
-        array_of(&client, &[1, 2, 3], &vector),
+        i32_array(&client, &[0; 8], &split),
+        i32_array(&client, &[1, 2, 3], &vector),
         Array::from_host_bytes(&client, &[9], scalar).unwrap(),
     ];
     let run = exe.execute(&args, &ExecuteOptions::default()).unwrap();
@@ -319,7 +315,7 @@ fn a_host_sees_its_input_shard_counts_argument_major() {
 fn outputs_feed_the_next_execution_before_they_are_ready() {
     let client = client(4);
     let (exe, spec) = add_one_over_x(&client);
-    let mut x = array_of(&client, &[0, 1, 2, 3, 4, 5, 6, 7], &spec);
+    let mut x = i32_array(&client, &[0, 1, 2, 3, 4, 5, 6, 7], &spec);
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
@@ -446,7 +442,7 @@ fn a_failing_native_function_fails_the_status_outputs_and_every_consumer() {
         &client.devices()[..4],
     );
     let held = held_stream(&client, "gate", &client.devices()[0]);
-    let x = array_of(&client, &[0; 8], &spec);
+    let x = i32_array(&client, &[0; 8], &spec);
     let failed = fail.execute(&[x], &on(&held.stream)).unwrap();
     // Consumers submitted before and after the failure is known.
     let early = add_one
@@ -583,7 +579,7 @@ fn an_execution_waits_for_an_input_gated_by_a_user_event_on_another_stream() {
     let consumed = add_one
         .execute(&produced.outputs, &on(&consumer_stream))
         .unwrap();
-    let ready_input = array_of(&client, &[0; 8], &spec);
+    let ready_input = i32_array(&client, &[0; 8], &spec);
     let behind = add_one
         .execute(std::slice::from_ref(&ready_input), &on(&consumer_stream))
         .unwrap();
@@ -638,7 +634,7 @@ fn a_producer_failing_behind_a_user_event_fails_its_pending_consumer_with_its_er
 fn execute_rejects_the_wrong_number_of_arguments() {
     let client = client(4);
     let (exe, spec) = add_one_over_x(&client);
-    let x = array_of(&client, &[0; 8], &spec);
+    let x = i32_array(&client, &[0; 8], &spec);
     assert_refused(
         &exe,
         &[],
@@ -690,7 +686,7 @@ fn execute_rejects_an_argument_whose_spec_differs_and_accepts_an_equivalent_one(
         Sharding::named(devices, vec![2, 2], names(&["a", "b"]), vec![vec![0, 1]]).unwrap(),
     )
     .unwrap();
-    let arg = array_of(&client, &[3; 8], &nested);
+    let arg = i32_array(&client, &[3; 8], &nested);
     let run = exe.execute(&[arg], &ExecuteOptions::default()).unwrap();
     assert_eq!(ints(&run.outputs[0]), vec![4; 8]);
 }
@@ -699,10 +695,10 @@ fn execute_rejects_an_argument_whose_spec_differs_and_accepts_an_equivalent_one(
 fn execute_rejects_a_deleted_argument_with_failed_precondition() {
     let client = client(4);
     let (exe, spec) = add_one_over_x(&client);
-    let x = array_of(&client, &[0; 8], &spec);
+    let x = i32_array(&client, &[0; 8], &spec);
     x.buffers()[2].delete();
     assert_refused(&exe, &[x], ErrorCode::FailedPrecondition, "argument 0");
-    let y = array_of(&client, &[0; 8], &spec);
+    let y = i32_array(&client, &[0; 8], &spec);
     y.delete();
     assert_refused(&exe, &[y], ErrorCode::FailedPrecondition, "was deleted");
 }
@@ -713,7 +709,7 @@ fn deleting_an_argument_after_execute_waits_for_the_execution_that_uses_it() {
     let client = client(4);
     let (exe, spec) = add_one_over_x(&client);
     let held = held_stream(&client, "gate", &client.devices()[0]);
-    let x = array_of(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
+    let x = i32_array(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
     let run = exe
         .execute(std::slice::from_ref(&x), &on(&held.stream))
         .unwrap();
@@ -853,7 +849,7 @@ fn a_serialized_executable_loads_and_runs() {
     assert_eq!(loaded.fingerprint(), exe.fingerprint());
     assert_eq!(loaded.devices(), exe.devices());
     assert_eq!(loaded.serialize(), bytes);
-    let x = array_of(&client, &[5; 8], &spec);
+    let x = i32_array(&client, &[5; 8], &spec);
     let run = loaded.execute(&[x], &ExecuteOptions::default()).unwrap();
     assert_eq!(ints(&run.outputs[0]), vec![6; 8]);
 
@@ -864,7 +860,7 @@ fn a_serialized_executable_loads_and_runs() {
         .deserialize_and_load(&bytes, CompileOptions::default())
         .unwrap();
     let spec = x_spec(&twin);
-    let x = array_of(&twin, &[-1; 8], &spec);
+    let x = i32_array(&twin, &[-1; 8], &spec);
     let run = loaded.execute(&[x], &ExecuteOptions::default()).unwrap();
     assert_eq!(ints(&run.outputs[0]), vec![0; 8]);
 }
@@ -1159,7 +1155,7 @@ fn events_of_an_execution_can_be_awaited_and_observed_with_on_ready() {
     let spec = spec_on(&[2], DType::I32, &d);
     let run = exe
         .execute(
-            &[array_of(&client, &[1, 2], &spec)],
+            &[i32_array(&client, &[1, 2], &spec)],
             &ExecuteOptions::default(),
         )
         .unwrap();
@@ -1517,7 +1513,7 @@ fn a_dropped_slot_lets_its_stream_go_on_and_another_clients_stream_is_refused() 
 fn kept_arrays_stay_usable_by_the_work_they_were_kept_for_after_a_delete() {
     let client = client(4);
     let (exe, spec) = add_one_over_x(&client);
-    let x = array_of(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
+    let x = i32_array(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
     let kept = Array::keep(std::slice::from_ref(&x)).unwrap();
     x.delete();
     assert!(x.is_deleted());

@@ -484,12 +484,7 @@ fn bad_programs_and_arguments_get_typed_errors() {
     );
     let exe = client.compile_stablehlo(ADD_ONE.as_bytes(), one).unwrap();
     // Wrong dtype, wrong shape, wrong device, wrong count.
-    let ints = ArraySpec::new(
-        vec![8],
-        DType::I32,
-        Sharding::single_device(plugin[0].clone()),
-    )
-    .unwrap();
+    let ints = spec_on(&[8], DType::I32, &plugin[0]);
     let ints = Array::from_host_bytes(&client, &[0u8; 32], ints).unwrap();
     assert!(exe.execute(&[ints], &ExecuteOptions::default()).is_err());
     let short = f32_array(&client, &[0.0; 4], &plugin[0]);

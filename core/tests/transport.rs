@@ -6,7 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_error, client_with_threads, connect_options, i32_values, progress_log, start_worker,
+    assert_error, client_with_threads, compile_native, connect_options, i32_values, progress_log,
+    spec_on, start_worker,
 };
 
 use bytes::Bytes;
@@ -231,8 +232,6 @@ fn closing_or_abandoning_a_session_frees_its_buffers() {
 
 use std::sync::{Arc, Mutex};
 
-use colocated_core::{ArraySpec, CompileOptions, Program, Sharding};
-
 fn i32_bytes(values: &[i32]) -> Bytes {
     Bytes::from(common::i32_bytes(values))
 }
@@ -279,14 +278,8 @@ fn executable_for_worker(function: &str, device: usize) -> Vec<u8> {
     let mirror = client_with_threads(2, 1);
     register_add_one(&mirror, Arc::default());
     let d = mirror.devices()[device].clone();
-    let spec = ArraySpec::new(vec![4], DType::I32, Sharding::single_device(d.clone())).unwrap();
-    mirror
-        .compile(
-            Program::native(function, vec![spec.clone()], vec![spec], vec![d]),
-            CompileOptions::default(),
-        )
-        .unwrap()
-        .serialize()
+    let spec = spec_on(&[4], DType::I32, &d);
+    compile_native(&mirror, function, vec![spec.clone()], vec![spec], &[d]).serialize()
 }
 
 /// A worker of two CPU devices with `add_one`, `fail` and `gated` (see

@@ -131,6 +131,11 @@ pub fn spec_on(dims: &[i64], dtype: DType, device: &Device) -> ArraySpec {
     .expect("a single-device spec")
 }
 
+/// An int32 array of `values` in `spec`.
+pub fn i32_array(client: &Client, values: &[i32], spec: &ArraySpec) -> Array {
+    Array::from_host_bytes(client, &i32_bytes(values), spec.clone()).expect("an int32 array")
+}
+
 /// A sharding over a mesh of the first `prod(mesh)` devices of `client`.
 pub fn mesh_sharding(
     client: &Client,
