@@ -11,12 +11,6 @@ use std::time::Duration;
 use colocated_core::*;
 use common::*;
 
-/// int32[8] split along 'x' over the client's first four devices.
-fn x_spec(client: &Client) -> ArraySpec {
-    let sharding = mesh_sharding(client, &[4], &["x"], vec![vec![0]]);
-    ArraySpec::new(vec![8], DType::I32, sharding).unwrap()
-}
-
 fn on(stream: &Stream) -> ExecuteOptions {
     ExecuteOptions {
         stream: Some(stream.clone()),
@@ -26,21 +20,6 @@ fn on(stream: &Stream) -> ExecuteOptions {
 /// The int32 values of `array`, once it is ready (panics if it failed).
 fn ints(array: &Array) -> Vec<i32> {
     i32_values(&array.to_host_bytes().unwrap())
-}
-
-/// Registers `add_one_i32` on `client` and compiles it over the first four
-/// devices, from and to [`x_spec`]: the executable and that spec.
-fn add_one_over_x(client: &Client) -> (LoadedExecutable, ArraySpec) {
-    register_add_one(client);
-    let spec = x_spec(client);
-    let exe = compile_native(
-        client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
-    (exe, spec)
 }
 
 /// `add_one_i32` (registered already) compiled from and to int32 `dims` on

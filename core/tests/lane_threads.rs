@@ -97,8 +97,7 @@ fn call(count: &LoadedExecutable) {
 /// threads.
 #[test]
 fn the_controller_reads_every_lane_on_one_thread() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    pin_to_one_cpu();
+    let _turn = one_cpu_turn();
     const WORKERS: usize = 8;
     let runs = Arc::new(AtomicU64::new(0));
     let (workers, client, count) = cluster(WORKERS, &runs);
@@ -126,8 +125,7 @@ fn the_controller_reads_every_lane_on_one_thread() {
 /// began.
 #[test]
 fn a_thread_that_waits_for_an_answer_reads_it_itself() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    pin_to_one_cpu();
+    let _turn = one_cpu_turn();
     const CALLS: u64 = 200;
     let runs = Arc::new(AtomicU64::new(0));
     let (workers, client, count) = cluster(1, &runs);
@@ -159,6 +157,14 @@ fn a_thread_that_waits_for_an_answer_reads_it_itself() {
     drop(workers);
 }
 
+/// Waits for this test's turn and pins it to one CPU (see [`pin_to_one_cpu`]):
+/// the turn lasts while the guard lives.
+fn one_cpu_turn() -> std::sync::MutexGuard<'static, ()> {
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    pin_to_one_cpu();
+    turn
+}
+
 /// Once a thread that waited for answers (and read them) stops waiting, an
 /// answer that only a callback waits for, or nothing at all, is still read:
 /// the controller's reading thread, which slept while the waiter read,
@@ -166,8 +172,7 @@ fn a_thread_that_waits_for_an_answer_reads_it_itself() {
 /// otherwise).
 #[test]
 fn an_answer_nobody_waits_for_is_read_once_the_waiter_stops() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    pin_to_one_cpu();
+    let _turn = one_cpu_turn();
     let runs = Arc::new(AtomicU64::new(0));
     let (workers, client, count) = cluster(1, &runs);
     for _ in 0..20 {

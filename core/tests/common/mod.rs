@@ -213,6 +213,27 @@ pub fn compile_native(
         .unwrap_or_else(|e| panic!("compile {function}: {e}"))
 }
 
+/// int32[8] split along 'x' over the client's first four devices.
+pub fn x_spec(client: &Client) -> ArraySpec {
+    let sharding = mesh_sharding(client, &[4], &["x"], vec![vec![0]]);
+    ArraySpec::new(vec![8], DType::I32, sharding).expect("a spec split along x")
+}
+
+/// Registers `add_one_i32` on `client` and compiles it over the first four
+/// devices, from and to [`x_spec`]: the executable and that spec.
+pub fn add_one_over_x(client: &Client) -> (LoadedExecutable, ArraySpec) {
+    register_add_one(client);
+    let spec = x_spec(client);
+    let exe = compile_native(
+        client,
+        "add_one_i32",
+        vec![spec.clone()],
+        vec![spec.clone()],
+        &client.devices()[..4],
+    );
+    (exe, spec)
+}
+
 /// Compiles a program with no inputs or outputs calling `name` on `device`.
 pub fn compile_nullary(client: &Client, name: &str, device: &Device) -> LoadedExecutable {
     compile_native(client, name, vec![], vec![], std::slice::from_ref(device))
