@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{
     assert_error, client_with_threads, compile_native, connect_options, eventually, i32_array,
     i32_bytes, i32_values, plain_client, progress_log, register_add_one, register_counter, spec_on,
+    ProgressLog,
 };
 
 use colocated_core::session::ConnectOptions;
@@ -119,6 +120,74 @@ fn two_workers(
     );
     let client = Client::connect(&options(&[&a, &b], &token, include_local)).unwrap();
     (token, a, b, client)
+}
+
+/// Asserts that an int32[1] of `value` put on `device` comes back.
+#[track_caller]
+fn assert_round_trips(client: &Client, value: i32, device: &colocated_core::Device) {
+    let y = Buffer::from_bytes(client, &i32_bytes(&[value]), DType::I32, &[1], device).unwrap();
+    assert_eq!(i32_values(&y.to_host_vec().unwrap()), vec![value]);
+}
+
+/// Asserts that putting an int32[1] of `value` on `device` and reading it
+/// back fails with `code` and a message containing `fragment`.
+#[track_caller]
+fn assert_round_trip_fails(
+    client: &Client,
+    value: i32,
+    device: &colocated_core::Device,
+    code: ErrorCode,
+    fragment: &str,
+) {
+    assert_error(
+        Buffer::from_bytes(client, &i32_bytes(&[value]), DType::I32, &[1], device)
+            .and_then(|b| b.to_host_vec()),
+        code,
+        fragment,
+    );
+}
+
+/// A worker with `devices` devices, and a controller of `devices` local
+/// devices first and then the worker's.
+fn local_and_worker(devices: usize) -> (TestWorker, Client) {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, devices);
+    let mut opts = options(&[&a], &token, true);
+    opts.local.num_cpu_devices = Some(devices);
+    let client = Client::connect(&opts).unwrap();
+    (a, client)
+}
+
+/// An int32 buffer of several transfer chunks (3 Mi elements, element `i`
+/// being `value(i)`) on `device`, and its bytes.
+fn several_chunks(
+    client: &Client,
+    device: &colocated_core::Device,
+    value: impl Fn(i32) -> i32,
+) -> (Vec<u8>, Buffer) {
+    let n = 3 << 20;
+    let values: Vec<i32> = (0..n as i32).map(value).collect();
+    let bytes = i32_bytes(&values);
+    let x = Buffer::from_bytes(client, &bytes, DType::I32, &[n], device).unwrap();
+    (bytes, x)
+}
+
+/// Copies `x` to `first` (reporting progress), that copy to `second`, and
+/// that one to `back`: the three copies, and the first copy's progress
+/// reports.
+fn copy_around(
+    x: &Buffer,
+    first: &colocated_core::Device,
+    second: &colocated_core::Device,
+    back: &colocated_core::Device,
+) -> (Buffer, Buffer, Buffer, ProgressLog) {
+    let (reports, progress) = progress_log();
+    let on_first = x
+        .copy_to_device_with_progress(first, Some(progress))
+        .unwrap();
+    let on_second = on_first.copy_to_device(second).unwrap();
+    let returned = on_second.copy_to_device(back).unwrap();
+    (on_first, on_second, returned, reports)
 }
 
 /// A worker with one device, a controller of it alone, and the device.
@@ -260,13 +329,7 @@ fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
     let spec = ArraySpec::new(vec![4, 2], DType::I32, sharding).unwrap();
     let values: Vec<i32> = (0..8).collect();
     let x = i32_array(&client, &values, &spec);
-    let exe = compile_native(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec],
-        client.devices(),
-    );
+    let exe = compile_same(&client, "add_one_i32", &spec);
     let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
     let y = i32_values(&run.outputs[0].to_host_bytes().unwrap());
     assert_eq!(y, (1..9).collect::<Vec<i32>>());
@@ -276,16 +339,8 @@ fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
 fn buffers_copy_between_hosts_with_progress() {
     let (_, _a, _b, client) = two_workers(1, 1, true);
     let [local, on_a, on_b] = [0, 1, 2].map(|i| client.devices()[i].clone());
-    let n = 3 << 20; // several chunks
-    let values: Vec<i32> = (0..n as i32).collect();
-    let bytes = i32_bytes(&values);
-    let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &local).unwrap();
-    let (reports, progress) = progress_log();
-    let on_a_copy = x
-        .copy_to_device_with_progress(&on_a, Some(progress))
-        .unwrap();
-    let on_b_copy = on_a_copy.copy_to_device(&on_b).unwrap();
-    let back = on_b_copy.copy_to_device(&local).unwrap();
+    let (bytes, x) = several_chunks(&client, &local, |v| v);
+    let (on_a_copy, _on_b_copy, back, reports) = copy_around(&x, &on_a, &on_b, &local);
     assert_eq!(back.to_host_vec().unwrap(), bytes);
     assert_eq!(on_a_copy.to_host_vec().unwrap(), bytes);
     let reports = reports.lock().unwrap();
@@ -299,10 +354,7 @@ fn buffers_copy_between_hosts_with_progress() {
 fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() {
     let (_, _a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
-    let n = 3 << 20; // several chunks
-    let values: Vec<i32> = (0..n as i32).map(|v| v.wrapping_mul(7)).collect();
-    let bytes = i32_bytes(&values);
-    let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &on_a).unwrap();
+    let (bytes, x) = several_chunks(&client, &on_a, |v| v.wrapping_mul(7));
     let (reports, progress) = progress_log();
     let copy = x
         .copy_to_device_with_progress(&on_b, Some(progress))
@@ -834,10 +886,7 @@ fn deleting_an_array_while_it_uploads_stops_the_upload_on_the_wire() {
 
 #[test]
 fn deleting_an_array_that_work_waits_for_lets_its_upload_finish() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let on_a = client.devices()[0].clone();
+    let (_a, client, on_a) = one_worker();
     let values: Vec<i32> = (0..(1 << 20)).collect();
     let x = colocated_core::without_waiting(|| {
         Buffer::from_bytes(&client, &i32_bytes(&values), DType::I32, &[1 << 20], &on_a)
@@ -852,9 +901,7 @@ fn deleting_an_array_that_work_waits_for_lets_its_upload_finish() {
 
 #[test]
 fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, true)).unwrap();
+    let (a, client) = local_and_worker(1);
     let on_a = client.devices()[1].clone();
     let local = client.devices()[0].clone();
     let x = Buffer::from_bytes(&client, &i32_bytes(&[1]), DType::I32, &[1], &on_a).unwrap();
@@ -874,15 +921,9 @@ fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
     assert_eq!(err.code(), ErrorCode::Cancelled, "{err}");
     assert!(err.message().contains("closed"), "{err}");
     assert_error(x.to_host_vec(), ErrorCode::Cancelled, "closed");
-    assert_error(
-        Buffer::from_bytes(&client, &i32_bytes(&[2]), DType::I32, &[1], &on_a)
-            .and_then(|b| b.to_host_vec()),
-        ErrorCode::Cancelled,
-        "closed",
-    );
+    assert_round_trip_fails(&client, 2, &on_a, ErrorCode::Cancelled, "closed");
     // The local host stays usable; closing again does nothing.
-    let y = Buffer::from_bytes(&client, &i32_bytes(&[7]), DType::I32, &[1], &local).unwrap();
-    assert_eq!(i32_values(&y.to_host_vec().unwrap()), vec![7]);
+    assert_round_trips(&client, 7, &local);
     client.close();
     a.gate.lock().unwrap().set(Ok(())).unwrap();
 }
@@ -922,14 +963,8 @@ fn a_lost_worker_fails_pending_work_and_the_others_keep_working() {
     assert!(client.host_lost(0).unwrap().is_ready());
     assert!(!client.host_lost(1).unwrap().is_ready());
     // Later work on the lost host fails at once; the other host works.
-    assert_error(
-        Buffer::from_bytes(&client, &i32_bytes(&[1]), DType::I32, &[1], &on_a)
-            .and_then(|b| b.to_host_vec()),
-        ErrorCode::Unavailable,
-        "",
-    );
-    let y = Buffer::from_bytes(&client, &i32_bytes(&[7]), DType::I32, &[1], &on_b).unwrap();
-    assert_eq!(i32_values(&y.to_host_vec().unwrap()), vec![7]);
+    assert_round_trip_fails(&client, 1, &on_a, ErrorCode::Unavailable, "");
+    assert_round_trips(&client, 7, &on_b);
 }
 
 #[test]
@@ -1103,11 +1138,7 @@ fn dropping_an_executable_unloads_it_on_the_workers_after_its_runs() {
 
 #[test]
 fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 2);
-    let mut opts = options(&[&a], &token, true);
-    opts.local.num_cpu_devices = Some(2);
-    let client = Client::connect(&opts).unwrap();
+    let (a, client) = local_and_worker(2);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     client
@@ -1136,11 +1167,7 @@ fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
 
 #[test]
 fn a_programs_parts_on_workers_go_out_before_its_local_part_runs() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let mut opts = options(&[&a], &token, true);
-    opts.local.num_cpu_devices = Some(1);
-    let client = Client::connect(&opts).unwrap();
+    let (a, client) = local_and_worker(1);
     // The local part waits for the worker's part to have run: it can only if
     // the worker's part was sent before the local one started.
     let runs = a.runs.clone();
@@ -1267,13 +1294,8 @@ fn string_buffers_copy_between_hosts_and_are_deleted_on_their_workers() {
     let [local, on_a, on_b] = [0, 1, 2].map(|i| client.devices()[i].clone());
     let strings = sample_strings(8);
     let here = Buffer::from_strings(&client, &strings, &[2, 4], &local, None).unwrap();
-    let (reports, progress) = progress_log();
     // Local to a worker, worker to worker, and back.
-    let there = here
-        .copy_to_device_with_progress(&on_a, Some(progress))
-        .unwrap();
-    let further = there.copy_to_device(&on_b).unwrap();
-    let back = further.copy_to_device(&local).unwrap();
+    let (there, further, back, reports) = copy_around(&here, &on_a, &on_b, &local);
     assert_eq!(back.dims(), &[2, 4]);
     assert_eq!(back.to_strings().unwrap(), strings);
     assert_eq!(further.to_strings().unwrap(), strings);
@@ -1315,13 +1337,7 @@ fn programs_on_workers_take_and_return_string_arrays() {
     let spec = string_spec(sharding, 8);
     let strings = sample_strings(8);
     let x = Array::from_host_strings(&client, &strings, spec.clone()).unwrap();
-    let exe = compile_native(
-        &client,
-        "upper",
-        vec![spec.clone()],
-        vec![spec],
-        client.devices(),
-    );
+    let exe = compile_same(&client, "upper", &spec);
     // The output of one run feeds the next, on the workers.
     let once = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
     let twice = exe
