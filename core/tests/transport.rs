@@ -303,6 +303,16 @@ fn load(session: &RemoteSession, function: &str, device: usize) -> u64 {
     exe
 }
 
+/// A worker with `add_one` (see [`worker_with_add_one`]), a session of it
+/// with `function` loaded for device 0, the executable's handle, and
+/// `add_one`'s log.
+fn session_with(function: &str) -> (Worker, RemoteSession, u64, Arc<Mutex<Vec<i32>>>) {
+    let (worker, token, log) = worker_with_add_one();
+    let session = connect(&worker, &token);
+    let exe = load(&session, function, 0);
+    (worker, session, exe, log)
+}
+
 /// Uploads int32[4] `values` to the worker's device `device`: the handle.
 fn put_i32(session: &RemoteSession, device: u32, values: [i32; 4]) -> u64 {
     let x = session.new_handle();
@@ -341,9 +351,7 @@ fn executions_run_on_the_worker_in_stream_order() {
 
 #[test]
 fn a_failed_execution_shows_when_its_outputs_are_read() {
-    let (worker, token, _log) = worker_with_add_one();
-    let session = connect(&worker, &token);
-    let exe = load(&session, "fail", 0);
+    let (_worker, session, exe, _log) = session_with("fail");
     let x = put_i32(&session, 0, [1; 4]);
     let y = session.new_handle();
     session.execute(exe, &[x], &[y], 1).unwrap();
@@ -356,9 +364,7 @@ fn a_failed_execution_shows_when_its_outputs_are_read() {
 
 #[test]
 fn bad_executions_are_refused_before_anything_runs() {
-    let (worker, token, log) = worker_with_add_one();
-    let session = connect(&worker, &token);
-    let exe = load(&session, "add_one", 0);
+    let (_worker, session, exe, log) = session_with("add_one");
     let x = put_i32(&session, 0, [1; 4]);
     let on_device_1 = put_i32(&session, 1, [1; 4]);
     let cases = [
@@ -483,9 +489,7 @@ fn bulk_transfers_report_progress_up_to_the_total() {
 
 #[test]
 fn pipelined_executions_on_the_control_stream_run_in_order() {
-    let (worker, token, log) = worker_with_add_one();
-    let session = connect(&worker, &token);
-    let exe = load(&session, "add_one", 0);
+    let (_worker, session, exe, log) = session_with("add_one");
     let inputs: Vec<u64> = (0..200).map(|k| put_i32(&session, 0, [k; 4])).collect();
     let mut last = 0;
     for &x in &inputs {
@@ -500,9 +504,7 @@ fn pipelined_executions_on_the_control_stream_run_in_order() {
 
 #[test]
 fn a_refused_control_operation_fails_its_outputs_and_flush_reports_it() {
-    let (worker, token, log) = worker_with_add_one();
-    let session = connect(&worker, &token);
-    let exe = load(&session, "add_one", 0);
+    let (_worker, session, exe, log) = session_with("add_one");
     let x = put_i32(&session, 0, [1; 4]);
     let refused = session.new_handle();
     session.execute_async(999, &[x], &[refused], 1).unwrap();
@@ -791,10 +793,7 @@ fn a_read_grant_is_answered_at_once_whatever_follows_it() {
 fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
     use colocated_core::transport::{MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION};
 
-    let (worker, token, _log) = worker_with_add_one();
-    block_on(async {
-        let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
-        let mut control = session.control().await;
+    on_raw_control(SMALL_PUT_VERSION, async |worker, control| {
         let put = put_small;
         // The upload and the execution that uses it, back to back.
         control.send(1, put_i32_op(10, &[1, 2, 3, 4]));
@@ -834,10 +833,7 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
 fn an_execution_with_inputs_that_do_not_fit_is_refused() {
     use colocated_core::transport::SMALL_PUT_VERSION;
 
-    let (worker, token, _log) = worker_with_add_one();
-    block_on(async {
-        let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
-        let mut control = session.control().await;
+    on_raw_control(SMALL_PUT_VERSION, async |_worker, control| {
         let put = put_small;
         let execute = |inputs, outputs| execute_op(1, inputs, outputs);
         control.send(1, put_i32_op(10, &[1, 2, 3, 4]));
@@ -1031,6 +1027,18 @@ fn execute_op(
         outputs,
         stream: 1,
     })
+}
+
+/// Runs `test` with a worker that has `add_one` (see [`worker_with_add_one`])
+/// and the control stream of a raw session of it at protocol `version`
+/// (with `add_one` loaded as executable 1).
+fn on_raw_control(version: u32, test: impl AsyncFnOnce(&Worker, &mut RawControl)) {
+    let (worker, token, _log) = worker_with_add_one();
+    block_on(async {
+        let session = RawSession::open(&worker, &token, version).await;
+        let mut control = session.control().await;
+        test(&worker, &mut control).await;
+    });
 }
 
 /// A small upload on the control stream: buffer `handle` of `data`.
