@@ -210,14 +210,7 @@ fn add_one_runs_on_int32_shards_over_four_devices_sharded_along_x() {
             common::add_one_shards(ctx)
         })
         .unwrap();
-    let spec = x_spec(&client);
-    let exe = compile_native(
-        &client,
-        "add_one_traced",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
+    let (exe, spec) = compile_over_x(&client, "add_one_traced");
     assert_eq!(exe.name(), "add_one_traced");
     assert_eq!(exe.devices(), &client.devices()[..4]);
     assert_eq!(exe.fingerprint().len(), 16);
@@ -413,13 +406,7 @@ fn a_failing_native_function_fails_the_status_outputs_and_every_consumer() {
         })
         .unwrap();
     let (add_one, spec) = add_one_over_x(&client);
-    let fail = compile_native(
-        &client,
-        "fail",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
+    let (fail, _) = compile_over_x(&client, "fail");
     let held = held_stream(&client, "gate", &client.devices()[0]);
     let x = i32_array(&client, &[0; 8], &spec);
     let failed = fail.execute(&[x], &on(&held.stream)).unwrap();

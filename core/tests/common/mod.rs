@@ -219,19 +219,25 @@ pub fn x_spec(client: &Client) -> ArraySpec {
     ArraySpec::new(vec![8], DType::I32, sharding).expect("a spec split along x")
 }
 
-/// Registers `add_one_i32` on `client` and compiles it over the first four
-/// devices, from and to [`x_spec`]: the executable and that spec.
-pub fn add_one_over_x(client: &Client) -> (LoadedExecutable, ArraySpec) {
-    register_add_one(client);
+/// Compiles the native `function` over the first four devices of `client`,
+/// from and to [`x_spec`]: the executable and that spec.
+pub fn compile_over_x(client: &Client, function: &str) -> (LoadedExecutable, ArraySpec) {
     let spec = x_spec(client);
     let exe = compile_native(
         client,
-        "add_one_i32",
+        function,
         vec![spec.clone()],
         vec![spec.clone()],
         &client.devices()[..4],
     );
     (exe, spec)
+}
+
+/// Registers `add_one_i32` on `client` and compiles it over the first four
+/// devices, from and to [`x_spec`]: the executable and that spec.
+pub fn add_one_over_x(client: &Client) -> (LoadedExecutable, ArraySpec) {
+    register_add_one(client);
+    compile_over_x(client, "add_one_i32")
 }
 
 /// Compiles a program with no inputs or outputs calling `name` on `device`.
