@@ -58,7 +58,9 @@ fn late_source_and_add_one(
 /// waits for `gate` and was queued first on `stream`, so that everything
 /// queued behind it there waits until the gate is set.
 struct HeldStream {
+    /// Opens the gate when set.
     gate: Event,
+    /// The stream the gate holds.
     stream: Stream,
     /// The gate's executable.
     blocker: LoadedExecutable,
