@@ -6,28 +6,28 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use colocated_core::session::{ConnectOptions, RemoteSession};
+use colocated_core::session::RemoteSession;
 use colocated_core::transport::Token;
-use colocated_core::worker::{Worker, WorkerOptions};
-use colocated_core::{Client, ClientOptions};
+use colocated_core::worker::Worker;
 
+mod common;
+
+use common::{client_with_threads, start_worker};
+
+/// A worker of one CPU device (one executor thread) that closes
+/// connections which do not authenticate within `handshake_timeout`, and its
+/// token.
 fn worker(handshake_timeout: Duration) -> (Worker, Token) {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        executor_threads: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
     let token = Token::generate().unwrap();
-    let mut options = WorkerOptions::new(Some(token.clone()));
-    options.handshake_timeout = handshake_timeout;
-    (Worker::start(client, options).unwrap(), token)
+    let worker = start_worker(client_with_threads(1, 1), &token, |options| {
+        options.handshake_timeout = handshake_timeout
+    });
+    (worker, token)
 }
 
+/// A session of `worker` (5 s timeout).
 fn connect(worker: &Worker, token: &Token) -> RemoteSession {
-    let mut options = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-    options.timeout = Duration::from_secs(5);
-    RemoteSession::connect(&options).unwrap()
+    common::connect_session(worker, token)
 }
 
 /// True once the worker closed `socket` (a read gives end of file or an
@@ -135,11 +135,7 @@ fn silent_connections_beyond_the_bound_displace_the_oldest_and_a_controller_gets
 #[test]
 fn a_request_without_the_token_is_refused_and_leaves_its_connection_pending() {
     let (worker, token) = worker(Duration::from_millis(500));
-    let mut options = ConnectOptions::new(
-        worker.local_addr().to_string(),
-        Some(Token::generate().unwrap()),
-    );
-    options.timeout = Duration::from_secs(5);
+    let options = common::connect_options(&worker, &Token::generate().unwrap());
     let err = RemoteSession::connect(&options)
         .err()
         .expect("a wrong token");

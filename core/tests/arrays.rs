@@ -33,6 +33,15 @@ fn ranges(r: &[(i64, i64)]) -> Vec<Range<i64>> {
     r.iter().map(|&(a, b)| a..b).collect()
 }
 
+/// Asserts that shard `i` of an array of `shape` under `sharding` covers
+/// the ranges `expected[i]`, for every position.
+#[track_caller]
+fn assert_shard_indices(sharding: &Sharding, shape: &[i64], expected: &[[(i64, i64); 2]]) {
+    for (pos, want) in expected.iter().enumerate() {
+        assert_eq!(sharding.shard_index(pos, shape).unwrap(), ranges(want));
+    }
+}
+
 #[test]
 fn replicated_sharding_gives_every_device_the_whole_array() {
     let client = client(4);
@@ -89,9 +98,7 @@ fn named_sharding_splits_over_x_and_replicates_over_y() {
         [(2, 4), (0, 6)],
         [(2, 4), (0, 6)],
     ];
-    for (pos, want) in expected.iter().enumerate() {
-        assert_eq!(sharding.shard_index(pos, &[4, 6]).unwrap(), ranges(want));
-    }
+    assert_shard_indices(&sharding, &[4, 6], &expected);
     let data = i32_bytes(&(0..24).collect::<Vec<_>>());
     let spec = ArraySpec::new(vec![4, 6], DType::I32, sharding).unwrap();
     let array = Array::from_host_bytes(&client, &data, spec).unwrap();
@@ -161,9 +168,7 @@ fn two_dimensions_split_over_two_mesh_axes() {
         [(2, 4), (0, 3)],
         [(2, 4), (3, 6)],
     ];
-    for (pos, want) in expected.iter().enumerate() {
-        assert_eq!(sharding.shard_index(pos, &[4, 6]).unwrap(), ranges(want));
-    }
+    assert_shard_indices(&sharding, &[4, 6], &expected);
     // P('y', 'x'): the transpose of the placement.
     let swapped = mesh_sharding(&client, &[2, 2], &["x", "y"], vec![vec![1], vec![0]]);
     assert_eq!(
@@ -459,8 +464,7 @@ fn host_conversions_reject_the_wrong_dtype_or_size() {
 #[test]
 fn assemble_builds_an_array_from_per_device_shards() {
     let client = client(4);
-    let sharding = mesh_sharding(&client, &[4], &["x"], vec![vec![0]]);
-    let spec = ArraySpec::new(vec![8], DType::I32, sharding).unwrap();
+    let spec = x_spec(&client);
     let buffers: Vec<Buffer> = client
         .devices()
         .iter()
@@ -481,8 +485,7 @@ fn assemble_builds_an_array_from_per_device_shards() {
 #[test]
 fn assemble_rejects_wrong_device_order_shard_dims_dtype_and_count() {
     let client = client(4);
-    let sharding = mesh_sharding(&client, &[4], &["x"], vec![vec![0]]);
-    let spec = ArraySpec::new(vec![8], DType::I32, sharding).unwrap();
+    let spec = x_spec(&client);
     let shard = |d: usize, dims: &[i64], dtype: DType| {
         let n: i64 = dims.iter().product();
         let size = n as usize * dtype.byte_size().unwrap();
@@ -584,12 +587,7 @@ fn single_device_arrays_assemble_matched_by_device_in_any_order() {
     let client = client(3);
     let devices = client.devices().to_vec();
     let one = |device: &Device, values: &[i32]| {
-        let spec = ArraySpec::new(
-            vec![values.len() as i64],
-            DType::I32,
-            Sharding::single_device(device.clone()),
-        )
-        .unwrap();
+        let spec = spec_on(&[values.len() as i64], DType::I32, device);
         Array::from_host_bytes(&client, &i32_bytes(values), spec).unwrap()
     };
     let sharding =

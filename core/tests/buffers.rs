@@ -38,6 +38,47 @@ fn from_host(
     }
 }
 
+/// A zero-copy buffer of `data` (as `dtype` of `dims`) on `device`, and its
+/// done event (`data` must outlive it).
+fn zero_copy(
+    client: &Client,
+    data: &[u8],
+    dtype: DType,
+    dims: &[i64],
+    device: &Device,
+) -> (Buffer, Event) {
+    from_host(
+        client,
+        data,
+        dtype,
+        dims,
+        device,
+        None,
+        HostBufferSemantics::ImmutableZeroCopy,
+    )
+    .unwrap()
+}
+
+/// A uint8 buffer of `data` (copied during the call) with `dims` on `device`,
+/// in `memory`.
+fn bytes_in(
+    client: &Client,
+    data: &[u8],
+    dims: &[i64],
+    device: &Device,
+    memory: &MemorySpace,
+) -> Result<(Buffer, Event)> {
+    from_host(
+        client,
+        data,
+        DType::U8,
+        dims,
+        device,
+        Some(memory),
+        HostBufferSemantics::ImmutableOnlyDuringCall,
+    )
+}
+
 fn memory_of_kind(device: &Device, kind: MemoryKind) -> MemorySpace {
     device
         .memory_spaces()
@@ -100,16 +141,7 @@ fn zero_copy_aliases_caller_memory_until_the_buffer_and_every_clone_are_dropped(
     let client = client(2);
     let device = &client.devices()[0];
     let data = u64_bytes(&[10, 20, 30, 40]);
-    let (buffer, done) = from_host(
-        &client,
-        &data,
-        DType::U64,
-        &[4],
-        device,
-        None,
-        HostBufferSemantics::ImmutableZeroCopy,
-    )
-    .unwrap();
+    let (buffer, done) = zero_copy(&client, &data, DType::U64, &[4], device);
     assert!(!done.is_ready(), "the buffer uses the caller's memory");
     {
         let pinned = buffer.acquire_external_reference().unwrap();
@@ -169,16 +201,7 @@ fn host_memory_is_zeroed_aligned_and_becomes_a_buffer_without_a_copy() {
 fn zero_copy_done_event_waits_for_a_copy_that_reads_the_buffer() {
     let client = client(2);
     let data = pattern(64);
-    let (buffer, done) = from_host(
-        &client,
-        &data,
-        DType::U8,
-        &[8, 8],
-        &client.devices()[0],
-        None,
-        HostBufferSemantics::ImmutableZeroCopy,
-    )
-    .unwrap();
+    let (buffer, done) = zero_copy(&client, &data, DType::U8, &[8, 8], &client.devices()[0]);
     let copy = buffer.copy_to_device(&client.devices()[1]).unwrap();
     drop(buffer);
     assert_eq!(copy.to_host_vec().unwrap(), data);
@@ -190,16 +213,7 @@ fn zero_copy_done_event_waits_for_a_copy_that_reads_the_buffer() {
 fn delete_does_not_release_zero_copy_memory_while_an_external_reference_is_held() {
     let client = client(1);
     let data = pattern(32);
-    let (buffer, done) = from_host(
-        &client,
-        &data,
-        DType::U8,
-        &[32],
-        &client.devices()[0],
-        None,
-        HostBufferSemantics::ImmutableZeroCopy,
-    )
-    .unwrap();
+    let (buffer, done) = zero_copy(&client, &data, DType::U8, &[32], &client.devices()[0]);
     let pinned = buffer.acquire_external_reference().unwrap();
     buffer.delete();
     assert!(buffer.is_deleted());
@@ -537,15 +551,7 @@ fn from_host_rejects_a_device_or_memory_space_of_another_client() {
     );
     let foreign_memory = theirs.devices()[0].default_memory_space().clone();
     assert_error(
-        from_host(
-            &ours,
-            &[1],
-            DType::U8,
-            &[1],
-            &ours.devices()[0],
-            Some(&foreign_memory),
-            HostBufferSemantics::ImmutableOnlyDuringCall,
-        ),
+        bytes_in(&ours, &[1], &[1], &ours.devices()[0], &foreign_memory),
         ErrorCode::InvalidArgument,
         "belongs to another client",
     );
@@ -559,15 +565,7 @@ fn from_host_rejects_a_memory_space_the_device_cannot_address() {
     assert_eq!(other_device_memory.kind(), MemoryKind::Device);
     assert!(!other_device_memory.device_ids().contains(&d0.id()));
     assert_error(
-        from_host(
-            &client,
-            &[1, 2],
-            DType::U8,
-            &[2],
-            d0,
-            Some(&other_device_memory),
-            HostBufferSemantics::ImmutableOnlyDuringCall,
-        ),
+        bytes_in(&client, &[1, 2], &[2], d0, &other_device_memory),
         ErrorCode::InvalidArgument,
         "cannot address",
     );
@@ -584,16 +582,7 @@ fn from_host_places_the_buffer_in_the_requested_host_memory_space() {
     let device = &client.devices()[1];
     for kind in [MemoryKind::PinnedHost, MemoryKind::UnpinnedHost] {
         let memory = memory_of_kind(device, kind);
-        let (buffer, _done) = from_host(
-            &client,
-            &[4, 5],
-            DType::U8,
-            &[2],
-            device,
-            Some(&memory),
-            HostBufferSemantics::ImmutableOnlyDuringCall,
-        )
-        .unwrap();
+        let (buffer, _done) = bytes_in(&client, &[4, 5], &[2], device, &memory).unwrap();
         assert_eq!(buffer.memory_space(), &memory);
         assert_eq!(buffer.memory_space().kind(), kind);
         assert_eq!(buffer.device(), device);

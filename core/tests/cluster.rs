@@ -8,7 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{assert_error, eventually, i32_bytes, i32_values, register_add_one};
+use common::{
+    assert_error, client_with_threads, compile_native, connect_options, eventually, i32_array,
+    i32_bytes, i32_values, plain_client, progress_log, register_add_one, register_counter, spec_on,
+    ProgressLog,
+};
 
 use colocated_core::session::ConnectOptions;
 use colocated_core::transport::Token;
@@ -29,21 +33,10 @@ struct TestWorker {
 }
 
 fn start_worker(token: &Token, devices: usize) -> TestWorker {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(devices),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(devices, 2);
     register_add_one(&client);
     let runs = Arc::new(AtomicU64::new(0));
-    let counter = runs.clone();
-    client
-        .register_native_function("count", move |_ctx| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
-        .unwrap();
+    register_counter(&client, "count", &runs);
     client
         .register_native_function("ask", |ctx| {
             // Asks the controller, and fails with its answer unless it is "pong".
@@ -93,7 +86,7 @@ fn start_worker(token: &Token, devices: usize) -> TestWorker {
             common::add_one_shards(ctx)
         })
         .unwrap();
-    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let worker = common::start_worker(client, token, |_| {});
     TestWorker { worker, runs, gate }
 }
 
@@ -101,12 +94,7 @@ fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> Clust
     ClusterOptions {
         workers: workers
             .iter()
-            .map(|w| {
-                let mut o =
-                    ConnectOptions::new(w.worker.local_addr().to_string(), Some(token.clone()));
-                o.timeout = Duration::from_secs(5);
-                o
-            })
+            .map(|w| connect_options(&w.worker, token))
             .collect(),
         include_local,
         local: ClientOptions {
@@ -115,6 +103,91 @@ fn options(workers: &[&TestWorker], token: &Token, include_local: bool) -> Clust
             ..Default::default()
         },
     }
+}
+
+/// Two workers that accept `token` (a fresh one) with `a_devices` and
+/// `b_devices` devices, and a controller of both (and of one local device
+/// first, when `include_local`).
+fn two_workers(
+    a_devices: usize,
+    b_devices: usize,
+    include_local: bool,
+) -> (Token, TestWorker, TestWorker, Client) {
+    let token = Token::generate().unwrap();
+    let (a, b) = (
+        start_worker(&token, a_devices),
+        start_worker(&token, b_devices),
+    );
+    let client = Client::connect(&options(&[&a, &b], &token, include_local)).unwrap();
+    (token, a, b, client)
+}
+
+/// Asserts that an int32[1] of `value` put on `device` comes back.
+#[track_caller]
+fn assert_round_trips(client: &Client, value: i32, device: &colocated_core::Device) {
+    let y = Buffer::from_bytes(client, &i32_bytes(&[value]), DType::I32, &[1], device).unwrap();
+    assert_eq!(i32_values(&y.to_host_vec().unwrap()), vec![value]);
+}
+
+/// Asserts that putting an int32[1] of `value` on `device` and reading it
+/// back fails with `code` and a message containing `fragment`.
+#[track_caller]
+fn assert_round_trip_fails(
+    client: &Client,
+    value: i32,
+    device: &colocated_core::Device,
+    code: ErrorCode,
+    fragment: &str,
+) {
+    assert_error(
+        Buffer::from_bytes(client, &i32_bytes(&[value]), DType::I32, &[1], device)
+            .and_then(|b| b.to_host_vec()),
+        code,
+        fragment,
+    );
+}
+
+/// A worker with `devices` devices, and a controller of `devices` local
+/// devices first and then the worker's.
+fn local_and_worker(devices: usize) -> (TestWorker, Client) {
+    let token = Token::generate().unwrap();
+    let a = start_worker(&token, devices);
+    let mut opts = options(&[&a], &token, true);
+    opts.local.num_cpu_devices = Some(devices);
+    let client = Client::connect(&opts).unwrap();
+    (a, client)
+}
+
+/// An int32 buffer of several transfer chunks (3 Mi elements, element `i`
+/// being `value(i)`) on `device`, and its bytes.
+fn several_chunks(
+    client: &Client,
+    device: &colocated_core::Device,
+    value: impl Fn(i32) -> i32,
+) -> (Vec<u8>, Buffer) {
+    let n = 3 << 20;
+    let values: Vec<i32> = (0..n as i32).map(value).collect();
+    let bytes = i32_bytes(&values);
+    let x = Buffer::from_bytes(client, &bytes, DType::I32, &[n], device).unwrap();
+    (bytes, x)
+}
+
+/// Copies `x` to `first` (reporting progress), that copy to `second`, and
+/// that one to `back`: the three copies, and the first copy's progress
+/// reports.
+fn copy_around(
+    x: &Buffer,
+    first: &colocated_core::Device,
+    second: &colocated_core::Device,
+    back: &colocated_core::Device,
+) -> (Buffer, Buffer, Buffer, ProgressLog) {
+    let (reports, progress) = progress_log();
+    let on_first = x
+        .copy_to_device_with_progress(first, Some(progress))
+        .unwrap();
+    let on_second = on_first.copy_to_device(second).unwrap();
+    let returned = on_second.copy_to_device(back).unwrap();
+    (on_first, on_second, returned, reports)
 }
 
 /// A worker with one device, a controller of it alone, and the device.
@@ -128,10 +201,8 @@ fn one_worker() -> (TestWorker, Client, colocated_core::Device) {
 
 /// The options of a controller of `worker` alone (no local devices).
 fn controller_options(worker: &Worker, token: &Token) -> ClusterOptions {
-    let mut connect = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-    connect.timeout = Duration::from_secs(5);
     ClusterOptions {
-        workers: vec![connect],
+        workers: vec![connect_options(worker, token)],
         include_local: false,
         local: ClientOptions::default(),
     }
@@ -180,9 +251,7 @@ fn sharded_over(client: &Client, n: i64) -> ArraySpec {
 
 #[test]
 fn devices_get_global_ids_and_their_hosts_process_index() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 3));
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, a, _b, client) = two_workers(2, 3, true);
     let ids: Vec<u32> = client.devices().iter().map(|d| d.id()).collect();
     assert_eq!(ids, vec![0, 1, 2, 3, 4, 5]);
     let processes: Vec<u32> = client.devices().iter().map(|d| d.process_index()).collect();
@@ -208,7 +277,7 @@ fn an_array_over_three_hosts_runs_once_per_host_and_gathers() {
     assert_eq!(client.devices().len(), 6);
     let spec = sharded_over(&client, 12);
     let values: Vec<i32> = (0..12).collect();
-    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+    let x = i32_array(&client, &values, &spec);
     // Each shard really is on its worker.
     for w in &workers {
         eventually("the shards arrive", || w.worker.buffer_count() == 2);
@@ -227,17 +296,13 @@ fn an_array_over_three_hosts_runs_once_per_host_and_gathers() {
     let y = i32_values(&run.outputs[0].to_host_bytes().unwrap());
     assert_eq!(y, (1..13).collect::<Vec<i32>>());
     // Once per host: a program that counts its runs.
-    let count = client
-        .compile(
-            Program::native(
-                "count",
-                vec![spec.clone()],
-                vec![],
-                client.devices().to_vec(),
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let count = compile_native(
+        &client,
+        "count",
+        vec![spec.clone()],
+        vec![],
+        client.devices(),
+    );
     count
         .execute(&[x], &ExecuteOptions::default())
         .unwrap()
@@ -253,9 +318,7 @@ fn an_array_over_three_hosts_runs_once_per_host_and_gathers() {
 fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
     // A 2x2 mesh over two hosts of two devices: each host has one row of the
     // mesh, so its block is rows [2h, 2h+2) of a 4x2 array split on both axes.
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, _a, _b, client) = two_workers(2, 2, false);
     let sharding = Sharding::named(
         client.devices().to_vec(),
         vec![2, 2],
@@ -265,18 +328,8 @@ fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
     .unwrap();
     let spec = ArraySpec::new(vec![4, 2], DType::I32, sharding).unwrap();
     let values: Vec<i32> = (0..8).collect();
-    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
-    let exe = client
-        .compile(
-            Program::native(
-                "add_one_i32",
-                vec![spec.clone()],
-                vec![spec],
-                client.devices().to_vec(),
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let x = i32_array(&client, &values, &spec);
+    let exe = compile_same(&client, "add_one_i32", &spec);
     let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
     let y = i32_values(&run.outputs[0].to_host_bytes().unwrap());
     assert_eq!(y, (1..9).collect::<Vec<i32>>());
@@ -284,23 +337,10 @@ fn a_host_sees_its_block_of_a_two_dimensional_mesh() {
 
 #[test]
 fn buffers_copy_between_hosts_with_progress() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, _a, _b, client) = two_workers(1, 1, true);
     let [local, on_a, on_b] = [0, 1, 2].map(|i| client.devices()[i].clone());
-    let n = 3 << 20; // several chunks
-    let values: Vec<i32> = (0..n as i32).collect();
-    let bytes = i32_bytes(&values);
-    let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &local).unwrap();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let seen = reports.clone();
-    let progress: colocated_core::session::Progress =
-        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
-    let on_a_copy = x
-        .copy_to_device_with_progress(&on_a, Some(progress))
-        .unwrap();
-    let on_b_copy = on_a_copy.copy_to_device(&on_b).unwrap();
-    let back = on_b_copy.copy_to_device(&local).unwrap();
+    let (bytes, x) = several_chunks(&client, &local, |v| v);
+    let (on_a_copy, _on_b_copy, back, reports) = copy_around(&x, &on_a, &on_b, &local);
     assert_eq!(back.to_host_vec().unwrap(), bytes);
     assert_eq!(on_a_copy.to_host_vec().unwrap(), bytes);
     let reports = reports.lock().unwrap();
@@ -312,18 +352,10 @@ fn buffers_copy_between_hosts_with_progress() {
 
 #[test]
 fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, _a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
-    let n = 3 << 20; // several chunks
-    let values: Vec<i32> = (0..n as i32).map(|v| v.wrapping_mul(7)).collect();
-    let bytes = i32_bytes(&values);
-    let x = Buffer::from_bytes(&client, &bytes, DType::I32, &[n], &on_a).unwrap();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let seen = reports.clone();
-    let progress: colocated_core::session::Progress =
-        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
+    let (bytes, x) = several_chunks(&client, &on_a, |v| v.wrapping_mul(7));
+    let (reports, progress) = progress_log();
     let copy = x
         .copy_to_device_with_progress(&on_b, Some(progress))
         .unwrap();
@@ -346,11 +378,10 @@ fn a_copy_between_workers_arrives_whole_with_progress_and_outlives_its_source() 
 #[test]
 fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
     let (a, client, device) = one_worker();
-    let spec =
-        ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
+    let spec = spec_on(&[2], DType::I32, &device);
     let gated = compile_same(&client, "gated_add_one_i32", &spec);
     let add_one = compile_same(&client, "add_one_i32", &spec);
-    let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2]), spec.clone()).unwrap();
+    let x = i32_array(&client, &[1, 2], &spec);
     x.ready_event().wait().unwrap();
     let options = ExecuteOptions::default();
     let call = |exe: &colocated_core::LoadedExecutable, arg: &Array| {
@@ -396,14 +427,9 @@ fn chained_executions_on_a_worker_are_sent_before_their_inputs_are_ready() {
 fn many_threads_reading_large_buffers_of_one_worker_get_every_byte() {
     let (a, client, device) = one_worker();
     const N: usize = 64 << 10; // 256 KiB of int32
-    let spec = ArraySpec::new(
-        vec![N as i64],
-        DType::I32,
-        Sharding::single_device(device.clone()),
-    )
-    .unwrap();
+    let spec = spec_on(&[N as i64], DType::I32, &device);
     let values: Vec<i32> = (0..N as i32).collect();
-    let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+    let x = i32_array(&client, &values, &spec);
     let exe = compile_same(&client, "add_one_i32", &spec);
     let expected = i32_bytes(&values.iter().map(|v| v + 1).collect::<Vec<_>>()).to_vec();
     // Eight buffers on the worker, each read by every thread in every round:
@@ -458,14 +484,9 @@ fn many_threads_reading_large_buffers_of_one_worker_get_every_byte() {
 fn small_outputs_are_read_without_another_round_trip() {
     let (a, client, device) = one_worker();
     let run_add_one = |n: usize| {
-        let spec = ArraySpec::new(
-            vec![n as i64],
-            DType::I32,
-            Sharding::single_device(device.clone()),
-        )
-        .unwrap();
+        let spec = spec_on(&[n as i64], DType::I32, &device);
         let values: Vec<i32> = (0..n as i32).collect();
-        let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec.clone()).unwrap();
+        let x = i32_array(&client, &values, &spec);
         let exe = compile_same(&client, "add_one_i32", &spec);
         let run = exe
             .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
@@ -502,9 +523,7 @@ fn small_outputs_are_read_without_another_round_trip() {
 #[test]
 fn small_uploads_travel_on_the_control_stream_and_read_here() {
     let (a, client, device) = one_worker();
-    let spec_of = |n: i64| {
-        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
-    };
+    let spec_of = |n: i64| spec_on(&[n], DType::I32, &device);
     let exe = compile_same(&client, "add_one_i32", &spec_of(3));
     let before = a.worker.control_operations();
     let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3]), spec_of(3)).unwrap();
@@ -534,13 +553,9 @@ fn small_uploads_travel_on_the_control_stream_and_read_here() {
 /// stranger, and the reader would retry).
 #[test]
 fn a_copy_between_workers_reads_only_once_the_source_holds_its_grant() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
-    let on = |device: &colocated_core::Device, n: i64| {
-        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
-    };
+    let on = |device: &colocated_core::Device, n: i64| spec_on(&[n], DType::I32, device);
     let values: Vec<i32> = (0..1 << 14).collect();
     let mut kept = Vec::new();
     for _ in 0..5 {
@@ -570,9 +585,7 @@ fn a_copy_between_workers_reads_only_once_the_source_holds_its_grant() {
 /// trips and, on the source, an admission).
 #[test]
 fn copies_between_two_workers_reuse_one_connection() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     let spec = ArraySpec::new(vec![4], DType::I32, Sharding::single_device(on_a)).unwrap();
     let x = Array::from_host_bytes(&client, &i32_bytes(&[1, 2, 3, 4]), spec).unwrap();
@@ -603,11 +616,7 @@ fn copies_between_two_workers_reuse_one_connection() {
 fn a_copy_from_a_restarted_worker_at_the_same_address_connects_anew() {
     let token = Token::generate().unwrap();
     let worker_at = |listen: Option<std::net::SocketAddr>| {
-        let client = Client::new_local(ClientOptions {
-            num_cpu_devices: Some(1),
-            ..Default::default()
-        })
-        .unwrap();
+        let client = plain_client(1);
         let mut options = WorkerOptions::new(Some(token.clone()));
         if let Some(listen) = listen {
             options.listen = listen;
@@ -642,15 +651,11 @@ fn a_copy_from_a_restarted_worker_at_the_same_address_connects_anew() {
 
 #[test]
 fn put_to_copies_host_to_host_when_the_layout_stays_and_gathers_otherwise() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     // 2 MiB: read and put in streams of their own, not control operations.
     let n = 1 << 19;
-    let spec_on = |device: &colocated_core::Device| {
-        ArraySpec::new(vec![n], DType::I32, Sharding::single_device(device.clone())).unwrap()
-    };
+    let spec_on = |device: &colocated_core::Device| spec_on(&[n], DType::I32, device);
     let values: Vec<i32> = (0..n as i32).collect();
     let plus_one: Vec<i32> = (1..=n as i32).collect();
     let x = Array::from_host_bytes(&client, &i32_bytes(&values), spec_on(&on_a)).unwrap();
@@ -799,9 +804,7 @@ fn a_read_grant_admits_one_read_of_one_buffer() {
 
 #[test]
 fn deleting_an_array_frees_its_shards_on_the_workers() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(2, 2, false);
     let spec = sharded_over(&client, 8);
     let x = Array::from_host_bytes(&client, &i32_bytes(&[0; 8]), spec).unwrap();
     x.ready_event().wait().unwrap();
@@ -815,17 +818,11 @@ fn deleting_an_array_frees_its_shards_on_the_workers() {
 
 #[test]
 fn a_put_of_host_bytes_reports_the_bytes_that_go_to_workers() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
     // One local device and one on each worker: 3 shards of 4 int32.
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, _a, _b, client) = two_workers(1, 1, true);
     let spec = sharded_over(&client, 12);
     let values: Vec<i32> = (0..12).collect();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = seen.clone();
-    let progress: colocated_core::Progress = Arc::new(move |done: u64, total: u64| {
-        record.lock().unwrap().push((done, total));
-    });
+    let (seen, progress) = progress_log();
     let x = Array::from_host_bytes_with_progress(
         &client,
         &i32_bytes(&values),
@@ -850,12 +847,7 @@ fn deleting_an_array_while_it_uploads_stops_the_upload_on_the_wire() {
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);
     let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let spec = ArraySpec::new(
-        vec![16 << 20],
-        DType::I32,
-        Sharding::single_device(client.devices()[0].clone()),
-    )
-    .unwrap();
+    let spec = spec_on(&[16 << 20], DType::I32, &client.devices()[0]);
     let bytes = vec![7u8; 64 << 20]; // 32 chunks
                                      // The first chunk's report holds the network until the test has deleted
                                      // the array, so the upload cannot have ended first.
@@ -894,10 +886,7 @@ fn deleting_an_array_while_it_uploads_stops_the_upload_on_the_wire() {
 
 #[test]
 fn deleting_an_array_that_work_waits_for_lets_its_upload_finish() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, false)).unwrap();
-    let on_a = client.devices()[0].clone();
+    let (_a, client, on_a) = one_worker();
     let values: Vec<i32> = (0..(1 << 20)).collect();
     let x = colocated_core::without_waiting(|| {
         Buffer::from_bytes(&client, &i32_bytes(&values), DType::I32, &[1 << 20], &on_a)
@@ -912,9 +901,7 @@ fn deleting_an_array_that_work_waits_for_lets_its_upload_finish() {
 
 #[test]
 fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let client = Client::connect(&options(&[&a], &token, true)).unwrap();
+    let (a, client) = local_and_worker(1);
     let on_a = client.devices()[1].clone();
     let local = client.devices()[0].clone();
     let x = Buffer::from_bytes(&client, &i32_bytes(&[1]), DType::I32, &[1], &on_a).unwrap();
@@ -934,15 +921,9 @@ fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
     assert_eq!(err.code(), ErrorCode::Cancelled, "{err}");
     assert!(err.message().contains("closed"), "{err}");
     assert_error(x.to_host_vec(), ErrorCode::Cancelled, "closed");
-    assert_error(
-        Buffer::from_bytes(&client, &i32_bytes(&[2]), DType::I32, &[1], &on_a)
-            .and_then(|b| b.to_host_vec()),
-        ErrorCode::Cancelled,
-        "closed",
-    );
+    assert_round_trip_fails(&client, 2, &on_a, ErrorCode::Cancelled, "closed");
     // The local host stays usable; closing again does nothing.
-    let y = Buffer::from_bytes(&client, &i32_bytes(&[7]), DType::I32, &[1], &local).unwrap();
-    assert_eq!(i32_values(&y.to_host_vec().unwrap()), vec![7]);
+    assert_round_trips(&client, 7, &local);
     client.close();
     a.gate.lock().unwrap().set(Ok(())).unwrap();
 }
@@ -950,8 +931,7 @@ fn closing_a_client_ends_its_sessions_now_and_fails_its_work_with_cancelled() {
 #[test]
 fn a_failing_program_on_a_worker_fails_the_outputs_with_its_error() {
     let (_worker, client, device) = one_worker();
-    let spec =
-        ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
+    let spec = spec_on(&[2], DType::I32, &device);
     let program = Program::native("missing", vec![spec.clone()], vec![spec], vec![device]);
     // The worker resolves native functions when it loads the program.
     assert_error(
@@ -963,9 +943,7 @@ fn a_failing_program_on_a_worker_fails_the_outputs_with_its_error() {
 
 #[test]
 fn a_lost_worker_fails_pending_work_and_the_others_keep_working() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, _b, client) = two_workers(1, 1, false);
     let [on_a, on_b] = [0, 1].map(|i| client.devices()[i].clone());
     let gate = compile_on(&client, "gate", &on_a);
     let pending = gate
@@ -985,14 +963,8 @@ fn a_lost_worker_fails_pending_work_and_the_others_keep_working() {
     assert!(client.host_lost(0).unwrap().is_ready());
     assert!(!client.host_lost(1).unwrap().is_ready());
     // Later work on the lost host fails at once; the other host works.
-    assert_error(
-        Buffer::from_bytes(&client, &i32_bytes(&[1]), DType::I32, &[1], &on_a)
-            .and_then(|b| b.to_host_vec()),
-        ErrorCode::Unavailable,
-        "",
-    );
-    let y = Buffer::from_bytes(&client, &i32_bytes(&[7]), DType::I32, &[1], &on_b).unwrap();
-    assert_eq!(i32_values(&y.to_host_vec().unwrap()), vec![7]);
+    assert_round_trip_fails(&client, 1, &on_a, ErrorCode::Unavailable, "");
+    assert_round_trips(&client, 7, &on_b);
 }
 
 #[test]
@@ -1037,12 +1009,13 @@ fn grant_read(
 
 fn compile_same(client: &Client, name: &str, spec: &ArraySpec) -> colocated_core::LoadedExecutable {
     let devices = spec.sharding.devices().to_vec();
-    client
-        .compile(
-            Program::native(name, vec![spec.clone()], vec![spec.clone()], devices),
-            CompileOptions::default(),
-        )
-        .unwrap()
+    compile_native(
+        client,
+        name,
+        vec![spec.clone()],
+        vec![spec.clone()],
+        &devices,
+    )
 }
 
 fn compile_on(
@@ -1050,19 +1023,12 @@ fn compile_on(
     name: &str,
     device: &colocated_core::Device,
 ) -> colocated_core::LoadedExecutable {
-    client
-        .compile(
-            Program::native(name, vec![], vec![], vec![device.clone()]),
-            CompileOptions::default(),
-        )
-        .unwrap()
+    compile_native(client, name, vec![], vec![], std::slice::from_ref(device))
 }
 
 #[test]
 fn programs_on_workers_call_host_callbacks_of_the_controller() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, false);
     let calls = Arc::new(Mutex::new(Vec::new()));
     let seen = calls.clone();
     let callback = colocated_core::LoadedHostCallback::new("pong", move |input| {
@@ -1109,12 +1075,8 @@ fn a_compile_that_fails_on_a_worker_keeps_neither_its_parts_nor_its_host_callbac
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);
     // A worker that lacks the program's native function: its load fails.
-    let lacking = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
-    let b = Worker::start(lacking, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let lacking = plain_client(1);
+    let b = common::start_worker(lacking, &token, |_| {});
     let mut cluster = controller_options(&a.worker, &token);
     cluster
         .workers
@@ -1156,15 +1118,8 @@ fn a_compile_that_fails_on_a_worker_keeps_neither_its_parts_nor_its_host_callbac
 
 #[test]
 fn dropping_an_executable_unloads_it_on_the_workers_after_its_runs() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
-    let gate = client
-        .compile(
-            Program::native("gate", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let (_, a, b, client) = two_workers(1, 1, false);
+    let gate = compile_native(&client, "gate", vec![], vec![], client.devices());
     assert_eq!(a.worker.executable_count() + b.worker.executable_count(), 2);
     let held = a.gate.lock().unwrap().clone();
     let other = b.gate.lock().unwrap().clone();
@@ -1183,11 +1138,7 @@ fn dropping_an_executable_unloads_it_on_the_workers_after_its_runs() {
 
 #[test]
 fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 2);
-    let mut opts = options(&[&a], &token, true);
-    opts.local.num_cpu_devices = Some(2);
-    let client = Client::connect(&opts).unwrap();
+    let (a, client) = local_and_worker(2);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     client
@@ -1202,13 +1153,8 @@ fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
         })
         .unwrap();
     let spec = sharded_over(&client, 8);
-    let x = Array::from_host_bytes(&client, &i32_bytes(&[0; 8]), spec.clone()).unwrap();
-    let exe = client
-        .compile(
-            Program::native("count", vec![spec], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let x = i32_array(&client, &[0; 8], &spec);
+    let exe = compile_native(&client, "count", vec![spec], vec![], client.devices());
     exe.execute(&[x], &ExecuteOptions::default())
         .unwrap()
         .status
@@ -1221,11 +1167,7 @@ fn the_local_host_of_a_program_over_several_hosts_sees_its_block() {
 
 #[test]
 fn a_programs_parts_on_workers_go_out_before_its_local_part_runs() {
-    let token = Token::generate().unwrap();
-    let a = start_worker(&token, 1);
-    let mut opts = options(&[&a], &token, true);
-    opts.local.num_cpu_devices = Some(1);
-    let client = Client::connect(&opts).unwrap();
+    let (a, client) = local_and_worker(1);
     // The local part waits for the worker's part to have run: it can only if
     // the worker's part was sent before the local one started.
     let runs = a.runs.clone();
@@ -1243,12 +1185,7 @@ fn a_programs_parts_on_workers_go_out_before_its_local_part_runs() {
             Ok(())
         })
         .unwrap();
-    let exe = client
-        .compile(
-            Program::native("count", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let exe = compile_native(&client, "count", vec![], vec![], client.devices());
     exe.execute(&[], &ExecuteOptions::default())
         .unwrap()
         .status
@@ -1289,9 +1226,7 @@ fn string_spec(sharding: Sharding, n: i64) -> ArraySpec {
 
 #[test]
 fn string_arrays_sharded_over_workers_round_trip() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, a, b, client) = two_workers(2, 2, true);
     let workers = client.devices()[1..].to_vec();
     let sharding =
         Sharding::named(workers.clone(), vec![4], vec!["x".into()], vec![vec![0]]).unwrap();
@@ -1355,22 +1290,12 @@ fn string_arrays_sharded_over_workers_round_trip() {
 
 #[test]
 fn string_buffers_copy_between_hosts_and_are_deleted_on_their_workers() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, true)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, true);
     let [local, on_a, on_b] = [0, 1, 2].map(|i| client.devices()[i].clone());
     let strings = sample_strings(8);
     let here = Buffer::from_strings(&client, &strings, &[2, 4], &local, None).unwrap();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let seen = reports.clone();
-    let progress: colocated_core::session::Progress =
-        Arc::new(move |done, total| seen.lock().unwrap().push((done, total)));
     // Local to a worker, worker to worker, and back.
-    let there = here
-        .copy_to_device_with_progress(&on_a, Some(progress))
-        .unwrap();
-    let further = there.copy_to_device(&on_b).unwrap();
-    let back = further.copy_to_device(&local).unwrap();
+    let (there, further, back, reports) = copy_around(&here, &on_a, &on_b, &local);
     assert_eq!(back.dims(), &[2, 4]);
     assert_eq!(back.to_strings().unwrap(), strings);
     assert_eq!(further.to_strings().unwrap(), strings);
@@ -1401,9 +1326,7 @@ fn string_buffers_copy_between_hosts_and_are_deleted_on_their_workers() {
 
 #[test]
 fn programs_on_workers_take_and_return_string_arrays() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, _a, _b, client) = two_workers(2, 2, false);
     let sharding = Sharding::named(
         client.devices().to_vec(),
         vec![4],
@@ -1414,17 +1337,7 @@ fn programs_on_workers_take_and_return_string_arrays() {
     let spec = string_spec(sharding, 8);
     let strings = sample_strings(8);
     let x = Array::from_host_strings(&client, &strings, spec.clone()).unwrap();
-    let exe = client
-        .compile(
-            Program::native(
-                "upper",
-                vec![spec.clone()],
-                vec![spec],
-                client.devices().to_vec(),
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let exe = compile_same(&client, "upper", &spec);
     // The output of one run feeds the next, on the workers.
     let once = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
     let twice = exe
@@ -1438,13 +1351,10 @@ fn programs_on_workers_take_and_return_string_arrays() {
 
 #[test]
 fn a_malformed_string_upload_is_refused_and_the_worker_serves_on() {
-    use colocated_core::session::RemoteSession;
     use colocated_core::transport::proto::BufferSpec;
     let token = Token::generate().unwrap();
     let a = start_worker(&token, 1);
-    let mut connect = ConnectOptions::new(a.worker.local_addr().to_string(), Some(token.clone()));
-    connect.timeout = Duration::from_secs(5);
-    let session = RemoteSession::connect(&connect).unwrap();
+    let session = common::connect_session(&a.worker, &token);
     assert!(session.version() >= colocated_core::transport::STRINGS_VERSION);
     let spec = |n: i64| BufferSpec {
         device: 0,
@@ -1559,12 +1469,7 @@ fn probe_worker(
     token: &Token,
     options: impl FnOnce(&mut WorkerOptions),
 ) -> (Worker, Client, SessionProbe) {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(1, 2);
     let probe = SessionProbe::default();
     client.register_executor("probe", probe.clone()).unwrap();
     let mut opts = WorkerOptions::new(Some(token.clone()));
@@ -1773,11 +1678,7 @@ fn a_supervisor_refuses_old_controllers_and_reports_a_child_that_fails() {
         "echo \"$@\" > {0}; stat -c %a \"$4\" >> {0}; echo not a worker",
         marks.display()
     );
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = plain_client(1);
     let mut options = WorkerOptions::new(Some(token.clone()));
     options.isolate = Some(IsolateCommand {
         program: "sh".into(),
@@ -1931,11 +1832,7 @@ fn a_controller_and_a_worker_of_different_releases_refuse_each_other_naming_both
     assert!(versions_compatible("dev", "dev"));
 
     let token = Token::generate().unwrap();
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = plain_client(1);
     let mut worker_options = WorkerOptions::new(Some(token.clone()));
     worker_options.software_version = "0.99.0".into();
     let worker = Worker::start(client, worker_options).unwrap();
@@ -1977,18 +1874,13 @@ fn compiling_for_workers_loads_on_all_at_once_and_a_refusal_unloads_the_others()
     // Workers 0 and 2 have `only_some`; worker 1 does not.
     let workers: Vec<Worker> = (0..3)
         .map(|i| {
-            let client = Client::new_local(ClientOptions {
-                num_cpu_devices: Some(1),
-                executor_threads: Some(1),
-                ..Default::default()
-            })
-            .unwrap();
+            let client = client_with_threads(1, 1);
             if i != 1 {
                 client
                     .register_native_function("only_some", |_ctx| Ok(()))
                     .unwrap();
             }
-            Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+            common::start_worker(client, &token, |_| {})
         })
         .collect();
     let mut connect = ConnectOptions::new(String::new(), Some(token.clone()));
@@ -2039,12 +1931,7 @@ fn a_deleted_buffer_leaves_the_worker_without_a_further_operation() {
 #[test]
 fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
     let token = Token::generate().unwrap();
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(1, 2);
     let flag = Arc::new((Mutex::new(true), std::sync::Condvar::new()));
     let waits = flag.clone();
     client
@@ -2066,16 +1953,17 @@ fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
             Ok(())
         })
         .unwrap();
-    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let worker = common::start_worker(client, &token, |_| {});
     let controller = Client::connect(&controller_options(&worker, &token)).unwrap();
     let device = controller.devices()[0].clone();
     let compile = |name: &str| {
-        controller
-            .compile(
-                Program::native(name, vec![], vec![], vec![device.clone()]),
-                CompileOptions::default(),
-            )
-            .unwrap()
+        compile_native(
+            &controller,
+            name,
+            vec![],
+            vec![],
+            std::slice::from_ref(&device),
+        )
     };
     let (wait, set) = (compile("wait_for_flag"), compile("set_flag"));
     // Runs that finish at once while the flag is up (a worker must not
@@ -2119,9 +2007,7 @@ fn a_program_waiting_for_another_streams_program_on_a_worker_finishes() {
 /// arrives.
 #[test]
 fn a_completion_that_waits_for_another_workers_answer_does_not_hold_it_up() {
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 1), start_worker(&token, 1));
-    let client = Client::connect(&options(&[&a, &b], &token, false)).unwrap();
+    let (_, a, b, client) = two_workers(1, 1, false);
     let on_a = compile_on(&client, "gate", &client.devices()[0]);
     let on_b = compile_on(&client, "gate", &client.devices()[1]);
     let (gate_a, gate_b) = (

@@ -13,12 +13,12 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use common::{assert_error, eventually, i32_bytes, i32_values, DropCounter};
 
 use colocated_core::transport::Token;
-use colocated_core::worker::{Worker, WorkerOptions};
+use colocated_core::worker::Worker;
 use colocated_core::{
     host_object, host_objects, parked_results, Array, ArraySpec, AxisType, CallSite, CallSpec,
-    Client, ClientOptions, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode,
-    ExecutionContext, LanguageExecutor, LoadedProgram, MemoryKind, OutputOrigin, Outputs, Payload,
-    Program, Result, Sharding,
+    Client, ColocatedFunction, ColocatedObject, DType, Device, ErrorCode, ExecutionContext,
+    LanguageExecutor, LoadedProgram, MemoryKind, OutputOrigin, Outputs, Payload, Program, Result,
+    Sharding,
 };
 
 /// The test language's functions: a host's context and input arrays in, its
@@ -72,6 +72,14 @@ impl Site {
             declared: None,
         }
     }
+
+    /// The site of `name` declaring `outputs`.
+    fn declaring(name: &'static str, outputs: Vec<ArraySpec>) -> Site {
+        Site {
+            name,
+            declared: Some(outputs),
+        }
+    }
 }
 
 impl CallSite for Site {
@@ -104,12 +112,7 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn local_client(devices: usize) -> Client {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(devices),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = common::client_with_threads(devices, 2);
     client.register_executor("test", TestLanguage).unwrap();
     client
 }
@@ -132,7 +135,17 @@ fn call(
     name: &'static str,
     inputs: &[Array],
 ) -> Result<colocated_core::Call<()>> {
-    f.call(client, &call_spec(inputs), inputs, &Site::of(name), &[])
+    call_at(client, f, &Site::of(name), inputs)
+}
+
+/// Calls `f` at `site` with `inputs`, as no object's method.
+fn call_at(
+    client: &Client,
+    f: &ColocatedFunction<()>,
+    site: &Site,
+    inputs: &[Array],
+) -> Result<colocated_core::Call<()>> {
+    f.call(client, &call_spec(inputs), inputs, site, &[])
 }
 
 fn named(devices: Vec<Device>, axis: &str) -> Sharding {
@@ -143,6 +156,11 @@ fn named(devices: Vec<Device>, axis: &str) -> Sharding {
 fn i32_array(client: &Client, values: &[i32], sharding: Sharding) -> Array {
     let spec = ArraySpec::new(vec![values.len() as i64], DType::I32, sharding).unwrap();
     Array::from_host_bytes(client, &i32_bytes(values), spec).unwrap()
+}
+
+/// The int32 values of `x`, each through `f`.
+fn mapped(x: &Array, f: impl Fn(i32) -> i32) -> Result<Vec<i32>> {
+    Ok(i32_values(&x.to_host_bytes()?).into_iter().map(f).collect())
 }
 
 /// This host's devices of the call, in the program's order.
@@ -156,14 +174,19 @@ fn host_devices(ctx: &ExecutionContext<'_>) -> Vec<Device> {
         .collect()
 }
 
+/// This test's turn (see [`serial`]), with the test functions defined and
+/// a local client of `devices` devices.
+fn local_client_with_functions(devices: usize) -> (MutexGuard<'static, ()>, Client) {
+    let turn = serial();
+    define_functions();
+    (turn, local_client(devices))
+}
+
 fn define_functions() {
     // Each element plus one, with the input's sharding.
     define("add_one", |ctx, inputs| {
         let x = &inputs[0];
-        let values: Vec<i32> = i32_values(&x.to_host_bytes()?)
-            .iter()
-            .map(|v| v + 1)
-            .collect();
+        let values = mapped(x, |v| v + 1)?;
         let spec = x.spec().clone();
         Ok(vec![Array::from_host_bytes(
             ctx.client(),
@@ -175,10 +198,7 @@ fn define_functions() {
     // sharding of none of the inputs (as one captured in the function).
     define("reversed", |ctx, inputs| {
         let x = &inputs[0];
-        let values: Vec<i32> = i32_values(&x.to_host_bytes()?)
-            .iter()
-            .map(|v| v * 10)
-            .collect();
+        let values = mapped(x, |v| v * 10)?;
         let mut devices = host_devices(ctx);
         devices.reverse();
         Ok(vec![i32_array(ctx.client(), &values, named(devices, "y"))])
@@ -187,10 +207,7 @@ fn define_functions() {
     // layout), on a mesh of other names and axis types.
     define("renamed", |ctx, inputs| {
         let x = &inputs[0];
-        let values: Vec<i32> = i32_values(&x.to_host_bytes()?)
-            .iter()
-            .map(|v| v * 10)
-            .collect();
+        let values = mapped(x, |v| v * 10)?;
         let sharding = named(x.sharding().devices().to_vec(), "y")
             .with_axis_types(vec![AxisType::Explicit])?;
         Ok(vec![i32_array(ctx.client(), &values, sharding)])
@@ -237,9 +254,7 @@ fn define_functions() {
 
 #[test]
 fn discovery_on_the_local_host_keeps_an_inputs_sharding_and_caches_the_program() {
-    let _serial = serial();
-    define_functions();
-    let client = local_client(4);
+    let (_serial, client) = local_client_with_functions(4);
     let x = i32_array(
         &client,
         &[1, 2, 3, 4],
@@ -271,9 +286,7 @@ fn discovery_on_the_local_host_keeps_an_inputs_sharding_and_caches_the_program()
 
 #[test]
 fn discovery_gives_an_output_the_sharding_the_function_made_not_an_equivalent_inputs() {
-    let _serial = serial();
-    define_functions();
-    let client = local_client(4);
+    let (_serial, client) = local_client_with_functions(4);
     let x = i32_array(&client, &[1, 2], named(client.devices()[..2].to_vec(), "x"));
     let inputs = [x.clone()];
     let ran = call(&client, &function(None), "renamed", &inputs).unwrap();
@@ -299,9 +312,7 @@ fn discovery_gives_an_output_the_sharding_the_function_made_not_an_equivalent_in
 
 #[test]
 fn discovery_takes_an_output_with_a_sharding_of_its_own_and_refuses_one_outside_the_call() {
-    let _serial = serial();
-    define_functions();
-    let client = local_client(4);
+    let (_serial, client) = local_client_with_functions(4);
     let devices = client.devices()[..2].to_vec();
     let x = i32_array(&client, &[1, 2], named(devices.clone(), "x"));
     let inputs = [x];
@@ -324,9 +335,7 @@ fn discovery_takes_an_output_with_a_sharding_of_its_own_and_refuses_one_outside_
 
 #[test]
 fn an_argument_less_call_needs_devices_and_runs_on_them() {
-    let _serial = serial();
-    define_functions();
-    let client = local_client(4);
+    let (_serial, client) = local_client_with_functions(4);
     let err = call(&client, &function(None), "iota", &[]).map(|_| ());
     assert_error(
         err,
@@ -341,29 +350,17 @@ fn an_argument_less_call_needs_devices_and_runs_on_them() {
 
 #[test]
 fn declared_outputs_run_asynchronously_and_a_wrong_output_is_refused() {
-    let _serial = serial();
-    define_functions();
-    let client = local_client(2);
+    let (_serial, client) = local_client_with_functions(2);
     let x = i32_array(&client, &[1, 2], named(client.devices().to_vec(), "x"));
     let inputs = [x.clone()];
-    let site = Site {
-        name: "add_one",
-        declared: Some(vec![x.spec().clone()]),
-    };
-    let ran = function(None)
-        .call(&client, &call_spec(&inputs), &inputs, &site, &[])
-        .unwrap();
+    let site = Site::declaring("add_one", vec![x.spec().clone()]);
+    let ran = call_at(&client, &function(None), &site, &inputs).unwrap();
     ran.status.unwrap().wait().unwrap();
     assert_eq!(i32_values(&ran.outputs[0].to_host_bytes().unwrap()), [2, 3]);
 
     // "reversed" makes another sharding than the one declared.
-    let site = Site {
-        name: "reversed",
-        declared: Some(vec![x.spec().clone()]),
-    };
-    let ran = function(None)
-        .call(&client, &call_spec(&inputs), &inputs, &site, &[])
-        .unwrap();
+    let site = Site::declaring("reversed", vec![x.spec().clone()]);
+    let ran = call_at(&client, &function(None), &site, &inputs).unwrap();
     assert_error(
         ran.status.unwrap().wait(),
         ErrorCode::InvalidArgument,
@@ -373,9 +370,7 @@ fn declared_outputs_run_asynchronously_and_a_wrong_output_is_refused() {
 
 #[test]
 fn a_discovery_run_hides_the_protocols_report_callback_from_the_function() {
-    let _serial = serial();
-    define_functions();
-    let client = local_client(1);
+    let (_serial, client) = local_client_with_functions(1);
     let x = i32_array(&client, &[1], named(client.devices().to_vec(), "x"));
     // The function has no host callbacks of its own: index 0 is out of
     // range, not the report callback core added.
@@ -389,9 +384,7 @@ fn a_discovery_run_hides_the_protocols_report_callback_from_the_function() {
 
 #[test]
 fn a_program_compiled_ahead_serializes_and_runs_where_it_is_loaded() {
-    let _serial = serial();
-    define_functions();
-    let client = local_client(2);
+    let (_serial, client) = local_client_with_functions(2);
     let x = i32_array(&client, &[1, 2], named(client.devices().to_vec(), "x"));
     let spec = call_spec(std::slice::from_ref(&x));
     let f = function(None);
@@ -403,10 +396,7 @@ fn a_program_compiled_ahead_serializes_and_runs_where_it_is_loaded() {
         ErrorCode::InvalidArgument,
         "needs its output specs declared",
     );
-    let site = Site {
-        name: "add_one",
-        declared: Some(vec![x.spec().clone()]),
-    };
+    let site = Site::declaring("add_one", vec![x.spec().clone()]);
     let entry = f.compile_ahead(&client, &spec, &site).unwrap();
     // The serialized program runs where it is loaded, as any executable.
     let loaded = client
@@ -514,7 +504,7 @@ fn a_constructors_error_is_kept_and_returned_to_every_call() {
 
 fn start_worker(token: &Token, devices: usize) -> Worker {
     let client = local_client(devices);
-    Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+    common::start_worker(client, token, |_| {})
 }
 
 fn connect(workers: &[&Worker], token: &Token) -> Client {

@@ -73,13 +73,8 @@ fn streams_keep_program_order_complete_each_execution_once_and_overlap() {
         })
         .unwrap();
     let device = client.devices()[0].clone();
-    let spec = ArraySpec::new(vec![], DType::U64, Sharding::single_device(device.clone())).unwrap();
-    let exe = client
-        .compile(
-            Program::native("log_step", vec![spec.clone()], vec![], vec![device]),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let spec = spec_on(&[], DType::U64, &device);
+    let exe = compile_native(&client, "log_step", vec![spec.clone()], vec![], &[device]);
 
     let completions: Arc<Vec<AtomicU8>> = Arc::new(
         (0..STREAMS * PER_STREAM)

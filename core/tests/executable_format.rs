@@ -18,21 +18,8 @@ const HEADER_LEN: usize = 32;
 /// executable adding one to an int32[8] split over its four devices.
 fn serialized_add_one() -> (Client, ArraySpec, Vec<u8>) {
     let client = client(4);
-    register_add_one(&client);
-    let sharding = mesh_sharding(&client, &[4], &["x"], vec![vec![0]]);
-    let spec = ArraySpec::new(vec![8], DType::I32, sharding).unwrap();
-    let bytes = client
-        .compile(
-            Program::native(
-                "add_one_i32",
-                vec![spec.clone()],
-                vec![spec.clone()],
-                client.devices()[..4].to_vec(),
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap()
-        .serialize();
+    let (exe, spec) = add_one_over_x(&client);
+    let bytes = exe.serialize();
     (client, spec, bytes)
 }
 

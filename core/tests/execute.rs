@@ -11,35 +11,162 @@ use std::time::Duration;
 use colocated_core::*;
 use common::*;
 
-/// int32[8] split along 'x' over the client's first four devices.
-fn x_spec(client: &Client) -> ArraySpec {
-    let sharding = mesh_sharding(client, &[4], &["x"], vec![vec![0]]);
-    ArraySpec::new(vec![8], DType::I32, sharding).unwrap()
-}
-
-fn compile(
-    client: &Client,
-    function: &str,
-    inputs: Vec<ArraySpec>,
-    outputs: Vec<ArraySpec>,
-    devices: &[Device],
-) -> LoadedExecutable {
-    client
-        .compile(
-            Program::native(function, inputs, outputs, devices.to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap_or_else(|e| panic!("compile {function}: {e}"))
-}
-
 fn on(stream: &Stream) -> ExecuteOptions {
     ExecuteOptions {
         stream: Some(stream.clone()),
     }
 }
 
-fn array_of(client: &Client, values: &[i32], spec: &ArraySpec) -> Array {
-    Array::from_host_bytes(client, &i32_bytes(values), spec.clone()).unwrap()
+/// The int32 values of `array`, once it is ready (panics if it failed).
+fn ints(array: &Array) -> Vec<i32> {
+    i32_values(&array.to_host_bytes().unwrap())
+}
+
+/// `add_one_i32` (registered already) compiled from and to int32 `dims` on
+/// `device` alone.
+fn add_one_on(client: &Client, dims: &[i64], device: &Device) -> LoadedExecutable {
+    let spec = spec_on(dims, DType::I32, device);
+    compile_native(
+        client,
+        "add_one_i32",
+        vec![spec.clone()],
+        vec![spec],
+        std::slice::from_ref(device),
+    )
+}
+
+/// Registers `add_one_i32` and `late_source` (which waits for `gate`) on
+/// `client`, and compiles both over [`x_spec`]: the source (no inputs), the
+/// consumer and the spec.
+fn late_source_and_add_one(
+    client: &Client,
+    gate: &Event,
+) -> (LoadedExecutable, LoadedExecutable, ArraySpec) {
+    let (add_one, spec) = add_one_over_x(client);
+    register_gated_source(client, "late_source", gate);
+    let source = compile_native(
+        client,
+        "late_source",
+        vec![],
+        vec![spec.clone()],
+        &client.devices()[..4],
+    );
+    (source, add_one, spec)
+}
+
+/// A stream held at a gate: a nullary program, registered under `name`, that
+/// waits for `gate` and was queued first on `stream`, so that everything
+/// queued behind it there waits until the gate is set.
+struct HeldStream {
+    /// Opens the gate when set.
+    gate: Event,
+    /// The stream the gate holds.
+    stream: Stream,
+    /// The gate's executable.
+    blocker: LoadedExecutable,
+    /// The gate's execution.
+    blocked: Execution,
+}
+
+/// Registers the gate `name` on `client`, compiles it on `device` and queues
+/// it on a new stream (see [`HeldStream`]).
+fn held_stream(client: &Client, name: &str, device: &Device) -> HeldStream {
+    let gate = Event::new();
+    register_gate(client, name, &gate);
+    let stream = client.create_stream();
+    let blocker = compile_nullary(client, name, device);
+    let blocked = blocker.execute(&[], &on(&stream)).unwrap();
+    HeldStream {
+        gate,
+        stream,
+        blocker,
+        blocked,
+    }
+}
+
+impl HeldStream {
+    /// Opens the gate and waits for the gate's own execution.
+    fn release(&self) {
+        self.gate.set(Ok(())).unwrap();
+        self.blocked.status.wait_timeout(PATIENCE).unwrap();
+    }
+}
+
+/// Asserts that `exe` refuses to execute on `args` (at the call) with `code`
+/// and a message containing `fragment`.
+#[track_caller]
+fn assert_refused(exe: &LoadedExecutable, args: &[Array], code: ErrorCode, fragment: &str) {
+    assert_error(
+        exe.execute(args, &ExecuteOptions::default()).map(|_| ()),
+        code,
+        fragment,
+    );
+}
+
+/// Compiles `function` from and to `spec` on `device` with `callback` as its
+/// one host callback.
+fn compile_with_callback(
+    client: &Client,
+    function: &str,
+    spec: &ArraySpec,
+    device: &Device,
+    callback: LoadedHostCallback,
+) -> LoadedExecutable {
+    client
+        .compile(
+            Program::native(
+                function,
+                vec![spec.clone()],
+                vec![spec.clone()],
+                vec![device.clone()],
+            ),
+            CompileOptions {
+                host_callbacks: vec![callback],
+            },
+        )
+        .unwrap()
+}
+
+/// One device's part of an executable, run on its own:
+/// [`LoadedExecutable::execute_sharded`] or
+/// [`LoadedExecutable::execute_portable`].
+type RunPart = fn(
+    &LoadedExecutable,
+    &[Buffer],
+    &Device,
+    &ExecuteOptions,
+) -> colocated_core::Result<(Vec<Buffer>, Event)>;
+
+/// Runs `run` on `args` on `device` and waits until it finished: the outputs.
+fn run_part(run: RunPart, exe: &LoadedExecutable, args: &[Buffer], device: &Device) -> Vec<Buffer> {
+    let (outputs, status) = run(exe, args, device, &ExecuteOptions::default()).unwrap();
+    status.wait_timeout(PATIENCE).unwrap();
+    outputs
+}
+
+/// Asserts that `run` refuses `args` on `device` (at the call) with `code`
+/// and a message containing `fragment`.
+#[track_caller]
+fn assert_part_refused(
+    run: RunPart,
+    exe: &LoadedExecutable,
+    args: &[Buffer],
+    device: &Device,
+    code: ErrorCode,
+    fragment: &str,
+) {
+    assert_error(
+        run(exe, args, device, &ExecuteOptions::default()).map(|_| ()),
+        code,
+        fragment,
+    );
+}
+
+/// Registers `name` on `client`: a native function that does nothing.
+fn register_noop(client: &Client, name: &str) {
+    client
+        .register_native_function(name, |_ctx| Ok(()))
+        .unwrap();
 }
 
 /// Registers `name`: waits for `gate`, then sets every output shard (int32) to
@@ -49,22 +176,12 @@ fn register_gated_source(client: &Client, name: &str, gate: &Event) {
     client
         .register_native_function(name, move |ctx| {
             gate.wait()?;
-            let shards = ctx.output_shards().to_vec();
-            for (i, shard) in shards.iter().enumerate() {
+            set_i32_outputs(ctx, |_ctx, _i, shard| {
                 let n: i64 = shard.dims.iter().product();
-                let values: Vec<i32> = (0..n as i32)
+                Ok((0..n as i32)
                     .map(|k| 100 * shard.device.id() as i32 + k)
-                    .collect();
-                let out = Buffer::from_bytes(
-                    ctx.client(),
-                    &i32_bytes(&values),
-                    shard.dtype,
-                    &shard.dims,
-                    &shard.device,
-                )?;
-                ctx.set_output(i, out)?;
-            }
-            Ok(())
+                    .collect())
+            })
         })
         .unwrap();
 }
@@ -95,18 +212,11 @@ fn add_one_runs_on_int32_shards_over_four_devices_sharded_along_x() {
             common::add_one_shards(ctx)
         })
         .unwrap();
-    let spec = x_spec(&client);
-    let exe = compile(
-        &client,
-        "add_one_traced",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
+    let (exe, spec) = compile_over_x(&client, "add_one_traced");
     assert_eq!(exe.name(), "add_one_traced");
     assert_eq!(exe.devices(), &client.devices()[..4]);
     assert_eq!(exe.fingerprint().len(), 16);
-    let x = array_of(&client, &[0, 10, 20, 30, 40, 50, 60, 70], &spec);
+    let x = i32_array(&client, &[0, 10, 20, 30, 40, 50, 60, 70], &spec);
     let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
     assert_eq!(run.outputs.len(), 1);
     let out = &run.outputs[0];
@@ -115,10 +225,7 @@ fn add_one_runs_on_int32_shards_over_four_devices_sharded_along_x() {
         assert_eq!(buffer.device(), device);
         assert_eq!(buffer.dims(), &[2]);
     }
-    assert_eq!(
-        i32_values(&out.to_host_bytes().unwrap()),
-        vec![1, 11, 21, 31, 41, 51, 61, 71]
-    );
+    assert_eq!(ints(out), vec![1, 11, 21, 31, 41, 51, 61, 71]);
     run.status.wait_timeout(PATIENCE).unwrap();
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 1, "one host runs the program once");
@@ -142,10 +249,8 @@ fn a_host_sees_its_input_shard_counts_argument_major() {
                     .collect::<Vec<_>>(),
                 ctx.output_shards().len(),
             ));
-            let shards = ctx.output_shards().to_vec();
-            for (i, s) in shards.iter().enumerate() {
-                let out = Buffer::from_bytes(ctx.client(), &[7], s.dtype, &s.dims, &s.device)?;
-                ctx.set_output(i, out)?;
+            for i in 0..ctx.output_shards().len() {
+                set_output_bytes(ctx, i, &[7])?;
             }
             Ok(())
         })
@@ -155,7 +260,7 @@ fn a_host_sees_its_input_shard_counts_argument_major() {
     let replicated = Sharding::replicated(devices.to_vec()).unwrap();
     let vector = ArraySpec::new(vec![3], DType::I32, replicated.clone()).unwrap();
     let scalar = ArraySpec::new(vec![], DType::U8, replicated).unwrap();
-    let exe = compile(
+    let exe = compile_native(
         &client,
         "count_inputs",
         vec![split.clone(), vector.clone(), scalar.clone()],
@@ -163,8 +268,8 @@ fn a_host_sees_its_input_shard_counts_argument_major() {
         devices,
     );
     let args = [
-        array_of(&client, &[0; 8], &split),
-        array_of(&client, &[1, 2, 3], &vector),
+        i32_array(&client, &[0; 8], &split),
+        i32_array(&client, &[1, 2, 3], &vector),
         Array::from_host_bytes(&client, &[9], scalar).unwrap(),
     ];
     let run = exe.execute(&args, &ExecuteOptions::default()).unwrap();
@@ -183,26 +288,15 @@ fn a_host_sees_its_input_shard_counts_argument_major() {
 #[test]
 fn outputs_feed_the_next_execution_before_they_are_ready() {
     let client = client(4);
-    register_add_one(&client);
-    let spec = x_spec(&client);
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
-    let mut x = array_of(&client, &[0, 1, 2, 3, 4, 5, 6, 7], &spec);
+    let (exe, spec) = add_one_over_x(&client);
+    let mut x = i32_array(&client, &[0, 1, 2, 3, 4, 5, 6, 7], &spec);
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let run = exe.execute(&[x], &ExecuteOptions::default()).unwrap();
         statuses.push(run.status);
         x = run.outputs[0].clone();
     }
-    assert_eq!(
-        i32_values(&x.to_host_bytes().unwrap()),
-        (5..13).collect::<Vec<_>>()
-    );
+    assert_eq!(ints(&x), (5..13).collect::<Vec<_>>());
     for status in statuses {
         status.wait_timeout(PATIENCE).unwrap();
     }
@@ -228,27 +322,11 @@ fn host_callback_captured_state_is_dropped_once_after_the_executable_and_its_exe
             assert_eq!(ctx.num_host_callbacks(), 1);
             let input = ctx.inputs()[0].to_host_vec()?;
             let answer = ctx.call_host_callback(0, &input)?;
-            let s = ctx.output_shards()[0].clone();
-            let out = Buffer::from_bytes(ctx.client(), &answer, s.dtype, &s.dims, &s.device)?;
-            ctx.set_output(0, out)
+            set_output_bytes(ctx, 0, &answer)
         })
         .unwrap();
-    let gate = Event::new();
-    register_gate(&client, "gate", &gate);
-    let spec = ArraySpec::new(vec![3], DType::U8, Sharding::single_device(device.clone())).unwrap();
-    let exe = client
-        .compile(
-            Program::native(
-                "via_callback",
-                vec![spec.clone()],
-                vec![spec.clone()],
-                vec![device.clone()],
-            ),
-            CompileOptions {
-                host_callbacks: vec![callback.clone()],
-            },
-        )
-        .unwrap();
+    let spec = spec_on(&[3], DType::U8, &device);
+    let exe = compile_with_callback(&client, "via_callback", &spec, &device, callback.clone());
     assert_eq!(exe.host_callbacks().len(), 1);
     drop(callback);
     assert_eq!(dropped.load(Ordering::SeqCst), 0, "the executable holds it");
@@ -261,20 +339,18 @@ fn host_callback_captured_state_is_dropped_once_after_the_executable_and_its_exe
 
     // Queue an execution behind a blocked one, then drop every handle to the
     // executable: the execution in flight still holds the callback.
-    let stream = client.create_stream();
-    let blocker = compile_nullary(&client, "gate", &device);
-    let blocked = blocker.execute(&[], &on(&stream)).unwrap();
-    let in_flight = exe.execute(&[x], &on(&stream)).unwrap();
+    let held = held_stream(&client, "gate", &device);
+    let in_flight = exe.execute(&[x], &on(&held.stream)).unwrap();
     drop(exe);
-    drop(blocker);
+    drop(held.blocker);
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(
         dropped.load(Ordering::SeqCst),
         0,
         "an execution in flight holds the callback"
     );
-    gate.set(Ok(())).unwrap();
-    blocked.status.wait_timeout(PATIENCE).unwrap();
+    held.gate.set(Ok(())).unwrap();
+    held.blocked.status.wait_timeout(PATIENCE).unwrap();
     assert_eq!(in_flight.outputs[0].to_host_bytes().unwrap(), vec![2, 4, 6]);
     in_flight.status.wait_timeout(PATIENCE).unwrap();
     eventually("the callback is dropped", || {
@@ -293,28 +369,14 @@ fn host_callback_errors_and_bad_indices_fail_the_execution() {
         .register_native_function("call_cb", |ctx| {
             let which = ctx.inputs()[0].to_host_vec()?[0] as usize;
             ctx.call_host_callback(which, b"ping")?;
-            let s = ctx.output_shards()[0].clone();
-            let out = Buffer::from_bytes(ctx.client(), &[0], s.dtype, &s.dims, &s.device)?;
-            ctx.set_output(0, out)
+            set_output_bytes(ctx, 0, &[0])
         })
         .unwrap();
     let failing = LoadedHostCallback::new("refuse", |_input: &[u8]| {
         Err(Error::permission_denied("the controller refused"))
     });
-    let spec = ArraySpec::new(vec![1], DType::U8, Sharding::single_device(device.clone())).unwrap();
-    let exe = client
-        .compile(
-            Program::native(
-                "call_cb",
-                vec![spec.clone()],
-                vec![spec.clone()],
-                vec![device],
-            ),
-            CompileOptions {
-                host_callbacks: vec![failing],
-            },
-        )
-        .unwrap();
+    let spec = spec_on(&[1], DType::U8, &device);
+    let exe = compile_with_callback(&client, "call_cb", &spec, &device, failing);
     let run = |index: u8| {
         let x = Array::from_host_bytes(&client, &[index], spec.clone()).unwrap();
         exe.execute(&[x], &ExecuteOptions::default()).unwrap()
@@ -340,41 +402,21 @@ fn host_callback_errors_and_bad_indices_fail_the_execution() {
 #[test]
 fn a_failing_native_function_fails_the_status_outputs_and_every_consumer() {
     let client = client(4);
-    register_add_one(&client);
     client
         .register_native_function("fail", |_ctx| {
             Err(Error::resource_exhausted("out of widgets"))
         })
         .unwrap();
-    let spec = x_spec(&client);
-    let devices = &client.devices()[..4];
-    let fail = compile(
-        &client,
-        "fail",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        devices,
-    );
-    let add_one = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        devices,
-    );
-    let gate = Event::new();
-    register_gate(&client, "gate", &gate);
-    let blocker = compile_nullary(&client, "gate", &client.devices()[0]);
-    let stream = client.create_stream();
-    let blocked = blocker.execute(&[], &on(&stream)).unwrap();
-    let x = array_of(&client, &[0; 8], &spec);
-    let failed = fail.execute(&[x], &on(&stream)).unwrap();
+    let (add_one, spec) = add_one_over_x(&client);
+    let (fail, _) = compile_over_x(&client, "fail");
+    let held = held_stream(&client, "gate", &client.devices()[0]);
+    let x = i32_array(&client, &[0; 8], &spec);
+    let failed = fail.execute(&[x], &on(&held.stream)).unwrap();
     // Consumers submitted before and after the failure is known.
     let early = add_one
         .execute(&failed.outputs, &ExecuteOptions::default())
         .unwrap();
-    gate.set(Ok(())).unwrap();
-    blocked.status.wait_timeout(PATIENCE).unwrap();
+    held.release();
     let error = assert_error(
         failed.status.wait_timeout(PATIENCE),
         ErrorCode::ResourceExhausted,
@@ -426,14 +468,11 @@ fn a_failing_native_function_fails_the_status_outputs_and_every_consumer() {
 fn a_native_function_that_misbehaves_fails_its_execution() {
     let client = client(1);
     let device = client.devices()[0].clone();
-    let spec =
-        ArraySpec::new(vec![2], DType::I32, Sharding::single_device(device.clone())).unwrap();
+    let spec = spec_on(&[2], DType::I32, &device);
     client
         .register_native_function("panics", |_ctx| panic!("deliberate panic in a test"))
         .unwrap();
-    client
-        .register_native_function("sets_nothing", |_ctx| Ok(()))
-        .unwrap();
+    register_noop(&client, "sets_nothing");
     client
         .register_native_function("wrong_shape", |ctx| {
             let s = ctx.output_shards()[0].clone();
@@ -480,7 +519,7 @@ fn a_native_function_that_misbehaves_fails_its_execution() {
         ),
     ];
     for (name, code, fragment) in cases {
-        let exe = compile(
+        let exe = compile_native(
             &client,
             name,
             vec![],
@@ -496,19 +535,8 @@ fn a_native_function_that_misbehaves_fails_its_execution() {
 #[test]
 fn an_execution_waits_for_an_input_gated_by_a_user_event_on_another_stream() {
     let client = client(4);
-    register_add_one(&client);
     let gate = Event::new();
-    register_gated_source(&client, "late_source", &gate);
-    let spec = x_spec(&client);
-    let devices = &client.devices()[..4];
-    let source = compile(&client, "late_source", vec![], vec![spec.clone()], devices);
-    let add_one = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        devices,
-    );
+    let (source, add_one, spec) = late_source_and_add_one(&client, &gate);
     let (producer_stream, consumer_stream, other_stream) = (
         client.create_stream(),
         client.create_stream(),
@@ -519,16 +547,13 @@ fn an_execution_waits_for_an_input_gated_by_a_user_event_on_another_stream() {
     let consumed = add_one
         .execute(&produced.outputs, &on(&consumer_stream))
         .unwrap();
-    let ready_input = array_of(&client, &[0; 8], &spec);
+    let ready_input = i32_array(&client, &[0; 8], &spec);
     let behind = add_one
         .execute(std::slice::from_ref(&ready_input), &on(&consumer_stream))
         .unwrap();
     let elsewhere = add_one.execute(&[ready_input], &on(&other_stream)).unwrap();
     elsewhere.status.wait_timeout(PATIENCE).unwrap();
-    assert_eq!(
-        i32_values(&elsewhere.outputs[0].to_host_bytes().unwrap()),
-        vec![1; 8]
-    );
+    assert_eq!(ints(&elsewhere.outputs[0]), vec![1; 8]);
     std::thread::sleep(Duration::from_millis(30));
     assert!(!produced.status.is_ready());
     assert!(
@@ -546,29 +571,15 @@ fn an_execution_waits_for_an_input_gated_by_a_user_event_on_another_stream() {
     gate.set(Ok(())).unwrap();
     consumed.status.wait_timeout(PATIENCE).unwrap();
     let expected: Vec<i32> = (0..4).flat_map(|d| [100 * d + 1, 100 * d + 2]).collect();
-    assert_eq!(
-        i32_values(&consumed.outputs[0].to_host_bytes().unwrap()),
-        expected
-    );
+    assert_eq!(ints(&consumed.outputs[0]), expected);
     behind.status.wait_timeout(PATIENCE).unwrap();
 }
 
 #[test]
 fn a_producer_failing_behind_a_user_event_fails_its_pending_consumer_with_its_error() {
     let client = client(4);
-    register_add_one(&client);
     let gate = Event::new();
-    register_gated_source(&client, "late_source", &gate);
-    let spec = x_spec(&client);
-    let devices = &client.devices()[..4];
-    let source = compile(&client, "late_source", vec![], vec![spec.clone()], devices);
-    let add_one = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        devices,
-    );
+    let (source, add_one, _) = late_source_and_add_one(&client, &gate);
     let produced = source.execute(&[], &on(&client.create_stream())).unwrap();
     let consumed = add_one
         .execute(&produced.outputs, &on(&client.create_stream()))
@@ -590,24 +601,17 @@ fn a_producer_failing_behind_a_user_event_fails_its_pending_consumer_with_its_er
 #[test]
 fn execute_rejects_the_wrong_number_of_arguments() {
     let client = client(4);
-    register_add_one(&client);
-    let spec = x_spec(&client);
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
-    let x = array_of(&client, &[0; 8], &spec);
-    assert_error(
-        exe.execute(&[], &ExecuteOptions::default()).map(|_| ()),
+    let (exe, spec) = add_one_over_x(&client);
+    let x = i32_array(&client, &[0; 8], &spec);
+    assert_refused(
+        &exe,
+        &[],
         ErrorCode::InvalidArgument,
         "add_one_i32 takes 1 arguments, 0 were given",
     );
-    assert_error(
-        exe.execute(&[x.clone(), x], &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_refused(
+        &exe,
+        &[x.clone(), x],
         ErrorCode::InvalidArgument,
         "takes 1 arguments, 2 were given",
     );
@@ -616,16 +620,8 @@ fn execute_rejects_the_wrong_number_of_arguments() {
 #[test]
 fn execute_rejects_an_argument_whose_spec_differs_and_accepts_an_equivalent_one() {
     let client = client(4);
-    register_add_one(&client);
-    let spec = x_spec(&client);
+    let (exe, spec) = add_one_over_x(&client);
     let devices = client.devices()[..4].to_vec();
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &devices,
-    );
     let longer = ArraySpec::new(vec![12], DType::I32, spec.sharding.clone()).unwrap();
     let floats = ArraySpec::new(vec![8], DType::F32, spec.sharding.clone()).unwrap();
     let replicated = ArraySpec::new(
@@ -649,11 +645,7 @@ fn execute_rejects_an_argument_whose_spec_differs_and_accepts_an_equivalent_one(
     ] {
         let n: i64 = bad.shape.iter().product();
         let arg = Array::from_host_bytes(&client, &vec![0; n as usize * 4], bad).unwrap();
-        assert_error(
-            exe.execute(&[arg], &ExecuteOptions::default()).map(|_| ()),
-            ErrorCode::InvalidArgument,
-            fragment,
-        );
+        assert_refused(&exe, &[arg], ErrorCode::InvalidArgument, fragment);
     }
     // The same layout described through another mesh is accepted.
     let nested = ArraySpec::new(
@@ -662,71 +654,38 @@ fn execute_rejects_an_argument_whose_spec_differs_and_accepts_an_equivalent_one(
         Sharding::named(devices, vec![2, 2], names(&["a", "b"]), vec![vec![0, 1]]).unwrap(),
     )
     .unwrap();
-    let arg = array_of(&client, &[3; 8], &nested);
+    let arg = i32_array(&client, &[3; 8], &nested);
     let run = exe.execute(&[arg], &ExecuteOptions::default()).unwrap();
-    assert_eq!(
-        i32_values(&run.outputs[0].to_host_bytes().unwrap()),
-        vec![4; 8]
-    );
+    assert_eq!(ints(&run.outputs[0]), vec![4; 8]);
 }
 
 #[test]
 fn execute_rejects_a_deleted_argument_with_failed_precondition() {
     let client = client(4);
-    register_add_one(&client);
-    let spec = x_spec(&client);
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
-    let x = array_of(&client, &[0; 8], &spec);
+    let (exe, spec) = add_one_over_x(&client);
+    let x = i32_array(&client, &[0; 8], &spec);
     x.buffers()[2].delete();
-    assert_error(
-        exe.execute(&[x], &ExecuteOptions::default()).map(|_| ()),
-        ErrorCode::FailedPrecondition,
-        "argument 0",
-    );
-    let y = array_of(&client, &[0; 8], &spec);
+    assert_refused(&exe, &[x], ErrorCode::FailedPrecondition, "argument 0");
+    let y = i32_array(&client, &[0; 8], &spec);
     y.delete();
-    assert_error(
-        exe.execute(&[y], &ExecuteOptions::default()).map(|_| ()),
-        ErrorCode::FailedPrecondition,
-        "was deleted",
-    );
+    assert_refused(&exe, &[y], ErrorCode::FailedPrecondition, "was deleted");
 }
 
 #[test]
 fn deleting_an_argument_after_execute_waits_for_the_execution_that_uses_it() {
     // PJRT: delete frees the data once the executions already using it are done.
     let client = client(4);
-    register_add_one(&client);
-    let gate = Event::new();
-    register_gate(&client, "gate", &gate);
-    let spec = x_spec(&client);
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
-    let stream = client.create_stream();
-    let blocker = compile_nullary(&client, "gate", &client.devices()[0]);
-    let blocked = blocker.execute(&[], &on(&stream)).unwrap();
-    let x = array_of(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
-    let run = exe.execute(std::slice::from_ref(&x), &on(&stream)).unwrap();
+    let (exe, spec) = add_one_over_x(&client);
+    let held = held_stream(&client, "gate", &client.devices()[0]);
+    let x = i32_array(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
+    let run = exe
+        .execute(std::slice::from_ref(&x), &on(&held.stream))
+        .unwrap();
     x.delete();
     assert!(x.is_deleted());
-    gate.set(Ok(())).unwrap();
-    blocked.status.wait_timeout(PATIENCE).unwrap();
+    held.release();
     run.status.wait_timeout(PATIENCE).unwrap();
-    assert_eq!(
-        i32_values(&run.outputs[0].to_host_bytes().unwrap()),
-        (2..10).collect::<Vec<_>>()
-    );
+    assert_eq!(ints(&run.outputs[0]), (2..10).collect::<Vec<_>>());
 }
 
 #[test]
@@ -843,15 +802,7 @@ fn registering_a_native_function_twice_is_already_exists() {
 #[test]
 fn a_serialized_executable_loads_and_runs() {
     let client = client(4);
-    register_add_one(&client);
-    let spec = x_spec(&client);
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
+    let (exe, spec) = add_one_over_x(&client);
     let bytes = exe.serialize();
     assert_eq!(&bytes[..8], MAGIC);
     assert_eq!(
@@ -866,12 +817,9 @@ fn a_serialized_executable_loads_and_runs() {
     assert_eq!(loaded.fingerprint(), exe.fingerprint());
     assert_eq!(loaded.devices(), exe.devices());
     assert_eq!(loaded.serialize(), bytes);
-    let x = array_of(&client, &[5; 8], &spec);
+    let x = i32_array(&client, &[5; 8], &spec);
     let run = loaded.execute(&[x], &ExecuteOptions::default()).unwrap();
-    assert_eq!(
-        i32_values(&run.outputs[0].to_host_bytes().unwrap()),
-        vec![6; 8]
-    );
+    assert_eq!(ints(&run.outputs[0]), vec![6; 8]);
 
     // Another client with the same devices and function loads it too.
     let twin = common::client(4);
@@ -880,20 +828,15 @@ fn a_serialized_executable_loads_and_runs() {
         .deserialize_and_load(&bytes, CompileOptions::default())
         .unwrap();
     let spec = x_spec(&twin);
-    let x = array_of(&twin, &[-1; 8], &spec);
+    let x = i32_array(&twin, &[-1; 8], &spec);
     let run = loaded.execute(&[x], &ExecuteOptions::default()).unwrap();
-    assert_eq!(
-        i32_values(&run.outputs[0].to_host_bytes().unwrap()),
-        vec![0; 8]
-    );
+    assert_eq!(ints(&run.outputs[0]), vec![0; 8]);
 }
 
 #[test]
 fn a_serialized_executable_keeps_its_host_callback_count() {
     let client = client(1);
-    client
-        .register_native_function("noop", |_ctx| Ok(()))
-        .unwrap();
+    register_noop(&client, "noop");
     let device = client.devices()[0].clone();
     let callback = LoadedHostCallback::new("echo", |x: &[u8]| Ok(x.to_vec()));
     let exe = client
@@ -924,16 +867,7 @@ fn a_serialized_executable_keeps_its_host_callback_count() {
 #[test]
 fn truncated_or_corrupted_executables_are_invalid_argument() {
     let client = client(4);
-    register_add_one(&client);
-    let spec = x_spec(&client);
-    let bytes = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec],
-        &client.devices()[..4],
-    )
-    .serialize();
+    let bytes = add_one_over_x(&client).0.serialize();
     let mut corrupted = bytes.clone();
     let last = corrupted.len() - 3;
     corrupted[last] ^= 0x5a;
@@ -965,16 +899,7 @@ fn truncated_or_corrupted_executables_are_invalid_argument() {
 #[test]
 fn loading_an_executable_on_a_client_that_lacks_its_devices_or_function_fails() {
     let client = client(4);
-    register_add_one(&client);
-    let spec = x_spec(&client);
-    let bytes = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec],
-        &client.devices()[..4],
-    )
-    .serialize();
+    let bytes = add_one_over_x(&client).0.serialize();
     let small = common::client(2);
     register_add_one(&small);
     assert_error(
@@ -993,26 +918,16 @@ fn loading_an_executable_on_a_client_that_lacks_its_devices_or_function_fails() 
 #[test]
 fn execute_sharded_runs_the_part_of_one_device() {
     let client = client(4);
-    register_add_one(&client);
-    let spec = x_spec(&client);
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
+    let (exe, _) = add_one_over_x(&client);
     let device = client.devices()[2].clone();
     let shard =
         Buffer::from_bytes(&client, &i32_bytes(&[40, 50]), DType::I32, &[2], &device).unwrap();
-    let (outputs, status) = exe
-        .execute_sharded(
-            std::slice::from_ref(&shard),
-            &device,
-            &ExecuteOptions::default(),
-        )
-        .unwrap();
-    status.wait_timeout(PATIENCE).unwrap();
+    let outputs = run_part(
+        LoadedExecutable::execute_sharded,
+        &exe,
+        std::slice::from_ref(&shard),
+        &device,
+    );
     assert_eq!(outputs.len(), 1);
     assert_eq!(outputs[0].device(), &device);
     assert_eq!(outputs[0].dims(), &[2]);
@@ -1020,46 +935,51 @@ fn execute_sharded_runs_the_part_of_one_device() {
 
     let ia = ErrorCode::InvalidArgument;
     let wrong_dims = Buffer::from_bytes(&client, &[0; 32], DType::I32, &[8], &device).unwrap();
-    assert_error(
-        exe.execute_sharded(&[wrong_dims], &device, &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_part_refused(
+        LoadedExecutable::execute_sharded,
+        &exe,
+        &[wrong_dims],
+        &device,
         ia,
         "argument 0 must be int32[2] on CpuDevice(id=2), got int32[8]",
     );
-    assert_error(
-        exe.execute_sharded(
-            std::slice::from_ref(&shard),
-            &client.devices()[1],
-            &ExecuteOptions::default(),
-        )
-        .map(|_| ()),
+    assert_part_refused(
+        LoadedExecutable::execute_sharded,
+        &exe,
+        std::slice::from_ref(&shard),
+        &client.devices()[1],
         ia,
         "argument 0 must be int32[2] on CpuDevice(id=1)",
     );
-    assert_error(
-        exe.execute_sharded(&[], &device, &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_part_refused(
+        LoadedExecutable::execute_sharded,
+        &exe,
+        &[],
+        &device,
         ia,
         "takes 1 arguments, 0 were given",
     );
-    let narrow = compile(
+    let narrow = compile_native(
         &client,
         "add_one_i32",
         vec![],
         vec![],
         &client.devices()[..2],
     );
-    assert_error(
-        narrow
-            .execute_sharded(&[], &device, &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_part_refused(
+        LoadedExecutable::execute_sharded,
+        &narrow,
+        &[],
+        &device,
         ia,
         "does not run on CpuDevice(id=2)",
     );
     shard.delete();
-    assert_error(
-        exe.execute_sharded(&[shard], &device, &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_part_refused(
+        LoadedExecutable::execute_sharded,
+        &exe,
+        &[shard],
+        &device,
         ErrorCode::FailedPrecondition,
         "was deleted",
     );
@@ -1068,22 +988,17 @@ fn execute_sharded_runs_the_part_of_one_device() {
 #[test]
 fn execute_portable_runs_a_single_device_executable_on_another_device() {
     let client = client(4);
-    register_add_one(&client);
+    let (wide, _) = add_one_over_x(&client);
     let d0 = client.devices()[0].clone();
-    let spec = ArraySpec::new(vec![3], DType::I32, Sharding::single_device(d0.clone())).unwrap();
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec],
-        std::slice::from_ref(&d0),
-    );
+    let exe = add_one_on(&client, &[3], &d0);
     let d3 = client.devices()[3].clone();
     let x = Buffer::from_bytes(&client, &i32_bytes(&[7, 8, 9]), DType::I32, &[3], &d3).unwrap();
-    let (outputs, status) = exe
-        .execute_portable(std::slice::from_ref(&x), &d3, &ExecuteOptions::default())
-        .unwrap();
-    status.wait_timeout(PATIENCE).unwrap();
+    let outputs = run_part(
+        LoadedExecutable::execute_portable,
+        &exe,
+        std::slice::from_ref(&x),
+        &d3,
+    );
     assert_eq!(outputs[0].device(), &d3);
     assert_eq!(
         i32_values(&outputs[0].to_host_vec().unwrap()),
@@ -1091,31 +1006,29 @@ fn execute_portable_runs_a_single_device_executable_on_another_device() {
     );
 
     let ia = ErrorCode::InvalidArgument;
-    assert_error(
-        exe.execute_portable(std::slice::from_ref(&x), &d0, &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_part_refused(
+        LoadedExecutable::execute_portable,
+        &exe,
+        std::slice::from_ref(&x),
+        &d0,
         ia,
         "argument 0 must be int32[3] on CpuDevice(id=0), got int32[3] on CpuDevice(id=3)",
     );
     let other = common::client(1);
-    assert_error(
-        exe.execute_portable(&[x], &other.devices()[0], &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_part_refused(
+        LoadedExecutable::execute_portable,
+        &exe,
+        &[x],
+        &other.devices()[0],
         ia,
         "belongs to another client",
     );
-    let spec4 = x_spec(&client);
-    let wide = compile(
-        &client,
-        "add_one_i32",
-        vec![spec4.clone()],
-        vec![spec4],
-        &client.devices()[..4],
-    );
     let y = Buffer::from_bytes(&client, &[0; 32], DType::I32, &[8], &d3).unwrap();
-    assert_error(
-        wide.execute_portable(&[y], &d3, &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_part_refused(
+        LoadedExecutable::execute_portable,
+        &wide,
+        &[y],
+        &d3,
         ia,
         "execute_portable needs a single-device executable",
     );
@@ -1135,9 +1048,9 @@ fn recorder(client: &Client, log: &Arc<Mutex<Vec<u64>>>) -> (LoadedExecutable, A
         })
         .unwrap();
     let device = client.devices()[0].clone();
-    let spec = ArraySpec::new(vec![], DType::U64, Sharding::single_device(device.clone())).unwrap();
+    let spec = spec_on(&[], DType::U64, &device);
     (
-        compile(client, "record", vec![spec.clone()], vec![], &[device]),
+        compile_native(client, "record", vec![spec.clone()], vec![], &[device]),
         spec,
     )
 }
@@ -1206,17 +1119,11 @@ fn events_of_an_execution_can_be_awaited_and_observed_with_on_ready() {
     let client = client(2);
     register_add_one(&client);
     let d = client.devices()[1].clone();
-    let spec = ArraySpec::new(vec![2], DType::I32, Sharding::single_device(d.clone())).unwrap();
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &[d],
-    );
+    let exe = add_one_on(&client, &[2], &d);
+    let spec = spec_on(&[2], DType::I32, &d);
     let run = exe
         .execute(
-            &[array_of(&client, &[1, 2], &spec)],
+            &[i32_array(&client, &[1, 2], &spec)],
             &ExecuteOptions::default(),
         )
         .unwrap();
@@ -1229,21 +1136,13 @@ fn events_of_an_execution_can_be_awaited_and_observed_with_on_ready() {
     run.outputs[0].ready_event().wait_timeout(PATIENCE).unwrap();
     run.status.wait_timeout(PATIENCE).unwrap();
     eventually("on_ready ran", || fired.load(Ordering::SeqCst) == 1);
-    assert_eq!(
-        i32_values(&run.outputs[0].to_host_bytes().unwrap()),
-        vec![2, 3]
-    );
+    assert_eq!(ints(&run.outputs[0]), vec![2, 3]);
 }
 
 #[test]
 fn wait_timeout_returns_by_its_deadline_even_when_the_awaited_work_has_not_started() {
     // One executor thread, kept busy, so the awaited execution stays queued.
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(1),
-        executor_threads: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(1, 1);
     let device = client.devices()[0].clone();
     let running = Event::new();
     let release_hold = Event::new();
@@ -1291,9 +1190,7 @@ fn wait_timeout_returns_by_its_deadline_even_when_the_awaited_work_has_not_start
 fn a_stream_still_works_with_another_client_after_the_first_client_is_gone() {
     let stream = {
         let first = client(1);
-        first
-            .register_native_function("noop", |_ctx| Ok(()))
-            .unwrap();
+        register_noop(&first, "noop");
         let stream = first.create_stream();
         let exe = compile_nullary(&first, "noop", &first.devices()[0]);
         let run = exe.execute(&[], &on(&stream)).unwrap();
@@ -1302,9 +1199,7 @@ fn a_stream_still_works_with_another_client_after_the_first_client_is_gone() {
     };
     std::thread::sleep(Duration::from_millis(50));
     let second = client(1);
-    second
-        .register_native_function("noop", |_ctx| Ok(()))
-        .unwrap();
+    register_noop(&second, "noop");
     let exe = compile_nullary(&second, "noop", &second.devices()[0]);
     match exe.execute(&[], &on(&stream)) {
         // Refusing a stream of another client is acceptable, hanging is not.
@@ -1362,15 +1257,7 @@ impl LanguageExecutor for AddPayloadByte {
                         .iter()
                         .map(|b| b + delta)
                         .collect();
-                    let shard = ctx.output_shards()[i].clone();
-                    let out = Buffer::from_bytes(
-                        ctx.client(),
-                        &bytes,
-                        shard.dtype,
-                        &shard.dims,
-                        &shard.device,
-                    )?;
-                    ctx.set_output(i, out)?;
+                    set_output_bytes(ctx, i, &bytes)?;
                 }
                 Ok(())
             },
@@ -1593,23 +1480,15 @@ fn a_dropped_slot_lets_its_stream_go_on_and_another_clients_stream_is_refused() 
 #[test]
 fn kept_arrays_stay_usable_by_the_work_they_were_kept_for_after_a_delete() {
     let client = client(4);
-    let spec = x_spec(&client);
-    register_add_one(&client);
-    let exe = compile(
-        &client,
-        "add_one_i32",
-        vec![spec.clone()],
-        vec![spec.clone()],
-        &client.devices()[..4],
-    );
-    let x = array_of(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
+    let (exe, spec) = add_one_over_x(&client);
+    let x = i32_array(&client, &[1, 2, 3, 4, 5, 6, 7, 8], &spec);
     let kept = Array::keep(std::slice::from_ref(&x)).unwrap();
     x.delete();
     assert!(x.is_deleted());
     // Outside the kept work, the array is deleted.
-    assert_error(
-        exe.execute(std::slice::from_ref(&x), &ExecuteOptions::default())
-            .map(|_| ()),
+    assert_refused(
+        &exe,
+        std::slice::from_ref(&x),
         ErrorCode::FailedPrecondition,
         "deleted",
     );
@@ -1618,10 +1497,7 @@ fn kept_arrays_stay_usable_by_the_work_they_were_kept_for_after_a_delete() {
         .use_in(|| exe.execute(std::slice::from_ref(&x), &ExecuteOptions::default()))
         .unwrap();
     drop(kept);
-    assert_eq!(
-        i32_values(&run.outputs[0].to_host_bytes().unwrap()),
-        [2, 3, 4, 5, 6, 7, 8, 9]
-    );
+    assert_eq!(ints(&run.outputs[0]), [2, 3, 4, 5, 6, 7, 8, 9]);
     // Keeping a deleted array is refused.
     assert_error(
         Array::keep(&[x]).map(|_| ()),

@@ -10,11 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use colocated_core::transport::Token;
-use colocated_core::worker::{Worker, WorkerOptions};
-use colocated_core::{
-    Client, ClientOptions, CompileOptions, ExecuteOptions, LoadedExecutable, Program,
-};
-use common::eventually;
+use colocated_core::worker::Worker;
+use colocated_core::{Client, ExecuteOptions, LoadedExecutable};
+use common::{client_with_threads, compile_native, eventually, register_counter};
 
 /// The tests take turns: each counts what the process's threads do.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -77,29 +75,13 @@ fn cluster(n: usize, runs: &Arc<AtomicU64>) -> (Vec<Worker>, Client, LoadedExecu
     let token = Token::generate().unwrap();
     let workers: Vec<Worker> = (0..n)
         .map(|_| {
-            let client = Client::new_local(ClientOptions {
-                num_cpu_devices: Some(1),
-                executor_threads: Some(1),
-                ..Default::default()
-            })
-            .unwrap();
-            let counter = runs.clone();
-            client
-                .register_native_function("count", move |_ctx| {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    Ok(())
-                })
-                .unwrap();
-            Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap()
+            let client = client_with_threads(1, 1);
+            register_counter(&client, "count", runs);
+            common::start_worker(client, &token, |_| {})
         })
         .collect();
     let client = common::connect_workers(&workers.iter().collect::<Vec<_>>(), &token);
-    let count = client
-        .compile(
-            Program::native("count", vec![], vec![], client.devices().to_vec()),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let count = compile_native(&client, "count", vec![], vec![], client.devices());
     (workers, client, count)
 }
 
@@ -115,8 +97,7 @@ fn call(count: &LoadedExecutable) {
 /// threads.
 #[test]
 fn the_controller_reads_every_lane_on_one_thread() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    pin_to_one_cpu();
+    let _turn = one_cpu_turn();
     const WORKERS: usize = 8;
     let runs = Arc::new(AtomicU64::new(0));
     let (workers, client, count) = cluster(WORKERS, &runs);
@@ -144,8 +125,7 @@ fn the_controller_reads_every_lane_on_one_thread() {
 /// began.
 #[test]
 fn a_thread_that_waits_for_an_answer_reads_it_itself() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    pin_to_one_cpu();
+    let _turn = one_cpu_turn();
     const CALLS: u64 = 200;
     let runs = Arc::new(AtomicU64::new(0));
     let (workers, client, count) = cluster(1, &runs);
@@ -177,6 +157,14 @@ fn a_thread_that_waits_for_an_answer_reads_it_itself() {
     drop(workers);
 }
 
+/// Waits for this test's turn and pins it to one CPU (see [`pin_to_one_cpu`]):
+/// the turn lasts while the guard lives.
+fn one_cpu_turn() -> std::sync::MutexGuard<'static, ()> {
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    pin_to_one_cpu();
+    turn
+}
+
 /// Once a thread that waited for answers (and read them) stops waiting, an
 /// answer that only a callback waits for, or nothing at all, is still read:
 /// the controller's reading thread, which slept while the waiter read,
@@ -184,8 +172,7 @@ fn a_thread_that_waits_for_an_answer_reads_it_itself() {
 /// otherwise).
 #[test]
 fn an_answer_nobody_waits_for_is_read_once_the_waiter_stops() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    pin_to_one_cpu();
+    let _turn = one_cpu_turn();
     let runs = Arc::new(AtomicU64::new(0));
     let (workers, client, count) = cluster(1, &runs);
     for _ in 0..20 {

@@ -23,13 +23,48 @@ fn f32s(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// A client with one CPU device and one device of XLA's CPU PJRT plugin, and
+/// that plugin device (`None` when the plugin is not installed).
+fn plugin_client() -> Option<(Client, Device)> {
+    let client = pjrt_client(1, 1)?;
+    let device = client.backend_devices(None).unwrap()[0].clone();
+    Some((client, device))
+}
+
+/// The StableHLO module `mlir` compiled for `device` alone.
+fn compile_on(client: &Client, mlir: &str, device: &Device) -> LoadedExecutable {
+    client
+        .compile_stablehlo(mlir.as_bytes(), std::slice::from_ref(device))
+        .unwrap()
+}
+
+/// [`ADD_ONE_SHARDED`] compiled over `devices`, and an input of `x` in its
+/// input spec.
+fn sharded_add_one(client: &Client, devices: &[Device], x: &[f32]) -> (LoadedExecutable, Array) {
+    let exe = client
+        .compile_stablehlo(ADD_ONE_SHARDED.as_bytes(), devices)
+        .unwrap();
+    let spec = exe.program().input_specs[0].clone();
+    let input = Array::from_host_bytes(client, &f32_bytes(x), spec).unwrap();
+    (exe, input)
+}
+
+/// Asserts that shard i of `array` is on `devices[i]`.
+#[track_caller]
+fn assert_on_devices(array: &Array, devices: &[Device]) {
+    for (b, d) in array.buffers().iter().zip(devices) {
+        assert_eq!(b.device(), d);
+    }
+}
+
+/// The float32 values of `array`, once it is ready (panics if it failed).
+fn floats(array: &Array) -> Vec<f32> {
+    f32s(&array.to_host_bytes().unwrap())
+}
+
+/// A float32 vector of `values` on `device`.
 fn f32_array(client: &Client, values: &[f32], device: &Device) -> Array {
-    let spec = ArraySpec::new(
-        vec![values.len() as i64],
-        DType::F32,
-        Sharding::single_device(device.clone()),
-    )
-    .unwrap();
+    let spec = spec_on(&[values.len() as i64], DType::F32, device);
     Array::from_host_bytes(client, &f32_bytes(values), spec).unwrap()
 }
 
@@ -86,10 +121,9 @@ fn a_plugin_s_devices_join_the_cpu_devices_as_the_default_backend() {
 
 #[test]
 fn every_dtype_round_trips_through_a_plugin_device() {
-    let Some(client) = pjrt_client(1, 1) else {
+    let Some((client, device)) = plugin_client() else {
         return;
     };
-    let device = client.backend_devices(None).unwrap()[0].clone();
     for dtype in [
         DType::Bool,
         DType::I8,
@@ -127,10 +161,9 @@ fn every_dtype_round_trips_through_a_plugin_device() {
 
 #[test]
 fn host_buffer_semantics_all_give_the_data() {
-    let Some(client) = pjrt_client(1, 1) else {
+    let Some((client, device)) = plugin_client() else {
         return;
     };
-    let device = client.backend_devices(None).unwrap()[0].clone();
     let data = f32_bytes(&[1.0, 2.0, 3.0]);
     for semantics in [
         HostBufferSemantics::ImmutableOnlyDuringCall,
@@ -161,10 +194,9 @@ fn host_buffer_semantics_all_give_the_data() {
 fn a_view_of_device_memory_reads_it_in_place_and_lets_go_when_done() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    let Some(client) = pjrt_client(1, 1) else {
+    let Some((client, device)) = plugin_client() else {
         return;
     };
-    let device = client.backend_devices(None).unwrap()[0].clone();
     // XLA's CPU plugin's device memory is this process's: 64-byte aligned
     // memory stands in for another client's allocation.
     let mut storage = vec![0u64; 24];
@@ -193,24 +225,18 @@ fn a_view_of_device_memory_reads_it_in_place_and_lets_go_when_done() {
         )
     }
     .unwrap();
-    let spec =
-        ArraySpec::new(vec![4], DType::F32, Sharding::single_device(device.clone())).unwrap();
+    let spec = spec_on(&[4], DType::F32, &device);
     let x = Array::assemble(spec, vec![view]).unwrap();
     // An XLA program reads it where it is.
-    let exe = client
-        .compile_stablehlo(ADD_ONE_4.as_bytes(), std::slice::from_ref(&device))
-        .unwrap();
+    let exe = compile_on(&client, ADD_ONE_4, &device);
     let run = exe
         .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
         .unwrap();
-    assert_eq!(
-        f32s(&run.outputs[0].to_host_bytes().unwrap()),
-        [2.0, 3.0, 4.0, 5.0]
-    );
+    assert_eq!(floats(&run.outputs[0]), [2.0, 3.0, 4.0, 5.0]);
     run.status.wait().unwrap();
     // SAFETY: nothing reads the memory concurrently.
     unsafe { *data.cast::<f32>() = 10.0 };
-    assert_eq!(f32s(&x.to_host_bytes().unwrap())[0], 10.0);
+    assert_eq!(floats(&x)[0], 10.0);
     assert_eq!(released.load(Ordering::SeqCst), 0);
     drop((x, run, exe));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -280,17 +306,14 @@ fn copies_between_plugin_and_cpu_devices_keep_the_data() {
 
 #[test]
 fn add_one_compiles_and_runs_on_a_plugin_device() {
-    let Some(client) = pjrt_client(1, 1) else {
+    let Some((client, device)) = plugin_client() else {
         return;
     };
-    let device = client.backend_devices(None).unwrap()[0].clone();
-    let exe = client
-        .compile_stablehlo(ADD_ONE.as_bytes(), std::slice::from_ref(&device))
-        .unwrap();
+    let exe = compile_on(&client, ADD_ONE, &device);
     let x: Vec<f32> = (0..8).map(|i| i as f32 * 0.5).collect();
     let input = f32_array(&client, &x, &device);
     let run = exe.execute(&[input], &ExecuteOptions::default()).unwrap();
-    let y = f32s(&run.outputs[0].to_host_bytes().unwrap());
+    let y = floats(&run.outputs[0]);
     assert_eq!(y, x.iter().map(|v| v + 1.0).collect::<Vec<_>>());
     run.status.wait().unwrap();
     assert_eq!(run.outputs[0].sharding().devices(), &[device]);
@@ -304,13 +327,10 @@ fn xla_programs_queued_back_to_back_feed_each_other_without_waits() {
     // CPU plugin) or after (an accelerator's: the next program is then queued
     // on an input still being made, and the plugin orders them), each
     // product gets the one before.
-    let Some(client) = pjrt_client(1, 1) else {
+    let Some((client, device)) = plugin_client() else {
         return;
     };
-    let device = client.backend_devices(None).unwrap()[0].clone();
-    let exe = client
-        .compile_stablehlo(MATMUL.as_bytes(), std::slice::from_ref(&device))
-        .unwrap();
+    let exe = compile_on(&client, MATMUL, &device);
     let n = 1024usize;
     let spec = exe.program().input_specs[0].clone();
     let a: Vec<f32> = (0..n * n).map(|i| (i % 251) as f32).collect();
@@ -328,7 +348,7 @@ fn xla_programs_queued_back_to_back_feed_each_other_without_waits() {
         statuses.push(run.status);
         y = run.outputs.into_iter().next().unwrap();
     }
-    assert_eq!(f32s(&y.to_host_bytes().unwrap()), a);
+    assert_eq!(floats(&y), a);
     for status in statuses {
         status.wait().unwrap();
     }
@@ -340,27 +360,21 @@ fn a_sharded_program_runs_over_all_plugin_devices() {
         return;
     };
     let devices = client.backend_devices(None).unwrap();
-    let exe = client
-        .compile_stablehlo(ADD_ONE_SHARDED.as_bytes(), &devices)
-        .unwrap();
+    let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let (exe, input) = sharded_add_one(&client, &devices, &x);
     let spec = exe.program().input_specs[0].clone();
     assert_eq!(spec.sharding.shard_shape(&spec.shape).unwrap(), vec![2]);
-    let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
-    let input = Array::from_host_bytes(&client, &f32_bytes(&x), spec).unwrap();
     let run = exe.execute(&[input], &ExecuteOptions::default()).unwrap();
-    let y = f32s(&run.outputs[0].to_host_bytes().unwrap());
+    let y = floats(&run.outputs[0]);
     assert_eq!(y, (1..=8).map(|v| v as f32).collect::<Vec<_>>());
-    for (b, d) in run.outputs[0].buffers().iter().zip(&devices) {
-        assert_eq!(b.device(), d);
-    }
+    assert_on_devices(&run.outputs[0], &devices);
 }
 
 #[test]
 fn an_xla_program_and_a_native_function_feed_each_other_in_order() {
-    let Some(client) = pjrt_client(1, 1) else {
+    let Some((client, plugin)) = plugin_client() else {
         return;
     };
-    let plugin = client.backend_devices(None).unwrap()[0].clone();
     let cpu = client
         .colocated_cpu_devices(std::slice::from_ref(&plugin))
         .unwrap()[0]
@@ -391,22 +405,15 @@ fn an_xla_program_and_a_native_function_feed_each_other_in_order() {
             ctx.set_output(0, out)
         })
         .unwrap();
-    let xla = client
-        .compile_stablehlo(ADD_ONE.as_bytes(), std::slice::from_ref(&plugin))
-        .unwrap();
-    let cpu_spec =
-        ArraySpec::new(vec![8], DType::F32, Sharding::single_device(cpu.clone())).unwrap();
-    let double = client
-        .compile(
-            Program::native(
-                "double_after_gate",
-                vec![cpu_spec.clone()],
-                vec![cpu_spec],
-                vec![cpu.clone()],
-            ),
-            CompileOptions::default(),
-        )
-        .unwrap();
+    let xla = compile_on(&client, ADD_ONE, &plugin);
+    let cpu_spec = spec_on(&[8], DType::F32, &cpu);
+    let double = compile_native(
+        &client,
+        "double_after_gate",
+        vec![cpu_spec.clone()],
+        vec![cpu_spec],
+        std::slice::from_ref(&cpu),
+    );
     let chain = |x: &[f32], first: bool| -> Result<Vec<f32>> {
         let a = xla.execute(
             &[f32_array(&client, x, &plugin)],
@@ -477,12 +484,7 @@ fn bad_programs_and_arguments_get_typed_errors() {
     );
     let exe = client.compile_stablehlo(ADD_ONE.as_bytes(), one).unwrap();
     // Wrong dtype, wrong shape, wrong device, wrong count.
-    let ints = ArraySpec::new(
-        vec![8],
-        DType::I32,
-        Sharding::single_device(plugin[0].clone()),
-    )
-    .unwrap();
+    let ints = spec_on(&[8], DType::I32, &plugin[0]);
     let ints = Array::from_host_bytes(&client, &[0u8; 32], ints).unwrap();
     assert!(exe.execute(&[ints], &ExecuteOptions::default()).is_err());
     let short = f32_array(&client, &[0.0; 4], &plugin[0]);
@@ -515,23 +517,19 @@ fn bad_programs_and_arguments_get_typed_errors() {
 
 #[test]
 fn a_serialized_xla_program_carries_the_plugin_s_executable_and_loads_again() {
-    let Some(client) = pjrt_client(1, 1) else {
+    let Some((client, device)) = plugin_client() else {
         return;
     };
-    let device = client.backend_devices(None).unwrap()[0].clone();
-    let exe = client
-        .compile_stablehlo(ADD_ONE.as_bytes(), std::slice::from_ref(&device))
-        .unwrap();
+    let exe = compile_on(&client, ADD_ONE, &device);
     let bytes = exe.serialize();
     let magic = b"colocated-xla-artifact";
     assert!(bytes.windows(magic.len()).any(|w| w == magic));
     check_compatible(&bytes).unwrap();
     // Another client of the same plugin loads it without the module's text.
-    let other = pjrt_client(1, 1).unwrap();
+    let (other, device) = plugin_client().unwrap();
     let loaded = other
         .deserialize_and_load(&bytes, CompileOptions::default())
         .unwrap();
-    let device = other.backend_devices(None).unwrap()[0].clone();
     let x: Vec<f32> = (0..8).map(|i| i as f32).collect();
     let run = loaded
         .execute(
@@ -540,7 +538,7 @@ fn a_serialized_xla_program_carries_the_plugin_s_executable_and_loads_again() {
         )
         .unwrap();
     assert_eq!(
-        f32s(&run.outputs[0].to_host_bytes().unwrap()),
+        floats(&run.outputs[0]),
         x.iter().map(|v| v + 1.0).collect::<Vec<_>>()
     );
     // The artifact names its plugin (an artifact of another plugin is
@@ -560,10 +558,9 @@ fn a_serialized_xla_program_carries_the_plugin_s_executable_and_loads_again() {
 
 #[test]
 fn an_external_reference_pins_a_plugin_buffer_s_memory() {
-    let Some(client) = pjrt_client(1, 1) else {
+    let Some((client, device)) = plugin_client() else {
         return;
     };
-    let device = client.backend_devices(None).unwrap()[0].clone();
     let data = f32_bytes(&[1.0, 2.0, 3.0, 4.0]);
     let b = Buffer::from_bytes(&client, &data, DType::F32, &[4], &device).unwrap();
     let pin = b.acquire_external_reference().unwrap();
@@ -609,18 +606,12 @@ fn a_sharded_program_over_devices_in_another_order_gives_each_shard_its_device()
     };
     let mut devices = client.backend_devices(None).unwrap();
     devices.reverse();
-    let exe = client
-        .compile_stablehlo(ADD_ONE_SHARDED.as_bytes(), &devices)
-        .unwrap();
-    let spec = exe.program().input_specs[0].clone();
     let x: Vec<f32> = (0..8).map(|i| i as f32 * 10.0).collect();
-    let input = Array::from_host_bytes(&client, &f32_bytes(&x), spec).unwrap();
+    let (exe, input) = sharded_add_one(&client, &devices, &x);
     let run = exe.execute(&[input], &ExecuteOptions::default()).unwrap();
     assert_eq!(
-        f32s(&run.outputs[0].to_host_bytes().unwrap()),
+        floats(&run.outputs[0]),
         x.iter().map(|v| v + 1.0).collect::<Vec<_>>()
     );
-    for (b, d) in run.outputs[0].buffers().iter().zip(&devices) {
-        assert_eq!(b.device(), d);
-    }
+    assert_on_devices(&run.outputs[0], &devices);
 }

@@ -197,52 +197,76 @@ fn a_done_with_host_buffer_callback_may_use_the_buffer_that_released_it() {
     });
 }
 
-/// A program that runs best on its waiter (as Python's, which needs the GIL),
-/// recording the thread it ran on.
-struct OnWaiter(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
+/// The threads a [`RecordsThread`] program ran on, in order.
+type ThreadLog = Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>;
 
-impl LanguageExecutor for OnWaiter {
+/// A language whose programs record the thread they run on in `ran`: one
+/// that runs best on its waiter (`waiter_first`, as Python's, which needs
+/// the GIL), or one that hands its work to a device's queue (`enqueues`, as
+/// an XLA program), recording the thread that dispatched it.
+#[derive(Clone)]
+struct RecordsThread {
+    ran: ThreadLog,
+    waiter_first: bool,
+    enqueues: bool,
+}
+
+impl LanguageExecutor for RecordsThread {
     fn load(&self, _: &Program) -> Result<Arc<dyn LoadedProgram>> {
-        Ok(Arc::new(RecordThread(self.0.clone())))
+        Ok(Arc::new(self.clone()))
     }
 }
 
-struct RecordThread(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
-
-impl LoadedProgram for RecordThread {
+impl LoadedProgram for RecordsThread {
     fn run(&self, _: &mut ExecutionContext<'_>) -> Result<()> {
-        self.0.lock().unwrap().push(std::thread::current().id());
+        self.ran.lock().unwrap().push(std::thread::current().id());
         Ok(())
     }
 
     fn waiter_first(&self) -> bool {
-        true
+        self.waiter_first
+    }
+
+    fn enqueues(&self) -> bool {
+        self.enqueues
     }
 }
 
-fn waiter_first_executable(
+/// Registers `language` as a [`RecordsThread`] language (`waiter_first` or
+/// `enqueues`) and compiles its program `name` on the first device: the
+/// executable and the log of the threads it runs on.
+fn thread_recording_executable(
     client: &Client,
-) -> (
-    LoadedExecutable,
-    Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
-) {
-    let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
-    client
-        .register_executor("waiter-first", OnWaiter(ran.clone()))
-        .unwrap();
-    let device = client.devices()[0].clone();
+    language: &str,
+    name: &str,
+    waiter_first: bool,
+    enqueues: bool,
+) -> (LoadedExecutable, ThreadLog) {
+    let ran = ThreadLog::default();
+    let executor = RecordsThread {
+        ran: ran.clone(),
+        waiter_first,
+        enqueues,
+    };
+    client.register_executor(language, executor).unwrap();
     let program = Program {
-        name: "record".into(),
-        language: "waiter-first".into(),
+        name: name.into(),
+        language: language.into(),
         payload: vec![],
         input_specs: vec![],
         output_specs: vec![],
-        devices: vec![device],
+        devices: vec![client.devices()[0].clone()],
     };
     (
         client.compile(program, CompileOptions::default()).unwrap(),
         ran,
     )
+}
+
+/// A waiter-first program (`record`) on the first device: the executable
+/// and the log of the threads it runs on.
+fn waiter_first_executable(client: &Client) -> (LoadedExecutable, ThreadLog) {
+    thread_recording_executable(client, "waiter-first", "record", true, false)
 }
 
 #[test]
@@ -317,45 +341,10 @@ fn a_thread_that_pipelines_waiter_first_calls_runs_its_backlog_itself() {
     );
 }
 
-/// A program that hands its work to a device's queue (as an XLA program),
-/// recording the thread that dispatched it.
-struct Enqueues(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
-
-impl LanguageExecutor for Enqueues {
-    fn load(&self, _: &Program) -> Result<Arc<dyn LoadedProgram>> {
-        Ok(Arc::new(EnqueueRecord(self.0.clone())))
-    }
-}
-
-struct EnqueueRecord(Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>);
-
-impl LoadedProgram for EnqueueRecord {
-    fn run(&self, _: &mut ExecutionContext<'_>) -> Result<()> {
-        self.0.lock().unwrap().push(std::thread::current().id());
-        Ok(())
-    }
-
-    fn enqueues(&self) -> bool {
-        true
-    }
-}
-
 #[test]
 fn an_enqueuing_program_is_dispatched_by_its_caller_but_never_on_an_event_loop() {
     let client = client(1);
-    let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
-    client
-        .register_executor("enqueues", Enqueues(ran.clone()))
-        .unwrap();
-    let program = Program {
-        name: "enqueue".into(),
-        language: "enqueues".into(),
-        payload: vec![],
-        input_specs: vec![],
-        output_specs: vec![],
-        devices: vec![client.devices()[0].clone()],
-    };
-    let exe = client.compile(program, CompileOptions::default()).unwrap();
+    let (exe, ran) = thread_recording_executable(&client, "enqueues", "enqueue", false, true);
     let me = std::thread::current().id();
     // Dispatched during the call, before anyone waits.
     let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();

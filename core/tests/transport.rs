@@ -5,32 +5,29 @@ mod common;
 
 use std::time::Duration;
 
-use common::i32_values;
+use common::{
+    assert_error, client_with_threads, compile_native, connect_options, i32_values, progress_log,
+    spec_on, start_worker,
+};
 
 use bytes::Bytes;
-use colocated_core::session::{ConnectOptions, RemoteSession};
+use colocated_core::session::RemoteSession;
 use colocated_core::transport::proto::BufferSpec;
 use colocated_core::transport::{Token, CHUNK_BYTES};
 use colocated_core::worker::{Worker, WorkerOptions};
-use colocated_core::{Client, ClientOptions, DType, ErrorCode};
+use colocated_core::{Client, DType, ErrorCode};
 
+/// A worker of two CPU devices (two executor threads), with the default
+/// options as `options` changes them, and its token.
 fn worker(options: impl FnOnce(&mut WorkerOptions)) -> (Worker, Token) {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(2),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
     let token = Token::generate().unwrap();
-    let mut opts = WorkerOptions::new(Some(token.clone()));
-    options(&mut opts);
-    (Worker::start(client, opts).unwrap(), token)
+    let worker = start_worker(client_with_threads(2, 2), &token, options);
+    (worker, token)
 }
 
+/// A session of `worker` (5 s timeout).
 fn connect(worker: &Worker, token: &Token) -> RemoteSession {
-    let mut options = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-    options.timeout = Duration::from_secs(5);
-    RemoteSession::connect(&options).unwrap()
+    common::connect_session(worker, token)
 }
 
 fn spec(device: u32, dtype: DType, dims: &[i64]) -> BufferSpec {
@@ -182,9 +179,11 @@ fn deleting_is_all_or_nothing_and_frees_the_buffers() {
             .put_buffer(h, spec(0, DType::U8, &[1]), pattern(1))
             .unwrap();
     }
-    let err = session.delete_buffers(&[a, 999]).unwrap_err();
-    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
-    assert!(err.message().contains("999"), "{err}");
+    assert_error(
+        session.delete_buffers(&[a, 999]),
+        ErrorCode::NotFound,
+        "999",
+    );
     assert_eq!(worker.buffer_count(), 2, "nothing deleted");
     session.delete_buffers(&[a, b]).unwrap();
     assert_eq!(worker.buffer_count(), 0);
@@ -233,8 +232,6 @@ fn closing_or_abandoning_a_session_frees_its_buffers() {
 
 use std::sync::{Arc, Mutex};
 
-use colocated_core::{ArraySpec, CompileOptions, Program, Sharding};
-
 fn i32_bytes(values: &[i32]) -> Bytes {
     Bytes::from(common::i32_bytes(values))
 }
@@ -278,36 +275,51 @@ static GATE: Mutex<Option<colocated_core::Event>> = Mutex::new(None);
 /// The serialized `function` over an int32[4] on device `device` of a client
 /// shaped like the worker's (the controller compiles for the worker's devices).
 fn executable_for_worker(function: &str, device: usize) -> Vec<u8> {
-    let mirror = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(2),
-        executor_threads: Some(1),
-        ..Default::default()
-    })
-    .unwrap();
+    let mirror = client_with_threads(2, 1);
     register_add_one(&mirror, Arc::default());
     let d = mirror.devices()[device].clone();
-    let spec = ArraySpec::new(vec![4], DType::I32, Sharding::single_device(d.clone())).unwrap();
-    mirror
-        .compile(
-            Program::native(function, vec![spec.clone()], vec![spec], vec![d]),
-            CompileOptions::default(),
-        )
-        .unwrap()
-        .serialize()
+    let spec = spec_on(&[4], DType::I32, &d);
+    compile_native(&mirror, function, vec![spec.clone()], vec![spec], &[d]).serialize()
 }
 
+/// A worker of two CPU devices with `add_one`, `fail` and `gated` (see
+/// [`register_add_one`]), its token, and the log of `add_one`'s inputs.
 fn worker_with_add_one() -> (Worker, Token, Arc<Mutex<Vec<i32>>>) {
-    let client = Client::new_local(ClientOptions {
-        num_cpu_devices: Some(2),
-        executor_threads: Some(2),
-        ..Default::default()
-    })
-    .unwrap();
+    let client = client_with_threads(2, 2);
     let log = Arc::new(Mutex::new(Vec::new()));
     register_add_one(&client, log.clone());
     let token = Token::generate().unwrap();
-    let worker = Worker::start(client, WorkerOptions::new(Some(token.clone()))).unwrap();
+    let worker = start_worker(client, &token, |_| {});
     (worker, token, log)
+}
+
+/// Loads the serialized `function` for the worker's device `device` (see
+/// [`executable_for_worker`]) into `session`: its handle.
+fn load(session: &RemoteSession, function: &str, device: usize) -> u64 {
+    let exe = session.new_handle();
+    session
+        .load_executable(exe, executable_for_worker(function, device))
+        .unwrap();
+    exe
+}
+
+/// A worker with `add_one` (see [`worker_with_add_one`]), a session of it
+/// with `function` loaded for device 0, the executable's handle, and
+/// `add_one`'s log.
+fn session_with(function: &str) -> (Worker, RemoteSession, u64, Arc<Mutex<Vec<i32>>>) {
+    let (worker, token, log) = worker_with_add_one();
+    let session = connect(&worker, &token);
+    let exe = load(&session, function, 0);
+    (worker, session, exe, log)
+}
+
+/// Uploads int32[4] `values` to the worker's device `device`: the handle.
+fn put_i32(session: &RemoteSession, device: u32, values: [i32; 4]) -> u64 {
+    let x = session.new_handle();
+    session
+        .put_buffer(x, spec(device, DType::I32, &[4]), i32_bytes(&values))
+        .unwrap();
+    x
 }
 
 #[test]
@@ -323,10 +335,7 @@ fn executions_run_on_the_worker_in_stream_order() {
     );
     let mut last = 0;
     for k in 0..20 {
-        let x = session.new_handle();
-        session
-            .put_buffer(x, spec(1, DType::I32, &[4]), i32_bytes(&[k, k, k, k]))
-            .unwrap();
+        let x = put_i32(&session, 1, [k, k, k, k]);
         let y = session.new_handle();
         session.execute(exe, &[x], &[y], 7).unwrap();
         last = y;
@@ -342,39 +351,22 @@ fn executions_run_on_the_worker_in_stream_order() {
 
 #[test]
 fn a_failed_execution_shows_when_its_outputs_are_read() {
-    let (worker, token, _log) = worker_with_add_one();
-    let session = connect(&worker, &token);
-    let exe = session.new_handle();
-    session
-        .load_executable(exe, executable_for_worker("fail", 0))
-        .unwrap();
-    let x = session.new_handle();
-    session
-        .put_buffer(x, spec(0, DType::I32, &[4]), i32_bytes(&[1; 4]))
-        .unwrap();
+    let (_worker, session, exe, _log) = session_with("fail");
+    let x = put_i32(&session, 0, [1; 4]);
     let y = session.new_handle();
     session.execute(exe, &[x], &[y], 1).unwrap();
-    let err = session.get_buffer(y).unwrap_err();
-    assert_eq!(err.code(), ErrorCode::FailedPrecondition, "{err}");
-    assert!(err.message().contains("refusing on purpose"), "{err}");
+    assert_error(
+        session.get_buffer(y),
+        ErrorCode::FailedPrecondition,
+        "refusing on purpose",
+    );
 }
 
 #[test]
 fn bad_executions_are_refused_before_anything_runs() {
-    let (worker, token, log) = worker_with_add_one();
-    let session = connect(&worker, &token);
-    let exe = session.new_handle();
-    session
-        .load_executable(exe, executable_for_worker("add_one", 0))
-        .unwrap();
-    let x = session.new_handle();
-    session
-        .put_buffer(x, spec(0, DType::I32, &[4]), i32_bytes(&[1; 4]))
-        .unwrap();
-    let on_device_1 = session.new_handle();
-    session
-        .put_buffer(on_device_1, spec(1, DType::I32, &[4]), i32_bytes(&[1; 4]))
-        .unwrap();
+    let (_worker, session, exe, log) = session_with("add_one");
+    let x = put_i32(&session, 0, [1; 4]);
+    let on_device_1 = put_i32(&session, 1, [1; 4]);
     let cases = [
         (
             "unknown executable",
@@ -438,15 +430,15 @@ fn bad_executions_are_refused_before_anything_runs() {
         (vec![(99, 0)], "which this host lacks"),
         (vec![(0, 5), (1, 5)], "twice"),
     ] {
-        let err = session
-            .load_executable_for(
+        assert_error(
+            session.load_executable_for(
                 session.new_handle(),
                 executable_for_worker("add_one", 0),
                 ids.into_iter().collect(),
-            )
-            .unwrap_err();
-        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
-        assert!(err.message().contains(text), "{err}");
+            ),
+            ErrorCode::InvalidArgument,
+            text,
+        );
     }
     session
         .load_executable_for(
@@ -463,10 +455,7 @@ fn bulk_transfers_report_progress_up_to_the_total() {
     let session = connect(&worker, &token);
     let bytes = 5 * CHUNK_BYTES / 2;
     let data = pattern(bytes);
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let sink = reports.clone();
-    let progress: colocated_core::session::Progress =
-        Arc::new(move |done, total| sink.lock().unwrap().push((done, total)));
+    let (reports, progress) = progress_log();
     let handle = session.new_handle();
     session
         .put_buffer_with_progress(
@@ -500,21 +489,8 @@ fn bulk_transfers_report_progress_up_to_the_total() {
 
 #[test]
 fn pipelined_executions_on_the_control_stream_run_in_order() {
-    let (worker, token, log) = worker_with_add_one();
-    let session = connect(&worker, &token);
-    let exe = session.new_handle();
-    session
-        .load_executable(exe, executable_for_worker("add_one", 0))
-        .unwrap();
-    let inputs: Vec<u64> = (0..200)
-        .map(|k| {
-            let x = session.new_handle();
-            session
-                .put_buffer(x, spec(0, DType::I32, &[4]), i32_bytes(&[k; 4]))
-                .unwrap();
-            x
-        })
-        .collect();
+    let (_worker, session, exe, log) = session_with("add_one");
+    let inputs: Vec<u64> = (0..200).map(|k| put_i32(&session, 0, [k; 4])).collect();
     let mut last = 0;
     for &x in &inputs {
         last = session.new_handle();
@@ -528,27 +504,19 @@ fn pipelined_executions_on_the_control_stream_run_in_order() {
 
 #[test]
 fn a_refused_control_operation_fails_its_outputs_and_flush_reports_it() {
-    let (worker, token, log) = worker_with_add_one();
-    let session = connect(&worker, &token);
-    let exe = session.new_handle();
-    session
-        .load_executable(exe, executable_for_worker("add_one", 0))
-        .unwrap();
-    let x = session.new_handle();
-    session
-        .put_buffer(x, spec(0, DType::I32, &[4]), i32_bytes(&[1; 4]))
-        .unwrap();
+    let (_worker, session, exe, log) = session_with("add_one");
+    let x = put_i32(&session, 0, [1; 4]);
     let refused = session.new_handle();
     session.execute_async(999, &[x], &[refused], 1).unwrap();
     let fine = session.new_handle();
     session.execute_async(exe, &[x], &[fine], 1).unwrap();
-    let err = session.flush().unwrap_err();
-    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
-    assert!(err.message().contains("no executable 999"), "{err}");
+    assert_error(session.flush(), ErrorCode::NotFound, "no executable 999");
     session.flush().unwrap();
-    let err = session.get_buffer(refused).unwrap_err();
-    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
-    assert!(err.message().contains("no executable 999"), "{err}");
+    assert_error(
+        session.get_buffer(refused),
+        ErrorCode::NotFound,
+        "no executable 999",
+    );
     assert_eq!(i32_values(&session.get_buffer(fine).unwrap()), vec![2; 4]);
     assert_eq!(log.lock().unwrap().len(), 1, "only the valid execution ran");
 }
@@ -579,9 +547,7 @@ fn small_reads_on_the_control_stream_follow_earlier_operations_and_check_their_s
     session
         .put_buffer(big, spec(0, DType::U8, &[len as i64]), pattern(len))
         .unwrap();
-    let err = read(big).unwrap_err();
-    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
-    assert!(err.message().contains("GetBuffer"), "{err}");
+    assert_error(read(big), ErrorCode::InvalidArgument, "GetBuffer");
     assert_eq!(session.get_buffer(big).unwrap().len(), len);
 }
 
@@ -642,8 +608,7 @@ fn any_grpc_client_downloads_a_buffer() {
 #[test]
 fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs_from_6() {
     use colocated_core::transport::proto::{
-        control_request::Op, ControlRequest, ControlResponse, DeleteBuffersRequest, ExecuteRequest,
-        PutBufferChunk,
+        control_request::Op, ControlRequest, ControlResponse, DeleteBuffersRequest, PutBufferChunk,
     };
     use colocated_core::transport::{CUMULATIVE_VERSION, INLINE_OUTPUTS_VERSION};
 
@@ -680,14 +645,7 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs
                     break;
                 }
             };
-            let execute = |executable, output| {
-                Op::Execute(ExecuteRequest {
-                    executable,
-                    inputs: vec![10],
-                    outputs: vec![output],
-                    stream: 1,
-                })
-            };
+            let execute = |executable, output| execute_op(executable, vec![10], vec![output]);
             send(1, execute(1, 11));
             until(&|a| a.finished).await;
             // Two deletions (one of a buffer the session lacks: not an error).
@@ -758,8 +716,8 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs
 #[test]
 fn a_read_grant_is_answered_at_once_whatever_follows_it() {
     use colocated_core::transport::proto::{
-        control_request::Op, ControlRequest, ExecuteRequest, GrantReadRequest,
-        LoadExecutableRequest, PutSmallBufferRequest,
+        control_request::Op, ControlRequest, GrantReadRequest, LoadExecutableRequest,
+        PutSmallBufferRequest,
     };
     use colocated_core::transport::GRANT_ANSWER_VERSION;
 
@@ -795,15 +753,7 @@ fn a_read_grant_is_answered_at_once_whatever_follows_it() {
                 ttl_ms: 60_000,
             }),
         );
-        send(
-            3,
-            Op::Execute(ExecuteRequest {
-                executable: 2,
-                inputs: vec![10],
-                outputs: vec![11],
-                stream: 1,
-            }),
-        );
+        send(3, execute_op(2, vec![10], vec![11]));
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
         let mut answers = rpc
             .control(session.authed(stream))
@@ -841,28 +791,13 @@ fn a_read_grant_is_answered_at_once_whatever_follows_it() {
 /// execution sent right behind it uses it; a bad one is refused, typed.
 #[test]
 fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
-    use colocated_core::transport::proto::{control_request::Op, ExecuteRequest};
     use colocated_core::transport::{MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION};
 
-    let (worker, token, _log) = worker_with_add_one();
-    block_on(async {
-        let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
-        let mut control = session.control().await;
+    on_raw_control(SMALL_PUT_VERSION, async |worker, control| {
         let put = put_small;
         // The upload and the execution that uses it, back to back.
-        control.send(
-            1,
-            put(10, DType::I32, &[4], i32_bytes(&[1, 2, 3, 4]).to_vec()),
-        );
-        control.send(
-            2,
-            Op::Execute(ExecuteRequest {
-                executable: 1,
-                inputs: vec![10],
-                outputs: vec![11],
-                stream: 1,
-            }),
-        );
+        control.send(1, put_i32_op(10, &[1, 2, 3, 4]));
+        control.send(2, execute_op(1, vec![10], vec![11]));
         let finished = loop {
             let answer = control.next().await;
             assert_eq!(answer.code, 0, "{}", answer.message);
@@ -883,8 +818,7 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
         ];
         for (i, (op, says)) in refusals.into_iter().enumerate() {
             let seq = 3 + i as u64;
-            control.send(seq, op);
-            let answer = control.answer_to(seq).await;
+            let answer = control.ask(seq, op).await;
             assert_ne!(answer.code, 0, "operation {seq} was refused");
             assert!(answer.message.contains(says), "{}", answer.message);
         }
@@ -897,27 +831,13 @@ fn a_small_upload_on_the_control_stream_is_ordered_with_executions() {
 /// typed; a good one after it still runs.
 #[test]
 fn an_execution_with_inputs_that_do_not_fit_is_refused() {
-    use colocated_core::transport::proto::{control_request::Op, ExecuteRequest};
     use colocated_core::transport::SMALL_PUT_VERSION;
 
-    let (worker, token, _log) = worker_with_add_one();
-    block_on(async {
-        let session = RawSession::open(&worker, &token, SMALL_PUT_VERSION).await;
-        let mut control = session.control().await;
+    on_raw_control(SMALL_PUT_VERSION, async |_worker, control| {
         let put = put_small;
-        let execute = |inputs: Vec<u64>, outputs: Vec<u64>| {
-            Op::Execute(ExecuteRequest {
-                executable: 1,
-                inputs,
-                outputs,
-                stream: 1,
-            })
-        };
-        control.send(
-            1,
-            put(10, DType::I32, &[4], i32_bytes(&[1, 2, 3, 4]).to_vec()),
-        );
-        control.send(2, put(11, DType::I32, &[2], i32_bytes(&[1, 2]).to_vec()));
+        let execute = |inputs, outputs| execute_op(1, inputs, outputs);
+        control.send(1, put_i32_op(10, &[1, 2, 3, 4]));
+        control.send(2, put_i32_op(11, &[1, 2]));
         control.send(3, put(12, DType::F32, &[4], vec![0; 16]));
         let refusals = [
             (execute(vec![11], vec![20]), "must be int32[4]"),
@@ -935,8 +855,7 @@ fn an_execution_with_inputs_that_do_not_fit_is_refused() {
         let count = refusals.len() as u64;
         for (i, (op, says)) in refusals.into_iter().enumerate() {
             let seq = 4 + i as u64;
-            control.send(seq, op);
-            let answer = control.answer_to(seq).await;
+            let answer = control.ask(seq, op).await;
             assert_eq!(
                 answer.code,
                 ErrorCode::InvalidArgument as u32,
@@ -1071,6 +990,17 @@ impl RawControl {
             .unwrap()
     }
 
+    /// Sends operation `seq`: its answer (answers to others before it are
+    /// skipped).
+    async fn ask(
+        &mut self,
+        seq: u64,
+        op: colocated_core::transport::proto::control_request::Op,
+    ) -> colocated_core::transport::proto::ControlResponse {
+        self.send(seq, op);
+        self.answer_to(seq).await
+    }
+
     /// The next answer to operation `seq` (answers to others before it are
     /// skipped).
     async fn answer_to(&mut self, seq: u64) -> colocated_core::transport::proto::ControlResponse {
@@ -1081,6 +1011,34 @@ impl RawControl {
             }
         }
     }
+}
+
+/// An execution on the control stream: `executable` from `inputs` to
+/// `outputs`, on the session's stream 1.
+fn execute_op(
+    executable: u64,
+    inputs: Vec<u64>,
+    outputs: Vec<u64>,
+) -> colocated_core::transport::proto::control_request::Op {
+    use colocated_core::transport::proto::{control_request::Op, ExecuteRequest};
+    Op::Execute(ExecuteRequest {
+        executable,
+        inputs,
+        outputs,
+        stream: 1,
+    })
+}
+
+/// Runs `test` with a worker that has `add_one` (see [`worker_with_add_one`])
+/// and the control stream of a raw session of it at protocol `version`
+/// (with `add_one` loaded as executable 1).
+fn on_raw_control(version: u32, test: impl AsyncFnOnce(&Worker, &mut RawControl)) {
+    let (worker, token, _log) = worker_with_add_one();
+    block_on(async {
+        let session = RawSession::open(&worker, &token, version).await;
+        let mut control = session.control().await;
+        test(&worker, &mut control).await;
+    });
 }
 
 /// A small upload on the control stream: buffer `handle` of `data`.
@@ -1096,6 +1054,20 @@ fn put_small(
         spec: Some(spec(0, dtype, dims)),
         data: data.into(),
     })
+}
+
+/// A small upload on the control stream: buffer `handle` of int32 `values`
+/// (a vector of them) on device 0.
+fn put_i32_op(
+    handle: u64,
+    values: &[i32],
+) -> colocated_core::transport::proto::control_request::Op {
+    put_small(
+        handle,
+        DType::I32,
+        &[values.len() as i64],
+        i32_bytes(values).to_vec(),
+    )
 }
 
 /// Opens a lane by hand: sends `opening` (the magic bytes and a hello, or
@@ -1157,8 +1129,7 @@ fn wait_authenticated(worker: &Worker, n: usize) -> usize {
 fn a_session_runs_the_same_on_its_lane_and_on_grpc_and_closing_it_closes_the_lane() {
     let (worker, token, _log) = worker_with_add_one();
     for lane in [true, false] {
-        let mut options = ConnectOptions::new(worker.local_addr().to_string(), Some(token.clone()));
-        options.timeout = Duration::from_secs(5);
+        let mut options = connect_options(&worker, &token);
         options.lane = lane;
         let session = RemoteSession::connect(&options).unwrap();
         // The session's connection, and its lane when it has one.
@@ -1167,14 +1138,8 @@ fn a_session_runs_the_same_on_its_lane_and_on_grpc_and_closing_it_closes_the_lan
             1 + usize::from(lane)
         );
         let operations = worker.control_operations();
-        let exe = session.new_handle();
-        session
-            .load_executable(exe, executable_for_worker("add_one", 1))
-            .unwrap();
-        let x = session.new_handle();
-        session
-            .put_buffer(x, spec(1, DType::I32, &[4]), i32_bytes(&[1, 2, 3, 4]))
-            .unwrap();
+        let exe = load(&session, "add_one", 1);
+        let x = put_i32(&session, 1, [1, 2, 3, 4]);
         // Pipelined executions, then a read on the control stream.
         let mut last = x;
         for _ in 0..50 {
@@ -1299,8 +1264,7 @@ fn a_silent_lane_is_closed_at_the_handshake_deadline() {
 #[test]
 fn a_lane_answers_its_operations_and_a_bad_frame_ends_only_that_lane() {
     use colocated_core::transport::proto::{
-        control_request::Op, ControlRequest, ControlResponse, ExecuteRequest, LaneHello,
-        PutSmallBufferRequest,
+        control_request::Op, ControlRequest, ControlResponse, LaneHello, PutSmallBufferRequest,
     };
     use std::io::{Read, Write};
 
@@ -1325,12 +1289,7 @@ fn a_lane_answers_its_operations_and_a_bad_frame_ends_only_that_lane() {
     }));
     let execute = |seq, executable, output| ControlRequest {
         seq,
-        op: Some(Op::Execute(ExecuteRequest {
-            executable,
-            inputs: vec![10],
-            outputs: vec![output],
-            stream: 1,
-        })),
+        op: Some(execute_op(executable, vec![10], vec![output])),
     };
     ops.extend(frame(&execute(2, 1, 11)));
     // An executable the session lacks.
