@@ -22,7 +22,7 @@
 //! it sleeps in `epoll` on the same set, and the kernel wakes the thread
 //! that began waiting last, so the answer it waits for wakes it alone and
 //! it takes that answer itself, with no thread woken to hand it over (see
-//! `Pump` below and [`crate::future::WaitHook`]).
+//! `pump::Pump` and [`crate::future::WaitHook`]).
 //!
 //! Without `epoll` and alarms (not Linux), or if they cannot be had, each
 //! lane gets a thread of its own, as before.
