@@ -24,6 +24,8 @@ mod client;
 mod stream;
 
 mod colocated;
+mod hosted;
+
 mod device;
 mod error;
 mod event;
@@ -44,6 +46,7 @@ pub use event::*;
 pub use executable::*;
 pub use handle::colocated_string_view;
 pub use host_callback::*;
+pub use hosted::*;
 pub use native::*;
 pub use plugin::*;
 pub use stream::*;
