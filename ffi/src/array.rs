@@ -10,8 +10,8 @@ use crate::device::colocated_device;
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
-    colocated_string_view, get, get_list, handle, put, put_box, read_versioned, slice, tagged,
-    take, versioned,
+    colocated_string_view, get, get_list, handle, put_box, read_versioned, slice, tagged, take,
+    versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -421,11 +421,7 @@ pub unsafe extern "C" fn colocated_array_dims(
     dims: *mut *const i64,
     num_dims: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let a = handle(array, "array")?;
-        put(dims, a.array.shape().as_ptr(), "dims")?;
-        put(num_dims, a.array.shape().len(), "num_dims")
-    })
+    get_list(array, dims, num_dims, |a| a.array.shape())
 }
 
 /// The array's sharding (a new handle the caller owns).

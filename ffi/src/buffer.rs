@@ -9,8 +9,8 @@ use crate::device::{colocated_device, colocated_memory_space};
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
-    colocated_string_view, get, handle, put, put_box, read_versioned, slice, tagged, take,
-    versioned,
+    colocated_string_view, get, get_list, handle, put, put_box, read_versioned, slice, tagged,
+    take, versioned,
 };
 use crate::{boundary, boundary_void};
 
@@ -305,11 +305,7 @@ pub unsafe extern "C" fn colocated_buffer_dims(
     dims: *mut *const i64,
     num_dims: *mut usize,
 ) -> *mut colocated_error {
-    boundary(|| {
-        let b = handle(buffer, "buffer")?;
-        put(dims, b.buffer.dims().as_ptr(), "dims")?;
-        put(num_dims, b.buffer.dims().len(), "num_dims")
-    })
+    get_list(buffer, dims, num_dims, |b| b.buffer.dims())
 }
 
 /// Bytes `colocated_buffer_to_host` writes. For strings this waits until the

@@ -306,15 +306,16 @@ pub(crate) unsafe fn get_str<T: Tagged>(
     })
 }
 
-/// A getter export returning a borrowed array of borrowed handles.
+/// A getter export returning a borrowed array (of borrowed handles, or of
+/// values such as dimensions) and its length.
 ///
 /// # Safety
 /// As [`handle`] and [`put`].
 pub(crate) unsafe fn get_list<T: Tagged, I>(
     ptr: *const T,
-    items: *mut *const *const I,
+    items: *mut *const I,
     count: *mut usize,
-    f: impl for<'a> FnOnce(&'a T) -> &'a [*const I],
+    f: impl for<'a> FnOnce(&'a T) -> &'a [I],
 ) -> *mut crate::error::colocated_error {
     crate::boundary(|| {
         let list = f(handle(ptr, T::NAME)?);

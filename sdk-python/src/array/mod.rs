@@ -1,7 +1,8 @@
 //! `ArrayImpl`: a core array (shape, dtype, core sharding, one buffer per device)
 //! behind the Python `colocated.Array`, and `HostView`, a pinned view of one
 //! buffer's bytes that numpy arrays can alias without a copy. The ways an array
-//! is made are in `construct`, the fast path of small values in `small`.
+//! is made are in `construct`, the fast path of small values in `small`: each
+//! holds its methods of `ArrayImpl` (pyo3's `multiple-pymethods`).
 
 mod construct;
 mod small;
@@ -126,134 +127,6 @@ impl CopyProgress {
 
 #[pymethods]
 impl ArrayImpl {
-    /// Splits row-major host bytes of the global array (`nbytes` at address `ptr`,
-    /// kept alive by the caller) over `sharding`'s devices, into their memory
-    /// spaces of `memory_kind` (default: their default ones). Copies before
-    /// returning; the GIL is released during the copy.
-    #[staticmethod]
-    #[pyo3(signature = (sharding, dtype, shape, ptr, nbytes, memory_kind=None))]
-    fn from_host_bytes(
-        py: Python<'_>,
-        sharding: PyRef<'_, Sharding>,
-        dtype: &str,
-        shape: Vec<i64>,
-        ptr: usize,
-        nbytes: usize,
-        memory_kind: Option<&str>,
-    ) -> PyResult<Self> {
-        construct::from_host_bytes(py, sharding, dtype, shape, ptr, nbytes, memory_kind)
-    }
-
-    /// An array of one buffer that reads the `nbytes` at address `ptr` in
-    /// place where the runtime can (`ImmutableZeroCopy`: a CPU device of this
-    /// process), keeping `owner`, the object that holds that memory
-    /// unchanged, until the runtime lets go of them; the runtime copies them
-    /// during the call for any other device. A sharding of several devices
-    /// takes `from_host_bytes`'s copy.
-    #[staticmethod]
-    #[pyo3(signature = (sharding, dtype, shape, ptr, nbytes, owner, memory_kind=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn from_host_view(
-        py: Python<'_>,
-        sharding: PyRef<'_, Sharding>,
-        dtype: &str,
-        shape: Vec<i64>,
-        ptr: usize,
-        nbytes: usize,
-        owner: Py<PyAny>,
-        memory_kind: Option<&str>,
-    ) -> PyResult<Self> {
-        construct::from_host_view(py, sharding, dtype, shape, ptr, nbytes, owner, memory_kind)
-    }
-
-    /// An array of one buffer on a PJRT plugin's device that views the
-    /// device memory behind `capsule` (a DLPack capsule of another library's
-    /// array on the same device, `x.__dlpack__()` of a ready `jax.Array`)
-    /// without a copy, keeping the capsule (which keeps the memory) until
-    /// the plugin lets go of it. Checked first: the capsule's device,
-    /// dtype, shape and dense row-major layout must be the array's.
-    #[staticmethod]
-    fn from_device_dlpack(
-        sharding: PyRef<'_, Sharding>,
-        dtype: &str,
-        shape: Vec<i64>,
-        capsule: Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
-        construct::from_device_dlpack(sharding, dtype, shape, capsule)
-    }
-
-    /// Like `from_host_bytes`, from a `bytes` object (for small values, where
-    /// reading a numpy array's address costs more than copying it).
-    #[staticmethod]
-    #[pyo3(signature = (sharding, dtype, shape, data, memory_kind=None))]
-    fn from_bytes(
-        sharding: PyRef<'_, Sharding>,
-        dtype: &str,
-        shape: Vec<i64>,
-        data: &[u8],
-        memory_kind: Option<&str>,
-    ) -> PyResult<Self> {
-        construct::from_bytes(sharding, dtype, shape, data, memory_kind)
-    }
-
-    /// Splits row-major strings of the global array over `sharding`'s devices
-    /// (into their memory spaces of `memory_kind`).
-    #[staticmethod]
-    #[pyo3(signature = (sharding, shape, strings, memory_kind=None))]
-    fn from_host_strings(
-        sharding: PyRef<'_, Sharding>,
-        shape: Vec<i64>,
-        strings: Vec<String>,
-        memory_kind: Option<&str>,
-    ) -> PyResult<Self> {
-        construct::from_host_strings(sharding, shape, strings, memory_kind)
-    }
-
-    /// Builds an array from one dense host shard per device of `sharding`, in its
-    /// device order: `shards[i]` is `(ptr, nbytes)` of a C-contiguous array the
-    /// caller keeps alive during the call, holding shard `i`; into the devices'
-    /// memory spaces of `memory_kind`.
-    #[staticmethod]
-    #[pyo3(signature = (sharding, dtype, shape, shards, memory_kind=None))]
-    fn from_host_shards(
-        py: Python<'_>,
-        sharding: PyRef<'_, Sharding>,
-        dtype: &str,
-        shape: Vec<i64>,
-        shards: Vec<(usize, usize)>,
-        memory_kind: Option<&str>,
-    ) -> PyResult<Self> {
-        construct::from_host_shards(py, sharding, dtype, shape, shards, memory_kind)
-    }
-
-    /// Builds a string array from one row-major list of strings per device of
-    /// `sharding`, in its device order (into their memory spaces of `memory_kind`).
-    #[staticmethod]
-    #[pyo3(signature = (sharding, shape, shards, memory_kind=None))]
-    fn from_string_shards(
-        sharding: PyRef<'_, Sharding>,
-        shape: Vec<i64>,
-        shards: Vec<Vec<String>>,
-        memory_kind: Option<&str>,
-    ) -> PyResult<Self> {
-        construct::from_string_shards(sharding, shape, shards, memory_kind)
-    }
-
-    /// Assembles an array of `shape` and `sharding` from single-device arrays,
-    /// one per device of the sharding, matched by device (in any order);
-    /// with `memory_kind`, each must be in memory of that kind. No copy.
-    #[staticmethod]
-    #[pyo3(signature = (sharding, dtype, shape, arrays, memory_kind=None))]
-    fn assemble(
-        sharding: PyRef<'_, Sharding>,
-        dtype: &str,
-        shape: Vec<i64>,
-        arrays: Vec<PyRef<'_, ArrayImpl>>,
-        memory_kind: Option<&str>,
-    ) -> PyResult<Self> {
-        construct::assemble(sharding, dtype, shape, arrays, memory_kind)
-    }
-
     /// Global shape.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
@@ -279,35 +152,6 @@ impl ArrayImpl {
         small::numpy(py)?
             .dtype(py, self.inner.metadata().dtype())
             .cloned()
-    }
-
-    /// The value of a small one-buffer dense array as a fresh numpy value that
-    /// nobody else sees (a numpy scalar for rank 0, else an array), for a ufunc
-    /// operand; None when the array is split, large or holds strings. Waits
-    /// (without the GIL) for the data.
-    fn small_value<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        small::small_value(self, py)
-    }
-
-    /// `op(value, other)` (or `op(other, value)` when `reflected`) for a Python
-    /// scalar `other` and the value of this small one-buffer array, as an array
-    /// laid out like this one; None when either step does not qualify (see
-    /// `small_value` and `small_like`). The operator fast path of `Array`.
-    fn scalar_op(
-        &self,
-        py: Python<'_>,
-        op: &Bound<'_, PyAny>,
-        other: &Bound<'_, PyAny>,
-        reflected: bool,
-    ) -> PyResult<Option<Self>> {
-        small::scalar_op(self, py, op, other, reflected)
-    }
-
-    /// A small numpy result (`value`, an ndarray or numpy scalar) as an array
-    /// laid out like this one-buffer array, or None when it does not qualify (a
-    /// dtype the runtime lacks, a large value, another layout).
-    fn small_like(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
-        small::small_like(self, py, value)
     }
 
     /// The core sharding.

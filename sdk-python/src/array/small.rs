@@ -255,107 +255,111 @@ fn scalar_from_py(dtype: core::DType, value: &Bound<'_, PyAny>) -> Option<Vec<u8
     }
 }
 
-/// `ArrayImpl.small_value` (see its doc).
-pub(super) fn small_value<'py>(
-    this: &ArrayImpl,
-    py: Python<'py>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let array = this.array()?;
-    let Some(bytes) = small_bytes(py, array)? else {
-        return Ok(None);
-    };
-    let dtype = array.dtype();
-    let numpy = numpy(py)?;
-    let np_dtype = numpy.dtype(py, dtype)?;
-    let shape = array.shape();
-    if shape.is_empty() {
-        if let Some(number) = scalar_to_py(py, dtype, &bytes)? {
-            return numpy.scalar_type(py, dtype)?.call1((number,)).map(Some);
+#[pymethods]
+impl ArrayImpl {
+    /// The value of a small one-buffer dense array as a fresh numpy value that
+    /// nobody else sees (a numpy scalar for rank 0, else an array), for a ufunc
+    /// operand; None when the array is split, large or holds strings. Waits
+    /// (without the GIL) for the data.
+    fn small_value<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let array = self.array()?;
+        let Some(bytes) = small_bytes(py, array)? else {
+            return Ok(None);
+        };
+        let dtype = array.dtype();
+        let numpy = numpy(py)?;
+        let np_dtype = numpy.dtype(py, dtype)?;
+        let shape = array.shape();
+        if shape.is_empty() {
+            if let Some(number) = scalar_to_py(py, dtype, &bytes)? {
+                return numpy.scalar_type(py, dtype)?.call1((number,)).map(Some);
+            }
+        }
+        let value = numpy
+            .frombuffer
+            .bind(py)
+            .call1((PyBytes::new(py, &bytes), np_dtype))?;
+        match shape.len() {
+            0 => value.get_item(0).map(Some),
+            1 => Ok(Some(value)),
+            _ => value
+                .call_method1(pyo3::intern!(py, "reshape"), (PyTuple::new(py, shape)?,))
+                .map(Some),
         }
     }
-    let value = numpy
-        .frombuffer
-        .bind(py)
-        .call1((PyBytes::new(py, &bytes), np_dtype))?;
-    match shape.len() {
-        0 => value.get_item(0).map(Some),
-        1 => Ok(Some(value)),
-        _ => value
-            .call_method1(pyo3::intern!(py, "reshape"), (PyTuple::new(py, shape)?,))
-            .map(Some),
-    }
-}
 
-/// `ArrayImpl.scalar_op` (see its doc).
-pub(super) fn scalar_op(
-    this: &ArrayImpl,
-    py: Python<'_>,
-    op: &Bound<'_, PyAny>,
-    other: &Bound<'_, PyAny>,
-    reflected: bool,
-) -> PyResult<Option<ArrayImpl>> {
-    if let Some(out) = native_scalar_op(this, py, op, other, reflected)? {
-        return Ok(Some(out));
+    /// `op(value, other)` (or `op(other, value)` when `reflected`) for a Python
+    /// scalar `other` and the value of this small one-buffer array, as an array
+    /// laid out like this one; None when either step does not qualify (see
+    /// `small_value` and `small_like`). The operator fast path of `Array`.
+    fn scalar_op(
+        &self,
+        py: Python<'_>,
+        op: &Bound<'_, PyAny>,
+        other: &Bound<'_, PyAny>,
+        reflected: bool,
+    ) -> PyResult<Option<Self>> {
+        if let Some(out) = native_scalar_op(self, py, op, other, reflected)? {
+            return Ok(Some(out));
+        }
+        let Some(value) = self.small_value(py)? else {
+            return Ok(None);
+        };
+        let out = if reflected {
+            op.call1((other, value))?
+        } else {
+            op.call1((value, other))?
+        };
+        self.small_like(py, &out)
     }
-    let Some(value) = small_value(this, py)? else {
-        return Ok(None);
-    };
-    let out = if reflected {
-        op.call1((other, value))?
-    } else {
-        op.call1((value, other))?
-    };
-    small_like(this, py, &out)
-}
 
-/// `ArrayImpl.small_like` (see its doc).
-pub(super) fn small_like(
-    this: &ArrayImpl,
-    py: Python<'_>,
-    value: &Bound<'_, PyAny>,
-) -> PyResult<Option<ArrayImpl>> {
-    let array = this.array()?;
-    let [buffer] = array.buffers() else {
-        return Ok(None);
-    };
-    // The fast path makes buffers in the default memory space only.
-    if buffer.memory_space() != buffer.device().default_memory_space() {
-        return Ok(None);
-    }
-    let numpy = numpy(py)?;
-    let (dtype, shape) = match numpy.scalar_dtype(value) {
-        // A numpy scalar: rank 0, its type says the dtype.
-        Some(dtype) => (dtype, Vec::new()),
-        None => {
-            let Ok(np_dtype) = value.getattr(pyo3::intern!(py, "dtype")) else {
-                return Ok(None);
-            };
-            let Some(dtype) = numpy.core_dtype(&np_dtype) else {
-                return Ok(None);
-            };
-            let shape: Vec<i64> = value.getattr(pyo3::intern!(py, "shape"))?.extract()?;
-            (dtype, shape)
+    /// A small numpy result (`value`, an ndarray or numpy scalar) as an array
+    /// laid out like this one-buffer array, or None when it does not qualify (a
+    /// dtype the runtime lacks, a large value, another layout).
+    fn small_like(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
+        let array = self.array()?;
+        let [buffer] = array.buffers() else {
+            return Ok(None);
+        };
+        // The fast path makes buffers in the default memory space only.
+        if buffer.memory_space() != buffer.device().default_memory_space() {
+            return Ok(None);
         }
-    };
-    if !is_small(dtype, &shape) {
-        return Ok(None);
-    }
-    let Ok(spec) = core::ArraySpec::new(shape, dtype, array.sharding().clone()) else {
-        return Ok(None);
-    };
-    let client = this.client.get().map_err(py_err)?;
-    let native = if spec.shape.is_empty() {
-        scalar_from_py(dtype, value)
-    } else {
-        None
-    };
-    let out = match native {
-        Some(bytes) => core::Array::from_host_bytes(client, &bytes, spec),
-        None => {
-            let bytes = value.call_method0(pyo3::intern!(py, "tobytes"))?;
-            core::Array::from_host_bytes(client, bytes.cast::<PyBytes>()?.as_bytes(), spec)
+        let numpy = numpy(py)?;
+        let (dtype, shape) = match numpy.scalar_dtype(value) {
+            // A numpy scalar: rank 0, its type says the dtype.
+            Some(dtype) => (dtype, Vec::new()),
+            None => {
+                let Ok(np_dtype) = value.getattr(pyo3::intern!(py, "dtype")) else {
+                    return Ok(None);
+                };
+                let Some(dtype) = numpy.core_dtype(&np_dtype) else {
+                    return Ok(None);
+                };
+                let shape: Vec<i64> = value.getattr(pyo3::intern!(py, "shape"))?.extract()?;
+                (dtype, shape)
+            }
+        };
+        if !is_small(dtype, &shape) {
+            return Ok(None);
         }
+        let Ok(spec) = core::ArraySpec::new(shape, dtype, array.sharding().clone()) else {
+            return Ok(None);
+        };
+        let client = self.client.get().map_err(py_err)?;
+        let native = if spec.shape.is_empty() {
+            scalar_from_py(dtype, value)
+        } else {
+            None
+        };
+        let out = match native {
+            Some(bytes) => core::Array::from_host_bytes(client, &bytes, spec),
+            None => {
+                let bytes = value.call_method0(pyo3::intern!(py, "tobytes"))?;
+                core::Array::from_host_bytes(client, bytes.cast::<PyBytes>()?.as_bytes(), spec)
+            }
+        }
+        .map_err(py_err)?;
+        Ok(Some(ArrayImpl::wrap(client.clone(), out)))
     }
-    .map_err(py_err)?;
-    Ok(Some(ArrayImpl::wrap(client.clone(), out)))
 }
