@@ -3,17 +3,26 @@
 //! - every top-level module sits in one layer of the table in
 //!   `docs/architecture.md` ("Core's modules, in layers"), the one place the
 //!   layers are written down;
-//! - no module names (through `crate::` or `super::` paths, outside comments
-//!   and unit tests) a module of a higher layer;
-//! - top-level modules import each other in no cycle, and neither do files.
+//! - no module names a module of a higher layer: every path of its code (in
+//!   `use` items, however nested or wrapped, and in expressions and types)
+//!   that starts with `crate`, `super` or `self` is resolved, crate-root
+//!   re-exports to the module they come from;
+//! - top-level modules import each other in no cycle.
 //!
-//! A module and its own submodules may use each other (they are one unit).
+//! Sources are parsed with `syn`, so comments count for nothing; unit tests
+//! (`#[cfg(test)]` items, and the `tests` modules they declare) may use
+//! anything. A module and its own submodules may use each other (they are one
+//! unit).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Module path (`session::bulk`) -> source, for every file of `src`.
-fn modules(root: &Path) -> BTreeMap<String, String> {
+use syn::visit::Visit;
+
+/// Module path (`["session", "bulk"]`) -> (its file under `src`, parsed),
+/// for every file of `src` but `lib.rs` and unit-test files (`tests.rs`,
+/// `tests/`).
+fn modules(root: &Path) -> BTreeMap<Vec<String>, (String, syn::File)> {
     let mut found = BTreeMap::new();
     let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -30,128 +39,201 @@ fn modules(root: &Path) -> BTreeMap<String, String> {
                 .strip_prefix(root)
                 .expect("under src")
                 .with_extension("");
-            let name = relative
+            let mut name: Vec<String> = relative
                 .components()
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                .collect::<Vec<_>>()
-                .join("::");
-            let name = name.strip_suffix("::mod").unwrap_or(&name).to_string();
-            if name == "lib" {
+                .collect();
+            if name.last().is_some_and(|n| n == "mod") {
+                name.pop();
+            }
+            if name == ["lib"] || name.iter().any(|n| n == "tests") {
                 continue;
             }
             let source = std::fs::read_to_string(&path).expect("source is UTF-8");
-            // Unit tests sit at the end of a file and may use anything.
-            let source = match source.find("#[cfg(test)]\nmod tests") {
-                Some(at) => &source[..at],
-                None => &source,
-            };
-            // Comments (doc links included) import nothing.
-            let source: String = source
-                .lines()
-                .map(|l| {
-                    if l.trim_start().starts_with("//") {
-                        ""
-                    } else {
-                        l
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            found.insert(name, source);
+            let file = syn::parse_file(&source)
+                .unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()));
+            let shown = path
+                .strip_prefix(root)
+                .expect("under src")
+                .display()
+                .to_string();
+            found.insert(name, (shown, file));
         }
     }
     found
 }
 
-/// The paths a source names after `crate::`, with `{a, b::c}` groups expanded.
-fn crate_paths(source: &str) -> Vec<String> {
-    let mut paths = Vec::new();
-    for (at, _) in source.match_indices("crate::") {
-        let rest = &source[at + "crate::".len()..];
-        let end = rest
-            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-            .unwrap_or(rest.len());
-        let head = rest[..end].trim_end_matches(':').to_string();
-        if rest[end..].starts_with('{') {
-            let close = rest[end..].find('}').map_or(rest.len(), |i| end + i);
-            for item in rest[end + 1..close].split(',') {
-                let item = item.split(" as ").next().unwrap_or("").trim();
-                if item.is_empty() {
-                    continue;
+/// Whether `attrs` hold `#[cfg(test)]`.
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg")
+            && a.parse_args::<syn::Ident>()
+                .is_ok_and(|ident| ident == "test")
+    })
+}
+
+/// The attributes of an item (none for the kinds that have none).
+fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
+    use syn::Item::*;
+    match item {
+        Const(i) => &i.attrs,
+        Enum(i) => &i.attrs,
+        ExternCrate(i) => &i.attrs,
+        Fn(i) => &i.attrs,
+        ForeignMod(i) => &i.attrs,
+        Impl(i) => &i.attrs,
+        Macro(i) => &i.attrs,
+        Mod(i) => &i.attrs,
+        Static(i) => &i.attrs,
+        Struct(i) => &i.attrs,
+        Trait(i) => &i.attrs,
+        TraitAlias(i) => &i.attrs,
+        Type(i) => &i.attrs,
+        Union(i) => &i.attrs,
+        Use(i) => &i.attrs,
+        _ => &[],
+    }
+}
+
+/// Collects the paths a file names from its crate (`crate::`, `super::`,
+/// `self::`), resolved against the file's module, outside `#[cfg(test)]`
+/// items: each as the crate's path segments (`["buffer", "Buffer"]`).
+struct CratePaths<'a> {
+    module: &'a [String],
+    found: Vec<Vec<String>>,
+}
+
+impl CratePaths<'_> {
+    /// `segments` (as written) from the crate's root, when they start with
+    /// `crate`, `super` or `self`.
+    fn resolve(&mut self, segments: Vec<String>) {
+        let mut base: Vec<String> = match segments.first().map(String::as_str) {
+            Some("crate") => Vec::new(),
+            Some("super") | Some("self") => self.module.to_vec(),
+            _ => return,
+        };
+        let mut rest = segments.as_slice();
+        if rest[0] == "crate" {
+            rest = &rest[1..];
+        }
+        while let Some(first) = rest.first() {
+            match first.as_str() {
+                "super" => {
+                    base.pop();
                 }
-                if head.is_empty() {
-                    paths.push(item.to_string());
-                } else {
-                    paths.push(format!("{head}::{item}"));
+                "self" => {}
+                _ => break,
+            }
+            rest = &rest[1..];
+        }
+        base.extend(rest.iter().cloned());
+        self.found.push(base);
+    }
+
+    /// Every leaf of a `use` tree under `prefix`.
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                let mut path = prefix.clone();
+                if n.ident != "self" {
+                    path.push(n.ident.to_string());
+                }
+                self.resolve(path);
+            }
+            syn::UseTree::Rename(r) => {
+                let mut path = prefix.clone();
+                if r.ident != "self" {
+                    path.push(r.ident.to_string());
+                }
+                self.resolve(path);
+            }
+            syn::UseTree::Glob(_) => self.resolve(prefix.clone()),
+            syn::UseTree::Group(g) => {
+                for item in &g.items {
+                    self.use_tree(prefix, item);
                 }
             }
         }
-        if !head.is_empty() {
-            paths.push(head);
-        }
     }
-    paths
 }
 
-/// A depth-first search from `node`: the first cycle it meets, as a path.
-fn find_cycle<'a>(
-    node: &'a str,
-    edges: &'a BTreeMap<String, BTreeSet<String>>,
-    path: &mut Vec<&'a str>,
-    done: &mut BTreeSet<&'a str>,
-) -> Option<Vec<String>> {
-    if let Some(at) = path.iter().position(|n| *n == node) {
-        let mut cycle: Vec<String> = path[at..].iter().map(|s| s.to_string()).collect();
-        cycle.push(node.to_string());
-        return Some(cycle);
-    }
-    if done.contains(node) {
-        return None;
-    }
-    path.push(node);
-    for next in edges.get(node).into_iter().flatten() {
-        if let Some(cycle) = find_cycle(next, edges, path, done) {
-            return Some(cycle);
+impl<'ast> Visit<'ast> for CratePaths<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if !is_test_only(item_attrs(item)) {
+            syn::visit::visit_item(self, item);
         }
     }
-    path.pop();
-    done.insert(node);
-    None
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.use_tree(&mut Vec::new(), &item.tree);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        self.resolve(path.segments.iter().map(|s| s.ident.to_string()).collect());
+        syn::visit::visit_path(self, path);
+    }
 }
 
-#[test]
-fn core_modules_have_no_import_cycle() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let modules = modules(&root);
-    assert!(modules.len() > 20, "modules found: {:?}", modules.keys());
-    let resolve = |path: &str| -> Option<String> {
-        let segments: Vec<&str> = path.split("::").collect();
-        (1..=segments.len())
-            .rev()
-            .map(|n| segments[..n].join("::"))
-            .find(|candidate| modules.contains_key(candidate))
+/// The crate paths `file` (of module `module`) names.
+fn crate_paths(module: &[String], file: &syn::File) -> Vec<Vec<String>> {
+    let mut visitor = CratePaths {
+        module,
+        found: Vec::new(),
     };
-    let related = |a: &str, b: &str| {
-        a == b || a.starts_with(&format!("{b}::")) || b.starts_with(&format!("{a}::"))
-    };
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (name, source) in &modules {
-        let targets = crate_paths(source)
-            .iter()
-            .filter_map(|p| resolve(p))
-            .filter(|t| !related(name, t))
-            .collect();
-        edges.insert(name.clone(), targets);
-    }
-    let mut done = BTreeSet::new();
-    for name in edges.keys() {
-        if let Some(cycle) = find_cycle(name, &edges, &mut Vec::new(), &mut done) {
-            panic!(
-                "core's modules import each other in a cycle: {} (a lower layer must not name a higher one)",
-                cycle.join(" -> ")
-            );
+    visitor.visit_file(file);
+    visitor.found
+}
+
+/// Names that `lib.rs` re-exports at the crate root -> the top-level module
+/// they come from (`Client` is `client`'s, `host_object` is `languages`').
+fn reexports(lib: &syn::File) -> BTreeMap<String, String> {
+    fn leaves(tree: &syn::UseTree, top: Option<&str>, found: &mut BTreeMap<String, String>) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                let name = p.ident.to_string();
+                leaves(&p.tree, Some(top.unwrap_or(&name)), found);
+            }
+            syn::UseTree::Name(n) => {
+                if let Some(top) = top {
+                    found.insert(n.ident.to_string(), top.to_string());
+                }
+            }
+            syn::UseTree::Rename(r) => {
+                if let Some(top) = top {
+                    found.insert(r.rename.to_string(), top.to_string());
+                }
+            }
+            syn::UseTree::Glob(_) => {}
+            syn::UseTree::Group(g) => g.items.iter().for_each(|t| leaves(t, top, found)),
         }
     }
+    let mut found = BTreeMap::new();
+    for item in &lib.items {
+        if let syn::Item::Use(u) = item {
+            leaves(&u.tree, None, &mut found);
+        }
+    }
+    found
+}
+
+/// The top-level module each of `module`'s crate paths names (other than
+/// its own), with crate-root re-exports resolved.
+fn top_level_imports(
+    module: &[String],
+    file: &syn::File,
+    reexports: &BTreeMap<String, String>,
+) -> BTreeSet<String> {
+    crate_paths(module, file)
+        .into_iter()
+        .filter_map(|path| path.into_iter().next())
+        .map(|first| reexports.get(&first).cloned().unwrap_or(first))
+        .filter(|first| *first != module[0])
+        .collect()
 }
 
 /// The layers of `docs/architecture.md`'s table, low to high: (name, top-level
@@ -182,80 +264,37 @@ fn documented_layers() -> Vec<(String, Vec<String>)> {
     layers
 }
 
-/// Names that `lib.rs` re-exports at the crate root -> the top-level module
-/// they come from (`crate::Client` is `client`'s).
-fn reexports(lib: &str) -> BTreeMap<String, String> {
-    let mut found = BTreeMap::new();
-    for (at, _) in lib.match_indices("pub use ") {
-        let rest = &lib[at + "pub use ".len()..];
-        let statement = &rest[..rest.find(';').unwrap_or(rest.len())];
-        let Some((module, names)) = statement.split_once("::") else {
-            continue;
-        };
-        let names = names.trim_start_matches('{').trim_end_matches('}');
-        for name in names.split(',') {
-            let name = name.split("::").last().unwrap_or("").trim();
-            if !name.is_empty() {
-                found.insert(name.to_string(), module.trim().to_string());
-            }
+/// A depth-first search from `node`: the first cycle it meets, as a path.
+fn find_cycle<'a>(
+    node: &'a str,
+    edges: &'a BTreeMap<String, BTreeSet<String>>,
+    path: &mut Vec<&'a str>,
+    done: &mut BTreeSet<&'a str>,
+) -> Option<Vec<String>> {
+    if let Some(at) = path.iter().position(|n| *n == node) {
+        let mut cycle: Vec<String> = path[at..].iter().map(|s| s.to_string()).collect();
+        cycle.push(node.to_string());
+        return Some(cycle);
+    }
+    if done.contains(node) {
+        return None;
+    }
+    path.push(node);
+    for next in edges.get(node).into_iter().flatten() {
+        if let Some(cycle) = find_cycle(next, edges, path, done) {
+            return Some(cycle);
         }
     }
-    found
-}
-
-/// The top-level modules `source` (of module `module`) names through `crate::` and `super::` paths, with the line of each; code
-/// only: comment lines are skipped.
-fn top_level_imports(
-    module: &[String],
-    source: &str,
-    reexports: &BTreeMap<String, String>,
-) -> Vec<(String, usize)> {
-    let mut found = Vec::new();
-    for (number, line) in source.lines().enumerate() {
-        if line.trim_start().starts_with("//") {
-            continue;
-        }
-        let mut paths = crate_paths(line);
-        // Each `super::` goes one module up from the file's own (a `mod.rs`
-        // is its directory's module).
-        let mut rest = line;
-        while let Some(at) = rest.find("super::") {
-            let preceded = rest[..at]
-                .chars()
-                .next_back()
-                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
-            let mut tail = &rest[at..];
-            rest = &rest[at + "super::".len()..];
-            if preceded {
-                continue;
-            }
-            let mut base: Vec<String> = module.to_vec();
-            while let Some(t) = tail.strip_prefix("super::") {
-                base.pop();
-                tail = t;
-            }
-            if base.is_empty() {
-                paths.extend(crate_paths(&format!("crate::{tail}")));
-            } else {
-                paths.push(base.join("::"));
-            }
-        }
-        for path in paths {
-            let first = path.split("::").next().unwrap_or("");
-            let first = reexports.get(first).map_or(first, String::as_str);
-            if !first.is_empty() && first != module[0] {
-                found.push((first.to_string(), number + 1));
-            }
-        }
-    }
-    found
+    path.pop();
+    done.insert(node);
+    None
 }
 
 #[test]
 fn core_modules_import_only_their_own_and_lower_layers() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let lib = std::fs::read_to_string(root.join("lib.rs")).expect("lib.rs is readable");
-    let reexports = reexports(&lib);
+    let reexports = reexports(&syn::parse_file(&lib).expect("lib.rs parses"));
     let layers = documented_layers();
     let layer_of: BTreeMap<&str, usize> = layers
         .iter()
@@ -263,10 +302,8 @@ fn core_modules_import_only_their_own_and_lower_layers() {
         .flat_map(|(i, (_, modules))| modules.iter().map(move |m| (m.as_str(), i)))
         .collect();
     let modules = modules(&root);
-    let top_level: BTreeSet<&str> = modules
-        .keys()
-        .map(|m| m.split("::").next().unwrap_or(""))
-        .collect();
+    assert!(modules.len() > 40, "modules found: {}", modules.len());
+    let top_level: BTreeSet<&str> = modules.keys().map(|m| m[0].as_str()).collect();
     let unplaced: Vec<&&str> = top_level
         .iter()
         .filter(|m| !layer_of.contains_key(**m))
@@ -283,23 +320,15 @@ fn core_modules_import_only_their_own_and_lower_layers() {
 
     let mut upward = Vec::new();
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (name, source) in &modules {
-        let path: Vec<String> = name.split("::").map(str::to_string).collect();
-        let file = name.replace("::", "/");
-        let is_mod_rs = root.join(&file).join("mod.rs").exists();
-        let from = path[0].as_str();
-        for (to, line) in top_level_imports(&path, source, &reexports) {
+    for (module, (shown, file)) in &modules {
+        let from = module[0].as_str();
+        for to in top_level_imports(module, file, &reexports) {
             let Some(&to_layer) = layer_of.get(to.as_str()) else {
                 continue;
             };
             if to_layer > layer_of[from] {
-                let shown = if is_mod_rs {
-                    format!("{file}/mod.rs")
-                } else {
-                    format!("{file}.rs")
-                };
                 upward.push(format!(
-                    "core/src/{shown}:{line}: `{from}` ({}) imports `{to}` ({})",
+                    "core/src/{shown}: `{from}` ({}) imports `{to}` ({})",
                     layers[layer_of[from]].0, layers[to_layer].0
                 ));
             }
@@ -323,23 +352,43 @@ fn core_modules_import_only_their_own_and_lower_layers() {
 }
 
 #[test]
-fn the_layer_check_sees_crate_super_and_reexported_paths() {
-    let reexports = BTreeMap::from([("Client".to_string(), "client".to_string())]);
+fn the_layer_check_sees_every_form_of_a_crate_path() {
+    let lib = syn::parse_file(
+        "pub use client::Client;\n\
+         pub use languages::colocated::{host_object, Built as Made};",
+    )
+    .unwrap();
+    let reexports = reexports(&lib);
+    assert_eq!(reexports["Client"], "client");
+    assert_eq!(reexports["host_object"], "languages");
+    assert_eq!(reexports["Made"], "languages");
+
     let module = ["buffer".to_string(), "host".to_string()];
-    let source = "use crate::{array::Array, Client};\n\
-                  // use crate::compiler::CompileOptions;\n\
-                  use super::super::executor::Languages;\n\
-                  use super::local::Local;\n";
-    let found = top_level_imports(&module, source, &reexports);
-    assert_eq!(
-        found,
-        [
-            ("array".to_string(), 1),
-            ("client".to_string(), 1),
-            ("executor".to_string(), 3)
-        ]
-    );
+    let file = syn::parse_file(
+        "use crate::{error::{Error, Result}, array::Array};\n\
+         // use crate::compiler::CompileOptions;\n\
+         use crate::{\n    host_object,\n};\n\
+         use super::super::executor::Languages;\n\
+         use super::local::Local;\n\
+         fn f() -> crate::Client { crate::worker::Worker::start() }\n\
+         #[cfg(test)]\nmod tests { use crate::session::RemoteSession; }\n\
+         const AFTER: Option<crate::dispatch::Stream> = None;",
+    )
+    .unwrap();
+    let found = top_level_imports(&module, &file, &reexports);
+    let expected = [
+        "array",
+        "client",
+        "dispatch",
+        "error",
+        "executor",
+        "languages",
+        "worker",
+    ];
+    assert_eq!(found, expected.iter().map(|s| s.to_string()).collect());
+
     let mod_rs = ["worker".to_string()];
-    let found = top_level_imports(&mod_rs, "use super::buffer::Buffer;", &reexports);
-    assert_eq!(found, [("buffer".to_string(), 1)]);
+    let file = syn::parse_file("use super::{\n    buffer::Buffer,\n};").unwrap();
+    let found = top_level_imports(&mod_rs, &file, &reexports);
+    assert_eq!(found, BTreeSet::from(["buffer".to_string()]));
 }

@@ -84,26 +84,28 @@ use colocated_core::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The one panic boundary of the C ABI: runs an export's body and, when it
-/// panics, logs the panic and returns [`OnPanic::on_panic`] instead of
-/// unwinding into C (which would abort the caller's process).
+/// panics, returns [`OnPanic::on_panic`] instead of unwinding into C (which
+/// would abort the caller's process).
 pub(crate) fn guard<R: OnPanic>(body: impl FnOnce() -> R) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
-        Err(payload) => {
-            let message = panic_message(&payload);
-            eprintln!("colocated: a panic was stopped at the C boundary: {message}");
-            R::on_panic(&message)
-        }
+        Err(payload) => R::on_panic(&panic_message(&payload)),
     }
 }
 
-/// What an export returns when its body panicked: an `internal` error for the
-/// exports that return errors; for the others, the value their documentation
-/// gives for an invalid argument (NULL, zero, an empty string,
-/// `COLOCATED_INTERNAL`), or nothing.
+/// What an export returns when its body panicked: an `internal` error that
+/// carries the panic's message, for the exports that return errors. The
+/// others cannot say it, so the panic is printed to stderr and they return a
+/// neutral value: nothing, zero, an empty NUL-terminated string (a string
+/// view or a C string), or `COLOCATED_INTERNAL` for a code.
 pub(crate) trait OnPanic {
     /// The value for a panic with `message`.
     fn on_panic(message: &str) -> Self;
+}
+
+/// Prints a panic that an export cannot return as an error.
+fn print_panic(message: &str) {
+    eprintln!("colocated: a panic was stopped at the C boundary: {message}");
 }
 
 impl OnPanic for *mut colocated_error {
@@ -113,29 +115,35 @@ impl OnPanic for *mut colocated_error {
 }
 
 impl OnPanic for () {
-    fn on_panic(_: &str) -> Self {}
+    fn on_panic(message: &str) -> Self {
+        print_panic(message);
+    }
 }
 
 impl OnPanic for u32 {
-    fn on_panic(_: &str) -> Self {
+    fn on_panic(message: &str) -> Self {
+        print_panic(message);
         0
     }
 }
 
 impl OnPanic for *const std::ffi::c_char {
-    fn on_panic(_: &str) -> Self {
-        std::ptr::null()
+    fn on_panic(message: &str) -> Self {
+        print_panic(message);
+        c"".as_ptr()
     }
 }
 
 impl OnPanic for colocated_string_view {
-    fn on_panic(_: &str) -> Self {
+    fn on_panic(message: &str) -> Self {
+        print_panic(message);
         colocated_string_view::empty()
     }
 }
 
 impl OnPanic for colocated_error_code {
-    fn on_panic(_: &str) -> Self {
+    fn on_panic(message: &str) -> Self {
+        print_panic(message);
         colocated_error_code::COLOCATED_INTERNAL
     }
 }
@@ -176,7 +184,9 @@ mod tests {
         assert_eq!(error.message(), "colocated panicked: boom 1");
 
         assert_eq!(guard(|| -> u32 { panic!("boom") }), 0);
-        assert!(guard(|| -> *const std::ffi::c_char { panic!("boom") }).is_null());
+        let text = guard(|| -> *const std::ffi::c_char { panic!("boom") });
+        // SAFETY: `guard` gave a static NUL-terminated string.
+        assert_eq!(unsafe { std::ffi::CStr::from_ptr(text) }, c"");
         let view = guard(|| -> colocated_string_view { panic!("boom") });
         assert_eq!(view.size, 0);
         assert_eq!(

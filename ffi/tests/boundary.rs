@@ -1,131 +1,169 @@
-//! No panic crosses the C ABI: every export's body is one call of the panic
-//! boundary (`guard`, or `boundary`/`boundary_void` built on it) or of a
-//! getter helper that runs inside it (`get`, `get_str`, `get_list`). Read from
-//! the source, so an export added without it fails here.
+//! No panic crosses the C ABI: the body of every `extern "C"` function of the
+//! library (its `#[no_mangle]` exports, in every file under `src`) is one call
+//! of the panic boundary (`guard`, or `boundary`/`boundary_void` built on it)
+//! or of a getter helper that runs inside it (`get`, `get_str`, `get_list`),
+//! after any `const` items. Parsed with `syn`, so an export added without it,
+//! or with code around the call, fails here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use syn::visit::Visit;
 
 /// Calls an export's body may be: the boundary and the helpers built on it.
 const BOUNDARIES: &[&str] = &[
-    "guard(",
-    "boundary(",
-    "boundary_void(",
-    "get(",
-    "get_str(",
-    "get_list(",
+    "guard",
+    "boundary",
+    "boundary_void",
+    "get",
+    "get_str",
+    "get_list",
 ];
 
-/// `(file, export, body)` for every `extern "C" fn` defined in `source`.
-fn exports(file: &str, source: &str) -> Vec<(String, String, String)> {
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    for (at, _) in source.match_indices("extern \"C\" fn ") {
-        let rest = &source[at + "extern \"C\" fn ".len()..];
-        let name_end = rest
-            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .unwrap_or(rest.len());
-        let name = &rest[..name_end];
-        if name.is_empty() {
-            continue; // a function pointer type: `extern "C" fn(...)`
+    for entry in std::fs::read_dir(dir).expect("src is readable") {
+        let path = entry.expect("src is readable").path();
+        if path.is_dir() {
+            found.extend(sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
         }
-        // The parameters end at the parenthesis that closes the first one.
-        let mut depth = 0usize;
-        let mut params_end = None;
-        for (i, c) in rest.char_indices() {
-            match c {
-                '(' => depth += 1,
-                ')' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        params_end = Some(i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let Some(params_end) = params_end else {
-            continue;
-        };
-        let Some(open) = rest[params_end..].find('{').map(|i| params_end + i) else {
-            continue;
-        };
-        let mut depth = 0usize;
-        let mut close = rest.len();
-        for (i, c) in rest[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        close = open + i;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        found.push((
-            file.to_string(),
-            name.to_string(),
-            rest[open + 1..close].to_string(),
-        ));
     }
     found
 }
 
-/// Whether `body` is one boundary call, after any `const` items.
-fn runs_inside_the_boundary(body: &str) -> bool {
-    let code: Vec<&str> = body
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.starts_with("const "))
+/// The functions with a C ABI (`extern "C"` or plain `extern`) a file
+/// defines, anywhere in it, and whether each is `#[no_mangle]`.
+#[derive(Default)]
+struct Exports<'ast> {
+    found: Vec<(&'ast syn::ItemFn, bool)>,
+    /// `#[no_mangle]` functions without a C ABI.
+    not_c: Vec<String>,
+}
+
+impl<'ast> Visit<'ast> for Exports<'ast> {
+    fn visit_item_fn(&mut self, item: &'ast syn::ItemFn) {
+        let no_mangle = item.attrs.iter().any(|a| match &a.meta {
+            syn::Meta::Path(p) => p.is_ident("no_mangle"),
+            // `#[unsafe(no_mangle)]`.
+            syn::Meta::List(l) => l.path.is_ident("unsafe") && l.tokens.to_string() == "no_mangle",
+            _ => false,
+        });
+        let c_abi = item
+            .sig
+            .abi
+            .as_ref()
+            .is_some_and(|abi| abi.name.as_ref().is_none_or(|n| n.value() == "C"));
+        if c_abi {
+            self.found.push((item, no_mangle));
+        } else if no_mangle {
+            self.not_c.push(item.sig.ident.to_string());
+        }
+        syn::visit::visit_item_fn(self, item);
+    }
+}
+
+/// Whether `block` is one boundary call, after any `const` items.
+fn runs_inside_the_boundary(block: &syn::Block) -> bool {
+    let code: Vec<&syn::Stmt> = block
+        .stmts
+        .iter()
+        .filter(|s| !matches!(s, syn::Stmt::Item(syn::Item::Const(_))))
         .collect();
-    let Some(first) = code.first() else {
+    // With or without a `;` (a destroy function returns nothing).
+    let [syn::Stmt::Expr(syn::Expr::Call(call), _)] = code.as_slice() else {
         return false;
     };
-    let first = first.trim_start_matches("crate::");
-    BOUNDARIES.iter().any(|b| first.starts_with(b))
+    let syn::Expr::Path(callee) = &*call.func else {
+        return false;
+    };
+    callee
+        .path
+        .segments
+        .last()
+        .is_some_and(|last| BOUNDARIES.iter().any(|b| last.ident == b))
 }
 
 #[test]
 fn every_export_runs_inside_the_panic_boundary() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir(&src).expect("src is readable") {
-        let path = entry.expect("src is readable").path();
-        if path.extension().is_some_and(|e| e == "rs") {
-            let source = std::fs::read_to_string(&path).expect("source is UTF-8");
-            let file = path.file_name().unwrap_or_default().to_string_lossy();
-            all.extend(exports(&file, &source));
+    let mut count = 0;
+    let mut problems = Vec::new();
+    for path in sources(&src) {
+        let source = std::fs::read_to_string(&path).expect("source is UTF-8");
+        let file = syn::parse_file(&source).expect("source parses");
+        let shown = path.strip_prefix(&src).expect("under src").display();
+        // An export a macro writes would hide its body from this test.
+        if source.contains("macro_rules!") && source.contains("extern \"C\" fn $") {
+            problems.push(format!("ffi/src/{shown}: a macro writes C functions"));
+        }
+        let mut exports = Exports::default();
+        exports.visit_file(&file);
+        for name in exports.not_c {
+            problems.push(format!(
+                "ffi/src/{shown}: {name} is #[no_mangle] without a C ABI"
+            ));
+        }
+        for (item, no_mangle) in exports.found {
+            count += usize::from(no_mangle);
+            if !runs_inside_the_boundary(&item.block) {
+                problems.push(format!("ffi/src/{shown}: {}", item.sig.ident));
+            }
         }
     }
-    assert!(all.len() > 100, "exports found: {}", all.len());
-    let outside: Vec<String> = all
-        .iter()
-        .filter(|(_, _, body)| !runs_inside_the_boundary(body))
-        .map(|(file, name, _)| format!("ffi/src/{file}: {name}"))
-        .collect();
+    assert!(count > 100, "exports found: {count}");
     assert!(
-        outside.is_empty(),
+        problems.is_empty(),
         "exports whose body does not run inside the panic boundary:\n{}",
-        outside.join("\n")
+        problems.join("\n")
     );
 }
 
 #[test]
-fn the_check_tells_a_guarded_body_from_a_bare_one() {
-    let source = r#"
+fn the_check_tells_a_guarded_body_from_any_other() {
+    let file = syn::parse_file(
+        r#"
+#[no_mangle]
 pub unsafe extern "C" fn colocated_a(x: *const u8) -> u32 {
     const N: u32 = 1;
     crate::guard(|| N)
 }
+#[no_mangle]
 pub extern "C" fn colocated_b(f: Option<unsafe extern "C" fn(u32) -> u32>) -> u32 {
     match f { Some(_) => 1, None => 0 }
 }
-"#;
-    let found = exports("x.rs", source);
-    let names: Vec<&str> = found.iter().map(|(_, n, _)| n.as_str()).collect();
-    assert_eq!(names, ["colocated_a", "colocated_b"]);
-    assert!(runs_inside_the_boundary(&found[0].2));
-    assert!(!runs_inside_the_boundary(&found[1].2));
+#[no_mangle]
+pub extern fn colocated_c() -> u32 {
+    guard(|| 1);
+    2
+}
+mod inner {
+    #[no_mangle]
+    pub unsafe extern "C" fn colocated_d(out: *mut u32) -> *mut colocated_error {
+        get(out, |x| *x)
+    }
+}
+#[no_mangle]
+pub fn colocated_e() {}
+"#,
+    )
+    .unwrap();
+    let mut exports = Exports::default();
+    exports.visit_file(&file);
+    let verdicts: Vec<(String, bool)> = exports
+        .found
+        .iter()
+        .map(|(f, _)| (f.sig.ident.to_string(), runs_inside_the_boundary(&f.block)))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("colocated_a".to_string(), true),
+            ("colocated_b".to_string(), false),
+            ("colocated_c".to_string(), false),
+            ("colocated_d".to_string(), true),
+        ]
+    );
+    assert_eq!(exports.not_c, ["colocated_e"]);
 }

@@ -257,8 +257,17 @@ impl FunctionState {
         let client = match (inputs.first(), &self.devices_client) {
             (Some(a), _) => a.client.clone(),
             (None, Some(c)) => c.clone(),
-            // Core refuses the call (it has no devices), as in every SDK.
-            (None, None) => crate::client::default_client()?,
+            (None, None) => {
+                // Core's rule and error, as in every SDK (no devices to run
+                // on), without making the default client to ask it.
+                let no_inputs = core::CallSpec {
+                    tree: 0,
+                    leaves: Vec::new(),
+                };
+                return Err(no_inputs.devices(None).err().unwrap_or_else(|| {
+                    core::Error::internal("a call without inputs found devices")
+                }));
+            }
         };
         Ok((client, inputs.iter().map(|a| a.inner.clone()).collect()))
     }

@@ -45,6 +45,7 @@ function shardingOf(ids, split) {
 const argument = (arg) => c.devicePut(TYPED[arg.dtype].from(arg.values), shardingOf(arg.devices, arg.split))
 
 async function checkOutput(out, want, where) {
+  assert.equal(out.dtype, want.dtype, where)
   assert.deepEqual(Array.from(await out.toTypedArray()), want.values, where)
   const sharding = out.sharding
   const devices = sharding.devices ?? [sharding.device]

@@ -47,7 +47,8 @@ def argument(arg):
 
 
 def check_output(out, want):
-    np.testing.assert_array_equal(np.asarray(out), np.array(want["values"], dtype=np.asarray(out).dtype))
+    assert str(out.dtype) == want["dtype"]
+    np.testing.assert_array_equal(np.asarray(out), np.array(want["values"], dtype=want["dtype"]))
     assert [d.id for d in out.sharding.devices] == [colocated.devices()[i].id for i in want["devices"]]
     assert out.sharding.is_equivalent_to(sharding_of(want["devices"], want["split"]), out.ndim)
 

@@ -21,6 +21,7 @@ typedef struct {
 } case_arg;
 
 typedef struct {
+  const char *dtype;
   size_t num_values;
   const double *values;
   size_t num_devices;
@@ -149,6 +150,7 @@ static colocated_array *argument(const colocated_client *client, const case_arg 
 static void check_output(const colocated_client *client, const colocated_array *out, const case_out *want) {
   colocated_dtype dtype;
   CHECK_OK(colocated_array_dtype(out, &dtype));
+  CHECK(dtype == (strcmp(want->dtype, "float32") == 0 ? COLOCATED_DTYPE_F32 : COLOCATED_DTYPE_I32));
   CHECK(want->num_values <= 16);
   union {
     float f[16];
@@ -218,12 +220,16 @@ static void run_case(const shared_case *c) {
     }
     for (size_t a = 0; a < call->num_args; ++a) colocated_array_destroy(args[a]);
     uint64_t hits = 0, misses = 0;
-    CHECK_OK(colocated_function_cache_info(function, &hits, &misses, NULL));
+    size_t held = 0;
+    CHECK_OK(colocated_function_cache_info(function, &hits, &misses, &held));
+    /* Nothing is evicted: a program per input spec that missed. */
+    CHECK(held == misses);
     if (hits != call->hits || misses != call->misses)
       FAIL("%s, call %zu: cache hits %llu, misses %llu; the table says %llu, %llu", c->name, s,
            (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)call->hits,
            (unsigned long long)call->misses);
   }
+  CHECK_CODE_MSG(colocated_function_cache_info(NULL, NULL, NULL, NULL), COLOCATED_INVALID_ARGUMENT, "NULL");
   colocated_function_destroy(function);
   colocated_client_destroy(client);
 }

@@ -26,7 +26,7 @@ def arg(a):
 
 def out(o):
     return (
-        f"{{{len(o['values'])}, {numbers('double', o['values'])}, "
+        f"{{{c_string(o['dtype'])}, {len(o['values'])}, {numbers('double', o['values'])}, "
         f"{len(o['devices'])}, {numbers('int', o['devices'])}, {int(o['split'])}}}"
     )
 
