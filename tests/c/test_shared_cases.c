@@ -11,6 +11,8 @@
 #include "harness.h"
 #include "helpers.h"
 
+/* An argument or an output: values of `dtype` on `devices`, split along the
+ * first dimension or replicated. */
 typedef struct {
   const char *dtype;
   size_t num_values;
@@ -18,22 +20,13 @@ typedef struct {
   size_t num_devices;
   const int *devices;
   int split;
-} case_arg;
-
-typedef struct {
-  const char *dtype;
-  size_t num_values;
-  const double *values;
-  size_t num_devices;
-  const int *devices;
-  int split;
-} case_out;
+} case_array;
 
 typedef struct {
   size_t num_args;
-  const case_arg *args;
+  const case_array *args;
   size_t num_outputs;
-  const case_out *outputs;
+  const case_array *outputs;
   const char *error_code; /* NULL: the call succeeds */
   const char *fragment;
   uint64_t hits, misses;
@@ -129,7 +122,7 @@ static colocated_sharding *sharding_of(const colocated_client *client, const int
   return split ? make_split(client, devices, n) : make_replicated(client, devices, n);
 }
 
-static colocated_array *argument(const colocated_client *client, const case_arg *arg) {
+static colocated_array *argument(const colocated_client *client, const case_array *arg) {
   CHECK(arg->num_values <= 16);
   float f[16];
   int32_t i[16];
@@ -147,7 +140,7 @@ static colocated_array *argument(const colocated_client *client, const case_arg 
   return array;
 }
 
-static void check_output(const colocated_client *client, const colocated_array *out, const case_out *want) {
+static void check_output(const colocated_client *client, const colocated_array *out, const case_array *want) {
   colocated_dtype dtype;
   CHECK_OK(colocated_array_dtype(out, &dtype));
   CHECK(dtype == (strcmp(want->dtype, "float32") == 0 ? COLOCATED_DTYPE_F32 : COLOCATED_DTYPE_I32));

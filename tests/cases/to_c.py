@@ -17,24 +17,18 @@ def numbers(kind, values):
     return f"(const {kind}[]){{{', '.join(repr(v) for v in values)}}}" if values else "NULL"
 
 
-def arg(a):
+def array(a):
+    """An argument or an output as a `case_array`."""
     return (
         f"{{{c_string(a['dtype'])}, {len(a['values'])}, {numbers('double', a['values'])}, "
         f"{len(a['devices'])}, {numbers('int', a['devices'])}, {int(a['split'])}}}"
     )
 
 
-def out(o):
-    return (
-        f"{{{c_string(o['dtype'])}, {len(o['values'])}, {numbers('double', o['values'])}, "
-        f"{len(o['devices'])}, {numbers('int', o['devices'])}, {int(o['split'])}}}"
-    )
-
-
 def call(c):
-    args = f"(const case_arg[]){{{', '.join(arg(a) for a in c['args'])}}}" if c["args"] else "NULL"
+    args = f"(const case_array[]){{{', '.join(array(a) for a in c['args'])}}}" if c["args"] else "NULL"
     outs = c.get("outputs", [])
-    outputs = f"(const case_out[]){{{', '.join(out(o) for o in outs)}}}" if outs else "NULL"
+    outputs = f"(const case_array[]){{{', '.join(array(o) for o in outs)}}}" if outs else "NULL"
     error = c.get("error")
     code = c_string(error["code"]) if error else "NULL"
     fragment = c_string(error["fragment"]) if error else "NULL"
