@@ -111,7 +111,7 @@ impl MemorySpace {
     pub fn device_ids(&self) -> &[u32] {
         &self.0.device_ids
     }
-    /// Index of the host that owns this memory (in [`crate::Client::hosts`]).
+    /// Index of the host that owns this memory (in `Client::hosts`).
     pub fn host_index(&self) -> usize {
         self.0.host_index
     }
@@ -178,7 +178,7 @@ impl Device {
     }
     /// The backend the device belongs to: `"cpu"` for this runtime's CPU
     /// devices; a PJRT plugin's backend name for its devices (see
-    /// [`Client::default_backend`](crate::Client::default_backend)).
+    /// `Client::default_backend`).
     pub fn backend(&self) -> &str {
         &self.0.backend
     }
@@ -191,7 +191,7 @@ impl Device {
     pub fn process_index(&self) -> u32 {
         self.0.process_index
     }
-    /// Index of the owning host in [`crate::Client::hosts`].
+    /// Index of the owning host in `Client::hosts`.
     pub fn host_index(&self) -> usize {
         self.0.host_index
     }

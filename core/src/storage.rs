@@ -142,14 +142,12 @@ impl Drop for DenseBytes {
 }
 
 /// Zero-filled host memory, aligned to 64 bytes, that its owner writes and then
-/// makes a buffer of without a copy ([`Buffer::from_host_memory`]); for example
+/// makes a buffer of without a copy (`Buffer::from_host_memory`); for example
 /// the output shards that foreign code (a plugin function) fills.
 ///
 /// Owned exclusively until it becomes a buffer, after which it is immutable and
 /// freed when the buffer's last user lets go. `Send`: it may be filled on one
 /// thread and handed over on another.
-///
-/// [`Buffer::from_host_memory`]: crate::Buffer::from_host_memory
 pub struct HostMemory(DenseBytes);
 
 impl HostMemory {

@@ -162,7 +162,7 @@ impl RemoteSession {
         self.inner.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Loads `executable` (bytes of [`LoadedExecutable::serialize`](crate::LoadedExecutable::serialize),
+    /// Loads `executable` (bytes of `LoadedExecutable::serialize`,
     /// for the worker's devices) as `handle` of this session; returns how many
     /// input buffers an execution takes and how many it makes.
     pub fn load_executable(&self, handle: u64, executable: Vec<u8>) -> Result<(u32, u32)> {
@@ -172,7 +172,7 @@ impl RemoteSession {
     /// [`load_executable`](Self::load_executable), telling the worker the
     /// controller's id of each of its devices (worker id -> controller id):
     /// while it loads the program, devices named by the controller's ids
-    /// resolve to its own ([`crate::controller_device_id`]).
+    /// resolve to its own (`controller_device_id`).
     pub fn load_executable_for(
         &self,
         handle: u64,

@@ -1,7 +1,7 @@
 //! Remote hosts: the protocol between a controller and its worker hosts (SPEC §6).
 //!
-//! A worker ([`Worker`](crate::worker::Worker)) serves gRPC (tonic, HTTP/2) on a socket; a
-//! controller opens a session on it with [`RemoteSession::connect`](crate::session::RemoteSession::connect).
+//! A worker (`worker::Worker`) serves gRPC (tonic, HTTP/2) on a socket; a
+//! controller opens a session on it with `session::RemoteSession::connect`.
 //! Messages are protobuf (`proto/remote.proto`), the protocol is versioned and
 //! negotiated at connect.
 //!
