@@ -227,6 +227,7 @@ impl Client {
             &s.axis_types,
             s.mesh,
             partition,
+            s.memory_kind,
         )?;
         ArraySpec::new(spec.shape.clone(), DType::from_u32(spec.dtype)?, sharding)
     }
@@ -353,12 +354,13 @@ fn finish_remote(started: Started, program: &Program) -> Result<HostPlan> {
     {
         let dims = spec.sharding.shard_shape(&spec.shape)?;
         for &p in positions {
-            output_shards.push(OutputShard {
-                output: o,
-                dtype: spec.dtype,
-                dims: dims.clone(),
-                device: spec.sharding.devices()[p].clone(),
-            });
+            output_shards.push(OutputShard::of(
+                o,
+                spec.dtype,
+                dims.clone(),
+                &spec.sharding,
+                p,
+            )?);
         }
     }
     Ok(HostPlan {
@@ -397,12 +399,13 @@ fn plan_host(
         let shard = spec.sharding.shard_shape(&spec.shape)?;
         let pos = positions(spec);
         for &p in &pos {
-            output_shards.push(OutputShard {
-                output: o,
-                dtype: spec.dtype,
-                dims: shard.clone(),
-                device: spec.sharding.devices()[p].clone(),
-            });
+            output_shards.push(OutputShard::of(
+                o,
+                spec.dtype,
+                shard.clone(),
+                &spec.sharding,
+                p,
+            )?);
         }
         output_positions.push(pos);
     }

@@ -74,6 +74,23 @@ impl MemoryKind {
         }
     }
 
+    /// The kind of PJRT name `name` (see [`name`](Self::name));
+    /// `invalid_argument` for a name no kind has.
+    pub fn from_name(name: &str) -> crate::error::Result<MemoryKind> {
+        [
+            MemoryKind::Device,
+            MemoryKind::PinnedHost,
+            MemoryKind::UnpinnedHost,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+        .ok_or_else(|| {
+            crate::error::Error::invalid_argument(format!(
+                "memory kind '{name}' is none of 'device', 'pinned_host', 'unpinned_host'"
+            ))
+        })
+    }
+
     /// The kind of C ABI value `v` (as `MemoryKind as u32`), or `None` for a
     /// value no kind has.
     pub fn from_u32(v: u32) -> Option<MemoryKind> {

@@ -77,6 +77,7 @@ impl Program {
                     .collect(),
                 axis_types: s.sharding.wire_axis_types(),
                 mesh: !s.sharding.is_single_device(),
+                memory_kind: s.sharding.wire_memory_kind(),
             }),
         };
         pb::Executable {

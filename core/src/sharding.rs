@@ -5,7 +5,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::device::Device;
+use crate::device::{Device, MemoryKind};
 use crate::error::{Error, Result};
 
 /// How a mesh axis is used (JAX's `jax.sharding.AxisType`). Shardings keep
@@ -70,6 +70,9 @@ struct Inner {
     /// For each array dimension, the mesh axes it is split over (major first);
     /// missing trailing dimensions are replicated.
     partition: Vec<Vec<usize>>,
+    /// The kind of memory the shards are in; `None`: each device's default
+    /// memory (a kind that is every device's default is kept as `None`).
+    memory_kind: Option<MemoryKind>,
 }
 
 /// How an array is laid out over devices. Cheap to clone; compare with
@@ -80,11 +83,15 @@ pub struct Sharding(Arc<Inner>);
 impl std::fmt::Debug for Sharding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ids: Vec<u32> = self.0.devices.iter().map(Device::id).collect();
+        let memory = match self.0.memory_kind {
+            Some(kind) => format!(", memory_kind={}", kind.name()),
+            None => String::new(),
+        };
         if self.0.single_device {
-            return write!(f, "SingleDevice(device={ids:?})");
+            return write!(f, "SingleDevice(device={ids:?}{memory})");
         }
         if self.is_fully_replicated() {
-            return write!(f, "Replicated(devices={ids:?})");
+            return write!(f, "Replicated(devices={ids:?}{memory})");
         }
         let spec: Vec<String> = self
             .0
@@ -104,7 +111,7 @@ impl std::fmt::Debug for Sharding {
             .collect();
         write!(
             f,
-            "Named(mesh={:?}{:?}, spec=P({}), devices={ids:?})",
+            "Named(mesh={:?}{:?}, spec=P({}), devices={ids:?}{memory})",
             self.0.axis_names,
             self.0.mesh_shape,
             spec.join(", ")
@@ -130,6 +137,7 @@ impl Sharding {
             axis_types: vec![AxisType::Auto],
             single_device: true,
             partition: vec![],
+            memory_kind: None,
         }))
     }
 
@@ -212,6 +220,7 @@ impl Sharding {
             axis_types,
             single_device: false,
             partition,
+            memory_kind: None,
         })))
     }
 
@@ -238,14 +247,68 @@ impl Sharding {
             axis_types,
             single_device: false,
             partition: self.0.partition.clone(),
+            memory_kind: self.0.memory_kind,
         })))
+    }
+
+    /// This sharding with its shards in memory of `kind` (`None`: each
+    /// device's default memory, as is a kind that is every device's
+    /// default); `invalid_argument` when a device has no memory of `kind`.
+    pub fn with_memory_kind(&self, kind: Option<MemoryKind>) -> Result<Sharding> {
+        let kind = match kind {
+            Some(kind) => {
+                for d in &self.0.devices {
+                    if !d.memory_kinds().contains(&kind) {
+                        return Err(Error::invalid_argument(format!(
+                            "{d} has no memory of kind '{}' (it has {})",
+                            kind.name(),
+                            d.memory_kinds()
+                                .iter()
+                                .map(|k| format!("'{}'", k.name()))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )));
+                    }
+                }
+                let default = |d: &Device| d.default_memory_space().kind() == kind;
+                (!self.0.devices.iter().all(default)).then_some(kind)
+            }
+            None => None,
+        };
+        if kind == self.0.memory_kind {
+            return Ok(self.clone());
+        }
+        Ok(Sharding(Arc::new(Inner {
+            devices: self.0.devices.clone(),
+            mesh_shape: self.0.mesh_shape.clone(),
+            axis_names: self.0.axis_names.clone(),
+            axis_types: self.0.axis_types.clone(),
+            single_device: self.0.single_device,
+            partition: self.0.partition.clone(),
+            memory_kind: kind,
+        })))
+    }
+
+    /// The kind of memory the shards are in, when not each device's default
+    /// (see [`with_memory_kind`](Self::with_memory_kind)).
+    pub fn memory_kind(&self) -> Option<MemoryKind> {
+        self.0.memory_kind
+    }
+
+    /// The kind of memory the shards are in: [`memory_kind`](Self::memory_kind),
+    /// else the first device's default.
+    pub fn memory_kind_or_default(&self) -> MemoryKind {
+        self.0
+            .memory_kind
+            .unwrap_or_else(|| self.0.devices[0].default_memory_space().kind())
     }
 
     /// A sharding read from the wire (`executable.proto`'s `Sharding`, the
     /// colocated protocol's `HostLayout`): a mesh's when `mesh` is set; when
     /// not (a single device's, or an older writer's, which never sets it), a
     /// single device's if it is one device unsplit, else a mesh's. Empty
-    /// `axis_types` (older writers): every axis `Auto`.
+    /// `axis_types` (older writers): every axis `Auto`. `memory_kind` is a
+    /// [`MemoryKind`] value, 0 (older writers too) for the default memory.
     pub(crate) fn from_wire(
         devices: Vec<Device>,
         mesh_shape: Vec<usize>,
@@ -253,19 +316,32 @@ impl Sharding {
         axis_types: &[u32],
         mesh: bool,
         partition: Vec<Vec<usize>>,
+        memory_kind: u32,
     ) -> Result<Sharding> {
+        let memory_kind = match memory_kind {
+            0 => None,
+            v => Some(MemoryKind::from_u32(v).ok_or_else(|| {
+                Error::invalid_argument(format!("memory kind {v} is none of 1, 2, 3"))
+            })?),
+        };
         let named = Sharding::named(devices, mesh_shape, axis_names, partition)?;
-        if !mesh && named.0.devices.len() == 1 && named.0.partition.is_empty() {
-            return Ok(Sharding::single_device(named.0.devices[0].clone()));
-        }
-        if axis_types.is_empty() {
-            return Ok(named);
-        }
-        let types = axis_types
-            .iter()
-            .map(|&t| AxisType::from_u32(t))
-            .collect::<Result<Vec<_>>>()?;
-        named.with_axis_types(types)
+        let sharding = if !mesh && named.0.devices.len() == 1 && named.0.partition.is_empty() {
+            Sharding::single_device(named.0.devices[0].clone())
+        } else if axis_types.is_empty() {
+            named
+        } else {
+            let types = axis_types
+                .iter()
+                .map(|&t| AxisType::from_u32(t))
+                .collect::<Result<Vec<_>>>()?;
+            named.with_axis_types(types)?
+        };
+        sharding.with_memory_kind(memory_kind)
+    }
+
+    /// The memory kind as the wire carries it (see [`from_wire`](Self::from_wire)).
+    pub(crate) fn wire_memory_kind(&self) -> u32 {
+        self.0.memory_kind.map_or(0, |k| k as u32)
     }
 
     /// The axis types as the wire carries them (see [`from_wire`](Self::from_wire)).
@@ -315,14 +391,15 @@ impl Sharding {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// Same devices in the same order, and the same split of every dimension of a
+    /// Same devices in the same order, the same memory kind, and the same split of every dimension of a
     /// rank-`rank` array (however the meshes are named: see [`PartialEq`] for
     /// the same sharding).
     pub fn equivalent(&self, other: &Sharding, rank: usize) -> bool {
         if self.same_as(other) {
             return true;
         }
-        self.0.devices == other.0.devices
+        self.0.memory_kind == other.0.memory_kind
+            && self.0.devices == other.0.devices
             && (0..rank).all(|d| self.dim_split(d) == other.dim_split(d))
             && (0..self.0.devices.len())
                 .all(|i| (0..rank).all(|d| self.part_index(i, d) == other.part_index(i, d)))
@@ -380,6 +457,26 @@ impl Sharding {
                 Ok(n / parts)
             })
             .collect()
+    }
+
+    /// Where a fresh array of `shape` made like one of this sharding goes:
+    /// this sharding when it splits `shape` evenly, else the array whole on
+    /// each device of the same mesh (same names, axis types and memory kind).
+    pub fn fitted(&self, shape: &[i64]) -> Result<Sharding> {
+        if self.shard_shape(shape).is_ok() {
+            return Ok(self.clone());
+        }
+        let replicated = Sharding(Arc::new(Inner {
+            devices: self.0.devices.clone(),
+            mesh_shape: self.0.mesh_shape.clone(),
+            axis_names: self.0.axis_names.clone(),
+            axis_types: self.0.axis_types.clone(),
+            single_device: self.0.single_device,
+            partition: vec![],
+            memory_kind: self.0.memory_kind,
+        }));
+        replicated.shard_shape(shape)?;
+        Ok(replicated)
     }
 
     /// The slice of a global `shape` that the device at `device_pos` holds.
@@ -447,12 +544,13 @@ impl Sharding {
 
 /// The same sharding as JAX compares them: both one device's, or both a
 /// mesh's with the same devices in the same shape, the same axis names and
-/// types, and the same partition spec (trailing unsplit dimensions aside).
-/// Memory kinds belong to arrays and are not compared.
+/// types, the same partition spec (trailing unsplit dimensions aside), and
+/// the same memory kind.
 impl PartialEq for Sharding {
     fn eq(&self, other: &Sharding) -> bool {
         self.same_as(other)
             || (self.0.single_device == other.0.single_device
+                && self.0.memory_kind == other.0.memory_kind
                 && self.0.devices == other.0.devices
                 && self.0.mesh_shape == other.0.mesh_shape
                 && self.0.axis_names == other.0.axis_names

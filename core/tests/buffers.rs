@@ -745,8 +745,19 @@ fn arrays_land_in_each_devices_memory_space_of_the_kind_asked() {
         Array::from_host_strings_in(&client, &["a", "b"], spec, Some(MemoryKind::UnpinnedHost))
             .unwrap();
     assert_eq!(strings.memory_kind(), MemoryKind::UnpinnedHost);
-    let plain = Array::from_host_bytes(&client, &[3, 4], dense.spec().clone()).unwrap();
+    // An array's sharding says the memory it is in: its spec places another.
+    assert_eq!(dense.sharding().memory_kind(), Some(MemoryKind::PinnedHost));
+    let again = Array::from_host_bytes(&client, &[3, 4], dense.spec().clone()).unwrap();
+    assert_eq!(again.memory_kind(), MemoryKind::PinnedHost);
+    let default = ArraySpec::new(
+        vec![2],
+        DType::U8,
+        Sharding::replicated(devices.clone()).unwrap(),
+    )
+    .unwrap();
+    let plain = Array::from_host_bytes(&client, &[3, 4], default).unwrap();
     assert_eq!(plain.memory_kind(), MemoryKind::Device);
+    assert_eq!(plain.sharding().memory_kind(), None);
     assert_eq!(
         devices[0].memory_kinds(),
         vec![

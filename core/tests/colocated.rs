@@ -297,7 +297,12 @@ fn discovery_gives_an_output_the_sharding_the_function_made_not_an_equivalent_in
         .unwrap();
     assert!(outputs.specs[0].sharding == made, "{:?}", outputs.specs[0]);
     assert!(ran.outputs[0].sharding() == &made);
-    assert_eq!(outputs.memory_kind(0), Some(MemoryKind::Device));
+    assert_eq!(ran.outputs[0].memory_kind(), MemoryKind::Device);
+    assert_eq!(
+        outputs.specs[0].sharding.memory_kind(),
+        None,
+        "the default memory"
+    );
 
     let ran = call(&client, &function(None), "pinned", &inputs).unwrap();
     let outputs = ran.entry.outputs();
@@ -306,8 +311,18 @@ fn discovery_gives_an_output_the_sharding_the_function_made_not_an_equivalent_in
         vec![OutputOrigin::New],
         "another memory kind than the input's"
     );
-    assert!(outputs.specs[0].sharding == *x.sharding());
-    assert_eq!(outputs.memory_kind(0), Some(MemoryKind::PinnedHost));
+    let pinned = x
+        .sharding()
+        .with_memory_kind(Some(MemoryKind::PinnedHost))
+        .unwrap();
+    assert!(
+        outputs.specs[0].sharding == pinned,
+        "{:?}",
+        outputs.specs[0]
+    );
+    assert!(outputs.specs[0].sharding != *x.sharding());
+    assert_eq!(ran.outputs[0].memory_kind(), MemoryKind::PinnedHost);
+    assert!(ran.outputs[0].sharding() == &pinned);
 }
 
 #[test]
@@ -607,4 +622,64 @@ fn objects_on_workers_go_with_their_handle_and_with_their_session() {
         drops.load(Ordering::SeqCst) == 4
     });
     assert_eq!(host_objects(None), 0);
+}
+
+#[test]
+fn memory_kinds_are_part_of_a_calls_spec_and_kept_through_calls_on_workers() {
+    let _serial = serial();
+    define_functions();
+    let token = Token::generate().unwrap();
+    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
+    let client = connect(&[&a, &b], &token);
+    let devices = client.devices().to_vec();
+    let x = i32_array(&client, &[1, 2, 3, 4], named(devices.clone(), "x"));
+    let pinned_sharding = x
+        .sharding()
+        .with_memory_kind(Some(MemoryKind::PinnedHost))
+        .unwrap();
+    let y = x
+        .put_to(&client, pinned_sharding.clone(), None, None)
+        .unwrap();
+    assert_eq!(y.memory_kind(), MemoryKind::PinnedHost);
+
+    // The same layout in another memory is another input spec, and an
+    // output made with the input's spec stays in its memory.
+    let f = function(None);
+    let ran = call(&client, &f, "add_one", &[x.clone()]).unwrap();
+    assert_eq!(ran.outputs[0].memory_kind(), MemoryKind::Device);
+    let ran = call(&client, &f, "add_one", std::slice::from_ref(&y)).unwrap();
+    let info = f.cache_info();
+    assert_eq!((info.hits, info.misses), (0, 2), "a miss for pinned memory");
+    let out = &ran.outputs[0];
+    assert_eq!(ran.entry.outputs().origins, vec![OutputOrigin::Input(0)]);
+    assert!(out.sharding() == &pinned_sharding, "{:?}", out.sharding());
+    assert_eq!(out.memory_kind(), MemoryKind::PinnedHost);
+    for buffer in out.buffers() {
+        assert_eq!(buffer.memory_space().kind(), MemoryKind::PinnedHost);
+    }
+    assert_eq!(i32_values(&out.to_host_bytes().unwrap()), [2, 3, 4, 5]);
+
+    // Discovered on the workers: a function that moves its input to pinned
+    // memory gives an output whose sharding says so.
+    let ran = call(&client, &function(None), "pinned", &[x.clone()]).unwrap();
+    assert_eq!(ran.entry.outputs().origins, vec![OutputOrigin::New]);
+    assert!(ran.outputs[0].sharding() == &pinned_sharding);
+    assert_eq!(ran.outputs[0].memory_kind(), MemoryKind::PinnedHost);
+
+    // Declared: outputs in pinned memory are what the workers must make.
+    let declared = ArraySpec::new(vec![4], DType::I32, pinned_sharding.clone()).unwrap();
+    let site = Site::declaring("pinned", vec![declared]);
+    let ran = call_at(&client, &function(None), &site, &[x.clone()]).unwrap();
+    ran.status.unwrap().wait().unwrap();
+    assert_eq!(ran.outputs[0].memory_kind(), MemoryKind::PinnedHost);
+    assert_eq!(
+        i32_values(&ran.outputs[0].to_host_bytes().unwrap()),
+        [1, 2, 3, 4]
+    );
+    // ... and an output in another memory than declared is refused.
+    let device_memory = ArraySpec::new(vec![4], DType::I32, x.sharding().clone()).unwrap();
+    let site = Site::declaring("pinned", vec![device_memory]);
+    let ran = call_at(&client, &function(None), &site, &[x.clone()]).unwrap();
+    let err = ran.status.unwrap().wait();
+    assert_error(err, ErrorCode::InvalidArgument, "memory");
 }

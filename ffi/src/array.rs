@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use colocated_core::{Array, ArraySpec, Error, Result, Sharding};
+use colocated_core::{Array, ArraySpec, Error, MemoryKind, Result, Sharding};
 
 use crate::buffer::{colocated_buffer, colocated_dtype, dtype_of};
 use crate::client::{colocated_client, device_list, ClientShell};
-use crate::device::colocated_device;
+use crate::device::{colocated_device, colocated_memory_kind};
 use crate::error::colocated_error;
 use crate::event::colocated_event;
 use crate::handle::{
@@ -204,6 +204,46 @@ pub unsafe extern "C" fn colocated_sharding_is_fully_replicated(
     out: *mut bool,
 ) -> *mut colocated_error {
     get(handle_, out, |s| s.sharding.is_fully_replicated())
+}
+
+/// The kind of memory the sharding puts shards in: the kind it was given
+/// (`colocated_sharding_with_memory_kind`), else its first device's default.
+///
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_sharding_memory_kind(
+    handle_: *const colocated_sharding,
+    out: *mut colocated_memory_kind,
+) -> *mut colocated_error {
+    get(handle_, out, |s| {
+        colocated_memory_kind::of(s.sharding.memory_kind_or_default())
+    })
+}
+
+/// A new sharding like `sharding` with its shards in memory of `kind` (a
+/// `colocated_memory_kind` value; 0: each device's default memory). Arrays
+/// made or placed with it go to that memory; a colocated call's cache and
+/// its outputs tell shardings of different kinds apart. Errors:
+/// `invalid_argument` (a kind no value names, a device without memory of
+/// that kind).
+/// Thread-safety: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn colocated_sharding_with_memory_kind(
+    sharding: *const colocated_sharding,
+    kind: u32,
+    out: *mut *mut colocated_sharding,
+) -> *mut colocated_error {
+    boundary(|| {
+        let s = handle(sharding, "sharding")?;
+        let kind = match kind {
+            0 => None,
+            v => Some(MemoryKind::from_u32(v).ok_or_else(|| {
+                Error::invalid_argument(format!("memory kind {v} is none of 0, 1, 2, 3"))
+            })?),
+        };
+        let with = s.sharding.with_memory_kind(kind)?;
+        put_box(out, colocated_sharding::make(with, s.shell.clone()), "out")
+    })
 }
 
 /// The slice of a global array of shape `dims` that the device at `device_index`

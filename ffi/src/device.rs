@@ -221,6 +221,17 @@ pub unsafe extern "C" fn colocated_memory_space_id(
 ) -> *mut colocated_error {
     get(handle_, out, |m| m.memory.id())
 }
+impl colocated_memory_kind {
+    /// The C value of `kind`.
+    pub(crate) fn of(kind: MemoryKind) -> colocated_memory_kind {
+        match kind {
+            MemoryKind::Device => colocated_memory_kind::COLOCATED_MEMORY_DEVICE,
+            MemoryKind::PinnedHost => colocated_memory_kind::COLOCATED_MEMORY_PINNED_HOST,
+            MemoryKind::UnpinnedHost => colocated_memory_kind::COLOCATED_MEMORY_UNPINNED_HOST,
+        }
+    }
+}
+
 /// The memory space's kind.
 ///
 /// Thread-safety: any thread.
@@ -231,15 +242,7 @@ pub unsafe extern "C" fn colocated_memory_space_kind(
 ) -> *mut colocated_error {
     boundary(|| {
         let m = handle(handle_, "colocated_memory_space")?;
-        put(
-            out,
-            match m.memory.kind() {
-                MemoryKind::Device => colocated_memory_kind::COLOCATED_MEMORY_DEVICE,
-                MemoryKind::PinnedHost => colocated_memory_kind::COLOCATED_MEMORY_PINNED_HOST,
-                MemoryKind::UnpinnedHost => colocated_memory_kind::COLOCATED_MEMORY_UNPINNED_HOST,
-            },
-            "out",
-        )
+        put(out, colocated_memory_kind::of(m.memory.kind()), "out")
     })
 }
 /// The kind's name (`"device"`, `"pinned_host"`, `"unpinned_host"`).

@@ -55,7 +55,6 @@ impl core::CallSite for Site {
                 structure: structure.clone().into_bytes(),
                 origins: vec![core::OutputOrigin::New; specs.len()],
                 specs: specs.clone(),
-                memory_kinds: Vec::new(),
             }))
     }
 

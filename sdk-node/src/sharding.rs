@@ -220,10 +220,15 @@ pub struct NamedSharding {
 
 #[napi]
 impl NamedSharding {
-    /// Throws `InvalidArgumentError` for an axis the mesh lacks or an axis
-    /// used twice.
+    /// Throws `InvalidArgumentError` for an axis the mesh lacks, an axis
+    /// used twice, or a memory kind a device lacks.
     #[napi(constructor)]
-    pub fn new(env: Env, mesh: &Mesh, spec: &PartitionSpec) -> napi::Result<Self> {
+    pub fn new(
+        env: Env,
+        mesh: &Mesh,
+        spec: &PartitionSpec,
+        options: Option<ShardingOptions>,
+    ) -> napi::Result<Self> {
         let partition = spec
             .entries
             .iter()
@@ -251,11 +256,33 @@ impl NamedSharding {
             mesh.axis_names.clone(),
             partition,
         )
+        .and_then(|sharding| sharding.with_memory_kind(memory_kind_of(options)?))
         .js(&env)?;
         Ok(NamedSharding {
             mesh: mesh.clone(),
             spec: spec.clone(),
             inner,
+        })
+    }
+
+    /// The kind of memory the shards are in (`'device'`, `'pinned_host'`,
+    /// `'unpinned_host'`): the one given, else the devices' default.
+    #[napi(getter)]
+    pub fn memory_kind(&self) -> String {
+        self.inner.memory_kind_or_default().name().to_string()
+    }
+
+    /// This sharding with its shards in memory of `kind` (null: the
+    /// devices' default). Throws `InvalidArgumentError` for a kind a device
+    /// lacks.
+    #[napi]
+    pub fn with_memory_kind(&self, env: Env, kind: Option<String>) -> napi::Result<NamedSharding> {
+        let inner = memory_kind(kind.as_deref())
+            .and_then(|kind| self.inner.with_memory_kind(kind))
+            .js(&env)?;
+        Ok(NamedSharding {
+            inner,
+            ..self.clone()
         })
     }
 
@@ -294,9 +321,10 @@ impl NamedSharding {
             .map(|(n, s)| format!("'{n}': {s}"))
             .collect();
         format!(
-            "NamedSharding(mesh=Mesh({}), spec={})",
+            "NamedSharding(mesh=Mesh({}), spec={}{})",
             axes.join(", "),
-            self.spec.to_js_string()
+            self.spec.to_js_string(),
+            memory_suffix(&self.inner)
         )
     }
 }
@@ -306,15 +334,23 @@ impl NamedSharding {
 #[derive(Clone)]
 pub struct SingleDeviceSharding {
     pub(crate) device: Device,
+    pub(crate) inner: core::Sharding,
 }
 
 #[napi]
 impl SingleDeviceSharding {
+    /// Throws `InvalidArgumentError` for a memory kind the device lacks.
     #[napi(constructor)]
-    pub fn new(device: &Device) -> Self {
-        SingleDeviceSharding {
+    pub fn new(env: Env, device: &Device, options: Option<ShardingOptions>) -> napi::Result<Self> {
+        let inner = memory_kind_of(options)
+            .and_then(|kind| {
+                core::Sharding::single_device(device.inner.clone()).with_memory_kind(kind)
+            })
+            .js(&env)?;
+        Ok(SingleDeviceSharding {
             device: device.clone(),
-        }
+            inner,
+        })
     }
 
     /// The device.
@@ -329,11 +365,65 @@ impl SingleDeviceSharding {
         vec![self.device.clone()]
     }
 
+    /// The kind of memory the array is in (as `NamedSharding.memoryKind`).
+    #[napi(getter)]
+    pub fn memory_kind(&self) -> String {
+        self.inner.memory_kind_or_default().name().to_string()
+    }
+
+    /// This sharding with the array in memory of `kind` (as
+    /// `NamedSharding.withMemoryKind`).
+    #[napi]
+    pub fn with_memory_kind(
+        &self,
+        env: Env,
+        kind: Option<String>,
+    ) -> napi::Result<SingleDeviceSharding> {
+        let inner = memory_kind(kind.as_deref())
+            .and_then(|kind| self.inner.with_memory_kind(kind))
+            .js(&env)?;
+        Ok(SingleDeviceSharding {
+            inner,
+            ..self.clone()
+        })
+    }
+
     /// `SingleDeviceSharding(CpuDevice(id=0))`.
     #[napi(js_name = "toString")]
     pub fn to_js_string(&self) -> String {
-        format!("SingleDeviceSharding({})", self.device.inner)
+        format!(
+            "SingleDeviceSharding({}{})",
+            self.device.inner,
+            memory_suffix(&self.inner)
+        )
     }
+}
+
+/// Options of a sharding.
+#[napi(object)]
+pub struct ShardingOptions {
+    /// The kind of memory the shards are in: `'device'`, `'pinned_host'`
+    /// or `'unpinned_host'` (default: each device's default memory).
+    pub memory_kind: Option<String>,
+}
+
+/// The memory kind `options` name.
+fn memory_kind_of(options: Option<ShardingOptions>) -> core::Result<Option<core::MemoryKind>> {
+    memory_kind(options.and_then(|o| o.memory_kind).as_deref())
+}
+
+/// The memory kind of `name` (None: the devices' default).
+fn memory_kind(name: Option<&str>) -> core::Result<Option<core::MemoryKind>> {
+    name.map(core::MemoryKind::from_name).transpose()
+}
+
+/// `, memoryKind='pinned_host'` for a sharding in other than its devices'
+/// default memory, else nothing.
+fn memory_suffix(sharding: &core::Sharding) -> String {
+    sharding
+        .memory_kind()
+        .map(|k| format!(", memoryKind='{}'", k.name()))
+        .unwrap_or_default()
 }
 
 /// A sharding object's core sharding, and its client: a `NamedSharding`, a
@@ -349,11 +439,7 @@ pub(crate) fn sharding_of(
         return Ok((s.mesh.client.clone(), s.inner.clone()));
     }
     if let Ok(s) = unsafe { ClassInstance::<SingleDeviceSharding>::from_napi_value(env_raw, raw) } {
-        let device = &s.device;
-        return Ok((
-            device.client.clone(),
-            core::Sharding::single_device(device.inner.clone()),
-        ));
+        return Ok((s.device.client.clone(), s.inner.clone()));
     }
     if let Ok(d) = unsafe { ClassInstance::<Device>::from_napi_value(env_raw, raw) } {
         return Ok((
@@ -377,6 +463,7 @@ pub(crate) fn sharding_to_js(
     if devices.len() == 1 {
         return Either::B(SingleDeviceSharding {
             device: Device::of(client, &devices[0]),
+            inner: sharding.clone(),
         });
     }
     let names = sharding.axis_names().to_vec();

@@ -140,18 +140,10 @@ impl core::CallSite for PySite {
                     )
                 })
                 .collect::<PyResult<Vec<_>>>()?;
-            let memory_kinds: Vec<Option<&str>> = (0..outputs.specs.len())
-                .map(|k| outputs.memory_kind(k).map(core::MemoryKind::name))
-                .collect();
             let (out_treedef, out_shardings, flat_arity, out_leaf) = site
                 .call_method1(
                     pyo3::intern!(py, "entry"),
-                    (
-                        PyBytes::new(py, &outputs.structure),
-                        origins,
-                        shardings,
-                        memory_kinds,
-                    ),
+                    (PyBytes::new(py, &outputs.structure), origins, shardings),
                 )?
                 .extract()?;
             Ok(PyEntry {

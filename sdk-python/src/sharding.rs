@@ -179,8 +179,39 @@ impl Sharding {
         Ok(replicas.iter().map(|r| (r.id, r.first)).collect())
     }
 
-    /// Same devices in the same order and the same split of every dimension of a
-    /// rank-`rank` array.
+    /// Where a fresh array of `shape` made like one of this sharding goes
+    /// (core's rule): None for this sharding itself, else the sharding.
+    fn fitted(&self, shape: Vec<i64>) -> PyResult<Option<Self>> {
+        let (client, sharding) = self.get()?;
+        let fitted = sharding.fitted(&shape).map_err(py_err)?;
+        Ok((!fitted.same_as(sharding)).then(|| Sharding::wrap(client.clone(), fitted)))
+    }
+
+    /// The kind of memory the shards are in (`"pinned_host"`, ...), None for
+    /// each device's default memory.
+    #[getter]
+    fn memory_kind(&self) -> Option<&'static str> {
+        self.inner
+            .metadata()
+            .memory_kind()
+            .map(core::MemoryKind::name)
+    }
+
+    /// This sharding with its shards in memory of `kind` (None: each
+    /// device's default).
+    #[pyo3(signature = (kind))]
+    fn with_memory_kind(&self, kind: Option<&str>) -> PyResult<Self> {
+        let (client, sharding) = self.get()?;
+        let kind = kind
+            .map(core::MemoryKind::from_name)
+            .transpose()
+            .map_err(py_err)?;
+        let sharding = sharding.with_memory_kind(kind).map_err(py_err)?;
+        Ok(Sharding::wrap(client.clone(), sharding))
+    }
+
+    /// Same devices in the same order, the same memory kind and the same
+    /// split of every dimension of a rank-`rank` array.
     fn equivalent(&self, other: PyRef<'_, Sharding>, rank: usize) -> bool {
         self.inner
             .metadata()

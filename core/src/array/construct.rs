@@ -18,7 +18,8 @@ impl Array {
     /// Assembles an array of `spec` from single-device arrays, one per device
     /// of its sharding, matched by device (in any order), without copying:
     /// the new array shares their buffers. With `memory_kind`, each must be
-    /// in memory of that kind. `invalid_argument` (saying which) for an array
+    /// in memory of that kind (and so must they with a sharding that names
+    /// a memory kind). `invalid_argument` (saying which) for an array
     /// over several devices, two on one device, a device of the sharding
     /// with none, or another memory kind, dtype or shard shape.
     pub fn from_single_device_arrays(
@@ -26,6 +27,7 @@ impl Array {
         arrays: &[Array],
         memory_kind: Option<MemoryKind>,
     ) -> Result<Array> {
+        let memory_kind = memory_kind.or(spec.sharding.memory_kind());
         let devices = spec.sharding.devices();
         if arrays.len() != devices.len() {
             return Err(Error::invalid_argument(format!(
@@ -76,7 +78,9 @@ impl Array {
     }
 
     /// Assembles an array from one buffer per device of `spec.sharding`, in the
-    /// sharding's device order; each must hold that device's shard.
+    /// sharding's device order; each must hold that device's shard, all in
+    /// one kind of memory (the sharding's, when it names one). The array's
+    /// sharding says the kind they are in.
     pub fn assemble(spec: ArraySpec, buffers: Vec<Buffer>) -> Result<Array> {
         let devices = spec.sharding.devices();
         if buffers.len() != devices.len() {
@@ -105,6 +109,10 @@ impl Array {
                 )));
             }
         }
+        let spec = match super::in_memory_of(&spec, &buffers)? {
+            Some(sharding) => ArraySpec { sharding, ..spec },
+            None => spec,
+        };
         Ok(Array(Arc::new(Inner { spec, buffers })))
     }
 
@@ -114,7 +122,8 @@ impl Array {
     }
 
     /// [`from_host_bytes`](Self::from_host_bytes) into each device's memory
-    /// space of `memory_kind` (default: each device's default memory space);
+    /// space of `memory_kind` (default: the sharding's memory kind, else
+    /// each device's default memory space);
     /// `invalid_argument`, naming the kinds a device has, when it lacks it.
     pub fn from_host_bytes_in(
         client: &Client,
@@ -136,6 +145,7 @@ impl Array {
         memory_kind: Option<MemoryKind>,
         progress: Option<Progress>,
     ) -> Result<Array> {
+        let memory_kind = memory_kind.or(spec.sharding.memory_kind());
         let elem = spec
             .dtype
             .byte_size()
@@ -207,6 +217,7 @@ impl Array {
         spec: ArraySpec,
         memory_kind: Option<MemoryKind>,
     ) -> Result<Array> {
+        let memory_kind = memory_kind.or(spec.sharding.memory_kind());
         if spec.dtype != DType::String {
             return Err(Error::invalid_argument(
                 "from_host_strings needs dtype string",

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::buffer::{Buffer, Kept};
 use crate::device::{Device, MemoryKind, MemorySpace};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::future::{Event, Progress};
 use crate::sharding::Sharding;
 use crate::spec::ArraySpec;
@@ -45,15 +45,25 @@ impl Array {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
-    /// An array of buffers the runtime made to fit `spec` (unchecked).
-    pub(crate) fn from_parts(spec: ArraySpec, buffers: Vec<Buffer>) -> Array {
+    /// An array of buffers the runtime made to fit `spec` (unchecked), its
+    /// sharding saying the kind of memory they are in.
+    pub(crate) fn from_parts(mut spec: ArraySpec, buffers: Vec<Buffer>) -> Array {
+        if let Some(first) = buffers.first() {
+            let kind = first.memory_space().kind();
+            if spec.sharding.memory_kind_or_default() != kind {
+                // (Fails only for a kind a device lacks, which its buffer is in.)
+                if let Ok(sharding) = spec.sharding.with_memory_kind(Some(kind)) {
+                    spec.sharding = sharding;
+                }
+            }
+        }
         Array(Arc::new(Inner { spec, buffers }))
     }
 
-    /// The kind of memory the shards are in (that of the first shard; the
-    /// constructors place every shard in the same kind).
+    /// The kind of memory the shards are in (the sharding's: every shard is
+    /// in the same kind).
     pub fn memory_kind(&self) -> MemoryKind {
-        self.0.buffers[0].memory_space().kind()
+        self.0.spec.sharding.memory_kind_or_default()
     }
 
     /// True when every shard's data is in this process's memory (see
@@ -145,6 +155,39 @@ fn shard_progress(progress: Option<Progress>, sizes: &[u64]) -> Vec<Option<Progr
             })
         })
         .collect()
+}
+
+/// The sharding of `spec` in the memory `buffers` are in, when it says
+/// another (`None`: it says theirs); `invalid_argument` when the buffers are
+/// in different kinds of memory, or the sharding names a kind they are not in.
+fn in_memory_of(spec: &ArraySpec, buffers: &[Buffer]) -> Result<Option<Sharding>> {
+    let Some(first) = buffers.first() else {
+        return Ok(None);
+    };
+    let kind = first.memory_space().kind();
+    if let Some((i, other)) = buffers
+        .iter()
+        .enumerate()
+        .find(|(_, b)| b.memory_space().kind() != kind)
+    {
+        return Err(Error::invalid_argument(format!(
+            "buffer 0 is in {} memory but buffer {i} in {} memory; an array's shards are in one kind",
+            kind.name(),
+            other.memory_space().kind().name()
+        )));
+    }
+    let sharding = &spec.sharding;
+    if let Some(want) = sharding.memory_kind().filter(|&want| want != kind) {
+        return Err(Error::invalid_argument(format!(
+            "the buffers are in {} memory but the sharding's memory kind is {}",
+            kind.name(),
+            want.name()
+        )));
+    }
+    if sharding.memory_kind_or_default() == kind {
+        return Ok(None);
+    }
+    sharding.with_memory_kind(Some(kind)).map(Some)
 }
 
 /// `device`'s memory space of `kind` (None: its default one).

@@ -71,7 +71,8 @@ impl Array {
     }
 
     /// The array placed on `sharding` of `client` (in each device's memory
-    /// of `memory_kind`; with `None`, its default memory), as `device_put`
+    /// of `memory_kind`, else of the sharding's memory kind; with neither,
+    /// its default memory), as `device_put`
     /// of an array places it in every SDK:
     /// - as it is (this array) when it is laid out that way already: an
     ///   equivalent sharding, in memory of that kind;
@@ -96,15 +97,16 @@ impl Array {
         memory_kind: Option<MemoryKind>,
         progress: Option<Progress>,
     ) -> Result<Array> {
+        // The memory the array goes to: `memory_kind`, else the sharding's.
+        let memory_kind = memory_kind.or(sharding.memory_kind());
+        let sharding = sharding.with_memory_kind(memory_kind)?;
         let default_kind = sharding
             .devices()
             .first()
             .map(|d| d.default_memory_space().kind());
         let target_kind = memory_kind.or(default_kind);
         let rank = self.0.spec.shape.len();
-        if target_kind == Some(self.memory_kind())
-            && self.0.spec.sharding.equivalent(&sharding, rank)
-        {
+        if self.0.spec.sharding.equivalent(&sharding, rank) {
             return Ok(self.clone());
         }
         let spec = ArraySpec::new(self.0.spec.shape.clone(), self.0.spec.dtype, sharding)?;

@@ -30,35 +30,22 @@ pub struct Outputs {
     /// The language's description of the output tree (from the hosts'
     /// discovery runs; for declared outputs, what the SDK put there).
     pub structure: Vec<u8>,
-    /// One global spec per output leaf.
+    /// One global spec per output leaf; its sharding says the kind of
+    /// memory the output is in (JAX's sharding's `memory_kind`).
     pub specs: Vec<ArraySpec>,
     /// Where each spec came from.
     pub origins: Vec<OutputOrigin>,
-    /// The kind of memory each output is in on its hosts, as the hosts'
-    /// discovery runs reported it; empty, or `None` for an output, when not
-    /// known (declared outputs, older hosts). With the spec's sharding, this
-    /// is the sharding the function produced (JAX's sharding's
-    /// `memory_kind`).
-    pub memory_kinds: Vec<Option<MemoryKind>>,
 }
 
 impl Outputs {
     /// Declared outputs (JAX's `out_specs_fn`): the language's `structure`
-    /// and one spec per leaf, each a sharding of its own, memory kinds not
-    /// said.
+    /// and one spec per leaf, each a sharding of its own.
     pub fn declared(structure: Vec<u8>, specs: Vec<ArraySpec>) -> Outputs {
         Outputs {
             structure,
             origins: vec![OutputOrigin::New; specs.len()],
             specs,
-            memory_kinds: Vec::new(),
         }
-    }
-
-    /// The memory kind output `k` is in, when known (see
-    /// [`memory_kinds`](Self::memory_kinds)).
-    pub fn memory_kind(&self, k: usize) -> Option<MemoryKind> {
-        self.memory_kinds.get(k).copied().flatten()
     }
 }
 
@@ -149,11 +136,6 @@ pub(super) fn global_outputs(
     }
     let mut specs = Vec::with_capacity(first.outputs.len());
     let mut origins = Vec::with_capacity(first.outputs.len());
-    let memory_kinds = first
-        .outputs
-        .iter()
-        .map(|out| MemoryKind::from_u32(out.memory_kind))
-        .collect();
     for (k, out) in first.outputs.iter().enumerate() {
         if reports.iter().any(|r| &r.outputs[k] != out) {
             return Err(Error::invalid_argument(format!(
@@ -169,23 +151,27 @@ pub(super) fn global_outputs(
         let layout = out.layout.as_ref().ok_or_else(|| {
             Error::invalid_argument(format!("output {k} was reported without its sharding"))
         })?;
-        match from_layout(k, layout, &out.shape, hosts) {
-            Ok((shape, sharding)) => specs.push(ArraySpec::new(shape, dtype, sharding)?),
+        let mut spec = match from_layout(k, layout, &out.shape, hosts) {
+            Ok((shape, sharding)) => ArraySpec::new(shape, dtype, sharding)?,
             // Hosts' arrays that are no blocks of one, each with the layout
             // of an input: an array with that input's global layout (under
             // the input's mesh names, which say how the hosts' parts join).
             Err(e) => match out.layout_of_input {
-                Some(j) => specs.push(input_spec(k, j, out, dtype, call)?),
+                Some(j) => input_spec(k, j, out, dtype, call)?,
                 None => return Err(e),
             },
+        };
+        // The memory the hosts made it in (older hosts do not say: 0).
+        if let Some(kind) = MemoryKind::from_u32(out.memory_kind) {
+            spec.sharding = spec.sharding.with_memory_kind(Some(kind))?;
         }
+        specs.push(spec);
         origins.push(OutputOrigin::New);
     }
     Ok(Outputs {
         structure: first.structure.clone(),
         specs,
         origins,
-        memory_kinds,
     })
 }
 
@@ -294,6 +280,7 @@ fn from_layout(
         &layout.axis_types,
         layout.mesh || n > 1,
         partition,
+        0,
     )?;
     Ok((shape, sharding))
 }
@@ -378,9 +365,13 @@ mod tests {
         let outputs = global_outputs(&[report], &call, &hosts, &same).unwrap();
         let made = Sharding::named(devices[..1].to_vec(), vec![1], vec!["x".into()], vec![])
             .and_then(|s| s.with_axis_types(vec![AxisType::Explicit]))
+            .and_then(|s| s.with_memory_kind(Some(MemoryKind::PinnedHost)))
             .unwrap();
         assert!(outputs.specs[0].sharding == made, "{:?}", outputs.specs[0]);
-        assert_eq!(outputs.memory_kind(0), Some(MemoryKind::PinnedHost));
+        assert_eq!(
+            outputs.specs[0].sharding.memory_kind(),
+            Some(MemoryKind::PinnedHost)
+        );
 
         // An older host says neither axis types, nor mesh, nor memory kind:
         // one device unsplit is a single device's, other axes are Auto.
@@ -391,7 +382,7 @@ mod tests {
         };
         let outputs = global_outputs(&[one_device(old.clone(), 0)], &call, &hosts, &same).unwrap();
         assert!(outputs.specs[0].sharding == Sharding::single_device(devices[0].clone()));
-        assert_eq!(outputs.memory_kind(0), None);
+        assert_eq!(outputs.specs[0].sharding.memory_kind(), None);
         let split = pb::HostLayout {
             positions: vec![0, 1],
             mesh_shape: vec![2],

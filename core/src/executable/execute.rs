@@ -297,14 +297,9 @@ impl LoadedExecutable {
             .enumerate()
             .map(|(o, spec)| {
                 let dims = spec.sharding.shard_shape(&spec.shape)?;
-                position(spec)
+                let pos = position(spec)
                     .ok_or_else(|| Error::internal("output sharding lacks the device"))?;
-                Ok(OutputShard {
-                    output: o,
-                    dtype: spec.dtype,
-                    dims,
-                    device: device.clone(),
-                })
+                OutputShard::of(o, spec.dtype, dims, &spec.sharding, pos)
             })
             .collect::<Result<_>>()?;
         let h = self.host_plan_index(device.host_index())?;
@@ -333,13 +328,16 @@ impl LoadedExecutable {
             .output_specs
             .iter()
             .enumerate()
-            .map(|(o, spec)| OutputShard {
-                output: o,
-                dtype: spec.dtype,
-                dims: spec.shape.clone(),
-                device: device.clone(),
+            .map(|(o, spec)| {
+                OutputShard::on(
+                    o,
+                    spec.dtype,
+                    spec.shape.clone(),
+                    device.clone(),
+                    spec.sharding.memory_kind(),
+                )
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let h = self.host_plan_index(program.devices[0].host_index())?;
         self.run_single(h, args, shards, options)
     }
@@ -431,7 +429,7 @@ impl LoadedExecutable {
                 Buffer::new(
                     client,
                     s.device.clone(),
-                    s.device.default_memory_space().clone(),
+                    s.memory.clone(),
                     s.dtype,
                     &s.dims,
                     completion.clone(),

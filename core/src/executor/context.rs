@@ -7,13 +7,15 @@ use super::SessionKey;
 use crate::array::Array;
 use crate::buffer::Buffer;
 use crate::client::Client;
-use crate::device::Device;
+use crate::device::{Device, MemoryKind, MemorySpace};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
+use crate::sharding::Sharding;
 
-/// One output shard a host must produce: which output, and its dtype, dims, device.
+/// One output shard a host must produce: which output, and its dtype, dims,
+/// device and memory.
 #[derive(Clone, Debug)]
 pub struct OutputShard {
     /// Index of the output in the program's results.
@@ -24,6 +26,50 @@ pub struct OutputShard {
     pub dims: Vec<i64>,
     /// The device the shard lives on.
     pub device: Device,
+    /// The device's memory the shard is in (that of the output sharding's
+    /// memory kind).
+    pub memory: MemorySpace,
+}
+
+impl OutputShard {
+    /// Shard `dims` of output `output`, at position `pos` of `sharding`.
+    pub(crate) fn of(
+        output: usize,
+        dtype: DType,
+        dims: Vec<i64>,
+        sharding: &Sharding,
+        pos: usize,
+    ) -> Result<OutputShard> {
+        OutputShard::on(
+            output,
+            dtype,
+            dims,
+            sharding.devices()[pos].clone(),
+            sharding.memory_kind(),
+        )
+    }
+
+    /// Shard `dims` of output `output` on `device`, in its memory of `kind`
+    /// (`None`: its default memory).
+    pub(crate) fn on(
+        output: usize,
+        dtype: DType,
+        dims: Vec<i64>,
+        device: Device,
+        kind: Option<MemoryKind>,
+    ) -> Result<OutputShard> {
+        let memory = match kind {
+            Some(kind) => device.memory_space_by_kind(kind.name())?.clone(),
+            None => device.default_memory_space().clone(),
+        };
+        Ok(OutputShard {
+            output,
+            dtype,
+            dims,
+            device,
+            memory,
+        })
+    }
 }
 
 /// What a running program sees on its host: its input shards, the output shards it
@@ -160,6 +206,13 @@ impl<'a> ExecutionContext<'a> {
                 buffer.dtype().name(),
                 buffer.dims(),
                 buffer.device()
+            )));
+        }
+        if buffer.memory_space().kind() != spec.memory.kind() {
+            return Err(Error::invalid_argument(format!(
+                "output shard {index} must be in {} memory, got one in {} memory",
+                spec.memory.kind().name(),
+                buffer.memory_space().kind().name()
             )));
         }
         buffer.check_live()?;

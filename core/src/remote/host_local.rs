@@ -166,6 +166,7 @@ pub(crate) fn local_spec(
                 .collect(),
             axis_types: sharding.wire_axis_types(),
             mesh: !sharding.is_single_device(),
+            memory_kind: sharding.wire_memory_kind(),
         }),
     };
     Ok((local, positions))

@@ -101,7 +101,7 @@ class Array(NDArrayOperatorsMixin):
         """How the array is laid out over devices."""
         s = self._sharding
         if s is None:
-            s = _sharding_from_core(self._impl.sharding, self._impl.memory_kind)
+            s = _sharding_from_core(self._impl.sharding)
             self._sharding = s
         return s
 

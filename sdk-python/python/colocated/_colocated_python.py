@@ -306,17 +306,15 @@ class _Site:
             return self.declared_treedef
         return self._discovered(structure)[0]
 
-    def _out_sharding(self, j, own, core, memory_kind):
-        """An output's sharding object: the caller's object of input ``j``
-        (which the runtime found to be the sharding the function produced, in
-        every respect), or the function's own: the object it made on the
-        local host (``own``), else the sharding the runtime reports (``core``,
-        with its mesh, and ``memory_kind``)."""
-        if own is None:
-            return self.leaves[j].sharding if j is not None else _sharding_from_core(core, memory_kind)
-        if j is not None and self.leaves[j].sharding == own:
+    def _out_sharding(self, j, own, core):
+        """An output's sharding object, where the runtime placed it: the
+        caller's object of input ``j`` (the runtime found the output to have
+        that input's sharding in every respect, memory kind included); else
+        the object the function made, when it ran on the local host
+        (``own``); else one over the runtime's sharding ``core``."""
+        if j is not None:
             return self.leaves[j].sharding
-        return own
+        return own if own is not None else _sharding_from_core(core)
 
     def same_structure(self, a: bytes, b: bytes) -> bool:
         """Whether two workers' discovered structures are the same (as trees,
@@ -345,22 +343,17 @@ class _Site:
         self.local_keys.append(key)
         return _LOCAL_PREFIX + str(key).encode(), []
 
-    def entry(self, structure: bytes, origins: list, cores: list, memory_kinds: list) -> tuple:
+    def entry(self, structure: bytes, origins: list, cores: list) -> tuple:
         """What the native fast path keeps with the compiled program: the
-        output tree, the output sharding objects (an input's own object for an
-        output with its sharding; for another output, the function's own
-        object on the local host, else one over the global sharding ``cores``
-        in memory of kind ``memory_kinds``), the flat arity and whether the
-        output is one array."""
+        output tree, the output sharding objects (see ``_out_sharding``; the
+        runtime's ``cores`` say each output's global sharding and memory
+        kind), the flat arity and whether the output is one array."""
         if self.declared_treedef is not None:
             out_treedef, shardings = self.declared_treedef, self._declared_shardings
         else:
             out_treedef, owns = self._discovered(structure)
             owns = owns or [None] * len(cores)
-            shardings = [
-                self._out_sharding(j, own, core, kind)
-                for j, own, core, kind in zip(origins, owns, cores, memory_kinds)
-            ]
+            shardings = [self._out_sharding(j, own, core) for j, own, core in zip(origins, owns, cores)]
         return out_treedef, shardings, _flat_arity(self.treedef), _is_leaf(out_treedef)
 
 

@@ -44,6 +44,8 @@ def _core_sharding(sharding) -> _colocated.Sharding:
     core = _core_shardings.get(sharding)
     if core is None:
         core = sharding._make_core()
+        if sharding._placement is not None:
+            core = core.with_memory_kind(sharding._placement)
         with _cache_lock:
             core = _core_shardings.setdefault(sharding, core)
     return core
@@ -470,12 +472,13 @@ def _single_device_sharding(device, memory_kind: str) -> SingleDeviceSharding:
     return SingleDeviceSharding(device, memory_kind=memory_kind)
 
 
-def _sharding_from_core(core: _colocated.Sharding, memory_kind: str | None = None) -> Sharding:
+def _sharding_from_core(core: _colocated.Sharding) -> Sharding:
     """The Python sharding for a core one (e.g. of an array the runtime made, or
     an output a worker made), over the devices of the core sharding's own
-    client, with shards in memory of kind ``memory_kind`` (None: the devices'
-    default): a ``SingleDeviceSharding`` for a single device's, else a
-    ``NamedSharding`` with the core's mesh (axis names and types) and spec."""
+    client, with shards in memory of the core's kind: a
+    ``SingleDeviceSharding`` for a single device's, else a ``NamedSharding``
+    with the core's mesh (axis names and types) and spec."""
+    memory_kind = core.memory_kind
     devices = core.devices
     if core.is_single_device:
         sharding = SingleDeviceSharding(devices[0], memory_kind=memory_kind)

@@ -11,7 +11,7 @@ from ._array import Array, _wrap
 from ._device_put import _from_shard_values, _put, device_put
 from ._dtypes import canonicalize
 from ._errors import InvalidArgumentError
-from ._sharding import NamedSharding, PartitionSpec
+from ._sharding import _sharding_from_core
 
 
 def _map_shards(fn, template: Array, *shard_args) -> Array | tuple:
@@ -118,20 +118,17 @@ def _apply_ufunc(ufunc, inputs, kwargs):
 
 def _apply_gathered(ufunc, inputs, kwargs, template: Array):
     """Fallback when shapes or layouts differ: compute on the gathered values and
-    lay the result out like the template (replicated over its mesh if the result's
+    place each result where the runtime places a fresh array made like the
+    template (its sharding, or replicated over its mesh when the result's
     shape does not split that way)."""
     values = [x._value() if isinstance(x, Array) else x for x in inputs]
     kwargs = {k: v._value() if isinstance(v, Array) else v for k, v in kwargs.items()}
     result = ufunc(*values, **kwargs)
+    sharding = template.sharding
 
     def place(r):
-        try:
-            return device_put(r, template.sharding)
-        except InvalidArgumentError:
-            s = template.sharding
-            if isinstance(s, NamedSharding):
-                return device_put(r, NamedSharding(s.mesh, PartitionSpec(), memory_kind=s.memory_kind))
-            raise
+        fitted = sharding._core_sharding().fitted(list(np.shape(r)))
+        return device_put(r, sharding if fitted is None else _sharding_from_core(fitted))
 
     if isinstance(result, tuple):
         return tuple(place(r) for r in result)
