@@ -169,6 +169,35 @@ typedef struct colocated_object colocated_object;
 #define COLOCATED_API_VERSION ((COLOCATED_API_VERSION_MAJOR << 16) | COLOCATED_API_VERSION_MINOR)
 
 /**
+ * Kinds of memory spaces.
+ */
+enum colocated_memory_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * The device's own memory.
+   */
+  COLOCATED_MEMORY_DEVICE = 1,
+  /**
+   * Pinned host memory.
+   */
+  COLOCATED_MEMORY_PINNED_HOST = 2,
+  /**
+   * Ordinary host memory.
+   */
+  COLOCATED_MEMORY_UNPINNED_HOST = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum colocated_memory_kind colocated_memory_kind;
+#else
+typedef uint32_t colocated_memory_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Element types (values never change).
  */
 enum colocated_dtype
@@ -271,35 +300,6 @@ enum colocated_attribute_type
 typedef enum colocated_attribute_type colocated_attribute_type;
 #else
 typedef uint32_t colocated_attribute_type;
-#endif // __STDC_VERSION__ >= 202311L
-#endif // __cplusplus
-
-/**
- * Kinds of memory spaces.
- */
-enum colocated_memory_kind
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
-  /**
-   * The device's own memory.
-   */
-  COLOCATED_MEMORY_DEVICE = 1,
-  /**
-   * Pinned host memory.
-   */
-  COLOCATED_MEMORY_PINNED_HOST = 2,
-  /**
-   * Ordinary host memory.
-   */
-  COLOCATED_MEMORY_UNPINNED_HOST = 3,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum colocated_memory_kind colocated_memory_kind;
-#else
-typedef uint32_t colocated_memory_kind;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -1233,6 +1233,28 @@ colocated_error *colocated_sharding_devices(const colocated_sharding *handle_,
  */
 colocated_error *colocated_sharding_is_fully_replicated(const colocated_sharding *handle_,
                                                         bool *out);
+
+/**
+ * The kind of memory the sharding puts shards in: the kind it was given
+ * (`colocated_sharding_with_memory_kind`), else its first device's default.
+ *
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_sharding_memory_kind(const colocated_sharding *handle_,
+                                                colocated_memory_kind *out);
+
+/**
+ * A new sharding like `sharding` with its shards in memory of `kind` (a
+ * `colocated_memory_kind` value; 0: each device's default memory). Arrays
+ * made or placed with it go to that memory; a colocated call's cache and
+ * its outputs tell shardings of different kinds apart. Errors:
+ * `invalid_argument` (a kind no value names, a device without memory of
+ * that kind).
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_sharding_with_memory_kind(const colocated_sharding *sharding,
+                                                     uint32_t kind,
+                                                     colocated_sharding **out);
 
 /**
  * The slice of a global array of shape `dims` that the device at `device_index`

@@ -278,10 +278,21 @@ export declare class Mesh {
 /** An array split over a mesh by a partition spec (JAX's `NamedSharding`). */
 export declare class NamedSharding {
   /**
-   * Throws `InvalidArgumentError` for an axis the mesh lacks or an axis
-   * used twice.
+   * Throws `InvalidArgumentError` for an axis the mesh lacks, an axis
+   * used twice, or a memory kind a device lacks.
    */
-  constructor(mesh: Mesh, spec: PartitionSpec)
+  constructor(mesh: Mesh, spec: PartitionSpec, options?: ShardingOptions | undefined | null)
+  /**
+   * The kind of memory the shards are in (`'device'`, `'pinned_host'`,
+   * `'unpinned_host'`): the one given, else the devices' default.
+   */
+  get memoryKind(): string
+  /**
+   * This sharding with its shards in memory of `kind` (null: the
+   * devices' default). Throws `InvalidArgumentError` for a kind a device
+   * lacks.
+   */
+  withMemoryKind(kind?: string | undefined | null): NamedSharding
   /** The mesh. */
   get mesh(): Mesh
   /** The partition spec. */
@@ -371,11 +382,19 @@ export declare class ShapeDtypeStruct {
 
 /** The whole array on one device. */
 export declare class SingleDeviceSharding {
-  constructor(device: Device)
+  /** Throws `InvalidArgumentError` for a memory kind the device lacks. */
+  constructor(device: Device, options?: ShardingOptions | undefined | null)
   /** The device. */
   get device(): Device
   /** `[device]`. */
   get devices(): Array<Device>
+  /** The kind of memory the array is in (as `NamedSharding.memoryKind`). */
+  get memoryKind(): string
+  /**
+   * This sharding with the array in memory of `kind` (as
+   * `NamedSharding.withMemoryKind`).
+   */
+  withMemoryKind(kind?: string | undefined | null): SingleDeviceSharding
   /** `SingleDeviceSharding(CpuDevice(id=0))`. */
   toString(): string
 }
@@ -724,6 +743,15 @@ export interface Shard {
   index: Array<Array<number>>
   /** The shard, as an array on its device. */
   data: ColocatedArray
+}
+
+/** Options of a sharding. */
+export interface ShardingOptions {
+  /**
+   * The kind of memory the shards are in: `'device'`, `'pinned_host'`
+   * or `'unpinned_host'` (default: each device's default memory).
+   */
+  memoryKind?: string
 }
 
 /** The values of `colocated status`'s flags, as parsed. */

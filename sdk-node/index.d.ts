@@ -13,6 +13,7 @@ export type {
   ProgramOptions,
   PutOptions,
   Shard,
+  ShardingOptions,
   TypedArray,
 } from './binding'
 export {

@@ -133,6 +133,29 @@ test('bad input gets typed errors', () => {
   invalid(() => new c.Mesh(cycle, ['x']), /nest too deep/)
 })
 
+test('a sharding says the kind of memory its arrays are in', async () => {
+  const devices = c.devices().slice(0, 2)
+  const mesh = new c.Mesh(devices, ['x'])
+  const plain = new c.NamedSharding(mesh, c.P('x'))
+  assert.equal(plain.memoryKind, 'device')
+  const pinned = new c.NamedSharding(mesh, c.P('x'), { memoryKind: 'pinned_host' })
+  assert.equal(pinned.memoryKind, 'pinned_host')
+  assert.equal(String(pinned), "NamedSharding(mesh=Mesh('x': 2), spec=P('x'), memoryKind='pinned_host')")
+  assert.equal(plain.withMemoryKind('unpinned_host').memoryKind, 'unpinned_host')
+  assert.equal(pinned.withMemoryKind(null).memoryKind, 'device')
+  const x = c.devicePut(new Float32Array([1, 2, 3, 4]), pinned)
+  assert.equal(x.sharding.memoryKind, 'pinned_host')
+  assert.deepEqual(Array.from(await x.toTypedArray()), [1, 2, 3, 4])
+  // Placed again in the devices' default memory.
+  assert.equal(c.devicePut(x, plain).sharding.memoryKind, 'device')
+  const one = new c.SingleDeviceSharding(devices[0], { memoryKind: 'unpinned_host' })
+  assert.equal(c.devicePut(new Int32Array([7]), one).sharding.memoryKind, 'unpinned_host')
+  assert.throws(
+    () => new c.NamedSharding(mesh, c.P('x'), { memoryKind: 'hbm' }),
+    (e) => e instanceof c.InvalidArgumentError && /memory kind 'hbm' is none of/.test(e.message),
+  )
+})
+
 test('a deleted array fails later uses with FailedPreconditionError', async () => {
   const x = c.devicePut([1, 2])
   x.delete()

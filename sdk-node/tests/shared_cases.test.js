@@ -36,13 +36,14 @@ const FUNCTIONS = {
 
 const TYPED = { float32: Float32Array, int32: Int32Array }
 
-function shardingOf(ids, split) {
-  const devices = ids.map((i) => c.devices()[i])
-  if (devices.length === 1) return devices[0]
-  return new c.NamedSharding(new c.Mesh(devices, ['x']), split ? c.P('x') : c.P())
+function shardingOf(arg) {
+  const devices = arg.devices.map((i) => c.devices()[i])
+  const options = { memoryKind: arg.memory_kind }
+  if (devices.length === 1) return new c.SingleDeviceSharding(devices[0], options)
+  return new c.NamedSharding(new c.Mesh(devices, ['x']), arg.split ? c.P('x') : c.P(), options)
 }
 
-const argument = (arg) => c.devicePut(TYPED[arg.dtype].from(arg.values), shardingOf(arg.devices, arg.split))
+const argument = (arg) => c.devicePut(TYPED[arg.dtype].from(arg.values), shardingOf(arg))
 
 async function checkOutput(out, want, where) {
   assert.equal(out.dtype, want.dtype, where)
@@ -56,6 +57,7 @@ async function checkOutput(out, want, where) {
   )
   const split = devices.length > 1 && !sharding.isFullyReplicated
   assert.equal(split, want.split, where)
+  assert.equal(sharding.memoryKind, want.memory_kind ?? 'device', where)
 }
 
 for (const testCase of TABLE.cases) {

@@ -203,23 +203,8 @@ def test_an_output_keeps_the_sharding_the_function_made(where, case, cluster):
     assert g(x).sharding == s_out  # the compiled program's
 
 
-_MEMORY_KIND_OF_OUTPUTS = pytest.mark.xfail(
-    strict=True,
-    reason="a program's outputs are in the devices' default memory: a worker sees an array returned "
-    "by an earlier call in 'device' memory whatever the kind it was made in",
-)
-
-
-@pytest.mark.parametrize(
-    ("where", "case"),
-    [
-        pytest.param(w, c, marks=_MEMORY_KIND_OF_OUTPUTS)
-        if w == "worker" and c in ("two_axes_pinned", "unpinned")
-        else (w, c)
-        for w in ("local", "worker")
-        for c in _OUTPUT_SHARDING_CASES
-    ],
-)
+@pytest.mark.parametrize("case", _OUTPUT_SHARDING_CASES)
+@pytest.mark.parametrize("where", ["local", "worker"])
 def test_an_output_keeps_its_sharding_in_the_next_call(where, case, cluster):
     s_in, s_out = _output_sharding_case(case, _devices_of(where, cluster))
     x = colocated.device_put(np.arange(4, dtype=np.int32), s_in)

@@ -255,7 +255,7 @@ def test_an_xla_program_refuses_an_input_in_host_memory(client):
     pinned = colocated.device_put(
         np.arange(8, dtype=np.float32), colocated.SingleDeviceSharding(device, memory_kind="pinned_host")
     )
-    with pytest.raises(colocated.InvalidArgumentError, match="input shard 0 is in pinned_host memory"):
+    with pytest.raises(colocated.InvalidArgumentError, match="argument 0 is in pinned_host memory but the program takes it in device memory"):
         np.asarray(f(pinned))
     # Copied to the device's memory, it runs.
     np.testing.assert_array_equal(np.asarray(f(colocated.device_put(pinned, device))), np.arange(1, 9))

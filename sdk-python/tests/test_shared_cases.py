@@ -34,23 +34,25 @@ def first(*xs):
 FUNCTIONS = {"add_one": add_one, "first": first}
 
 
-def sharding_of(devices, split):
-    ds = [colocated.devices()[i] for i in devices]
+def sharding_of(a):
+    ds = [colocated.devices()[i] for i in a["devices"]]
+    kind = a.get("memory_kind")
     if len(ds) == 1:
-        return SingleDeviceSharding(ds[0])
-    return NamedSharding(Mesh(np.array(ds), ("x",)), P("x") if split else P())
+        return SingleDeviceSharding(ds[0], memory_kind=kind)
+    return NamedSharding(Mesh(np.array(ds), ("x",)), P("x") if a["split"] else P(), memory_kind=kind)
 
 
 def argument(arg):
     values = np.array(arg["values"], dtype=arg["dtype"])
-    return colocated.device_put(values, sharding_of(arg["devices"], arg["split"]))
+    return colocated.device_put(values, sharding_of(arg))
 
 
 def check_output(out, want):
     assert str(out.dtype) == want["dtype"]
     np.testing.assert_array_equal(np.asarray(out), np.array(want["values"], dtype=want["dtype"]))
     assert [d.id for d in out.sharding.devices] == [colocated.devices()[i].id for i in want["devices"]]
-    assert out.sharding.is_equivalent_to(sharding_of(want["devices"], want["split"]), out.ndim)
+    assert out.sharding.is_equivalent_to(sharding_of(want), out.ndim)
+    assert out.sharding.memory_kind == want.get("memory_kind", "device")
 
 
 @pytest.mark.parametrize("case", TABLE["cases"], ids=[c["name"] for c in TABLE["cases"]])

@@ -1,5 +1,5 @@
 /*
- * Shardings (replicated and named, shard_index) and sharded arrays (from_host,
+ * Shardings (replicated and named, shard_index, memory kinds) and sharded arrays (from_host,
  * assemble, to_host, buffer, sharding, dims, dtype, num_buffers, ready_event,
  * delete / is_deleted).
  */
@@ -35,6 +35,47 @@ TEST(replicated_sharding_gives_every_device_the_whole_array) {
     CHECK_OK(colocated_sharding_shard_index(f.sharding, i, dims, 2, starts, limits));
     CHECK(starts[0] == 0 && starts[1] == 0 && limits[0] == 4 && limits[1] == 5);
   }
+  client_fixture_destroy(&f);
+}
+
+TEST(a_sharding_says_the_memory_its_arrays_go_to) {
+  struct client_fixture f = client_fixture(2, 2);
+  f.sharding = make_split(f.client, f.devices, 2);
+  colocated_memory_kind kind = 0;
+  CHECK_OK(colocated_sharding_memory_kind(f.sharding, &kind));
+  CHECK(kind == COLOCATED_MEMORY_DEVICE);
+  colocated_sharding *pinned = NULL;
+  CHECK_OK(colocated_sharding_with_memory_kind(f.sharding, COLOCATED_MEMORY_PINNED_HOST, &pinned));
+  CHECK_OK(colocated_sharding_memory_kind(pinned, &kind));
+  CHECK(kind == COLOCATED_MEMORY_PINNED_HOST);
+  /* An array made with it is in that memory, and says so. */
+  const float values[4] = {1, 2, 3, 4};
+  int64_t n = 4;
+  colocated_array *array = make_array(f.client, pinned, COLOCATED_DTYPE_F32, &n, 1, values, sizeof values);
+  colocated_buffer *buffer = NULL;
+  CHECK_OK(colocated_array_buffer(array, 1, &buffer));
+  const colocated_memory_space *memory = NULL;
+  CHECK_OK(colocated_buffer_memory_space(buffer, &memory));
+  CHECK_OK(colocated_memory_space_kind(memory, &kind));
+  CHECK(kind == COLOCATED_MEMORY_PINNED_HOST);
+  colocated_sharding *of_array = NULL;
+  CHECK_OK(colocated_array_sharding(array, &of_array));
+  CHECK_OK(colocated_sharding_memory_kind(of_array, &kind));
+  CHECK(kind == COLOCATED_MEMORY_PINNED_HOST);
+  /* 0 is each device's default memory; no kind has value 7. */
+  colocated_sharding *plain = NULL;
+  CHECK_OK(colocated_sharding_with_memory_kind(pinned, 0, &plain));
+  CHECK_OK(colocated_sharding_memory_kind(plain, &kind));
+  CHECK(kind == COLOCATED_MEMORY_DEVICE);
+  colocated_sharding *bad = NULL;
+  CHECK_CODE_MSG(colocated_sharding_with_memory_kind(f.sharding, 7, &bad), COLOCATED_INVALID_ARGUMENT,
+                 "memory kind 7");
+  CHECK(bad == NULL);
+  colocated_sharding_destroy(plain);
+  colocated_sharding_destroy(of_array);
+  colocated_buffer_destroy(buffer);
+  colocated_array_destroy(array);
+  colocated_sharding_destroy(pinned);
   client_fixture_destroy(&f);
 }
 

@@ -12,7 +12,7 @@
 #include "helpers.h"
 
 /* An argument or an output: values of `dtype` on `devices`, split along the
- * first dimension or replicated. */
+ * first dimension or replicated, in memory of `memory_kind`. */
 typedef struct {
   const char *dtype;
   size_t num_values;
@@ -20,6 +20,7 @@ typedef struct {
   size_t num_devices;
   const int *devices;
   int split;
+  colocated_memory_kind memory_kind;
 } case_array;
 
 typedef struct {
@@ -115,11 +116,17 @@ static colocated_error *native_case_function(void *user_data, colocated_executio
   return err;
 }
 
-static colocated_sharding *sharding_of(const colocated_client *client, const int *ids, size_t n, int split) {
+static colocated_sharding *sharding_of(const colocated_client *client, const case_array *a) {
   const colocated_device *devices[SHARED_CASES_DEVICES_MAX];
+  size_t n = a->num_devices;
   CHECK(n <= SHARED_CASES_DEVICES_MAX);
-  for (size_t i = 0; i < n; ++i) devices[i] = device_at(client, (size_t)ids[i]);
-  return split ? make_split(client, devices, n) : make_replicated(client, devices, n);
+  for (size_t i = 0; i < n; ++i) devices[i] = device_at(client, (size_t)a->devices[i]);
+  colocated_sharding *sharding = a->split ? make_split(client, devices, n) : make_replicated(client, devices, n);
+  if (a->memory_kind == COLOCATED_MEMORY_DEVICE) return sharding;
+  colocated_sharding *in_memory = NULL;
+  CHECK_OK(colocated_sharding_with_memory_kind(sharding, (uint32_t)a->memory_kind, &in_memory));
+  colocated_sharding_destroy(sharding);
+  return in_memory;
 }
 
 static colocated_array *argument(const colocated_client *client, const case_array *arg) {
@@ -132,7 +139,7 @@ static colocated_array *argument(const colocated_client *client, const case_arra
     f[k] = (float)arg->values[k];
     i[k] = (int32_t)arg->values[k];
   }
-  colocated_sharding *sharding = sharding_of(client, arg->devices, arg->num_devices, arg->split);
+  colocated_sharding *sharding = sharding_of(client, arg);
   int64_t n = (int64_t)arg->num_values;
   colocated_array *array = make_array(client, sharding, is_f32 ? COLOCATED_DTYPE_F32 : COLOCATED_DTYPE_I32, &n, 1,
                                       is_f32 ? (const void *)f : (const void *)i, arg->num_values * 4);
@@ -162,6 +169,9 @@ static void check_output(const colocated_client *client, const colocated_array *
   bool replicated = false;
   CHECK_OK(colocated_sharding_is_fully_replicated(sharding, &replicated));
   CHECK((n > 1 && !replicated) == (want->split != 0));
+  colocated_memory_kind kind;
+  CHECK_OK(colocated_sharding_memory_kind(sharding, &kind));
+  CHECK(kind == want->memory_kind);
   colocated_sharding_destroy(sharding);
 }
 

@@ -17,11 +17,16 @@ def numbers(kind, values):
     return f"(const {kind}[]){{{', '.join(repr(v) for v in values)}}}" if values else "NULL"
 
 
+#: Memory kinds -> `colocated_memory_kind` values.
+MEMORY_KINDS = {"device": 1, "pinned_host": 2, "unpinned_host": 3}
+
+
 def array(a):
     """An argument or an output as a `case_array`."""
     return (
         f"{{{c_string(a['dtype'])}, {len(a['values'])}, {numbers('double', a['values'])}, "
-        f"{len(a['devices'])}, {numbers('int', a['devices'])}, {int(a['split'])}}}"
+        f"{len(a['devices'])}, {numbers('int', a['devices'])}, {int(a['split'])}, "
+        f"{MEMORY_KINDS[a.get('memory_kind', 'device')]}}}"
     )
 
 

@@ -502,6 +502,17 @@ fn check_arg(i: usize, got: &ArraySpec, want: &ArraySpec) -> Result<()> {
     if got.sharding.same_as(&want.sharding) && got.dtype == want.dtype && got.shape == want.shape {
         return Ok(());
     }
+    let (have, takes) = (
+        got.sharding.memory_kind_or_default(),
+        want.sharding.memory_kind_or_default(),
+    );
+    if have != takes {
+        return Err(Error::invalid_argument(format!(
+            "argument {i} is in {} memory but the program takes it in {} memory: copy it there first",
+            have.name(),
+            takes.name()
+        )));
+    }
     if !got.matches(want) {
         return Err(Error::invalid_argument(format!(
             "argument {i} is {} with {:?} but the program expects {} with {:?}",

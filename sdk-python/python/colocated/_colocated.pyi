@@ -208,7 +208,18 @@ class Sharding:
         """Per device, ``(replica id, position of the first device holding the same
         slice)`` of an array of ``shape``."""
     def equivalent(self, other: Sharding, rank: int) -> bool:
-        """Same devices in the same order and the same split of every dimension."""
+        """Same devices in the same order, the same memory kind and the same
+        split of every dimension."""
+    @property
+    def memory_kind(self) -> str | None:
+        """The kind of memory the shards are in; None for each device's default."""
+    def with_memory_kind(self, kind: str | None) -> Sharding:
+        """This sharding with its shards in memory of ``kind`` (None: each
+        device's default); ``InvalidArgumentError`` for a kind a device lacks."""
+    def fitted(self, shape: list[int]) -> Sharding | None:
+        """Where a fresh array of ``shape`` made like one of this sharding goes:
+        None for this sharding itself (it splits ``shape``), else the array
+        whole on each device of the same mesh."""
 
 class CopyProgress:
     """Bytes of a copy that crossed hosts so far (updated by network threads)."""
