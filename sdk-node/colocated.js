@@ -76,13 +76,11 @@ module.exports = function install(binding, exports) {
   // Functions loaded on this host, by program id.
   const loaded = new Map()
 
-  // What core keeps for this thread, by its token's id (see `kept.rs`): this
-  // process's own functions and classes, which its host runs by reference
-  // ({fn}: core's registry of local values), and objects of colocated
-  // classes ({object}: a Promise of {value} or {error}, the constructor's
-  // error thrown again to every call; core's host-object store holds their
-  // tokens). A JavaScript value cannot leave its thread: when core drops a
-  // token, the forgetter below releases the value here.
+  // What core keeps for this thread, by its token's id (`src/kept.rs`): this
+  // process's own functions and classes ({fn}, in core's registry of local
+  // values) and objects of colocated classes ({object}: a Promise of {value}
+  // or {error}, in core's host-object store). A JavaScript value cannot
+  // leave its thread: when core drops a token, the forgetter releases it here.
   const held = new Map()
 
   async function load(call) {
@@ -131,10 +129,7 @@ module.exports = function install(binding, exports) {
   /** The object a method call runs on: built on its first call here (core's store decides). */
   function hostObject(call, object) {
     const { value, built } = call.hostObject(object.id)
-    if (!built) {
-      const entry = held.get(value)
-      if (entry !== undefined) return entry.object
-    }
+    if (!built && held.has(value)) return held.get(value).object
     const promise = (async () => {
       try {
         const Class = await loadClass(object.class, call.local)
@@ -147,19 +142,15 @@ module.exports = function install(binding, exports) {
     return promise
   }
 
-  // Classes that travel by source or module, by what names them.
-  const classes = new Map()
+  const classes = new Map() // by source or module
   async function loadClass(what, localId) {
+    // This process's own, in core's registry (not cached here).
+    if (typeof what.source !== 'string' && held.has(localId)) return held.get(localId).fn
     const key = JSON.stringify({ ...what, local: undefined })
     let Class = classes.get(key)
     if (Class === undefined) {
-      const mine = localId === null ? undefined : held.get(localId)
       if (typeof what.source === 'string') {
         Class = new Function('require', 'colocated', `return (${what.source})`)(require, exports)
-      } else if (mine !== undefined) {
-        // This process's own (core's registry keeps it): not cached here.
-        if (typeof mine.fn !== 'function') throw new errors.InvalidArgumentError(`not a class: ${key.slice(0, 200)}`)
-        return mine.fn
       } else if (typeof what.module === 'string') Class = (await import(what.module))[what.export]
       else throw notByValue()
       if (typeof Class !== 'function') throw new errors.InvalidArgumentError(`not a class: ${key.slice(0, 200)}`)
@@ -344,18 +335,12 @@ module.exports = function install(binding, exports) {
   binding._setRunner(run, threadId)
 
   /**
-   * What this thread hosts now (for diagnostics and tests): functions loaded
-   * for programs, and the values it keeps for core (this process's own
-   * functions and classes, objects of colocated classes); and core's counts
-   * for the process: functions and classes in its registry of local values,
-   * objects in its host-object store.
+   * What this thread hosts (functions of loaded programs, values it keeps for
+   * core), and core's counts for the process (its registry of local values,
+   * its host-object store): for diagnostics and tests.
    */
-  exports._hosted = () => ({
-    programs: loaded.size,
-    values: held.size,
-    registered: binding._localValues(),
-    objects: binding._hostObjects(),
-  })
+  const counts = () => ({ registered: binding._localValues(), objects: binding._hostObjects() })
+  exports._hosted = () => ({ programs: loaded.size, values: held.size, ...counts() })
 
   // -- the controller -------------------------------------------------------
 
