@@ -96,6 +96,39 @@ test('objects live in core’s store and are freed with their wrapper', async ()
   assert.ok(after.values <= before.values)
 })
 
+test('a worker thread hosts the objects of the classes it defines', async () => {
+  const { Worker } = require('node:worker_threads')
+  const code = `
+    const { parentPort, threadId } = require('node:worker_threads')
+    const c = require(${JSON.stringify(path.join(__dirname, '..'))})
+    const offset = 40
+    // Its static part refers to a name around it: it does not travel by its
+    // source, and only this thread can build its objects.
+    class Here {
+      static offset = offset
+      async where(x) {
+        const [v] = await x.toTypedArray()
+        return c.devicePut(new Int32Array([v + Here.offset, threadId]), c.devices()[0])
+      }
+    }
+    const here = new (c.colocatedClass(Here))()
+    ;(async () => {
+      const x = c.devicePut(new Int32Array([2]), c.devices()[0])
+      const [sum, ran] = await (await here.where(x)).toTypedArray()
+      parentPort.postMessage({ sum, ran })
+    })().catch((e) => parentPort.postMessage({ error: String(e) }))
+  `
+  const worker = new Worker(code, { eval: true })
+  const thread = worker.threadId
+  const answer = await new Promise((resolve, reject) => {
+    worker.once('message', resolve)
+    worker.once('error', reject)
+  })
+  await worker.terminate()
+  assert.notEqual(thread, 0)
+  assert.deepEqual(answer, { sum: 42, ran: thread })
+})
+
 test('dispose() right after calls still waiting to be submitted lets them run first', async () => {
   const Remote = c.colocatedClass(Accumulator)
   const acc = new Remote(0)
