@@ -1,14 +1,17 @@
 //! The `node` language: JavaScript functions that hosts run. A program's
 //! payload is the function (its source, or a module and export name, as
-//! JSON: JavaScript's own form of it, as cloudpickle is Python's); a host
-//! runs it on a JavaScript thread (an event loop of this process) with its
-//! input arrays, and hands core the arrays it returns.
+//! JSON: JavaScript's own form of it, as cloudpickle is Python's; on the
+//! process that made it, also a reference to the function or class in core's
+//! registry of local values, see `kept.rs`); a host runs it on a JavaScript
+//! thread (an event loop of this process) with its input arrays, and hands
+//! core the arrays it returns.
 //!
 //! An executor thread that runs a `node` program hands a [`HostCall`] to the
 //! JavaScript runner (`colocated.js`, through a threadsafe function) of the
-//! thread the program belongs to (the one that defined its function, a
-//! `worker_threads` thread too; else the main thread) and waits for its
-//! answer; the event loop never waits for it.
+//! thread the program belongs to (the one that defined its function or
+//! class, a `worker_threads` thread too, as the registry's entry says; else
+//! the main thread) and waits for its answer; the event loop never waits for
+//! it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
