@@ -958,6 +958,25 @@ def test_callables_run_by_reference_leave_cores_registry_with_their_function():
     assert _colocated.local_values() == before
 
 
+def test_a_call_keeps_its_callable_after_the_function_is_gone():
+    # The loaded program holds the registration: a call that still runs does
+    # not lose its callable when the function that made it goes.
+    x = put(1)
+    f = colocated.colocated_python(lambda x: x + 41).specialize(out_specs_fn=lambda x: x)
+    before = _colocated.local_values()
+    calls = [f(x) for _ in range(3)]
+    del f
+    gc.collect()
+    assert [int(y) for y in calls] == [42, 42, 42]
+    # And goes with the program, once the calls ran.
+    del calls
+    deadline = time.monotonic() + WAIT
+    while _colocated.local_values() > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert _colocated.local_values() <= before
+
+
 def test_a_reference_of_another_process_is_refused_at_load():
     # A payload naming a value of another process (or one released) does not
     # load: a typed error, not a crash.
