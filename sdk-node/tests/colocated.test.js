@@ -415,3 +415,17 @@ test('functions run by reference leave core’s registry with their colocated fu
   assert.equal(after.values, before.values)
   assert.equal(after.programs, before.programs)
 })
+
+test('a program naming a function of another process, a released one or none is refused with a typed error', async () => {
+  const x = c.devicePut(new Int32Array([1]), c.devices()[0])
+  const spec = new c.ShapeDtypeStruct([1], 'int32', c.devices()[0])
+  // This process's token with a key it never gave out.
+  const mine = new (require('../binding.js').LocalFunction)(0).reference.replace(/:\d+$/, ':0')
+  const forged = [mine, 'colocated-local:0123456789abcdef:1', 'colocated-local:nonsense', 'not a reference', 7]
+  for (const local of forged) {
+    const payload = JSON.stringify({ local, args: [0] })
+    const exe = await c.compile({ language: 'node', payload, inSpecs: [spec], outSpecs: [spec] })
+    const run = exe.execute([x])
+    await assert.rejects(run.done, (e) => e instanceof c.InvalidArgumentError && /not self-contained/.test(e.message))
+  }
+})
