@@ -189,6 +189,12 @@ export declare class HostCall {
   get program(): number
   /** The function: `{"source": …}` or `{"module": …, "export": …}`. */
   get payload(): string
+  /**
+   * The id this thread keeps the program's function (a method's class)
+   * under when this process made the program, which then runs it as it
+   * is; null for a program of another process.
+   */
+  get local(): number | null
   /** This host's part of each argument. */
   get inputs(): Array<ColocatedArray>
   /**
@@ -202,11 +208,13 @@ export declare class HostCall {
    */
   get session(): string
   /**
-   * Marks object `id` of the call's session as kept on this host: when
-   * core destroys it (its handle went, or its session ended), the runner's
-   * forgetter hears of it.
+   * Object `id` of the call's session on this host, in core's store:
+   * `value`, the id this thread keeps it under, and `built`, true when
+   * this call made the entry (the runner builds the object now and keeps
+   * it under `value`, until core drops the entry: when the object's
+   * handle went or its session ended).
    */
-  holdObject(id: string): void
+  hostObject(id: string): HostObject
   /** True in the first call of an input spec, whose outputs are discovered. */
   get discovering(): boolean
   /**
@@ -256,6 +264,21 @@ export declare class LoadedExecutable {
   execute(args: Array<ColocatedArray>, stream?: Stream | undefined | null): Execution
   /** The program as bytes, for `deserializeAndLoad`. */
   serialize(): Buffer
+}
+
+/**
+ * A function or class of this process in core's registry of local values,
+ * which its own host runs by reference: the thread that made it keeps it
+ * under `id` while this handle, or a program loaded from its `reference`,
+ * lives.
+ */
+export declare class LocalFunction {
+  /** Registers a value that JavaScript thread `thread` keeps (under `id`). */
+  constructor(thread: number)
+  /** The id its thread keeps the value under. */
+  get id(): number
+  /** What names it in a program's payload (on this process only). */
+  get reference(): string
 }
 
 /**
@@ -419,6 +442,18 @@ export declare class WorkerHandle {
 }
 
 /**
+ * How many objects of colocated classes (of every session and language)
+ * core's host-object store holds on this process now.
+ */
+export declare function _hostObjects(): number
+
+/**
+ * How many values (functions and classes of this process run by
+ * reference, of every thread) core's registry holds now.
+ */
+export declare function _localValues(): number
+
+/**
  * Does nothing: the baseline of a call across the napi boundary, for the
  * benchmarks.
  */
@@ -432,7 +467,8 @@ export declare function _setErrorFactory(make: (arg: [string, string, string | u
 
 /**
  * Called once per JavaScript thread by `colocated.js`: the function that
- * drops objects of colocated classes from that thread's runner's table.
+ * releases what that thread keeps for core. It does not keep the thread
+ * alive.
  */
 export declare function _setForgetter(forget: (arg: Forget) => unknown, thread: number): void
 
@@ -653,13 +689,12 @@ export interface Execution {
 }
 
 /**
- * What the runner is told to forget: object `object` of `session`, every
- * object of a session that ended (`object` null), or (`program` set) the
- * function of a program that was unloaded.
+ * What a thread's forgetter is told: to release the value it keeps under
+ * `value`, or (`program` set) to forget the function it loaded for a
+ * program that was unloaded.
  */
 export interface Forget {
-  session: string
-  object?: string
+  value?: number
   program?: number
 }
 
@@ -675,6 +710,15 @@ export interface Host {
   deviceIds: Array<number>
   /** True for a worker (reached over the network). */
   isRemote: boolean
+}
+
+/**
+ * Where a host call's object lives on its JavaScript thread (see
+ * `HostCall.hostObject`).
+ */
+export interface HostObject {
+  value: number
+  built: boolean
 }
 
 /** The arguments every call must match: their structure's key and specs. */

@@ -76,17 +76,25 @@ module.exports = function install(binding, exports) {
   // Functions loaded on this host, by program id.
   const loaded = new Map()
 
+  // What core keeps for this thread, by its token's id (`src/kept.rs`): this
+  // process's own functions and classes ({fn}, in core's registry of local
+  // values) and objects of colocated classes ({object}: a Promise of {value}
+  // or {error}, in core's host-object store). A JavaScript value cannot
+  // leave its thread: when core drops a token, the forgetter releases it here.
+  const held = new Map()
+
   async function load(call) {
     let fn = loaded.get(call.program)
     if (fn !== undefined) return fn
     const payload = JSON.parse(call.payload)
+    const mine = call.local === null ? undefined : held.get(call.local)
     if (typeof payload.source === 'string') {
       // A self-contained function, evaluated in the global scope (on every
       // host alike); it may use `require` and `colocated` (this package).
       fn = new Function('require', 'colocated', `return (${payload.source})`)(require, exports)
-    } else if (payload.pid === process.pid && payload.thread === threadId && local.has(payload.local)) {
+    } else if (mine !== undefined) {
       // Not self-contained: this process runs it as it is.
-      fn = local.get(payload.local)
+      fn = mine.fn
     } else if (typeof payload.module === 'string') {
       const module = await import(payload.module)
       fn = module[payload.export]
@@ -100,11 +108,6 @@ module.exports = function install(binding, exports) {
     return fn
   }
 
-  // Objects of colocated classes kept on this host: by session, then id, a
-  // Promise of {value} or {error} (the constructor's error, thrown again to
-  // every call: it lives here, not in core's store, because a JavaScript
-  // object cannot leave its thread). Core tells the forgetter when one goes.
-  const objects = new Map()
   const dispose = (entry) =>
     entry.then((built) => {
       const value = built.value
@@ -117,50 +120,38 @@ module.exports = function install(binding, exports) {
       loaded.delete(job.program)
       return
     }
-    const kept = objects.get(job.session)
-    if (kept === undefined) return
-    const ids = job.object === null || job.object === undefined ? [...kept.keys()] : [job.object]
-    for (const id of ids) {
-      const entry = kept.get(id)
-      if (entry === undefined) continue
-      kept.delete(id)
-      dispose(entry).catch(() => {})
-    }
-    if (kept.size === 0) objects.delete(job.session)
+    const entry = held.get(job.value)
+    if (entry === undefined) return
+    held.delete(job.value)
+    if (entry.object !== undefined) dispose(entry.object).catch(() => {})
   }, threadId)
 
-  /** The object a method call runs on: built on its first call here. */
+  /** The object a method call runs on: built on its first call here (core's store decides). */
   function hostObject(call, object) {
-    call.holdObject(object.id)
-    let kept = objects.get(call.session)
-    if (kept === undefined) {
-      kept = new Map()
-      objects.set(call.session, kept)
-    }
-    let entry = kept.get(object.id)
-    if (entry === undefined) {
-      entry = (async () => {
-        try {
-          const Class = await loadClass(object.class)
-          return { value: new Class(...object.args) }
-        } catch (error) {
-          return { error }
-        }
-      })()
-      kept.set(object.id, entry)
-    }
-    return entry
+    const { value, built } = call.hostObject(object.id)
+    if (!built && held.has(value)) return held.get(value).object
+    const promise = (async () => {
+      try {
+        const Class = await loadClass(object.class, call.local)
+        return { value: new Class(...object.args) }
+      } catch (error) {
+        return { error }
+      }
+    })()
+    held.set(value, { object: promise })
+    return promise
   }
 
-  const classes = new Map()
-  async function loadClass(what) {
-    const key = JSON.stringify(what)
+  const classes = new Map() // by source or module
+  async function loadClass(what, localId) {
+    // This process's own, in core's registry (not cached here).
+    if (typeof what.source !== 'string' && held.has(localId)) return held.get(localId).fn
+    const key = JSON.stringify({ ...what, local: undefined })
     let Class = classes.get(key)
     if (Class === undefined) {
       if (typeof what.source === 'string') {
         Class = new Function('require', 'colocated', `return (${what.source})`)(require, exports)
-      } else if (what.pid === process.pid && local.has(what.local)) Class = local.get(what.local)
-      else if (typeof what.module === 'string') Class = (await import(what.module))[what.export]
+      } else if (typeof what.module === 'string') Class = (await import(what.module))[what.export]
       else throw notByValue()
       if (typeof Class !== 'function') throw new errors.InvalidArgumentError(`not a class: ${key.slice(0, 200)}`)
       classes.set(key, Class)
@@ -343,22 +334,30 @@ module.exports = function install(binding, exports) {
   }
   binding._setRunner(run, threadId)
 
-  /** What this thread hosts now (for diagnostics and tests). */
-  exports._hosted = () => ({ programs: loaded.size, sessions: objects.size })
+  /**
+   * What this thread hosts (functions of loaded programs, values it keeps for
+   * core), and core's counts for the process (its registry of local values,
+   * its host-object store): for diagnostics and tests.
+   */
+  const counts = () => ({ registered: binding._localValues(), objects: binding._hostObjects() })
+  exports._hosted = () => ({ programs: loaded.size, values: held.size, ...counts() })
 
   // -- the controller -------------------------------------------------------
 
   const isDecoratorContext = (x, kind) => x !== null && typeof x === 'object' && x.kind === kind && 'name' in x
 
-  // Functions and classes of this process, by id: this process's own host
-  // runs them by reference (as Python's SDK does), which needs no source (a
-  // class a TypeScript decorator compiled is not self-contained).
-  const local = new Map()
-  let nextLocal = 1
-  /** What a host needs to find `value`: its source (if it travels by it) and, here, a reference. */
+  /**
+   * What a host needs to find `value`: its source (if it travels by it) and,
+   * on this process, a reference to it in core's registry of local values
+   * (this process's own host runs it by reference, as Python's SDK does,
+   * which needs no source: a class a TypeScript decorator compiled is not
+   * self-contained). The registration lives while the returned object does
+   * (the colocated function or class holds it) or a program loaded from it;
+   * then this thread lets go of `value`.
+   */
   function describe(value, isClass = false) {
-    const id = nextLocal++
-    local.set(id, value)
+    const handle = new binding.LocalFunction(threadId)
+    held.set(handle.id, { fn: value })
     let source = sourceOf(value)
     if (isClass && source !== null) {
       // Defining a class runs its static parts, which may refer to names
@@ -369,7 +368,8 @@ module.exports = function install(binding, exports) {
         source = null
       }
     }
-    return { source, pid: process.pid, thread: threadId, local: id }
+    // (Not enumerable: the payload's JSON leaves the handle out.)
+    return Object.defineProperty({ source, local: handle.reference }, 'handle', { value: handle })
   }
 
   /**

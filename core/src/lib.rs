@@ -94,7 +94,8 @@ pub use future::{Event, Progress};
 pub use host_callback::{HostCallbackFn, LoadedHostCallback};
 pub use languages::colocated::{host_object, host_objects, parked_results, Built, HostValue};
 pub use program::{
-    Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE, LANGUAGE_PYTHON, LANGUAGE_XLA,
+    local_values, LocalValue, Program, LANGUAGE_COLOCATED, LANGUAGE_NATIVE, LANGUAGE_NODE,
+    LANGUAGE_PYTHON, LANGUAGE_XLA, LOCAL_REFERENCE_PREFIX,
 };
 pub use remote::without_waiting;
 pub use sharding::{AxisType, Replica, Sharding};

@@ -24,6 +24,7 @@ mod convert;
 mod errors;
 mod executable;
 mod function;
+mod kept;
 mod program;
 mod promise;
 mod sharding;

@@ -1,14 +1,17 @@
 //! The `node` language: JavaScript functions that hosts run. A program's
 //! payload is the function (its source, or a module and export name, as
-//! JSON: JavaScript's own form of it, as cloudpickle is Python's); a host
-//! runs it on a JavaScript thread (an event loop of this process) with its
-//! input arrays, and hands core the arrays it returns.
+//! JSON: JavaScript's own form of it, as cloudpickle is Python's; on the
+//! process that made it, also a reference to the function or class in core's
+//! registry of local values, see `kept.rs`); a host runs it on a JavaScript
+//! thread (an event loop of this process) with its input arrays, and hands
+//! core the arrays it returns.
 //!
 //! An executor thread that runs a `node` program hands a [`HostCall`] to the
 //! JavaScript runner (`colocated.js`, through a threadsafe function) of the
-//! thread the program belongs to (the one that defined its function, a
-//! `worker_threads` thread too; else the main thread) and waits for its
-//! answer; the event loop never waits for it.
+//! thread the program belongs to (the one that defined its function or
+//! class, a `worker_threads` thread too, as the registry's entry says; else
+//! the main thread) and waits for its answer; the event loop never waits for
+//! it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -22,6 +25,7 @@ use napi_derive::napi;
 
 use crate::array::ColocatedArray;
 use crate::client::Device;
+use crate::kept::{forget, local_of, Forget, JsValue};
 use crate::promise::settle;
 
 /// The language tag of JavaScript programs.
@@ -48,21 +52,6 @@ pub fn set_runner(run: Function<HostCall, Unknown<'static>>, thread: u32) -> nap
     runners.retain(|(t, _)| *t != thread);
     runners.push((thread, Arc::new(tsfn)));
     Ok(())
-}
-
-/// The thread a program made by this process belongs to (its payload says
-/// `pid` and `thread`): the one that defined the function, which may be
-/// the only one that can run it. Others' programs run on the main thread.
-fn home_thread(payload: &str) -> u32 {
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(payload) else {
-        return 0;
-    };
-    let ours =
-        value.get("pid").and_then(serde_json::Value::as_u64) == Some(u64::from(std::process::id()));
-    match value.get("thread").and_then(serde_json::Value::as_u64) {
-        Some(thread) if ours => u32::try_from(thread).unwrap_or(0),
-        _ => 0,
-    }
 }
 
 /// The runner of thread `home`, else the main thread's, else any.
@@ -125,6 +114,11 @@ pub(crate) fn user_error(
 pub struct HostCall {
     session: core::SessionKey,
     program: u64,
+    /// The JavaScript thread it runs on.
+    thread: u32,
+    /// The id its thread keeps the program's own function or class under,
+    /// when it runs by reference (see [`crate::kept`]).
+    local: Option<i64>,
     payload: String,
     client: core::Client,
     inputs: Vec<core::Array>,
@@ -145,6 +139,14 @@ impl HostCall {
     #[napi(getter)]
     pub fn payload(&self) -> String {
         self.payload.clone()
+    }
+
+    /// The id this thread keeps the program's function (a method's class)
+    /// under when this process made the program, which then runs it as it
+    /// is; null for a program of another process.
+    #[napi(getter)]
+    pub fn local(&self) -> Option<i64> {
+        self.local
     }
 
     /// This host's part of each argument.
@@ -176,21 +178,36 @@ impl HostCall {
         self.session.as_u64().to_string()
     }
 
-    /// Marks object `id` of the call's session as kept on this host: when
-    /// core destroys it (its handle went, or its session ended), the runner's
-    /// forgetter hears of it.
+    /// Object `id` of the call's session on this host, in core's store:
+    /// `value`, the id this thread keeps it under, and `built`, true when
+    /// this call made the entry (the runner builds the object now and keeps
+    /// it under `value`, until core drops the entry: when the object's
+    /// handle went or its session ended).
     #[napi]
-    pub fn hold_object(&self, id: String) -> napi::Result<()> {
+    pub fn host_object(&self, id: String) -> napi::Result<HostObject> {
         let id: u64 = id
             .parse()
             .map_err(|_| napi::Error::from_reason(format!("bad object id {id:?}")))?;
-        let session = self.session;
-        // Built once per session and id; the JavaScript object lives in the
-        // runner's table, which this marker's drop clears.
-        let _ = core::host_object(session, id, || {
-            Ok(Arc::new(Kept { session, id }) as core::HostValue)
+        let made = std::cell::Cell::new(false);
+        let thread = self.thread;
+        let (Ok(value) | Err(value)) = core::host_object(self.session, id, || {
+            made.set(true);
+            Ok(Arc::new(JsValue::new(thread)) as core::HostValue)
         });
-        Ok(())
+        let value: &(dyn std::any::Any + Send + Sync) = &*value;
+        match value.downcast_ref::<JsValue>() {
+            Some(token) if token.thread == thread => Ok(HostObject {
+                value: token.js_id(),
+                built: made.get(),
+            }),
+            Some(token) => Err(napi::Error::from_reason(format!(
+                "object {id} lives on JavaScript thread {}, not on {thread}",
+                token.thread
+            ))),
+            None => Err(napi::Error::from_reason(format!(
+                "object {id} is another language's"
+            ))),
+        }
     }
 
     /// True in the first call of an input spec, whose outputs are discovered.
@@ -266,87 +283,18 @@ impl HostCall {
     }
 }
 
-/// What the runner is told to forget: object `object` of `session`, every
-/// object of a session that ended (`object` null), or (`program` set) the
-/// function of a program that was unloaded.
+/// Where a host call's object lives on its JavaScript thread (see
+/// `HostCall.hostObject`).
 #[napi(object)]
-pub struct Forget {
-    pub session: String,
-    pub object: Option<String>,
-    pub program: Option<i64>,
-}
-
-type Forgetter = ThreadsafeFunction<Forget, Unknown<'static>, Forget, Status, false, true>;
-
-/// The forgetters of this process's JavaScript threads, by `threadId`.
-static FORGETTERS: Mutex<Vec<(u32, Arc<Forgetter>)>> = Mutex::new(Vec::new());
-
-/// Called once per JavaScript thread by `colocated.js`: the function that
-/// drops objects of colocated classes from that thread's runner's table.
-#[napi(js_name = "_setForgetter")]
-pub fn set_forgetter(forget: Function<Forget, Unknown<'static>>, thread: u32) -> napi::Result<()> {
-    let tsfn = forget
-        .build_threadsafe_function::<Forget>()
-        .callee_handled::<false>()
-        .weak::<true>()
-        .build()?;
-    let mut forgetters = FORGETTERS.lock().unwrap_or_else(|e| e.into_inner());
-    forgetters.retain(|(t, _)| *t != thread);
-    forgetters.push((thread, Arc::new(tsfn)));
-    Ok(())
-}
-
-/// Tells every thread's runner (each keeps only its own objects).
-fn forget(job: Forget) {
-    let forgetters: Vec<(u32, Arc<Forgetter>)> =
-        FORGETTERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    for (thread, forgetter) in forgetters {
-        let job = Forget {
-            session: job.session.clone(),
-            object: job.object.clone(),
-            program: job.program,
-        };
-        if forgetter.call(job, ThreadsafeFunctionCallMode::NonBlocking) == Status::Closing {
-            // That thread's environment is gone, and its objects with it.
-            FORGETTERS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|(t, _)| *t != thread);
-        }
-    }
-}
-
-/// Core's record of an object the runner keeps: dropped when core destroys
-/// the object, which tells the runner.
-struct Kept {
-    session: core::SessionKey,
-    id: u64,
-}
-
-impl Drop for Kept {
-    fn drop(&mut self) {
-        forget(Forget {
-            session: self.session.as_u64().to_string(),
-            object: Some(self.id.to_string()),
-            program: None,
-        });
-    }
+pub struct HostObject {
+    pub value: i64,
+    pub built: bool,
 }
 
 /// Runs `node` programs on this process's JavaScript thread.
 pub struct NodeExecutor;
 
 impl core::LanguageExecutor for NodeExecutor {
-    /// Everything the session's programs kept here goes (core destroyed its
-    /// objects already; this clears the rest of the runner's table).
-    fn session_ended(&self, session: core::SessionKey) {
-        forget(Forget {
-            session: session.as_u64().to_string(),
-            object: None,
-            program: None,
-        });
-    }
-
     fn load(&self, program: &core::Program) -> core::Result<Arc<dyn core::LoadedProgram>> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let payload = String::from_utf8(program.payload.clone()).map_err(|_| {
@@ -354,7 +302,7 @@ impl core::LanguageExecutor for NodeExecutor {
         })?;
         Ok(Arc::new(NodeProgram {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
-            home: home_thread(&payload),
+            local: local_of(&payload),
             payload,
         }))
     }
@@ -362,25 +310,38 @@ impl core::LanguageExecutor for NodeExecutor {
 
 struct NodeProgram {
     id: u64,
-    /// The JavaScript thread that runs it (see [`home_thread`]).
-    home: u32,
+    /// The function or class of this process the program runs by reference
+    /// (kept registered while the program is loaded): it runs on the
+    /// JavaScript thread that made it, which may be the only one that can.
+    /// Other programs run on the main thread.
+    local: Option<core::LocalValue>,
     payload: String,
 }
 
-/// An unloaded program's function goes from the runner's cache.
+impl NodeProgram {
+    /// The token of its own function or class, when it runs by reference.
+    fn token(&self) -> Option<&JsValue> {
+        self.local.as_ref()?.downcast_ref::<JsValue>()
+    }
+}
+
+/// An unloaded program's function goes from the runners' caches.
 impl Drop for NodeProgram {
     fn drop(&mut self) {
-        forget(Forget {
-            session: String::new(),
-            object: None,
-            program: Some(self.id as i64),
-        });
+        forget(
+            None,
+            Forget {
+                value: None,
+                program: Some(self.id as i64),
+            },
+        );
     }
 }
 
 impl core::LoadedProgram for NodeProgram {
     fn run(&self, ctx: &mut core::ExecutionContext<'_>) -> core::Result<()> {
-        let (thread, runner) = runner_for(self.home).ok_or_else(|| {
+        let token = self.token();
+        let (thread, runner) = runner_for(token.map_or(0, |t| t.thread)).ok_or_else(|| {
             core::Error::unimplemented(
                 "this process runs no JavaScript: the colocated package was not loaded",
             )
@@ -390,6 +351,8 @@ impl core::LoadedProgram for NodeProgram {
         let call = HostCall {
             session: ctx.session(),
             program: self.id,
+            thread,
+            local: token.filter(|t| t.thread == thread).map(JsValue::js_id),
             payload: self.payload.clone(),
             client: ctx.client().clone(),
             inputs: ctx.host_input_arrays()?,

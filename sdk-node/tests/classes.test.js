@@ -6,7 +6,7 @@ const assert = require('node:assert/strict')
 const fs = require('node:fs')
 const path = require('node:path')
 const c = require('..')
-const { startWorker, tokenFile, TMP } = require('./helpers.js')
+const { collectUntil, startWorker, tokenFile, TMP } = require('./helpers.js')
 
 c.configure({ numCpuDevices: 2 })
 
@@ -54,6 +54,79 @@ test('an object is built once on its host, keeps its state across calls, and is 
   // The other object lives on.
   assert.deepEqual(Array.from(await (await other.add(x)).toTypedArray()), [6, 6])
   other.dispose()
+})
+
+test('objects live in core’s store and are freed with their wrapper', async () => {
+  // Core's host-object store keeps each object (its token); this thread
+  // keeps the JavaScript object until core drops the token, when the
+  // wrapper is disposed or collected.
+  class Freed {
+    constructor(start) {
+      this.start = start
+    }
+    add(x) {
+      return colocated.devicePut([this.start + 1], x.sharding)
+    }
+    [Symbol.dispose]() {
+      globalThis.freed = (globalThis.freed ?? 0) + 1
+    }
+  }
+  globalThis.freed = 0
+  // What earlier tests left goes first.
+  await collectUntil(() => c._hosted().objects === 0, 2000)
+  const before = c._hosted()
+  const x = c.devicePut(new Int32Array([1]), c.devices()[0])
+  // (In a function of its own: a frame that lives on would keep its last
+  // values.)
+  const during = await (async () => {
+    const Remote = c.colocatedClass(Freed)
+    const objects = [0, 1, 2, 3, 4].map((i) => new Remote(i))
+    for (const [i, acc] of objects.entries()) {
+      assert.deepEqual(Array.from(await (await acc.add(x)).toTypedArray()), [i + 1])
+    }
+    return c._hosted()
+  })()
+  assert.ok(during.objects >= before.objects + 5, JSON.stringify({ before, during }))
+  assert.ok(during.values >= before.values + 5)
+  // Not disposed: collected.
+  await collectUntil(() => globalThis.freed >= 5 && c._hosted().objects <= before.objects)
+  assert.equal(globalThis.freed, 5)
+  const after = c._hosted()
+  assert.ok(after.objects <= before.objects, JSON.stringify({ before, after }))
+  assert.ok(after.values <= before.values)
+})
+
+test('a worker thread hosts the objects of the classes it defines', async () => {
+  const { Worker } = require('node:worker_threads')
+  const code = `
+    const { parentPort, threadId } = require('node:worker_threads')
+    const c = require(${JSON.stringify(path.join(__dirname, '..'))})
+    const offset = 40
+    // Its static part refers to a name around it: it does not travel by its
+    // source, and only this thread can build its objects.
+    class Here {
+      static offset = offset
+      async where(x) {
+        const [v] = await x.toTypedArray()
+        return c.devicePut(new Int32Array([v + Here.offset, threadId]), c.devices()[0])
+      }
+    }
+    const here = new (c.colocatedClass(Here))()
+    ;(async () => {
+      const x = c.devicePut(new Int32Array([2]), c.devices()[0])
+      const [sum, ran] = await (await here.where(x)).toTypedArray()
+      parentPort.postMessage({ sum, ran })
+    })().catch((e) => parentPort.postMessage({ error: String(e) }))
+  `
+  const worker = new Worker(code, { eval: true })
+  const thread = worker.threadId
+  const answer = await new Promise((resolve, reject) => {
+    worker.once('message', resolve)
+    worker.once('error', reject)
+  })
+  await worker.terminate()
+  assert.notEqual(thread, 0)
+  assert.deepEqual(answer, { sum: 42, ran: thread })
 })
 
 test('dispose() right after calls still waiting to be submitted lets them run first', async () => {

@@ -4,7 +4,7 @@
 const test = require('node:test')
 const assert = require('node:assert/strict')
 const c = require('..')
-const { startWorker, tokenFile } = require('./helpers.js')
+const { collectUntil, startWorker, tokenFile } = require('./helpers.js')
 
 c.configure({ numCpuDevices: 4 })
 const sharded = () => new c.NamedSharding(new c.Mesh(c.devices(), ['x']), c.P('x'))
@@ -375,5 +375,57 @@ test('a Node worker forgets the functions of programs it unloaded (a closed sess
     assert.equal(after, before)
   } finally {
     await worker.stop()
+  }
+})
+
+test('functions run by reference leave core’s registry with their colocated function', async () => {
+  // This process's own functions run by reference through core's registry of
+  // local values; making and dropping many does not grow it, or this
+  // thread's table.
+  await collectUntil(() => false, 200)
+  const before = c._hosted()
+  const x = c.devicePut(new Int32Array([1]), c.devices()[0])
+  // (In a function of its own: a frame that lives on would keep its last
+  // values.)
+  const during = await (async () => {
+    const offset = 3
+    const made = []
+    for (let i = 0; i < 50; i++) {
+      // A method that uses `super` has no source that parses on its own,
+      // and this one refers to a name around it: only this process can run it.
+      const methods = {
+        f(v) {
+          return super.constructor === Object ? c.devicePut(new Int32Array([offset]), v.sharding) : null
+        },
+      }
+      made.push(c.colocated(methods.f))
+    }
+    for (const f of made) assert.deepEqual(Array.from(await (await f(x)).toTypedArray()), [3])
+    return c._hosted()
+  })()
+  assert.ok(during.registered >= before.registered + 50, JSON.stringify({ before, during }))
+  assert.ok(during.values >= before.values + 50)
+  const gone = () => {
+    const now = c._hosted()
+    return now.registered <= before.registered && now.values <= before.values && now.programs <= before.programs
+  }
+  await collectUntil(gone)
+  const after = c._hosted()
+  assert.equal(after.registered, before.registered, JSON.stringify({ before, after }))
+  assert.equal(after.values, before.values)
+  assert.equal(after.programs, before.programs)
+})
+
+test('a program naming a function of another process, a released one or none is refused with a typed error', async () => {
+  const x = c.devicePut(new Int32Array([1]), c.devices()[0])
+  const spec = new c.ShapeDtypeStruct([1], 'int32', c.devices()[0])
+  // This process's token with a key it never gave out.
+  const mine = new (require('../binding.js').LocalFunction)(0).reference.replace(/:\d+$/, ':0')
+  const forged = [mine, 'colocated-local:0123456789abcdef:1', 'colocated-local:nonsense', 'not a reference', 7]
+  for (const local of forged) {
+    const payload = JSON.stringify({ local, args: [0] })
+    const exe = await c.compile({ language: 'node', payload, inSpecs: [spec], outSpecs: [spec] })
+    const run = exe.execute([x])
+    await assert.rejects(run.done, (e) => e instanceof c.InvalidArgumentError && /not self-contained/.test(e.message))
   }
 })

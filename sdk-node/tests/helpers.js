@@ -112,4 +112,22 @@ const SAMPLES = {
   string: [['a', '', 'héllo', 'x'.repeat(1000), '日本', 'b', 'c', 'd'], 'Array'],
 }
 
-module.exports = { startWorker, tokenFile, pluginPath, pythonBin, SAMPLES, ROOT, TMP }
+/** Runs the garbage collector (`--expose-gc` set from here: the test runner is not given it). */
+const collectGarbage = (() => {
+  require('node:v8').setFlagsFromString('--expose-gc')
+  return require('node:vm').runInNewContext('gc')
+})()
+
+/**
+ * Collects garbage until `done()` holds, for at most `ms` (finalizers, and
+ * the releases they send, run on later turns).
+ */
+async function collectUntil(done, ms = 10000) {
+  const deadline = Date.now() + ms
+  while (!done() && Date.now() < deadline) {
+    collectGarbage()
+    await new Promise((r) => setTimeout(r, 10))
+  }
+}
+
+module.exports = { collectUntil, startWorker, tokenFile, pluginPath, pythonBin, SAMPLES, ROOT, TMP }

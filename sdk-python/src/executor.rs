@@ -14,10 +14,6 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use crate::array::ArrayImpl;
 use crate::errors::{py_err, to_py};
 
-/// Payload prefix of a program whose callable lives in this process
-/// (`_LOCAL_PROGRAMS` of `colocated._colocated_python`), followed by its key.
-const LOCAL_PREFIX: &[u8] = b"colocated-local:";
-
 /// The language tag of colocated Python programs.
 pub const LANGUAGE: &str = core::LANGUAGE_PYTHON;
 
@@ -33,23 +29,24 @@ pub struct PythonExecutor;
 
 impl core::LanguageExecutor for PythonExecutor {
     fn load(&self, program: &core::Program) -> core::Result<Arc<dyn core::LoadedProgram>> {
+        // The controller's own process hands its callable over by reference
+        // (a value of core's registry, kept while the program lives).
+        let local = if core::LocalValue::is_reference(&program.payload) {
+            Some(core::LocalValue::resolve(&program.payload)?)
+        } else {
+            None
+        };
         crate::interpreter::attach(|py| {
-            // The controller's own process hands its callable over by
-            // reference (taken out of the table: the program keeps it).
-            let callable = match program.payload.strip_prefix(LOCAL_PREFIX) {
-                Some(key) => {
-                    let key: u64 = std::str::from_utf8(key)
-                        .ok()
-                        .and_then(|k| k.parse().ok())
-                        .ok_or_else(|| {
-                            pyo3::exceptions::PyValueError::new_err(
-                                "malformed local program reference",
-                            )
-                        })?;
-                    py.import("colocated._colocated_python")?
-                        .getattr("_LOCAL_PROGRAMS")?
-                        .call_method1("pop", (key,))?
-                }
+            let callable = match &local {
+                Some(local) => local
+                    .downcast_ref::<PyValue>()
+                    .and_then(|v| v.0.as_ref())
+                    .map(|v| v.clone_ref(py).into_bound(py))
+                    .ok_or_else(|| {
+                        pyo3::exceptions::PyValueError::new_err(
+                            "the reference names a value of another language",
+                        )
+                    })?,
                 None => py
                     .import("cloudpickle")?
                     .getattr("loads")?
@@ -59,6 +56,7 @@ impl core::LanguageExecutor for PythonExecutor {
             Ok(Arc::new(PythonProgram {
                 call: callable.unbind(),
                 flat,
+                _local: local.clone(),
             }) as Arc<dyn core::LoadedProgram>)
         })
         .ok_or_else(crate::interpreter::exiting_error)?
@@ -110,6 +108,9 @@ struct PythonProgram {
     call: Py<PyAny>,
     /// The fast path of flat programs (see `FlatCall`).
     flat: Option<FlatCall>,
+    /// The registration of the controller's own callable, which the program
+    /// runs by reference: kept while the program is loaded.
+    _local: Option<core::LocalValue>,
 }
 
 /// What a host needs to run a program that takes positional arrays and returns
@@ -347,6 +348,37 @@ fn py_value(py: Python<'_>, value: &core::HostValue) -> PyResult<Py<PyAny>> {
         .and_then(|v| v.0.as_ref())
         .map(|v| v.clone_ref(py))
         .ok_or_else(|| py_err(core::Error::internal("a host object of another language")))
+}
+
+/// A host callable of this process registered in core's registry of local
+/// values, which its own host runs by reference (no serialization): the
+/// registration lasts while this handle or a program loaded from its
+/// reference lives.
+#[pyclass(module = "colocated._colocated", frozen)]
+pub struct LocalProgram(core::LocalValue);
+
+#[pymethods]
+impl LocalProgram {
+    /// Registers `callable`.
+    #[new]
+    fn new(callable: Py<PyAny>) -> LocalProgram {
+        LocalProgram(core::LocalValue::register(Arc::new(PyValue(Some(
+            callable,
+        )))))
+    }
+
+    /// The program payload that names the callable (on this process only).
+    #[getter]
+    fn reference<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.0.reference().as_bytes())
+    }
+}
+
+/// How many values (callables of this process run by reference) core's
+/// registry holds now.
+#[pyfunction]
+pub fn local_values() -> usize {
+    core::local_values()
 }
 
 /// The object `obj_id` of the running program's session on this host: built

@@ -59,6 +59,8 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(executor::controller_device_id, m)?)?;
     m.add_function(wrap_pyfunction!(executor::host_objects, m)?)?;
     m.add_function(wrap_pyfunction!(executor::parked_results, m)?)?;
+    m.add_function(wrap_pyfunction!(executor::local_values, m)?)?;
+    m.add_class::<executor::LocalProgram>()?;
     m.add_class::<remote::WorkerHandle>()?;
     #[cfg(feature = "testing")]
     m.add_class::<session::RemoteSession>()?;

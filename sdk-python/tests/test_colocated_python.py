@@ -15,6 +15,7 @@ waits that could hang run on a helper thread (``wait_bounded``).
 import base64
 import collections
 import concurrent.futures
+import gc
 import struct
 import tempfile
 import threading
@@ -26,7 +27,7 @@ import pytest
 from colocated_helpers import GATE_WAIT, WAIT, cpu, error_text, outcome, put, wait_bounded
 
 import colocated
-from colocated import Mesh, NamedSharding, P, ShapeDtypeStruct, SingleDeviceSharding
+from colocated import Mesh, NamedSharding, P, ShapeDtypeStruct, SingleDeviceSharding, _colocated, _colocated_python
 
 STRING = np.dtypes.StringDType()
 
@@ -927,3 +928,71 @@ def test_an_output_structure_need_not_pickle_on_the_local_host():
 
     out = keyed(put(5))
     assert int(out[lock]) == 5
+
+
+# -- the controller's own callables, run by reference ---------------------------------
+
+
+def test_callables_run_by_reference_leave_cores_registry_with_their_function():
+    # The local host runs the very callable through core's registry of local
+    # values (the SDK keeps no table of its own), and the registry lets go of
+    # it when the function and its compiled programs are gone.
+    assert not hasattr(_colocated_python, "_LOCAL_PROGRAMS")
+    gc.collect()
+    before = _colocated.local_values()
+    x = put(1)
+    functions = []
+    for i in range(20):
+        functions.append(colocated.colocated_python(lambda x, i=i: x + i))
+        assert int(functions[-1](x)) == 1 + i
+        assert int(functions[-1](x)) == 1 + i
+    # Each function's compiled program keeps its callable.
+    assert _colocated.local_values() >= before + 20
+    del functions
+    colocated.clear_caches()
+    gc.collect()
+    deadline = time.monotonic() + WAIT
+    while _colocated.local_values() > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert _colocated.local_values() == before
+
+
+def test_a_call_keeps_its_callable_after_the_function_is_gone():
+    # The loaded program holds the registration: a call that still runs does
+    # not lose its callable when the function that made it goes.
+    x = put(1)
+    f = colocated.colocated_python(lambda x: x + 41).specialize(out_specs_fn=lambda x: x)
+    before = _colocated.local_values()
+    calls = [f(x) for _ in range(3)]
+    del f
+    gc.collect()
+    assert [int(y) for y in calls] == [42, 42, 42]
+    # And goes with the program, once the calls ran.
+    del calls
+    deadline = time.monotonic() + WAIT
+    while _colocated.local_values() > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert _colocated.local_values() <= before
+
+
+def test_a_reference_of_another_process_is_refused_at_load():
+    # A payload naming a value of another process (or one released) does not
+    # load: a typed error, not a crash.
+    local = _colocated.LocalProgram(lambda impls: impls)
+    reference = local.reference
+    prefix, token, key = reference.decode().split(":")
+    foreign = f"{prefix}:{int(token, 16) ^ 1:016x}:{key}".encode()
+    assert int(key) > 0
+    for payload, message in ((foreign, "another process"), (reference[: -len(key)] + b"0", "names no value")):
+        with pytest.raises(colocated.InvalidArgumentError, match=message):
+            _compile_python_payload(payload)
+
+
+def _compile_python_payload(payload: bytes):
+    """Compiles a `python` program of ``payload`` on this process's first device."""
+    x = put(1)
+    device = next(iter(x.sharding.device_set))
+    spec = _colocated_python._spec_leaf(x)
+    return _colocated.Executable.compile("probe", payload, [spec], [spec], [device])

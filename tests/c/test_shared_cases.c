@@ -6,7 +6,8 @@
  * (tests/cases/to_c.py), one TEST per case.
  *
  * C has no trees: a call's arguments are its flat inputs, and its outputs the
- * host's outputs in order.
+ * host's outputs in order. A method of a colocated class is a native function
+ * whose data is its object's id, called with that object.
  */
 #include "harness.h"
 #include "helpers.h"
@@ -30,6 +31,7 @@ typedef struct {
   const case_array *outputs;
   const char *error_code; /* NULL: the call succeeds */
   const char *fragment;
+  int has_cache; /* 0: the table gives no cache counts */
   uint64_t hits, misses;
 } case_call;
 
@@ -38,6 +40,7 @@ typedef struct {
   const char *function;
   size_t num_calls;
   const case_call *calls;
+  int freed; /* < 0: the case frees no object */
 } shared_case;
 
 static void run_case(const shared_case *c);
@@ -49,8 +52,12 @@ static void run_case(const shared_case *c);
 
 static const char STRUCTURE[] = "flat";
 
-/* The host's input `i` of `ctx`, plus one (float32 or int32), with its sharding. */
-static colocated_error *plus_one(colocated_execution_context *ctx, colocated_array *in, colocated_array **out) {
+/* Destructors of "count" objects that ran. */
+static atomic_int freed;
+
+/* `in` plus `increment` (float32 or int32), with its sharding. */
+static colocated_error *plus(colocated_execution_context *ctx, colocated_array *in, int increment,
+                             colocated_array **out) {
   colocated_dtype dtype;
   const int64_t *dims;
   size_t num_dims;
@@ -68,9 +75,9 @@ static colocated_error *plus_one(colocated_execution_context *ctx, colocated_arr
   if ((err = colocated_array_to_host(in, &values, n * 4))) return err;
   for (size_t k = 0; k < n; ++k) {
     if (dtype == COLOCATED_DTYPE_F32)
-      values.f[k] += 1.0f;
+      values.f[k] += (float)increment;
     else
-      values.i[k] += 1;
+      values.i[k] += increment;
   }
   colocated_sharding *sharding = NULL;
   if ((err = colocated_array_sharding(in, &sharding))) return err;
@@ -101,7 +108,7 @@ static colocated_error *native_case_function(void *user_data, colocated_executio
       break;
     }
     if (user_data) {
-      err = plus_one(ctx, in, &outs[n]);
+      err = plus(ctx, in, 1, &outs[n]);
       colocated_array_destroy(in);
       if (err) break;
     } else {
@@ -113,6 +120,47 @@ static colocated_error *native_case_function(void *user_data, colocated_executio
   if (!err) err = colocated_execution_context_set_host_outputs(ctx, (const colocated_array *const *)outs, n,
                                                                 (const uint8_t *)STRUCTURE, strlen(STRUCTURE));
   for (size_t k = 0; k < 8; ++k) colocated_array_destroy(outs[k]);
+  return err;
+}
+
+static void free_count(void *value) {
+  free(value);
+  atomic_fetch_add(&freed, 1);
+}
+
+static colocated_error *build_count(void *user_data, void **value, colocated_destructor *destructor) {
+  (void)user_data;
+  int *calls = calloc(1, sizeof *calls);
+  if (calls == NULL) return make_error(COLOCATED_RESOURCE_EXHAUSTED, "no memory");
+  *value = calls;
+  *destructor = free_count;
+  return NULL;
+}
+
+/* Native "count": a method of the object whose id is the function's data,
+ * which counts its calls; returns the host's input 0 plus that count. */
+static colocated_error *native_count(void *user_data, colocated_execution_context *ctx,
+                                     const colocated_buffer *const *inputs, size_t num_inputs) {
+  (void)user_data, (void)inputs, (void)num_inputs;
+  const uint8_t *data;
+  size_t size;
+  colocated_error *err = colocated_execution_context_native_data(ctx, &data, &size);
+  if (err) return err;
+  uint64_t id;
+  if (size != sizeof id) return make_error(COLOCATED_INVALID_ARGUMENT, "count needs its object's id");
+  memcpy(&id, data, sizeof id);
+  void *value = NULL;
+  if ((err = colocated_execution_context_host_object(ctx, id, build_count, NULL, &value))) return err;
+  int *calls = value;
+  colocated_array *in = NULL;
+  if ((err = colocated_execution_context_host_input(ctx, 0, &in))) return err;
+  colocated_array *out = NULL;
+  err = plus(ctx, in, ++*calls, &out);
+  colocated_array_destroy(in);
+  if (!err)
+    err = colocated_execution_context_set_host_outputs(ctx, (const colocated_array *const *)&out, 1,
+                                                        (const uint8_t *)STRUCTURE, strlen(STRUCTURE));
+  colocated_array_destroy(out);
   return err;
 }
 
@@ -186,12 +234,26 @@ static uint32_t code_of(const char *name) {
 static void run_case(const shared_case *c) {
   colocated_client *client = make_client(SHARED_CASES_DEVICES, 2);
   bool add_one = strcmp(c->function, "add_one") == 0;
-  CHECK(add_one || strcmp(c->function, "first") == 0);
-  register_native(client, c->function, native_case_function, add_one ? (void *)client : NULL, NULL);
+  bool count = strcmp(c->function, "count") == 0;
+  CHECK(add_one || count || strcmp(c->function, "first") == 0);
+  atomic_store(&freed, 0);
+  if (count)
+    register_native(client, c->function, native_count, NULL, NULL);
+  else
+    register_native(client, c->function, native_case_function, add_one ? (void *)client : NULL, NULL);
+  /* A method's object, and its id as the function's data. */
+  colocated_object *object = NULL;
+  uint64_t object_id = 0;
   colocated_function_args fargs = {sizeof fargs};
   fargs.client = client;
   fargs.name = sv(c->function);
   fargs.native_function = sv(c->function);
+  if (count) {
+    CHECK_OK(colocated_object_create(&object));
+    CHECK_OK(colocated_object_id(object, &object_id));
+    fargs.data = (const uint8_t *)&object_id;
+    fargs.data_size = sizeof object_id;
+  }
   colocated_function *function = NULL;
   CHECK_OK(colocated_function_create(&fargs, &function));
   for (size_t s = 0; s < c->num_calls; ++s) {
@@ -202,6 +264,10 @@ static void run_case(const shared_case *c) {
     colocated_function_call_args cargs = {sizeof cargs};
     cargs.inputs = (const colocated_array *const *)args;
     cargs.num_inputs = call->num_args;
+    if (object) {
+      cargs.objects = (const colocated_object *const *)&object;
+      cargs.num_objects = 1;
+    }
     colocated_call *result = NULL;
     if (call->error_code) {
       CHECK_CODE_MSG(colocated_function_call(function, &cargs, &result), code_of(call->error_code), call->fragment);
@@ -222,6 +288,7 @@ static void run_case(const shared_case *c) {
       colocated_call_destroy(result);
     }
     for (size_t a = 0; a < call->num_args; ++a) colocated_array_destroy(args[a]);
+    if (!call->has_cache) continue;
     uint64_t hits = 0, misses = 0;
     size_t held = 0;
     CHECK_OK(colocated_function_cache_info(function, &hits, &misses, &held));
@@ -233,6 +300,16 @@ static void run_case(const shared_case *c) {
            (unsigned long long)call->misses);
   }
   CHECK_CODE_MSG(colocated_function_cache_info(NULL, NULL, NULL, NULL), COLOCATED_INVALID_ARGUMENT, "NULL");
+  if (c->freed >= 0) {
+    /* C frees an object's wrapper by destroying it: its host's object goes
+     * (after the calls that listed it). */
+    colocated_object_destroy(object);
+    object = NULL;
+    for (int i = 0; i < 5000 && atomic_load(&freed) < c->freed; ++i) harness_sleep_ms(2);
+    if (atomic_load(&freed) != c->freed)
+      FAIL("%s: %d objects freed; the table says %d", c->name, atomic_load(&freed), c->freed);
+  }
+  colocated_object_destroy(object);
   colocated_function_destroy(function);
   colocated_client_destroy(client);
 }

@@ -37,11 +37,9 @@ def call(c):
     error = c.get("error")
     code = c_string(error["code"]) if error else "NULL"
     fragment = c_string(error["fragment"]) if error else "NULL"
-    cache = c["cache"]
-    return (
-        f"{{{len(c['args'])}, {args}, {len(outs)}, {outputs}, {code}, {fragment}, "
-        f"{cache['hits']}, {cache['misses']}}}"
-    )
+    cache = c.get("cache")
+    counts = f"1, {cache['hits']}, {cache['misses']}" if cache else "0, 0, 0"
+    return f"{{{len(c['args'])}, {args}, {len(outs)}, {outputs}, {code}, {fragment}, {counts}}}"
 
 
 def main(source, target):
@@ -56,7 +54,7 @@ def main(source, target):
         calls = ", ".join(call(c) for c in case["calls"])
         lines.append(
             f"  {{{c_string(case['name'])}, {c_string(case['function'])}, {len(case['calls'])}, "
-            f"(const case_call[]){{{calls}}}}},"
+            f"(const case_call[]){{{calls}}}, {case.get('freed', -1)}}},"
         )
     lines.append("};")
     for i, _ in enumerate(table["cases"]):

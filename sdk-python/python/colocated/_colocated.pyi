@@ -452,6 +452,19 @@ def parked_results(every_session: bool = False) -> int:
     """Discovery results the running program's session (or every session) has
     parked on this host."""
 
+def local_values() -> int:
+    """Values (callables of this process run by reference) core's registry holds now."""
+
+class LocalProgram:
+    """A host callable of this process in core's registry of local values: its
+    own host runs it by reference while this handle or a program loaded from
+    its reference lives."""
+
+    def __init__(self, callable: object) -> None: ...
+    @property
+    def reference(self) -> bytes:
+        """The program payload that names the callable (on this process only)."""
+
 class FunctionBase:
     """Native base of ``ColocatedFunction``: its ``__call__`` runs the fast path
     of ``FunctionState.call`` (with the ``_state`` attribute) and leaves other

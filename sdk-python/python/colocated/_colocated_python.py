@@ -63,13 +63,6 @@ from ._sharding import ShapeDtypeStruct, _sharding_from_core
 
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
 
-#: Host callables handed to the local host by reference while it loads them (it
-#: runs the very function object, as JAX does for local devices; remote hosts get
-#: cloudpickle bytes).
-_LOCAL_PROGRAMS: dict[int, object] = {}
-_LOCAL_PREFIX = b"colocated-local:"
-_NEXT_LOCAL = itertools.count()
-
 #: Every live function state, so that ``clear_caches`` reaches them.
 _STATES: weakref.WeakSet = weakref.WeakSet()
 
@@ -251,7 +244,7 @@ class _Site:
         "function",
         "jax_in",
         "leaves",
-        "local_keys",
+        "local_programs",
         "portable",
         "probe",
         "treedef",
@@ -270,8 +263,11 @@ class _Site:
         self.leaves = leaves
         self.declared_treedef = None
         self._declared_shardings = None
-        # Keys of callables handed to the local host (see `_LOCAL_PROGRAMS`).
-        self.local_keys = []
+        # Callables handed to the local host by reference: it runs the very
+        # function object, as JAX does for local devices (remote hosts get
+        # cloudpickle bytes). Each stays in core's registry while this call
+        # or a program loaded from it holds it.
+        self.local_programs = []
         # The local host's discovery run, when the call is on it alone.
         self.probe = None
 
@@ -336,12 +332,10 @@ class _Site:
             return _dumps_with_callbacks(host_call)
         if structure is None:
             self.probe = host_call
-        key = next(_NEXT_LOCAL)
-        _LOCAL_PROGRAMS[key] = host_call
-        # Loading takes it (the executable keeps the callable alive); the call
-        # drops it if nothing loaded it.
-        self.local_keys.append(key)
-        return _LOCAL_PREFIX + str(key).encode(), []
+        local = _colocated.LocalProgram(host_call)
+        # Loading keeps it (with the executable); the call lets go of it.
+        self.local_programs.append(local)
+        return local.reference, []
 
     def entry(self, structure: bytes, origins: list, cores: list) -> tuple:
         """What the native fast path keeps with the compiled program: the
@@ -455,8 +449,7 @@ class ColocatedFunction(_colocated.FunctionBase):
         try:
             result, event = state.call_general(tree, impls, site, objects)
         finally:
-            for key in site.local_keys:
-                _LOCAL_PROGRAMS.pop(key, None)
+            site.local_programs.clear()
         if jax_in or self._jax_devices:
             result = _to_jax_outputs(result)
         return result, event
@@ -481,8 +474,7 @@ class ColocatedFunction(_colocated.FunctionBase):
         try:
             return self._state.compile_ahead(tree, [_spec_leaf(leaf) for leaf in leaves], site)
         finally:
-            for key in site.local_keys:
-                _LOCAL_PROGRAMS.pop(key, None)
+            site.local_programs.clear()
 
     def __repr__(self) -> str:
         return f"colocated_python({getattr(self._fn, '__qualname__', self._fn)!r})"

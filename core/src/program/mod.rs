@@ -1,8 +1,13 @@
-//! Programs: what the compiler takes.
+//! Programs: what the compiler takes; `local.rs`, the registry of values of
+//! this process that programs refer to by reference.
 
 use crate::device::{Device, PLATFORM_NAME};
 use crate::format::pb;
 use crate::spec::ArraySpec;
+
+mod local;
+
+pub use local::{local_values, LocalValue, LOCAL_REFERENCE_PREFIX};
 
 /// Language tag of programs whose payload names a function in each host's registry
 /// of native functions.
