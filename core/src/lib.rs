@@ -70,8 +70,8 @@ pub use client::{
     Client, ClientOptions, ClusterOptions, Host, DEFAULT_MAX_EXECUTOR_THREADS, PLATFORM_NAME,
 };
 pub use colocated::{
-    CacheInfo, Call, CallSite, CallSpec, ColocatedFunction, ColocatedObject, Entry, OutputOrigin,
-    Outputs, Payload, SpecCache,
+    flat_tree_key, new_tree_key, tree_key, CacheInfo, Call, CallSite, CallSpec, ColocatedFunction,
+    ColocatedObject, Entry, OutputOrigin, Outputs, Payload, SpecCache,
 };
 pub use compiler::CompileOptions;
 pub use default_client::{

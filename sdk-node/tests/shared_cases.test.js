@@ -32,6 +32,7 @@ const FUNCTIONS = {
     return out.length === 1 ? out[0] : out
   },
   first: (...xs) => xs[0],
+  a_of: (tree) => tree.a,
 }
 
 const TYPED = { float32: Float32Array, int32: Int32Array }
@@ -64,7 +65,8 @@ for (const testCase of TABLE.cases) {
     const fn = c.colocated(FUNCTIONS[testCase.function])
     for (const [step, call] of testCase.calls.entries()) {
       const where = `call ${step}`
-      const args = call.args.map(argument)
+      let args = call.args.map(argument)
+      if (call.tree) args = [Object.fromEntries(Object.entries(call.tree).map(([key, i]) => [key, args[i]]))]
       if (call.error) {
         await assert.rejects(
           fn(...args),

@@ -49,6 +49,8 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<event::Event>()?;
     m.add_class::<function::FunctionState>()?;
     m.add_class::<function::FunctionBase>()?;
+    m.add_function(wrap_pyfunction!(function::flat_tree_key, m)?)?;
+    m.add_function(wrap_pyfunction!(function::new_tree_key, m)?)?;
     m.add_class::<executable::Executable>()?;
     m.add_class::<function::ColocatedObject>()?;
     m.add_class::<executable::ProgramCache>()?;

@@ -31,7 +31,11 @@ def first(*xs):
     return xs[0]
 
 
-FUNCTIONS = {"add_one": add_one, "first": first}
+def a_of(tree):
+    return tree["a"]
+
+
+FUNCTIONS = {"add_one": add_one, "first": first, "a_of": a_of}
 
 
 def sharding_of(devices, split):
@@ -59,6 +63,8 @@ def test_shared_case(case):
     fn = colocated.colocated_python(FUNCTIONS[case["function"]])
     for step, call in enumerate(case["calls"]):
         args = [argument(a) for a in call["args"]]
+        if "tree" in call:
+            args = [{key: args[i] for key, i in call["tree"].items()}]
         if "error" in call:
             with pytest.raises(ERRORS[call["error"]["code"]], match=call["error"]["fragment"]):
                 fn(*args)

@@ -6,7 +6,7 @@
  * (tests/cases/to_c.py), one TEST per case.
  *
  * C has no trees: a call's arguments are its flat inputs, and its outputs the
- * host's outputs in order.
+ * host's outputs in order; a case that needs trees is skipped, saying so.
  */
 #include "harness.h"
 #include "helpers.h"

@@ -374,6 +374,12 @@ class ArrayImpl:
     def to_host_strings(self) -> list[str]:
         """Gathers a string array's elements row-major."""
 
+def flat_tree_key(n: int) -> int:
+    """Core's tree key of a call of ``n`` positional arrays and no keywords."""
+
+def new_tree_key() -> int:
+    """A tree key no structure has yet (core's interner), for a new treedef."""
+
 class FunctionState:
     """Controller-side state of a colocated function: the runtime's colocated
     function (call rules, cache of compiled programs per input spec, discovery)."""
