@@ -208,6 +208,12 @@ export declare class HostCall {
    * forgetter hears of it.
    */
   holdObject(id: string): void
+  /**
+   * The stream of the calls the function makes while it runs (colocated
+   * functions, executables): core's stream for nested calls, never the
+   * one its program runs on, so that they never wait for that program.
+   */
+  get stream(): Stream
   /** True in the first call of an input spec, whose outputs are discovered. */
   get discovering(): boolean
   /**

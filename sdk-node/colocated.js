@@ -357,7 +357,9 @@ module.exports = function install(binding, exports) {
       // The arguments' structure travels with the program (one per input spec).
       const inputs = unflatten(payload.args, call.inputs)
       const running = { call, names: payload.hostCallbacks ?? [] }
-      const result = await current.run(running, () => fn(...inputs))
+      // What the function calls runs on a stream of its own (core's rule
+      // for host code that calls colocated functions, in every SDK).
+      const result = await current.run(running, () => streams.context.run(call.stream, () => fn(...inputs)))
       const { leaves, skeleton } = flatten(result, 'a colocated function’s results')
       call.resolve(leaves, JSON.stringify(skeleton))
     } catch (err) {
@@ -481,12 +483,6 @@ module.exports = function install(binding, exports) {
     const handles = object === null ? null : [object.handle]
 
     const call = (...args) => {
-      if (current.getStore() !== undefined) {
-        // It would wait for the very program that makes it.
-        return Promise.reject(
-          new errors.FailedPreconditionError('a colocated function cannot call colocated functions from its host code'),
-        )
-      }
       let leaves
       let skeleton
       try {

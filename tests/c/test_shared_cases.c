@@ -115,6 +115,44 @@ static colocated_error *native_case_function(void *user_data, colocated_executio
   return err;
 }
 
+/* Native "reentrant": calls `user_data`, the colocated function "add_one",
+ * with this host's inputs from its host code, waits for it, and returns its
+ * outputs (the nested call runs on a stream of its own). */
+static colocated_error *native_reentrant(void *user_data, colocated_execution_context *ctx,
+                                         const colocated_buffer *const *inputs, size_t num_inputs) {
+  (void)inputs, (void)num_inputs;
+  colocated_array *ins[8] = {0};
+  colocated_array *outs[8] = {0};
+  size_t n = 0, num_outputs = 0;
+  for (; n < 8; ++n) {
+    colocated_error *beyond = colocated_execution_context_host_input(ctx, n, &ins[n]);
+    if (beyond) {
+      colocated_error_destroy(beyond);
+      break;
+    }
+  }
+  colocated_function_call_args cargs = {sizeof cargs};
+  cargs.inputs = (const colocated_array *const *)ins;
+  cargs.num_inputs = n;
+  colocated_call *call = NULL;
+  colocated_event *status = NULL;
+  colocated_error *err = colocated_function_call((const colocated_function *)user_data, &cargs, &call);
+  if (!err) err = colocated_call_status(call, &status);
+  if (!err) err = await_and_destroy(status);
+  if (!err) err = colocated_call_num_outputs(call, &num_outputs);
+  if (!err && num_outputs > 8) err = make_error(COLOCATED_INVALID_ARGUMENT, "reentrant returns up to 8 outputs");
+  for (size_t o = 0; !err && o < num_outputs; ++o) err = colocated_call_output(call, o, &outs[o]);
+  if (!err)
+    err = colocated_execution_context_set_host_outputs(ctx, (const colocated_array *const *)outs, num_outputs,
+                                                       (const uint8_t *)STRUCTURE, strlen(STRUCTURE));
+  colocated_call_destroy(call);
+  for (size_t k = 0; k < 8; ++k) {
+    colocated_array_destroy(ins[k]);
+    colocated_array_destroy(outs[k]);
+  }
+  return err;
+}
+
 static colocated_sharding *sharding_of(const colocated_client *client, const int *ids, size_t n, int split) {
   const colocated_device *devices[SHARED_CASES_DEVICES_MAX];
   CHECK(n <= SHARED_CASES_DEVICES_MAX);
@@ -175,9 +213,22 @@ static uint32_t code_of(const char *name) {
 
 static void run_case(const shared_case *c) {
   colocated_client *client = make_client(SHARED_CASES_DEVICES, 2);
+  bool reentrant = strcmp(c->function, "reentrant") == 0;
   bool add_one = strcmp(c->function, "add_one") == 0;
-  CHECK(add_one || strcmp(c->function, "first") == 0);
-  register_native(client, c->function, native_case_function, add_one ? (void *)client : NULL, NULL);
+  CHECK(add_one || reentrant || strcmp(c->function, "first") == 0);
+  /* "reentrant" calls "add_one", a colocated function of its own. */
+  colocated_function *inner = NULL;
+  if (reentrant) {
+    register_native(client, "add_one", native_case_function, (void *)client, NULL);
+    colocated_function_args iargs = {sizeof iargs};
+    iargs.client = client;
+    iargs.name = sv("add_one");
+    iargs.native_function = sv("add_one");
+    CHECK_OK(colocated_function_create(&iargs, &inner));
+    register_native(client, c->function, native_reentrant, inner, NULL);
+  } else {
+    register_native(client, c->function, native_case_function, add_one ? (void *)client : NULL, NULL);
+  }
   colocated_function_args fargs = {sizeof fargs};
   fargs.client = client;
   fargs.name = sv(c->function);
@@ -224,5 +275,6 @@ static void run_case(const shared_case *c) {
   }
   CHECK_CODE_MSG(colocated_function_cache_info(NULL, NULL, NULL, NULL), COLOCATED_INVALID_ARGUMENT, "NULL");
   colocated_function_destroy(function);
+  colocated_function_destroy(inner);
   colocated_client_destroy(client);
 }
