@@ -395,16 +395,14 @@ impl Device {
 
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         // Pickled devices are stable global ids, resolved in the same client
-        // when unpickled in this process, else in the default client (see
-        // `_device_by_id`).
-        let module = py.import("colocated._client")?;
-        let lookup = module.getattr("_device_by_id")?;
-        let args = (
-            self.id(),
-            self.client.metadata().id(),
-            module.getattr("_PROCESS_NONCE")?,
-        );
-        PyTuple::new(py, [lookup.into_any(), args.into_pyobject(py)?.into_any()])
+        // when unpickled in this process, else in the default client (the
+        // package's `reduce_device` hook says how).
+        crate::hooks::hooks(py)?
+            .reduce_device
+            .bind(py)
+            .call1((self.id(), self.client.metadata().id()))?
+            .cast_into::<PyTuple>()
+            .map_err(Into::into)
     }
 }
 

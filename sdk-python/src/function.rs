@@ -16,7 +16,7 @@ use crate::client::Device;
 use crate::errors::{py_err, to_py};
 use crate::event::Event;
 use crate::executable::Executable;
-use crate::executor::{host_callback, ARRAY_TYPE, LANGUAGE, WRAP};
+use crate::executor::{host_callback, LANGUAGE};
 use crate::fork::ForkSafe;
 use crate::sharding::Sharding;
 
@@ -248,7 +248,7 @@ fn wrap_outputs<'py>(
     entry: &PyEntry,
     outputs: Vec<core::Array>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let wrap = WRAP.import(py, "colocated._array", "_wrap")?;
+    let wrap = crate::hooks::hooks(py)?.wrap_array.bind(py);
     let mut wrapped = Vec::with_capacity(outputs.len());
     for (array, sharding) in outputs.into_iter().zip(&entry.out_shardings) {
         let impl_ = Bound::new(py, ArrayImpl::wrap(client.clone(), array))?;
@@ -322,7 +322,7 @@ impl FunctionState {
         if kwargs.is_some_and(|k| !k.is_empty()) {
             return general();
         }
-        let array_type = ARRAY_TYPE.import(py, "colocated._array", "Array")?;
+        let array_type = crate::hooks::hooks(py)?.array_type.bind(py);
         let mut impls = Vec::with_capacity(args.len());
         for arg in args.iter() {
             if !arg.get_type().is(array_type) {

@@ -241,6 +241,13 @@ def local_devices() -> list[_colocated.Device]:
     return client().local_devices()
 
 
+def _reduce_device(device_id: int, client_id: int) -> tuple:
+    """A device's pickled form (its ``__reduce__``, a hook of the native
+    module): resolved by ``_device_by_id`` in the same client when unpickled in
+    this process, else in the default client."""
+    return _device_by_id, (device_id, client_id, _PROCESS_NONCE)
+
+
 def _device_by_id(device_id: int, client_id: int | None = None, nonce: int | None = None) -> _colocated.Device:
     """The device with this global id (used to unpickle devices): of client
     ``client_id`` when the device was pickled in this process and that client

@@ -229,6 +229,15 @@ class _HostCall:
         return [leaf._impl for leaf in leaves]
 
 
+def _flat_call(host_call) -> tuple | None:
+    """The native executor's fast path of a host callable (a hook of the native
+    module): the function and the callers' input shardings of a ``_HostCall``
+    that takes positional arrays and returns one array, else None."""
+    if isinstance(host_call, _HostCall) and host_call.flat and host_call.out_leaf:
+        return host_call.fn, host_call.in_shardings
+    return None
+
+
 def _dump_structure(treedef) -> bytes:
     """A worker's discovered output structure, for the controller (the
     runtime carries each output's sharding and memory kind)."""
