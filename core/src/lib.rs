@@ -75,8 +75,8 @@ pub use colocated::{
 };
 pub use compiler::CompileOptions;
 pub use default_client::{
-    configure, default_client, num_cpu_devices_from_env, reset_default_client, set_default_client,
-    NUM_CPU_DEVICES_ENV,
+    configure, current_default_client, default_client, num_cpu_devices_from_env,
+    reset_default_client, set_default_client, NUM_CPU_DEVICES_ENV,
 };
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
 pub use dispatch::{

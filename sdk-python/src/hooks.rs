@@ -26,6 +26,9 @@ pub(crate) struct Hooks {
     /// `(host callable) -> (function, input shardings) | None`: the fast
     /// path of a program that takes positional arrays and returns one.
     pub flat_call: Py<PyAny>,
+    /// `(Client) -> None`: tells the package of a client wrapper made here
+    /// (core's default client's).
+    pub register_client: Py<PyAny>,
 }
 
 static HOOKS: PyOnceLock<Hooks> = PyOnceLock::new();
@@ -36,7 +39,7 @@ static HOOKS: PyOnceLock<Hooks> = PyOnceLock::new();
 #[pyfunction]
 #[pyo3(name = "_register_hooks", signature = (
     *, array_type, wrap_array, error_from_core, is_pool_thread, work_item_scope,
-    reduce_device, numpy_dtypes, flat_call
+    reduce_device, numpy_dtypes, flat_call, register_client
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn register_hooks(
@@ -49,6 +52,7 @@ pub fn register_hooks(
     reduce_device: Py<PyAny>,
     numpy_dtypes: Py<PyAny>,
     flat_call: Py<PyAny>,
+    register_client: Py<PyAny>,
 ) {
     let _ = HOOKS.set(
         py,
@@ -61,6 +65,7 @@ pub fn register_hooks(
             reduce_device,
             numpy_dtypes,
             flat_call,
+            register_client,
         },
     );
 }

@@ -91,8 +91,9 @@ def configure_worker_client(cpu_devices: int | None, pjrt_plugin: str | None, pj
     """Sets the default client's options from a worker's flags (``--cpu-devices``,
     ``--pjrt-plugin``, each ``--pjrt-option KEY=VALUE``)."""
 
-def default_client() -> Client:
-    """The process's default client, created on first use."""
+def default_client(create: bool = True) -> Client | None:
+    """The process's default client (core's), created on first use; with
+    ``create=False``, None when there is none yet."""
 
 def set_default_client(client: Client | None) -> None:
     """Makes ``client`` the process's default client (``None``: lets it go)."""

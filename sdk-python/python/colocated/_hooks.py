@@ -4,7 +4,7 @@ and looks each up once."""
 
 from . import _colocated
 from ._array import Array, _wrap
-from ._client import _reduce_device
+from ._client import _reduce_device, _register
 from ._colocated_python import _flat_call
 from ._dtypes import _FROM_CORE
 from ._errors import _from_core
@@ -19,4 +19,5 @@ _colocated._register_hooks(
     reduce_device=_reduce_device,
     numpy_dtypes=_FROM_CORE,
     flat_call=_flat_call,
+    register_client=_register,
 )
