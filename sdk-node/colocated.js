@@ -45,12 +45,12 @@ module.exports = function install(binding, exports) {
   }
 
   /**
-   * An object with the keys of `object` in its order, the value of each
-   * `value(key)`, called in sorted key order (the order of the leaves).
+   * An object with the keys of `object` in its order (or sorted), the value
+   * of each `value(key)`, called in sorted key order (the order of the leaves).
    */
-  function inKeyOrder(object, value) {
+  function inKeyOrder(object, value, sortedOrder = false) {
     const keys = Object.keys(object)
-    const out = Object.fromEntries(keys.map((k) => [k, null]))
+    const out = Object.fromEntries((sortedOrder ? keys.sort() : keys).map((k) => [k, null]))
     for (const k of keys.sort()) out[k] = value(k)
     return out
   }
@@ -67,18 +67,6 @@ module.exports = function install(binding, exports) {
     return build(skeleton)
   }
 
-  /** `skeleton` with every object's keys in sorted order. */
-  const sorted = (s) =>
-    s === null || typeof s !== 'object'
-      ? s
-      : Array.isArray(s)
-        ? s.map(sorted)
-        : Object.fromEntries(
-            Object.keys(s)
-              .sort()
-              .map((k) => [k, sorted(s[k])]),
-          )
-
   /**
    * What core keys a call's structure by (its tree key): nothing for
    * positional arrays alone (core's flat key), else the skeleton's canonical
@@ -86,7 +74,9 @@ module.exports = function install(binding, exports) {
    * structure).
    */
   const structureOf = (skeleton) =>
-    Array.isArray(skeleton) && skeleton.every((s) => s === 0) ? undefined : JSON.stringify(sorted(skeleton))
+    Array.isArray(skeleton) && skeleton.every((s) => s === 0) ? undefined : JSON.stringify(skeleton, sortedKeys)
+  const sortedKeys = (_key, v) =>
+    v === null || typeof v !== 'object' || Array.isArray(v) ? v : inKeyOrder(v, (k) => v[k], true)
 
   // -- hosts ----------------------------------------------------------------
 
