@@ -161,11 +161,12 @@ export declare class FunctionState {
    */
   constructor(name: string, devices?: Array<Device> | undefined | null, inSpecs?: InSpecs | undefined | null)
   /**
-   * The call if a program is compiled for its spec (`tree`: the key of the
-   * arguments' structure): run at once, on this thread's stream. Null
+   * The call if a program is compiled for its spec (`tree`: null for
+   * positional arrays, else the canonical text of the arguments'
+   * structure, which core keys): run at once, on this thread's stream. Null
    * otherwise (then `call`). `objects`: the colocated objects the call uses.
    */
-  callCached(tree: number, inputs: Array<ColocatedArray>, objects?: Array<ObjectHandle> | undefined | null, stream?: Stream | undefined | null): CallResult | null
+  callCached(tree: string | undefined | null, inputs: Array<ColocatedArray>, objects?: Array<ObjectHandle> | undefined | null, stream?: Stream | undefined | null): CallResult | null
   /**
    * Any call: compiles a program for the declared outputs, or discovers
    * them by running the function once on every host of the call. Holds
@@ -173,7 +174,7 @@ export declare class FunctionState {
    * runs after it) and keeps its arguments (deleting them meanwhile frees
    * them after the call); `run()` it once `reached()`.
    */
-  prepare(tree: number, inputs: Array<ColocatedArray>, options: CallOptions): PendingCall
+  prepare(tree: string | undefined | null, inputs: Array<ColocatedArray>, options: CallOptions): PendingCall
   /** Hits, misses and size of the cache of compiled programs. */
   cacheInfo(): Array<number>
   /** Drops every compiled program. */
@@ -723,7 +724,7 @@ export interface HostObject {
 
 /** The arguments every call must match: their structure's key and specs. */
 export interface InSpecs {
-  tree: number
+  tree?: string
   specs: Array<ShapeDtypeStruct>
 }
 

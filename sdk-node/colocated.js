@@ -19,7 +19,11 @@ module.exports = function install(binding, exports) {
 
   /**
    * The leaves (arrays) of `tree` in order, and its skeleton: 0 for a leaf,
-   * an array or a plain object of skeletons, null for null/undefined.
+   * an array or a plain object of skeletons, null for null/undefined. An
+   * object's leaves go in sorted key order (core's rule for every SDK, as
+   * JAX's pytrees sort a dict's keys), its skeleton keeps its own key order:
+   * `{a, b}` and `{b, a}` are one structure (see `structureOf`), with the
+   * same leaves in the same order.
    */
   function flatten(tree, what, Leaf = ColocatedArray) {
     const leaves = []
@@ -31,7 +35,7 @@ module.exports = function install(binding, exports) {
       if (x === null || x === undefined) return null
       if (Array.isArray(x)) return x.map(walk)
       if (typeof x === 'object' && Object.getPrototypeOf(x) === Object.prototype) {
-        return Object.fromEntries(Object.entries(x).map(([k, v]) => [k, walk(v)]))
+        return inKeyOrder(x, (k) => walk(x[k]))
       }
       throw new errors.InvalidArgumentError(
         `${what} are arrays (and arrays and plain objects of them), not ${typeof x === 'object' ? x.constructor?.name : typeof x}`,
@@ -40,30 +44,39 @@ module.exports = function install(binding, exports) {
     return { leaves, skeleton: walk(tree) }
   }
 
-  /** The tree of `skeleton` with `leaves` in order. */
+  /**
+   * An object with the keys of `object` in its order (or sorted), the value
+   * of each `value(key)`, called in sorted key order (the order of the leaves).
+   */
+  function inKeyOrder(object, value, sortedOrder = false) {
+    const keys = Object.keys(object)
+    const out = Object.fromEntries((sortedOrder ? keys.sort() : keys).map((k) => [k, null]))
+    for (const k of keys.sort()) out[k] = value(k)
+    return out
+  }
+
+  /** The tree of `skeleton` with `leaves` in order (an object's in sorted key order, as `flatten` took them). */
   function unflatten(skeleton, leaves) {
     let at = 0
     const build = (s) => {
       if (s === 0) return leaves[at++]
       if (s === null) return null
       if (Array.isArray(s)) return s.map(build)
-      return Object.fromEntries(Object.entries(s).map(([k, v]) => [k, build(v)]))
+      return inKeyOrder(s, (k) => build(s[k]))
     }
     return build(skeleton)
   }
 
-  // Each distinct structure of arguments gets a small key (core caches
-  // programs per structure and specs).
-  const treeKeys = new Map()
-  const treeKey = (skeleton) => {
-    const text = JSON.stringify(skeleton)
-    let key = treeKeys.get(text)
-    if (key === undefined) {
-      key = treeKeys.size + 1
-      treeKeys.set(text, key)
-    }
-    return key
-  }
+  /**
+   * What core keys a call's structure by (its tree key): nothing for
+   * positional arrays alone (core's flat key), else the skeleton's canonical
+   * JSON text (objects' keys sorted, so that key order makes no other
+   * structure).
+   */
+  const structureOf = (skeleton) =>
+    Array.isArray(skeleton) && skeleton.every((s) => s === 0) ? undefined : JSON.stringify(skeleton, sortedKeys)
+  const sortedKeys = (_key, v) =>
+    v === null || typeof v !== 'object' || Array.isArray(v) ? v : inKeyOrder(v, (k) => v[k], true)
 
   // -- hosts ----------------------------------------------------------------
 
@@ -325,7 +338,9 @@ module.exports = function install(binding, exports) {
       // The arguments' structure travels with the program (one per input spec).
       const inputs = unflatten(payload.args, call.inputs)
       const running = { call, names: payload.hostCallbacks ?? [] }
-      const result = await current.run(running, () => fn(...inputs))
+      // What the function calls runs on a stream of its own (core's rule
+      // for host code that calls colocated functions, in every SDK).
+      const result = await current.run(running, () => streams.context.run(call.stream, () => fn(...inputs)))
       const { leaves, skeleton } = flatten(result, 'a colocated function’s results')
       call.resolve(leaves, JSON.stringify(skeleton))
     } catch (err) {
@@ -429,7 +444,7 @@ module.exports = function install(binding, exports) {
     let inSpecs
     if (options.inSpecs !== undefined) {
       const specs = flatten(options.inSpecs, 'in specs', binding.ShapeDtypeStruct)
-      inSpecs = { tree: treeKey(specs.skeleton), specs: specs.leaves }
+      inSpecs = { tree: structureOf(specs.skeleton), specs: specs.leaves }
     }
     const state = new FunctionState(name, options.devices ?? null, inSpecs)
     const call = caller(state, what, options, hostCallbacksOf(options.hostCallbacks), null)
@@ -458,12 +473,6 @@ module.exports = function install(binding, exports) {
     const handles = object === null ? null : [object.handle]
 
     const call = (...args) => {
-      if (current.getStore() !== undefined) {
-        // It would wait for the very program that makes it.
-        return Promise.reject(
-          new errors.FailedPreconditionError('a colocated function cannot call colocated functions from its host code'),
-        )
-      }
       let leaves
       let skeleton
       try {
@@ -471,10 +480,10 @@ module.exports = function install(binding, exports) {
       } catch (err) {
         return Promise.reject(err)
       }
-      const key = treeKey(skeleton)
+      const tree = structureOf(skeleton)
       const stream = streams.current() ?? null
       const start = () => {
-        const hit = state.callCached(key, leaves, handles, stream ?? undefined)
+        const hit = state.callCached(tree, leaves, handles, stream ?? undefined)
         if (hit !== null) return finish(hit)
         let declared = null
         if (options.outSpecsFn) {
@@ -500,7 +509,7 @@ module.exports = function install(binding, exports) {
         // at once and runs in its place. A discovery runs the function
         // there before it returns: it takes a thread of the pool only once
         // the work queued before it ran.
-        const pending = state.prepare(key, leaves, callOptions)
+        const pending = state.prepare(tree, leaves, callOptions)
         const run = pending.discovers ? pending.reached().then(() => pending.run()) : pending.run()
         return run.then(finish)
       }

@@ -82,6 +82,12 @@ pub fn default_client() -> Result<Client> {
     Ok(client)
 }
 
+/// The default client if there is one now (made default, or created by a
+/// use), without creating one.
+pub fn current_default_client() -> Option<Client> {
+    state().client.clone()
+}
+
 /// Makes `client` the default one (a connect that asks to be the default);
 /// `None` lets the default client go (the next use creates one from the
 /// configured options).

@@ -70,13 +70,13 @@ pub use client::{
     Client, ClientOptions, ClusterOptions, Host, DEFAULT_MAX_EXECUTOR_THREADS, PLATFORM_NAME,
 };
 pub use colocated::{
-    CacheInfo, Call, CallSite, CallSpec, ColocatedFunction, ColocatedObject, Entry, OutputOrigin,
-    Outputs, Payload, SpecCache,
+    flat_tree_key, new_tree_key, tree_key, CacheInfo, Call, CallSite, CallSpec, ColocatedFunction,
+    ColocatedObject, Entry, OutputOrigin, Outputs, Payload, SpecCache,
 };
 pub use compiler::CompileOptions;
 pub use default_client::{
-    configure, default_client, num_cpu_devices_from_env, reset_default_client, set_default_client,
-    NUM_CPU_DEVICES_ENV,
+    configure, current_default_client, default_client, num_cpu_devices_from_env,
+    reset_default_client, set_default_client, NUM_CPU_DEVICES_ENV,
 };
 pub use device::{AttributeValue, CpuBackend, Device, DeviceBackend, MemoryKind, MemorySpace};
 pub use dispatch::{

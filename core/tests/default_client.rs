@@ -5,8 +5,8 @@
 mod common;
 
 use colocated_core::{
-    configure, default_client, num_cpu_devices_from_env, reset_default_client, set_default_client,
-    ClientOptions, ErrorCode, NUM_CPU_DEVICES_ENV,
+    configure, current_default_client, default_client, num_cpu_devices_from_env,
+    reset_default_client, set_default_client, ClientOptions, ErrorCode, NUM_CPU_DEVICES_ENV,
 };
 use common::assert_error;
 
@@ -21,6 +21,8 @@ fn configured_before_first_use_created_once_replaced_and_reset() {
         ErrorCode::InvalidArgument,
         "num_cpu_devices must be a positive integer",
     );
+    // Nothing is created by asking whether there is one.
+    assert!(current_default_client().is_none());
     std::env::set_var(NUM_CPU_DEVICES_ENV, "three");
     assert_error(
         num_cpu_devices_from_env(),
@@ -53,9 +55,11 @@ fn configured_before_first_use_created_once_replaced_and_reset() {
     .unwrap();
     set_default_client(Some(other.clone()));
     assert_eq!(default_client().unwrap().id(), other.id());
+    assert_eq!(current_default_client().map(|c| c.id()), Some(other.id()));
     // After a reset (a forked child; the old client is leaked), the next use
     // makes a fresh one from the environment.
     reset_default_client();
+    assert!(current_default_client().is_none());
     let fresh = default_client().unwrap();
     assert_ne!(fresh.id(), other.id());
     assert_eq!(fresh.devices().len(), 5);

@@ -65,6 +65,52 @@ fn a_native_function_can_run_and_await_a_nested_execution_on_its_default_stream(
 }
 
 #[test]
+fn code_that_runs_for_a_program_on_another_thread_calls_on_the_programs_nested_stream() {
+    // As a language whose host code runs on another thread while the
+    // program's thread waits for its answer (Node's event loop): its nested
+    // call runs on the stream core gives it, never behind the program.
+    within_patience("nested call from another thread", || {
+        let client = client_with_threads(1, 1);
+        let device = client.devices()[0].clone();
+        let inner_ran = Arc::new(AtomicUsize::new(0));
+        let counter = inner_ran.clone();
+        client
+            .register_native_function("inner", move |_| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .unwrap();
+        let inner: Arc<OnceLock<LoadedExecutable>> = Arc::default();
+        let stream = client.create_stream();
+        let (nested, outer_stream) = (inner.clone(), stream.clone());
+        client
+            .register_native_function("outer", move |ctx| {
+                let on = ctx.nested_stream();
+                assert_ne!(on.id(), outer_stream.id(), "not the program's own stream");
+                let exe = nested.get().expect("inner compiled").clone();
+                std::thread::spawn(move || {
+                    let options = ExecuteOptions { stream: Some(on) };
+                    exe.execute(&[], &options)?.status.wait()
+                })
+                .join()
+                .map_err(|_| Error::internal("the host code's thread panicked"))?
+            })
+            .unwrap();
+        inner
+            .set(compile_nullary(&client, "inner", &device))
+            .unwrap();
+        let outer = compile_nullary(&client, "outer", &device);
+        for _ in 0..20 {
+            let options = ExecuteOptions {
+                stream: Some(stream.clone()),
+            };
+            outer.execute(&[], &options).unwrap().status.wait().unwrap();
+        }
+        assert_eq!(inner_ran.load(Ordering::SeqCst), 20);
+    });
+}
+
+#[test]
 fn waiting_inside_a_task_for_later_work_of_its_own_stream_is_a_failed_precondition() {
     within_patience("self wait", || {
         let client = client(1);

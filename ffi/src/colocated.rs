@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use colocated_core::{
-    native_payload, ArraySpec, CallSite, CallSpec, ColocatedFunction, ColocatedObject, Device,
-    Error, Event, Outputs, Payload, Result, LANGUAGE_NATIVE,
+    flat_tree_key, native_payload, ArraySpec, CallSite, CallSpec, ColocatedFunction,
+    ColocatedObject, Device, Error, Event, Outputs, Payload, Result, LANGUAGE_NATIVE,
 };
 
 use crate::array::colocated_array;
@@ -271,7 +271,7 @@ pub unsafe extern "C" fn colocated_function_call(
             .map(|(i, o)| handle(*o, &format!("objects[{i}]")).map(|o| &o.object))
             .collect::<Result<Vec<_>>>()?;
         let spec = CallSpec {
-            tree: inputs.len() as u64,
+            tree: flat_tree_key(inputs.len()),
             leaves: inputs.iter().map(|x| x.spec().clone()).collect(),
         };
         let call = f

@@ -83,10 +83,12 @@ pub struct CallResult<'e> {
     pub done: Option<Object<'e>>,
 }
 
-/// The arguments every call must match: their structure's key and specs.
+/// The arguments every call must match: their structure (null for
+/// positional specs, else its canonical text, as `callCached` takes it) and
+/// specs.
 #[napi(object, object_to_js = false)]
 pub struct InSpecs<'a> {
-    pub tree: u32,
+    pub tree: Option<String>,
     pub specs: Vec<ClassInstance<'a, ShapeDtypeStruct>>,
 }
 
@@ -130,7 +132,7 @@ impl FunctionState {
             .map(|d| d.client.clone());
         let devices = devices.map(|ds| ds.iter().map(|d| d.inner.clone()).collect());
         let in_specs = in_specs.map(|s| core::CallSpec {
-            tree: u64::from(s.tree),
+            tree: tree_key(s.tree.as_deref(), s.specs.len()),
             leaves: s.specs.iter().map(|l| l.inner.clone()).collect(),
         });
         let inner = core::ColocatedFunction::new(name, LANGUAGE, devices, in_specs).js(&env)?;
@@ -140,20 +142,21 @@ impl FunctionState {
         })
     }
 
-    /// The call if a program is compiled for its spec (`tree`: the key of the
-    /// arguments' structure): run at once, on this thread's stream. Null
+    /// The call if a program is compiled for its spec (`tree`: null for
+    /// positional arrays, else the canonical text of the arguments'
+    /// structure, which core keys): run at once, on this thread's stream. Null
     /// otherwise (then `call`). `objects`: the colocated objects the call uses.
     #[napi]
     pub fn call_cached<'e>(
         &self,
         env: &'e Env,
-        tree: u32,
+        tree: Option<String>,
         inputs: Vec<ClassInstance<ColocatedArray>>,
         objects: Option<Vec<ClassInstance<ObjectHandle>>>,
         stream: Option<ClassInstance<Stream>>,
     ) -> napi::Result<Option<CallResult<'e>>> {
         let (client, arrays) = self.arguments(&inputs).js(env)?;
-        let spec = call_spec(tree, &arrays);
+        let spec = call_spec(tree.as_deref(), &arrays);
         let objects = live_objects(objects.as_deref()).js(env)?;
         let refs: Vec<&core::ColocatedObject> = objects.iter().map(|o| o.as_ref()).collect();
         let stream = stream.map(|s| Stream {
@@ -185,7 +188,7 @@ impl FunctionState {
     pub fn prepare(
         &self,
         env: Env,
-        tree: u32,
+        tree: Option<String>,
         inputs: Vec<ClassInstance<ColocatedArray>>,
         options: CallOptions,
     ) -> napi::Result<PendingCall> {
@@ -207,7 +210,7 @@ impl FunctionState {
             None => client.current_stream(),
         };
         let kept = core::Array::keep(&arrays).js(&env)?;
-        let spec = call_spec(tree, &arrays);
+        let spec = call_spec(tree.as_deref(), &arrays);
         let site = Site {
             payload: options.payload.into_bytes(),
             declared,
@@ -260,7 +263,7 @@ impl FunctionState {
                 // Core's rule and error, as in every SDK (no devices to run
                 // on), without making the default client to ask it.
                 let no_inputs = core::CallSpec {
-                    tree: 0,
+                    tree: core::flat_tree_key(0),
                     leaves: Vec::new(),
                 };
                 return Err(no_inputs.devices(None).err().unwrap_or_else(|| {
@@ -325,9 +328,20 @@ fn live_objects(
         .collect()
 }
 
-fn call_spec(tree: u32, arrays: &[core::Array]) -> core::CallSpec {
+/// Core's key of a call's structure: `None` for `n` positional arrays,
+/// else the canonical text of the arguments' skeleton (`colocated.js`'s
+/// `flatten`, object keys sorted).
+fn tree_key(tree: Option<&str>, n: usize) -> u64 {
+    match tree {
+        None => core::flat_tree_key(n),
+        Some(canonical) => core::tree_key(canonical.as_bytes()),
+    }
+}
+
+/// The spec of a call with `arrays` (see [`tree_key`]).
+fn call_spec(tree: Option<&str>, arrays: &[core::Array]) -> core::CallSpec {
     core::CallSpec {
-        tree: u64::from(tree),
+        tree: tree_key(tree, arrays.len()),
         leaves: arrays.iter().map(|a| a.spec().clone()).collect(),
     }
 }

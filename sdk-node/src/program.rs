@@ -124,6 +124,8 @@ pub struct HostCall {
     inputs: Vec<core::Array>,
     devices: Vec<core::Device>,
     discovering: bool,
+    /// The stream of the calls the function makes (core's nested stream).
+    stream: core::Stream,
     answer: Mutex<Option<mpsc::Sender<Message>>>,
 }
 
@@ -207,6 +209,16 @@ impl HostCall {
             None => Err(napi::Error::from_reason(format!(
                 "object {id} is another language's"
             ))),
+        }
+    }
+
+    /// The stream of the calls the function makes while it runs (colocated
+    /// functions, executables): core's stream for nested calls, never the
+    /// one its program runs on, so that they never wait for that program.
+    #[napi(getter)]
+    pub fn stream(&self) -> crate::client::Stream {
+        crate::client::Stream {
+            inner: self.stream.clone(),
         }
     }
 
@@ -358,6 +370,7 @@ impl core::LoadedProgram for NodeProgram {
             inputs: ctx.host_input_arrays()?,
             devices: ctx.devices(),
             discovering,
+            stream: ctx.nested_stream(),
             answer: Mutex::new(Some(sender)),
         };
         if runner.call(call, ThreadsafeFunctionCallMode::NonBlocking) != Status::Ok {

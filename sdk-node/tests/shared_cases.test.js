@@ -33,7 +33,21 @@ const FUNCTIONS = {
     )
     return out.length === 1 ? out[0] : out
   },
+  // (Self-contained, as host code travels by its source: add_one again.)
+  reentrant: (...xs) =>
+    colocated.colocated(async (...ys) => {
+      const out = await Promise.all(
+        ys.map(async (y) =>
+          colocated.devicePut(
+            (await y.toTypedArray()).map((v) => v + 1),
+            y.sharding,
+          ),
+        ),
+      )
+      return out.length === 1 ? out[0] : out
+    })(...xs),
   first: (...xs) => xs[0],
+  a_of: (tree) => tree.a,
 }
 
 /** The table's methods of colocated classes, by name (host code counts destructions on the global object). */
@@ -93,7 +107,8 @@ async function runCalls(testCase) {
   }
   for (const [step, call] of testCase.calls.entries()) {
     const where = `call ${step}`
-    const args = call.args.map(argument)
+    let args = call.args.map(argument)
+    if (call.tree) args = [Object.fromEntries(Object.entries(call.tree).map(([key, i]) => [key, args[i]]))]
     if (call.error) {
       await assert.rejects(
         fn(...args),

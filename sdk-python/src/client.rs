@@ -395,16 +395,14 @@ impl Device {
 
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         // Pickled devices are stable global ids, resolved in the same client
-        // when unpickled in this process, else in the default client (see
-        // `_device_by_id`).
-        let module = py.import("colocated._client")?;
-        let lookup = module.getattr("_device_by_id")?;
-        let args = (
-            self.id(),
-            self.client.metadata().id(),
-            module.getattr("_PROCESS_NONCE")?,
-        );
-        PyTuple::new(py, [lookup.into_any(), args.into_pyobject(py)?.into_any()])
+        // when unpickled in this process, else in the default client (the
+        // package's `reduce_device` hook says how).
+        crate::hooks::hooks(py)?
+            .reduce_device
+            .bind(py)
+            .call1((self.id(), self.client.metadata().id()))?
+            .cast_into::<PyTuple>()
+            .map_err(Into::into)
     }
 }
 
@@ -508,22 +506,67 @@ fn pjrt_value(name: &str, v: &Bound<'_, PyAny>) -> PyResult<core::PjrtValue> {
     ))))
 }
 
-/// The process's default client, created on first use from the configured
-/// options (else `COLOCATED_NUM_CPU_DEVICES`). The caller keeps the wrapper:
-/// each call wraps the client anew.
+/// The wrapper of core's default client last handed out, by that client's
+/// id: core decides which client is the default (after a connect, a reset, a
+/// fork), this only keeps one wrapper per client. Taken only under the GIL.
+static DEFAULT_WRAPPER: std::sync::Mutex<Option<(u64, Py<Client>)>> = std::sync::Mutex::new(None);
+
+/// The wrapper of `client`, core's default: the one handed out before when
+/// it is the same client, else a new one.
+fn default_wrapper(py: Python<'_>, client: core::Client) -> PyResult<Py<Client>> {
+    let id = client.id();
+    let cached = |py| {
+        let wrapper = DEFAULT_WRAPPER.lock().unwrap_or_else(|e| e.into_inner());
+        wrapper
+            .as_ref()
+            .filter(|(cached, _)| *cached == id)
+            .map(|(_, w): &(u64, Py<Client>)| w.clone_ref(py))
+    };
+    if let Some(wrapper) = cached(py) {
+        return Ok(wrapper);
+    }
+    let wrapper = Py::new(py, Client::wrap(py, client)?)?;
+    crate::hooks::hooks(py)?
+        .register_client
+        .call1(py, (wrapper.clone_ref(py),))?;
+    let replaced = DEFAULT_WRAPPER
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .replace((id, wrapper.clone_ref(py)));
+    drop(replaced);
+    Ok(wrapper)
+}
+
+/// The process's default client (core's, asked each time), created on first
+/// use from the configured options (else `COLOCATED_NUM_CPU_DEVICES`);
+/// with `create=False`, None when there is none yet.
 #[pyfunction]
-pub fn default_client(py: Python<'_>) -> PyResult<Client> {
-    let client = py.detach(core::default_client).map_err(py_err)?;
-    Client::wrap(py, client)
+#[pyo3(signature = (create=true))]
+pub fn default_client(py: Python<'_>, create: bool) -> PyResult<Option<Py<Client>>> {
+    // Creating it may take a while: without the GIL (an existing one is at hand).
+    let client = match (core::current_default_client(), create) {
+        (Some(client), _) => client,
+        (None, true) => py.detach(core::default_client).map_err(py_err)?,
+        (None, false) => return Ok(None),
+    };
+    default_wrapper(py, client).map(Some)
 }
 
 /// Makes `client` the process's default client (`None`: lets it go).
 #[pyfunction]
-pub fn set_default_client(client: Option<PyRef<'_, Client>>) -> PyResult<()> {
-    let client = client
-        .map(|c| c.inner.get().cloned())
-        .transpose()
-        .map_err(py_err)?;
-    core::set_default_client(client);
+pub fn set_default_client(client: Option<Py<Client>>) -> PyResult<()> {
+    let Some(wrapper) = client else {
+        core::set_default_client(None);
+        return Ok(());
+    };
+    let inner = wrapper.get().inner.get().cloned().map_err(py_err)?;
+    let id = inner.id();
+    core::set_default_client(Some(inner));
+    // Its wrapper is the one handed out as the default from now on.
+    let replaced = DEFAULT_WRAPPER
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .replace((id, wrapper));
+    drop(replaced);
     Ok(())
 }

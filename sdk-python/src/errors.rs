@@ -1,20 +1,17 @@
 //! Core errors as Python exceptions. The exception classes are defined once, in
 //! `colocated/_errors.py` (each subclasses `ColocatedError` and the builtin that
-//! fits, which `create_exception!` cannot express); this module builds instances.
+//! fits, which `create_exception!` cannot express); this module builds instances
+//! with the package's hook (`error_from_core`, see `crate::hooks`).
 
 use colocated_core::Error;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::PyAny;
-
-static FROM_CORE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// The Python exception for a core error (its class follows the code; a remote
 /// traceback makes it a `RemoteError`).
 pub fn to_py(py: Python<'_>, err: &Error) -> PyErr {
     let build = || -> PyResult<PyErr> {
-        let from_core = FROM_CORE.import(py, "colocated._errors", "_from_core")?;
+        let from_core = crate::hooks::hooks(py)?.error_from_core.bind(py);
         let exc = from_core.call1((err.code().name(), err.message(), err.remote_traceback()))?;
         Ok(PyErr::from_value(exc))
     };

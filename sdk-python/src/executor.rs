@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use colocated_core as core;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::array::ArrayImpl;
@@ -16,11 +15,6 @@ use crate::errors::{py_err, to_py};
 
 /// The language tag of colocated Python programs.
 pub const LANGUAGE: &str = core::LANGUAGE_PYTHON;
-
-/// `colocated._array.Array`, for type checks by identity.
-pub(crate) static ARRAY_TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-/// `colocated._array._wrap`.
-pub(crate) static WRAP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// Runs `python` programs: the payload is a cloudpickled callable that takes
 /// one `ArrayImpl` per input and returns one per output (or, in a discovery
@@ -122,24 +116,22 @@ struct FlatCall {
 }
 
 impl FlatCall {
-    /// The fast path of a `_HostCall` whose `flat` and `out_leaf` hold (None for
+    /// The fast path of a host callable that takes positional arrays and
+    /// returns one, as the package's `flat_call` hook gives it (None for
     /// other callables, which always take the general path).
     fn of(call: &Bound<'_, PyAny>) -> PyResult<Option<FlatCall>> {
-        let flag = |name: &str| -> bool {
-            call.getattr(name)
-                .and_then(|v| v.extract::<bool>())
-                .unwrap_or(false)
-        };
-        if !flag("flat") || !flag("out_leaf") {
+        let py = call.py();
+        let parts = crate::hooks::hooks(py)?.flat_call.bind(py).call1((call,))?;
+        if parts.is_none() {
             return Ok(None);
         }
-        let in_shardings = call
-            .getattr("in_shardings")?
+        let (function, shardings): (Bound<'_, PyAny>, Bound<'_, PyAny>) = parts.extract()?;
+        let in_shardings = shardings
             .try_iter()?
             .map(|s| s.map(Bound::unbind))
             .collect::<PyResult<_>>()?;
         Ok(Some(FlatCall {
-            function: call.getattr("fn")?.unbind(),
+            function: function.unbind(),
             in_shardings,
         }))
     }
@@ -204,15 +196,15 @@ impl PythonProgram {
         client: &core::Client,
         args: Vec<core::Array>,
     ) -> PyResult<Result<Vec<core::Array>, Bound<'py, PyAny>>> {
-        let wrap = WRAP.import(py, "colocated._array", "_wrap")?;
+        let hooks = crate::hooks::hooks(py)?;
+        let wrap = hooks.wrap_array.bind(py);
         let mut leaves = Vec::with_capacity(args.len());
         for (array, sharding) in args.into_iter().zip(&flat.in_shardings) {
             let impl_ = Bound::new(py, ArrayImpl::wrap(client.clone(), array))?;
             leaves.push(wrap.call1((impl_, sharding.bind(py)))?);
         }
         let out = flat.function.bind(py).call1(PyTuple::new(py, leaves)?)?;
-        let array_type = ARRAY_TYPE.import(py, "colocated._array", "Array")?;
-        if out.get_type().is(array_type) {
+        if out.get_type().is(hooks.array_type.bind(py)) {
             let impl_ = out.getattr(pyo3::intern!(py, "_impl"))?;
             return Ok(Ok(vec![impl_.cast::<ArrayImpl>()?.get().array()?.clone()]));
         }

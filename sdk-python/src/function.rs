@@ -16,7 +16,7 @@ use crate::client::Device;
 use crate::errors::{py_err, to_py};
 use crate::event::Event;
 use crate::executable::Executable;
-use crate::executor::{host_callback, ARRAY_TYPE, LANGUAGE, WRAP};
+use crate::executor::{host_callback, LANGUAGE};
 use crate::fork::ForkSafe;
 use crate::sharding::Sharding;
 
@@ -30,16 +30,21 @@ pub(crate) fn array_spec(leaf: &SpecLeaf<'_>) -> PyResult<core::ArraySpec> {
     core::ArraySpec::new(leaf.1.clone(), dtype, sharding.clone()).map_err(py_err)
 }
 
-/// The tree key of a call whose arguments are `n` positional arrays and no
-/// keywords (`_FLAT_KEY` in `_colocated_python.py`); other calls use their tree
-/// structure's hash. Entries remember their arity, so a hash that collides with
-/// a flat key never takes the fast path.
-fn flat_key(n: usize) -> u64 {
-    FLAT_KEY | n as u64
+/// Core's tree key of a call of `n` positional arrays and no keywords (the
+/// fast path's calls; `_tree_key` in `_colocated_python.py` takes the same
+/// key for such a structure).
+#[pyfunction]
+pub fn flat_tree_key(n: usize) -> u64 {
+    core::flat_tree_key(n)
 }
 
-/// High bits of every flat-call key.
-const FLAT_KEY: u64 = 0xF1A7_0000_0000_0000;
+/// A tree key no structure has yet, from core's interner: the Python package
+/// interns every other structure by its optree treedef (equal treedefs, one
+/// key), and takes each new one's key here.
+#[pyfunction]
+pub fn new_tree_key() -> u64 {
+    core::new_tree_key()
+}
 
 /// What the Python package keeps with a compiled program: what the fast path
 /// needs to call it and wrap its outputs without Python code.
@@ -235,7 +240,7 @@ fn wrap_outputs<'py>(
     entry: &PyEntry,
     outputs: Vec<core::Array>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let wrap = WRAP.import(py, "colocated._array", "_wrap")?;
+    let wrap = crate::hooks::hooks(py)?.wrap_array.bind(py);
     let mut wrapped = Vec::with_capacity(outputs.len());
     for (array, sharding) in outputs.into_iter().zip(&entry.out_shardings) {
         let impl_ = Bound::new(py, ArrayImpl::wrap(client.clone(), array))?;
@@ -309,7 +314,7 @@ impl FunctionState {
         if kwargs.is_some_and(|k| !k.is_empty()) {
             return general();
         }
-        let array_type = ARRAY_TYPE.import(py, "colocated._array", "Array")?;
+        let array_type = crate::hooks::hooks(py)?.array_type.bind(py);
         let mut impls = Vec::with_capacity(args.len());
         for arg in args.iter() {
             if !arg.get_type().is(array_type) {
@@ -325,7 +330,7 @@ impl FunctionState {
             .map(|i| i.get().array().cloned())
             .collect::<PyResult<Vec<_>>>()?;
         let spec = core::CallSpec {
-            tree: flat_key(arrays.len()),
+            tree: core::flat_tree_key(arrays.len()),
             leaves: arrays.iter().map(|a| a.spec().clone()).collect(),
         };
         let Some(entry) = function.cached(&spec).map_err(|e| to_py(py, &e))? else {

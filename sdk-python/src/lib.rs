@@ -16,6 +16,7 @@ mod executable;
 mod executor;
 mod fork;
 mod function;
+mod hooks;
 mod interpreter;
 mod remote;
 mod scalar_math;
@@ -34,6 +35,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[pymodule]
 fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     interpreter::register(m)?;
+    m.add_function(wrap_pyfunction!(hooks::register_hooks, m)?)?;
     m.add_class::<client::Client>()?;
     m.add_class::<client::Device>()?;
     m.add_class::<client::Host>()?;
@@ -49,6 +51,8 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<event::Event>()?;
     m.add_class::<function::FunctionState>()?;
     m.add_class::<function::FunctionBase>()?;
+    m.add_function(wrap_pyfunction!(function::flat_tree_key, m)?)?;
+    m.add_function(wrap_pyfunction!(function::new_tree_key, m)?)?;
     m.add_class::<executable::Executable>()?;
     m.add_class::<function::ColocatedObject>()?;
     m.add_class::<executable::ProgramCache>()?;

@@ -7,15 +7,11 @@
 
 use colocated_core as core;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 
 thread_local! {
     /// Whether this thread is a thread pool's worker (`None`: not asked yet).
     static POOL_THREAD: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
-
-static IS_POOL_THREAD: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-static WORK_ITEM_SCOPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// Puts the calling thread in the stream scope of the work item it runs, when
 /// it is a thread pool's worker (one check per thread otherwise). A new work
@@ -24,9 +20,10 @@ pub(crate) fn enter_call_scope(py: Python<'_>) -> PyResult<()> {
     let pool = match POOL_THREAD.with(|p| p.get()) {
         Some(pool) => pool,
         None => {
-            let pool = IS_POOL_THREAD
-                .import(py, "colocated._streams", "is_pool_thread")?
-                .call0()?
+            let pool = crate::hooks::hooks(py)?
+                .is_pool_thread
+                .call0(py)?
+                .bind(py)
                 .is_truthy()?;
             POOL_THREAD.with(|p| p.set(Some(pool)));
             pool
@@ -35,10 +32,10 @@ pub(crate) fn enter_call_scope(py: Python<'_>) -> PyResult<()> {
     if !pool {
         return Ok(());
     }
-    let scope: u64 = WORK_ITEM_SCOPE
-        .import(py, "colocated._streams", "work_item_scope")?
-        .call0()?
-        .extract()?;
+    let scope: u64 = crate::hooks::hooks(py)?
+        .work_item_scope
+        .call0(py)?
+        .extract(py)?;
     let previous = core::set_stream_scope(scope);
     if previous != scope && previous != 0 {
         core::forget_stream_scope(previous);

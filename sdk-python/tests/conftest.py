@@ -57,7 +57,7 @@ def cluster(token_file):
     connects a default client to them; the previous default client is restored
     and the workers stopped afterwards."""
     started = []
-    previous = _client._client
+    previous = _client._current_default()
 
     def start(n, devices=2):
         workers = []

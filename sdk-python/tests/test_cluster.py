@@ -612,7 +612,7 @@ def test_arrays_copy_between_hosts_with_progress(cluster, capsys, monkeypatch):
 
 
 def test_reconnecting_to_a_restarted_worker_works(token_file):
-    previous = _client._client
+    previous = _client._current_default()
     worker = Worker(token_file)
     try:
         client = colocated.connect([worker.address], token_file=token_file)
@@ -644,7 +644,7 @@ def _raises_unavailable(fn) -> bool:
 
 
 def test_a_call_over_the_controllers_host_and_a_worker_runs_on_both(token_file):
-    previous = _client._client
+    previous = _client._current_default()
     worker = Worker(token_file)
     try:
         client = colocated.connect([worker.address], token_file=token_file, include_local=True, num_cpu_devices=2)
@@ -670,11 +670,11 @@ def test_a_call_over_the_controllers_host_and_a_worker_runs_on_both(token_file):
 
 
 def test_a_client_that_is_not_the_default_keeps_its_own_devices(token_file):
-    previous = _client._client
+    previous = _client._current_default()
     worker = Worker(token_file, devices=3)
     try:
         client = colocated.connect([worker.address], token_file=token_file, default=False)
-        assert _client._client is previous
+        assert _client._current_default() is previous
         x = sharded_arange(6, client.devices())
         # The array's sharding names the worker's devices, not the default client's.
         assert x.sharding.mesh.devices.tolist() == client.devices()

@@ -130,3 +130,24 @@ def test_mesh_devices_accept_nested_lists_and_arrays():
     assert nested.shape == {"a": 2, "b": 2}
     assert nested.devices.dtype == object
     assert nested.device_ids.tolist() == [[0, 1], [2, 3]]
+
+
+def test_the_default_client_is_cores_whoever_changes_it():
+    """The package keeps no default client of its own: when core's default
+    changes behind it (another SDK of the process, a reset), ``client()``
+    follows, with one wrapper per client."""
+    from colocated import _colocated
+
+    first = colocated.client()
+    assert colocated.client() is first
+    other = colocated.Client(num_cpu_devices=2)
+    try:
+        _colocated.set_default_client(other)
+        assert colocated.client() is other
+        assert colocated.devices() == other.devices()
+        _colocated.set_default_client(None)
+        fresh = colocated.client()
+        assert fresh.id not in (first.id, other.id)
+    finally:
+        _colocated.set_default_client(first)
+    assert colocated.client() is first

@@ -34,7 +34,15 @@ def first(*xs):
     return xs[0]
 
 
-FUNCTIONS = {"add_one": add_one, "first": first}
+def a_of(tree):
+    return tree["a"]
+
+
+def reentrant(*xs):
+    return colocated.colocated_python(add_one)(*xs)
+
+
+FUNCTIONS = {"add_one": add_one, "first": first, "a_of": a_of, "reentrant": reentrant}
 
 #: Destructors of ``Count`` objects that ran (on this process's own host).
 FREED = [0]
@@ -108,6 +116,8 @@ def run_calls(case):
         fn = colocated.colocated_python(FUNCTIONS[name])
     for step, call in enumerate(case["calls"]):
         args = [argument(a) for a in call["args"]]
+        if "tree" in call:
+            args = [{key: args[i] for key, i in call["tree"].items()}]
         if "error" in call:
             with pytest.raises(ERRORS[call["error"]["code"]], match=call["error"]["fragment"]):
                 fn(*args)

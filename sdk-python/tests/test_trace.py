@@ -50,7 +50,7 @@ def test_a_worker_told_to_trace_writes_its_own_files_and_never_the_controllers(t
     monkeypatch.setenv("COLOCATED_TRACE", str(controllers))
     worker = Worker(token_file, devices=1, extra_args=("--trace", str(own)))
     monkeypatch.delenv("COLOCATED_TRACE")  # the worker's alone: this process does not trace
-    previous = _client._client
+    previous = _client._current_default()
     try:
         client = colocated.connect([worker.address], token_file=token_file)
         x = colocated.device_put(np.arange(4, dtype=np.int32), client.devices()[0])

@@ -6,8 +6,9 @@
  * (tests/cases/to_c.py), one TEST per case.
  *
  * C has no trees: a call's arguments are its flat inputs, and its outputs the
- * host's outputs in order. A method of a colocated class is a native function
- * whose data is its object's id, called with that object.
+ * host's outputs in order; a case that needs trees is skipped, saying so. A
+ * method of a colocated class is a native function whose data is its object's
+ * id, called with that object.
  */
 #include "harness.h"
 #include "helpers.h"
@@ -164,6 +165,44 @@ static colocated_error *native_count(void *user_data, colocated_execution_contex
   return err;
 }
 
+/* Native "reentrant": calls `user_data`, the colocated function "add_one",
+ * with this host's inputs from its host code, waits for it, and returns its
+ * outputs (the nested call runs on a stream of its own). */
+static colocated_error *native_reentrant(void *user_data, colocated_execution_context *ctx,
+                                         const colocated_buffer *const *inputs, size_t num_inputs) {
+  (void)inputs, (void)num_inputs;
+  colocated_array *ins[8] = {0};
+  colocated_array *outs[8] = {0};
+  size_t n = 0, num_outputs = 0;
+  for (; n < 8; ++n) {
+    colocated_error *beyond = colocated_execution_context_host_input(ctx, n, &ins[n]);
+    if (beyond) {
+      colocated_error_destroy(beyond);
+      break;
+    }
+  }
+  colocated_function_call_args cargs = {sizeof cargs};
+  cargs.inputs = (const colocated_array *const *)ins;
+  cargs.num_inputs = n;
+  colocated_call *call = NULL;
+  colocated_event *status = NULL;
+  colocated_error *err = colocated_function_call((const colocated_function *)user_data, &cargs, &call);
+  if (!err) err = colocated_call_status(call, &status);
+  if (!err) err = await_and_destroy(status);
+  if (!err) err = colocated_call_num_outputs(call, &num_outputs);
+  if (!err && num_outputs > 8) err = make_error(COLOCATED_INVALID_ARGUMENT, "reentrant returns up to 8 outputs");
+  for (size_t o = 0; !err && o < num_outputs; ++o) err = colocated_call_output(call, o, &outs[o]);
+  if (!err)
+    err = colocated_execution_context_set_host_outputs(ctx, (const colocated_array *const *)outs, num_outputs,
+                                                       (const uint8_t *)STRUCTURE, strlen(STRUCTURE));
+  colocated_call_destroy(call);
+  for (size_t k = 0; k < 8; ++k) {
+    colocated_array_destroy(ins[k]);
+    colocated_array_destroy(outs[k]);
+  }
+  return err;
+}
+
 static colocated_sharding *sharding_of(const colocated_client *client, const case_array *a) {
   const colocated_device *devices[SHARED_CASES_DEVICES_MAX];
   size_t n = a->num_devices;
@@ -233,14 +272,26 @@ static uint32_t code_of(const char *name) {
 
 static void run_case(const shared_case *c) {
   colocated_client *client = make_client(SHARED_CASES_DEVICES, 2);
+  bool reentrant = strcmp(c->function, "reentrant") == 0;
   bool add_one = strcmp(c->function, "add_one") == 0;
   bool count = strcmp(c->function, "count") == 0;
-  CHECK(add_one || count || strcmp(c->function, "first") == 0);
+  CHECK(add_one || count || reentrant || strcmp(c->function, "first") == 0);
   atomic_store(&freed, 0);
-  if (count)
+  /* "reentrant" calls "add_one", a colocated function of its own. */
+  colocated_function *inner = NULL;
+  if (reentrant) {
+    register_native(client, "add_one", native_case_function, (void *)client, NULL);
+    colocated_function_args iargs = {sizeof iargs};
+    iargs.client = client;
+    iargs.name = sv("add_one");
+    iargs.native_function = sv("add_one");
+    CHECK_OK(colocated_function_create(&iargs, &inner));
+    register_native(client, c->function, native_reentrant, inner, NULL);
+  } else if (count) {
     register_native(client, c->function, native_count, NULL, NULL);
-  else
+  } else {
     register_native(client, c->function, native_case_function, add_one ? (void *)client : NULL, NULL);
+  }
   /* A method's object, and its id as the function's data. */
   colocated_object *object = NULL;
   uint64_t object_id = 0;
@@ -311,5 +362,6 @@ static void run_case(const shared_case *c) {
   }
   colocated_object_destroy(object);
   colocated_function_destroy(function);
+  colocated_function_destroy(inner);
   colocated_client_destroy(client);
 }

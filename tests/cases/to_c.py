@@ -1,6 +1,7 @@
 """Writes tests/cases/colocated.json as a C header for the C runner
 (tests/c/test_shared_cases.c): the cases as static data, and one TEST per
-case that runs it with `run_case`.
+case that runs it with `run_case`, or, for a case that needs what C lacks
+(the table's `needs`, see `LACKS`), says why it skips it.
 
     python3 tests/cases/to_c.py tests/cases/colocated.json OUT.h
 """
@@ -42,6 +43,10 @@ def call(c):
     return f"{{{len(c['args'])}, {args}, {len(outs)}, {outputs}, {code}, {fragment}, {counts}}}"
 
 
+#: What C's calls lack (see the table's `needs`), and why.
+LACKS = {"trees": "C calls have no trees: their inputs are flat"}
+
+
 def main(source, target):
     with open(source) as f:
         table = json.load(f)
@@ -57,8 +62,13 @@ def main(source, target):
             f"(const case_call[]){{{calls}}}, {case.get('freed', -1)}}},"
         )
     lines.append("};")
-    for i, _ in enumerate(table["cases"]):
-        lines.append(f"TEST(shared_case_{i}) {{ run_case(&SHARED_CASES[{i}]); }}")
+    for i, case in enumerate(table["cases"]):
+        lacking = [LACKS[need] for need in case.get("needs", []) if need in LACKS]
+        if lacking:
+            reason = c_string(f"skipped ({case['name']}): {'; '.join(lacking)}\n")
+            lines.append(f"TEST(shared_case_{i}) {{ fputs({reason}, stderr); }}")
+        else:
+            lines.append(f"TEST(shared_case_{i}) {{ run_case(&SHARED_CASES[{i}]); }}")
     with open(target, "w") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use crate::device::{Device, MemorySpace};
-use crate::dispatch::{thread_stream, Dispatcher, Stream, StreamSlot};
+use crate::dispatch::{nested_stream, thread_stream, Dispatcher, Stream, StreamSlot};
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::remote::RemoteHost;
@@ -366,6 +366,12 @@ impl Client {
     /// The calling thread's default stream for this client.
     pub fn current_stream(&self) -> Stream {
         thread_stream(self.0.local.dispatcher.id())
+    }
+
+    /// The stream of the calls made for the task this thread runs (see
+    /// `ExecutionContext::nested_stream`).
+    pub(crate) fn nested_stream(&self) -> Stream {
+        nested_stream(self.0.local.dispatcher.id())
     }
 
     /// `invalid_argument` unless `device` belongs to this client.

@@ -6,7 +6,8 @@
 //! [`ExecutionContext::set_host_outputs`] out), and, on the controller, a
 //! [`CallSite`] per call that lacks a compiled program. Core owns the rest:
 //! the call rules and the cache of compiled programs per input spec
-//! ([`ColocatedFunction`]); discovery of a function's outputs on the local
+//! ([`ColocatedFunction`]), keyed by tree keys every SDK takes from here
+//! ([`flat_tree_key`], [`tree_key`]); discovery of a function's outputs on the local
 //! host and on workers (the built-in `colocated` language parks each host's
 //! outputs per session and pops them as global arrays); and the lifecycle of
 //! objects of colocated classes (built lazily per host and session with
@@ -22,6 +23,7 @@ mod function;
 pub(crate) mod fuzzing;
 mod objects;
 mod spec;
+mod tree;
 
 use crate::languages::colocated::pb;
 
@@ -29,6 +31,7 @@ pub use discovery::{OutputOrigin, Outputs};
 pub use function::{Call, CallSite, ColocatedFunction, Entry, Payload};
 pub use objects::ColocatedObject;
 pub use spec::{CacheInfo, CallSpec, SpecCache};
+pub use tree::{flat_tree_key, new_tree_key, tree_key};
 
 /// A key no other controller of a shared worker picks (63 random bits).
 fn random_key() -> u64 {

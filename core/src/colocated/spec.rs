@@ -12,11 +12,12 @@ use crate::error::{Error, Result};
 use crate::sharding::same_device_set;
 use crate::spec::ArraySpec;
 
-/// The spec of a call: the SDK's tree structure (an opaque hash of it, e.g. of an
-/// optree treedef) and the spec of every leaf array, in flattening order.
+/// The spec of a call: the key of its argument structure (see
+/// [`flat_tree_key`](super::flat_tree_key) and [`tree_key`](super::tree_key))
+/// and the spec of every leaf array, in flattening order.
 #[derive(Clone, Debug)]
 pub struct CallSpec {
-    /// Hash of the argument tree structure.
+    /// The key of the argument structure.
     pub tree: u64,
     /// One spec per leaf.
     pub leaves: Vec<ArraySpec>,

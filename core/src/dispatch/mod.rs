@@ -337,6 +337,17 @@ pub(crate) fn thread_stream(owner_id: u64) -> Stream {
     })
 }
 
+/// The stream of the calls that code running for the calling thread's task
+/// makes, from this thread or another (see `ExecutionContext::nested_stream`):
+/// this thread's default stream at its nesting depth, which is never the
+/// task's own; outside a task, a new stream.
+pub(crate) fn nested_stream(owner_id: u64) -> Stream {
+    if RUNNING_HERE.with(|r| r.borrow().is_empty()) {
+        return Stream::new(owner_id);
+    }
+    thread_stream(owner_id)
+}
+
 /// Sets the calling thread's stream scope and returns the previous one.
 ///
 /// A thread's default streams (one per client) belong to its current scope:

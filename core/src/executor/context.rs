@@ -8,6 +8,7 @@ use crate::array::Array;
 use crate::buffer::Buffer;
 use crate::client::Client;
 use crate::device::{Device, MemoryKind, MemorySpace};
+use crate::dispatch::Stream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::future::Event;
@@ -163,6 +164,18 @@ impl<'a> ExecutionContext<'a> {
     /// The client (to create output buffers).
     pub fn client(&self) -> &'a Client {
         self.client
+    }
+
+    /// The stream of the calls that the program's own code makes (host code
+    /// that calls colocated functions or runs executables): one of its own,
+    /// never the stream the program runs on, so that a nested call never
+    /// waits for the program that makes it. Code that runs on this thread
+    /// while the program runs has it as its default stream without asking; a
+    /// language whose code runs on another thread meanwhile (Node's event
+    /// loop, while this thread waits for its answer) makes its calls on it.
+    /// Every SDK thus lets host code call colocated functions, alike.
+    pub fn nested_stream(&self) -> Stream {
+        self.client.nested_stream()
     }
 
     /// The session the program runs for: the controller's session on a

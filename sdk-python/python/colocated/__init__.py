@@ -14,6 +14,7 @@ call ``configure(num_cpu_devices=...)`` before that, or set
 the default.
 """
 
+from . import _hooks  # noqa: F401  (registers what the native module calls, first)
 from ._array import (
     Array,
     Shard,

@@ -1,4 +1,6 @@
 """The default client: created lazily on first use, configured before that.
+Which client is the default is core's to say (asked at each use), so that
+this package and core never disagree.
 
 After ``os.fork()`` the child gets a fresh default client on first use; objects
 of the parent's runtime raise ``FailedPreconditionError`` there.
@@ -8,15 +10,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
 import weakref
 
 from . import _colocated
 from ._errors import InvalidArgumentError, NotFoundError
-
-_lock = threading.Lock()
-#: The wrapper of core's default client, once this package has used it.
-_client: _colocated.Client | None = None
 
 #: Tags what this process pickles: a device unpickled in the same process goes
 #: back to its own client, one unpickled elsewhere to that process's default.
@@ -65,9 +62,8 @@ def configure(
         raise InvalidArgumentError(f"pjrt_options must be a dict, got {type(pjrt_options).__name__}")
     plugin = None if pjrt_plugin is None else find_pjrt_plugin(pjrt_plugin)
     options = None if pjrt_options is None else [(str(k), v) for k, v in pjrt_options.items()]
-    with _lock:
-        # The rule (before first use) and the options are core's, shared by every SDK.
-        _colocated.configure_default(num_cpu_devices, plugin, options)
+    # The rule (before first use) and the options are core's, shared by every SDK.
+    _colocated.configure_default(num_cpu_devices, plugin, options)
 
 
 #: Installed packages that carry a PJRT plugin, by the name ``configure``
@@ -198,24 +194,19 @@ def connect(
 
 def _set_default(c: _colocated.Client | None) -> None:
     """Makes ``c`` the default client (``None``: the next use creates one)."""
-    global _client
-    with _lock:
-        _colocated.set_default_client(c)
-        _client = c
+    _colocated.set_default_client(c)
+
+
+def _current_default() -> _colocated.Client | None:
+    """The default client if there is one now, without creating one."""
+    return _colocated.default_client(False)
 
 
 def client() -> _colocated.Client:
     """The default client (the local host with CPU devices unless ``connect``
-    made another one the default), created on first use."""
-    global _client
-    c = _client
-    if c is not None:
-        return c
-    with _lock:
-        if _client is None:
-            # Core's default client: the configured options, else the environment.
-            _client = _register(_colocated.default_client())
-        return _client
+    made another one the default), created on first use: core's, asked each
+    time (one wrapper per client)."""
+    return _colocated.default_client()
 
 
 def devices(backend: str | None = None) -> list[_colocated.Device]:
@@ -239,6 +230,13 @@ def default_backend() -> str:
 def local_devices() -> list[_colocated.Device]:
     """The devices this process can address, in id order (``jax.local_devices()``)."""
     return client().local_devices()
+
+
+def _reduce_device(device_id: int, client_id: int) -> tuple:
+    """A device's pickled form (its ``__reduce__``, a hook of the native
+    module): resolved by ``_device_by_id`` in the same client when unpickled in
+    this process, else in the default client."""
+    return _device_by_id, (device_id, client_id, _PROCESS_NONCE)
 
 
 def _device_by_id(device_id: int, client_id: int | None = None, nonce: int | None = None) -> _colocated.Device:
@@ -305,15 +303,13 @@ def _reshape(flat, shape):
 
 
 def _after_fork_in_child() -> None:
-    global _client, _lock, _PROCESS_NONCE
+    global _PROCESS_NONCE
     _colocated.after_fork_in_child()
     # What the parent pickled names the parent's clients, which the child cannot use.
     _PROCESS_NONCE = secrets.randbits(63)
     _CLIENTS.clear()
     # The parent's client is leaked by the native module (dropping it would touch
     # threads that do not exist in the child); the next use creates a fresh one.
-    _client = None
-    _lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

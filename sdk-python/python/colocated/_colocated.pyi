@@ -91,8 +91,9 @@ def configure_worker_client(cpu_devices: int | None, pjrt_plugin: str | None, pj
     """Sets the default client's options from a worker's flags (``--cpu-devices``,
     ``--pjrt-plugin``, each ``--pjrt-option KEY=VALUE``)."""
 
-def default_client() -> Client:
-    """The process's default client, created on first use."""
+def default_client(create: bool = True) -> Client | None:
+    """The process's default client (core's), created on first use; with
+    ``create=False``, None when there is none yet."""
 
 def set_default_client(client: Client | None) -> None:
     """Makes ``client`` the process's default client (``None``: lets it go)."""
@@ -384,6 +385,12 @@ class ArrayImpl:
         """Gathers the array row-major into ``nbytes`` at ``ptr``."""
     def to_host_strings(self) -> list[str]:
         """Gathers a string array's elements row-major."""
+
+def flat_tree_key(n: int) -> int:
+    """Core's tree key of a call of ``n`` positional arrays and no keywords."""
+
+def new_tree_key() -> int:
+    """A tree key no structure has yet (core's interner), for a new treedef."""
 
 class FunctionState:
     """Controller-side state of a colocated function: the runtime's colocated

@@ -91,10 +91,6 @@ def _flatten_keys(tree, leaves: list, treedef) -> tuple[list, object]:
     return _flatten(optree.tree_map(lambda x: PrngKeys.of(x) if is_prng_key(x) else x, tree, none_is_leaf=False, namespace=NAMESPACE))
 
 
-#: High bits of the tree key of a flat call: ``n`` positional arrays, no keywords
-#: (``flat_key`` in the native module, whose fast path handles such calls).
-_FLAT_KEY = 0xF1A7_0000_0000_0000
-
 #: The tree structure of a flat call with ``n`` arrays, by ``n``.
 _FLAT_TREEDEFS: dict[int, object] = {}
 
@@ -108,22 +104,22 @@ def _flat_arity(treedef) -> int | None:
     return n if treedef == flat else None
 
 
-#: An id per distinct call structure that is not flat (equal structures, one id).
-_TREE_IDS: dict = {}
-_NEXT_TREE_ID = itertools.count(1)
+#: Core's tree key of each distinct call structure that is not flat, by treedef
+#: (equal treedefs, one key: optree sorts a dict's keys, core's rule).
+_TREE_KEYS: dict = {}
 
 
 def _tree_key(treedef) -> tuple[int, int | None]:
-    """The runtime's unsigned 64-bit key of a call's tree structure, and its flat
-    arity (see ``_flat_arity``). Flat calls share one key space with the native
-    fast path; every other structure has an id of its own (never a hash, which
-    two structures can share)."""
+    """Core's key of a call's tree structure, and its flat arity (see
+    ``_flat_arity``): a flat call's is core's flat key (as the native fast
+    path's), every other structure's a key core's interner hands out for it
+    (never a hash, which two structures can share)."""
     n = _flat_arity(treedef)
     if n is not None:
-        return _FLAT_KEY | n, n
-    key = _TREE_IDS.get(treedef)
+        return _colocated.flat_tree_key(n), n
+    key = _TREE_KEYS.get(treedef)
     if key is None:
-        key = _TREE_IDS.setdefault(treedef, next(_NEXT_TREE_ID))
+        key = _TREE_KEYS.setdefault(treedef, _colocated.new_tree_key())
     return key, None
 
 
@@ -224,6 +220,15 @@ class _HostCall:
                 f"the function returned {treedef} but its output specs say {self.out_treedef}"
             )
         return [leaf._impl for leaf in leaves]
+
+
+def _flat_call(host_call) -> tuple | None:
+    """The native executor's fast path of a host callable (a hook of the native
+    module): the function and the callers' input shardings of a ``_HostCall``
+    that takes positional arrays and returns one array, else None."""
+    if isinstance(host_call, _HostCall) and host_call.flat and host_call.out_leaf:
+        return host_call.fn, host_call.in_shardings
+    return None
 
 
 def _dump_structure(treedef) -> bytes:

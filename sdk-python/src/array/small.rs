@@ -46,7 +46,7 @@ static NUMPY: PyOnceLock<Numpy> = PyOnceLock::new();
 /// numpy's functions and dtypes (resolved on the first call).
 pub(super) fn numpy(py: Python<'_>) -> PyResult<&'static Numpy> {
     NUMPY.get_or_try_init(py, || {
-        let from_core = py.import("colocated._dtypes")?.getattr("_FROM_CORE")?;
+        let from_core = crate::hooks::hooks(py)?.numpy_dtypes.bind(py);
         let dtypes = core::DType::ALL
             .iter()
             .map(|d| from_core.get_item(d.name()).map(Bound::unbind))

@@ -1,0 +1,23 @@
+"""What the native module calls in this package, handed to it once, at import
+(``_colocated._register_hooks``): it imports no private name of the package
+and looks each up once."""
+
+from . import _colocated
+from ._array import Array, _wrap
+from ._client import _reduce_device, _register
+from ._colocated_python import _flat_call
+from ._dtypes import _FROM_CORE
+from ._errors import _from_core
+from ._streams import is_pool_thread, work_item_scope
+
+_colocated._register_hooks(
+    array_type=Array,
+    wrap_array=_wrap,
+    error_from_core=_from_core,
+    is_pool_thread=is_pool_thread,
+    work_item_scope=work_item_scope,
+    reduce_device=_reduce_device,
+    numpy_dtypes=_FROM_CORE,
+    flat_call=_flat_call,
+    register_client=_register,
+)
