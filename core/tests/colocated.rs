@@ -645,7 +645,7 @@ fn memory_kinds_are_part_of_a_calls_spec_and_kept_through_calls_on_workers() {
     // The same layout in another memory is another input spec, and an
     // output made with the input's spec stays in its memory.
     let f = function(None);
-    let ran = call(&client, &f, "add_one", &[x.clone()]).unwrap();
+    let ran = call(&client, &f, "add_one", std::slice::from_ref(&x)).unwrap();
     assert_eq!(ran.outputs[0].memory_kind(), MemoryKind::Device);
     let ran = call(&client, &f, "add_one", std::slice::from_ref(&y)).unwrap();
     let info = f.cache_info();
@@ -661,7 +661,7 @@ fn memory_kinds_are_part_of_a_calls_spec_and_kept_through_calls_on_workers() {
 
     // Discovered on the workers: a function that moves its input to pinned
     // memory gives an output whose sharding says so.
-    let ran = call(&client, &function(None), "pinned", &[x.clone()]).unwrap();
+    let ran = call(&client, &function(None), "pinned", std::slice::from_ref(&x)).unwrap();
     assert_eq!(ran.entry.outputs().origins, vec![OutputOrigin::New]);
     assert!(ran.outputs[0].sharding() == &pinned_sharding);
     assert_eq!(ran.outputs[0].memory_kind(), MemoryKind::PinnedHost);
@@ -669,7 +669,7 @@ fn memory_kinds_are_part_of_a_calls_spec_and_kept_through_calls_on_workers() {
     // Declared: outputs in pinned memory are what the workers must make.
     let declared = ArraySpec::new(vec![4], DType::I32, pinned_sharding.clone()).unwrap();
     let site = Site::declaring("pinned", vec![declared]);
-    let ran = call_at(&client, &function(None), &site, &[x.clone()]).unwrap();
+    let ran = call_at(&client, &function(None), &site, std::slice::from_ref(&x)).unwrap();
     ran.status.unwrap().wait().unwrap();
     assert_eq!(ran.outputs[0].memory_kind(), MemoryKind::PinnedHost);
     assert_eq!(
@@ -679,7 +679,7 @@ fn memory_kinds_are_part_of_a_calls_spec_and_kept_through_calls_on_workers() {
     // ... and an output in another memory than declared is refused.
     let device_memory = ArraySpec::new(vec![4], DType::I32, x.sharding().clone()).unwrap();
     let site = Site::declaring("pinned", vec![device_memory]);
-    let ran = call_at(&client, &function(None), &site, &[x.clone()]).unwrap();
+    let ran = call_at(&client, &function(None), &site, std::slice::from_ref(&x)).unwrap();
     let err = ran.status.unwrap().wait();
     assert_error(err, ErrorCode::InvalidArgument, "memory");
 }

@@ -118,9 +118,6 @@ def test_the_native_module_imports_no_name_of_the_package():
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if imports.search(line)
     ]
-    # The controller's own callables run by reference (`_LOCAL_PROGRAMS`) are
-    # moving into core, which removes this import with them.
-    found = [f for f in found if not f.startswith("executor.rs:") or "colocated._colocated_python" not in f]
     assert found == []
 
 
