@@ -128,25 +128,28 @@ function main(argv) {
     if (cpuDevices !== undefined && (!Number.isSafeInteger(cpuDevices) || cpuDevices < 1 || cpuDevices > 4096)) {
       throw new colocated.InvalidArgumentError(`--cpu-devices takes a positive count, not ${text('cpu-devices')}`)
     }
-    worker = binding._startWorker({
-      listen: text('listen'),
-      port: text('port'),
-      cpuDevices,
-      pjrtPlugin: text('pjrt-plugin'),
-      pjrtOptions: parsed['pjrt-option'] ?? [],
-      tokenFile: text('token-file'),
-      insecure: parsed.insecure ?? false,
-      tlsCert: text('tls-cert'),
-      tlsKey: text('tls-key'),
-      heartbeatInterval: number('heartbeat-interval'),
-      sessionTimeout: number('session-timeout'),
-      plugins: parsed.plugin ?? [],
-      exitAfterIdle: number('exit-after-idle'),
-      trace: text('trace'),
-      isolateSessions: parsed['isolate-sessions'] ?? false,
-      sharedSessions: parsed['shared-sessions'] ?? false,
-      singleSession: parsed['single-session'] ?? false,
-    }, [process.execPath, __filename, 'worker'])
+    worker = binding._startWorker(
+      {
+        listen: text('listen'),
+        port: text('port'),
+        cpuDevices,
+        pjrtPlugin: text('pjrt-plugin'),
+        pjrtOptions: parsed['pjrt-option'] ?? [],
+        tokenFile: text('token-file'),
+        insecure: parsed.insecure ?? false,
+        tlsCert: text('tls-cert'),
+        tlsKey: text('tls-key'),
+        heartbeatInterval: number('heartbeat-interval'),
+        sessionTimeout: number('session-timeout'),
+        plugins: parsed.plugin ?? [],
+        exitAfterIdle: number('exit-after-idle'),
+        trace: text('trace'),
+        isolateSessions: parsed['isolate-sessions'] ?? false,
+        sharedSessions: parsed['shared-sessions'] ?? false,
+        singleSession: parsed['single-session'] ?? false,
+      },
+      [process.execPath, __filename, 'worker'],
+    )
   } catch (err) {
     process.stderr.write(`colocated: ${err.message}\n`)
     return 2

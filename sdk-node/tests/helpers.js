@@ -71,8 +71,7 @@ function startWorker({
   else if (node) {
     const sessions = isolated ? [] : ['--shared-sessions']
     child = spawn(process.execPath, [nodeBin, 'worker', ...args, ...sessions, '--plugin', pluginPath()], { stdio, env })
-  }
-  else child = spawn(workerBin(), ['worker', ...args, '--plugin', pluginPath()], { stdio, env })
+  } else child = spawn(workerBin(), ['worker', ...args, '--plugin', pluginPath()], { stdio, env })
   return new Promise((resolve, reject) => {
     let out = ''
     const timer = setTimeout(() => reject(new Error(`worker did not start: ${out}`)), 20000)

@@ -13,7 +13,12 @@ const { startWorker, tokenFile } = require('./helpers.js')
 function gone(pid) {
   try {
     const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1')
-    return stat.slice(stat.lastIndexOf(')') + 1).trim().split(/\s+/)[0] === 'Z'
+    return (
+      stat
+        .slice(stat.lastIndexOf(')') + 1)
+        .trim()
+        .split(/\s+/)[0] === 'Z'
+    )
   } catch {
     return true
   }
@@ -22,7 +27,12 @@ function gone(pid) {
 /** The parent of live process `pid`. */
 function parent(pid) {
   const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1')
-  return Number(stat.slice(stat.lastIndexOf(')') + 1).trim().split(/\s+/)[1])
+  return Number(
+    stat
+      .slice(stat.lastIndexOf(')') + 1)
+      .trim()
+      .split(/\s+/)[1],
+  )
 }
 
 async function eventually(what, patience, done) {
