@@ -167,12 +167,12 @@ pub const WORKER_FLAGS: &[WorkerFlag] = &[
     flag(
         "isolate-sessions",
         FlagKind::Switch,
-        "Run each session in a worker process of its own, started for it (about 0.2 s) with this \
+        "Run each session in a worker process of its own, started for it with this \
          worker's devices, plugins, liveness, TLS and trace flags and a one-time token, so that \
          one controller's code cannot reach another's objects. The default of the workers that \
          run code controllers send (python -m colocated.worker, the Node package's colocated \
          worker); colocated worker, which runs native functions only, serves every session in \
-         its own process unless given this.",
+         one process unless given this.",
     ),
     WorkerFlag {
         aliases: &["shared-interpreter"],
