@@ -481,12 +481,16 @@ export declare function _setRunner(run: (arg: HostCall) => unknown, thread: numb
 
 /**
  * Starts serving this process's devices with `values` (checked by core's
- * rules: `InvalidArgumentError` naming a bad flag). The worker's client
+ * rules: `InvalidArgumentError` naming a bad flag). `command` (the program,
+ * then the arguments before the flags: `[node, script, "worker"]`) starts
+ * another Node worker: as the JavaScript that controllers send runs here,
+ * each session runs in a worker process of its own, started with that
+ * command, unless `--shared-sessions` is given. The worker's client
  * becomes the default one: the functions it runs place their outputs with
  * it. Sets up this process's logging and tracing as a worker's, unless
  * something set them up before (see `colocated_core::trace::init_worker`).
  */
-export declare function _startWorker(values: WorkerValues): WorkerHandle
+export declare function _startWorker(values: WorkerValues, command: Array<string>): WorkerHandle
 
 /**
  * `colocated status`: resolves with one line per worker and whether all
@@ -822,6 +826,10 @@ export interface WorkerFlagInfo {
   repeatable: boolean
   /** The help text. */
   help: string
+  /** Other names of the flag, without `--`. */
+  aliases: Array<string>
+  /** True for a flag help leaves out (workers start each other with it). */
+  hidden: boolean
 }
 
 /** The values of the worker flags, as parsed (text already converted). */
@@ -843,4 +851,10 @@ export interface WorkerValues {
   exitAfterIdle?: number
   /** `--trace`: this worker's own trace file. */
   trace?: string
+  /** `--isolate-sessions` (this worker's default). */
+  isolateSessions: boolean
+  /** `--shared-sessions`. */
+  sharedSessions: boolean
+  /** `--single-session` (a supervisor's session worker). */
+  singleSession: boolean
 }

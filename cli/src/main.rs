@@ -13,7 +13,10 @@
 //! binds its port, so a signal sent as soon as the line appears stops it
 //! cleanly too. Its native functions come from the plugin libraries its
 //! operator names with `--plugin`, loaded before it serves anyone: a controller
-//! can never make a worker load a library.
+//! can never make a worker load a library. It serves every session in its own
+//! process unless given `--isolate-sessions`: then each session runs in a
+//! `colocated worker` process of its own, started for it with the same flags
+//! (core's rules, as for the Python and Node workers).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -21,7 +24,7 @@ use std::process::ExitCode;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
 use colocated_core::worker::{
-    FlagKind, StatusFlags, Worker, WorkerFlag, WorkerFlags, STATUS_FLAGS, WORKER_FLAGS,
+    FlagKind, StatusFlags, Worker, WorkerFlag, WorkerFlags, WorkerKind, STATUS_FLAGS, WORKER_FLAGS,
 };
 use colocated_core::Client;
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -48,7 +51,7 @@ fn arg_of(flag: &WorkerFlag) -> Arg {
     if let Some(default) = flag.default {
         arg = arg.default_value(default);
     }
-    arg
+    arg.aliases(flag.aliases).hide(flag.hidden)
 }
 
 /// The command line: `colocated worker` with the flags of [`WORKER_FLAGS`]
@@ -133,7 +136,24 @@ fn worker_flags(matches: &ArgMatches) -> WorkerFlags {
             .unwrap_or_default(),
         exit_after_idle: seconds("exit-after-idle"),
         trace: path("trace"),
+        isolate_sessions: matches.get_flag("isolate-sessions"),
+        shared_sessions: matches.get_flag("shared-sessions"),
+        single_session: matches.get_flag("single-session"),
     }
+}
+
+/// `colocated worker` as a kind of worker: this executable, which serves
+/// every session in its own process unless given `--isolate-sessions` (it
+/// runs no code that controllers send, only its operator's plugins and XLA
+/// programs, and a process per session would start a PJRT client per
+/// session on the same devices).
+fn worker_kind() -> Result<WorkerKind, String> {
+    Ok(WorkerKind {
+        program: std::env::current_exe()
+            .map_err(|e| format!("cannot find this executable to start session workers: {e}"))?,
+        args: vec!["worker".into()],
+        isolates_by_default: false,
+    })
 }
 
 /// What a worker logs when `COLOCATED_LOG` is unset: the warnings of the
@@ -145,7 +165,7 @@ fn main() -> ExitCode {
     let result = match matches.subcommand() {
         Some(("worker", worker)) => {
             let flags = worker_flags(worker);
-            colocated_core::trace::init_worker(DEFAULT_LOG, flags.trace.as_deref());
+            colocated_core::trace::init_worker(DEFAULT_LOG, flags.trace_file().as_deref());
             run_worker(flags)
         }
         Some(("status", status)) => {
@@ -178,7 +198,9 @@ fn main() -> ExitCode {
 
 fn run_worker(args: WorkerFlags) -> Result<(), String> {
     // Every flag checked before anything starts.
-    let options = args.options().map_err(|e| e.message().to_string())?;
+    let options = args
+        .options(&worker_kind()?)
+        .map_err(|e| e.message().to_string())?;
     let client_options = args.client_options().map_err(|e| e.message().to_string())?;
     let client = Client::new_local(client_options).map_err(|e| e.to_string())?;
     for path in &args.plugins {

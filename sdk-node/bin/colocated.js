@@ -6,10 +6,13 @@
 //
 // `npx colocated worker --listen HOST:PORT --cpu-devices N --token-file F`:
 // this machine's devices served to controllers, running `node` programs on
-// this process's event loop and native plugins. The flags are core's table,
-// as for `colocated worker` and `python -m colocated.worker`; it prints the
-// same single line, `listening on HOST:PORT`, and stops cleanly (status 0) on
-// SIGTERM or SIGINT.
+// an event loop and native plugins. By default each session runs in a worker
+// process of its own (this script again, started by core for the session), so
+// one controller's JavaScript never shares an event loop with another's;
+// `--shared-sessions` serves them all in this process. The flags are core's
+// table, as for `colocated worker` and `python -m colocated.worker`; it prints
+// the same single line, `listening on HOST:PORT`, and stops cleanly (status 0)
+// on SIGTERM or SIGINT.
 const { parseArgs } = require('node:util')
 const colocated = require('../index.js')
 const binding = require('../binding.js')
@@ -19,6 +22,7 @@ const USAGE = 'usage: colocated {worker,status} [--flag value ...] (colocated CO
 function help(flags, title) {
   const lines = [title, '']
   for (const f of flags) {
+    if (f.hidden) continue
     const value = f.kind === 'switch' ? '' : ` <${f.kind}>`
     const extra = [
       f.default !== null && f.default !== undefined ? `default ${f.default}` : null,
@@ -32,18 +36,30 @@ function help(flags, title) {
   return lines.join('\n')
 }
 
-/** `args` parsed by core's table `flags`: `{values, positionals}`, or null after a usage error. */
+/** `args` parsed by core's table `flags`: `{values, positionals}` (an alias's value under the flag's name), or null after a usage error. */
 function parse(args, flags, positionals) {
   const options = { help: { type: 'boolean' } }
   for (const f of flags) {
-    options[f.name] = { type: f.kind === 'switch' ? 'boolean' : 'string', multiple: f.repeatable }
+    for (const name of [f.name, ...f.aliases]) {
+      options[name] = { type: f.kind === 'switch' ? 'boolean' : 'string', multiple: f.repeatable }
+    }
   }
+  let parsed
   try {
-    return parseArgs({ args, options, strict: true, allowPositionals: positionals })
+    parsed = parseArgs({ args, options, strict: true, allowPositionals: positionals })
   } catch (err) {
     process.stderr.write(`colocated: ${err.message}\n${USAGE}\n`)
     return null
   }
+  for (const f of flags) {
+    for (const alias of f.aliases) {
+      if (parsed.values[alias] === undefined) continue
+      const given = parsed.values[alias]
+      parsed.values[f.name] = f.repeatable ? [...(parsed.values[f.name] ?? []), ...given] : given
+      delete parsed.values[alias]
+    }
+  }
+  return parsed
 }
 
 /** `colocated status [HOST:PORT ...]`: one line per worker; 1 if one does not answer. */
@@ -112,22 +128,28 @@ function main(argv) {
     if (cpuDevices !== undefined && (!Number.isSafeInteger(cpuDevices) || cpuDevices < 1 || cpuDevices > 4096)) {
       throw new colocated.InvalidArgumentError(`--cpu-devices takes a positive count, not ${text('cpu-devices')}`)
     }
-    worker = binding._startWorker({
-      listen: text('listen'),
-      port: text('port'),
-      cpuDevices,
-      pjrtPlugin: text('pjrt-plugin'),
-      pjrtOptions: parsed['pjrt-option'] ?? [],
-      tokenFile: text('token-file'),
-      insecure: parsed.insecure ?? false,
-      tlsCert: text('tls-cert'),
-      tlsKey: text('tls-key'),
-      heartbeatInterval: number('heartbeat-interval'),
-      sessionTimeout: number('session-timeout'),
-      plugins: parsed.plugin ?? [],
-      exitAfterIdle: number('exit-after-idle'),
-      trace: text('trace'),
-    })
+    worker = binding._startWorker(
+      {
+        listen: text('listen'),
+        port: text('port'),
+        cpuDevices,
+        pjrtPlugin: text('pjrt-plugin'),
+        pjrtOptions: parsed['pjrt-option'] ?? [],
+        tokenFile: text('token-file'),
+        insecure: parsed.insecure ?? false,
+        tlsCert: text('tls-cert'),
+        tlsKey: text('tls-key'),
+        heartbeatInterval: number('heartbeat-interval'),
+        sessionTimeout: number('session-timeout'),
+        plugins: parsed.plugin ?? [],
+        exitAfterIdle: number('exit-after-idle'),
+        trace: text('trace'),
+        isolateSessions: parsed['isolate-sessions'] ?? false,
+        sharedSessions: parsed['shared-sessions'] ?? false,
+        singleSession: parsed['single-session'] ?? false,
+      },
+      [process.execPath, __filename, 'worker'],
+    )
   } catch (err) {
     process.stderr.write(`colocated: ${err.message}\n`)
     return 2
@@ -136,7 +158,9 @@ function main(argv) {
   // The worker's threads do not hold the event loop: this does, until a stop.
   const alive = setInterval(() => {
     if (worker.idleExpired) {
-      process.stderr.write(`colocated: no session for ${text('exit-after-idle')} s (--exit-after-idle): stopping\n`)
+      // A session worker's one session ended (or its supervisor went): no note.
+      if (!parsed['single-session'])
+        process.stderr.write(`colocated: no session for ${text('exit-after-idle')} s (--exit-after-idle): stopping\n`)
       stop()
     }
   }, 200)

@@ -1,12 +1,13 @@
 //! A Node worker: this process serving its devices to controllers, running
 //! `node` programs on its event loop and native plugins (`npx colocated
-//! worker`, in `bin/colocated.js`). Its flags are core's table, which every
-//! worker's parser is built from; their values become options by core's rules.
+//! worker`, in `bin/colocated.js`), by default each session in a Node worker
+//! process of its own. Its flags are core's table, which every worker's
+//! parser is built from; their values become options by core's rules.
 
 use std::sync::Mutex;
 
 use colocated_core as core;
-use core::worker::{Worker, WorkerFlags, WORKER_FLAGS};
+use core::worker::{Worker, WorkerFlags, WorkerKind, WORKER_FLAGS};
 use napi::bindgen_prelude::AsyncTask;
 use napi::{Env, Task};
 use napi_derive::napi;
@@ -27,6 +28,10 @@ pub struct WorkerFlagInfo {
     pub repeatable: bool,
     /// The help text.
     pub help: String,
+    /// Other names of the flag, without `--`.
+    pub aliases: Vec<String>,
+    /// True for a flag help leaves out (workers start each other with it).
+    pub hidden: bool,
 }
 
 /// The flags every worker takes.
@@ -93,6 +98,8 @@ fn flag_info(f: &core::worker::WorkerFlag) -> WorkerFlagInfo {
         default: f.default.map(str::to_string),
         repeatable: f.repeatable,
         help: f.help.to_string(),
+        aliases: f.aliases.iter().map(|a| a.to_string()).collect(),
+        hidden: f.hidden,
     }
 }
 
@@ -116,6 +123,12 @@ pub struct WorkerValues {
     pub exit_after_idle: Option<f64>,
     /// `--trace`: this worker's own trace file.
     pub trace: Option<String>,
+    /// `--isolate-sessions` (this worker's default).
+    pub isolate_sessions: bool,
+    /// `--shared-sessions`.
+    pub shared_sessions: bool,
+    /// `--single-session` (a supervisor's session worker).
+    pub single_session: bool,
 }
 
 /// A running worker.
@@ -172,12 +185,30 @@ impl Task for Shutdown {
 const WORKER_DEFAULT_LOG: &str = "colocated=warn";
 
 /// Starts serving this process's devices with `values` (checked by core's
-/// rules: `InvalidArgumentError` naming a bad flag). The worker's client
+/// rules: `InvalidArgumentError` naming a bad flag). `command` (the program,
+/// then the arguments before the flags: `[node, script, "worker"]`) starts
+/// another Node worker: as the JavaScript that controllers send runs here,
+/// each session runs in a worker process of its own, started with that
+/// command, unless `--shared-sessions` is given. The worker's client
 /// becomes the default one: the functions it runs place their outputs with
 /// it. Sets up this process's logging and tracing as a worker's, unless
 /// something set them up before (see `colocated_core::trace::init_worker`).
 #[napi(js_name = "_startWorker")]
-pub fn start_worker(env: Env, values: WorkerValues) -> napi::Result<WorkerHandle> {
+pub fn start_worker(
+    env: Env,
+    values: WorkerValues,
+    command: Vec<String>,
+) -> napi::Result<WorkerHandle> {
+    let mut command = command.into_iter();
+    let kind = WorkerKind {
+        program: command
+            .next()
+            .ok_or_else(|| core::Error::invalid_argument("a worker's command needs a program"))
+            .js(&env)?
+            .into(),
+        args: command.collect(),
+        isolates_by_default: true,
+    };
     let flags = WorkerFlags {
         listen: values.listen,
         port: values.port,
@@ -193,11 +224,14 @@ pub fn start_worker(env: Env, values: WorkerValues) -> napi::Result<WorkerHandle
         plugins: values.plugins.iter().map(Into::into).collect(),
         exit_after_idle: values.exit_after_idle,
         trace: values.trace.map(Into::into),
+        isolate_sessions: values.isolate_sessions,
+        shared_sessions: values.shared_sessions,
+        single_session: values.single_session,
     };
     // Before the client exists (it would set up a controller's tracing):
     // warnings for the operator, COLOCATED_TRACE left to the controller.
-    core::trace::init_worker(WORKER_DEFAULT_LOG, flags.trace.as_deref());
-    let options = flags.options().js(&env)?;
+    core::trace::init_worker(WORKER_DEFAULT_LOG, flags.trace_file().as_deref());
+    let options = flags.options(&kind).js(&env)?;
     let client = core::Client::new_local(flags.client_options().js(&env)?).js(&env)?;
     let client = with_node(client);
     for path in &flags.plugins {

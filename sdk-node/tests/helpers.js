@@ -44,13 +44,22 @@ function tokenFile() {
 /**
  * Starts a worker with `devices` CPU devices that accepts `token`'s file
  * (`colocated worker` with the test plugin; with `node`, this package's
- * `colocated worker`, which runs JavaScript too; with `python`, the Python
- * SDK's `python -m colocated.worker`);
+ * `colocated worker`, which runs JavaScript too, serving every session in its
+ * own process unless `isolated` (its default); with `python`, the Python
+ * SDK's `python -m colocated.worker`, which isolates sessions);
  * listening on `listen`; resolves with `{address, pid, kill(signal), stop()}`
  * once it prints its
  * `listening on HOST:PORT` line.
  */
-function startWorker({ devices = 1, token, python = false, node = false, listen = '127.0.0.1:0', extra = [] }) {
+function startWorker({
+  devices = 1,
+  token,
+  python = false,
+  node = false,
+  isolated = false,
+  listen = '127.0.0.1:0',
+  extra = [],
+}) {
   const args = ['--listen', listen, '--cpu-devices', String(devices), '--token-file', token.file, ...extra]
   // The test plugin checks that the loader refuses bad registrations; the
   // loader's warnings of those are expected.
@@ -59,8 +68,10 @@ function startWorker({ devices = 1, token, python = false, node = false, listen 
   const nodeBin = path.join(__dirname, '..', 'bin', 'colocated.js')
   let child
   if (python) child = spawn(pythonBin(), ['-m', 'colocated.worker', ...args], { stdio, env })
-  else if (node) child = spawn(process.execPath, [nodeBin, 'worker', ...args, '--plugin', pluginPath()], { stdio, env })
-  else child = spawn(workerBin(), ['worker', ...args, '--plugin', pluginPath()], { stdio, env })
+  else if (node) {
+    const sessions = isolated ? [] : ['--shared-sessions']
+    child = spawn(process.execPath, [nodeBin, 'worker', ...args, ...sessions, '--plugin', pluginPath()], { stdio, env })
+  } else child = spawn(workerBin(), ['worker', ...args, '--plugin', pluginPath()], { stdio, env })
   return new Promise((resolve, reject) => {
     let out = ''
     const timer = setTimeout(() => reject(new Error(`worker did not start: ${out}`)), 20000)

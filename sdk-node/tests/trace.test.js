@@ -1,6 +1,7 @@
 // `npx colocated worker` and tracing: it never writes the file of
 // COLOCATED_TRACE (the controller's), and writes its own trace when told to
-// with `--trace FILE`. A real worker process on 127.0.0.1.
+// with `--trace FILE` (each session worker its own, NAME.PID.EXT beside it).
+// A real worker process on 127.0.0.1.
 
 const test = require('node:test')
 const assert = require('node:assert/strict')
@@ -11,7 +12,7 @@ const path = require('node:path')
 const c = require('..')
 const { tokenFile } = require('./helpers.js')
 
-test('a Node worker told to trace writes its own file and never the controller’s', async () => {
+test('a Node worker told to trace writes its own files and never the controller’s', async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'colocated-trace-'))
   const own = path.join(dir, 'worker.json')
   const controllers = path.join(dir, 'controller.json')
@@ -40,7 +41,11 @@ test('a Node worker told to trace writes its own file and never the controller�
     await exited
   }
   assert.equal(fs.existsSync(controllers), false, 'the worker opened COLOCATED_TRACE’s file')
-  const events = JSON.parse(fs.readFileSync(own, 'utf8'))
+  // The supervisor's file, and its session worker's beside it (NAME.PID.EXT).
+  assert.notEqual(JSON.parse(fs.readFileSync(own, 'utf8')), null)
+  const sessions = fs.readdirSync(dir).filter((name) => /^worker\.\d+\.json$/.test(name))
+  assert.equal(sessions.length, 1, String(fs.readdirSync(dir)))
+  const events = JSON.parse(fs.readFileSync(path.join(dir, sessions[0]), 'utf8'))
   const names = events.filter((e) => e.ph === 'M' && e.name === 'process_name').map((e) => e.args.name)
   assert.deepEqual(names, ['worker (this process)'])
   assert.ok(

@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use colocated_core as core;
-use core::transport::isolate::IsolateCommand;
 use core::transport::Token;
-use core::worker::{Worker, WorkerFlags, WorkerOptions, WORKER_FLAGS};
+use core::worker::{Worker, WorkerFlags, WorkerKind, WorkerOptions, WORKER_FLAGS};
 use pyo3::prelude::*;
 
 use crate::client::Client;
@@ -66,18 +65,29 @@ impl WorkerHandle {
     }
 }
 
-/// A flag of core's tables as `(name, kind, default, repeatable, help)`.
+/// A flag of core's tables as `(name, kind, default, repeatable, help,
+/// aliases, hidden)`.
 type FlagInfo = (
     &'static str,
     &'static str,
     Option<&'static str>,
     bool,
     &'static str,
+    Vec<&'static str>,
+    bool,
 );
 
 /// One flag of core's tables as a [`FlagInfo`].
 fn flag_info(f: &core::worker::WorkerFlag) -> FlagInfo {
-    (f.name, f.kind.name(), f.default, f.repeatable, f.help)
+    (
+        f.name,
+        f.kind.name(),
+        f.default,
+        f.repeatable,
+        f.help,
+        f.aliases.to_vec(),
+        f.hidden,
+    )
 }
 
 /// The flags of `colocated status` after its addresses, from core's table
@@ -118,9 +128,9 @@ pub fn status(
 }
 
 /// The flags of a worker's command line, from core's table (which `colocated
-/// worker` is built from too): `(name, kind, default, repeatable, help)` per
-/// flag, `kind` one of `switch`, `address`, `count`, `seconds`, `path`,
-/// `port`, `name`.
+/// worker` is built from too): `(name, kind, default, repeatable, help,
+/// aliases, hidden)` per flag, `kind` one of `switch`, `address`, `count`,
+/// `seconds`, `path`, `port`, `name`; `hidden` for the flags help leaves out.
 #[pyfunction]
 pub fn worker_flags() -> Vec<FlagInfo> {
     WORKER_FLAGS.iter().map(flag_info).collect()
@@ -128,19 +138,26 @@ pub fn worker_flags() -> Vec<FlagInfo> {
 
 /// A worker's options, checked: made from the values of the worker flags by
 /// core's rules, as `colocated worker` makes them (`InvalidArgumentError`
-/// naming a bad flag); `token` (a session worker's one-time token) replaces
-/// the token the flags give.
+/// naming a bad flag), for a Python worker started by `command` (the
+/// program, then the arguments before the flags: `[sys.executable, "-m",
+/// "colocated.worker"]`). As the Python code controllers send runs there, it
+/// runs each session in a worker process of its own, started by `command`,
+/// unless `shared_sessions`. With `single_session`, `token_file` holds a
+/// one-time token, read here and deleted.
 #[pyclass(module = "colocated._colocated", frozen)]
 pub struct WorkerConfig {
     options: WorkerOptions,
+    /// This process's own trace file (core's `WorkerFlags::trace_file`).
+    trace_file: Option<std::path::PathBuf>,
 }
 
 #[pymethods]
 impl WorkerConfig {
     #[new]
-    #[pyo3(signature = (*, listen, port=None, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, token=None))]
+    #[pyo3(signature = (*, command, listen, port=None, token_file=None, insecure=false, tls_cert=None, tls_key=None, heartbeat_interval, session_timeout, exit_after_idle=None, cpu_devices=None, pjrt_plugin=None, pjrt_options=None, plugins=None, trace=None, isolate_sessions=false, shared_sessions=false, single_session=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        command: Vec<String>,
         listen: String,
         port: Option<String>,
         token_file: Option<std::path::PathBuf>,
@@ -150,65 +167,81 @@ impl WorkerConfig {
         heartbeat_interval: f64,
         session_timeout: f64,
         exit_after_idle: Option<f64>,
-        token: Option<String>,
+        cpu_devices: Option<usize>,
+        pjrt_plugin: Option<String>,
+        pjrt_options: Option<Vec<String>>,
+        plugins: Option<Vec<std::path::PathBuf>>,
+        trace: Option<std::path::PathBuf>,
+        isolate_sessions: bool,
+        shared_sessions: bool,
+        single_session: bool,
     ) -> PyResult<Self> {
-        let given = token.map(Token::new).transpose().map_err(py_err)?;
+        let mut command = command.into_iter();
+        let program = command.next().ok_or_else(|| {
+            py_err(core::Error::invalid_argument(
+                "a worker's command needs a program",
+            ))
+        })?;
+        let kind = WorkerKind {
+            program: program.into(),
+            args: command.collect(),
+            isolates_by_default: true,
+        };
         let flags = WorkerFlags {
             listen,
             port,
-            // A given token stands for the flags' (which then name none).
-            insecure: insecure || given.is_some(),
-            token_file: if given.is_some() { None } else { token_file },
+            cpu_devices,
+            pjrt_plugin,
+            pjrt_options: pjrt_options.unwrap_or_default(),
+            token_file,
+            insecure,
             tls_cert,
             tls_key,
             heartbeat_interval,
             session_timeout,
+            plugins: plugins.unwrap_or_default(),
             exit_after_idle,
-            ..Default::default()
+            trace,
+            isolate_sessions,
+            shared_sessions,
+            single_session,
         };
-        let mut options = flags.options().map_err(py_err)?;
-        if given.is_some() {
-            options.token = given;
-        }
-        Ok(WorkerConfig { options })
+        Ok(WorkerConfig {
+            options: flags.options(&kind).map_err(py_err)?,
+            trace_file: flags.trace_file(),
+        })
+    }
+
+    /// This process's own trace file (`--trace`; a session worker's is
+    /// `NAME.PID.EXT`), or `None`.
+    #[getter]
+    fn trace_file(&self) -> Option<std::path::PathBuf> {
+        self.trace_file.clone()
+    }
+
+    /// True for a session worker (`single_session`): it serves one session,
+    /// and `WorkerHandle.idle_expired` becomes true once that ended.
+    #[getter]
+    fn single_session(&self) -> bool {
+        self.options.single_session
     }
 }
 
 /// Starts a worker serving `client` (the package's default client, so that
 /// devices in pickled programs resolve to the served ones; it runs native and
-/// Python programs) as `config` says. With `isolate` (a command line:
-/// program, then arguments), the worker is a supervisor that runs each
-/// session in a child worker of that command (given `--listen HOST:0
-/// --token-file F --single-session`) and redirects the controller there.
-/// `single_session=True` serves exactly one session: `idle_expired` becomes
-/// true once it ended, or when none opened within the handshake deadline.
+/// Python programs) as `config` says: a supervisor that runs each session in
+/// a worker process of its own and redirects the controller there, unless
+/// sessions are shared. A session worker (`single_session`) serves exactly
+/// one session: `idle_expired` becomes true once it ended, when none opened
+/// within the handshake deadline, or when stdin closes (its supervisor went).
 #[pyfunction]
-#[pyo3(signature = (client, config, *, isolate=None, single_session=false))]
 pub fn start_worker(
     py: Python<'_>,
     client: PyRef<'_, Client>,
     config: PyRef<'_, WorkerConfig>,
-    isolate: Option<Vec<String>>,
-    single_session: bool,
 ) -> PyResult<WorkerHandle> {
-    let mut options = config.options.clone();
+    let options = config.options.clone();
     let client = client.inner.get().map_err(py_err)?.clone();
-    options.single_session = single_session;
-    options.isolate = match isolate {
-        None => None,
-        Some(command) => {
-            let mut command = command.into_iter();
-            let program = command.next().ok_or_else(|| {
-                py_err(core::Error::invalid_argument(
-                    "isolate needs a command line: a program, then its arguments",
-                ))
-            })?;
-            Some(IsolateCommand {
-                program: program.into(),
-                args: command.collect(),
-            })
-        }
-    };
     let worker = py
         .detach(|| Worker::start(client, options))
         .map_err(|e| to_py(py, &e))?;

@@ -181,9 +181,10 @@ def test_the_python_worker_takes_the_runtimes_table_of_flags():
     from colocated.worker import _parser
 
     longs = {o for a in _parser()._actions for o in a.option_strings if o.startswith("--")}
-    table = {f"--{name}" for name, *_ in _colocated.worker_flags()}
-    python_only = {"--help", "--isolate-sessions", "--shared-interpreter", "--single-session"}
-    assert longs - python_only == table
+    # The isolation switches, their aliases and the hidden --single-session included.
+    table = {f"--{n}" for name, *_, aliases, _ in _colocated.worker_flags() for n in (name, *aliases)}
+    assert {"--isolate-sessions", "--shared-sessions", "--shared-interpreter", "--single-session"} <= table
+    assert longs - {"--help"} == table
     args = _parser().parse_args(["--plugin", "a.so", "--plugin", "b.so", "--session-timeout", "3"])
     assert (args.listen, args.heartbeat_interval, args.session_timeout) == ("127.0.0.1:0", 1.0, 3.0)
     assert args.plugin == ["a.so", "b.so"]

@@ -15,13 +15,14 @@
 //! a grace period.
 
 use crate::transport::lock;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::idle::IdleWatch;
 use super::Token;
 use crate::error::{Error, Result};
 
@@ -219,6 +220,33 @@ impl Drop for Children {
             tracing::error!("no thread to stop the session processes: {e}");
         }
     }
+}
+
+/// Expires `idle` once this process's stdin reaches its end (or fails): a
+/// child's supervisor holds the other end, so the child stops when the
+/// supervisor goes, however it ends. Reads on a thread of its own, which
+/// lives as long as stdin stays open. `unavailable` without a thread.
+pub(crate) fn expire_when_stdin_closes(idle: std::sync::Arc<IdleWatch>) -> Result<()> {
+    std::thread::Builder::new()
+        .name("colocated-supervisor-watch".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            let mut chunk = [0u8; 4096];
+            loop {
+                match stdin.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            tracing::info!(
+                "stdin closed (the supervisor is gone): this session worker should stop"
+            );
+            idle.expire();
+        })
+        .map(drop)
+        .map_err(|e| Error::unavailable(format!("no thread to watch the supervisor: {e}")))
 }
 
 /// Sends SIGTERM to `child` (on other systems, kills it).

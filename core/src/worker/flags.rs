@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{TlsIdentity, WorkerOptions};
+use super::{TlsIdentity, WorkerKind, WorkerOptions};
 use crate::error::{Error, Result};
 use crate::transport::{Token, TOKEN_ENV};
 
@@ -58,6 +58,11 @@ pub struct WorkerFlag {
     pub repeatable: bool,
     /// The help text.
     pub help: &'static str,
+    /// Other names it is also given by, without `--`.
+    pub aliases: &'static [&'static str],
+    /// True for a flag that help leaves out: for workers to start each
+    /// other, not for operators.
+    pub hidden: bool,
 }
 
 const fn flag(name: &'static str, kind: FlagKind, help: &'static str) -> WorkerFlag {
@@ -67,6 +72,8 @@ const fn flag(name: &'static str, kind: FlagKind, help: &'static str) -> WorkerF
         default: None,
         repeatable: false,
         help,
+        aliases: &[],
+        hidden: false,
     }
 }
 
@@ -158,6 +165,35 @@ pub const WORKER_FLAGS: &[WorkerFlag] = &[
          controller goes away by itself.",
     ),
     flag(
+        "isolate-sessions",
+        FlagKind::Switch,
+        "Run each session in a worker process of its own, started for it with this \
+         worker's devices, plugins, liveness, TLS and trace flags and a one-time token, so that \
+         one controller's code cannot reach another's objects. The default of the workers that \
+         run code controllers send (python -m colocated.worker, the Node package's colocated \
+         worker); colocated worker, which runs native functions only, serves every session in \
+         one process unless given this.",
+    ),
+    WorkerFlag {
+        aliases: &["shared-interpreter"],
+        ..flag(
+            "shared-sessions",
+            FlagKind::Switch,
+            "Serve every session in this process: their programs share one interpreter or event \
+             loop (the default of colocated worker). --shared-interpreter is the same switch.",
+        )
+    },
+    WorkerFlag {
+        hidden: true,
+        ..flag(
+            "single-session",
+            FlagKind::Switch,
+            "Serve one session, then exit 0 (also when none opens within the handshake deadline, \
+             or when stdin closes): a supervisor's session worker. Its --token-file holds a \
+             one-time token, read once and deleted.",
+        )
+    },
+    flag(
         "trace",
         FlagKind::Path,
         "Write this worker's own Chrome/Perfetto trace to this file. Without it the worker \
@@ -196,9 +232,16 @@ pub struct WorkerFlags {
     pub plugins: Vec<PathBuf>,
     /// `--exit-after-idle`.
     pub exit_after_idle: Option<f64>,
-    /// `--trace`: the worker's own trace file (the caller passes it to
-    /// [`crate::trace::init_worker`] before anything else starts).
+    /// `--trace`: the worker's own trace file (the caller passes
+    /// [`WorkerFlags::trace_file`] to [`crate::trace::init_worker`] before
+    /// anything else starts).
     pub trace: Option<PathBuf>,
+    /// `--isolate-sessions`.
+    pub isolate_sessions: bool,
+    /// `--shared-sessions` (or `--shared-interpreter`).
+    pub shared_sessions: bool,
+    /// `--single-session`.
+    pub single_session: bool,
 }
 
 /// A PJRT create option given as `KEY=VALUE`: an integer, a number, `true`
@@ -268,14 +311,24 @@ impl WorkerFlags {
         })
     }
 
-    /// The worker's options: the token by the worker's rule
-    /// ([`Token::for_worker`]), the address parsed, the seconds checked, the
-    /// TLS files read. `invalid_argument` naming the flag. (`--cpu-devices`
-    /// and `--plugin` shape the client the worker serves: the caller applies
-    /// them.)
-    pub fn options(&self) -> Result<WorkerOptions> {
-        let token = Token::for_worker(self.token_file.as_deref(), self.insecure)?;
+    /// The options of a worker of `kind`: the token by the worker's rule
+    /// ([`Token::for_worker`]; with `--single-session`, the one-time token
+    /// of `--token-file`, whose file is then deleted), the address parsed,
+    /// the seconds checked, the TLS files read, and sessions isolated as
+    /// `--isolate-sessions`, `--shared-sessions` and the kind's default say
+    /// (see [`WorkerKind`]). `invalid_argument` naming the flag.
+    /// (`--cpu-devices` and `--plugin` shape the client the worker serves:
+    /// the caller applies them.)
+    pub fn options(&self, kind: &WorkerKind) -> Result<WorkerOptions> {
+        let isolate = self.isolation(kind)?;
+        let token = if self.single_session {
+            Some(self.one_time_token()?)
+        } else {
+            Token::for_worker(self.token_file.as_deref(), self.insecure)?
+        };
         let mut options = WorkerOptions::new(token);
+        options.isolate = isolate;
+        options.single_session = self.single_session;
         options.listen = self.listen.parse().map_err(|e| {
             Error::invalid_argument(format!("--listen {:?} is not HOST:PORT: {e}", self.listen))
         })?;
@@ -453,6 +506,14 @@ mod tests {
     use super::*;
     use crate::error::ErrorCode;
 
+    fn kind() -> WorkerKind {
+        WorkerKind {
+            program: "/bin/worker".into(),
+            args: vec!["worker".into()],
+            isolates_by_default: false,
+        }
+    }
+
     fn flags() -> WorkerFlags {
         WorkerFlags {
             listen: "127.0.0.1:0".into(),
@@ -465,19 +526,33 @@ mod tests {
 
     #[test]
     fn the_table_names_each_flag_once_with_help() {
-        for (i, f) in WORKER_FLAGS.iter().enumerate() {
+        let mut names = std::collections::HashSet::new();
+        for f in WORKER_FLAGS {
             assert!(!f.help.is_empty(), "{}", f.name);
-            assert!(
-                WORKER_FLAGS[i + 1..].iter().all(|g| g.name != f.name),
-                "{} twice",
-                f.name
-            );
+            for name in std::iter::once(&f.name).chain(f.aliases) {
+                assert!(names.insert(*name), "{name} twice");
+            }
         }
     }
 
     #[test]
     fn bad_values_are_refused_naming_the_flag() {
-        let cases: [(&str, WorkerFlags); 5] = [
+        let cases: [(&str, WorkerFlags); 7] = [
+            (
+                "--isolate-sessions and --shared-sessions",
+                WorkerFlags {
+                    isolate_sessions: true,
+                    shared_sessions: true,
+                    ..flags()
+                },
+            ),
+            (
+                "--single-session needs --token-file",
+                WorkerFlags {
+                    single_session: true,
+                    ..flags()
+                },
+            ),
             (
                 "--listen",
                 WorkerFlags {
@@ -515,11 +590,11 @@ mod tests {
             ),
         ];
         for (name, bad) in cases {
-            let err = bad.options().unwrap_err();
+            let err = bad.options(&kind()).unwrap_err();
             assert_eq!(err.code(), ErrorCode::InvalidArgument);
             assert!(err.message().contains(name), "{name}: {err}");
         }
-        let options = flags().options().unwrap();
+        let options = flags().options(&kind()).unwrap();
         assert!(options.token.is_none());
         assert_eq!(options.session_timeout, Duration::from_secs(10));
     }

@@ -25,7 +25,7 @@ use crate::transport::admission::{
 };
 use crate::transport::host_calls::PendingCalls;
 use crate::transport::idle::{expire_when_idle, IdleWatch};
-use crate::transport::isolate::{Children, IsolateCommand};
+use crate::transport::isolate::{expire_when_stdin_closes, Children, IsolateCommand};
 use crate::transport::proto::worker_server::WorkerServer;
 use crate::transport::refusals::RefusalLog;
 use crate::transport::{runtime, SessionId, Token, MAX_MESSAGE_BYTES};
@@ -35,6 +35,7 @@ mod bulk;
 mod control;
 mod copies;
 mod flags;
+mod isolation;
 mod lane;
 mod routes;
 mod service;
@@ -45,6 +46,7 @@ pub use flags::{
     parse_pjrt_option, seconds, FlagKind, StatusFlags, WorkerFlag, WorkerFlags, STATUS_FLAGS,
     WORKER_FLAGS,
 };
+pub use isolation::WorkerKind;
 
 use routes::Routes;
 pub(super) use service::Service;
@@ -85,8 +87,10 @@ pub struct WorkerOptions {
     /// in this process.
     pub isolate: Option<IsolateCommand>,
     /// Serve exactly one session: a second `OpenSession` is refused, and
-    /// [`Worker::idle_expired`] becomes true once that session ended, or if
-    /// none opened within `handshake_timeout` (a supervisor's child).
+    /// [`Worker::idle_expired`] becomes true once that session ended, if
+    /// none opened within `handshake_timeout`, or once this process's stdin
+    /// closes (a supervisor's child: the supervisor holds the other end, so
+    /// the child never outlives it). A thread reads stdin to its end.
     pub single_session: bool,
     /// The colocated version the worker reports and checks controllers
     /// against (default: this build's, [`VERSION`](crate::transport::VERSION)).
@@ -300,6 +304,7 @@ impl Worker {
                 Arc::downgrade(&shared),
                 options.handshake_timeout,
             ));
+            expire_when_stdin_closes(shared.idle.clone())?;
         }
         tracing::info!(%local_addr, tls = options.tls.is_some(), "worker serving");
         Ok(Worker {

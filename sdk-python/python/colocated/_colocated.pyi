@@ -519,12 +519,13 @@ class WorkerHandle:
     def shutdown(self) -> None:
         """Stops serving and closes every session (idempotent)."""
 
-def worker_flags() -> list[tuple[str, str, str | None, bool, str]]:
+def worker_flags() -> list[tuple[str, str, str | None, bool, str, list[str], bool]]:
     """The flags of a worker's command line, from the runtime's table (which
     ``colocated worker`` is built from too): ``(name, kind, default, repeatable,
-    help)``, ``kind`` one of ``switch``, ``address``, ``count``, ``seconds``, ``path``, ``port``, ``name``."""
+    help, aliases, hidden)``, ``kind`` one of ``switch``, ``address``, ``count``, ``seconds``, ``path``, ``port``,
+    ``name``; ``hidden`` for the flags help leaves out."""
 
-def status_flags() -> list[tuple[str, str, str | None, bool, str]]:
+def status_flags() -> list[tuple[str, str, str | None, bool, str, list[str], bool]]:
     """The flags of ``colocated status`` after its addresses, from the runtime's
     table (as ``worker_flags``)."""
 
@@ -544,12 +545,17 @@ def status(
 class WorkerConfig:
     """A worker's options, checked: made from the values of the worker flags by
     the runtime's rules, as ``colocated worker`` makes them
-    (``InvalidArgumentError`` naming a bad flag). ``token`` (a session worker's
-    one-time token) replaces the token the flags give."""
+    (``InvalidArgumentError`` naming a bad flag), for a Python worker started by
+    ``command`` (the program, then the arguments before the flags). As the
+    Python code controllers send runs there, each session runs in a worker
+    process of its own, started by ``command``, unless ``shared_sessions``.
+    With ``single_session``, ``token_file`` holds a one-time token, read here
+    and deleted."""
 
     def __init__(
         self,
         *,
+        command: list[str],
         listen: str,
         port: str | None = None,
         token_file: str | os.PathLike | None = None,
@@ -559,25 +565,30 @@ class WorkerConfig:
         heartbeat_interval: float,
         session_timeout: float,
         exit_after_idle: float | None = None,
-        token: str | None = None,
+        cpu_devices: int | None = None,
+        pjrt_plugin: str | None = None,
+        pjrt_options: list[str] | None = None,
+        plugins: list[str | os.PathLike] | None = None,
+        trace: str | os.PathLike | None = None,
+        isolate_sessions: bool = False,
+        shared_sessions: bool = False,
+        single_session: bool = False,
     ) -> None: ...
+    @property
+    def trace_file(self) -> str | None:
+        """This process's own trace file (``--trace``; a session worker's is ``NAME.PID.EXT``)."""
+    @property
+    def single_session(self) -> bool:
+        """True for a session worker: it serves one session."""
 
-def start_worker(
-    client: Client,
-    config: WorkerConfig,
-    *,
-    isolate: list[str] | None = None,
-    single_session: bool = False,
-) -> WorkerHandle:
+def start_worker(client: Client, config: WorkerConfig) -> WorkerHandle:
     """Starts a worker serving ``client`` (native and Python programs) as
-    ``config`` says.
+    ``config`` says: a supervisor that runs each session in a worker process of
+    its own and redirects the controller there, unless sessions are shared.
     With ``exit_after_idle``, ``WorkerHandle.idle_expired`` becomes true once the
-    worker has had no session for that many seconds (or, with ``single_session``,
-    once its one session ended or none opened within the handshake deadline).
-    With ``isolate`` (a command line: program, then arguments) the worker is a
-    supervisor: each session runs in a child worker of that command, given
-    ``--listen HOST:0 --token-file F --single-session``, and the controller is
-    redirected there."""
+    worker has had no session for that many seconds (a session worker's: once
+    its one session ended, none opened within the handshake deadline, or its
+    stdin closed)."""
 
 def init_worker_logging(trace: str | None = None) -> None:
     """Logs to stderr what ``COLOCATED_LOG`` selects, else colocated's warnings (a
