@@ -41,12 +41,11 @@ mod routes;
 mod service;
 mod sessions;
 mod spans;
+mod status;
 
-pub use flags::{
-    parse_pjrt_option, seconds, FlagKind, StatusFlags, WorkerFlag, WorkerFlags, STATUS_FLAGS,
-    WORKER_FLAGS,
-};
+pub use flags::{parse_pjrt_option, seconds, FlagKind, WorkerFlag, WorkerFlags, WORKER_FLAGS};
 pub use isolation::WorkerKind;
+pub use status::{StatusFlags, STATUS_FLAGS};
 
 use routes::Routes;
 pub(super) use service::Service;
