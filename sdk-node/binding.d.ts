@@ -216,6 +216,12 @@ export declare class HostCall {
    * handle went or its session ended).
    */
   hostObject(id: string): HostObject
+  /**
+   * The stream of the calls the function makes while it runs (colocated
+   * functions, executables): core's stream for nested calls, never the
+   * one its program runs on, so that they never wait for that program.
+   */
+  get stream(): Stream
   /** True in the first call of an input spec, whose outputs are discovered. */
   get discovering(): boolean
   /**
@@ -726,7 +732,11 @@ export interface HostObject {
   built: boolean
 }
 
-/** The arguments every call must match: their structure's key and specs. */
+/**
+ * The arguments every call must match: their structure (null for
+ * positional specs, else its canonical text, as `callCached` takes it) and
+ * specs.
+ */
 export interface InSpecs {
   tree?: string
   specs: Array<ShapeDtypeStruct>
