@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import os
 import weakref
 
