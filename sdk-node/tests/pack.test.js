@@ -17,7 +17,16 @@ test('npm pack gives a package that installs and runs from the tarball', () => {
     const npm = (args, cwd) => execFileSync('npm', [...args, '--no-audit', '--no-fund'], { cwd, encoding: 'utf8' })
     const [packed] = JSON.parse(npm(['pack', '--json', '--pack-destination', dir], PACKAGE))
     const files = packed.files.map((f) => f.path)
-    for (const needed of ['index.js', 'index.mjs', 'index.d.ts', 'binding.js', 'colocated.js', 'trees.js', 'bin/colocated.js', 'package.json']) {
+    for (const needed of [
+      'index.js',
+      'index.mjs',
+      'index.d.ts',
+      'binding.js',
+      'colocated.js',
+      'trees.js',
+      'bin/colocated.js',
+      'package.json',
+    ]) {
       assert.ok(files.includes(needed), `${needed} is in the package`)
     }
     const addon = packed.files.find((f) => f.path.endsWith('.node'))
