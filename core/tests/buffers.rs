@@ -758,6 +758,18 @@ fn arrays_land_in_each_devices_memory_space_of_the_kind_asked() {
     let plain = Array::from_host_bytes(&client, &[3, 4], default).unwrap();
     assert_eq!(plain.memory_kind(), MemoryKind::Device);
     assert_eq!(plain.sharding().memory_kind(), None);
+    // Copies shard by shard land in default memory: another kind is refused
+    // (put_to places it there).
+    assert_error(
+        plain.copy_to_sharding(dense.sharding().clone(), None),
+        ErrorCode::InvalidArgument,
+        "not in pinned_host memory",
+    );
+    let placed = plain
+        .put_to(&client, dense.sharding().clone(), None, None)
+        .unwrap();
+    assert_eq!(placed.memory_kind(), MemoryKind::PinnedHost);
+    assert_eq!(placed.to_host_bytes().unwrap(), vec![3, 4]);
     assert_eq!(
         devices[0].memory_kinds(),
         vec![

@@ -148,7 +148,7 @@ function main(argv) {
         sharedSessions: parsed['shared-sessions'] ?? false,
         singleSession: parsed['single-session'] ?? false,
       },
-      [process.execPath, __filename, 'worker'],
+      [process.execPath, ...process.execArgv, __filename, 'worker'],
     )
   } catch (err) {
     process.stderr.write(`colocated: ${err.message}\n`)

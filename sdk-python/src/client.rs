@@ -543,8 +543,9 @@ fn default_wrapper(py: Python<'_>, client: core::Client) -> PyResult<Py<Client>>
 #[pyfunction]
 #[pyo3(signature = (create=true))]
 pub fn default_client(py: Python<'_>, create: bool) -> PyResult<Option<Py<Client>>> {
-    // Creating it may take a while: without the GIL (an existing one is at hand).
-    let client = match (core::current_default_client(), create) {
+    // Creating it may take a while, and another thread may be creating it
+    // (core's lock is held meanwhile): both without the GIL.
+    let client = match (py.detach(core::current_default_client), create) {
         (Some(client), _) => client,
         (None, true) => py.detach(core::default_client).map_err(py_err)?,
         (None, false) => return Ok(None),

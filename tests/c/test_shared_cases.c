@@ -259,6 +259,16 @@ static void check_output(const colocated_client *client, const colocated_array *
   colocated_memory_kind kind;
   CHECK_OK(colocated_sharding_memory_kind(sharding, &kind));
   CHECK(kind == want->memory_kind);
+  /* ... and every shard is in that memory. */
+  for (size_t k = 0; k < n; ++k) {
+    colocated_buffer *buffer = NULL;
+    CHECK_OK(colocated_array_buffer(out, k, &buffer));
+    const colocated_memory_space *memory = NULL;
+    CHECK_OK(colocated_buffer_memory_space(buffer, &memory));
+    CHECK_OK(colocated_memory_space_kind(memory, &kind));
+    CHECK(kind == want->memory_kind);
+    colocated_buffer_destroy(buffer);
+  }
   colocated_sharding_destroy(sharding);
 }
 

@@ -18,12 +18,20 @@ impl Array {
     /// run in the calling thread's program order. `progress(bytes done, bytes
     /// in all)` reports the bytes that crossed hosts, over all shards, from
     /// network threads. `invalid_argument` unless every shard keeps its index
-    /// (same shape of mesh and partition; a reshard is a gather and a split).
+    /// (same shape of mesh and partition; a reshard is a gather and a split),
+    /// and for a sharding in other than the devices' default memory.
     pub fn copy_to_sharding(
         &self,
         sharding: Sharding,
         progress: Option<Progress>,
     ) -> Result<Array> {
+        if let Some(kind) = sharding.memory_kind() {
+            return Err(Error::invalid_argument(format!(
+                "copies land in each device's default memory, not in {} memory: place the array \
+                 with put_to",
+                kind.name()
+            )));
+        }
         let spec = ArraySpec::new(self.0.spec.shape.clone(), self.0.spec.dtype, sharding)?;
         let n = self.0.buffers.len();
         if spec.sharding.devices().len() != n {

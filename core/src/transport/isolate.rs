@@ -134,6 +134,9 @@ impl Children {
             .arg("--token-file")
             .arg(&token_file.0)
             .arg("--single-session")
+            // The worker's long-lived token stays with the supervisor: the
+            // session's code gets the one-time token alone.
+            .env_remove(super::TOKEN_ENV)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -237,6 +240,11 @@ pub(crate) fn expire_when_stdin_closes(idle: std::sync::Arc<IdleWatch>) -> Resul
                     Ok(0) => break,
                     Ok(_) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // Something in the process (a runtime's event loop, say)
+                    // made stdin non-blocking: not a closed stdin.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(std::time::Duration::from_millis(200));
+                    }
                     Err(_) => break,
                 }
             }

@@ -45,15 +45,16 @@ pub(crate) fn dtype_from_name(name: &str) -> PyResult<core::DType> {
     core::DType::from_name(name).map_err(py_err)
 }
 
-/// The memory kind named `name` (None: each device's default), checked
+/// The memory kind named `name` (None: the sharding's, else each device's default), checked
 /// against the sharding's first device: an unknown name is an
 /// `InvalidArgumentError` that lists the kinds the device has.
 fn parse_memory_kind(
     sharding: &core::Sharding,
     name: Option<&str>,
 ) -> PyResult<Option<core::MemoryKind>> {
+    // Without a name: the sharding's memory kind (core's rule), if any.
     let Some(name) = name else {
-        return Ok(None);
+        return Ok(sharding.memory_kind());
     };
     let space = sharding.devices()[0]
         .memory_space_by_kind(name)
