@@ -526,13 +526,20 @@ fn connect(workers: &[&Worker], token: &Token) -> Client {
     common::connect_workers(workers, token)
 }
 
-#[test]
-fn discovery_on_workers_derives_global_specs_of_outputs_of_any_sharding() {
-    let _serial = serial();
+/// This test's turn (see [`serial`]), with the test functions defined, and
+/// a client of two workers of two devices each (kept with it).
+fn two_workers() -> (MutexGuard<'static, ()>, [Worker; 2], Client) {
+    let turn = serial();
     define_functions();
     let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = connect(&[&a, &b], &token);
+    let workers = [start_worker(&token, 2), start_worker(&token, 2)];
+    let client = connect(&[&workers[0], &workers[1]], &token);
+    (turn, workers, client)
+}
+
+#[test]
+fn discovery_on_workers_derives_global_specs_of_outputs_of_any_sharding() {
+    let (_serial, _workers, client) = two_workers();
     let devices = client.devices().to_vec();
     let x = i32_array(&client, &[1, 2, 3, 4], named(devices.clone(), "x"));
     let inputs = [x.clone()];
@@ -626,11 +633,7 @@ fn objects_on_workers_go_with_their_handle_and_with_their_session() {
 
 #[test]
 fn memory_kinds_are_part_of_a_calls_spec_and_kept_through_calls_on_workers() {
-    let _serial = serial();
-    define_functions();
-    let token = Token::generate().unwrap();
-    let (a, b) = (start_worker(&token, 2), start_worker(&token, 2));
-    let client = connect(&[&a, &b], &token);
+    let (_serial, _workers, client) = two_workers();
     let devices = client.devices().to_vec();
     let x = i32_array(&client, &[1, 2, 3, 4], named(devices.clone(), "x"));
     let pinned_sharding = x
