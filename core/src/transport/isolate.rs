@@ -134,9 +134,6 @@ impl Children {
             .arg("--token-file")
             .arg(&token_file.0)
             .arg("--single-session")
-            // The worker's long-lived token stays with the supervisor: the
-            // session's code gets the one-time token alone.
-            .env_remove(super::TOKEN_ENV)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
