@@ -190,6 +190,7 @@ impl Client {
             input_specs: specs(&exe.input_specs)?,
             output_specs: specs(&exe.output_specs)?,
             devices,
+            output_structure: exe.output_structure.clone(),
         };
         self.compile_in(program, options, session)
     }

@@ -37,8 +37,13 @@ fn define(
         .insert(name.to_string(), Arc::new(f));
 }
 
+/// The structure tag every host's next results carry (see `TestLanguage`):
+/// a test changes it to make a function return another structure.
+static STRUCTURE_TAG: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
 /// The `test` language: the payload names a function of `FUNCTIONS`; the
-/// structure of its outputs is their count.
+/// structure of its outputs is their count and `STRUCTURE_TAG`, reported
+/// with every run (core checks it against the program's).
 struct TestLanguage;
 
 impl LanguageExecutor for TestLanguage {
@@ -52,8 +57,8 @@ impl LanguageExecutor for TestLanguage {
             .ok_or_else(|| colocated_core::Error::not_found(format!("no test function {name}")))?;
         Ok(Arc::new(move |ctx: &mut ExecutionContext<'_>| {
             let outputs = f(ctx, ctx.host_input_arrays()?)?;
-            let structure = ctx.discovering().then(|| vec![outputs.len() as u8]);
-            ctx.set_host_outputs(outputs, structure)
+            let structure = vec![outputs.len() as u8, STRUCTURE_TAG.load(Ordering::SeqCst)];
+            ctx.set_host_outputs(outputs, Some(structure))
         }))
     }
 }
@@ -85,7 +90,7 @@ impl Site {
 impl CallSite for Site {
     type Entry = ();
 
-    fn payload(&self, _devices: &[Device], _outputs: Option<&Outputs>) -> Result<Payload> {
+    fn payload(&self, _devices: &[Device]) -> Result<Payload> {
         Ok(Payload {
             bytes: self.name.as_bytes().to_vec(),
             host_callbacks: Vec::new(),
@@ -96,7 +101,7 @@ impl CallSite for Site {
         Ok(self
             .declared
             .clone()
-            .map(|specs| Outputs::declared(vec![specs.len() as u8], specs)))
+            .map(|specs| Outputs::declared(vec![specs.len() as u8, 0], specs)))
     }
 
     fn entry(&self, _outputs: &Outputs) -> Result<()> {
@@ -282,6 +287,66 @@ fn discovery_on_the_local_host_keeps_an_inputs_sharding_and_caches_the_program()
     );
     let info = f.cache_info();
     assert_eq!((info.hits, info.misses, info.currsize), (1, 1, 1));
+}
+
+/// Sets the structure tag of the test language's results while it lives.
+struct Tagged;
+
+impl Tagged {
+    fn with(tag: u8) -> Tagged {
+        STRUCTURE_TAG.store(tag, Ordering::SeqCst);
+        Tagged
+    }
+}
+
+impl Drop for Tagged {
+    fn drop(&mut self) {
+        STRUCTURE_TAG.store(0, Ordering::SeqCst);
+    }
+}
+
+/// Calls `add_one` (once to discover, then with another result structure)
+/// and checks that core refuses the second result on every host.
+fn check_a_result_of_another_structure_is_refused(client: &Client, devices: Vec<Device>) {
+    let x = i32_array(client, &[1, 2, 3, 4], named(devices, "x"));
+    let f = function(None);
+    let inputs = [x.clone()];
+    let first = call(client, &f, "add_one", &inputs).unwrap();
+    assert_eq!(
+        i32_values(&first.outputs[0].to_host_bytes().unwrap()),
+        [2, 3, 4, 5]
+    );
+    let _tag = Tagged::with(7);
+    let second = call(client, &f, "add_one", &inputs)
+        .and_then(|second| second.status.map_or(Ok(()), |s| s.wait()));
+    assert_error(
+        second,
+        ErrorCode::InvalidArgument,
+        "another structure than its program's",
+    );
+    // Its declared structure: the same rule.
+    let declared = Site::declaring("add_one", vec![x.spec().clone()]);
+    let run = call_at(client, &function(None), &declared, &inputs)
+        .and_then(|run| run.status.map_or(Ok(()), |s| s.wait()));
+    assert_error(
+        run,
+        ErrorCode::InvalidArgument,
+        "another structure than its program's",
+    );
+}
+
+#[test]
+fn a_result_of_another_structure_than_the_programs_is_refused_on_the_local_host() {
+    let (_serial, client) = local_client_with_functions(4);
+    let devices = client.devices()[..2].to_vec();
+    check_a_result_of_another_structure_is_refused(&client, devices);
+}
+
+#[test]
+fn a_result_of_another_structure_than_the_programs_is_refused_on_workers() {
+    let (_serial, _workers, client) = two_workers();
+    let devices = client.devices().to_vec();
+    check_a_result_of_another_structure_is_refused(&client, devices);
 }
 
 #[test]

@@ -302,6 +302,7 @@ fn thread_recording_executable(
         input_specs: vec![],
         output_specs: vec![],
         devices: vec![client.devices()[0].clone()],
+        output_structure: vec![],
     };
     (
         client.compile(program, CompileOptions::default()).unwrap(),

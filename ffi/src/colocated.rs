@@ -69,7 +69,7 @@ struct FixedSite {
 impl CallSite for FixedSite {
     type Entry = ();
 
-    fn payload(&self, _: &[Device], _: Option<&Outputs>) -> Result<Payload> {
+    fn payload(&self, _: &[Device]) -> Result<Payload> {
         Ok(Payload {
             bytes: self.payload.clone(),
             host_callbacks: Vec::new(),

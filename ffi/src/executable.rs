@@ -173,6 +173,7 @@ pub unsafe extern "C" fn colocated_client_compile(
             input_specs: specs(p.input_specs, p.num_input_specs, "input_specs")?,
             output_specs: specs(p.output_specs, p.num_output_specs, "output_specs")?,
             devices: device_list(p.devices, p.num_devices)?,
+            output_structure: Vec::new(),
         };
         let options = compile_options(options)?;
         if out.is_null() {

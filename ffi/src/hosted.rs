@@ -188,7 +188,10 @@ pub unsafe extern "C" fn colocated_execution_context_host_input(
 /// the arrays may be any arrays over the call's devices of this host, and
 /// `structure` (`structure_size` bytes, the same on every host; the
 /// controller hands it back with `colocated_call_structure`) describes them.
-/// Errors: `invalid_argument` for outputs that do not match their specs.
+/// In later calls a non-empty `structure` must be the bytes discovery
+/// reported (an empty one is not checked).
+/// Errors: `invalid_argument` for outputs that do not match their specs, and
+/// for a structure other than the one discovery reported.
 /// Thread-safety: the calling native function's thread.
 #[no_mangle]
 pub unsafe extern "C" fn colocated_execution_context_set_host_outputs(
@@ -208,8 +211,8 @@ pub unsafe extern "C" fn colocated_execution_context_set_host_outputs(
         let structure = slice(structure, structure_size, "structure")?.to_vec();
         // SAFETY: checked non-NULL and of the right type just above.
         let c = unsafe { &mut *context };
-        let discovering = c.core().discovering();
+        let given = c.core().discovering() || !structure.is_empty();
         c.core_mut()
-            .set_host_outputs(arrays, discovering.then_some(structure))
+            .set_host_outputs(arrays, given.then_some(structure))
     })
 }

@@ -100,6 +100,7 @@ fn to_program(p: ProgramOptions) -> core::Result<(core::Client, core::Program)> 
             input_specs,
             output_specs,
             devices,
+            output_structure: Vec::new(),
         },
     ))
 }

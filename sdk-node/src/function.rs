@@ -36,11 +36,7 @@ struct Site {
 impl core::CallSite for Site {
     type Entry = NodeEntry;
 
-    fn payload(
-        &self,
-        _devices: &[core::Device],
-        _outputs: Option<&core::Outputs>,
-    ) -> core::Result<core::Payload> {
+    fn payload(&self, _devices: &[core::Device]) -> core::Result<core::Payload> {
         Ok(core::Payload {
             bytes: self.payload.clone(),
             host_callbacks: self.callbacks.clone(),
@@ -65,14 +61,9 @@ impl core::CallSite for Site {
     }
 
     /// Two hosts' result skeletons (JSON) are one structure whatever the
-    /// order of an object's keys (core's rule: a dict's keys are sorted; the
-    /// leaves came in sorted key order on every host).
+    /// order of an object's keys.
     fn same_structure(&self, a: &[u8], b: &[u8]) -> bool {
-        let parse = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).ok();
-        match (parse(a), parse(b)) {
-            (Some(a), Some(b)) => a == b,
-            _ => a == b,
-        }
+        crate::program::same_skeleton(a, b)
     }
 }
 

@@ -59,6 +59,7 @@ impl Executable {
                 .iter()
                 .map(|d| d.inner.get().cloned().map_err(py_err))
                 .collect::<PyResult<_>>()?,
+            output_structure: Vec::new(),
         };
         let options = core::CompileOptions {
             host_callbacks: host_callbacks

@@ -46,7 +46,7 @@ impl core::LanguageExecutor for PythonExecutor {
                     .getattr("loads")?
                     .call1((PyBytes::new(py, &program.payload),))?,
             };
-            let flat = FlatCall::of(&callable)?;
+            let flat = FlatCall::of(&callable, &program.output_structure)?;
             Ok(Arc::new(PythonProgram {
                 call: callable.unbind(),
                 flat,
@@ -116,12 +116,19 @@ struct FlatCall {
 }
 
 impl FlatCall {
-    /// The fast path of a host callable that takes positional arrays and
-    /// returns one, as the package's `flat_call` hook gives it (None for
-    /// other callables, which always take the general path).
-    fn of(call: &Bound<'_, PyAny>) -> PyResult<Option<FlatCall>> {
+    /// Hands a host callable being loaded the structure its results must
+    /// have (core's `output_structure`, where the program has one: the
+    /// callable checks it itself, more cheaply than it would pickle its
+    /// result's), and returns its fast path when it takes positional arrays
+    /// and returns one, as the package's `load_program` hook gives it (None
+    /// for other callables, which always take the general path).
+    fn of(call: &Bound<'_, PyAny>, structure: &[u8]) -> PyResult<Option<FlatCall>> {
         let py = call.py();
-        let parts = crate::hooks::hooks(py)?.flat_call.bind(py).call1((call,))?;
+        let structure = (!structure.is_empty()).then(|| PyBytes::new(py, structure));
+        let parts = crate::hooks::hooks(py)?
+            .load_program
+            .bind(py)
+            .call1((call, structure))?;
         if parts.is_none() {
             return Ok(None);
         }
@@ -215,9 +222,18 @@ impl PythonProgram {
     }
 }
 
-/// The text of a Python exception with its traceback, as the host saw it.
+/// The text of a Python exception with its traceback, as the host saw it;
+/// its code is the exception's own where it names one (a `ColocatedError`
+/// raised on the host, such as the output checks'), else `internal`.
 fn remote_error(py: Python<'_>, err: PyErr) -> core::Error {
     let message = err.to_string();
+    let code = err
+        .value(py)
+        .getattr(pyo3::intern!(py, "code"))
+        .ok()
+        .and_then(|code| code.extract::<String>().ok())
+        .and_then(|name| core::ErrorCode::from_name(&name))
+        .unwrap_or(core::ErrorCode::Internal);
     let traceback = py
         .import("traceback")
         .and_then(|tb| {
@@ -229,7 +245,7 @@ fn remote_error(py: Python<'_>, err: PyErr) -> core::Error {
         .and_then(|lines| lines.extract::<Vec<String>>())
         .map(|lines| lines.concat())
         .unwrap_or_else(|_| message.clone());
-    core::Error::internal(message).with_remote_traceback(traceback)
+    core::Error::new(code, message).with_remote_traceback(traceback)
 }
 
 thread_local! {

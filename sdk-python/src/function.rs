@@ -87,16 +87,11 @@ impl PySite {
 impl core::CallSite for PySite {
     type Entry = PyEntry;
 
-    fn payload(
-        &self,
-        devices: &[core::Device],
-        outputs: Option<&core::Outputs>,
-    ) -> core::Result<core::Payload> {
+    fn payload(&self, devices: &[core::Device]) -> core::Result<core::Payload> {
         let remote = devices.iter().any(|d| d.process_index() != 0);
         self.with(|py, site| {
-            let structure = outputs.map(|o| PyBytes::new(py, &o.structure));
             let (bytes, callbacks): (Vec<u8>, Vec<Py<PyAny>>) = site
-                .call_method1(pyo3::intern!(py, "payload"), (remote, structure))?
+                .call_method1(pyo3::intern!(py, "payload"), (remote,))?
                 .extract()?;
             let host_callbacks = callbacks
                 .into_iter()

@@ -23,9 +23,11 @@ pub(crate) struct Hooks {
     pub reduce_device: Py<PyAny>,
     /// `{core dtype name: numpy dtype}`.
     pub numpy_dtypes: Py<PyAny>,
-    /// `(host callable) -> (function, input shardings) | None`: the fast
-    /// path of a program that takes positional arrays and returns one.
-    pub flat_call: Py<PyAny>,
+    /// `(host callable, output structure or None) -> (function, input
+    /// shardings) | None`: a program being loaded (its callable learns the
+    /// structure its results must have, where core carries one), and its
+    /// fast path when it takes positional arrays and returns one array.
+    pub load_program: Py<PyAny>,
     /// `(Client) -> None`: tells the package of a client wrapper made here
     /// (core's default client's).
     pub register_client: Py<PyAny>,
@@ -39,7 +41,7 @@ static HOOKS: PyOnceLock<Hooks> = PyOnceLock::new();
 #[pyfunction]
 #[pyo3(name = "_register_hooks", signature = (
     *, array_type, wrap_array, error_from_core, is_pool_thread, work_item_scope,
-    reduce_device, numpy_dtypes, flat_call, register_client
+    reduce_device, numpy_dtypes, load_program, register_client
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn register_hooks(
@@ -51,7 +53,7 @@ pub fn register_hooks(
     work_item_scope: Py<PyAny>,
     reduce_device: Py<PyAny>,
     numpy_dtypes: Py<PyAny>,
-    flat_call: Py<PyAny>,
+    load_program: Py<PyAny>,
     register_client: Py<PyAny>,
 ) {
     let _ = HOOKS.set(
@@ -64,7 +66,7 @@ pub fn register_hooks(
             work_item_scope,
             reduce_device,
             numpy_dtypes,
-            flat_call,
+            load_program,
             register_client,
         },
     );

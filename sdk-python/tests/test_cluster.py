@@ -349,6 +349,42 @@ def test_workers_results_compare_as_trees_and_keep_their_shardings_details(clust
         same_everywhere(x)
 
 
+class _PickleCounter:
+    """Counts how often it is pickled (on the controller) by a class-level
+    counter; a worker unpickles a fresh one."""
+
+    pickled = 0
+
+    def __reduce__(self):
+        _PickleCounter.pickled += 1
+        return (_PickleCounter, ())
+
+
+def test_a_first_call_on_workers_pickles_its_function_once_and_each_result_is_checked(cluster, tmp_path):
+    client, workers = cluster(2)
+    x = sharded_arange(4, client.devices())
+    counter = _PickleCounter()
+    # Another structure once the first call discovered one.
+    flag = tmp_path / "tuple"
+
+    @colocated.colocated_python
+    def restructures(x):
+        assert counter is not None
+        return (x,) if flag.exists() else x
+
+    _PickleCounter.pickled = 0
+    np.testing.assert_array_equal(np.asarray(restructures(x)), np.arange(4))
+    # The discovery run and the program compiled after it run one payload.
+    assert _PickleCounter.pickled == 1
+    np.testing.assert_array_equal(np.asarray(restructures(x)), np.arange(4))
+    assert _PickleCounter.pickled == 1
+    flag.touch()
+    with pytest.raises(colocated.RemoteError, match="another structure than its program's") as err:
+        np.asarray(restructures(x))
+    assert err.value.code == "invalid_argument"
+
+
+
 def test_out_specs_fn_runs_asynchronously_on_workers(cluster):
     client, workers = cluster(2)
     x = sharded_arange(4, client.devices())

@@ -39,11 +39,12 @@ pub trait CallSite {
     type Entry: Send + Sync + 'static;
 
     /// The payload of the program for this call's input spec, running on
-    /// `devices`. `outputs` is `None` for a discovery run (whose program
-    /// hands its outputs with their structure, see
-    /// [`ExecutionContext::set_host_outputs`](crate::ExecutionContext::set_host_outputs)),
-    /// else the outputs the program must produce.
-    fn payload(&self, devices: &[Device], outputs: Option<&Outputs>) -> Result<Payload>;
+    /// `devices`. One payload serves a discovery run (see
+    /// [`ExecutionContext::discovering`](crate::ExecutionContext::discovering))
+    /// and the program compiled after it: the outputs' structure travels
+    /// apart from it ([`Program::output_structure`]), and each host checks
+    /// every run's result against it.
+    fn payload(&self, devices: &[Device]) -> Result<Payload>;
 
     /// The outputs declared for this call (JAX's `out_specs_fn`), or `None`
     /// to discover them by running the function once.
@@ -240,7 +241,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
             }
             None => match site.declared_outputs()? {
                 Some(outputs) => {
-                    let entry = self.compile(client, spec, devices, site, outputs)?;
+                    let entry = self.compile(client, spec, devices, site, outputs, None)?;
                     let run = entry.execute(inputs)?;
                     Call {
                         entry,
@@ -317,7 +318,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
                 self.name
             ))
         })?;
-        self.compile(client, spec, devices, site, outputs)
+        self.compile(client, spec, devices, site, outputs, None)
     }
 
     fn compile<S: CallSite<Entry = E>>(
@@ -327,6 +328,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
         devices: Vec<Device>,
         site: &S,
         outputs: Outputs,
+        payload: Option<Payload>,
     ) -> Result<Arc<Entry<E>>> {
         for s in &outputs.specs {
             if !crate::sharding::same_device_set(s.sharding.devices(), &devices) {
@@ -337,7 +339,10 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
                 )));
             }
         }
-        let payload = site.payload(&devices, Some(&outputs))?;
+        let payload = match payload {
+            Some(payload) => payload,
+            None => site.payload(&devices)?,
+        };
         let program = Program {
             name: self.name.clone(),
             language: self.language.clone(),
@@ -345,6 +350,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
             input_specs: spec.leaves.clone(),
             output_specs: outputs.specs.clone(),
             devices: devices.clone(),
+            output_structure: outputs.structure.clone(),
         };
         let executable = client.compile(
             program,
@@ -372,8 +378,10 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
     ) -> Result<Call<E>> {
         let key = super::random_key();
         let reports = Reports::default();
-        let payload = site.payload(&devices, None)?;
-        let mut callbacks = payload.host_callbacks;
+        // The program compiled once the outputs are known runs this payload
+        // too (the language makes it once).
+        let payload = site.payload(&devices)?;
+        let mut callbacks = payload.host_callbacks.clone();
         let report_callback = callbacks.len() as u32;
         callbacks.push(reports.callback());
         let probe = Program {
@@ -383,7 +391,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
                 op: Some(pb::op::Op::Discover(pb::Discover {
                     key,
                     language: self.language.clone(),
-                    payload: payload.bytes,
+                    payload: payload.bytes.clone(),
                     report_callback,
                 })),
             }
@@ -391,6 +399,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
             input_specs: spec.leaves.clone(),
             output_specs: Vec::new(),
             devices: devices.clone(),
+            output_structure: Vec::new(),
         };
         let probe = client.compile(
             probe,
@@ -426,6 +435,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
                 input_specs: Vec::new(),
                 output_specs: outputs.specs.clone(),
                 devices: devices.clone(),
+                output_structure: Vec::new(),
             };
             let run = client
                 .compile(pop, CompileOptions::default())?
@@ -459,7 +469,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
                 return Err(e);
             }
         };
-        let entry = self.compile(client, spec, devices, site, outputs)?;
+        let entry = self.compile(client, spec, devices, site, outputs, Some(payload))?;
         Ok(Call {
             entry,
             outputs: arrays,

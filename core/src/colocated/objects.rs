@@ -167,6 +167,7 @@ pub(crate) fn compile_op(
         input_specs: Vec::new(),
         output_specs: Vec::new(),
         devices,
+        output_structure: Vec::new(),
     };
     client.compile(program, CompileOptions::default())
 }

@@ -106,6 +106,7 @@ fn run_here(
     let mut ctx = ExecutionContext {
         client: &exe.0.client,
         program: &exe.0.program,
+        loaded: program.as_ref(),
         host,
         host_input_specs: host_inputs,
         host_output_specs: host_outputs,

@@ -78,6 +78,8 @@ impl OutputShard {
 pub struct ExecutionContext<'a> {
     pub(crate) client: &'a Client,
     pub(crate) program: &'a crate::program::Program,
+    /// What runs: its language compares result structures.
+    pub(crate) loaded: &'a dyn super::LoadedProgram,
     /// The index of the host it runs on, in its client's hosts.
     pub(crate) host: usize,
     pub(crate) host_input_specs: &'a [crate::spec::ArraySpec],
@@ -315,11 +317,18 @@ impl<'a> ExecutionContext<'a> {
     /// [`host_output_specs`](Self::host_output_specs), each checked against
     /// its spec (`invalid_argument` with the difference).
     ///
-    /// While [`discovering`](Self::discovering), the outputs may be any
-    /// arrays over the program's devices of this host, and `structure` (the
-    /// language's description of the result's tree, opaque to core, equal on
-    /// every host of the call) is required: the host keeps the arrays for
-    /// the controller, which learns their specs from them.
+    /// `structure` is the language's description of the result's tree
+    /// (opaque to core). While [`discovering`](Self::discovering), the
+    /// outputs may be any arrays over the program's devices of this host, and
+    /// `structure` is required: the host keeps the arrays for the
+    /// controller, which learns their specs from them (and checks that
+    /// every host's structure is the same). Otherwise a given `structure`
+    /// must be the program's
+    /// [`output_structure`](crate::Program::output_structure), where it has
+    /// one (by [`LoadedProgram::same_structure`](super::LoadedProgram::same_structure)):
+    /// `invalid_argument` when it is not. A language that checks its
+    /// result's structure itself, more cheaply than it would encode it,
+    /// gives `None`.
     pub fn set_host_outputs(
         &mut self,
         outputs: Vec<Array>,
@@ -336,6 +345,17 @@ impl<'a> ExecutionContext<'a> {
                 Error::internal("a discovery run must give the structure of its outputs")
             })?;
             return sink.discovered(self, outputs, structure);
+        }
+        if let Some(structure) = &structure {
+            let expected = &self.program.output_structure;
+            if !expected.is_empty() && !self.loaded.same_structure(structure, expected) {
+                return Err(Error::invalid_argument(format!(
+                    "the function returned a result of another structure than its program's \
+                     (its first call's result, or its declared output specs): {} but {} was expected",
+                    shown(structure),
+                    shown(expected)
+                )));
+            }
         }
         let specs = self.host_output_specs;
         if outputs.len() != specs.len() {
@@ -385,5 +405,14 @@ impl<'a> ExecutionContext<'a> {
             ))
         })?;
         cb.call(input)
+    }
+}
+
+/// A result structure for a message: its text, where it is short text (a
+/// JSON skeleton), else its size.
+fn shown(structure: &[u8]) -> String {
+    match std::str::from_utf8(structure) {
+        Ok(text) if text.len() <= 200 => text.to_string(),
+        _ => format!("{} bytes", structure.len()),
     }
 }

@@ -201,6 +201,14 @@ pub trait LoadedProgram: Send + Sync + 'static {
     fn artifact(&self) -> Option<Vec<u8>> {
         None
     }
+
+    /// Whether two structures of results in this program's language are the
+    /// same (see [`Program::output_structure`](crate::Program::output_structure)):
+    /// by default, the same bytes; a language whose encoding is not canonical
+    /// (an object's key order, say) compares them its own way.
+    fn same_structure(&self, a: &[u8], b: &[u8]) -> bool {
+        a == b
+    }
 }
 
 impl<F> LoadedProgram for F

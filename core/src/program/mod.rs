@@ -41,6 +41,13 @@ pub struct Program {
     pub output_specs: Vec<ArraySpec>,
     /// The devices the program runs on; every spec's sharding uses exactly these.
     pub devices: Vec<Device>,
+    /// The structure its result must have, in its language's encoding (a
+    /// colocated function's output tree: what its first run reported or its
+    /// declared output specs say), which every host checks each run against
+    /// (see [`ExecutionContext::set_host_outputs`]); empty: none to check.
+    ///
+    /// [`ExecutionContext::set_host_outputs`]: crate::ExecutionContext::set_host_outputs
+    pub output_structure: Vec<u8>,
 }
 
 impl Program {
@@ -58,6 +65,7 @@ impl Program {
             input_specs,
             output_specs,
             devices,
+            output_structure: Vec::new(),
         }
     }
 }
@@ -94,6 +102,7 @@ impl Program {
             device_ids: device_ids(&self.devices),
             num_host_callbacks: num_host_callbacks as u32,
             platform_name: PLATFORM_NAME.to_string(),
+            output_structure: self.output_structure.clone(),
         }
     }
 }

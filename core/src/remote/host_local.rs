@@ -62,6 +62,7 @@ pub(crate) fn host_local(
             device_ids,
             num_host_callbacks: num_host_callbacks as u32,
             platform_name: crate::device::PLATFORM_NAME.to_string(),
+            output_structure: program.output_structure.clone(),
         },
     })
 }

@@ -183,8 +183,17 @@ class _HostCall:
         # given them (`x.sharding == y.sharding` holds across the call).
         self.in_shardings = in_shardings
         # None: a discovery run, which returns the outputs with their structure.
+        self.out_treedef = None
+        self.out_leaf = False
+        if out_treedef is not None:
+            self.expect(out_treedef)
+
+    def expect(self, out_treedef) -> None:
+        """Takes the output tree every later run must return: the declared
+        one, or the one discovery found (the payload that ran discovery runs
+        the compiled program too)."""
         self.out_treedef = out_treedef
-        self.out_leaf = out_treedef is not None and _is_leaf(out_treedef)
+        self.out_leaf = _is_leaf(out_treedef)
 
     def __call__(self, impls: list) -> list:
         # (The native executor runs flat programs with one output itself: it calls
@@ -211,21 +220,33 @@ class _HostCall:
         leaves = _check_arrays(leaves, "function outputs")
         if self.out_treedef is None:
             if self.local:
+                # The compiled program runs this very object, with no
+                # structure from core (the controller kept it unpickled).
                 self.discovered = (leaves, treedef)
+                self.expect(treedef)
                 return [leaf._impl for leaf in leaves], b""
             return [leaf._impl for leaf in leaves], _dump_structure(treedef)
         if treedef != self.out_treedef:
+            # Core's rule and words (`set_host_outputs`), checked here on
+            # trees, without pickling the result's.
             raise InvalidArgumentError(
-                f"the function returned {treedef} but its output specs say {self.out_treedef}"
+                "the function returned a result of another structure than its program's (its first "
+                f"call's result, or its declared output specs): {treedef} but {self.out_treedef} was expected"
             )
         return [leaf._impl for leaf in leaves]
 
 
-def _flat_call(host_call) -> tuple | None:
-    """The native executor's fast path of a host callable (a hook of the native
-    module): the function and the callers' input shardings of a ``_HostCall``
-    that takes positional arrays and returns one array, else None."""
-    if isinstance(host_call, _HostCall) and host_call.flat and host_call.out_leaf:
+def _load_program(host_call, structure: bytes | None) -> tuple | None:
+    """A host callable being loaded (a hook of the native module): it takes the
+    output structure core carries with the program (``structure``, pickled;
+    None: none), and its fast path is returned: the function and the callers'
+    input shardings of a ``_HostCall`` that takes positional arrays and
+    returns one array, else None."""
+    if not isinstance(host_call, _HostCall):
+        return None
+    if structure is not None and host_call.out_treedef is None:
+        host_call.expect(cloudpickle.loads(structure))
+    if host_call.flat and host_call.out_leaf:
         return host_call.fn, host_call.in_shardings
     return None
 
@@ -299,13 +320,6 @@ class _Site:
             return treedef, [leaf.sharding for leaf in leaves]
         return cloudpickle.loads(structure), None
 
-    def _out_treedef(self, structure: bytes | None):
-        if structure is None:
-            return None
-        if self.declared_treedef is not None:
-            return self.declared_treedef
-        return self._discovered(structure)[0]
-
     def _out_sharding(self, j, own, core):
         """An output's sharding object, where the runtime placed it: the
         caller's object of input ``j`` (the runtime found the output to have
@@ -321,20 +335,21 @@ class _Site:
         whatever their pickled bytes)."""
         return cloudpickle.loads(a) == cloudpickle.loads(b)
 
-    def payload(self, remote: bool, structure: bytes | None) -> tuple[bytes, list]:
-        """The program's payload and host callbacks: the host callable, for
-        outputs of tree ``structure`` (pickled; None: a discovery run).
-        Across hosts the inputs are each host's part of each array, with its own
-        sharding (the callers' objects name devices of other hosts)."""
+    def payload(self, remote: bool) -> tuple[bytes, list]:
+        """The program's payload and host callbacks: the host callable, which
+        runs the discovery run (when the outputs are not declared) and the
+        compiled program alike (core carries the output structure apart).
+        Across hosts the inputs are each host's part of each array, with its
+        own sharding (the callers' objects name devices of other hosts)."""
         fn = self.function._fn
         remote = remote or self.portable
         in_shardings = [None] * len(self.leaves) if remote else [leaf.sharding for leaf in self.leaves]
         host_call = _HostCall(
-            fn, self.treedef, in_shardings, self._out_treedef(structure), local=not remote, jax_in=self.jax_in
+            fn, self.treedef, in_shardings, self.declared_treedef, local=not remote, jax_in=self.jax_in
         )
         if remote:
             return _dumps_with_callbacks(host_call)
-        if structure is None:
+        if self.declared_treedef is None:
             self.probe = host_call
         local = _colocated.LocalProgram(host_call)
         # Loading keeps it (with the executable); the call lets go of it.

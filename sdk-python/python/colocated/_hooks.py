@@ -5,7 +5,7 @@ and looks each up once."""
 from . import _colocated
 from ._array import Array, _wrap
 from ._client import _reduce_device, _register
-from ._colocated_python import _flat_call
+from ._colocated_python import _load_program
 from ._dtypes import _FROM_CORE
 from ._errors import _from_core
 from ._streams import is_pool_thread, work_item_scope
@@ -18,6 +18,6 @@ _colocated._register_hooks(
     work_item_scope=work_item_scope,
     reduce_device=_reduce_device,
     numpy_dtypes=_FROM_CORE,
-    flat_call=_flat_call,
+    load_program=_load_program,
     register_client=_register,
 )

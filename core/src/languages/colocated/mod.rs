@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use prost::Message;
 
 use crate::array::Array;
-use crate::device::{Device, MemoryKind};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::executor::{DiscoverySink, ExecutionContext, Languages, LoadedProgram, SessionKey};
 use crate::host_callback::LoadedHostCallback;
@@ -86,6 +86,7 @@ pub(crate) fn load(program: &Program, executors: &Languages) -> Result<Arc<dyn L
                 input_specs: program.input_specs.clone(),
                 output_specs: program.output_specs.clone(),
                 devices: program.devices.clone(),
+                output_structure: Vec::new(),
             };
             let executor = executors.get(&inner.language).ok_or_else(|| {
                 Error::unimplemented(format!(
@@ -214,17 +215,6 @@ fn describe(
 ) -> Result<pb::Report> {
     let devices = host_devices(ctx);
     let inputs = ctx.host_input_specs();
-    // Each input's memory kind: that of its first shard on this host.
-    let mut at = 0;
-    let input_kinds: Vec<Option<MemoryKind>> = ctx
-        .input_shard_counts()
-        .iter()
-        .map(|&count| {
-            let kind = ctx.inputs().get(at).map(|b| b.memory_space().kind());
-            at += count;
-            kind
-        })
-        .collect();
     let mut reports = Vec::with_capacity(outputs.len());
     for (k, out) in outputs.iter().enumerate() {
         let sharding = out.sharding();
@@ -245,13 +235,11 @@ fn describe(
             .collect::<Result<Vec<u32>>>()?;
         let rank = out.shape().len();
         // The same sharding in every respect (mesh names and axis types too,
-        // and the same memory kind), not only the same layout: the caller
-        // gets the sharding the function made.
-        let same = inputs.iter().enumerate().position(|(j, x)| {
-            x.shape.len() == rank
-                && x.sharding == *sharding
-                && input_kinds.get(j).copied().flatten() == Some(out.memory_kind())
-        });
+        // and the same memory kind: a sharding names its memory), not only
+        // the same layout: the caller gets the sharding the function made.
+        let same = inputs
+            .iter()
+            .position(|x| x.shape.len() == rank && x.sharding == *sharding);
         let like = match same {
             Some(_) => None,
             None => inputs

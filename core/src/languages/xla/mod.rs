@@ -92,6 +92,7 @@ pub(crate) fn xla_program(module: &[u8], devices: &[Device]) -> Result<Program> 
         input_specs,
         output_specs,
         devices: devices.to_vec(),
+        output_structure: Vec::new(),
     })
 }
 
