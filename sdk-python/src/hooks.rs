@@ -2,6 +2,14 @@
 //! (`_colocated._register_hooks`, called by `colocated/__init__.py`): the few
 //! Python callables and objects the native code calls, so that it imports no
 //! private name of the package and looks each up once.
+//!
+//! Besides the hooks, the native code reads two attributes of the package's
+//! objects on its hot paths, where a hook call would cost more than the
+//! work: `Array._impl` (the `ArrayImpl` an `Array` wraps, a slot of the
+//! `array_type` hook's class) and, as `FunctionBase`'s subclass contract,
+//! `_state` (the `FunctionState` of a colocated function) and
+//! `_call_general(args, kwargs)` (a call the native fast path leaves to
+//! Python).
 
 use pyo3::exceptions::PyImportError;
 use pyo3::prelude::*;
