@@ -28,6 +28,7 @@ pub fn load(client: &Client, payload: &[u8]) {
         input_specs: Vec::new(),
         output_specs: Vec::new(),
         devices: client.devices()[..1].to_vec(),
+        output_structure: Vec::new(),
     };
     // Loading refuses junk with an error; a good op loads.
     let _ = client.compile(program, CompileOptions::default());
