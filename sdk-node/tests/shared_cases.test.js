@@ -172,6 +172,10 @@ function remoteDevices() {
     const token = tokenFile()
     const worker = await startWorker({ devices: TABLE.devices, token, node: true })
     const client = await c.connect(worker.address, { tokenFile: token.file, default: false })
+    assert.ok(
+      client.devices().every((d) => d.processIndex === 1),
+      "the worker's devices alone",
+    )
     return { worker, client }
   })()
   return remote.then(({ client }) => client.devices())

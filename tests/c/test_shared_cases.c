@@ -314,6 +314,14 @@ static colocated_client *connect_to(const case_worker *w) {
   o.executor_threads = 2;
   colocated_client *client = NULL;
   CHECK_OK(colocated_client_connect(&o, &client));
+  size_t n;
+  const colocated_device *const *devices = client_devices(client, &n);
+  CHECK(n == SHARED_CASES_DEVICES);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t process = 0;
+    CHECK_OK(colocated_device_process_index(devices[i], &process));
+    CHECK(process == 1);
+  }
   return client;
 }
 
