@@ -195,9 +195,11 @@ PJRT_TEST_ENV = COLOCATED_TEST_PJRT_PLUGIN=$$($(VENV_PY) -c 'import lammps_jax_p
 test-rust: $(VENV_STAMP)
 	$(PJRT_TEST_ENV) $(CARGO) test --workspace
 
-# Without the mimalloc feature, so LeakSanitizer sees every allocation.
+# Without the mimalloc feature, so LeakSanitizer sees every allocation. The
+# shared cases' remote run starts the `colocated` executable as a worker.
 test-c: $(VENV_STAMP) | $(BUILD)
 	$(CARGO) build -p colocated-ffi --no-default-features
+	$(CARGO) build -p colocated-cli
 	$(PJRT_TEST_ENV) $(MAKE) -C tests/c run LIBDIR=$(DEBUG_DIR) BUILD=$(BUILD)/c
 
 test-abi: build | $(BUILD)

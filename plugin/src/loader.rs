@@ -368,11 +368,18 @@ fn call_plugin_function(
         return Err(call_error(name, code, &message));
     }
     // The descriptors in `output_arrays` are the plugin's to scribble on; the
-    // buffers are made from `memory` and the shard specs alone.
+    // buffers are made from `memory` and the shard specs alone, each in the
+    // memory its output's sharding names.
     let client = ctx.client();
     for (i, (shard, memory)) in shards.iter().zip(memory).enumerate() {
-        let buffer =
-            Buffer::from_host_memory(client, memory, shard.dtype, &shard.dims, &shard.device)?;
+        let buffer = Buffer::from_host_memory_in(
+            client,
+            memory,
+            shard.dtype,
+            &shard.dims,
+            &shard.device,
+            Some(&shard.memory),
+        )?;
         ctx.set_output(i, buffer)?;
     }
     Ok(())

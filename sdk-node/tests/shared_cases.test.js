@@ -2,14 +2,16 @@
 // calls of colocated functions give the same outputs, shardings, errors and
 // cache counts in Node, Python and C, because core decides them. This is
 // Node's runner; Python's is sdk-python/tests/test_shared_cases.py, C's
-// tests/c/test_shared_cases.c.
+// tests/c/test_shared_cases.c. Each case runs on a local client and on a
+// client of a real worker process (this package's `colocated worker`), as the
+// table's `runs` say; host code travels to the worker by its source.
 
 const test = require('node:test')
 const assert = require('node:assert/strict')
 const fs = require('node:fs')
 const path = require('node:path')
 const c = require('..')
-const { collectUntil } = require('./helpers.js')
+const { collectUntil, startWorker, tokenFile } = require('./helpers.js')
 
 const TABLE = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'tests', 'cases', 'colocated.json'), 'utf8'))
 c.configure({ numCpuDevices: TABLE.devices })
@@ -69,34 +71,45 @@ const METHODS = {
   },
 }
 
+/** What this runner lacks, by run (the table's `needs`): nothing. */
+const LACKS = {}
+
+/**
+ * The host's destructor count and the objects its store keeps, as an int32
+ * array with `x`'s sharding: the runner reads a host's state through a
+ * colocated call, so a worker's too.
+ */
+const hostState = (x) =>
+  colocated.devicePut(Int32Array.from([globalThis.sharedCasesFreed ?? 0, colocated._hosted().objects]), x.sharding)
+
 const TYPED = { float32: Float32Array, int32: Int32Array }
 
-function shardingOf(arg) {
-  const devices = arg.devices.map((i) => c.devices()[i])
+function shardingOf(arg, devices) {
+  const ds = arg.devices.map((i) => devices[i])
   const options = { memoryKind: arg.memory_kind }
-  if (devices.length === 1) return new c.SingleDeviceSharding(devices[0], options)
-  return new c.NamedSharding(new c.Mesh(devices, ['x']), arg.split ? c.P('x') : c.P(), options)
+  if (ds.length === 1) return new c.SingleDeviceSharding(ds[0], options)
+  return new c.NamedSharding(new c.Mesh(ds, ['x']), arg.split ? c.P('x') : c.P(), options)
 }
 
-const argument = (arg) => c.devicePut(TYPED[arg.dtype].from(arg.values), shardingOf(arg))
+const argument = (arg, devices) => c.devicePut(TYPED[arg.dtype].from(arg.values), shardingOf(arg, devices))
 
-async function checkOutput(out, want, where) {
+async function checkOutput(out, want, devices, where) {
   assert.equal(out.dtype, want.dtype, where)
   assert.deepEqual(Array.from(await out.toTypedArray()), want.values, where)
   const sharding = out.sharding
-  const devices = sharding.devices ?? [sharding.device]
+  const got = sharding.devices ?? [sharding.device]
   assert.deepEqual(
-    devices.map((d) => d.id),
-    want.devices.map((i) => c.devices()[i].id),
+    got.map((d) => d.id),
+    want.devices.map((i) => devices[i].id),
     where,
   )
-  const split = devices.length > 1 && !sharding.isFullyReplicated
+  const split = got.length > 1 && !sharding.isFullyReplicated
   assert.equal(split, want.split, where)
   assert.equal(sharding.memoryKind, want.memory_kind ?? 'device', where)
 }
 
 /** Makes the case's function (a method of a new object for a method) and makes its calls. */
-async function runCalls(testCase) {
+async function runCalls(testCase, devices) {
   const name = testCase.function
   let fn
   if (name in METHODS) {
@@ -107,7 +120,7 @@ async function runCalls(testCase) {
   }
   for (const [step, call] of testCase.calls.entries()) {
     const where = `call ${step}`
-    let args = call.args.map(argument)
+    let args = call.args.map((a) => argument(a, devices))
     if (call.tree) args = [Object.fromEntries(Object.entries(call.tree).map(([key, i]) => [key, args[i]]))]
     if (call.error) {
       await assert.rejects(
@@ -119,7 +132,8 @@ async function runCalls(testCase) {
       const result = await fn(...args)
       const outputs = Array.isArray(result) ? result : [result]
       assert.equal(outputs.length, call.outputs.length, where)
-      for (const [i, out] of outputs.entries()) await checkOutput(out, call.outputs[i], `${where}, output ${i}`)
+      for (const [i, out] of outputs.entries())
+        await checkOutput(out, call.outputs[i], devices, `${where}, output ${i}`)
     }
     if (call.cache) {
       const { hits, misses } = fn.cacheInfo()
@@ -128,17 +142,59 @@ async function runCalls(testCase) {
   }
 }
 
-for (const testCase of TABLE.cases) {
-  test(testCase.name, async () => {
-    assert.ok(c.devices().length >= TABLE.devices)
-    globalThis.sharedCasesFreed = 0
-    const objectsBefore = c._hosted().objects
-    // (Its frame goes when it returns, and the wrapper with it.)
-    await runCalls(testCase)
-    if (testCase.freed !== undefined) {
-      await collectUntil(() => globalThis.sharedCasesFreed >= testCase.freed && c._hosted().objects <= objectsBefore)
-      assert.equal(globalThis.sharedCasesFreed, testCase.freed)
-      assert.equal(c._hosted().objects, objectsBefore)
+/** Runs `testCase` on the client of `devices`. */
+async function runCase(testCase, devices) {
+  assert.ok(devices.length >= TABLE.devices)
+  const probe = c.colocated(hostState)
+  const probeArg = c.devicePut(new Int32Array(2), devices[0])
+  const state = async () => Array.from(await (await probe(probeArg)).toTypedArray())
+  const [freedBefore, objectsBefore] = await state()
+  // (Its frame goes when it returns, and the wrapper with it.)
+  await runCalls(testCase, devices)
+  if (testCase.freed !== undefined) {
+    let [freed, objects] = [freedBefore, objectsBefore]
+    // (A colocated call per poll: collectUntil's predicate is synchronous.)
+    const deadline = Date.now() + 10000
+    while (Date.now() < deadline) {
+      await collectUntil(() => false, 10)
+      ;[freed, objects] = await state()
+      if (freed - freedBefore >= testCase.freed && objects <= objectsBefore) break
     }
-  })
+    assert.equal(freed - freedBefore, testCase.freed)
+    assert.equal(objects, objectsBefore)
+  }
+}
+
+/** The devices of a client connected to a real worker with the table's devices, started once. */
+let remote
+function remoteDevices() {
+  remote ??= (async () => {
+    const token = tokenFile()
+    const worker = await startWorker({ devices: TABLE.devices, token, node: true })
+    const client = await c.connect(worker.address, { tokenFile: token.file, default: false })
+    assert.ok(
+      client.devices().every((d) => d.processIndex === 1),
+      "the worker's devices alone",
+    )
+    return { worker, client }
+  })()
+  return remote.then(({ client }) => client.devices())
+}
+
+test.after(async () => {
+  if (remote === undefined) return
+  const { worker, client } = await remote
+  client.close()
+  await worker.stop()
+})
+
+for (const run of TABLE.runs) {
+  for (const testCase of TABLE.cases) {
+    if (run !== 'local' && testCase.local_only) continue
+    const lacking = (testCase.needs ?? []).filter((need) => LACKS[run]?.[need]).map((need) => LACKS[run][need])
+    test(`${run}: ${testCase.name}`, { skip: lacking.length ? lacking.join('; ') : false }, async () => {
+      const devices = run === 'local' ? c.devices() : await remoteDevices()
+      await runCase(testCase, devices)
+    })
+  }
 }

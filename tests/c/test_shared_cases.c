@@ -3,7 +3,16 @@
  * calls of colocated functions give the same outputs, shardings, errors and
  * cache counts in C, Python and Node, because core decides them. This is the
  * C runner; the Makefile writes the table as shared_cases.h
- * (tests/cases/to_c.py), one TEST per case.
+ * (tests/cases/to_c.py), one TEST per case and run (the table's `runs`).
+ *
+ * The local run registers the functions below as native functions of a
+ * client of this process. The remote run starts a real worker process (the
+ * `colocated` executable, COLOCATED_WORKER_BIN) on 127.0.0.1 with a token and
+ * the plugin SHARED_CASES_PLUGIN (tests/plugin/shared_cases_plugin.c), which
+ * serves `add_one` and `first` there, and calls them through a client
+ * connected to it. Plugin functions cannot report their outputs, so the remote
+ * run declares a function's outputs from its first call's inputs (as
+ * `add_one` and `first` make them).
  *
  * C has no trees: a call's arguments are its flat inputs, and its outputs the
  * host's outputs in order; a case that needs trees is skipped, saying so. A
@@ -12,6 +21,18 @@
  */
 #include "harness.h"
 #include "helpers.h"
+
+#include <fcntl.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#ifndef COLOCATED_WORKER_BIN
+#error "build with -DCOLOCATED_WORKER_BIN='\"path of the colocated executable\"' (see the Makefile)"
+#endif
+#ifndef SHARED_CASES_PLUGIN
+#error "build with -DSHARED_CASES_PLUGIN='\"path of libshared_cases_plugin.so\"' (see the Makefile)"
+#endif
 
 /* An argument or an output: values of `dtype` on `devices`, split along the
  * first dimension or replicated, in memory of `memory_kind`. */
@@ -44,7 +65,7 @@ typedef struct {
   int freed; /* < 0: the case frees no object */
 } shared_case;
 
-static void run_case(const shared_case *c);
+static void run_case(const shared_case *c, bool remote);
 
 /* The table (SHARED_CASES, SHARED_CASES_DEVICES) and one TEST per case. */
 #include "shared_cases.h"
@@ -203,6 +224,107 @@ static colocated_error *native_reentrant(void *user_data, colocated_execution_co
   return err;
 }
 
+/* A worker process of the remote run, and what it was started with. */
+typedef struct {
+  pid_t pid;
+  char token[65];
+  char token_file[64];
+  char out_file[64];
+  char address[64];
+} case_worker;
+
+/* A temporary file only this user reads, holding `text`; its path in `path`. */
+static void temp_file(char path[64], const char *text) {
+  snprintf(path, 64, "/tmp/colocated-shared-cases-XXXXXX");
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  size_t n = strlen(text);
+  CHECK(write(fd, text, n) == (ssize_t)n);
+  close(fd);
+}
+
+/* Starts `colocated worker` on 127.0.0.1 (an ephemeral port) with the
+ * table's devices, a fresh token and the cases' plugin, and waits for its
+ * `listening on HOST:PORT` line. */
+static void start_worker(case_worker *w) {
+  unsigned char bytes[32];
+  FILE *random = fopen("/dev/urandom", "rb");
+  CHECK(random != NULL);
+  CHECK(fread(bytes, 1, sizeof bytes, random) == sizeof bytes);
+  fclose(random);
+  for (size_t i = 0; i < sizeof bytes; ++i) snprintf(w->token + 2 * i, 3, "%02x", bytes[i]);
+  temp_file(w->token_file, w->token);
+  temp_file(w->out_file, "");
+  char devices[16];
+  snprintf(devices, sizeof devices, "%d", SHARED_CASES_DEVICES);
+  fflush(NULL);
+  w->pid = fork();
+  CHECK(w->pid >= 0);
+  if (w->pid == 0) {
+#ifdef __linux__
+    /* The worker ends with this test's process, even one that crashed. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+    int out = open(w->out_file, O_WRONLY | O_TRUNC);
+    if (out < 0 || dup2(out, STDOUT_FILENO) < 0) _exit(127);
+    execl(COLOCATED_WORKER_BIN, "colocated", "worker", "--listen", "127.0.0.1:0", "--cpu-devices", devices,
+          "--token-file", w->token_file, "--plugin", SHARED_CASES_PLUGIN, (char *)NULL);
+    _exit(127);
+  }
+  /* Its first line, within 20 s. */
+  for (int i = 0; i < 2000; ++i) {
+    FILE *f = fopen(w->out_file, "r");
+    CHECK(f != NULL);
+    char line[128] = {0};
+    bool got = fgets(line, sizeof line, f) != NULL && strchr(line, '\n') != NULL;
+    fclose(f);
+    if (got) {
+      CHECK(sscanf(line, "listening on %63s", w->address) == 1);
+      return;
+    }
+    int status;
+    if (waitpid(w->pid, &status, WNOHANG) == w->pid) FAIL("the worker exited before listening (%d)", status);
+    harness_sleep_ms(10);
+  }
+  FAIL("the worker did not say where it listens within 20 s");
+}
+
+/* Stops the worker (SIGTERM, then SIGKILL) and removes its files. */
+static void stop_worker(case_worker *w) {
+  kill(w->pid, SIGTERM);
+  int status;
+  int i = 0;
+  for (; i < 1000 && waitpid(w->pid, &status, WNOHANG) == 0; ++i) harness_sleep_ms(10);
+  if (i == 1000) {
+    kill(w->pid, SIGKILL);
+    waitpid(w->pid, &status, 0);
+  }
+  unlink(w->token_file);
+  unlink(w->out_file);
+}
+
+/* A client of the worker's devices alone. */
+static colocated_client *connect_to(const case_worker *w) {
+  colocated_string_view address = sv(w->address);
+  colocated_connect_options o = {sizeof o};
+  o.workers = &address;
+  o.num_workers = 1;
+  o.token = sv(w->token);
+  o.timeout_ms = 20000;
+  o.executor_threads = 2;
+  colocated_client *client = NULL;
+  CHECK_OK(colocated_client_connect(&o, &client));
+  size_t n;
+  const colocated_device *const *devices = client_devices(client, &n);
+  CHECK(n == SHARED_CASES_DEVICES);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t process = 0;
+    CHECK_OK(colocated_device_process_index(devices[i], &process));
+    CHECK(process == 1);
+  }
+  return client;
+}
+
 static colocated_sharding *sharding_of(const colocated_client *client, const case_array *a) {
   const colocated_device *devices[SHARED_CASES_DEVICES_MAX];
   size_t n = a->num_devices;
@@ -280,16 +402,38 @@ static uint32_t code_of(const char *name) {
   return 0;
 }
 
-static void run_case(const shared_case *c) {
-  colocated_client *client = make_client(SHARED_CASES_DEVICES, 2);
+/* The spec of `arg` (its sharding is the caller's to destroy). */
+static colocated_array_spec spec_of(const colocated_client *client, const case_array *arg, int64_t *dims) {
+  colocated_array_spec spec = {sizeof spec};
+  spec.dtype = strcmp(arg->dtype, "float32") == 0 ? COLOCATED_DTYPE_F32 : COLOCATED_DTYPE_I32;
+  *dims = (int64_t)arg->num_values;
+  spec.dims = dims;
+  spec.num_dims = 1;
+  spec.sharding = sharding_of(client, arg);
+  return spec;
+}
+
+static void run_case(const shared_case *c, bool remote) {
+  case_worker worker;
+  colocated_client *client;
+  if (remote) {
+    start_worker(&worker);
+    client = connect_to(&worker);
+  } else {
+    client = make_client(SHARED_CASES_DEVICES, 2);
+  }
   bool reentrant = strcmp(c->function, "reentrant") == 0;
   bool add_one = strcmp(c->function, "add_one") == 0;
   bool count = strcmp(c->function, "count") == 0;
   CHECK(add_one || count || reentrant || strcmp(c->function, "first") == 0);
+  /* The worker serves add_one and first (the table marks the rest). */
+  CHECK(!remote || !(count || reentrant));
   atomic_store(&freed, 0);
   /* "reentrant" calls "add_one", a colocated function of its own. */
   colocated_function *inner = NULL;
-  if (reentrant) {
+  if (remote) {
+    /* (The worker's plugin has them.) */
+  } else if (reentrant) {
     register_native(client, "add_one", native_case_function, (void *)client, NULL);
     colocated_function_args iargs = {sizeof iargs};
     iargs.client = client;
@@ -315,8 +459,26 @@ static void run_case(const shared_case *c) {
     fargs.data = (const uint8_t *)&object_id;
     fargs.data_size = sizeof object_id;
   }
+  /* On a worker: the outputs, declared from the first call's inputs (add_one:
+   * one like each input; first: one like input 0). */
+  colocated_array_spec out_specs[8];
+  const colocated_array_spec *out_spec_ptrs[8];
+  int64_t out_dims[8];
+  size_t num_out_specs = 0;
+  if (remote) {
+    const case_call *call = &c->calls[0];
+    num_out_specs = add_one ? call->num_args : (call->num_args > 0 ? 1 : 0);
+    CHECK(num_out_specs <= 8);
+    for (size_t o = 0; o < num_out_specs; ++o) {
+      out_specs[o] = spec_of(client, &call->args[o], &out_dims[o]);
+      out_spec_ptrs[o] = &out_specs[o];
+    }
+    fargs.out_specs = out_spec_ptrs;
+    fargs.num_out_specs = num_out_specs;
+  }
   colocated_function *function = NULL;
   CHECK_OK(colocated_function_create(&fargs, &function));
+  for (size_t o = 0; o < num_out_specs; ++o) colocated_sharding_destroy((colocated_sharding *)out_specs[o].sharding);
   for (size_t s = 0; s < c->num_calls; ++s) {
     const case_call *call = &c->calls[s];
     colocated_array *args[8] = {0};
@@ -374,4 +536,5 @@ static void run_case(const shared_case *c) {
   colocated_function_destroy(function);
   colocated_function_destroy(inner);
   colocated_client_destroy(client);
+  if (remote) stop_worker(&worker);
 }

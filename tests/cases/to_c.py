@@ -1,7 +1,8 @@
 """Writes tests/cases/colocated.json as a C header for the C runner
 (tests/c/test_shared_cases.c): the cases as static data, and one TEST per
-case that runs it with `run_case`, or, for a case that needs what C lacks
-(the table's `needs`, see `LACKS`), says why it skips it.
+case and run (the table's `runs`) that runs it with `run_case`, or, for a
+case that needs what C lacks in that run (the table's `needs`, see `LACKS`),
+says why it skips it.
 
     python3 tests/cases/to_c.py tests/cases/colocated.json OUT.h
 """
@@ -43,8 +44,18 @@ def call(c):
     return f"{{{len(c['args'])}, {args}, {len(outs)}, {outputs}, {code}, {fragment}, {counts}}}"
 
 
-#: What C's calls lack (see the table's `needs`), and why.
-LACKS = {"trees": "C calls have no trees: their inputs are flat"}
+#: What C's calls lack (see the table's `needs`) in each run, and why.
+TREES = "C calls have no trees: their inputs are flat"
+LACKS = {
+    "local": {"trees": TREES},
+    "remote": {
+        "trees": TREES,
+        "remote_discovery": "C's functions on a worker are plugin functions, which cannot report their outputs: "
+        "C declares them once, from the first call's inputs, and this case's calls have several input specs",
+        "remote_objects": "C's functions on a worker are plugin functions, which have no host objects",
+        "remote_reentrant": "C's functions on a worker are plugin functions, which cannot call colocated functions",
+    },
+}
 
 
 def main(source, target):
@@ -62,13 +73,17 @@ def main(source, target):
             f"(const case_call[]){{{calls}}}, {case.get('freed', -1)}}},"
         )
     lines.append("};")
-    for i, case in enumerate(table["cases"]):
-        lacking = [LACKS[need] for need in case.get("needs", []) if need in LACKS]
-        if lacking:
-            reason = c_string(f"skipped ({case['name']}): {'; '.join(lacking)}\n")
-            lines.append(f"TEST(shared_case_{i}) {{ fputs({reason}, stderr); }}")
-        else:
-            lines.append(f"TEST(shared_case_{i}) {{ run_case(&SHARED_CASES[{i}]); }}")
+    for run in table["runs"]:
+        for i, case in enumerate(table["cases"]):
+            if run != "local" and "local_only" in case:
+                continue
+            lacking = [LACKS[run][need] for need in case.get("needs", []) if need in LACKS[run]]
+            if lacking:
+                reason = c_string(f"skipped ({run}: {case['name']}): {'; '.join(lacking)}\n")
+                lines.append(f"TEST(shared_case_{i}_{run}) {{ fputs({reason}, stderr); }}")
+            else:
+                remote = "true" if run == "remote" else "false"
+                lines.append(f"TEST(shared_case_{i}_{run}) {{ run_case(&SHARED_CASES[{i}], {remote}); }}")
     with open(target, "w") as f:
         f.write("\n".join(lines) + "\n")
 

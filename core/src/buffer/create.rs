@@ -178,6 +178,23 @@ impl Buffer {
         dims: &[i64],
         device: &Device,
     ) -> Result<Buffer> {
+        Buffer::from_host_memory_in(client, memory, dtype, dims, device, None)
+    }
+
+    /// [`from_host_memory`](Self::from_host_memory) into `memory_space`
+    /// (default: the device's default memory space), which the device must
+    /// address.
+    ///
+    /// Errors: as [`from_host_memory`](Self::from_host_memory), and
+    /// `invalid_argument` for a memory space the device does not address.
+    pub fn from_host_memory_in(
+        client: &Client,
+        memory: HostMemory,
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+        memory_space: Option<&MemorySpace>,
+    ) -> Result<Buffer> {
         if dtype == DType::String {
             return Err(Error::invalid_argument(
                 "string buffers are made from strings, not bytes",
@@ -191,7 +208,7 @@ impl Buffer {
                 dtype.name()
             )));
         }
-        Buffer::from_memory_reporting(client, memory, dtype, dims, device, None, None)
+        Buffer::from_memory_reporting(client, memory, dtype, dims, device, memory_space, None)
     }
 
     /// [`from_host_memory`](Self::from_host_memory) into `memory_space`
