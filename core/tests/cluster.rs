@@ -1485,6 +1485,7 @@ fn probe_program(payload: &[u8], device: &colocated_core::Device) -> Program {
         input_specs: vec![],
         output_specs: vec![],
         devices: vec![device.clone()],
+        output_structure: vec![],
     }
 }
 

@@ -721,6 +721,7 @@ fn compile_fails_with_unimplemented_for_a_language_the_host_lacks() {
             input_specs: vec![],
             output_specs: vec![],
             devices: vec![device.clone()],
+            output_structure: vec![],
         };
         assert_error(
             client.compile(program, CompileOptions::default()),
@@ -1298,6 +1299,7 @@ fn a_registered_language_executor_loads_at_compile_and_runs_per_host() {
         input_specs: vec![spec.clone()],
         output_specs: vec![spec.clone()],
         devices: devices.clone(),
+        output_structure: vec![],
     };
     assert_error(
         client.compile(program(vec![1, 2]), CompileOptions::default()),
