@@ -361,7 +361,7 @@ class _PickleCounter:
 
 
 def test_a_first_call_on_workers_pickles_its_function_once_and_each_result_is_checked(cluster, tmp_path):
-    client, workers = cluster(2)
+    client, _workers = cluster(2)
     x = sharded_arange(4, client.devices())
     counter = _PickleCounter()
     # Another structure once the first call discovered one.
