@@ -47,7 +47,11 @@ def reentrant(*xs):
     return colocated.colocated_python(add_one)(*xs)
 
 
-FUNCTIONS = {"add_one": add_one, "first": first, "a_of": a_of, "reentrant": reentrant}
+def restructures(x):
+    return x if np.asarray(x)[0] == 0 else (x,)
+
+
+FUNCTIONS = {"add_one": add_one, "first": first, "a_of": a_of, "reentrant": reentrant, "restructures": restructures}
 
 #: Destructors of ``Count`` objects that ran in this process (the local host's,
 #: or, in a worker's copy of this module, the worker's).
@@ -166,7 +170,13 @@ def run_calls(case, devices):
         args = [argument(a, devices) for a in call["args"]]
         if "tree" in call:
             args = [{key: args[i] for key, i in call["tree"].items()}]
-        if "error" in call:
+        if "error" in call and call["error"].get("at", "call") == "run":
+            # The call returns; its outputs fail (with the host's traceback).
+            result = fn(*args)
+            with pytest.raises(colocated.ColocatedError, match=call["error"]["fragment"]) as failed:
+                colocated.block_until_ready(result)
+            assert failed.value.code == call["error"]["code"], f"call {step}"
+        elif "error" in call:
             with pytest.raises(ERRORS[call["error"]["code"]], match=call["error"]["fragment"]):
                 fn(*args)
         else:

@@ -53,6 +53,7 @@ typedef struct {
   const case_array *outputs;
   const char *error_code; /* NULL: the call succeeds */
   const char *fragment;
+  int error_at_run; /* the call returns, and waiting for its outputs fails */
   int has_cache; /* 0: the table gives no cache counts */
   uint64_t hits, misses;
 } case_call;
@@ -142,6 +143,31 @@ static colocated_error *native_case_function(void *user_data, colocated_executio
   if (!err) err = colocated_execution_context_set_host_outputs(ctx, (const colocated_array *const *)outs, n,
                                                                 (const uint8_t *)STRUCTURE, strlen(STRUCTURE));
   for (size_t k = 0; k < 8; ++k) colocated_array_destroy(outs[k]);
+  return err;
+}
+
+/* Native "restructures": input 0 as it is, reported as a "leaf" when its
+ * first value is 0, else as a "tuple" (C's outputs are flat: the structure
+ * alone says which). */
+static colocated_error *native_restructures(void *user_data, colocated_execution_context *ctx,
+                                            const colocated_buffer *const *inputs, size_t num_inputs) {
+  (void)user_data, (void)inputs, (void)num_inputs;
+  colocated_array *in = NULL;
+  colocated_error *err = colocated_execution_context_host_input(ctx, 0, &in);
+  if (err) return err;
+  int32_t values[16];
+  const int64_t *dims = NULL;
+  size_t num_dims = 0;
+  err = colocated_array_dims(in, &dims, &num_dims);
+  if (!err && (num_dims != 1 || dims[0] < 1 || dims[0] > 16))
+    err = make_error(COLOCATED_INVALID_ARGUMENT, "restructures takes vectors of 1 to 16 int32 values");
+  if (!err) err = colocated_array_to_host(in, values, (size_t)dims[0] * 4);
+  if (!err) {
+    const char *structure = values[0] == 0 ? "leaf" : "tuple";
+    err = colocated_execution_context_set_host_outputs(ctx, (const colocated_array *const *)&in, 1,
+                                                       (const uint8_t *)structure, strlen(structure));
+  }
+  colocated_array_destroy(in);
   return err;
 }
 
@@ -425,7 +451,8 @@ static void run_case(const shared_case *c, bool remote) {
   bool reentrant = strcmp(c->function, "reentrant") == 0;
   bool add_one = strcmp(c->function, "add_one") == 0;
   bool count = strcmp(c->function, "count") == 0;
-  CHECK(add_one || count || reentrant || strcmp(c->function, "first") == 0);
+  bool restructures = strcmp(c->function, "restructures") == 0;
+  CHECK(add_one || count || reentrant || restructures || strcmp(c->function, "first") == 0);
   /* The worker serves add_one and first (the table marks the rest). */
   CHECK(!remote || !(count || reentrant));
   atomic_store(&freed, 0);
@@ -443,6 +470,8 @@ static void run_case(const shared_case *c, bool remote) {
     register_native(client, c->function, native_reentrant, inner, NULL);
   } else if (count) {
     register_native(client, c->function, native_count, NULL, NULL);
+  } else if (restructures) {
+    register_native(client, c->function, native_restructures, NULL, NULL);
   } else {
     register_native(client, c->function, native_case_function, add_one ? (void *)client : NULL, NULL);
   }
@@ -492,7 +521,14 @@ static void run_case(const shared_case *c, bool remote) {
       cargs.num_objects = 1;
     }
     colocated_call *result = NULL;
-    if (call->error_code) {
+    if (call->error_code && call->error_at_run) {
+      /* The call returns; its status fails. */
+      CHECK_OK(colocated_function_call(function, &cargs, &result));
+      colocated_event *status = NULL;
+      CHECK_OK(colocated_call_status(result, &status));
+      CHECK_CODE_MSG(await_and_destroy(status), code_of(call->error_code), call->fragment);
+      colocated_call_destroy(result);
+    } else if (call->error_code) {
       CHECK_CODE_MSG(colocated_function_call(function, &cargs, &result), code_of(call->error_code), call->fragment);
     } else {
       CHECK_OK(colocated_function_call(function, &cargs, &result));

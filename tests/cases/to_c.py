@@ -39,9 +39,10 @@ def call(c):
     error = c.get("error")
     code = c_string(error["code"]) if error else "NULL"
     fragment = c_string(error["fragment"]) if error else "NULL"
+    at_run = int(bool(error) and error.get("at", "call") == "run")
     cache = c.get("cache")
     counts = f"1, {cache['hits']}, {cache['misses']}" if cache else "0, 0, 0"
-    return f"{{{len(c['args'])}, {args}, {len(outs)}, {outputs}, {code}, {fragment}, {counts}}}"
+    return f"{{{len(c['args'])}, {args}, {len(outs)}, {outputs}, {code}, {fragment}, {at_run}, {counts}}}"
 
 
 #: What C's calls lack (see the table's `needs`) in each run, and why.
@@ -50,8 +51,9 @@ LACKS = {
     "local": {"trees": TREES},
     "remote": {
         "trees": TREES,
-        "remote_discovery": "C's functions on a worker are plugin functions, which cannot report their outputs: "
-        "C declares them once, from the first call's inputs, and this case's calls have several input specs",
+        "remote_discovery": "C's functions on a worker are plugin functions, which cannot report their outputs "
+        "nor their structure: C declares them once, from the first call's inputs, which fits only calls of one "
+        "input spec and one structure",
         "remote_objects": "C's functions on a worker are plugin functions, which have no host objects",
         "remote_reentrant": "C's functions on a worker are plugin functions, which cannot call colocated functions",
     },
