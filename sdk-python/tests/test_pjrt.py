@@ -221,6 +221,33 @@ def test_jit_types_and_places_values_as_jax_jit_does(client):
     np.testing.assert_array_equal(np.asarray(out), np.arange(1, 9))
 
 
+def test_jit_takes_its_tree_keys_from_core(client):
+    pytest.importorskip("jax")
+    from colocated import _colocated
+
+    x = colocated.device_put(np.arange(8, dtype=np.float32), client.devices()[0])
+    # A call of positional arrays alone takes core's flat key; a weakly typed
+    # scalar, a keyword or a static value makes another form, whose key core
+    # hands out: unique in the process, so two functions' never meet (as a
+    # count of each function's own forms would, from 0 in each).
+    times = colocated.jit(lambda a, b: a * b)
+    times(x, x)
+    times(x, 2.0)
+    times(x, b=x)
+    plus = colocated.jit(lambda a, b: a + b)
+    plus(x, 2.0)
+    plus(x, b=x)
+    flat = _colocated.flat_tree_key(2)
+    assert list(times._tree_keys.values()).count(flat) == 1
+    others = [k for f in (times, plus) for k in f._tree_keys.values() if k != flat]
+    assert len(others) == 4 == len(set(others))
+    assert _colocated.new_tree_key() > max(others)
+    # Equal forms still share their program: hits and misses as before.
+    times(x, 3.0)
+    times(x, b=x)
+    assert times.cache_info() == (2, 3, 3)
+
+
 def test_jit_runs_an_spmd_program_over_the_arguments_mesh(client):
     pytest.importorskip("jax")
     if len(client.devices()) < 2:

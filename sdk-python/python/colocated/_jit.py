@@ -78,6 +78,8 @@ class JittedFunction:
         # Core's cache: one program per tree key (the argument tree, the
         # static values and which leaves are weakly typed) and input specs.
         self._cache = _colocated.ProgramCache()
+        #: Core's tree key of each form ``(treedef, static, weak)`` this
+        #: function was called with (see ``_new_tree_key``).
         self._tree_keys: dict = {}
         self._last = None
         self._fast_hits = 0
@@ -111,10 +113,13 @@ class JittedFunction:
         dynamic = tuple(a for i, a in enumerate(args) if i not in positions)
         leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
         arrays, weak = self._place(jax, leaves)
+        form = (treedef, static, weak)
         try:
-            tree = self._tree_keys.setdefault((treedef, static, weak), len(self._tree_keys))
+            tree = self._tree_keys.get(form)
         except TypeError as e:  # an unhashable static argument
             raise InvalidArgumentError(f"static arguments must be hashable: {e}") from e
+        if tree is None:
+            tree = self._tree_keys.setdefault(form, self._new_tree_key(jax, treedef, static, weak))
         impls = [a._impl for a in arrays]
         entry = self._cache.get(tree, impls)
         if entry is None:
@@ -134,6 +139,19 @@ class JittedFunction:
         if not isinstance(outputs, tuple):
             outputs = (outputs,)
         return out_tree.unflatten(outputs)
+
+    @staticmethod
+    def _new_tree_key(jax, treedef, static: tuple, weak: tuple[bool, ...]) -> int:
+        """Core's key for a form seen for the first time, as colocated
+        functions key theirs: a call of positional arrays alone (no static or
+        weakly typed argument) takes core's flat key, every other form a key
+        core hands out for it (unique in the process, so never another
+        function's or another form's)."""
+        if not static and not any(weak):
+            n = treedef.num_leaves
+            if treedef == jax.tree_util.tree_structure((tuple(range(n)), {})):
+                return _colocated.flat_tree_key(n)
+        return _colocated.new_tree_key()
 
     def cache_info(self) -> tuple[int, int, int]:
         """``(hits, misses, size)`` of the cache of compiled programs per input spec."""
