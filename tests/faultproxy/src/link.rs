@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
@@ -147,6 +147,14 @@ async fn healed(faults: &mut watch::Receiver<Faults>, generation: u64) -> bool {
     }
 }
 
+/// Returns once `socket` has an error pending (its peer reset it).
+async fn failed(socket: &OwnedReadHalf) {
+    match socket.ready(Interest::ERROR).await {
+        Ok(ready) if !ready.is_error() => std::future::pending().await,
+        _ => {}
+    }
+}
+
 /// Returns once a connection of `generation` is to be reset.
 async fn reset(mut faults: watch::Receiver<Faults>, generation: u64) {
     let _ = faults.wait_for(|f| f.generation != generation).await;
@@ -168,10 +176,21 @@ impl Pump<'_> {
     async fn run(self, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
         let (queue, chunks) = mpsc::channel(QUEUE_CHUNKS);
         let mut broken = self.broken.subscribe();
+        let transfer = async {
+            let read = self.read(&mut from, queue);
+            let write = self.write(&mut to, chunks);
+            tokio::pin!(read, write);
+            // Either side failing ends the direction at once (a writer
+            // blocked on a receiver that reads nothing must not keep a reset
+            // sender's connection open); an end of stream read waits until
+            // the writer has delivered everything before it.
+            tokio::select! {
+                read = &mut read => read && write.await,
+                written = &mut write => written && read.await,
+            }
+        };
         let finished = tokio::select! {
-            (read, written) = async {
-                tokio::join!(self.read(&mut from, queue), self.write(&mut to, chunks))
-            } => read && written,
+            finished = transfer => finished,
             () = reset(self.shared.faults.subscribe(), self.generation) => false,
             _ = broken.wait_for(|b| *b) => false,
         };
@@ -207,9 +226,15 @@ impl Pump<'_> {
                 Err(_) => return false,
             };
             let end = matches!(chunk, Chunk::End { .. });
-            if queue.send(chunk).await.is_err() {
-                return false;
-            }
+            // While the queue is full the sender is not read, but a reset
+            // from it still ends the connection, as it would reach the
+            // receiver on a real link.
+            let slot = tokio::select! {
+                slot = queue.reserve() => slot,
+                () = failed(from) => return false,
+            };
+            let Ok(slot) = slot else { return false };
+            slot.send(chunk);
             if end {
                 return true;
             }

@@ -386,3 +386,40 @@ fn the_binary_answers_quit_and_exits() {
     assert_eq!(process.ask("quit"), "ok");
     assert!(process.child.wait().unwrap().success());
 }
+
+#[test]
+fn a_sender_that_resets_ends_its_connection_even_while_the_receiver_reads_nothing() {
+    // An upstream that greets each connection and then reads nothing.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (accepted, held) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.write_all(b"hello");
+            let _ = accepted.send(stream);
+        }
+    });
+    let proxy = FaultProxy::start(upstream).unwrap();
+    let mut client = connect(&proxy);
+    let _upstream_side = held.recv_timeout(PATIENCE).unwrap();
+    // Fill every buffer up to the upstream, so that the proxy's writer waits.
+    client.set_nonblocking(true).unwrap();
+    let data = pattern(1 << 20);
+    let mut stalled_since = Instant::now();
+    while stalled_since.elapsed() < Duration::from_millis(300) {
+        match client.write(&data) {
+            Ok(_) => stalled_since = Instant::now(),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    eventually("the greeting reaches the client", || {
+        proxy.stats().bytes_down == 5
+    });
+    thread::sleep(Duration::from_millis(50));
+    // Closed with the greeting unread: the kernel resets the connection.
+    drop(client);
+    eventually("the proxy closes the connection", || {
+        proxy.stats().open == 0
+    });
+}
