@@ -138,8 +138,9 @@ impl Shared {
 ///
 /// Every method takes effect at once, for the connections already open and
 /// for later ones; none blocks for long (only [`reset`](Self::reset) and
-/// [`stop`](Self::stop) wait, briefly, for sockets to close). The proxy
-/// runs on two threads of its own and may be used from any thread.
+/// [`stop`](Self::stop) wait, briefly, for sockets to close: call them from
+/// plain threads, or `spawn_blocking` in async tests). The proxy runs on two
+/// threads of its own and may be used from any thread.
 pub struct FaultProxy {
     addr: SocketAddr,
     shared: Arc<Shared>,
@@ -278,6 +279,12 @@ impl FaultProxy {
             f.generation += 1;
             generation = f.generation;
         });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Dropped on an async runtime's thread, which must not block:
+            // the tasks close their sockets as they are dropped.
+            runtime.shutdown_background();
+            return;
+        }
         self.shared.wait_closed_before(generation);
         // Ends the accept loop (closing the listener) and any task left.
         runtime.shutdown_timeout(CLOSE_PATIENCE);

@@ -423,3 +423,18 @@ fn a_sender_that_resets_ends_its_connection_even_while_the_receiver_reads_nothin
         proxy.stats().open == 0
     });
 }
+
+#[test]
+fn a_proxy_dropped_on_an_async_runtime_closes_without_blocking_it() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let proxy = proxy();
+    let addr = proxy.addr();
+    let mut stream = connect(&proxy);
+    assert_eq!(round_trip(&mut stream, b"up"), b"up");
+    runtime.block_on(async move { drop(proxy) });
+    assert!(is_closed(&mut stream));
+    eventually("the listener closes", || TcpStream::connect(addr).is_err());
+}
