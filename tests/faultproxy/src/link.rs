@@ -228,10 +228,13 @@ impl Pump<'_> {
             let end = matches!(chunk, Chunk::End { .. });
             // While the queue is full the sender is not read, but a reset
             // from it still ends the connection, as it would reach the
-            // receiver on a real link.
+            // receiver on a real link (once a partition heals).
             let slot = tokio::select! {
                 slot = queue.reserve() => slot,
-                () = failed(from) => return false,
+                () = failed(from) => {
+                    healed(&mut faults, self.generation).await;
+                    return false;
+                }
             };
             let Ok(slot) = slot else { return false };
             slot.send(chunk);

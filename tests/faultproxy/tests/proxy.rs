@@ -387,27 +387,27 @@ fn the_binary_answers_quit_and_exits() {
     assert!(process.child.wait().unwrap().success());
 }
 
-#[test]
-fn a_sender_that_resets_ends_its_connection_even_while_the_receiver_reads_nothing() {
-    // An upstream that greets each connection and then reads nothing.
+/// A proxy to an upstream that greets each connection and then reads
+/// nothing, and a client connection whose writes have filled every buffer
+/// up to the upstream (so the proxy's writer waits), with the greeting
+/// unread: dropping it makes the kernel reset it.
+fn stalled_connection() -> (FaultProxy, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let upstream = listener.local_addr().unwrap();
-    let (accepted, held) = std::sync::mpsc::channel();
     thread::spawn(move || {
+        let mut held = Vec::new();
         for mut stream in listener.incoming().flatten() {
             let _ = stream.write_all(b"hello");
-            let _ = accepted.send(stream);
+            held.push(stream);
         }
     });
     let proxy = FaultProxy::start(upstream).unwrap();
-    let mut client = connect(&proxy);
-    let _upstream_side = held.recv_timeout(PATIENCE).unwrap();
-    // Fill every buffer up to the upstream, so that the proxy's writer waits.
+    let client = connect(&proxy);
     client.set_nonblocking(true).unwrap();
     let data = pattern(1 << 20);
     let mut stalled_since = Instant::now();
     while stalled_since.elapsed() < Duration::from_millis(300) {
-        match client.write(&data) {
+        match (&client).write(&data) {
             Ok(_) => stalled_since = Instant::now(),
             Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
             Err(e) => panic!("{e}"),
@@ -417,8 +417,26 @@ fn a_sender_that_resets_ends_its_connection_even_while_the_receiver_reads_nothin
         proxy.stats().bytes_down == 5
     });
     thread::sleep(Duration::from_millis(50));
-    // Closed with the greeting unread: the kernel resets the connection.
+    (proxy, client)
+}
+
+#[test]
+fn a_sender_that_resets_ends_its_connection_even_while_the_receiver_reads_nothing() {
+    let (proxy, client) = stalled_connection();
     drop(client);
+    eventually("the proxy closes the connection", || {
+        proxy.stats().open == 0
+    });
+}
+
+#[test]
+fn a_senders_reset_during_a_partition_ends_its_connection_after_the_heal() {
+    let (proxy, client) = stalled_connection();
+    proxy.partition(true);
+    drop(client);
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(proxy.stats().open, 1, "the reset crossed the partition");
+    proxy.partition(false);
     eventually("the proxy closes the connection", || {
         proxy.stats().open == 0
     });
