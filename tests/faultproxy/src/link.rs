@@ -223,7 +223,11 @@ impl Pump<'_> {
                     bytes: buffer[..n].to_vec(),
                     due,
                 },
-                Err(_) => return false,
+                Err(_) => {
+                    // A reset reaches the receiver once a partition heals.
+                    healed(&mut faults, self.generation).await;
+                    return false;
+                }
             };
             let end = matches!(chunk, Chunk::End { .. });
             // While the queue is full the sender is not read, but a reset

@@ -387,11 +387,9 @@ fn the_binary_answers_quit_and_exits() {
     assert!(process.child.wait().unwrap().success());
 }
 
-/// A proxy to an upstream that greets each connection and then reads
-/// nothing, and a client connection whose writes have filled every buffer
-/// up to the upstream (so the proxy's writer waits), with the greeting
-/// unread: dropping it makes the kernel reset it.
-fn stalled_connection() -> (FaultProxy, TcpStream) {
+/// An upstream that greets each connection with `hello` and then reads
+/// nothing.
+fn greeting_upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let upstream = listener.local_addr().unwrap();
     thread::spawn(move || {
@@ -401,7 +399,14 @@ fn stalled_connection() -> (FaultProxy, TcpStream) {
             held.push(stream);
         }
     });
-    let proxy = FaultProxy::start(upstream).unwrap();
+    upstream
+}
+
+/// A proxy to [`greeting_upstream`], and a client connection whose writes have filled every buffer
+/// up to the upstream (so the proxy's writer waits), with the greeting
+/// unread: dropping it makes the kernel reset it.
+fn stalled_connection() -> (FaultProxy, TcpStream) {
+    let proxy = FaultProxy::start(greeting_upstream()).unwrap();
     let client = connect(&proxy);
     client.set_nonblocking(true).unwrap();
     let data = pattern(1 << 20);
@@ -431,15 +436,31 @@ fn a_sender_that_resets_ends_its_connection_even_while_the_receiver_reads_nothin
 
 #[test]
 fn a_senders_reset_during_a_partition_ends_its_connection_after_the_heal() {
-    let (proxy, client) = stalled_connection();
-    proxy.partition(true);
-    drop(client);
-    thread::sleep(Duration::from_millis(300));
-    assert_eq!(proxy.stats().open, 1, "the reset crossed the partition");
-    proxy.partition(false);
-    eventually("the proxy closes the connection", || {
-        proxy.stats().open == 0
-    });
+    // Whether the proxy was waiting to read from the sender (idle) or to
+    // queue what it read (stalled).
+    let idle = || {
+        let proxy = FaultProxy::start(greeting_upstream()).unwrap();
+        let client = connect(&proxy);
+        eventually("the greeting reaches the client", || {
+            proxy.stats().bytes_down == 5
+        });
+        thread::sleep(Duration::from_millis(50));
+        (proxy, client)
+    };
+    for (what, (proxy, client)) in [("idle", idle()), ("stalled", stalled_connection())] {
+        proxy.partition(true);
+        drop(client);
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            proxy.stats().open,
+            1,
+            "{what}: the reset crossed the partition"
+        );
+        proxy.partition(false);
+        eventually("the proxy closes the connection", || {
+            proxy.stats().open == 0
+        });
+    }
 }
 
 #[test]
