@@ -224,8 +224,9 @@ impl FaultProxy {
     /// every socket stays open: the proxy stops reading from the senders (so
     /// their writes stall once the socket buffers are full, as TCP's
     /// retransmits would), holds what it had read, and delivers all of it,
-    /// in order, after the heal. A connection accepted meanwhile is
-    /// connected to the upstream after the heal.
+    /// in order, after the heal; a peer's end of stream or reset reaches
+    /// the other side after the heal too. A connection accepted meanwhile
+    /// is connected to the upstream after the heal.
     pub fn partition(&self, on: bool) {
         self.shared.faults.send_modify(|f| f.partitioned = on);
     }
