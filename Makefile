@@ -225,7 +225,9 @@ $(VENV_PY): $(VENV_STAMP)
 python: $(VENV_PY)
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet --features testing -m sdk-python/Cargo.toml
 
+# The fault proxy (tests/faultproxy) is a process for the Python tests.
 test-python: python
+	$(CARGO) build -p colocated-faultproxy
 	$(VENV_PY) -m pytest sdk-python/tests -q -rs
 
 # The Python SDK's abi3 wheel, into build/wheels (PROFILE=debug: a debug build).
