@@ -864,33 +864,6 @@ def test_positional_keyword_and_pytree_calls_are_separate_cache_entries():
     assert (info.hits, info.misses, info.currsize) == (6, 3, 3)
 
 
-def test_tree_keys_are_bounded_and_a_structure_in_use_keeps_its_key(monkeypatch):
-    # Calls whose dict keys depend on data must not grow the keys for ever;
-    # a structure dropped gets a new key (a recompile, never a wrong program).
-    from colocated import _colocated_python as cp
-
-    monkeypatch.setattr(cp, "_TREE_KEYS", collections.OrderedDict())
-    monkeypatch.setattr(cp, "_TREE_KEYS_KEPT", 64)
-
-    def treedef(tree):
-        return cp._flatten(tree)[1]
-
-    hot = treedef(({"hot": 0},))
-    hot_key, _ = cp._tree_key(hot)
-    cold = [treedef(({f"k{i}": 0},)) for i in range(1000)]
-    given = {hot_key}
-    for t in cold:
-        key, _ = cp._tree_key(t)
-        assert key not in given, "a key is never handed out twice"
-        given.add(key)
-        assert len(cp._TREE_KEYS) <= 64
-        # The structure in use keeps its key among the others.
-        assert cp._tree_key(hot)[0] == hot_key
-    # An old one comes back with a key no structure had.
-    again, _ = cp._tree_key(cold[0])
-    assert again not in given
-
-
 def test_a_cached_flat_call_still_checks_the_device_rules():
     d0, d1 = cpu(2)
 

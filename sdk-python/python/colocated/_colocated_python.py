@@ -104,12 +104,8 @@ def _flat_arity(treedef) -> int | None:
 
 
 #: Core's tree key of each distinct call structure that is not flat, by treedef
-#: (equal treedefs, one key: optree sorts a dict's keys, core's rule): the
-#: ``_TREE_KEYS_KEPT`` most recently used, as core's interner keeps them. A
-#: structure dropped and seen again gets a new key: a recompile, never another
-#: function's program (keys are never reused).
-_TREE_KEYS: collections.OrderedDict = collections.OrderedDict()
-_TREE_KEYS_KEPT = 4096
+#: (equal treedefs, one key: optree sorts a dict's keys, core's rule).
+_TREE_KEYS: dict = {}
 
 
 def _tree_key(treedef) -> tuple[int, int | None]:
@@ -120,26 +116,10 @@ def _tree_key(treedef) -> tuple[int, int | None]:
     n = _flat_arity(treedef)
     if n is not None:
         return _colocated.flat_tree_key(n), n
-    return _interned_key(treedef), None
-
-
-def _interned_key(treedef) -> int:
-    """The key of a structure that is not flat (see ``_TREE_KEYS``)."""
-    try:
-        key = _TREE_KEYS[treedef]
-        _TREE_KEYS.move_to_end(treedef)
-        return key
-    except KeyError:  # new, or dropped by another thread meanwhile
-        pass
-    key = _TREE_KEYS.setdefault(treedef, _colocated.new_tree_key())
-    if len(_TREE_KEYS) > _TREE_KEYS_KEPT:
-        # The least recently used quarter goes at once: amortised O(1).
-        for _ in range(len(_TREE_KEYS) // 4):
-            try:
-                _TREE_KEYS.popitem(last=False)
-            except KeyError:
-                break
-    return key
+    key = _TREE_KEYS.get(treedef)
+    if key is None:
+        key = _TREE_KEYS.setdefault(treedef, _colocated.new_tree_key())
+    return key, None
 
 
 def _is_leaf(treedef) -> bool:
