@@ -323,6 +323,25 @@ def test_docs_example_in_specs_specialization():
         assert int(y) == 2
 
 
+def test_a_tree_of_in_specs_keeps_matching_calls_after_many_other_structures():
+    # The key of a specialization's structure stays its key: calls whose
+    # trees have data-dependent keys, many of them, never make a matching
+    # call another structure.
+    from colocated import _colocated_python as cp
+
+    d0 = cpu(1)[0]
+    spec = ShapeDtypeStruct(shape=(), dtype=np.int32, sharding=SingleDeviceSharding(d0))
+
+    @colocated.colocated_python
+    def a_plus_one(tree):
+        return tree["a"] + 1
+
+    f = a_plus_one.specialize(in_specs=(({"a": spec},), {}), out_specs_fn=lambda tree: tree["a"])
+    for i in range(5000):
+        cp._tree_key(cp._flatten(({f"k{i}": 0},))[1])
+    assert int(wait_bounded(f({"a": put(1)}))) == 2
+
+
 def test_in_specs_mismatch_is_an_error():
     d0, d1 = cpu(2)
     sharding = SingleDeviceSharding(d0)
