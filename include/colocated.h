@@ -1831,7 +1831,10 @@ colocated_error *colocated_execution_context_host_input(const colocated_executio
  * the arrays may be any arrays over the call's devices of this host, and
  * `structure` (`structure_size` bytes, the same on every host; the
  * controller hands it back with `colocated_call_structure`) describes them.
- * Errors: `invalid_argument` for outputs that do not match their specs.
+ * In later calls a non-empty `structure` must be the bytes discovery
+ * reported (an empty one is not checked).
+ * Errors: `invalid_argument` for outputs that do not match their specs, and
+ * for a structure other than the one discovery reported.
  * Thread-safety: the calling native function's thread.
  */
 colocated_error *colocated_execution_context_set_host_outputs(colocated_execution_context *context,
