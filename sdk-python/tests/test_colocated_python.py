@@ -18,6 +18,7 @@ import concurrent.futures
 import gc
 import struct
 import tempfile
+import weakref
 import threading
 import time
 
@@ -321,6 +322,24 @@ def test_docs_example_in_specs_specialization():
         y = f(x)
         assert y.sharding == x.sharding and y.dtype == np.int32
         assert int(y) == 2
+
+
+def test_a_first_call_on_the_local_host_keeps_no_result_alive():
+    # The compiled program runs the function object the first call ran: it
+    # must not hold what that call returned.
+    made = []
+
+    @colocated.colocated_python
+    def fresh(x):
+        y = x + 1
+        made.append(weakref.ref(y))
+        return y
+
+    out = fresh(put(1))
+    assert int(wait_bounded(out)) == 2
+    del out
+    gc.collect()
+    assert made[0]() is None, "the first call's result outlived its caller's reference"
 
 
 def test_a_tree_of_in_specs_keeps_matching_calls_after_many_other_structures():

@@ -317,6 +317,8 @@ class _Site:
         leaf's sharding object (None from workers)."""
         if self.probe is not None and self.probe.discovered is not None:
             leaves, treedef = self.probe.discovered
+            # The compiled program runs the probe: it keeps no result.
+            self.probe.discovered = None
             return treedef, [leaf.sharding for leaf in leaves]
         return cloudpickle.loads(structure), None
 
