@@ -223,14 +223,18 @@ impl PythonProgram {
 }
 
 /// The text of a Python exception with its traceback, as the host saw it;
-/// its code is the exception's own where it names one (a `ColocatedError`
-/// raised on the host, such as the output checks'), else `internal`.
+/// its code is the exception's own where it is one of the runtime's (a
+/// `ColocatedError` raised on the host, such as the output checks'), else
+/// `internal`.
 fn remote_error(py: Python<'_>, err: PyErr) -> core::Error {
     let message = err.to_string();
-    let code = err
-        .value(py)
-        .getattr(pyo3::intern!(py, "code"))
-        .ok()
+    let value = err.value(py);
+    let ours = crate::hooks::hooks(py)
+        .and_then(|hooks| value.is_instance(hooks.error_type.bind(py)))
+        .unwrap_or(false);
+    let code = ours
+        .then(|| value.getattr(pyo3::intern!(py, "code")).ok())
+        .flatten()
         .and_then(|code| code.extract::<String>().ok())
         .and_then(|name| core::ErrorCode::from_name(&name))
         .unwrap_or(core::ErrorCode::Internal);

@@ -23,6 +23,9 @@ pub(crate) struct Hooks {
     pub wrap_array: Py<PyAny>,
     /// `(code name, message, remote traceback or None) -> exception`.
     pub error_from_core: Py<PyAny>,
+    /// `colocated.ColocatedError`: an exception of the runtime's, whose
+    /// `code` a host keeps when its code raises one.
+    pub error_type: Py<PyAny>,
     /// `() -> bool`: whether the calling thread is a thread pool's worker.
     pub is_pool_thread: Py<PyAny>,
     /// `() -> int`: the stream scope of the pool's work item running now.
@@ -48,7 +51,7 @@ static HOOKS: PyOnceLock<Hooks> = PyOnceLock::new();
 /// reloaded keeps the hooks of its first import).
 #[pyfunction]
 #[pyo3(name = "_register_hooks", signature = (
-    *, array_type, wrap_array, error_from_core, is_pool_thread, work_item_scope,
+    *, array_type, wrap_array, error_from_core, error_type, is_pool_thread, work_item_scope,
     reduce_device, numpy_dtypes, load_program, register_client
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -57,6 +60,7 @@ pub fn register_hooks(
     array_type: Py<PyAny>,
     wrap_array: Py<PyAny>,
     error_from_core: Py<PyAny>,
+    error_type: Py<PyAny>,
     is_pool_thread: Py<PyAny>,
     work_item_scope: Py<PyAny>,
     reduce_device: Py<PyAny>,
@@ -70,6 +74,7 @@ pub fn register_hooks(
             array_type,
             wrap_array,
             error_from_core,
+            error_type,
             is_pool_thread,
             work_item_scope,
             reduce_device,

@@ -324,6 +324,22 @@ def test_docs_example_in_specs_specialization():
         assert int(y) == 2
 
 
+def test_a_host_error_keeps_the_runtimes_code_and_no_other():
+    class Coded(Exception):
+        code = "not_found"
+
+    def raising(kind):
+        def fn(x):
+            raise kind("no such thing")
+
+        return colocated.colocated_python(fn)
+
+    for kind, code in [(colocated.NotFoundError, "not_found"), (Coded, "internal")]:
+        with pytest.raises(colocated.RemoteError, match="no such thing") as err:
+            colocated.block_until_ready(raising(kind)(put(1)))
+        assert err.value.code == code, kind
+
+
 def test_a_first_call_on_the_local_host_keeps_no_result_alive():
     # The compiled program runs the function object the first call ran: it
     # must not hold what that call returned.

@@ -7,13 +7,14 @@ from ._array import Array, _wrap
 from ._client import _reduce_device, _register
 from ._colocated_python import _load_program
 from ._dtypes import _FROM_CORE
-from ._errors import _from_core
+from ._errors import ColocatedError, _from_core
 from ._streams import is_pool_thread, work_item_scope
 
 _colocated._register_hooks(
     array_type=Array,
     wrap_array=_wrap,
     error_from_core=_from_core,
+    error_type=ColocatedError,
     is_pool_thread=is_pool_thread,
     work_item_scope=work_item_scope,
     reduce_device=_reduce_device,
