@@ -493,6 +493,21 @@ fn a_program_compiled_ahead_serializes_and_runs_where_it_is_loaded() {
         .unwrap();
     run.status.wait().unwrap();
     assert_eq!(i32_values(&run.outputs[0].to_host_bytes().unwrap()), [2, 3]);
+    // It carries its result's structure, and refuses another.
+    {
+        let _tag = Tagged::with(7);
+        let run = loaded
+            .execute(
+                std::slice::from_ref(&x),
+                &colocated_core::ExecuteOptions::default(),
+            )
+            .unwrap();
+        assert_error(
+            run.status.wait(),
+            ErrorCode::InvalidArgument,
+            "another structure than its program's",
+        );
+    }
     // A call of that spec takes the program compiled ahead.
     let hits = f.cache_info().hits;
     let ran = call(&client, &f, "add_one", std::slice::from_ref(&x)).unwrap();
