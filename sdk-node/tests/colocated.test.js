@@ -62,6 +62,25 @@ test('results are trees of arrays; declared outputs need no discovery run', asyn
   assert.throws(() => declared.specialize({ outSpecsFn: (s) => s }), c.InvalidArgumentError)
 })
 
+test('every call must return the first call’s structure; an object’s key order is not its structure', async () => {
+  const x = c.devicePut(new Int32Array([0, 1, 2, 3]), sharded())
+  // Built in another key order once the first call discovered {a, b}.
+  globalThis.keyed = 0
+  const keyed = c.colocated((v) => (globalThis.keyed++ === 0 ? { a: v, b: v } : { b: v, a: v }))
+  await keyed(x)
+  const again = await keyed(x)
+  await c.blockUntilReady(again)
+  assert.deepEqual(Array.from(await again.a.toTypedArray()), [0, 1, 2, 3])
+  // Another structure with as many arrays is refused on its host.
+  globalThis.shapes = 0
+  const shifty = c.colocated((v) => (globalThis.shapes++ === 0 ? { a: v } : [v]))
+  await shifty(x)
+  await assert.rejects(
+    async () => c.blockUntilReady(await shifty(x)),
+    (e) => e instanceof c.InvalidArgumentError && e.message.includes("another structure than its program's"),
+  )
+})
+
 test('a function without arguments runs on the devices it is specialized with', async () => {
   const device = c.devices()[2]
   const make = c
