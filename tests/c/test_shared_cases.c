@@ -288,8 +288,10 @@ static void start_worker(case_worker *w) {
   CHECK(w->pid >= 0);
   if (w->pid == 0) {
 #ifdef __linux__
-    /* The worker ends with this test's process, even one that crashed. */
+    /* The worker ends with this test's process, even one that crashed
+     * (or that ended before this line ran). */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) _exit(127);
 #endif
     int out = open(w->out_file, O_WRONLY | O_TRUNC);
     if (out < 0 || dup2(out, STDOUT_FILENO) < 0) _exit(127);
@@ -297,25 +299,31 @@ static void start_worker(case_worker *w) {
           "--token-file", w->token_file, "--plugin", SHARED_CASES_PLUGIN, (char *)NULL);
     _exit(127);
   }
-  /* Its first line, within 20 s. */
+  /* Its first line, within 20 s. Once it listens it has read its token
+   * file, and its output needs no name: neither file stays, whatever
+   * happens next. */
   for (int i = 0; i < 2000; ++i) {
     FILE *f = fopen(w->out_file, "r");
-    CHECK(f != NULL);
     char line[128] = {0};
-    bool got = fgets(line, sizeof line, f) != NULL && strchr(line, '\n') != NULL;
-    fclose(f);
+    bool got = f != NULL && fgets(line, sizeof line, f) != NULL && strchr(line, '\n') != NULL;
+    if (f != NULL) fclose(f);
+    int status;
+    bool exited = !got && waitpid(w->pid, &status, WNOHANG) == w->pid;
+    if (got || exited || i == 1999) {
+      unlink(w->token_file);
+      unlink(w->out_file);
+    }
     if (got) {
       CHECK(sscanf(line, "listening on %63s", w->address) == 1);
       return;
     }
-    int status;
-    if (waitpid(w->pid, &status, WNOHANG) == w->pid) FAIL("the worker exited before listening (%d)", status);
+    if (exited) FAIL("the worker exited before listening (%d)", status);
     harness_sleep_ms(10);
   }
   FAIL("the worker did not say where it listens within 20 s");
 }
 
-/* Stops the worker (SIGTERM, then SIGKILL) and removes its files. */
+/* Stops the worker (SIGTERM, then SIGKILL). */
 static void stop_worker(case_worker *w) {
   kill(w->pid, SIGTERM);
   int status;
@@ -325,8 +333,6 @@ static void stop_worker(case_worker *w) {
     kill(w->pid, SIGKILL);
     waitpid(w->pid, &status, 0);
   }
-  unlink(w->token_file);
-  unlink(w->out_file);
 }
 
 /* A client of the worker's devices alone. */
