@@ -1832,7 +1832,7 @@ colocated_error *colocated_execution_context_host_input(const colocated_executio
  * `structure` (`structure_size` bytes, the same on every host; the
  * controller hands it back with `colocated_call_structure`) describes them.
  * In later calls a non-empty `structure` must be the bytes discovery
- * reported (an empty one is not checked).
+ * reported (an empty one is not checked, nor any with declared outputs).
  * Errors: `invalid_argument` for outputs that do not match their specs, and
  * for a structure other than the one discovery reported.
  * Thread-safety: the calling native function's thread.

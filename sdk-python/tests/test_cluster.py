@@ -384,7 +384,6 @@ def test_a_first_call_on_workers_pickles_its_function_once_and_each_result_is_ch
     assert err.value.code == "invalid_argument"
 
 
-
 def test_out_specs_fn_runs_asynchronously_on_workers(cluster):
     client, workers = cluster(2)
     x = sharded_arange(4, client.devices())

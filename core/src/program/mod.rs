@@ -42,9 +42,11 @@ pub struct Program {
     /// The devices the program runs on; every spec's sharding uses exactly these.
     pub devices: Vec<Device>,
     /// The structure its result must have, in its language's encoding (a
-    /// colocated function's output tree: what its first run reported or its
-    /// declared output specs say), which every host checks each run against
-    /// (see [`ExecutionContext::set_host_outputs`]); empty: none to check.
+    /// colocated function's output tree: what its first run reported, or
+    /// what its declared output specs say where the SDK gives that to core,
+    /// as Node does), which every host checks each run against (see
+    /// [`ExecutionContext::set_host_outputs`]); empty: none to check (Python
+    /// checks declared outputs in its own payload).
     ///
     /// [`ExecutionContext::set_host_outputs`]: crate::ExecutionContext::set_host_outputs
     pub output_structure: Vec<u8>,
