@@ -18,9 +18,9 @@ import concurrent.futures
 import gc
 import struct
 import tempfile
-import weakref
 import threading
 import time
+import weakref
 
 import numpy as np
 import optree
