@@ -208,8 +208,12 @@ fn requests_are_bound_to_an_authenticated_session() {
         ),
     ] {
         let status = raw(&worker, async |mut rpc| {
-            rpc.heartbeat(with_metadata(HeartbeatRequest {}, token_text, session_text))
-                .await
+            rpc.heartbeat(with_metadata(
+                HeartbeatRequest::default(),
+                token_text,
+                session_text,
+            ))
+            .await
         })
         .unwrap_err();
         assert_eq!(
@@ -286,7 +290,7 @@ fn a_silent_controllers_session_is_freed_and_a_live_one_kept() {
     std::thread::sleep(Duration::from_millis(1500));
     let status = raw(&worker, async |mut rpc| {
         rpc.heartbeat(with_metadata(
-            HeartbeatRequest {},
+            HeartbeatRequest::default(),
             Some(token.expose()),
             Some(&silent),
         ))
@@ -790,8 +794,12 @@ fn refused_requests_are_logged_with_their_peer_and_rate_limited() {
     let refused = "refused a request";
     let heartbeat = |token_text: Option<&str>, session: Option<&str>| {
         raw(&worker, async |mut rpc| {
-            rpc.heartbeat(with_metadata(HeartbeatRequest {}, token_text, session))
-                .await
+            rpc.heartbeat(with_metadata(
+                HeartbeatRequest::default(),
+                token_text,
+                session,
+            ))
+            .await
         })
     };
     let status = heartbeat(Some("wrong"), None).unwrap_err();
@@ -813,7 +821,11 @@ fn refused_requests_are_logged_with_their_peer_and_rate_limited() {
                 _ => (Some(token.expose()), Some(made_up.as_str())),
             };
             let status = rpc
-                .heartbeat(with_metadata(HeartbeatRequest {}, token_text, session))
+                .heartbeat(with_metadata(
+                    HeartbeatRequest::default(),
+                    token_text,
+                    session,
+                ))
                 .await
                 .unwrap_err();
             assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");

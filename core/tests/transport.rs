@@ -631,7 +631,14 @@ fn a_worker_answers_the_control_stream_cumulatively_from_protocol_5_with_outputs
                 .await
                 .unwrap()
                 .into_inner();
-            let send = |seq, op| ops.send(ControlRequest { seq, op: Some(op) }).unwrap();
+            let send = |seq, op| {
+                ops.send(ControlRequest {
+                    seq,
+                    op: Some(op),
+                    ..Default::default()
+                })
+                .unwrap()
+            };
             let mut got = Vec::new();
             let mut until = async |last: &dyn Fn(&ControlResponse) -> bool| loop {
                 let answer = tokio::time::timeout(Duration::from_secs(10), answers.message())
@@ -736,7 +743,14 @@ fn a_read_grant_is_answered_at_once_whatever_follows_it() {
         // All three queued before the stream opens, so the worker takes them
         // together: an upload, its grant, and an execution that waits.
         let (ops, rx) = tokio::sync::mpsc::unbounded_channel();
-        let send = |seq, op| ops.send(ControlRequest { seq, op: Some(op) }).unwrap();
+        let send = |seq, op| {
+            ops.send(ControlRequest {
+                seq,
+                op: Some(op),
+                ..Default::default()
+            })
+            .unwrap()
+        };
         send(
             1,
             Op::PutSmallBuffer(PutSmallBufferRequest {
@@ -977,7 +991,11 @@ struct RawControl {
 impl RawControl {
     /// Sends operation `seq`.
     fn send(&self, seq: u64, op: colocated_core::transport::proto::control_request::Op) {
-        let request = colocated_core::transport::proto::ControlRequest { seq, op: Some(op) };
+        let request = colocated_core::transport::proto::ControlRequest {
+            seq,
+            op: Some(op),
+            ..Default::default()
+        };
         self.ops.send(request).unwrap();
     }
 
@@ -1194,6 +1212,7 @@ fn a_lane_needs_the_token_and_a_live_session_and_a_stranger_holds_nothing() {
     let hello = |token: &str, session: &[u8]| LaneHello {
         token: token.to_string(),
         session_id: session.to_vec().into(),
+        ..Default::default()
     };
     let closed = |mut socket: std::net::TcpStream| {
         let mut byte = [0u8; 1];
@@ -1275,6 +1294,7 @@ fn a_lane_answers_its_operations_and_a_bad_frame_ends_only_that_lane() {
         &lane_opening(&LaneHello {
             token: token.expose().to_string(),
             session_id: raw.id_bytes.clone().into(),
+            ..Default::default()
         }),
     );
     assert_eq!(welcome.unwrap().code, 0);
@@ -1286,10 +1306,12 @@ fn a_lane_answers_its_operations_and_a_bad_frame_ends_only_that_lane() {
             spec: Some(spec(0, DType::I32, &[4])),
             data: i32_bytes(&[5; 4]),
         })),
+        ..Default::default()
     }));
     let execute = |seq, executable, output| ControlRequest {
         seq,
         op: Some(execute_op(executable, vec![10], vec![output])),
+        ..Default::default()
     };
     ops.extend(frame(&execute(2, 1, 11)));
     // An executable the session lacks.

@@ -30,7 +30,11 @@ fn write(target: &str, name: &str, bytes: &[u8]) {
 }
 
 fn op(seq: u64, op: control_request::Op) -> ControlRequest {
-    ControlRequest { seq, op: Some(op) }
+    ControlRequest {
+        seq,
+        op: Some(op),
+        ..Default::default()
+    }
 }
 
 fn execute(inputs: Vec<u64>, outputs: Vec<u64>, stream: u64) -> control_request::Op {
@@ -279,6 +283,7 @@ fn lane_seeds() {
     let hello = LaneHello {
         token: "wrong".into(),
         session_id: Bytes::from_static(&[7; 16]),
+        ..Default::default()
     }
     .encode_to_vec();
     opening.extend_from_slice(&(hello.len() as u32).to_le_bytes());

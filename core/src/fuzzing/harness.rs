@@ -204,7 +204,10 @@ impl Harness {
                 "the bystander's heartbeat",
                 self.peer
                     .service()
-                    .heartbeat(self.peer.request(HeartbeatRequest {}, Some(self.bystander)))
+                    .heartbeat(
+                        self.peer
+                            .request(HeartbeatRequest::default(), Some(self.bystander)),
+                    )
                     .await,
             );
             let data = check(
@@ -227,7 +230,7 @@ impl Harness {
         use std::io::{Read, Write};
         let id = block_on(self.throwaway_session());
         let mut bytes = if opened {
-            crate::transport::lane::hello_bytes(self.peer.token.expose(), id.as_bytes())
+            crate::transport::lane::hello_bytes(self.peer.token.expose(), id.as_bytes(), false)
         } else {
             Vec::new()
         };

@@ -73,11 +73,13 @@ impl ConnectOptions {
 /// Opens a lane to session `id` at `address` (see
 /// [`lane`](crate::transport::lane)): connects, sends the hello with
 /// `token`, and waits (at most `timeout`) for the worker to accept it.
-fn open_lane(
+/// `resume`: the lane resumes the session's control stream.
+pub(super) fn open_lane(
     address: &str,
     token: Option<&Token>,
     id: &SessionId,
     timeout: Duration,
+    resume: bool,
 ) -> Result<std::net::TcpStream> {
     use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
@@ -108,7 +110,7 @@ fn open_lane(
     socket.set_write_timeout(Some(timeout)).map_err(failed)?;
     let token = token.map_or("", |t| t.expose());
     socket
-        .write_all(&hello_bytes(token, id.as_bytes()))
+        .write_all(&hello_bytes(token, id.as_bytes(), resume))
         .map_err(failed)?;
     let mut len = [0u8; 4];
     socket.read_exact(&mut len).map_err(failed)?;
@@ -357,6 +359,7 @@ impl RemoteSession {
                 session_token.as_ref(),
                 &id,
                 options.timeout,
+                false,
             ) {
                 Ok(socket) => {
                     // A worker that stops reading for a session timeout is lost.

@@ -218,7 +218,7 @@ impl Inner {
         self.alive()?;
         let timeout = self.beat.timeout;
         let mut rpc = self.rpc.clone();
-        let mut request = self.bulk_request(HeartbeatRequest {});
+        let mut request = self.bulk_request(HeartbeatRequest::default());
         request.set_timeout(timeout);
         let silent = || {
             let err = Error::unavailable(format!(

@@ -377,13 +377,15 @@ pub(crate) fn with_frame_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
 }
 
 /// The opening of a lane for session `session_id` with `token`: the magic
-/// bytes and the hello.
-pub(crate) fn hello_bytes(token: &str, session_id: &[u8]) -> Vec<u8> {
+/// bytes and the hello (`resume`: the lane resumes the session's control
+/// stream, see [`RESUME_VERSION`](super::RESUME_VERSION)).
+pub(crate) fn hello_bytes(token: &str, session_id: &[u8], resume: bool) -> Vec<u8> {
     let mut out = LANE_MAGIC.to_vec();
     encode_frame(
         &LaneHello {
             token: token.to_string(),
             session_id: Bytes::copy_from_slice(session_id),
+            resume,
         },
         &mut out,
     );
@@ -408,7 +410,13 @@ mod tests {
     fn frames_read_back_whole_however_the_bytes_arrive() {
         let mut bytes = Vec::new();
         for seq in 1..=3 {
-            encode_frame(&ControlRequest { seq, op: None }, &mut bytes);
+            encode_frame(
+                &ControlRequest {
+                    seq,
+                    ..Default::default()
+                },
+                &mut bytes,
+            );
         }
         // One byte per read: every message still arrives whole, in order.
         struct Trickle(Vec<u8>, usize);
@@ -435,7 +443,13 @@ mod tests {
     #[test]
     fn an_oversized_or_cut_frame_is_an_error() {
         let mut bytes = Vec::new();
-        encode_frame(&ControlRequest { seq: 7, op: None }, &mut bytes);
+        encode_frame(
+            &ControlRequest {
+                seq: 7,
+                ..Default::default()
+            },
+            &mut bytes,
+        );
         let mut reader = FrameReader::new(&bytes[..], 1);
         let err = reader.next::<ControlRequest>().unwrap_err();
         assert_eq!(err.code(), ErrorCode::InvalidArgument);

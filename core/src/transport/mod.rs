@@ -83,8 +83,19 @@ pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// ([`SMALL_PUT_VERSION`]), 8 read grants answered at once
 /// ([`GRANT_ANSWER_VERSION`]), 9 the control stream on a lane of its own
 /// ([`LANE_VERSION`]), 10 the worker's spans for the controller's trace
-/// ([`SPANS_VERSION`]).
-pub const PROTOCOL_VERSION_MAX: u32 = 10;
+/// ([`SPANS_VERSION`]), 11 control streams that resume after their
+/// connection broke ([`RESUME_VERSION`]).
+pub const PROTOCOL_VERSION_MAX: u32 = 11;
+/// The protocol version from which a session's control stream survives its
+/// connection: the worker keeps each final answer until the controller says
+/// it received it (`ControlRequest.received`), and a connection that
+/// resumes the stream (`LaneHello.resume`, or the `colocated-resume` header
+/// of a gRPC `Control` stream) learns the last operation taken and gets the
+/// kept answers again; operations are taken once, in order.
+pub const RESUME_VERSION: u32 = 11;
+/// The header of a gRPC `Control` stream that resumes its session's
+/// stream ([`RESUME_VERSION`]).
+pub const RESUME: &str = "colocated-resume";
 /// The protocol version that adds `CollectSpans`: a controller that writes a
 /// trace (`COLOCATED_TRACE`) fetches each worker's spans into it, placed on
 /// its own clock (see [`crate::trace`]).

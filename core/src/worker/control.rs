@@ -16,7 +16,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::host_callback::LoadedHostCallback;
-use crate::transport::host_calls::MAX_HOST_CALLBACKS;
+use crate::transport::host_calls::{ControlSink, MAX_HOST_CALLBACKS};
 use crate::transport::proto::{
     control_request, ControlRequest, ControlResponse, ExecuteRequest, LoadExecutableRequest,
     LoadExecutableResponse, PutSmallBufferRequest,
@@ -349,6 +349,7 @@ pub(super) fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> C
         data: Bytes::new(),
         progress_bytes: 0,
         total_bytes: 0,
+        resumed: false,
     }
 }
 
@@ -360,13 +361,17 @@ pub(super) enum Later {
     Read(Buffer),
 }
 
-/// Fails the host callback calls of a session when its control stream ends.
-pub(super) struct DetachCalls(pub(super) Arc<Shared>, pub(super) SessionId);
+/// Fails the host callback calls of a session when the connection of its
+/// control stream (`generation`) ends, unless another took over.
+pub(super) struct DetachCalls(pub(super) Arc<Shared>, pub(super) SessionId, pub(super) u64);
 
 impl Drop for DetachCalls {
     fn drop(&mut self) {
         if let Some(session) = lock(&self.0.sessions).get_mut(&self.1) {
-            session.calls.detach();
+            if session.stream.is_current(self.2) {
+                session.calls.detach();
+                session.stream.detach(self.2);
+            }
         }
     }
 }
@@ -418,8 +423,10 @@ const TOUCH_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 pub(super) struct ControlLoop {
     service: Service,
     id: SessionId,
+    /// The session's stream, where its answers go.
     answers: Answers,
-    expected: u64,
+    /// This connection's generation of the session's stream.
+    generation: u64,
     touched: std::time::Instant,
     /// Answering cumulatively: the last operation taken that no answer sent
     /// or to come covers yet.
@@ -436,35 +443,41 @@ pub(super) struct ControlLoop {
 }
 
 impl ControlLoop {
-    /// The control stream of session `id`, answering on `answers` (host
-    /// callback calls travel there too); also what tells that the session
-    /// ended.
+    /// A connection of session `id`'s control stream, answering on `sink`
+    /// (host callback calls travel there too): the stream's first, or one
+    /// that `resume`s it (see [`SessionStream`](super::resume::SessionStream));
+    /// also what tells that the session ended.
     pub(super) fn open(
         service: &Service,
         id: SessionId,
-        answers: Answers,
+        sink: ControlSink,
+        resume: bool,
     ) -> Result<(ControlLoop, tokio::sync::watch::Receiver<()>)> {
-        let (ended, cumulative, inline, grants_at_once) = service.with_session(id, |session| {
-            session.calls.attach(answers.clone());
-            Ok((
-                session.ended.subscribe(),
-                session.version >= CUMULATIVE_VERSION,
-                session.version >= INLINE_OUTPUTS_VERSION,
-                session.version >= GRANT_ANSWER_VERSION,
-            ))
-        })?;
+        let (ended, cumulative, inline, grants_at_once, answers, generation) = service
+            .with_session(id, |session| {
+                let generation = session.stream.attach(sink.clone(), resume)?;
+                session.calls.attach(sink);
+                Ok((
+                    session.ended.subscribe(),
+                    session.version >= CUMULATIVE_VERSION,
+                    session.version >= INLINE_OUTPUTS_VERSION,
+                    session.version >= GRANT_ANSWER_VERSION,
+                    session.stream.clone(),
+                    generation,
+                ))
+            })?;
         let control = ControlLoop {
             service: Service(service.0.clone()),
             id,
             answers,
-            expected: 1,
+            generation,
             touched: std::time::Instant::now(),
             unanswered: None,
             cumulative,
             inline,
             grants_at_once,
             in_flight: Arc::default(),
-            _detach: DetachCalls(service.0.clone(), id),
+            _detach: DetachCalls(service.0.clone(), id, generation),
         };
         Ok((control, ended))
     }
@@ -507,14 +520,12 @@ impl ControlLoop {
         // A copy's destination reads once its grant is answered.
         let answer_now =
             self.grants_at_once && matches!(op.op, Some(control_request::Op::GrantRead(_)));
-        let result = if seq == self.expected {
-            self.expected += 1;
-            self.service.apply(self.id, seq, op.op, &self.answers)
-        } else {
-            Err(Error::invalid_argument(format!(
-                "control operation {seq} out of order (expected {})",
-                self.expected
-            )))
+        self.answers.received(&op.received);
+        let result = match self.answers.take(self.generation, seq) {
+            Ok(true) => self.service.apply(self.id, seq, op.op, &self.answers),
+            // Another connection resumed the stream: this one is done.
+            Ok(false) => return false,
+            Err(e) => Err(e),
         };
         let (later, applied) = match result {
             Ok(later) => (later, Ok(())),

@@ -334,7 +334,7 @@ impl Service {
 }
 
 /// Where a worker's answers on a control stream go.
-pub(super) type Answers = crate::transport::host_calls::ControlSink;
+pub(super) type Answers = std::sync::Arc<super::resume::SessionStream>;
 
 /// A fetch's destination: fresh memory (faulted in ahead), and progress
 /// answers of operation `seq`.

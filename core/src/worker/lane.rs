@@ -103,7 +103,7 @@ async fn read_hello(admitted: &mut AdmittedStream) -> Result<LaneHello> {
 impl Service {
     /// The session a lane's `hello` opens, once its token and session are
     /// checked and admission counts the connection as authenticated.
-    fn accept_lane(&self, hello: &LaneHello, peer: SocketAddr) -> Result<SessionId> {
+    fn accept_lane(&self, hello: &LaneHello, peer: SocketAddr) -> Result<(SessionId, bool)> {
         if let Some(token) = &self.0.token {
             if !token.matches(&hello.token) {
                 self.0
@@ -122,7 +122,7 @@ impl Service {
             return Err(refused(unknown_session()));
         }
         self.0.admission.authenticated(Some(peer))?;
-        Ok(id)
+        Ok((id, hello.resume))
     }
 }
 
@@ -150,7 +150,7 @@ async fn serve_lane(mut admitted: AdmittedStream, shared: Arc<Shared>) {
     if admitted.write_all(&bytes).await.is_err() {
         return;
     }
-    let Ok(id) = accepted else { return };
+    let Ok((id, resume)) = accepted else { return };
     let (socket, admitted) = match admitted.into_blocking() {
         Ok(blocking) => blocking,
         Err(err) => {
@@ -160,7 +160,7 @@ async fn serve_lane(mut admitted: AdmittedStream, shared: Arc<Shared>) {
     };
     let spawned = std::thread::Builder::new()
         .name("colocated-lane".into())
-        .spawn(move || run_lane(&service, id, socket, admitted));
+        .spawn(move || run_lane(&service, id, resume, socket, admitted));
     if let Err(err) = spawned {
         tracing::warn!(%peer, "cannot start a lane's thread: {err}");
     }
@@ -431,6 +431,7 @@ pub(super) fn before_waiting_on_the_controller() {
 fn run_lane(
     service: &Service,
     id: SessionId,
+    resume: bool,
     socket: std::net::TcpStream,
     admitted: AdmissionGuard,
 ) {
@@ -441,9 +442,12 @@ fn run_lane(
     };
     let writer = LaneSender::new(LaneWriter::new(write, service.0.session_timeout));
     let (control, mut ended) =
-        match ControlLoop::open(service, id, ControlSink::Lane(writer.clone())) {
+        match ControlLoop::open(service, id, ControlSink::Lane(writer.clone()), resume) {
             Ok(opened) => opened,
-            Err(_) => return,
+            Err(err) => {
+                tracing::debug!(session = %id, error = %err, "a lane refused");
+                return;
+            }
         };
     // The session's end (or the worker's) closes the lane.
     let (done, lane_done) = tokio::sync::oneshot::channel::<()>();

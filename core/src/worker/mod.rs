@@ -37,6 +37,7 @@ mod copies;
 mod flags;
 mod isolation;
 mod lane;
+mod resume;
 mod routes;
 mod service;
 mod sessions;
@@ -198,6 +199,8 @@ struct Session {
     ended: tokio::sync::watch::Sender<()>,
     /// Calls of the controller's host callbacks by programs of the session.
     calls: PendingCalls,
+    /// The session's control stream, across the connections it travels on.
+    stream: Arc<resume::SessionStream>,
     /// The session as its programs see it (`ExecutionContext::session`).
     scope: Arc<SessionScope>,
     /// The spans kept for the controller, once it asked (`CollectSpans`).

@@ -172,13 +172,15 @@ impl WorkerRpc for Service {
         request: Request<Streaming<ControlRequest>>,
     ) -> std::result::Result<Response<Self::ControlStream>, Status> {
         let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let resume = request.metadata().contains_key(crate::transport::RESUME);
         let mut ops = request.into_inner();
         // Unbounded: the second answer of an execution is sent from the thread
         // that finishes it, which must not block. The controller bounds what is
         // in flight by what it sends.
         let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
         let (mut control, mut ended) =
-            ControlLoop::open(self, id, ControlSink::Stream(answers)).map_err(|e| to_status(&e))?;
+            ControlLoop::open(self, id, ControlSink::Stream(answers), resume)
+                .map_err(|e| to_status(&e))?;
         tokio::spawn(async move {
             loop {
                 let message = tokio::select! {
@@ -328,6 +330,7 @@ impl WorkerRpc for Service {
                 streams: FxHashMap::default(),
                 ended: tokio::sync::watch::channel(()).0,
                 calls: PendingCalls::default(),
+                stream: super::resume::SessionStream::new(version),
                 scope: Arc::new(SessionScope::new()),
                 spans: None,
             },
@@ -370,7 +373,14 @@ impl WorkerRpc for Service {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> std::result::Result<Response<HeartbeatResponse>, Status> {
-        self.session(&request).map_err(|e| to_status(&e))?;
+        let id = self.session(&request).map_err(|e| to_status(&e))?;
+        let received = &request.get_ref().received;
+        if !received.is_empty() {
+            let stream = self.with_session(id, |session| Ok(session.stream.clone()));
+            if let Ok(stream) = stream {
+                stream.received(received);
+            }
+        }
         Ok(Response::new(HeartbeatResponse {}))
     }
 

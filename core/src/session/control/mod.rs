@@ -194,12 +194,17 @@ impl Control {
         if let Some(progress) = progress {
             lock(&self.state.progress).insert(seq, progress);
         }
-        let request = ControlRequest { seq, op: Some(op) };
+        let request = ControlRequest {
+            seq,
+            op: Some(op),
+            received: Vec::new(),
+        };
         let outgoing = match deletion {
             Some(op) => Outgoing::Two(
                 ControlRequest {
                     seq: seq - 1,
                     op: Some(op),
+                    received: Vec::new(),
                 },
                 request,
             ),
@@ -308,10 +313,14 @@ impl ControlSender {
             let seq = self.sent + 1;
             // A closed stream has nothing left to delete on. Written by
             // this thread (after what is queued): nothing waits for more.
-            if self
-                .tx
-                .send(Outgoing::One(ControlRequest { seq, op: Some(op) }), false)
-            {
+            if self.tx.send(
+                Outgoing::One(ControlRequest {
+                    seq,
+                    op: Some(op),
+                    received: Vec::new(),
+                }),
+                false,
+            ) {
                 self.sent = seq;
             }
         }
