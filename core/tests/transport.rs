@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_error, client_with_threads, compile_native, connect_options, i32_values, progress_log,
-    spec_on, start_worker,
+    assert_error, client_with_threads, compile_native, connect_options, eventually, i32_values,
+    progress_log, spec_on, start_worker,
 };
 
 use bytes::Bytes;
@@ -500,6 +500,30 @@ fn pipelined_executions_on_the_control_stream_run_in_order() {
     assert_eq!(i32_values(&session.get_buffer(last).unwrap()), vec![200; 4]);
     session.flush().unwrap();
     assert_eq!(*log.lock().unwrap(), (0..200).collect::<Vec<_>>());
+}
+
+/// The worker keeps each final answer for a connection that resumes the
+/// session's control stream, and lets go of it once the controller says it
+/// received it: with its next operation, or with a heartbeat when none comes.
+#[test]
+fn a_worker_keeps_final_answers_only_until_the_controller_says_it_received_them() {
+    let (worker, session, exe, _log) = session_with("add_one");
+    let inputs: Vec<u64> = (0..200).map(|k| put_i32(&session, 0, [k; 4])).collect();
+    let mut last = 0;
+    for &x in &inputs {
+        last = session.new_handle();
+        session.execute_async(exe, &[x], &[last], 3).unwrap();
+    }
+    session.flush().unwrap();
+    assert_eq!(i32_values(&session.get_buffer(last).unwrap()), vec![200; 4]);
+    // The next operation tells the worker of every answer before it.
+    let y = session.new_handle();
+    session.execute(exe, &[inputs[0]], &[y], 3).unwrap();
+    eventually("the worker keeps the last answer alone", || {
+        worker.kept_answers() <= 1
+    });
+    // A heartbeat tells it of the last one.
+    eventually("the worker keeps no answer", || worker.kept_answers() == 0);
 }
 
 #[test]

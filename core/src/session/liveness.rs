@@ -218,8 +218,24 @@ impl Inner {
         self.alive()?;
         let timeout = self.beat.timeout;
         let mut rpc = self.rpc.clone();
-        let mut request = self.bulk_request(HeartbeatRequest::default());
+        // The final answers that came since the last operation: the worker
+        // keeps them no longer (told again with the next message if this
+        // heartbeat does not arrive).
+        let control = lock(&self.control).clone();
+        let received = control
+            .as_ref()
+            .map(|c| c.state.take_received())
+            .unwrap_or_default();
+        let told = received.clone();
+        let mut request = self.bulk_request(HeartbeatRequest { received });
         request.set_timeout(timeout);
+        let untold = || {
+            if let Some(control) = &control {
+                for seq in told {
+                    control.state.note_received(seq);
+                }
+            }
+        };
         let silent = || {
             let err = Error::unavailable(format!(
                 "worker {} did not answer a heartbeat within {:?}",
@@ -237,9 +253,13 @@ impl Inner {
                 Ok(())
             }
             Ok(Err(status)) if from_status(&status).code() != ErrorCode::DeadlineExceeded => {
+                untold();
                 Err(self.fail(&status))
             }
-            _ => silent(),
+            _ => {
+                untold();
+                silent()
+            }
         }
     }
 }

@@ -393,6 +393,17 @@ impl Worker {
         self.shared.refusals.total()
     }
 
+    /// Final answers of control operations the open sessions keep for
+    /// their controllers, which have not said yet that they received them
+    /// (a connection that resumes a session's control stream gets them
+    /// again; see [`RESUME_VERSION`](crate::transport::RESUME_VERSION)).
+    pub fn kept_answers(&self) -> usize {
+        lock(&self.shared.sessions)
+            .values()
+            .map(|s| s.stream.kept())
+            .sum()
+    }
+
     /// Number of buffers the open sessions hold.
     pub fn buffer_count(&self) -> usize {
         lock(&self.shared.sessions)

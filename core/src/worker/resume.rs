@@ -151,7 +151,6 @@ impl SessionStream {
     }
 
     /// How many final answers wait for the controller to say it has them.
-    #[cfg(test)]
     pub(super) fn kept(&self) -> usize {
         lock(&self.state).kept.len()
     }

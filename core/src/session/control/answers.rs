@@ -137,9 +137,11 @@ pub(super) fn answered(state: &ControlState, inner: &Weak<Inner>, mut answer: Co
         inner.beat.heard();
     }
     if answer.finished {
+        state.note_received(answer.seq);
         let data = std::mem::take(&mut answer.data);
         state.complete(answer.seq, result.map(|()| data));
     } else if let Err(err) = result {
+        state.note_received(answer.seq);
         tracing::debug!(seq = answer.seq, error = %err, "control operation failed");
         lock(&state.failed).get_or_insert(err.clone());
         state.complete(answer.seq, Err(err));

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::transport::lane::{encode_frame, with_frame_buffer, LaneSender};
 use crate::transport::proto::{control_request, ControlRequest, DeleteBuffersRequest};
-use crate::transport::runtime;
+use crate::transport::{runtime, RESUME_VERSION};
 
 mod answers;
 mod ops;
@@ -135,6 +135,36 @@ pub(super) struct ControlState {
     applied: std::sync::Mutex<std::collections::BTreeMap<u64, Finish>>,
     /// Where the progress answers of an operation go, by `seq`.
     progress: std::sync::Mutex<HashMap<u64, Progress>>,
+    /// The operations whose final answer came since the last message told
+    /// the worker (protocol [`RESUME_VERSION`]: it keeps each until then).
+    received: std::sync::Mutex<Vec<u64>>,
+    /// Whether the worker keeps final answers until told (see `received`).
+    acks: bool,
+}
+
+impl ControlState {
+    /// The state of a session of protocol `version`.
+    pub(super) fn for_version(version: u32) -> ControlState {
+        ControlState {
+            acks: version >= RESUME_VERSION,
+            ..ControlState::default()
+        }
+    }
+
+    /// The final answer of operation `seq` came: the next message says so.
+    pub(super) fn note_received(&self, seq: u64) {
+        if self.acks {
+            lock(&self.received).push(seq);
+        }
+    }
+
+    /// The operations to tell the worker of (see `received`), taking them.
+    pub(super) fn take_received(&self) -> Vec<u64> {
+        if !self.acks {
+            return Vec::new();
+        }
+        std::mem::take(&mut *lock(&self.received))
+    }
 }
 
 /// What runs when an operation finishes, with the data of a read.
@@ -197,7 +227,7 @@ impl Control {
         let request = ControlRequest {
             seq,
             op: Some(op),
-            received: Vec::new(),
+            received: self.state.take_received(),
         };
         let outgoing = match deletion {
             Some(op) => Outgoing::Two(

@@ -244,7 +244,7 @@ impl RemoteSession {
         if slot.is_some() {
             return Ok(());
         }
-        let state = Arc::new(ControlState::default());
+        let state = Arc::new(ControlState::for_version(self.inner.version));
         let tx = match lane {
             Some((socket, write_timeout)) => {
                 let read = socket
