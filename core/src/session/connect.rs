@@ -332,6 +332,8 @@ impl RemoteSession {
             host,
             address: options.address.clone(),
             session_address: reached.0,
+            session_token: session_token.clone(),
+            session_timeout: Duration::from_millis(u64::from(response.session_timeout_ms)),
             authorization,
             session,
             timeout: options.timeout,

@@ -63,6 +63,11 @@ impl Beat {
         self.heard.fetch_max(now_ms(), Ordering::Relaxed);
     }
 
+    /// When the worker was last heard from.
+    pub(super) fn heard_at(&self) -> Instant {
+        epoch() + Duration::from_millis(self.heard.load(Ordering::Relaxed))
+    }
+
     /// Whether a heartbeat is due: none on its way, and the worker silent
     /// for longer than the schedule of a session that is `busy` or not.
     fn due(&self, busy: bool, now: u64) -> bool {
@@ -195,7 +200,18 @@ impl Inner {
         err
     }
 
+    /// The worker looks lost (`err`): a session that resumes its control
+    /// stream ends the stream's connection and connects again (see
+    /// `control::resume`), any other ends.
     pub(super) fn lose(&self, err: Error) {
+        let control = lock(&self.control).clone();
+        if let Some(control) = control {
+            if control.resumes() && !self.closed.load(Ordering::SeqCst) {
+                tracing::debug!(worker = %self.address, error = %err, "the worker looks lost");
+                control.interrupt();
+                return;
+            }
+        }
         if self.lost.error().is_none() {
             tracing::warn!(worker = %self.address, error = %err, "worker lost");
         }

@@ -60,6 +60,12 @@ struct Inner {
     /// Where the session lives: `address`, or for a supervisor, the worker
     /// process it redirected the session to.
     session_address: String,
+    /// The token of the worker where the session lives (a lane's hello
+    /// carries it).
+    session_token: Option<crate::transport::Token>,
+    /// How long the worker keeps the session without hearing from this
+    /// process: a broken link that heals within it resumes the session.
+    session_timeout: Duration,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
     session: MetadataValue<tonic::metadata::Ascii>,
     timeout: Duration,

@@ -45,7 +45,7 @@ impl ControlState {
 
     /// Runs the completions of the operations that finish once applied, up
     /// to `acked` (their failures were answered, and run, before).
-    fn applied_up_to(&self, acked: u64) {
+    pub(super) fn applied_up_to(&self, acked: u64) {
         let done: Vec<Finish> = {
             let mut applied = lock(&self.applied);
             // Most answers find none waiting.
@@ -96,15 +96,17 @@ fn answer_result(answer: &ControlResponse) -> Result<()> {
     })
 }
 
-/// Reads the worker's answers of a control stream.
+/// Reads the worker's answers of connection `generation` of a control
+/// stream.
 pub(super) async fn read_answers(
     mut answers: tonic::Streaming<ControlResponse>,
     state: Arc<ControlState>,
     inner: Weak<Inner>,
+    generation: u64,
 ) {
     let ended = loop {
         match answers.message().await {
-            Ok(Some(answer)) => answered(&state, &inner, answer),
+            Ok(Some(answer)) => answered(&state, &inner, generation, answer),
             Ok(None) => break Error::unavailable("the control stream ended"),
             // The worker never fails an open stream itself: the link broke.
             Err(status) => {
@@ -115,11 +117,28 @@ pub(super) async fn read_answers(
             }
         }
     };
-    stream_ended(&state, &inner, ended);
+    stream_ended(&state, &inner, generation, ended);
 }
 
-/// Takes one answer of the worker on a control stream.
-pub(super) fn answered(state: &ControlState, inner: &Weak<Inner>, mut answer: ControlResponse) {
+/// Takes one answer of the worker on connection `generation` of a control
+/// stream.
+pub(super) fn answered(
+    state: &ControlState,
+    inner: &Weak<Inner>,
+    generation: u64,
+    mut answer: ControlResponse,
+) {
+    if answer.resumed {
+        // The connection resumes the stream: the worker took every
+        // operation up to `seq`.
+        if let Some(control) = inner
+            .upgrade()
+            .and_then(|inner| lock(&inner.control).clone())
+        {
+            control.on_resumed(generation, answer.seq);
+        }
+        return;
+    }
     if let Some(call) = answer.host_callback.take() {
         run_host_callback(inner, call);
         return;
@@ -154,10 +173,27 @@ pub(super) fn answered(state: &ControlState, inner: &Weak<Inner>, mut answer: Co
     state.changed.notify_waiters();
 }
 
-/// The control stream ended with `ended`: the session is lost (unless it
-/// was closed), and what waits on the stream fails.
-pub(super) fn stream_ended(state: &ControlState, inner: &Weak<Inner>, ended: Error) {
+/// Connection `generation` of the control stream ended with `ended`: a
+/// session that resumes its stream reconnects (see [`super::resume`]);
+/// another is lost (unless it was closed), and what waits on the stream
+/// fails. The end of a connection that another replaced changes nothing.
+pub(super) fn stream_ended(
+    state: &ControlState,
+    inner: &Weak<Inner>,
+    generation: u64,
+    ended: Error,
+) {
     if let Some(inner) = inner.upgrade() {
+        let control = lock(&inner.control).clone();
+        if let Some(control) = control {
+            if !control.is_current(generation) {
+                return;
+            }
+            if control.resumes() && !inner.closed.load(Ordering::SeqCst) {
+                inner.reconnect(generation, ended);
+                return;
+            }
+        }
         let ended = ended.clone().context(format!("worker {}", inner.address));
         if !inner.closed.load(Ordering::SeqCst) {
             // Ordered work can no longer reach the worker.

@@ -18,17 +18,38 @@ use crate::transport::{runtime, RESUME_VERSION};
 
 mod answers;
 mod ops;
+mod resume;
+
 /// The controller's end of a session's ordered control stream.
 pub(super) struct Control {
     /// Operations go out under this lock, so `seq` order is stream order.
     sender: std::sync::Mutex<ControlSender>,
     pub(super) state: Arc<ControlState>,
+    /// The connection the stream travels on now (see [`resume`]): answers
+    /// and ends of an earlier one are not this one's.
+    current: AtomicU64,
+    /// The last connection made for the stream.
+    made: AtomicU64,
+    /// The last connection that broke.
+    broken: AtomicU64,
+    /// A connection that resumes the stream, until the worker's `resumed`
+    /// answer installs it.
+    resuming: std::sync::Mutex<Option<(u64, Sink)>>,
+    /// Told when a connection resumed the stream.
+    resumed: std::sync::Condvar,
+    /// How the stream travels: on a lane (with this write timeout), or on
+    /// a gRPC `Control` stream.
+    lane: Option<Duration>,
 }
 
 struct ControlSender {
     tx: Sink,
     /// The `seq` of the last operation sent.
     sent: u64,
+    /// The operations sent that the worker has not said it took, to send
+    /// again on a connection that resumes the stream (protocol
+    /// [`RESUME_VERSION`]; `None` before).
+    log: Option<std::collections::VecDeque<ControlRequest>>,
     /// Buffers to delete: the deletion goes out with the next operation, or
     /// alone when none follows in time (see [`ControlSender::defer_for`]).
     deferred: Vec<u64>,
@@ -64,6 +85,9 @@ enum Sink {
     /// before it) is written by the sending thread, pipelined ones are
     /// queued and written together (see [`LaneSender`]).
     Lane(Arc<LaneSender>),
+    /// None: the connection broke, and operations wait in the log for the
+    /// connection that resumes the stream.
+    Down,
 }
 
 impl Sink {
@@ -82,6 +106,15 @@ impl Sink {
                 }
                 lane.send(bytes, pipelining)
             }),
+            Sink::Down => true,
+        }
+    }
+
+    /// Ends the connection (a lane's socket is shut down; a gRPC stream's
+    /// requests end), so that its reader and the worker see it end.
+    fn close(self) {
+        if let Sink::Lane(lane) = self {
+            lane.close();
         }
     }
 }
@@ -176,11 +209,21 @@ fn finish_of(completion: Completion) -> Finish {
 }
 
 impl Control {
-    fn new(tx: Sink, state: Arc<ControlState>) -> Control {
+    /// The stream of `state`'s session on its first connection, `tx`;
+    /// `lane`: its write timeout when it travels on a lane.
+    fn new(tx: Sink, state: Arc<ControlState>, lane: Option<Duration>) -> Control {
+        let log = state.acks.then(std::collections::VecDeque::new);
         Control {
+            current: AtomicU64::new(1),
+            made: AtomicU64::new(1),
+            broken: AtomicU64::new(0),
+            resuming: std::sync::Mutex::new(None),
+            resumed: std::sync::Condvar::new(),
+            lane,
             sender: std::sync::Mutex::new(ControlSender {
                 tx,
                 sent: 0,
+                log,
                 deferred: Vec::new(),
                 deferred_since: None,
                 timed: false,
@@ -240,12 +283,20 @@ impl Control {
             ),
             None => Outgoing::One(request),
         };
-        let pipelining = sender.sent >= self.state.acked.load(Ordering::SeqCst) + PIPELINED_AFTER;
+        let acked = self.state.acked.load(Ordering::SeqCst);
+        sender.keep(&outgoing, acked);
+        let pipelining = sender.sent >= acked + PIPELINED_AFTER;
         if !sender.tx.send(outgoing, pipelining) {
-            drop(sender);
-            let err = Error::unavailable("the control stream is closed");
-            self.state.complete(seq, Err(err.clone()));
-            return Err(err);
+            if sender.log.is_some() {
+                // The connection broke: the operation waits in the log for
+                // the one that resumes the stream (its reader sees the end).
+                std::mem::replace(&mut sender.tx, Sink::Down).close();
+            } else {
+                drop(sender);
+                let err = Error::unavailable("the control stream is closed");
+                self.state.complete(seq, Err(err.clone()));
+                return Err(err);
+            }
         }
         sender.sent = seq;
         sender.sent_now();
@@ -308,6 +359,24 @@ impl Control {
 }
 
 impl ControlSender {
+    /// Keeps what `outgoing` sends for a connection that resumes the stream
+    /// (see `log`), and lets go of what the worker took (`acked`).
+    fn keep(&mut self, outgoing: &Outgoing, acked: u64) {
+        let Some(log) = self.log.as_mut() else {
+            return;
+        };
+        while log.front().is_some_and(|request| request.seq <= acked) {
+            log.pop_front();
+        }
+        match outgoing {
+            Outgoing::One(request) => log.push_back(request.clone()),
+            Outgoing::Two(first, second) => {
+                log.push_back(first.clone());
+                log.push_back(second.clone());
+            }
+        }
+    }
+
     /// How long a deferred deletion waits for the next operation: [`DEFER`],
     /// or half again the time between the last two operations when they
     /// came further apart (a call to hundreds of workers reaches the last of
@@ -341,16 +410,16 @@ impl ControlSender {
     fn flush_deferred(&mut self) {
         if let Some(op) = self.take_deferred() {
             let seq = self.sent + 1;
+            let outgoing = Outgoing::One(ControlRequest {
+                seq,
+                op: Some(op),
+                received: Vec::new(),
+            });
+            // The log's front goes with the next operation's `keep`.
+            self.keep(&outgoing, 0);
             // A closed stream has nothing left to delete on. Written by
             // this thread (after what is queued): nothing waits for more.
-            if self.tx.send(
-                Outgoing::One(ControlRequest {
-                    seq,
-                    op: Some(op),
-                    received: Vec::new(),
-                }),
-                false,
-            ) {
+            if self.tx.send(outgoing, false) {
                 self.sent = seq;
             }
         }
@@ -453,7 +522,7 @@ mod tests {
     fn control_on_a_stream() -> (Arc<Control>, tokio::sync::mpsc::UnboundedReceiver<Outgoing>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let state = Arc::new(ControlState::default());
-        (Arc::new(Control::new(Sink::Stream(tx), state)), rx)
+        (Arc::new(Control::new(Sink::Stream(tx), state, None)), rx)
     }
 
     /// Operations that come further apart than [`DEFER`] (a call to

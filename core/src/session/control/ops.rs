@@ -13,7 +13,7 @@ use super::{finish_of, Control, ControlState, Finish, Outgoing, Requests, Sink};
 use crate::error::{Error, Result};
 #[cfg(any(test, feature = "testing"))]
 use crate::session::block_on;
-use crate::session::{lock, Completion, Progress, RemoteSession};
+use crate::session::{lock, Completion, Inner, Progress, RemoteSession};
 use crate::transport::lane::{LaneSender, LaneWriter};
 use crate::transport::lane_reader::{read_lane_answers, Handlers};
 use crate::transport::proto::{
@@ -245,27 +245,17 @@ impl RemoteSession {
             return Ok(());
         }
         let state = Arc::new(ControlState::for_version(self.inner.version));
-        let tx = match lane {
-            Some((socket, write_timeout)) => {
-                let read = socket
-                    .try_clone()
-                    .map_err(|e| Error::unavailable(format!("a lane: {e}")))?;
-                let (answer_state, answer_inner) = (state.clone(), Arc::downgrade(&self.inner));
-                let (end_state, end_inner) = (state.clone(), Arc::downgrade(&self.inner));
-                read_lane_answers(
-                    read,
-                    Handlers {
-                        answer: Box::new(move |answer| {
-                            answered(&answer_state, &answer_inner, answer)
-                        }),
-                        ended: Box::new(move |ended| stream_ended(&end_state, &end_inner, ended)),
-                    },
-                )?;
-                Sink::Lane(LaneSender::new(LaneWriter::new(socket, write_timeout)))
-            }
-            None => Sink::Stream(self.open_control_stream(state.clone())?),
+        let (tx, write_timeout) = match lane {
+            Some((socket, write_timeout)) => (
+                lane_sink(&self.inner, &state, socket, write_timeout, 1)?,
+                Some(write_timeout),
+            ),
+            None => (
+                Sink::Stream(open_control_stream(&self.inner, state.clone(), 1, false)?),
+                None,
+            ),
         };
-        *slot = Some(Arc::new(Control::new(tx, state)));
+        *slot = Some(Arc::new(Control::new(tx, state, write_timeout)));
         Ok(())
     }
 
@@ -275,40 +265,75 @@ impl RemoteSession {
             .clone()
             .ok_or_else(|| Error::unavailable("the session has no control stream"))
     }
+}
 
-    /// Opens the gRPC `Control` stream (without blocking: operations queue
-    /// until the worker answers); its answers go to `state`.
-    fn open_control_stream(
-        &self,
-        state: Arc<ControlState>,
-    ) -> Result<tokio::sync::mpsc::UnboundedSender<Outgoing>> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let inner = self.inner.clone();
-        let reader_state = state;
-        runtime()?.spawn(async move {
-            let mut rpc = inner.rpc.clone();
-            let request = inner.bulk_request(Requests { rx, next: None });
-            match rpc.control(request).await {
-                Ok(answers) => {
-                    // The reader must not keep the session alive.
-                    let weak = Arc::downgrade(&inner);
-                    drop(inner);
-                    read_answers(answers.into_inner(), reader_state, weak).await;
-                }
-                Err(status) => {
-                    // Without its control stream the session cannot go on.
-                    let err = Error::unavailable(format!(
-                        "worker {}: cannot open the control stream: {}",
-                        inner.address,
-                        from_status(&status).message()
-                    ));
-                    inner.lose(err.clone());
-                    lock(&reader_state.broken).get_or_insert(err.clone());
-                    reader_state.changed.notify_waiters();
-                    reader_state.fail_all(&err);
-                }
+/// The sink of a lane on `socket` (its writes bounded by `write_timeout`),
+/// connection `generation` of the session's control stream, whose answers
+/// go to `state`.
+pub(super) fn lane_sink(
+    inner: &Arc<Inner>,
+    state: &Arc<ControlState>,
+    socket: std::net::TcpStream,
+    write_timeout: Duration,
+    generation: u64,
+) -> Result<Sink> {
+    let read = socket
+        .try_clone()
+        .map_err(|e| Error::unavailable(format!("a lane: {e}")))?;
+    let (answer_state, answer_inner) = (state.clone(), Arc::downgrade(inner));
+    let (end_state, end_inner) = (state.clone(), Arc::downgrade(inner));
+    read_lane_answers(
+        read,
+        Handlers {
+            answer: Box::new(move |answer| {
+                answered(&answer_state, &answer_inner, generation, answer)
+            }),
+            ended: Box::new(move |ended| stream_ended(&end_state, &end_inner, generation, ended)),
+        },
+    )?;
+    Ok(Sink::Lane(LaneSender::new(LaneWriter::new(
+        socket,
+        write_timeout,
+    ))))
+}
+
+/// Opens a gRPC `Control` stream, connection `generation` of the session's
+/// control stream (`resume`: one that resumes it), without blocking:
+/// operations queue until the worker answers; its answers go to `state`.
+pub(super) fn open_control_stream(
+    inner: &Arc<Inner>,
+    state: Arc<ControlState>,
+    generation: u64,
+    resume: bool,
+) -> Result<tokio::sync::mpsc::UnboundedSender<Outgoing>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let inner = inner.clone();
+    let reader_state = state;
+    runtime()?.spawn(async move {
+        let mut rpc = inner.rpc.clone();
+        let mut request = inner.bulk_request(Requests { rx, next: None });
+        if resume {
+            request.metadata_mut().insert(
+                crate::transport::RESUME,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+        }
+        match rpc.control(request).await {
+            Ok(answers) => {
+                // The reader must not keep the session alive.
+                let weak = Arc::downgrade(&inner);
+                drop(inner);
+                read_answers(answers.into_inner(), reader_state, weak, generation).await;
             }
-        });
-        Ok(tx)
-    }
+            Err(status) => {
+                let err = Error::unavailable(format!(
+                    "worker {}: cannot open the control stream: {}",
+                    inner.address,
+                    from_status(&status).message()
+                ));
+                stream_ended(&reader_state, &Arc::downgrade(&inner), generation, err);
+            }
+        }
+    });
+    Ok(tx)
 }
