@@ -33,8 +33,8 @@ pub(super) struct Control {
     /// The last connection that broke.
     broken: AtomicU64,
     /// A connection that resumes the stream, until the worker's `resumed`
-    /// answer installs it.
-    resuming: std::sync::Mutex<Option<(u64, Sink)>>,
+    /// answer installs it (see `resume`).
+    resuming: std::sync::Mutex<Option<resume::Resuming>>,
     /// Told when a connection resumed the stream.
     resumed: std::sync::Condvar,
     /// How the stream travels: on a lane (with this write timeout), or on

@@ -60,19 +60,32 @@ impl Control {
     }
 
     /// The worker's `resumed` answer on connection `generation`: it took
-    /// every operation up to `taken`. The connection takes over the stream:
-    /// the operations after `taken` go out on it again, then new ones.
+    /// every operation up to `taken`. The connection takes over the stream
+    /// (now, or once it is offered, when the answer came first).
     pub(in crate::session) fn on_resumed(&self, generation: u64, taken: u64) {
         let sink = {
             let mut resuming = lock(&self.resuming);
-            match resuming.take() {
-                Some((g, sink)) if g == generation => sink,
-                other => {
-                    *resuming = other;
-                    return;
-                }
+            match resuming.as_mut() {
+                Some(r) if r.generation == generation => match r.sink.take() {
+                    Some(sink) => {
+                        *resuming = None;
+                        sink
+                    }
+                    None => {
+                        r.taken = Some(taken);
+                        return;
+                    }
+                },
+                _ => return,
             }
         };
+        self.take_over(generation, sink, taken);
+    }
+
+    /// Connection `generation`, `sink`, takes over the stream: the
+    /// operations after `taken` (the last the worker took) go out on it
+    /// again, then new ones.
+    fn take_over(&self, generation: u64, sink: Sink, taken: u64) {
         let mut sender = lock(&self.sender);
         self.state.acked.fetch_max(taken, Ordering::SeqCst);
         let again: Vec<_> = match sender.log.as_mut() {
@@ -105,18 +118,52 @@ impl Control {
         self.resumed.notify_all();
     }
 
+    /// Connection `generation` is about to be made: its `resumed` answer,
+    /// should it come before the connection is offered, waits for it.
+    fn expect_resume(&self, generation: u64) {
+        *lock(&self.resuming) = Some(Resuming {
+            generation,
+            sink: None,
+            taken: None,
+        });
+    }
+
     /// Offers `sink`, connection `generation`, to take over the stream once
     /// the worker answers that it resumed; waits at most `within` for that.
     fn resume_on(&self, generation: u64, sink: Sink, within: Duration) -> bool {
-        *lock(&self.resuming) = Some((generation, sink));
+        let answered = {
+            let mut resuming = lock(&self.resuming);
+            match resuming.as_mut() {
+                Some(r) if r.generation == generation => match r.taken {
+                    Some(taken) => {
+                        *resuming = None;
+                        Some((sink, taken))
+                    }
+                    None => {
+                        r.sink = Some(sink);
+                        None
+                    }
+                },
+                _ => {
+                    sink.close();
+                    return false;
+                }
+            }
+        };
+        if let Some((sink, taken)) = answered {
+            self.take_over(generation, sink, taken);
+            return true;
+        }
         let deadline = Instant::now() + within;
         let mut resuming = lock(&self.resuming);
         while !self.is_current(generation) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 // Never took over: it goes.
-                if let Some((_, sink)) = resuming.take() {
-                    sink.close();
+                if let Some(r) = resuming.take_if(|r| r.generation == generation) {
+                    if let Some(sink) = r.sink {
+                        sink.close();
+                    }
                 }
                 return self.is_current(generation);
             }
@@ -128,6 +175,16 @@ impl Control {
         }
         true
     }
+}
+
+/// A connection that resumes the stream, from before it is made until the
+/// worker's `resumed` answer and the connection both came.
+pub(super) struct Resuming {
+    generation: u64,
+    /// The connection, once made.
+    sink: Option<Sink>,
+    /// The last operation the worker took, once it answered.
+    taken: Option<u64>,
 }
 
 impl Inner {
@@ -165,6 +222,7 @@ impl Inner {
         within: Duration,
     ) -> Result<bool> {
         let began = Instant::now();
+        control.expect_resume(generation);
         let sink = match control.lane {
             Some(write_timeout) => {
                 let socket = open_lane(
