@@ -70,6 +70,10 @@ impl ConnectOptions {
     }
 }
 
+/// What the error of a lane that nothing accepts says: no process listens
+/// at the address (the one that held a session is gone).
+pub(super) const NOBODY_LISTENS: &str = "nothing listens there";
+
 /// Opens a lane to session `id` at `address` (see
 /// [`lane`](crate::transport::lane)): connects, sends the hello with
 /// `token`, and waits (at most `timeout`) for the worker to accept it.
@@ -84,6 +88,12 @@ pub(super) fn open_lane(
     use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
     let failed = |e: std::io::Error| Error::unavailable(format!("a lane to {address}: {e}"));
+    let refused = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => {
+            Error::unavailable(format!("a lane to {address}: {NOBODY_LISTENS} ({e})"))
+        }
+        _ => failed(e),
+    };
     let mut last = None;
     let mut socket = None;
     for candidate in address.to_socket_addrs().map_err(failed)? {
@@ -97,7 +107,7 @@ pub(super) fn open_lane(
     }
     let mut socket = match (socket, last) {
         (Some(socket), _) => socket,
-        (None, Some(e)) => return Err(failed(e)),
+        (None, Some(e)) => return Err(refused(e)),
         (None, None) => {
             return Err(Error::unavailable(format!(
                 "a lane to {address}: the address names no host"

@@ -128,7 +128,9 @@ async fn beat_all() {
                 if inner.spans.get().is_some_and(|spans| spans.due(now)) {
                     fetch.push(inner.clone());
                 }
-                if inner.beat.due(inner.busy(), now) {
+                // A stream connecting again is its own watch of the worker.
+                let down = lock(&inner.control).as_ref().is_some_and(|c| c.is_down());
+                if !down && inner.beat.due(inner.busy(), now) {
                     inner.beat.beating.store(true, Ordering::Relaxed);
                     due.push(inner);
                 }

@@ -350,6 +350,7 @@ pub(super) fn control_answer(seq: u64, result: &Result<()>, finished: bool) -> C
         progress_bytes: 0,
         total_bytes: 0,
         resumed: false,
+        session_ended: false,
     }
 }
 
@@ -480,6 +481,12 @@ impl ControlLoop {
             _detach: DetachCalls(service.0.clone(), id, generation),
         };
         Ok((control, ended))
+    }
+
+    /// What tells the controller that the session ended, when the
+    /// session's stream resumes (see `SessionStream::goodbye`).
+    pub(super) fn goodbye(&self) -> Option<ControlResponse> {
+        self.answers.goodbye()
     }
 
     /// Whether operations taken wait for an answer (see [`idle`](Self::idle)).

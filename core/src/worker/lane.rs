@@ -449,11 +449,15 @@ fn run_lane(
                 return;
             }
         };
-    // The session's end (or the worker's) closes the lane.
+    // The session's end (or the worker's) closes the lane, saying so first.
     let (done, lane_done) = tokio::sync::oneshot::channel::<()>();
+    let (goodbye, farewell) = (control.goodbye(), writer.clone());
     runtime.spawn(async move {
         tokio::select! {
             _ = ended.changed() => {
+                if let Some(goodbye) = goodbye {
+                    farewell.send_message(&goodbye, false);
+                }
                 let _ = closer.shutdown(std::net::Shutdown::Both);
             }
             _ = lane_done => {}

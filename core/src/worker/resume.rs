@@ -186,6 +186,20 @@ impl SessionStream {
         }
     }
 
+    /// What tells the controller that the session ended (for a session
+    /// whose stream resumes: its controller would otherwise connect again
+    /// until the session timeout is up).
+    pub(super) fn goodbye(&self) -> Option<ControlResponse> {
+        self.keeps.then(|| ControlResponse {
+            session_ended: true,
+            code: crate::error::ErrorCode::Unavailable as u32,
+            message: "the worker ended the session (it stops, or the session was closed or \
+                      timed out)"
+                .into(),
+            ..Default::default()
+        })
+    }
+
     /// [`send_with_more`](Self::send_with_more), when nothing follows.
     pub(crate) fn send(
         &self,

@@ -178,6 +178,7 @@ impl WorkerRpc for Service {
         // that finishes it, which must not block. The controller bounds what is
         // in flight by what it sends.
         let (answers, stream) = tokio::sync::mpsc::unbounded_channel();
+        let farewell = answers.clone();
         let (mut control, mut ended) =
             ControlLoop::open(self, id, ControlSink::Stream(answers), resume)
                 .map_err(|e| to_status(&e))?;
@@ -186,8 +187,14 @@ impl WorkerRpc for Service {
                 let message = tokio::select! {
                     biased;
                     message = ops.message() => message,
-                    // The session closed (or the worker stops): end the stream.
-                    _ = ended.changed() => return,
+                    // The session closed (or the worker stops): end the
+                    // stream, saying so first.
+                    _ = ended.changed() => {
+                        if let Some(goodbye) = control.goodbye() {
+                            let _ = farewell.send(Ok(goodbye));
+                        }
+                        return;
+                    }
                     // No further operation has arrived: one answer for those
                     // taken.
                     () = std::future::ready(()), if control.unanswered() => {

@@ -128,6 +128,18 @@ pub(super) fn answered(
     generation: u64,
     mut answer: ControlResponse,
 ) {
+    if answer.session_ended {
+        // Final: the worker has no session to resume.
+        if let Some(inner) = inner.upgrade() {
+            if !inner.closed.load(Ordering::SeqCst) {
+                inner.end(Error::unavailable(format!(
+                    "worker {}: {}",
+                    inner.address, answer.message
+                )));
+            }
+        }
+        return;
+    }
     if answer.resumed {
         // The connection resumes the stream: the worker took every
         // operation up to `seq`.

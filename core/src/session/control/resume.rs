@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::ops::{lane_sink, open_control_stream};
 use super::{Control, Outgoing, Sink};
 use crate::error::{Error, ErrorCode, Result};
-use crate::session::connect::open_lane;
+use crate::session::connect::{open_lane, NOBODY_LISTENS};
 use crate::session::{lock, Inner};
 
 /// The first wait between attempts to connect again; it doubles up to
@@ -36,6 +36,11 @@ impl Control {
     /// Whether connection `generation` is the one the stream travels on.
     pub(in crate::session) fn is_current(&self, generation: u64) -> bool {
         self.current.load(Ordering::SeqCst) == generation
+    }
+
+    /// Whether the stream waits for a connection that resumes it.
+    pub(in crate::session) fn is_down(&self) -> bool {
+        matches!(lock(&self.sender).tx, Sink::Down)
     }
 
     /// Connection `generation` broke: operations wait in the log from now
@@ -196,7 +201,7 @@ impl Inner {
         let Some(control) = lock(&self.control).clone() else {
             return;
         };
-        if !control.disconnect(generation) {
+        if !control.disconnect(generation) || self.lost.is_ready() {
             return;
         }
         tracing::warn!(worker = %self.address, error = %why, "the control stream broke: connecting again");
@@ -247,12 +252,15 @@ impl Inner {
 }
 
 /// Whether `err`, from an attempt to resume, says the session is gone for
-/// good (the worker no longer has it, or refuses to resume it).
+/// good: the worker no longer has it, refuses to resume it, or no process
+/// listens at its address any more (the one that held the session is gone;
+/// a partition makes connections time out, and a proxy in between accepts
+/// them).
 fn final_refusal(err: &Error) -> bool {
     matches!(
         err.code(),
         ErrorCode::Unauthenticated | ErrorCode::FailedPrecondition | ErrorCode::PermissionDenied
-    )
+    ) || err.message().contains(NOBODY_LISTENS)
 }
 
 /// Connects `control`'s stream again until it resumed, the session ended,
