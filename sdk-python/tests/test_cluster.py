@@ -561,7 +561,9 @@ def test_an_upload_to_a_worker_that_stops_reading_ends_once_it_is_lost(cluster):
         # the network until the worker counts as lost.
         with pytest.raises(colocated.UnavailableError):
             colocated.block_until_ready(colocated.device_put(np.ones(256 << 20, np.uint8), client.devices()[0]))
-        assert time.monotonic() - began < 2.0  # by heartbeat (0.75 s here), not keepalive (3 s)
+        # Within the session timeout (2 s here), for which a controller
+        # waits for a worker it does not hear to come back, not later.
+        assert time.monotonic() - began < 2.9
     finally:
         workers[0].proc.send_signal(signal.SIGCONT)
     # The other host keeps working.

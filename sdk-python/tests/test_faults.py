@@ -1,6 +1,6 @@
 """A controller and a real ``python -m colocated.worker`` process talking through
 the test suite's fault-injecting proxy (``faultproxy.FaultProxy``): what a slow
-link and a reset do to calls today. Timings are asserted only as the bounds
+link and a reset do to calls. Timings are asserted only as the bounds
 docs/failures.md states."""
 
 import os
@@ -19,11 +19,6 @@ from colocated import _client
 
 # Functions of this module travel by value: the worker cannot import it.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-#: Within this of losing its link, a call in flight fails (docs/failures.md:
-#: a worker killed in the middle of a long call is lost within 2 s).
-LOST_WITHIN = 2.0
-
 
 @pytest.fixture
 def linked(token_file):
@@ -70,33 +65,38 @@ def test_calls_through_a_link_with_20_ms_each_way_complete_with_right_results(li
     assert stats["bytes_up"] > big.nbytes and stats["bytes_down"] > big.nbytes, stats
 
 
-def test_a_reset_mid_call_fails_that_call_with_unavailable_promptly(linked, tmp_path):
+def test_a_reset_mid_call_resumes_the_session_and_the_call_completes_once(linked, tmp_path):
     client, proxy, _ = linked
     started, release = str(tmp_path / "started"), str(tmp_path / "release")
+    runs = tmp_path / "runs"
     x = colocated.device_put(np.arange(2, dtype=np.int32), client.devices()[0])
 
     @colocated.colocated_python
     def held(x):
+        with open(runs, "a") as f:
+            f.write("run\n")
         open(started, "w").close()
         deadline = time.monotonic() + 60
         while not os.path.exists(release) and time.monotonic() < deadline:
             time.sleep(0.01)
-        return x
+        return x + 1
 
     result = []
-    caller = threading.Thread(target=lambda: result.append(_call_and_catch(held, x)))
+    caller = threading.Thread(target=lambda: result.append(_call_and_catch(lambda v: np.asarray(held(v)), x)))
     caller.start()
     try:
         deadline = time.monotonic() + 30
         while not os.path.exists(started):
             assert time.monotonic() < deadline, "the held call never ran"
             time.sleep(0.01)
-        began = time.monotonic()
         proxy.reset()
-        caller.join(timeout=LOST_WITHIN)
-        assert not caller.is_alive(), f"the call did not fail within {LOST_WITHIN} s of the reset"
-        assert time.monotonic() - began < LOST_WITHIN
-        assert isinstance(result[0], colocated.UnavailableError), result
+        time.sleep(0.3)
+        assert caller.is_alive(), f"the call ended with its connection: {result}"
     finally:
         open(release, "w").close()
         caller.join(timeout=30)
+    np.testing.assert_array_equal(result[0], [1, 2])
+    assert runs.read_text().count("run") == 1, "the function ran more than once"
+    # The session goes on: what it held, and new calls.
+    np.testing.assert_array_equal(np.asarray(x), [0, 1])
+    np.testing.assert_array_equal(np.asarray(held(x)), [1, 2])
