@@ -62,9 +62,16 @@ impl Linked {
 
     /// A controller of the worker alone, connected through the proxy.
     fn controller(&self) -> Client {
+        self.controller_on(true)
+    }
+
+    /// [`controller`](Self::controller), whose control stream travels on a
+    /// lane, or on gRPC (`lane` false, as with a worker that serves TLS).
+    fn controller_on(&self, lane: bool) -> Client {
         let mut worker =
             ConnectOptions::new(self.proxy.addr().to_string(), Some(self.token.clone()));
         worker.timeout = Duration::from_secs(5);
+        worker.lane = lane;
         Client::connect(&ClusterOptions {
             workers: vec![worker],
             include_local: false,
@@ -194,8 +201,15 @@ fn chained_calls(add_one: &LoadedExecutable, x: &Array, count: usize) -> Array {
 
 #[test]
 fn a_reset_mid_call_resumes_the_session_and_the_call_completes() {
+    for lane in [true, false] {
+        a_reset_mid_call_resumes_the_session(lane);
+    }
+}
+
+/// A reset mid-call, with the control stream on a lane or on gRPC.
+fn a_reset_mid_call_resumes_the_session(lane: bool) {
     let linked = Linked::start(|_| {});
-    let client = linked.controller();
+    let client = linked.controller_on(lane);
     let device = client.devices()[0].clone();
     let kept = i32_array(&client, &[1, 2, 3, 4], &spec_on(&[4], DType::I32, &device));
     let (_gate, status) = run_gate(&client);
