@@ -756,7 +756,10 @@ fn a_read_grant_admits_one_read_of_one_buffer() {
     // Used once: the same grant is refused now, like a wrong token.
     let hex: String = grant.iter().map(|b| format!("{b:02x}")).collect();
     let read_with = |grant: &str| {
-        let mut request = tonic::Request::new(GetBufferRequest { handle: source });
+        let mut request = tonic::Request::new(GetBufferRequest {
+            handle: source,
+            offset: 0,
+        });
         request.metadata_mut().insert(GRANT, grant.parse().unwrap());
         // The refusal's code (or none, when the read went through).
         raw_rpc(a.worker.local_addr(), async |mut rpc| {

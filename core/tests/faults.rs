@@ -1,11 +1,12 @@
 //! A controller and a worker (in this process) talking through the test
 //! suite's fault-injecting proxy on loopback: what a slow link, a partition
-//! and a reset do to calls today. Timings are asserted only as the bounds
-//! docs/failures.md states.
+//! and a reset do to calls, loads and transfers. Timings are asserted only
+//! as the bounds docs/failures.md states.
 
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use colocated_core::session::ConnectOptions;
@@ -27,12 +28,15 @@ use common::{
 /// its first unanswered heartbeat, 0.75 s).
 const LOST_WITHIN: Duration = Duration::from_secs(2);
 
-/// A worker of one device with `add_one_i32` and `gate` (which returns once
-/// `gate` is set), the token it takes, and a proxy in front of it.
+/// A worker of one device with `add_one_i32`, `counted` (`add_one_i32`
+/// that counts its runs in `counted`), `ask` (which calls the controller's
+/// host callback 0 with "ping" and wants "pong") and `gate` (which returns
+/// once `gate` is set), the token it takes, and a proxy in front of it.
 struct Linked {
     worker: Worker,
     token: Token,
     gate: Event,
+    counted: Arc<AtomicUsize>,
     proxy: FaultProxy,
 }
 
@@ -41,10 +45,21 @@ impl Linked {
     fn start(options: impl FnOnce(&mut WorkerOptions)) -> Linked {
         let client = client_with_threads(1, 2);
         register_add_one(&client);
+        let counted = Arc::new(AtomicUsize::new(0));
+        let counter = counted.clone();
         client
-            .register_native_function("counted", |ctx| {
-                COUNTED.fetch_add(1, Ordering::SeqCst);
+            .register_native_function("counted", move |ctx| {
+                counter.fetch_add(1, Ordering::SeqCst);
                 common::add_one_shards(ctx)
+            })
+            .unwrap();
+        client
+            .register_native_function("ask", |ctx| {
+                let answer = ctx.call_host_callback(0, b"ping")?;
+                match answer.as_slice() {
+                    b"pong" => Ok(()),
+                    _ => Err(colocated_core::Error::internal("not a pong")),
+                }
             })
             .unwrap();
         let gate = Event::new();
@@ -56,6 +71,7 @@ impl Linked {
             worker,
             token,
             gate,
+            counted,
             proxy,
         }
     }
@@ -169,9 +185,6 @@ fn a_partition_longer_than_the_session_timeout_fails_the_call_in_flight_within_t
     linked.proxy.partition(false);
 }
 
-/// Runs of `counted` on the worker (see [`Linked::start`]).
-static COUNTED: AtomicUsize = AtomicUsize::new(0);
-
 /// `counted` (`add_one_i32` that the worker counts) for int32[4] on the
 /// client's first device.
 fn counted(client: &Client) -> LoadedExecutable {
@@ -232,10 +245,7 @@ fn resets_among_pipelined_calls_run_every_call_once() {
     let device = client.devices()[0].clone();
     let x = i32_array(&client, &[0, 0, 0, 0], &spec_on(&[4], DType::I32, &device));
     x.ready_event().wait_timeout(PATIENCE).unwrap();
-    // (Loading an executable is a request of its own, which does not
-    // resume: the control stream's operations alone meet the resets.)
     let add_one = counted(&client);
-    let before = COUNTED.load(Ordering::SeqCst);
     let (calls, resets) = (300, 3);
     let out = std::thread::scope(|scope| {
         scope.spawn(|| {
@@ -256,7 +266,7 @@ fn resets_among_pipelined_calls_run_every_call_once() {
         vec![calls as i32; 4]
     );
     assert_eq!(
-        COUNTED.load(Ordering::SeqCst) - before,
+        linked.counted.load(Ordering::SeqCst),
         calls,
         "each call ran once"
     );
@@ -302,4 +312,133 @@ fn connecting_through_a_link_that_refuses_connections_fails_with_unavailable() {
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
     assert!(linked.proxy.stats().refused >= 1);
     assert_eq!(linked.worker.session_count(), 0);
+}
+
+/// `mib` MiB of bytes that differ from their neighbours.
+fn patterned(mib: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; mib << 20];
+    for (i, chunk) in bytes.chunks_mut(4).enumerate() {
+        chunk.copy_from_slice(&(i as u32).to_le_bytes());
+    }
+    bytes
+}
+
+/// A buffer of `bytes` (int32) on `client`'s first device, uploaded.
+fn uploaded(client: &Client, bytes: &[u8]) -> Buffer {
+    let device = client.devices()[0].clone();
+    let dims = [(bytes.len() / 4) as i64];
+    let buffer = Buffer::from_bytes(client, bytes, DType::I32, &dims, &device).unwrap();
+    buffer.ready_event().wait_timeout(PATIENCE).unwrap();
+    buffer
+}
+
+#[test]
+fn a_reset_mid_upload_and_mid_download_starts_them_again_and_both_complete() {
+    let linked = Linked::start(|_| {});
+    let client = linked.controller();
+    let bytes = patterned(32);
+    // 32 MiB at 64 MiB/s: the reset comes while the transfer is in flight.
+    linked.proxy.set_bandwidth(Direction::Both, Some(64 << 20));
+    let reset_soon = || {
+        std::thread::sleep(Duration::from_millis(200));
+        linked.proxy.reset();
+    };
+    let buffer = std::thread::scope(|scope| {
+        scope.spawn(reset_soon);
+        uploaded(&client, &bytes)
+    });
+    let up = linked.proxy.stats().bytes_up;
+    assert!(
+        up > bytes.len() as u64 + (1 << 20),
+        "the upload did not start again: {up} bytes went up"
+    );
+    assert_eq!(linked.worker.buffer_count(), 1, "one buffer, stored once");
+    let back = std::thread::scope(|scope| {
+        scope.spawn(reset_soon);
+        buffer.to_host_vec().unwrap()
+    });
+    assert!(back == bytes, "the buffer came back changed");
+    let stats = linked.proxy.stats();
+    assert!(stats.accepted >= 3, "{stats:?}");
+    assert!(!client.host_lost(0).unwrap().is_ready());
+}
+
+#[test]
+fn a_partition_shorter_than_the_session_timeout_loses_no_call_load_or_upload_in_flight() {
+    let linked = Linked::start(|o| {
+        o.heartbeat_interval = Duration::from_millis(250);
+        o.session_timeout = Duration::from_secs(5);
+    });
+    let client = linked.controller();
+    let device = client.devices()[0].clone();
+    let x = i32_array(&client, &[0, 0, 0, 0], &spec_on(&[4], DType::I32, &device));
+    let add_one = counted(&client);
+    let bytes = patterned(256);
+    let (out, buffer, loaded) = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            linked.proxy.partition(true);
+            // Longer than the heartbeat bound, shorter than the session
+            // timeout.
+            std::thread::sleep(Duration::from_millis(1500));
+            linked.proxy.partition(false);
+        });
+        // Loaded while the link is partitioned: it waits, then completes.
+        let loading = scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(600));
+            let exe = counted(&client);
+            let run = exe
+                .execute(std::slice::from_ref(&x), &ExecuteOptions::default())
+                .unwrap();
+            run.outputs.into_iter().next().unwrap()
+        });
+        let out = chained_calls(&add_one, &x, 10);
+        let buffer = uploaded(&client, &bytes);
+        (out, buffer, loading.join().unwrap())
+    });
+    assert_eq!(i32_values(&out.to_host_bytes().unwrap()), vec![10; 4]);
+    assert_eq!(i32_values(&loaded.to_host_bytes().unwrap()), vec![1; 4]);
+    assert!(buffer.to_host_vec().unwrap() == bytes, "the upload changed");
+    assert_eq!(
+        linked.counted.load(Ordering::SeqCst),
+        11,
+        "each call ran once"
+    );
+    assert!(!client.host_lost(0).unwrap().is_ready());
+}
+
+#[test]
+fn a_host_callback_call_in_flight_survives_a_reset_and_runs_once() {
+    let linked = Linked::start(|_| {});
+    let client = linked.controller();
+    let (calls, answer) = (Arc::new(AtomicUsize::new(0)), Event::new());
+    let (counter, gate) = (calls.clone(), answer.clone());
+    let callback = colocated_core::LoadedHostCallback::new("pong", move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        gate.wait()?;
+        Ok(b"pong".to_vec())
+    });
+    let program = colocated_core::Program::native("ask", vec![], vec![], client.devices().to_vec());
+    let options = colocated_core::CompileOptions {
+        host_callbacks: vec![callback],
+    };
+    let exe = client.compile(program, options).unwrap();
+    let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();
+    let began = Instant::now();
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(began.elapsed() < PATIENCE, "the callback was never called");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // The call is running here: the link breaks, the stream resumes, and
+    // the worker sends the call again on the new connection.
+    linked.proxy.reset();
+    std::thread::sleep(Duration::from_millis(300));
+    answer.set(Ok(())).unwrap();
+    run.status.wait_timeout(PATIENCE).unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the callback ran once");
+    // The next run calls it again, once.
+    let run = exe.execute(&[], &ExecuteOptions::default()).unwrap();
+    run.status.wait_timeout(PATIENCE).unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert!(!client.host_lost(0).unwrap().is_ready());
 }

@@ -362,6 +362,28 @@ fn a_failed_execution_shows_when_its_outputs_are_read() {
     );
 }
 
+/// A controller whose link broke after its load reached the worker sends
+/// the load again: the worker answers it as the first, and runs nothing
+/// twice. The same handle with other bytes or device ids is refused.
+#[test]
+fn a_load_sent_again_is_answered_as_the_first() {
+    let (_worker, session, exe, log) = session_with("add_one");
+    let again = session.load_executable(exe, executable_for_worker("add_one", 0));
+    assert_eq!(again.unwrap(), (1, 1));
+    let other_ids = session.load_executable_for(
+        exe,
+        executable_for_worker("add_one", 0),
+        [(0, 7)].into_iter().collect(),
+    );
+    assert_eq!(other_ids.unwrap_err().code(), ErrorCode::AlreadyExists);
+    // The executable still runs, once per execution.
+    let x = put_i32(&session, 0, [1; 4]);
+    let y = session.new_handle();
+    session.execute(exe, &[x], &[y], 1).unwrap();
+    assert_eq!(i32_values(&session.get_buffer(y).unwrap()), vec![2; 4]);
+    assert_eq!(log.lock().unwrap().len(), 1);
+}
+
 #[test]
 fn bad_executions_are_refused_before_anything_runs() {
     let (_worker, session, exe, log) = session_with("add_one");
@@ -420,8 +442,10 @@ fn bad_executions_are_refused_before_anything_runs() {
         .load_executable(session.new_handle(), b"not an executable".to_vec())
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    // Another executable under a handle in use is refused (the same
+    // request again is a retry: see the test of retried loads).
     let err = session
-        .load_executable(exe, executable_for_worker("add_one", 0))
+        .load_executable(exe, executable_for_worker("add_one", 1))
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::AlreadyExists, "{err}");
     // The controller's ids of the worker's devices must name devices it has,
@@ -593,7 +617,7 @@ fn any_grpc_client_downloads_a_buffer() {
         .put_buffer(handle, spec(0, DType::U8, &[bytes as i64]), data.clone())
         .unwrap();
     let request = |handle: u64| {
-        let mut request = tonic::Request::new(GetBufferRequest { handle });
+        let mut request = tonic::Request::new(GetBufferRequest { handle, offset: 0 });
         let metadata = request.metadata_mut();
         let bearer = format!("Bearer {}", token.expose());
         metadata.insert(AUTHORIZATION, bearer.parse().unwrap());

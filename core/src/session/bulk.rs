@@ -6,12 +6,15 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Completion, Inner, Progress, RemoteSession};
-use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
+
+use super::retry::Failed;
+use super::{lock, Completion, Inner, Progress, RemoteSession};
+use crate::error::{Error, ErrorCode, Result};
 use crate::transport::buffers::chunks;
 use crate::transport::bulk::{get_call, put_call, ChunkSink, PutBody};
-use crate::transport::proto::{BufferChunk, BufferSpec};
-use crate::transport::runtime;
+use crate::transport::proto::{BufferChunk, BufferSpec, GetBufferRequest};
+use crate::transport::{runtime, RESUME_VERSION};
 
 impl RemoteSession {
     /// `put_buffer_with_progress` (tests only) without
@@ -119,7 +122,9 @@ impl UploadStop {
 }
 
 /// Uploads buffer `handle` (`total` bytes, arriving as `data` chunks: at least
-/// one, each under the message limit), reporting progress.
+/// one, each under the message limit), reporting progress. After a broken
+/// link the upload starts again from its first chunk: a session that
+/// resumes keeps the chunks sent until the worker has the buffer whole.
 pub(super) async fn put_future(
     inner: Arc<Inner>,
     handle: u64,
@@ -128,57 +133,176 @@ pub(super) async fn put_future(
     data: impl tokio_stream::Stream<Item = Bytes> + Send + 'static,
     progress: Option<Progress>,
 ) -> Result<()> {
-    let mut sent = 0u64;
-    let report = progress.clone();
-    let data = Box::pin(tokio_stream::StreamExt::map(data, move |data: Bytes| {
-        sent += data.len() as u64;
-        if let Some(report) = &report {
-            // Reported when the chunk is handed over; the last report waits
-            // for the worker's answer.
-            report(sent.min(total.saturating_sub(1)), total);
+    let source = Replayed::new(Box::pin(data), inner.version >= RESUME_VERSION);
+    let reported = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut attempts = inner.attempts();
+    loop {
+        let mut sent = 0u64;
+        let (report, reported) = (progress.clone(), reported.clone());
+        let data = tokio_stream::StreamExt::map(source.replay(), move |data: Bytes| {
+            sent += data.len() as u64;
+            // Reported when the chunk is handed over (never backwards, when
+            // the upload starts again); the last report waits for the
+            // worker's answer.
+            let at = sent.min(total.saturating_sub(1));
+            if let Some(report) = &report {
+                if reported.fetch_max(at, Ordering::Relaxed) < at {
+                    report(at, total);
+                }
+            }
+            data
+        });
+        let (metadata, _, ()) = inner.bulk_request(()).into_parts();
+        let call = put_call(
+            inner.channel.clone(),
+            metadata,
+            PutBody::new(handle, spec.clone(), Box::pin(data)),
+        );
+        let retried = attempts.made() > 0;
+        let upload = async { call.await.map_err(|s| Failed::of(&inner, &s)) };
+        match attempts.run(upload).await {
+            Ok(()) => break,
+            // An upload the worker stored before its answer was lost.
+            Err(failed) if retried && failed.code() == ErrorCode::AlreadyExists => break,
+            Err(failed) => attempts.again(failed).await?,
         }
-        data
-    }));
-    inner.alive()?;
-    let (metadata, _, ()) = inner.bulk_request(()).into_parts();
-    let call = put_call(
-        inner.channel.clone(),
-        metadata,
-        PutBody::new(handle, spec, data),
-    );
-    inner
-        .unless_lost(async { call.await.map_err(|s| inner.fail(&s)) })
-        .await?;
+    }
     if let Some(progress) = progress {
         progress(total, total);
     }
     Ok(())
 }
 
+/// The chunks of an upload, for each of its attempts: every attempt gets
+/// them all, in order, from the first (those an earlier attempt took are
+/// kept, when `keeps`).
+struct Replayed {
+    shared: Arc<std::sync::Mutex<Chunks>>,
+}
+
+struct Chunks {
+    source: std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Bytes> + Send>>,
+    /// The chunks taken from `source` so far (kept only when `keeps`).
+    kept: Vec<Bytes>,
+    keeps: bool,
+    /// The attempt whose stream takes chunks: an earlier one's stream ends
+    /// (its connection may go on sending a request whose answer nobody
+    /// waits for), short, so the worker drops what it received.
+    attempt: u64,
+}
+
+impl Replayed {
+    fn new(
+        source: std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Bytes> + Send>>,
+        keeps: bool,
+    ) -> Replayed {
+        let chunks = Chunks {
+            source,
+            kept: Vec::new(),
+            keeps,
+            attempt: 0,
+        };
+        Replayed {
+            shared: Arc::new(std::sync::Mutex::new(chunks)),
+        }
+    }
+
+    /// The chunks again, from the first, for a new attempt.
+    fn replay(&self) -> Replay {
+        let attempt = {
+            let mut chunks = lock(&self.shared);
+            chunks.attempt += 1;
+            chunks.attempt
+        };
+        Replay {
+            shared: self.shared.clone(),
+            next: 0,
+            attempt,
+        }
+    }
+}
+
+/// One attempt's stream of an upload's chunks (see [`Replayed`]).
+struct Replay {
+    shared: Arc<std::sync::Mutex<Chunks>>,
+    next: usize,
+    attempt: u64,
+}
+
+impl tokio_stream::Stream for Replay {
+    type Item = Bytes;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Bytes>> {
+        let shared = self.shared.clone();
+        let mut chunks = lock(&shared);
+        if chunks.attempt != self.attempt {
+            return std::task::Poll::Ready(None);
+        }
+        if let Some(chunk) = chunks.kept.get(self.next) {
+            let chunk = chunk.clone();
+            self.next += 1;
+            return std::task::Poll::Ready(Some(chunk));
+        }
+        let polled = chunks.source.as_mut().poll_next(cx);
+        if let std::task::Poll::Ready(Some(chunk)) = &polled {
+            if chunks.keeps {
+                chunks.kept.push(chunk.clone());
+                self.next += 1;
+            }
+        }
+        polled
+    }
+}
+
 /// Streams buffer `handle` into `sink(total, chunk)`: each piece of data as
 /// it arrives, a view of the received frame (see
-/// [`get_call`](crate::transport::bulk::get_call)).
+/// [`get_call`](crate::transport::bulk::get_call)). After a broken link the
+/// download goes on from the first byte it had not received.
 pub(super) async fn get_future(
     inner: Arc<Inner>,
     handle: u64,
     sink: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
-    inner.alive()?;
-    let (metadata, _, ()) = inner.bulk_request(()).into_parts();
-    let mut sink = Download { total: 0, sink };
-    let download = get_call(
-        inner.channel.clone(),
-        metadata,
-        handle,
-        &mut sink,
-        |status| inner.fail(status),
-    );
-    inner.unless_lost(download).await
+    let mut sink = Download {
+        total: 0,
+        received: 0,
+        sink,
+    };
+    let mut attempts = inner.attempts();
+    loop {
+        let (metadata, _, ()) = inner.bulk_request(()).into_parts();
+        let request = GetBufferRequest {
+            handle,
+            offset: sink.received,
+        };
+        let broke = std::sync::atomic::AtomicBool::new(false);
+        let fail = |status: &tonic::Status| {
+            let failed = Failed::of(&inner, status);
+            broke.store(failed.is_link(), Ordering::Relaxed);
+            failed.into_error()
+        };
+        let download = async {
+            let outcome = get_call(inner.channel.clone(), metadata, request, &mut sink, fail).await;
+            outcome.map_err(|err| match broke.load(Ordering::Relaxed) {
+                true => Failed::link(err),
+                false => Failed::answer(err),
+            })
+        };
+        match attempts.run(download).await {
+            Ok(()) => return Ok(()),
+            Err(failed) => attempts.again(failed).await?,
+        }
+    }
 }
 
-/// A download's sink, with the total the worker announced.
+/// A download's sink, with the total the worker announced and how many
+/// bytes came so far.
 struct Download<F> {
     total: u64,
+    received: u64,
     sink: F,
 }
 
@@ -191,6 +315,8 @@ impl<F: FnMut(u64, &[u8]) -> Result<()>> ChunkSink<BufferChunk> for Download<F> 
     }
 
     fn data(&mut self, bytes: &[u8]) -> Result<()> {
-        (self.sink)(self.total, bytes)
+        (self.sink)(self.total, bytes)?;
+        self.received += bytes.len() as u64;
+        Ok(())
     }
 }

@@ -352,8 +352,10 @@ impl RemoteSession {
             lost: Event::new(),
             lost_signal: tokio::sync::watch::Sender::new(false),
             control: std::sync::Mutex::new(None),
+            link: tokio::sync::watch::Sender::new(Default::default()),
             beat: Beat::new(response.heartbeat_interval_ms, response.session_timeout_ms),
             host_callbacks: std::sync::Mutex::new(HashMap::new()),
+            host_calls: std::sync::Mutex::default(),
             tls: options.tls_ca.clone().map(|ca| (ca, reached.1)),
             spans: std::sync::OnceLock::new(),
         });

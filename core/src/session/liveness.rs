@@ -177,22 +177,6 @@ impl Inner {
                 .is_some_and(|control| control.waiting())
     }
 
-    /// `transfer`'s outcome, or the worker's loss if that comes first (a
-    /// transfer on a hung connection would wait for its keepalive).
-    pub(super) async fn unless_lost<T>(
-        &self,
-        transfer: impl std::future::Future<Output = Result<T>>,
-    ) -> Result<T> {
-        let mut lost = self.lost_signal.subscribe();
-        tokio::select! {
-            outcome = transfer => outcome,
-            _ = lost.wait_for(|lost| *lost) => Err(self
-                .lost
-                .error()
-                .unwrap_or_else(|| Error::unavailable(format!("worker {} lost", self.address)))),
-        }
-    }
-
     /// The error of a failed request; a worker that cannot be reached is lost.
     pub(super) fn fail(&self, status: &tonic::Status) -> Error {
         let err = from_status(status).context(format!("worker {}", self.address));
@@ -211,6 +195,7 @@ impl Inner {
             if control.resumes() && !self.closed.load(Ordering::SeqCst) {
                 tracing::debug!(worker = %self.address, error = %err, "the worker looks lost");
                 control.interrupt();
+                self.link_down();
                 return;
             }
         }

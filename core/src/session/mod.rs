@@ -33,6 +33,7 @@ mod control;
 mod health;
 mod host_calls;
 mod liveness;
+mod retry;
 mod spans;
 
 pub use crate::future::{Completion, Progress};
@@ -78,10 +79,16 @@ struct Inner {
     lost_signal: tokio::sync::watch::Sender<bool>,
     /// The control stream, opened with the session.
     control: std::sync::Mutex<Option<Arc<Control>>>,
+    /// Whether the link is up, as the control stream sees it: requests of
+    /// their own wait for it after a broken link (see [`retry`]).
+    link: tokio::sync::watch::Sender<retry::Link>,
     /// When to send heartbeats, and when the worker was last heard.
     beat: liveness::Beat,
     /// Host callbacks of the session's executables, by executable handle.
     host_callbacks: std::sync::Mutex<HashMap<u64, Vec<LoadedHostCallback>>>,
+    /// The host callback calls running here or whose result the worker
+    /// has not taken yet, by call id (see `host_calls`).
+    host_calls: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// The CA certificates and name the connection's TLS checks, if it has
     /// TLS (another worker that reads from this one connects the same way).
     tls: Option<(Vec<u8>, Option<String>)>,
@@ -207,15 +214,24 @@ impl RemoteSession {
             controller_device_ids,
         };
         Ok(runtime()?.spawn(async move {
-            inner.alive()?;
-            let mut rpc = inner.rpc.clone();
-            rpc.load_executable(inner.bulk_request(request))
-                .await
-                .map(|r| {
-                    let r = r.into_inner();
-                    (r.num_input_buffers, r.num_output_buffers)
-                })
-                .map_err(|s| inner.fail(&s))
+            // A load that reached the worker before its link broke is
+            // answered as the first when it goes out again.
+            let mut attempts = inner.attempts();
+            loop {
+                let mut rpc = inner.rpc.clone();
+                let load = async {
+                    rpc.load_executable(inner.bulk_request(request.clone()))
+                        .await
+                        .map_err(|s| retry::Failed::of(&inner, &s))
+                };
+                match attempts.run(load).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        return Ok((r.num_input_buffers, r.num_output_buffers));
+                    }
+                    Err(failed) => attempts.again(failed).await?,
+                }
+            }
         }))
     }
 }

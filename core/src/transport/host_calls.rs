@@ -67,27 +67,56 @@ impl ControlSink {
     }
 }
 
+/// Where the result of a host callback call goes.
+type ResultSender = SyncSender<Result<Vec<u8>>>;
+
 /// A worker session's calls to its controller's host callbacks.
 #[derive(Default)]
 pub(crate) struct PendingCalls {
     /// The open control stream, if any: calls travel on it.
     sink: Option<ControlSink>,
-    /// Calls waiting for their result, by call id.
-    waiting: HashMap<u64, SyncSender<Result<Vec<u8>>>>,
+    /// Calls waiting for their result, by call id, with what was sent.
+    waiting: HashMap<u64, (ResultSender, HostCallbackCall)>,
     next: u64,
+    /// The session's control stream resumes after its connection broke
+    /// (protocol [`RESUME_VERSION`](super::RESUME_VERSION)): calls wait
+    /// for the connection that resumes it, and go out again on it (the
+    /// controller runs each call id once).
+    resumes: bool,
 }
 
 impl PendingCalls {
-    /// The control stream opened: calls travel on `sink` from now on.
+    /// The calls of a session whose control stream `resumes` or not.
+    pub fn new(resumes: bool) -> PendingCalls {
+        PendingCalls {
+            resumes,
+            ..PendingCalls::default()
+        }
+    }
+
+    /// The control stream opened: calls travel on `sink` from now on, and
+    /// those waiting (sent on a connection that broke, or made while none
+    /// was open) go out again on it, in order.
     pub fn attach(&mut self, sink: ControlSink) {
+        let mut again: Vec<_> = self.waiting.values().map(|(_, call)| call).collect();
+        again.sort_unstable_by_key(|call| call.call);
+        for call in again {
+            if sink.send(Ok(call_message(call.clone()))).is_err() {
+                // Broke again: the next connection sends them.
+                break;
+            }
+        }
         self.sink = Some(sink);
     }
 
-    /// The control stream ended: the calls waiting on it fail (their waiters
-    /// see the dropped sender).
+    /// The control stream's connection ended: calls wait for the one that
+    /// resumes it, or, for a stream that does not resume, fail (their
+    /// waiters see the dropped sender).
     pub fn detach(&mut self) {
         self.sink = None;
-        self.waiting.clear();
+        if !self.resumes {
+            self.waiting.clear();
+        }
     }
 
     /// Sends a call of host callback `index` of `executable`; the returned
@@ -100,30 +129,34 @@ impl PendingCalls {
                 input.len()
             )));
         }
-        let sink = self.sink.clone().ok_or_else(|| {
-            Error::unavailable("the controller has no control stream open to take host callbacks")
-        })?;
+        if self.sink.is_none() && !self.resumes {
+            return Err(Error::unavailable(
+                "the controller has no control stream open to take host callbacks",
+            ));
+        }
         self.next += 1;
-        let call = self.next;
-        let (tx, rx) = sync_channel(1);
-        let message = ControlResponse {
-            host_callback: Some(HostCallbackCall {
-                call,
-                executable,
-                index,
-                input: Bytes::copy_from_slice(input),
-            }),
-            ..ControlResponse::default()
+        let call = HostCallbackCall {
+            call: self.next,
+            executable,
+            index,
+            input: Bytes::copy_from_slice(input),
         };
-        sink.send(Ok(message))
-            .map_err(|_| Error::unavailable("the controller's control stream closed"))?;
-        self.waiting.insert(call, tx);
+        let sent = match &self.sink {
+            Some(sink) => sink.send(Ok(call_message(call.clone()))).is_ok(),
+            None => false,
+        };
+        if !sent && !self.resumes {
+            return Err(Error::unavailable("the controller's control stream closed"));
+        }
+        // Unsent, it goes out on the connection that resumes the stream.
+        let (tx, rx) = sync_channel(1);
+        self.waiting.insert(call.call, (tx, call));
         Ok(Waiter(rx))
     }
 
     /// Hands the controller's `result` to the call waiting for it.
     pub fn finish(&mut self, result: HostCallbackResult) -> Result<()> {
-        let waiter = self.waiting.remove(&result.call).ok_or_else(|| {
+        let (waiter, _) = self.waiting.remove(&result.call).ok_or_else(|| {
             Error::invalid_argument(format!("no host callback call {} is waiting", result.call))
         })?;
         let outcome = if result.code == 0 {
@@ -135,6 +168,14 @@ impl PendingCalls {
         // The caller may have given up (its session closed): nobody to tell.
         let _ = waiter.send(outcome);
         Ok(())
+    }
+}
+
+/// The message that carries `call` to the controller.
+fn call_message(call: HostCallbackCall) -> ControlResponse {
+    ControlResponse {
+        host_callback: Some(call),
+        ..ControlResponse::default()
     }
 }
 

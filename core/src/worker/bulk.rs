@@ -73,13 +73,29 @@ impl Service {
     ) -> http::Response<tonic::body::Body> {
         let (parts, body) = request.into_parts();
         let request = Request::from_http(http::Request::from_parts(parts, ()));
+        let mut offset = 0;
         let result = async {
-            let handle = async { Ok(read_get_request(body).await?.handle) };
+            let handle = async {
+                let request = read_get_request(body).await?;
+                offset = request.offset;
+                Ok(request.handle)
+            };
             let (id, handle) = self.source_of(&request, handle).await?;
             self.download(id, handle).await
         };
-        match result.await {
-            Ok(data) => download_answer(data),
+        let data = result.await.and_then(|data| {
+            // A download that starts again asks for the rest (a grant's
+            // copy, whose message is not read, always starts at 0).
+            match usize::try_from(offset).ok().filter(|&o| o <= data.len()) {
+                Some(offset) => Ok((data, offset)),
+                None => Err(Error::invalid_argument(format!(
+                    "a download from byte {offset} of a {}-byte buffer",
+                    data.len()
+                ))),
+            }
+        });
+        match data {
+            Ok((data, offset)) => download_answer(data, offset),
             Err(e) => to_status(&e).into_http(),
         }
     }

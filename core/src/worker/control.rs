@@ -1,6 +1,5 @@
-//! Running programs for a session: loading executables (with proxies of the
-//! controller's host callbacks), queuing executions, and the operations of
-//! the ordered control stream and their answers.
+//! Running programs for a session: queuing executions, and the operations
+//! of the ordered control stream and their answers (loads: `loads.rs`).
 
 use std::sync::Arc;
 
@@ -11,15 +10,12 @@ use super::copies::Answers;
 use super::service::Service;
 use super::{lock, Session, Shared};
 use crate::buffer::{Buffer, Storage};
-use crate::compiler::CompileOptions;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::future::Event;
-use crate::host_callback::LoadedHostCallback;
-use crate::transport::host_calls::{ControlSink, MAX_HOST_CALLBACKS};
+use crate::transport::host_calls::ControlSink;
 use crate::transport::proto::{
-    control_request, ControlRequest, ControlResponse, ExecuteRequest, LoadExecutableRequest,
-    LoadExecutableResponse, PutSmallBufferRequest,
+    control_request, ControlRequest, ControlResponse, ExecuteRequest, PutSmallBufferRequest,
 };
 use crate::transport::{
     wire_message, wire_traceback, SessionId, CUMULATIVE_VERSION, GRANT_ANSWER_VERSION,
@@ -27,83 +23,6 @@ use crate::transport::{
 };
 
 impl Service {
-    pub(super) fn load(
-        &self,
-        id: SessionId,
-        request: &LoadExecutableRequest,
-    ) -> Result<LoadExecutableResponse> {
-        let decoded = crate::format::decode(&request.executable)?;
-        if decoded.num_host_callbacks > MAX_HOST_CALLBACKS {
-            return Err(Error::invalid_argument(format!(
-                "an executable may name at most {MAX_HOST_CALLBACKS} host callbacks, not {}",
-                decoded.num_host_callbacks
-            )));
-        }
-        let host_callbacks = (0..decoded.num_host_callbacks)
-            .map(|index| self.host_callback_proxy(id, request.handle, index))
-            .collect();
-        let scope = self.with_session(id, |session| Ok(session.scope.clone()))?;
-        // The controller's ids of this host's devices, for the load only.
-        let mut by_controller = std::collections::HashMap::new();
-        for (&local, &controller) in &request.controller_device_ids {
-            self.0.client.lookup_device(local).map_err(|_| {
-                Error::invalid_argument(format!(
-                    "controller_device_ids names device {local}, which this host lacks"
-                ))
-            })?;
-            if by_controller.insert(controller, local).is_some() {
-                return Err(Error::invalid_argument(format!(
-                    "controller_device_ids gives controller device {controller} twice"
-                )));
-            }
-        }
-        let _ids = crate::executor::ControllerIds::enter(by_controller);
-        let exe =
-            self.0
-                .client
-                .load_decoded(decoded, CompileOptions { host_callbacks }, Some(scope))?;
-        let count = |specs: &[crate::spec::ArraySpec]| -> Result<u32> {
-            let n: usize = specs.iter().map(|s| s.sharding.devices().len()).sum();
-            u32::try_from(n).map_err(|_| Error::invalid_argument("too many shards"))
-        };
-        let response = LoadExecutableResponse {
-            num_input_buffers: count(&exe.program().input_specs)?,
-            num_output_buffers: count(&exe.program().output_specs)?,
-        };
-        self.with_session(id, |session| {
-            if session.executables.contains_key(&request.handle) {
-                return Err(Error::already_exists(format!(
-                    "executable {} exists in this session",
-                    request.handle
-                )));
-            }
-            session.executables.insert(request.handle, exe);
-            Ok(response)
-        })
-    }
-
-    /// Host callback `index` of executable `executable` as a program of the
-    /// session sees it: a call that runs on the controller.
-    fn host_callback_proxy(
-        &self,
-        id: SessionId,
-        executable: u64,
-        index: u32,
-    ) -> LoadedHostCallback {
-        let shared = Arc::downgrade(&self.0);
-        LoadedHostCallback::new(format!("controller host callback {index}"), move |input| {
-            let shared = shared
-                .upgrade()
-                .ok_or_else(|| Error::unavailable("the worker is stopping"))?;
-            let waiter = Service(shared)
-                .with_session(id, |session| session.calls.start(executable, index, input))?;
-            // Blocks this thread only: the result arrives on the control
-            // stream (read by another thread), or the session's end fails it.
-            super::lane::before_waiting_on_the_controller();
-            waiter.wait()
-        })
-    }
-
     /// Queues an execution; returns its status (ready when it has run).
     /// Runs `request`: its status, and its output buffers (in the order of
     /// `request.outputs`).
@@ -116,7 +35,7 @@ impl Service {
             let exe = session
                 .executables
                 .get(&request.executable)
-                .cloned()
+                .map(|loaded| loaded.exe.clone())
                 .ok_or_else(|| {
                     Error::not_found(format!(
                         "no executable {} in this session",

@@ -27,7 +27,9 @@ use crate::prefault::Prefault;
 use crate::session::{endpoint, ConnectOptions};
 use crate::transport::buffers::receive_buffer;
 use crate::transport::bulk::{get_call, ChunkSink};
-use crate::transport::proto::{BufferChunk, ControlResponse, FetchBufferRequest, GrantReadRequest};
+use crate::transport::proto::{
+    BufferChunk, ControlResponse, FetchBufferRequest, GetBufferRequest, GrantReadRequest,
+};
 use crate::transport::{from_status, reports_progress, SessionId, GRANT};
 
 /// Grants a worker keeps at most (for all sessions): a controller that grants
@@ -301,7 +303,10 @@ impl Service {
         for attempt in 1..=GRANT_ATTEMPTS {
             let mut metadata = MetadataMap::new();
             metadata.insert(GRANT, grant.clone());
-            let outcome = get_call(channel.clone(), metadata, 0, &mut sink, from_status).await;
+            // The grant names the buffer: the request's fields are not read.
+            let request = GetBufferRequest::default();
+            let outcome =
+                get_call(channel.clone(), metadata, request, &mut sink, from_status).await;
             match outcome {
                 Ok(()) => return sink.finish(),
                 // The grant may not have reached the source yet (a refusal

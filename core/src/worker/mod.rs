@@ -37,6 +37,7 @@ mod copies;
 mod flags;
 mod isolation;
 mod lane;
+mod loads;
 mod resume;
 mod routes;
 mod service;
@@ -192,7 +193,7 @@ struct Session {
     /// (a fast hash: the controller that chooses them is authenticated).
     buffers: FxHashMap<u64, Buffer>,
     /// The session's loaded executables, by handle.
-    executables: FxHashMap<u64, LoadedExecutable>,
+    executables: FxHashMap<u64, Loaded>,
     /// The worker's stream for each stream of the controller.
     streams: FxHashMap<u64, Stream>,
     /// Dropped with the session: its control stream ends then.
@@ -205,6 +206,16 @@ struct Session {
     scope: Arc<SessionScope>,
     /// The spans kept for the controller, once it asked (`CollectSpans`).
     spans: Option<Arc<crate::trace::SpanCollector>>,
+}
+
+/// An executable a session loaded, with what its load was answered.
+struct Loaded {
+    exe: LoadedExecutable,
+    /// The digest of the request that loaded it: the same request again is
+    /// a retry after a broken link (a controller never reuses a handle),
+    /// answered as the first was.
+    request: u64,
+    answer: crate::transport::proto::LoadExecutableResponse,
 }
 
 impl Worker {

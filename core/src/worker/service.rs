@@ -336,7 +336,7 @@ impl WorkerRpc for Service {
                 executables: FxHashMap::default(),
                 streams: FxHashMap::default(),
                 ended: tokio::sync::watch::channel(()).0,
-                calls: PendingCalls::default(),
+                calls: PendingCalls::new(version >= crate::transport::RESUME_VERSION),
                 stream: super::resume::SessionStream::new(version),
                 scope: Arc::new(SessionScope::new()),
                 spans: None,

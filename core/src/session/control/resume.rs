@@ -204,6 +204,7 @@ impl Inner {
         if !control.disconnect(generation) || self.lost.is_ready() {
             return;
         }
+        self.link_down();
         tracing::warn!(worker = %self.address, error = %why, "the control stream broke: connecting again");
         let inner = Arc::downgrade(self);
         let deadline = self.beat.heard_at() + self.session_timeout;
@@ -290,6 +291,7 @@ fn reconnect(inner: Weak<Inner>, control: Arc<Control>, deadline: Instant, why: 
         match inner.resume_control(&control, generation, within) {
             Ok(true) => {
                 inner.beat.heard();
+                inner.link_up();
                 tracing::info!(worker = %inner.address, "the control stream resumed");
                 return;
             }

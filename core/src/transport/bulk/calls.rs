@@ -196,12 +196,13 @@ fn grpc_answer(frames: VecDeque<Frame<Bytes>>) -> http::Response<tonic::body::Bo
     answer
 }
 
-/// The answer to a download of `data`: `BufferChunk` messages of at most
-/// [`CHUNK_BYTES`] of data, each sent as its prefix ([`prefix`]) and then
-/// its bytes as they are (views of `data`, no copies); the first announces
-/// the total. Then status OK.
-pub(crate) fn download_answer(data: Bytes) -> http::Response<tonic::body::Body> {
+/// The answer to a download of `data` from byte `offset` on: `BufferChunk`
+/// messages of at most [`CHUNK_BYTES`] of data, each sent as its prefix
+/// ([`prefix`]) and then its bytes as they are (views of `data`, no
+/// copies); the first announces the whole size. Then status OK.
+pub(crate) fn download_answer(data: Bytes, offset: usize) -> http::Response<tonic::body::Body> {
     let mut total_bytes = data.len() as u64;
+    let data = data.slice(offset.min(data.len())..);
     let mut frames = VecDeque::new();
     for chunk in chunks(data) {
         let fields = BufferChunk {
@@ -258,7 +259,7 @@ fn broken_answer(err: Error) -> Error {
     }
 }
 
-/// Calls `GetBuffer` for buffer `handle` on `channel` (a tonic `Channel`)
+/// Calls `GetBuffer` with `request` (a buffer, from an offset) on `channel` (a tonic `Channel`)
 /// with `metadata` (the token and the session), as tonic's generated client
 /// calls it, and parses the answer as it arrives: each chunk's fields, then
 /// its data as views of the received frames, go to `sink`. A status that is
@@ -267,7 +268,7 @@ fn broken_answer(err: Error) -> Error {
 pub(crate) async fn get_call<C>(
     mut channel: C,
     metadata: MetadataMap,
-    handle: u64,
+    request: GetBufferRequest,
     sink: &mut impl ChunkSink<BufferChunk>,
     fail: impl Fn(&Status) -> Error,
 ) -> Result<()>
@@ -276,7 +277,7 @@ where
     C::ResponseBody: http_body::Body<Data = Bytes>,
     <C::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError>,
 {
-    let body = unary_body(&GetBufferRequest { handle });
+    let body = unary_body(&request);
     let request = grpc_request(GET_BUFFER_PATH, metadata, body);
     let answer = call(&mut channel, request).await.map_err(|s| fail(&s))?;
     // A status in the headers is the whole answer ("trailers-only").
