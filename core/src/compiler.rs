@@ -111,7 +111,7 @@ impl Client {
         let mut hosts = Vec::with_capacity(host_indices.len());
         for &h in &host_indices {
             let host = &self.hosts()[h];
-            if self.remote(h).is_some() {
+            if self.is_remote(h) {
                 let plan = remote_plans.next().unwrap_or_else(|| {
                     Err(Error::internal(format!("no plan for worker host {h}")))
                 });
@@ -253,7 +253,7 @@ fn load_on_workers(
         .filter_map(|&h| {
             client
                 .remote(h)
-                .map(|r| start_remote(h, r, program, options))
+                .map(|r| start_remote(h, &r, program, options))
         })
         .collect();
     if started.is_empty() {

@@ -183,6 +183,21 @@ fn a_partition_longer_than_the_session_timeout_fails_the_call_in_flight_within_t
         std::thread::sleep(Duration::from_millis(5));
     }
     linked.proxy.partition(false);
+    // After the heal, the same client works with the worker again: new work
+    // opens a new session, and what the lost one held says it is gone.
+    let err = kept.to_host_bytes().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_new_work_runs(&client);
+}
+
+/// New arrays and executables on `client`'s first device work: a new
+/// session replaced a lost one.
+fn assert_new_work_runs(client: &Client) {
+    let device = client.devices()[0].clone();
+    let x = i32_array(client, &[1, 2, 3, 4], &spec_on(&[4], DType::I32, &device));
+    let out = chained_calls(&counted(client), &x, 2);
+    assert_eq!(i32_values(&out.to_host_bytes().unwrap()), vec![3, 4, 5, 6]);
+    assert!(!client.host_lost(0).unwrap().is_ready());
 }
 
 /// `counted` (`add_one_i32` that the worker counts) for int32[4] on the
@@ -337,14 +352,24 @@ fn a_reset_mid_upload_and_mid_download_starts_them_again_and_both_complete() {
     let linked = Linked::start(|_| {});
     let client = linked.controller();
     let bytes = patterned(32);
-    // 32 MiB at 64 MiB/s: the reset comes while the transfer is in flight.
-    linked.proxy.set_bandwidth(Direction::Both, Some(64 << 20));
-    let reset_soon = || {
-        std::thread::sleep(Duration::from_millis(200));
+    // 32 MiB at 32 MiB/s: the reset comes once a quarter of a transfer has
+    // gone, while it is in flight.
+    linked.proxy.set_bandwidth(Direction::Both, Some(32 << 20));
+    let reset_midway = |up: bool| {
+        let sent = |stats: colocated_faultproxy::Stats| match up {
+            true => stats.bytes_up,
+            false => stats.bytes_down,
+        };
+        let before = sent(linked.proxy.stats());
+        let began = Instant::now();
+        while sent(linked.proxy.stats()) < before + (8 << 20) {
+            assert!(began.elapsed() < PATIENCE, "the transfer never started");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         linked.proxy.reset();
     };
     let buffer = std::thread::scope(|scope| {
-        scope.spawn(reset_soon);
+        scope.spawn(|| reset_midway(true));
         uploaded(&client, &bytes)
     });
     let up = linked.proxy.stats().bytes_up;
@@ -354,7 +379,7 @@ fn a_reset_mid_upload_and_mid_download_starts_them_again_and_both_complete() {
     );
     assert_eq!(linked.worker.buffer_count(), 1, "one buffer, stored once");
     let back = std::thread::scope(|scope| {
-        scope.spawn(reset_soon);
+        scope.spawn(|| reset_midway(false));
         buffer.to_host_vec().unwrap()
     });
     assert!(back == bytes, "the buffer came back changed");
@@ -441,4 +466,63 @@ fn a_host_callback_call_in_flight_survives_a_reset_and_runs_once() {
     run.status.wait_timeout(PATIENCE).unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert!(!client.host_lost(0).unwrap().is_ready());
+}
+
+#[test]
+fn a_worker_restarted_on_the_same_address_serves_the_same_client_again() {
+    let token = Token::generate().unwrap();
+    let start = |listen: Option<std::net::SocketAddr>| {
+        let client = client_with_threads(1, 2);
+        register_add_one(&client);
+        client
+            .register_native_function("counted", common::add_one_shards)
+            .unwrap();
+        let mut options = colocated_core::worker::WorkerOptions::new(Some(token.clone()));
+        if let Some(listen) = listen {
+            options.listen = listen;
+        }
+        Worker::start(client, options)
+    };
+    let first = start(None).unwrap();
+    let address = first.local_addr();
+    let proxy = FaultProxy::start(address).unwrap();
+    let mut worker = ConnectOptions::new(proxy.addr().to_string(), Some(token.clone()));
+    worker.timeout = Duration::from_secs(5);
+    let client = Client::connect(&ClusterOptions {
+        workers: vec![worker],
+        include_local: false,
+        local: ClientOptions::default(),
+    })
+    .unwrap();
+    let device = client.devices()[0].clone();
+    let kept = i32_array(&client, &[1, 2, 3, 4], &spec_on(&[4], DType::I32, &device));
+    kept.ready_event().wait_timeout(PATIENCE).unwrap();
+    // The worker crashes: its connections break, and nothing answers.
+    proxy.refuse(true);
+    proxy.reset();
+    drop(first);
+    // A new worker process on the same address (once the port is free).
+    let began = Instant::now();
+    let _second = loop {
+        match start(Some(address)) {
+            Ok(worker) => break worker,
+            Err(err) => {
+                assert!(began.elapsed() < PATIENCE, "the port stayed taken: {err}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    proxy.refuse(false);
+    // The controller's next attempt to resume reaches the new worker, which
+    // does not know the session: lost at once, typed.
+    let lost = client.host_lost(0).unwrap();
+    let err = lost.wait_timeout(PATIENCE).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert!(
+        err.message().contains("no longer has this session"),
+        "{err}"
+    );
+    let err = kept.to_host_bytes().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_new_work_runs(&client);
 }

@@ -142,9 +142,9 @@ impl Buffer {
         if let (Storage::Remote(remote), Some(to)) =
             (&*held, self.0.client.remote(dst.0.device.host_index()))
         {
-            if remote.copies_directly_to(to, self.0.dtype) {
+            if remote.copies_directly_to(&to, self.0.dtype) {
                 let keep = (held.clone(), hold);
-                return remote.copy_to_worker(to, dst.clone(), progress, keep);
+                return remote.copy_to_worker(&to, dst.clone(), progress, keep);
             }
         }
         if dst.host().takes_directly(&held) {

@@ -69,13 +69,30 @@ pub(crate) trait HostData: Sync {
 }
 
 /// What holds the data of buffers on `device` of `client`: its PJRT
-/// plugin, its worker, or this process.
-pub(crate) fn of<'a>(client: &'a Client, device: &'a Device) -> &'a dyn HostData {
+/// plugin, its worker (in the session for new work), or this process.
+pub(crate) fn of<'a>(client: &'a Client, device: &'a Device) -> Holder<'a> {
     if let Some(pjrt) = &device.0.pjrt {
-        return &**pjrt;
+        return Holder::Here(&**pjrt);
     }
     match client.remote(device.host_index()) {
-        Some(remote) => remote,
-        None => &super::local::Local,
+        Some(remote) => Holder::Worker(remote),
+        None => Holder::Here(&super::local::Local),
+    }
+}
+
+/// What [`of`] names: a holder in this process, or a worker host.
+pub(crate) enum Holder<'a> {
+    Here(&'a dyn HostData),
+    Worker(Arc<crate::remote::RemoteHost>),
+}
+
+impl<'a> std::ops::Deref for Holder<'a> {
+    type Target = dyn HostData + 'a;
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Holder::Here(here) => *here,
+            Holder::Worker(worker) => worker,
+        }
     }
 }

@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::remote::{RemoteBuffer, RemoteHost};
 use crate::storage::DenseBytes;
-use host::HostData;
 
 mod copy;
 mod create;
@@ -338,8 +337,9 @@ impl Buffer {
             || (self.0.device.0.pjrt.is_some() && self.0.device.platform() == "cpu")
     }
 
-    /// The host that holds this buffer's data.
-    fn host(&self) -> &dyn HostData {
+    /// The host that holds this buffer's data (a worker's, in its session
+    /// for new work: the buffer's own data travels with its storage).
+    fn host(&self) -> host::Holder<'_> {
         host::of(&self.0.client, &self.0.device)
     }
 

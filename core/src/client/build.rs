@@ -16,7 +16,7 @@ use crate::device::{
 };
 use crate::dispatch::Dispatcher;
 use crate::error::{Error, Result};
-use crate::remote::RemoteHost;
+use crate::remote::{RemoteHost, RemoteSlot};
 use crate::session::{ConnectOptions, RemoteSession};
 
 /// A session with the worker of `options`, retrying while it refuses
@@ -103,14 +103,19 @@ impl Client {
                 ));
             }
         }
-        let sessions = sessions.into_iter().filter_map(Result::ok).collect();
+        // Each with how it was reached (every attempt succeeded, in order).
+        let sessions = sessions
+            .into_iter()
+            .filter_map(Result::ok)
+            .zip(options.workers.iter().cloned())
+            .collect();
         Client::build(&options.local, options.include_local, sessions)
     }
 
     fn build(
         options: &ClientOptions,
         include_local: bool,
-        sessions: Vec<RemoteSession>,
+        sessions: Vec<(RemoteSession, ConnectOptions)>,
     ) -> Result<Client> {
         crate::trace::init_from_env();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -148,7 +153,12 @@ impl Client {
         let num_plugin = plugin.as_ref().map_or(0, |p| p.client().devices().len());
 
         // (process index, name, devices, worker)
-        type HostSpec = (u32, String, Vec<RemoteDevice>, Option<RemoteSession>);
+        type HostSpec = (
+            u32,
+            String,
+            Vec<RemoteDevice>,
+            Option<(RemoteSession, ConnectOptions)>,
+        );
         let mut specs: Vec<HostSpec> = Vec::new();
         if include_local {
             let cpu = || Arc::<str>::from(backend.kind());
@@ -164,7 +174,7 @@ impl Client {
                 .collect();
             specs.push((0, "local".to_string(), devices, None));
         }
-        for (i, session) in sessions.into_iter().enumerate() {
+        for (i, (session, reached)) in sessions.into_iter().enumerate() {
             let info = session.host();
             if info.devices.is_empty() {
                 return Err(Error::failed_precondition(format!(
@@ -207,7 +217,7 @@ impl Client {
                 });
             }
             let name = session.address().to_string();
-            specs.push((i as u32 + 1, name, devices, Some(session)));
+            specs.push((i as u32 + 1, name, devices, Some((session, reached))));
         }
         let total: usize = specs.iter().map(|s| s.2.len()).sum::<usize>() + num_plugin;
         let total = u32::try_from(total)
@@ -343,12 +353,13 @@ impl Client {
             }
             host_spaces.push(pinned);
             host_spaces.push(unpinned);
-            remotes.push(session.map(|session| {
-                Arc::new(RemoteHost {
+            remotes.push(session.map(|(session, reached)| {
+                let host = RemoteHost {
                     session,
                     local_ids: host_devices.iter().map(|d| d.local_id).collect(),
                     first_device: first,
-                })
+                };
+                RemoteSlot::new(host, reached)
             }));
             hosts.push(Host {
                 index: host_index,

@@ -8,7 +8,7 @@ use crate::device::{Device, MemorySpace};
 use crate::dispatch::{nested_stream, thread_stream, Dispatcher, Stream, StreamSlot};
 use crate::error::{Error, Result};
 use crate::future::Event;
-use crate::remote::RemoteHost;
+use crate::remote::{RemoteHost, RemoteSlot};
 use crate::session::ConnectOptions;
 
 pub use crate::device::PLATFORM_NAME;
@@ -152,7 +152,7 @@ pub(crate) struct ClientInner {
     pub hosts: Vec<Host>,
     pub local: LocalHost,
     /// The worker of each host index (`None` for the local host).
-    pub remotes: Vec<Option<Arc<RemoteHost>>>,
+    pub remotes: Vec<Option<RemoteSlot>>,
 }
 
 impl Drop for ClientInner {
@@ -182,9 +182,20 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// The worker of host `index` (`None` for the local host).
-    pub(crate) fn remote(&self, index: usize) -> Option<&Arc<RemoteHost>> {
-        self.0.remotes.get(index).and_then(Option::as_ref)
+    /// The worker of host `index` for new work (`None` for the local
+    /// host): its session, or a new one when that was lost (see
+    /// [`RemoteSlot`]).
+    pub(crate) fn remote(&self, index: usize) -> Option<Arc<RemoteHost>> {
+        self.0
+            .remotes
+            .get(index)
+            .and_then(Option::as_ref)
+            .map(RemoteSlot::for_work)
+    }
+
+    /// Whether host `index` is a worker.
+    pub(crate) fn is_remote(&self, index: usize) -> bool {
+        self.0.remotes.get(index).is_some_and(Option::is_some)
     }
 
     /// Ends the sessions with the client's workers now, instead of when the
@@ -195,13 +206,15 @@ impl Client {
     /// nothing.
     pub fn close(&self) {
         for remote in self.0.remotes.iter().flatten() {
-            remote.session.close();
+            remote.current().session.close();
         }
     }
 
-    /// Ready, with `unavailable`, once host `index`'s worker is lost (see
-    /// [`RemoteSession::lost`](crate::session::RemoteSession::lost)); never
-    /// ready for the local host.
+    /// Ready, with `unavailable`, once host `index`'s session is lost for
+    /// good (see [`RemoteSession::lost`](crate::session::RemoteSession::lost));
+    /// never ready for the local host. The event is that of the host's
+    /// current session: after new work opened a new session with the
+    /// worker, ask again for the new one's.
     pub fn host_lost(&self, index: usize) -> Result<Event> {
         if index >= self.0.hosts.len() {
             return Err(Error::invalid_argument(format!(
@@ -209,8 +222,9 @@ impl Client {
                 self.0.hosts.len()
             )));
         }
-        Ok(match self.remote(index) {
-            Some(remote) => remote.session.lost().clone(),
+        let remote = self.0.remotes.get(index).and_then(Option::as_ref);
+        Ok(match remote {
+            Some(remote) => remote.current().session.lost().clone(),
             None => Event::new(),
         })
     }

@@ -408,9 +408,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
             },
         )?;
         let same = |a: &[u8], b: &[u8]| site.same_structure(a, b);
-        let all_local = devices
-            .iter()
-            .all(|d| client.remote(d.host_index()).is_none());
+        let all_local = devices.iter().all(|d| !client.is_remote(d.host_index()));
         let popped = (|| {
             probe
                 .execute(inputs, &ExecuteOptions::default())?
@@ -450,7 +448,7 @@ impl<E: Send + Sync + 'static> ColocatedFunction<E> {
                 // otherwise: each host on its own (a lost worker has freed
                 // everything already and must not keep the others' parked).
                 for host in by_host(&devices) {
-                    if client.remote(host[0].host_index()).is_none() {
+                    if !client.is_remote(host[0].host_index()) {
                         drop(take_parked(SessionKey::LOCAL, key));
                         continue;
                     }

@@ -85,7 +85,7 @@ impl ColocatedObject {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         for device in devices {
             let host = (device.client_id(), device.host_index());
-            if client.remote(host.1).is_none() || state.forgets.contains_key(&host) {
+            if !client.is_remote(host.1) || state.forgets.contains_key(&host) {
                 continue;
             }
             let on_host: Vec<Device> = devices

@@ -23,9 +23,11 @@ use crate::transport::{MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION, STRINGS_VERSION};
 
 mod buffers;
 mod host_local;
+mod slot;
 
 pub(crate) use buffers::RemoteBuffer;
 pub(crate) use host_local::{host_local, local_spec, HostLocal};
+pub(crate) use slot::RemoteSlot;
 /// How often an upload waiting for the network checks that its worker is
 /// still there.
 const LOST_CHECK: std::time::Duration = std::time::Duration::from_millis(20);

@@ -162,12 +162,20 @@ impl RemoteSession {
         &self.inner.session_address
     }
 
-    /// Ready, with `unavailable`, once the worker is lost: a heartbeat or a
-    /// request failed to reach it (it died, or the link dropped). Every later
-    /// call of this session fails at once with that error; a new session
-    /// (`connect` again) is the way back once the worker is up.
+    /// Ready, with `unavailable`, once the worker is lost for good: the
+    /// link stayed down longer than the worker keeps a session, or the
+    /// worker no longer has the session (it restarted). Every later call of
+    /// this session fails at once with that error; a new session is the way
+    /// back once the worker is up (a client opens one by itself for new
+    /// work).
     pub fn lost(&self) -> &Event {
         &self.inner.lost
+    }
+
+    /// Whether this process closed the session (`close`, or the client
+    /// closing its workers), rather than lost it.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
     }
 
     /// A handle no buffer of this session has used yet.

@@ -360,6 +360,9 @@ pub fn from_status(status: &tonic::Status) -> Error {
         tonic::Code::Cancelled if status.message() == TIMEOUT_EXPIRED => {
             ErrorCode::DeadlineExceeded
         }
+        // Hyper's "operation was canceled": the connection went away under
+        // the request (a peer's own cancellation carries no local source).
+        tonic::Code::Cancelled if status.source().is_some() => ErrorCode::Unavailable,
         tonic::Code::Cancelled => ErrorCode::Cancelled,
         tonic::Code::InvalidArgument => ErrorCode::InvalidArgument,
         tonic::Code::DeadlineExceeded => ErrorCode::DeadlineExceeded,
@@ -488,6 +491,20 @@ mod tests {
             from_status(&tonic::Status::data_loss("x")).code(),
             ErrorCode::Internal
         );
+    }
+
+    /// A request that its connection's end cancelled (hyper's "operation
+    /// was canceled", with a local source) could not reach the peer:
+    /// `unavailable`, as a refused connection is; a peer's `cancelled`
+    /// stays `cancelled`. Connecting through a link that resets every
+    /// connection sometimes failed with `cancelled`.
+    #[test]
+    fn a_request_cancelled_by_its_connection_is_unavailable() {
+        let mut local = tonic::Status::cancelled("operation was canceled");
+        local.set_source(std::sync::Arc::new(std::io::Error::other("connection reset")));
+        assert_eq!(from_status(&local).code(), ErrorCode::Unavailable);
+        let peer = tonic::Status::cancelled("the peer cancelled");
+        assert_eq!(from_status(&peer).code(), ErrorCode::Cancelled);
     }
 
     #[test]

@@ -202,7 +202,7 @@ fn host_devices<'a>(ctx: &ExecutionContext<'a>) -> Vec<&'a Device> {
     ctx.program()
         .devices
         .iter()
-        .filter(|d| client.remote(d.host_index()).is_none())
+        .filter(|d| !client.is_remote(d.host_index()))
         .collect()
 }
 

@@ -1,0 +1,122 @@
+//! A client's place for one worker host: its session now, and a new one
+//! when that session is lost for good (the worker restarted, or the link
+//! stayed down longer than the worker keeps a session). What was made in
+//! the lost session stays with it and fails with its error; new work opens
+//! a new session with the worker, so the same client works with it again
+//! without connecting anew.
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use super::RemoteHost;
+use crate::error::{Error, Result};
+use crate::session::{ConnectOptions, RemoteSession};
+use crate::transport::lock;
+
+/// The least time between two attempts to open a new session with a
+/// worker whose session was lost: work meanwhile fails with the loss.
+const REOPEN_PAUSE: Duration = Duration::from_secs(1);
+
+/// One worker host of a client, across its sessions.
+pub(crate) struct RemoteSlot {
+    current: RwLock<Arc<RemoteHost>>,
+    /// How the client reached the worker (a supervisor's address, for a
+    /// worker that runs each session in a process of its own).
+    options: ConnectOptions,
+    /// When the last attempt to open a new session failed; held while one
+    /// is made, so that one thread makes it.
+    reopening: Mutex<Option<Instant>>,
+}
+
+impl RemoteSlot {
+    /// The place of `host`, reached with `options`.
+    pub fn new(host: RemoteHost, options: ConnectOptions) -> RemoteSlot {
+        RemoteSlot {
+            current: RwLock::new(Arc::new(host)),
+            options,
+            reopening: Mutex::new(None),
+        }
+    }
+
+    /// The host as it is now, whatever its session's state.
+    pub fn current(&self) -> Arc<RemoteHost> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The host for new work: the current one, or, when its session was
+    /// lost (not closed), a new session with the worker if one opens (at
+    /// most one attempt each [`REOPEN_PAUSE`]; the lost host otherwise,
+    /// whose work fails with the loss).
+    pub fn for_work(&self) -> Arc<RemoteHost> {
+        let host = self.current();
+        let session = &host.session;
+        if !session.lost().is_ready() || session.is_closed() {
+            return host;
+        }
+        self.reopen(host)
+    }
+
+    /// Replaces `lost` with a host of a new session, if one opens.
+    fn reopen(&self, lost: Arc<RemoteHost>) -> Arc<RemoteHost> {
+        let mut failed_at = lock(&self.reopening);
+        let host = self.current();
+        if !Arc::ptr_eq(&host, &lost) {
+            // Another thread opened one meanwhile.
+            return host;
+        }
+        if failed_at.is_some_and(|at| at.elapsed() < REOPEN_PAUSE) {
+            return lost;
+        }
+        match RemoteSession::connect(&self.options).and_then(|session| lost.renewed(session)) {
+            Ok(host) => {
+                tracing::info!(worker = %self.options.address, "a new session replaces the lost one");
+                let host = Arc::new(host);
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = host.clone();
+                *failed_at = None;
+                host
+            }
+            Err(err) => {
+                tracing::debug!(worker = %self.options.address, error = %err, "no new session yet");
+                *failed_at = Some(Instant::now());
+                lost
+            }
+        }
+    }
+}
+
+impl RemoteHost {
+    /// This host with `session`, a new session with the same worker, which
+    /// must have the devices the client knows it by.
+    fn renewed(&self, session: RemoteSession) -> Result<RemoteHost> {
+        let had = devices_of(&self.session);
+        let has = devices_of(&session);
+        if had != has {
+            session.close();
+            return Err(Error::failed_precondition(format!(
+                "worker {} came back with other devices ({} now, {} before): connect a new client",
+                self.session.address(),
+                has.len(),
+                had.len()
+            )));
+        }
+        Ok(RemoteHost {
+            session,
+            local_ids: self.local_ids.clone(),
+            first_device: self.first_device,
+        })
+    }
+}
+
+/// What a client knows a worker's devices by: each one's id there, kind
+/// and platform.
+fn devices_of(session: &RemoteSession) -> Vec<(u32, &str, &str)> {
+    session
+        .host()
+        .devices
+        .iter()
+        .map(|d| (d.local_id, d.kind.as_str(), d.platform.as_str()))
+        .collect()
+}
