@@ -332,6 +332,32 @@ fn start_remote(
     })
 }
 
+/// Loads `exe`'s part on worker `remote` (host `host`) again: in a new
+/// session that replaced the one it was loaded in (see
+/// [`RemoteSlot`](crate::remote::RemoteSlot)).
+pub(crate) fn load_again(
+    host: usize,
+    remote: &Arc<RemoteHost>,
+    exe: &LoadedExecutable,
+) -> Result<RemoteExecutable> {
+    let options = CompileOptions {
+        host_callbacks: exe.host_callbacks().to_vec(),
+    };
+    let mut started = start_remote(host, remote, exe.program(), &options)?;
+    let load = started.load.take();
+    let loaded = crate::session::wait_all(vec![load]).pop();
+    match loaded.unwrap_or_else(|| Err(Error::internal("a load without an answer"))) {
+        Ok(_) => Ok(RemoteExecutable {
+            host: started.remote,
+            handle: started.handle,
+        }),
+        Err(err) => {
+            started.remote.session.forget_host_callbacks(started.handle);
+            Err(err)
+        }
+    }
+}
+
 /// The plan of a worker's part once the worker loaded it (unloaded again,
 /// host callbacks and all, if no plan comes of it).
 fn finish_remote(started: Started, program: &Program) -> Result<HostPlan> {
@@ -366,7 +392,7 @@ fn finish_remote(started: Started, program: &Program) -> Result<HostPlan> {
     }
     Ok(HostPlan {
         host,
-        run: Box::new(WorkerRun(loaded)),
+        run: Box::new(WorkerRun::new(loaded, host)),
         input_counts: local.input_positions.iter().map(Vec::len).collect(),
         input_positions: local.input_positions,
         output_positions: local.output_positions,

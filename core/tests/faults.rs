@@ -163,6 +163,7 @@ fn a_partition_longer_than_the_session_timeout_fails_the_call_in_flight_within_t
     let kept = i32_array(&client, &[7], &spec_on(&[1], DType::I32, &device));
     kept.ready_event().wait_timeout(PATIENCE).unwrap();
     assert_eq!(linked.worker.buffer_count(), 1);
+    let before = counted(&client);
     let (_gate, status) = run_gate(&client);
     linked.proxy.partition(true);
     let began = Instant::now();
@@ -187,16 +188,19 @@ fn a_partition_longer_than_the_session_timeout_fails_the_call_in_flight_within_t
     // opens a new session, and what the lost one held says it is gone.
     let err = kept.to_host_bytes().unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
-    assert_new_work_runs(&client);
+    assert_new_work_runs(&client, &before);
 }
 
-/// New arrays and executables on `client`'s first device work: a new
-/// session replaced a lost one.
-fn assert_new_work_runs(client: &Client) {
+/// New arrays and executables on `client`'s first device work, and so
+/// does `before`, an executable compiled before: a new session replaced a
+/// lost one, and `before` loads there again.
+fn assert_new_work_runs(client: &Client, before: &LoadedExecutable) {
     let device = client.devices()[0].clone();
     let x = i32_array(client, &[1, 2, 3, 4], &spec_on(&[4], DType::I32, &device));
     let out = chained_calls(&counted(client), &x, 2);
     assert_eq!(i32_values(&out.to_host_bytes().unwrap()), vec![3, 4, 5, 6]);
+    let out = chained_calls(before, &out, 2);
+    assert_eq!(i32_values(&out.to_host_bytes().unwrap()), vec![5, 6, 7, 8]);
     assert!(!client.host_lost(0).unwrap().is_ready());
 }
 
@@ -497,6 +501,7 @@ fn a_worker_restarted_on_the_same_address_serves_the_same_client_again() {
     let device = client.devices()[0].clone();
     let kept = i32_array(&client, &[1, 2, 3, 4], &spec_on(&[4], DType::I32, &device));
     kept.ready_event().wait_timeout(PATIENCE).unwrap();
+    let before = counted(&client);
     // The worker crashes: its connections break, and nothing answers.
     proxy.refuse(true);
     proxy.reset();
@@ -524,5 +529,5 @@ fn a_worker_restarted_on_the_same_address_serves_the_same_client_again() {
     );
     let err = kept.to_host_bytes().unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
-    assert_new_work_runs(&client);
+    assert_new_work_runs(&client, &before);
 }

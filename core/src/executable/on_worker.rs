@@ -1,6 +1,8 @@
 //! An executable's part on a worker host: the host-local program the worker
 //! loaded, run there on the caller's stream (see `remote`).
 
+use std::sync::{Arc, Mutex, RwLock};
+
 use bytes::Bytes;
 
 use super::host::{HostRun, Part};
@@ -10,9 +12,60 @@ use crate::dtype::checked_byte_size;
 use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::remote::{RemoteBuffer, RemoteExecutable};
+use crate::transport::lock;
 
-/// A worker host's part: the executable it loaded.
-pub(crate) struct WorkerRun(pub RemoteExecutable);
+/// A worker host's part: the executable it loaded, in the client's
+/// session there. When that session was lost and the client opened a new
+/// one (see [`RemoteSlot`](crate::remote::RemoteSlot)), the next run loads
+/// the part there again first.
+pub(crate) struct WorkerRun {
+    loaded: RwLock<Arc<RemoteExecutable>>,
+    /// The host's index in the client.
+    host: usize,
+    /// Held while the part loads in a new session: one load for all.
+    reloading: Mutex<()>,
+}
+
+impl WorkerRun {
+    /// The part `loaded` on host `host`.
+    pub fn new(loaded: RemoteExecutable, host: usize) -> WorkerRun {
+        WorkerRun {
+            loaded: RwLock::new(Arc::new(loaded)),
+            host,
+            reloading: Mutex::new(()),
+        }
+    }
+
+    /// The part as loaded now.
+    fn loaded(&self) -> Arc<RemoteExecutable> {
+        self.loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The part to run `exe` with: as loaded, or, when its session was lost
+    /// and the client has a new one with the worker, loaded there first.
+    fn for_run(&self, exe: &LoadedExecutable) -> Result<Arc<RemoteExecutable>> {
+        let loaded = self.loaded();
+        if !loaded.host.session.lost().is_ready() {
+            return Ok(loaded);
+        }
+        let _one = lock(&self.reloading);
+        let loaded = self.loaded();
+        let Some(host) = exe.client().remote(self.host) else {
+            return Ok(loaded);
+        };
+        if Arc::ptr_eq(&host, &loaded.host) || host.session.lost().is_ready() {
+            // No new session (yet): the run fails with the loss.
+            return Ok(loaded);
+        }
+        let again = crate::compiler::load_again(self.host, &host, exe)?;
+        let again = Arc::new(again);
+        *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = again.clone();
+        Ok(again)
+    }
+}
 
 impl HostRun for WorkerRun {
     fn in_process(&self) -> bool {
@@ -24,11 +77,11 @@ impl HostRun for WorkerRun {
     }
 
     fn takes_pending(&self, input: &Buffer, stream: u64) -> bool {
-        input.promised_on(&self.0.host, stream)
+        input.promised_on(&self.loaded().host, stream)
     }
 
     fn queued(&self, outputs: &[Buffer], stream: u64) {
-        let host = &self.0.host;
+        let host = &self.loaded().host;
         for out in outputs {
             out.promise_on_worker(host, host.session.new_handle(), Some(stream));
         }
@@ -37,14 +90,16 @@ impl HostRun for WorkerRun {
     fn run(&self, exe: &LoadedExecutable, part: Part<'_>, done: &Event) -> Option<Result<()>> {
         // Completes `done` when the worker reports; the worker keeps the
         // inputs it needs.
-        let sent = send(
-            &self.0,
-            exe,
-            part.inputs,
-            part.outputs,
-            part.stream_id,
-            done,
-        );
+        let sent = self.for_run(exe).and_then(|loaded| {
+            send(
+                &loaded,
+                exe,
+                part.inputs,
+                part.outputs,
+                part.stream_id,
+                done,
+            )
+        });
         sent.err().map(Err)
     }
 }
