@@ -98,6 +98,7 @@ pub use program::{
     LANGUAGE_PYTHON, LANGUAGE_XLA, LOCAL_REFERENCE_PREFIX,
 };
 pub use remote::without_waiting;
+pub use remote::{HostEvent, HostEventKind, HostStats};
 pub use sharding::{AxisType, Replica, Sharding};
 pub use spec::ArraySpec;
 pub use storage::HostMemory;

@@ -14,7 +14,7 @@ use colocated_core::transport::Token;
 use colocated_core::worker::{Worker, WorkerOptions};
 use colocated_core::{
     Array, Buffer, Client, ClientOptions, ClusterOptions, DType, ErrorCode, Event, ExecuteOptions,
-    LoadedExecutable,
+    HostEventKind, LoadedExecutable,
 };
 use colocated_faultproxy::{Direction, FaultProxy};
 use common::{
@@ -238,10 +238,44 @@ fn a_reset_mid_call_resumes_the_session_and_the_call_completes() {
     }
 }
 
+/// The kinds of host events `client` tells from now on, as they come.
+fn heard_events(client: &Client) -> Arc<std::sync::Mutex<Vec<HostEventKind>>> {
+    let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let into = heard.clone();
+    client
+        .on_host_event(move |event| {
+            assert_eq!(event.host, 0);
+            assert_eq!(
+                event.error.is_some(),
+                matches!(
+                    event.kind,
+                    HostEventKind::Disconnected | HostEventKind::Lost
+                )
+            );
+            into.lock().unwrap().push(event.kind);
+        })
+        .unwrap();
+    heard
+}
+
+/// Waits (boundedly) until `heard` holds `expected`.
+fn expect_events(heard: &std::sync::Mutex<Vec<HostEventKind>>, expected: &[HostEventKind]) {
+    let began = Instant::now();
+    while heard.lock().unwrap().as_slice() != expected {
+        assert!(
+            began.elapsed() < PATIENCE,
+            "heard {:?}, expected {expected:?}",
+            heard.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A reset mid-call, with the control stream on a lane or on gRPC.
 fn a_reset_mid_call_resumes_the_session(lane: bool) {
     let linked = Linked::start(|_| {});
     let client = linked.controller_on(lane);
+    let heard = heard_events(&client);
     let device = client.devices()[0].clone();
     let kept = i32_array(&client, &[1, 2, 3, 4], &spec_on(&[4], DType::I32, &device));
     let (_gate, status) = run_gate(&client);
@@ -255,6 +289,13 @@ fn a_reset_mid_call_resumes_the_session(lane: bool) {
     assert_eq!(i32_values(&kept.to_host_bytes().unwrap()), vec![1, 2, 3, 4]);
     let out = chained_calls(&counted(&client), &kept, 3);
     assert_eq!(i32_values(&out.to_host_bytes().unwrap()), vec![4, 5, 6, 7]);
+    // The listener heard the link break and come back, and so say the
+    // counters.
+    use HostEventKind::{Disconnected, Reconnected};
+    expect_events(&heard, &[Disconnected, Reconnected]);
+    let stats = client.host_stats(0).unwrap();
+    assert_eq!((stats.disconnects, stats.reconnects), (1, 1), "{stats:?}");
+    assert_eq!((stats.sessions_lost, stats.sessions_reopened), (0, 0));
 }
 
 #[test]
@@ -498,6 +539,7 @@ fn a_worker_restarted_on_the_same_address_serves_the_same_client_again() {
         local: ClientOptions::default(),
     })
     .unwrap();
+    let heard = heard_events(&client);
     let device = client.devices()[0].clone();
     let kept = i32_array(&client, &[1, 2, 3, 4], &spec_on(&[4], DType::I32, &device));
     kept.ready_event().wait_timeout(PATIENCE).unwrap();
@@ -530,4 +572,15 @@ fn a_worker_restarted_on_the_same_address_serves_the_same_client_again() {
     let err = kept.to_host_bytes().unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
     assert_new_work_runs(&client, &before);
+    use HostEventKind::{Disconnected, Lost, Reopened};
+    expect_events(&heard, &[Disconnected, Lost, Reopened]);
+    let stats = client.host_stats(0).unwrap();
+    assert_eq!(
+        (
+            stats.disconnects,
+            stats.sessions_lost,
+            stats.sessions_reopened
+        ),
+        (1, 1, 1)
+    );
 }

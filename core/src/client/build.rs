@@ -16,7 +16,7 @@ use crate::device::{
 };
 use crate::dispatch::Dispatcher;
 use crate::error::{Error, Result};
-use crate::remote::{RemoteHost, RemoteSlot};
+use crate::remote::{HostEvents, RemoteHost, RemoteSlot};
 use crate::session::{ConnectOptions, RemoteSession};
 
 /// A session with the worker of `options`, retrying while it refuses
@@ -232,6 +232,7 @@ impl Client {
         let mut host_spaces = Vec::with_capacity(2 * specs.len());
         let mut hosts = Vec::with_capacity(specs.len());
         let mut remotes = Vec::with_capacity(specs.len());
+        let events = HostEvents::new(specs.len());
         for (host_index, (process_index, name, host_devices, session)) in
             specs.into_iter().enumerate()
         {
@@ -359,7 +360,7 @@ impl Client {
                     local_ids: host_devices.iter().map(|d| d.local_id).collect(),
                     first_device: first,
                 };
-                RemoteSlot::new(host, reached)
+                RemoteSlot::new(host, host_index, events.clone(), reached)
             }));
             hosts.push(Host {
                 index: host_index,
@@ -389,6 +390,7 @@ impl Client {
                 languages: OnceLock::new(),
             },
             remotes,
+            events,
         })))
     }
 }

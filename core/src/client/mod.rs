@@ -8,7 +8,7 @@ use crate::device::{Device, MemorySpace};
 use crate::dispatch::{nested_stream, thread_stream, Dispatcher, Stream, StreamSlot};
 use crate::error::{Error, Result};
 use crate::future::Event;
-use crate::remote::{RemoteHost, RemoteSlot};
+use crate::remote::{HostEvent, HostEvents, HostStats, RemoteHost, RemoteSlot};
 use crate::session::ConnectOptions;
 
 pub use crate::device::PLATFORM_NAME;
@@ -153,6 +153,8 @@ pub(crate) struct ClientInner {
     pub local: LocalHost,
     /// The worker of each host index (`None` for the local host).
     pub remotes: Vec<Option<RemoteSlot>>,
+    /// What happens to the worker hosts: counters and listeners.
+    pub events: Arc<HostEvents>,
 }
 
 impl Drop for ClientInner {
@@ -227,6 +229,35 @@ impl Client {
             Some(remote) => remote.current().session.lost().clone(),
             None => Event::new(),
         })
+    }
+
+    /// Calls `listener` with every event of the client's worker hosts from
+    /// now on (a link broke, came back; a session lost for good, replaced
+    /// by a new one), in order, on a thread of the client's own, never while
+    /// a call of the client waits on it. Returns the listener's id, for
+    /// [`remove_host_listener`](Self::remove_host_listener).
+    pub fn on_host_event(
+        &self,
+        listener: impl Fn(&HostEvent) + Send + Sync + 'static,
+    ) -> Result<u64> {
+        self.0.events.listen(listener)
+    }
+
+    /// Stops calling listener `id`; false if it was not listening.
+    pub fn remove_host_listener(&self, id: u64) -> bool {
+        self.0.events.unlisten(id)
+    }
+
+    /// How often each host event happened to host `index` since the client
+    /// started (zeros for the local host).
+    pub fn host_stats(&self, index: usize) -> Result<HostStats> {
+        if index >= self.0.hosts.len() {
+            return Err(Error::invalid_argument(format!(
+                "host {index} is out of range ({} hosts)",
+                self.0.hosts.len()
+            )));
+        }
+        Ok(self.0.events.stats(index))
     }
 
     /// Process-unique id of this client.

@@ -22,10 +22,13 @@ use crate::transport::proto::BufferSpec;
 use crate::transport::{MAX_SMALL_PUT_BYTES, SMALL_PUT_VERSION, STRINGS_VERSION};
 
 mod buffers;
+mod events;
 mod host_local;
 mod slot;
 
 pub(crate) use buffers::RemoteBuffer;
+pub(crate) use events::HostEvents;
+pub use events::{HostEvent, HostEventKind, HostStats};
 pub(crate) use host_local::{host_local, local_spec, HostLocal};
 pub(crate) use slot::RemoteSlot;
 /// How often an upload waiting for the network checks that its worker is

@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use super::events::{HostEvent, HostEventKind, HostEvents};
 use super::RemoteHost;
 use crate::error::{Error, Result};
 use crate::session::{ConnectOptions, RemoteSession};
@@ -20,6 +21,9 @@ const REOPEN_PAUSE: Duration = Duration::from_secs(1);
 /// One worker host of a client, across its sessions.
 pub(crate) struct RemoteSlot {
     current: RwLock<Arc<RemoteHost>>,
+    /// The host's index in the client, and the client's host events.
+    index: usize,
+    events: Arc<HostEvents>,
     /// How the client reached the worker (a supervisor's address, for a
     /// worker that runs each session in a process of its own).
     options: ConnectOptions,
@@ -29,10 +33,19 @@ pub(crate) struct RemoteSlot {
 }
 
 impl RemoteSlot {
-    /// The place of `host`, reached with `options`.
-    pub fn new(host: RemoteHost, options: ConnectOptions) -> RemoteSlot {
+    /// The place of `host`, host `index` of a client whose host events are
+    /// `events`, reached with `options`.
+    pub fn new(
+        host: RemoteHost,
+        index: usize,
+        events: Arc<HostEvents>,
+        options: ConnectOptions,
+    ) -> RemoteSlot {
+        host.session.watch(events.watcher(index));
         RemoteSlot {
             current: RwLock::new(Arc::new(host)),
+            index,
+            events,
             options,
             reopening: Mutex::new(None),
         }
@@ -73,9 +86,15 @@ impl RemoteSlot {
         match RemoteSession::connect(&self.options).and_then(|session| lost.renewed(session)) {
             Ok(host) => {
                 tracing::info!(worker = %self.options.address, "a new session replaces the lost one");
+                host.session.watch(self.events.watcher(self.index));
                 let host = Arc::new(host);
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = host.clone();
                 *failed_at = None;
+                self.events.emit(HostEvent {
+                    host: self.index,
+                    kind: HostEventKind::Reopened,
+                    error: None,
+                });
                 host
             }
             Err(err) => {

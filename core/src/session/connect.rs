@@ -358,6 +358,7 @@ impl RemoteSession {
             host_calls: std::sync::Mutex::default(),
             tls: options.tls_ca.clone().map(|ca| (ca, reached.1)),
             spans: std::sync::OnceLock::new(),
+            watcher: std::sync::OnceLock::new(),
         });
         super::spans::start(&inner);
         watch(&inner)?;

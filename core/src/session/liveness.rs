@@ -195,7 +195,7 @@ impl Inner {
             if control.resumes() && !self.closed.load(Ordering::SeqCst) {
                 tracing::debug!(worker = %self.address, error = %err, "the worker looks lost");
                 control.interrupt();
-                self.link_down();
+                self.link_down(&err);
                 return;
             }
         }
@@ -208,7 +208,9 @@ impl Inner {
     /// Ends the session with `err`: the lost event carries it, and
     /// everything in flight fails with it.
     pub(super) fn end(&self, err: Error) {
-        self.lost.set_if_pending(Err(err.clone()));
+        if self.lost.set(Err(err.clone())).is_ok() {
+            self.tell(super::SessionEvent::Lost(err.clone()));
+        }
         self.lost_signal.send_replace(true);
         // Executions in flight there will never finish.
         let control = lock(&self.control).clone();

@@ -94,7 +94,25 @@ struct Inner {
     tls: Option<(Vec<u8>, Option<String>)>,
     /// The import of the worker's spans, when this process writes a trace.
     spans: std::sync::OnceLock<spans::Import>,
+    /// Told what happens to the link and the session (see
+    /// [`RemoteSession::watch`]).
+    watcher: std::sync::OnceLock<Watcher>,
 }
+
+/// What happens to a session's link and life (see [`RemoteSession::watch`]).
+#[derive(Clone, Debug)]
+pub enum SessionEvent {
+    /// The link broke (why): the control stream connects again, and work
+    /// waits.
+    Disconnected(Error),
+    /// The control stream resumed on a new connection: work goes on.
+    Reconnected,
+    /// The session ended for good (why): its work fails with the error.
+    Lost(Error),
+}
+
+/// Whoever a session tells its events.
+type Watcher = Box<dyn Fn(SessionEvent) + Send + Sync>;
 
 /// Runs `future` on the transport runtime and waits for it; a caller already
 /// on a tokio runtime gets `failed_precondition` instead of a deadlock.
@@ -170,6 +188,18 @@ impl RemoteSession {
     /// work).
     pub fn lost(&self) -> &Event {
         &self.inner.lost
+    }
+
+    /// Tells `watcher` every [`SessionEvent`] from now on, on the thread
+    /// where it happens (a network thread: it must return at once). A
+    /// session has one watcher: false, and nothing changes, when it has one.
+    pub fn watch(&self, watcher: impl Fn(SessionEvent) + Send + Sync + 'static) -> bool {
+        let set = self.inner.watcher.set(Box::new(watcher)).is_ok();
+        // Lost before it was watched: it is told at once.
+        if let (true, Some(err)) = (set, self.inner.lost.error()) {
+            self.inner.tell(SessionEvent::Lost(err));
+        }
+        set
     }
 
     /// Whether this process closed the session (`close`, or the client
@@ -287,6 +317,13 @@ impl Drop for RemoteSession {
 }
 
 impl Inner {
+    /// Tells the session's watcher, if any, `event`.
+    fn tell(&self, event: SessionEvent) {
+        if let Some(watcher) = self.watcher.get() {
+            watcher(event);
+        }
+    }
+
     /// A request carrying the token and the session id.
     fn request<T>(&self, message: T) -> Request<T> {
         let mut request = self.bulk_request(message);

@@ -91,9 +91,9 @@ pub(super) struct Attempts<'a> {
 }
 
 impl Inner {
-    /// The link broke: requests in flight end and wait for it.
-    pub(super) fn link_down(&self) {
-        self.link.send_if_modified(|link| {
+    /// The link broke (`why`): requests in flight end and wait for it.
+    pub(super) fn link_down(&self, why: &Error) {
+        let broke = self.link.send_if_modified(|link| {
             if link.down {
                 return false;
             }
@@ -101,12 +101,19 @@ impl Inner {
             link.breaks += 1;
             true
         });
+        if broke {
+            self.tell(super::SessionEvent::Disconnected(why.clone()));
+        }
     }
 
     /// The control stream resumed: requests that wait go out again.
     pub(super) fn link_up(&self) {
-        self.link
+        let resumed = self
+            .link
             .send_if_modified(|link| std::mem::replace(&mut link.down, false));
+        if resumed {
+            self.tell(super::SessionEvent::Reconnected);
+        }
     }
 
     /// The attempts of a new request.
@@ -119,6 +126,14 @@ impl Inner {
             since: None,
             made: 0,
         }
+    }
+
+    /// The error of a session the worker no longer has, because `why`.
+    pub(super) fn gone(&self, why: &str) -> Error {
+        Error::unavailable(format!(
+            "worker {} no longer has this session (it restarted, or the session timed out): {why}",
+            self.address
+        ))
     }
 
     /// The error of a request made while (or because) the session ended.
@@ -169,6 +184,13 @@ impl Attempts<'_> {
     /// it as before (a worker that cannot be reached is lost).
     pub(super) async fn again(&mut self, failed: Failed) -> Result<()> {
         let inner = self.inner;
+        if failed.code() == ErrorCode::Unauthenticated && inner.retries() {
+            // The worker no longer knows the session (it restarted): the
+            // session is lost for good, as its control stream finds too.
+            let err = inner.gone(failed.err.message());
+            inner.end(err.clone());
+            return Err(err);
+        }
         if !failed.link || !inner.retries() {
             if failed.err.code() == ErrorCode::Unavailable {
                 inner.lose(failed.err.clone());

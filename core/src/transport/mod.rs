@@ -501,7 +501,9 @@ mod tests {
     #[test]
     fn a_request_cancelled_by_its_connection_is_unavailable() {
         let mut local = tonic::Status::cancelled("operation was canceled");
-        local.set_source(std::sync::Arc::new(std::io::Error::other("connection reset")));
+        local.set_source(std::sync::Arc::new(std::io::Error::other(
+            "connection reset",
+        )));
         assert_eq!(from_status(&local).code(), ErrorCode::Unavailable);
         let peer = tonic::Status::cancelled("the peer cancelled");
         assert_eq!(from_status(&peer).code(), ErrorCode::Cancelled);

@@ -204,7 +204,7 @@ impl Inner {
         if !control.disconnect(generation) || self.lost.is_ready() {
             return;
         }
-        self.link_down();
+        self.link_down(&why);
         tracing::warn!(worker = %self.address, error = %why, "the control stream broke: connecting again");
         let inner = Arc::downgrade(self);
         let deadline = self.beat.heard_at() + self.session_timeout;
@@ -297,12 +297,7 @@ fn reconnect(inner: Weak<Inner>, control: Arc<Control>, deadline: Instant, why: 
             }
             Ok(false) => {}
             Err(err) if final_refusal(&err) => {
-                inner.end(Error::unavailable(format!(
-                    "worker {} no longer has this session (it restarted, or the session \
-                     timed out): {}",
-                    inner.address,
-                    err.message()
-                )));
+                inner.end(inner.gone(err.message()));
                 return;
             }
             Err(err) => {
