@@ -8,13 +8,14 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::executable::{
-    ExecutableInner, HostPlan, HostRun, HostSpecs, LoadedExecutable, LocalRun, WorkerRun,
+    start_remote, ExecutableInner, HostPlan, HostRun, HostSpecs, LoadTask, LoadedExecutable,
+    LocalRun, Started, WorkerRun,
 };
 use crate::executor::{OutputShard, SessionScope};
 use crate::format::{self, pb};
 use crate::host_callback::LoadedHostCallback;
 use crate::program::{Program, LANGUAGE_COLOCATED};
-use crate::remote::{host_local, local_spec, RemoteExecutable, RemoteHost};
+use crate::remote::{local_spec, RemoteExecutable};
 use crate::sharding::{same_device_set, Sharding};
 use crate::spec::ArraySpec;
 
@@ -253,7 +254,7 @@ fn load_on_workers(
         .filter_map(|&h| {
             client
                 .remote(h)
-                .map(|r| start_remote(h, &r, program, options))
+                .map(|r| start_remote(h, &r, program, &options.host_callbacks))
         })
         .collect();
     if started.is_empty() {
@@ -278,84 +279,6 @@ fn load_on_workers(
             finish_remote(started, program)
         })
         .collect()
-}
-
-/// A load request sent to a worker: its answer comes later.
-type LoadTask = tokio::task::JoinHandle<Result<(u32, u32)>>;
-
-/// A worker's part of a program whose load request is out.
-struct Started {
-    host: usize,
-    remote: Arc<RemoteHost>,
-    local: crate::remote::HostLocal,
-    handle: u64,
-    load: Option<LoadTask>,
-}
-
-/// Sends the host-local form of `program` to worker `remote` (host `host`).
-fn start_remote(
-    host: usize,
-    remote: &Arc<RemoteHost>,
-    program: &Program,
-    options: &CompileOptions,
-) -> Result<Started> {
-    let address = remote.session.address();
-    if !remote.session.host().languages.contains(&program.language) {
-        return Err(Error::unimplemented(format!(
-            "worker {address} cannot run '{}' programs (it runs {:?})",
-            program.language,
-            remote.session.host().languages
-        )));
-    }
-    let local = host_local(program, remote, host, options.host_callbacks.len())?;
-    let handle = remote.session.new_handle();
-    // Before the load: the worker's program may call them as soon as it runs.
-    remote
-        .session
-        .set_host_callbacks(handle, options.host_callbacks.clone());
-    let controller_ids = remote
-        .local_ids
-        .iter()
-        .enumerate()
-        .map(|(i, &local)| (local, remote.first_device + i as u32))
-        .collect();
-    let load = remote
-        .session
-        .load_executable_started(handle, format::encode(&local.executable), controller_ids)
-        .inspect_err(|_| remote.session.forget_host_callbacks(handle))?;
-    Ok(Started {
-        host,
-        remote: remote.clone(),
-        local,
-        handle,
-        load: Some(load),
-    })
-}
-
-/// Loads `exe`'s part on worker `remote` (host `host`) again: in a new
-/// session that replaced the one it was loaded in (see
-/// [`RemoteSlot`](crate::remote::RemoteSlot)).
-pub(crate) fn load_again(
-    host: usize,
-    remote: &Arc<RemoteHost>,
-    exe: &LoadedExecutable,
-) -> Result<RemoteExecutable> {
-    let options = CompileOptions {
-        host_callbacks: exe.host_callbacks().to_vec(),
-    };
-    let mut started = start_remote(host, remote, exe.program(), &options)?;
-    let load = started.load.take();
-    let loaded = crate::session::wait_all(vec![load]).pop();
-    match loaded.unwrap_or_else(|| Err(Error::internal("a load without an answer"))) {
-        Ok(_) => Ok(RemoteExecutable {
-            host: started.remote,
-            handle: started.handle,
-        }),
-        Err(err) => {
-            started.remote.session.forget_host_callbacks(started.handle);
-            Err(err)
-        }
-    }
 }
 
 /// The plan of a worker's part once the worker loaded it (unloaded again,

@@ -16,10 +16,12 @@ use crate::spec::ArraySpec;
 
 mod execute;
 mod host;
+mod load;
 mod local;
 mod on_worker;
 
 pub(crate) use host::HostRun;
+pub(crate) use load::{start_remote, LoadTask, Started};
 pub(crate) use local::LocalRun;
 pub(crate) use on_worker::WorkerRun;
 

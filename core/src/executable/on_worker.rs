@@ -60,7 +60,7 @@ impl WorkerRun {
             // No new session (yet): the run fails with the loss.
             return Ok(loaded);
         }
-        let again = crate::compiler::load_again(self.host, &host, exe)?;
+        let again = super::load::load_again(self.host, &host, exe)?;
         let again = Arc::new(again);
         *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = again.clone();
         Ok(again)
