@@ -141,10 +141,10 @@ check-node-binding: node
 	  (echo "sdk-node/binding.js or binding.d.ts is stale: run 'make node' and commit them" && exit 1)
 
 # Real worker processes (the `colocated` executable, and Python workers of
-# the Python SDK for the cross-language test) on 127.0.0.1, and the types as a
-# TypeScript user sees them.
+# the Python SDK for the cross-language test) on 127.0.0.1, some behind the
+# fault proxy (tests/faultproxy), and the types as a TypeScript user sees them.
 test-node: node python
-	$(CARGO) build -p colocated-cli
+	$(CARGO) build -p colocated-cli -p colocated-faultproxy
 	cd $(NODE_DIR) && $(NODE_BIN)/tsc -p tsconfig.json
 	cd $(NODE_DIR) && rm -rf tests/ts-out && $(NODE_BIN)/tsc -p tsconfig.decorators.json
 	cd $(NODE_DIR) && $(PJRT_TEST_ENV) COLOCATED_PYTHON=$(VENV_PY) node --test --test-concurrency=1 tests/
@@ -225,7 +225,7 @@ $(VENV_PY): $(VENV_STAMP)
 python: $(VENV_PY)
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --quiet --features testing -m sdk-python/Cargo.toml
 
-# The fault proxy (tests/faultproxy) is a process for the Python tests.
+# The fault proxy (tests/faultproxy) is a process for the Python tests (and the Node ones).
 test-python: python
 	$(CARGO) build -p colocated-faultproxy
 	$(VENV_PY) -m pytest sdk-python/tests -q -rs

@@ -47,8 +47,8 @@ function tokenFile() {
  * `colocated worker`, which runs JavaScript too, serving every session in its
  * own process unless `isolated` (its default); with `python`, the Python
  * SDK's `python -m colocated.worker`, which isolates sessions);
- * listening on `listen`; resolves with `{address, pid, kill(signal), stop()}`
- * once it prints its
+ * listening on `listen`, with `env` added to its environment; resolves with
+ * `{address, pid, kill(signal), stop()}` once it prints its
  * `listening on HOST:PORT` line.
  */
 function startWorker({
@@ -59,11 +59,12 @@ function startWorker({
   isolated = false,
   listen = '127.0.0.1:0',
   extra = [],
+  env: added = {},
 }) {
   const args = ['--listen', listen, '--cpu-devices', String(devices), '--token-file', token.file, ...extra]
   // The test plugin checks that the loader refuses bad registrations; the
   // loader's warnings of those are expected.
-  const env = { ...process.env, COLOCATED_LOG: 'warn,colocated_plugin=error' }
+  const env = { ...process.env, COLOCATED_LOG: 'warn,colocated_plugin=error', ...added }
   const stdio = ['pipe', 'pipe', 'inherit']
   const nodeBin = path.join(__dirname, '..', 'bin', 'colocated.js')
   let child
