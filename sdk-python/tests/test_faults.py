@@ -100,3 +100,118 @@ def test_a_reset_mid_call_resumes_the_session_and_the_call_completes_once(linked
     # The session goes on: what it held, and new calls.
     np.testing.assert_array_equal(np.asarray(x), [0, 1])
     np.testing.assert_array_equal(np.asarray(held(x)), [1, 2])
+
+
+def _when_sent(proxy, direction, nbytes, then):
+    """Runs ``then()`` on a thread once ``nbytes`` more have gone ``direction``
+    ("up" or "down") through ``proxy``: a fault that lands while a transfer is
+    in flight. Returns the thread."""
+    key = f"bytes_{direction}"
+    start = proxy.stats()[key]
+
+    def run():
+        deadline = time.monotonic() + 60
+        while proxy.stats()[key] < start + nbytes and time.monotonic() < deadline:
+            time.sleep(0.002)
+        then()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_reset_mid_upload_and_mid_download_starts_them_again(linked):
+    client, proxy, _ = linked
+    big = np.arange(8 << 20, dtype=np.int32)  # 32 MiB
+    proxy.bandwidth(32 << 20)  # about a second each way: the reset lands mid-transfer
+    resetter = _when_sent(proxy, "up", 8 << 20, proxy.reset)
+    x = colocated.device_put(big, client.devices()[0])
+    x.block_until_ready()
+    resetter.join(timeout=60)
+    assert proxy.stats()["bytes_up"] > big.nbytes + (1 << 20), "the upload did not start again"
+    resetter = _when_sent(proxy, "down", 8 << 20, proxy.reset)
+    back = np.asarray(x)
+    resetter.join(timeout=60)
+    np.testing.assert_array_equal(back, big)
+
+
+def test_a_partition_shorter_than_the_session_timeout_loses_no_call_or_256_mib_upload(token_file, tmp_path):
+    previous = _client._current_default()
+    worker = Worker(token_file, session_timeout=5.0)
+    runs = tmp_path / "runs"
+    try:
+        with FaultProxy(worker.address) as proxy:
+            client = colocated.connect([proxy.address], token_file=token_file)
+            try:
+
+                @colocated.colocated_python
+                def counted(x):
+                    with open(runs, "a") as f:
+                        f.write("run\n")
+                    return x + 1
+
+                x = colocated.device_put(np.zeros(4, dtype=np.int32), client.devices()[0])
+                x = counted(x)  # compiled before the partition
+                big = np.arange(64 << 20, dtype=np.int32)  # 256 MiB
+
+                def partition():
+                    proxy.partition(True)
+                    time.sleep(1.5)  # past the heartbeat bound, short of the 5 s session timeout
+                    proxy.partition(False)
+
+                partitioner = _when_sent(proxy, "up", 32 << 20, partition)
+                y = colocated.device_put(big, client.devices()[1])
+                for _ in range(9):
+                    x = counted(x)
+                y.block_until_ready()
+                partitioner.join(timeout=60)
+                np.testing.assert_array_equal(np.asarray(x), [10] * 4)
+                np.testing.assert_array_equal(np.asarray(y), big)
+                assert runs.read_text().count("run") == 10, "a call was lost or ran twice"
+            finally:
+                _client._set_default(previous)
+    finally:
+        worker.stop()
+
+
+def test_a_worker_restarted_on_the_same_address_serves_the_same_client_again(token_file, tmp_path):
+    previous = _client._current_default()
+    first = Worker(token_file)
+    address = first.address
+    second = None
+    try:
+        with FaultProxy(address) as proxy:
+            client = colocated.connect([proxy.address], token_file=token_file)
+            try:
+
+                @colocated.colocated_python
+                def add_one(x):
+                    return x + 1
+
+                # Large enough to be read from the worker, not from the call's answer.
+                kept = add_one(colocated.device_put(np.arange(1 << 20, dtype=np.int32), client.devices()[0]))
+                kept.block_until_ready()
+                # The worker crashes: its connections break, and nothing answers.
+                proxy.refuse(True)
+                proxy.reset()
+                first.kill()
+                deadline = time.monotonic() + 30
+                while second is None:
+                    try:
+                        second = Worker(token_file, listen=address)
+                    except AssertionError:
+                        assert time.monotonic() < deadline, "the port stayed taken"
+                        time.sleep(0.05)
+                proxy.refuse(False)
+                # What the lost session held says so, typed.
+                with pytest.raises(colocated.UnavailableError, match="no longer has this session"):
+                    np.asarray(kept)
+                # New work, and the function compiled before, run on the new worker.
+                x = colocated.device_put(np.arange(4, dtype=np.int32), client.devices()[0])
+                np.testing.assert_array_equal(np.asarray(add_one(add_one(x))), [2, 3, 4, 5])
+            finally:
+                _client._set_default(previous)
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
