@@ -1,9 +1,12 @@
 """A controller and a real ``python -m colocated.worker`` process talking through
 the test suite's fault-injecting proxy (``faultproxy.FaultProxy``): what a slow
-link and a reset do to calls. Timings are asserted only as the bounds
-docs/failures.md states."""
+link, a reset, a partition and a restarted worker do to calls and transfers,
+also with a session in a worker process of its own (``session_behind_proxy.py``).
+Timings are asserted only as the bounds docs/failures.md states."""
 
 import os
+import pathlib
+import subprocess
 import sys
 import threading
 import time
@@ -215,3 +218,72 @@ def test_a_worker_restarted_on_the_same_address_serves_the_same_client_again(tok
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_per_session_worker_resumes_its_session_after_a_reset(token_file, tmp_path):
+    """An isolating supervisor runs the session in a worker process of its own,
+    which the controller reaches directly: a reset of that link resumes the
+    session there (the controller connects again to the session's worker, with
+    its token), the call in flight completing once."""
+    commands = tmp_path / "commands"
+    here = os.path.dirname(os.path.abspath(__file__))
+    launcher = (
+        "import sys, colocated.worker as w; "
+        f"w._COMMAND = [sys.executable, {os.path.join(here, 'session_behind_proxy.py')!r}]; "
+        "sys.exit(w.main())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COLOCATED_TOKEN"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    env["COLOCATED_TEST_PROXY_COMMANDS"] = str(commands)
+    args = [sys.executable, "-c", launcher, "--cpu-devices", "1", "--listen", "127.0.0.1:0"]
+    args += ["--token-file", str(token_file), "--heartbeat-interval", "0.25", "--session-timeout", "5"]
+    args += ["--isolate-sessions"]
+    supervisor = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    previous = _client._current_default()
+    try:
+        line = supervisor.stdout.readline()
+        assert line.startswith("listening on "), line
+        client = colocated.connect([line.split()[-1]], token_file=token_file)
+        try:
+            started, release, runs = tmp_path / "started", tmp_path / "release", tmp_path / "runs"
+
+            @colocated.colocated_python
+            def held(x):
+                with open(runs, "a") as f:
+                    f.write(f"{os.getpid()}\n")
+                open(started, "w").close()
+                deadline = time.monotonic() + 60
+                while not os.path.exists(release) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                return x + 1
+
+            x = colocated.device_put(np.arange(2, dtype=np.int32), client.devices()[0])
+            result = []
+            caller = threading.Thread(target=lambda: result.append(_call_and_catch(lambda v: np.asarray(held(v)), x)))
+            caller.start()
+            try:
+                deadline = time.monotonic() + 30
+                while not started.exists():
+                    assert time.monotonic() < deadline, "the held call never ran"
+                    time.sleep(0.01)
+                commands.write_text("reset\n")
+                done = pathlib.Path(str(commands) + ".done")
+                while not (done.exists() and done.read_text() == "1"):
+                    assert time.monotonic() < deadline, "the session's proxy never reset"
+                    time.sleep(0.01)
+                time.sleep(0.3)
+                assert caller.is_alive(), f"the call ended with its connection: {result}"
+            finally:
+                release.touch()
+                caller.join(timeout=30)
+            np.testing.assert_array_equal(result[0], [1, 2])
+            pids = runs.read_text().split()
+            assert len(pids) == 1, "the function ran more than once"
+            assert int(pids[0]) != supervisor.pid, "the session ran in the supervisor"
+            np.testing.assert_array_equal(np.asarray(held(x)), [1, 2])
+            assert len(set(runs.read_text().split())) == 1, "the session moved to another process"
+        finally:
+            _client._set_default(previous)
+    finally:
+        supervisor.terminate()
+        supervisor.wait(timeout=30)
