@@ -134,8 +134,17 @@ fn main() {
     println!("faults on loopback (heartbeat 0.25 s, session timeout 5 s), {RUNS} of each:");
     println!("  raw TCP connect (baseline)       {}", spread(tcp));
     println!("  reset: link found broken         {}", spread(found_reset));
-    println!("  reset: session resumed           {}", spread(resumed_reset));
-    println!("  partition, idle: found broken    {}", spread(found_partition));
+    println!(
+        "  reset: session resumed           {}",
+        spread(resumed_reset)
+    );
+    println!(
+        "  partition, idle: found broken    {}",
+        spread(found_partition)
+    );
     println!("  partition, busy: found broken    {}", spread(found_busy));
-    println!("  heal: session resumed            {}", spread(resumed_heal));
+    println!(
+        "  heal: session resumed            {}",
+        spread(resumed_heal)
+    );
 }

@@ -584,3 +584,28 @@ fn a_worker_restarted_on_the_same_address_serves_the_same_client_again() {
         (1, 1, 1)
     );
 }
+
+/// A worker whose process is gone (nothing listens at its address any
+/// more) is lost at once, whether the control stream travels on a lane or
+/// on gRPC: the attempt to resume learns that the connection was refused.
+/// On gRPC it used to wait out the session timeout.
+#[test]
+fn a_worker_that_no_longer_listens_is_lost_at_once_on_a_lane_and_on_grpc() {
+    for lane in [true, false] {
+        let linked = Linked::start(|o| o.session_timeout = Duration::from_secs(20));
+        let client = linked.controller_on(lane);
+        let (_gate, status) = run_gate(&client);
+        let began = Instant::now();
+        // The proxy stands for the worker's process: its port closes.
+        linked.proxy.stop();
+        let err = status.wait_timeout(PATIENCE).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+        assert!(err.message().contains("nothing listens"), "{err}");
+        let lost_after = began.elapsed();
+        assert!(
+            lost_after < LOST_WITHIN,
+            "lane {lane}: lost after {lost_after:?}"
+        );
+        linked.gate.set(Ok(())).unwrap();
+    }
+}

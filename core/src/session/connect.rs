@@ -72,7 +72,7 @@ impl ConnectOptions {
 
 /// What the error of a lane that nothing accepts says: no process listens
 /// at the address (the one that held a session is gone).
-pub(super) const NOBODY_LISTENS: &str = "nothing listens there";
+pub(in crate::session) const NOBODY_LISTENS: &str = "nothing listens there";
 
 /// Opens a lane to session `id` at `address` (see
 /// [`lane`](crate::transport::lane)): connects, sends the hello with

@@ -13,6 +13,7 @@ use super::{finish_of, Control, ControlState, Finish, Outgoing, Requests, Sink};
 use crate::error::{Error, Result};
 #[cfg(any(test, feature = "testing"))]
 use crate::session::block_on;
+use crate::session::connect::NOBODY_LISTENS;
 use crate::session::{lock, Completion, Inner, Progress, RemoteSession};
 use crate::transport::lane::{LaneSender, LaneWriter};
 use crate::transport::lane_reader::{read_lane_answers, Handlers};
@@ -331,9 +332,36 @@ pub(super) fn open_control_stream(
                     inner.address,
                     from_status(&status).message()
                 ));
+                if resume {
+                    // The attempt to resume learns why at once: a final
+                    // refusal ends it, and the session.
+                    let control = lock(&inner.control).clone();
+                    if let Some(control) = control {
+                        control.resume_failed(generation, refusal_of(&inner, &status));
+                    }
+                }
                 stream_ended(&reader_state, &Arc::downgrade(&inner), generation, err);
             }
         }
     });
     Ok(tx)
+}
+
+/// The error of a `Control` stream that could not open, as an attempt to
+/// resume weighs it: the worker's refusal keeps its code, and a connection
+/// that nothing accepted says nobody listens (the worker's process is gone).
+fn refusal_of(inner: &Inner, status: &tonic::Status) -> Error {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return Error::unavailable(format!(
+                    "worker {}: {NOBODY_LISTENS} ({io})",
+                    inner.address
+                ));
+            }
+        }
+        source = cause.source();
+    }
+    from_status(status).context(format!("worker {}", inner.address))
 }

@@ -130,12 +130,25 @@ impl Control {
             generation,
             sink: None,
             taken: None,
+            failed: None,
         });
+    }
+
+    /// Connection `generation`, which was to resume the stream, failed
+    /// (`err`) before the worker answered: the attempt waiting for it
+    /// learns why now.
+    pub(in crate::session) fn resume_failed(&self, generation: u64, err: Error) {
+        let mut resuming = lock(&self.resuming);
+        if let Some(r) = resuming.as_mut().filter(|r| r.generation == generation) {
+            r.failed = Some(err);
+            self.resumed.notify_all();
+        }
     }
 
     /// Offers `sink`, connection `generation`, to take over the stream once
     /// the worker answers that it resumed; waits at most `within` for that.
-    fn resume_on(&self, generation: u64, sink: Sink, within: Duration) -> bool {
+    /// The connection's failure before the answer is the error.
+    fn resume_on(&self, generation: u64, sink: Sink, within: Duration) -> Result<bool> {
         let answered = {
             let mut resuming = lock(&self.resuming);
             match resuming.as_mut() {
@@ -151,26 +164,33 @@ impl Control {
                 },
                 _ => {
                     sink.close();
-                    return false;
+                    return Ok(false);
                 }
             }
         };
         if let Some((sink, taken)) = answered {
             self.take_over(generation, sink, taken);
-            return true;
+            return Ok(true);
         }
         let deadline = Instant::now() + within;
         let mut resuming = lock(&self.resuming);
         while !self.is_current(generation) {
+            let failed = resuming
+                .as_mut()
+                .filter(|r| r.generation == generation)
+                .and_then(|r| r.failed.take());
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || failed.is_some() {
                 // Never took over: it goes.
                 if let Some(r) = resuming.take_if(|r| r.generation == generation) {
                     if let Some(sink) = r.sink {
                         sink.close();
                     }
                 }
-                return self.is_current(generation);
+                return match failed {
+                    Some(err) => Err(err),
+                    None => Ok(self.is_current(generation)),
+                };
             }
             resuming = self
                 .resumed
@@ -178,7 +198,7 @@ impl Control {
                 .map(|(guard, _)| guard)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
-        true
+        Ok(true)
     }
 }
 
@@ -190,6 +210,8 @@ pub(super) struct Resuming {
     sink: Option<Sink>,
     /// The last operation the worker took, once it answered.
     taken: Option<u64>,
+    /// Why the connection failed, if it did before the worker answered.
+    failed: Option<Error>,
 }
 
 impl Inner {
@@ -248,7 +270,7 @@ impl Inner {
             )?),
         };
         let left = within.saturating_sub(began.elapsed());
-        Ok(control.resume_on(generation, sink, left))
+        control.resume_on(generation, sink, left)
     }
 }
 
