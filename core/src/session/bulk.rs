@@ -154,7 +154,7 @@ pub(super) async fn put_future(
         });
         let (metadata, _, ()) = inner.bulk_request(()).into_parts();
         let call = put_call(
-            inner.channel.clone(),
+            inner.bulk.clone(),
             metadata,
             PutBody::new(handle, spec.clone(), Box::pin(data)),
         );
@@ -285,7 +285,7 @@ pub(super) async fn get_future(
             failed.into_error()
         };
         let download = async {
-            let outcome = get_call(inner.channel.clone(), metadata, request, &mut sink, fail).await;
+            let outcome = get_call(inner.bulk.clone(), metadata, request, &mut sink, fail).await;
             outcome.map_err(|err| match broke.load(Ordering::Relaxed) {
                 true => Failed::link(err),
                 false => Failed::answer(err),

@@ -142,7 +142,9 @@ pub(super) fn open_lane(
 /// A connection with an opened session, before it is checked.
 struct Opened {
     rpc: WorkerClient<Channel>,
-    channel: Channel,
+    /// A connection of its own for bulk data (made at its first use), so
+    /// that heartbeats and requests never wait behind a transfer's bytes.
+    bulk: Channel,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
 }
 
@@ -226,7 +228,8 @@ fn open_session(
         software_version: VERSION.to_string(),
     };
     let connect_authorization = authorization.clone();
-    let (rpc, channel, response) = block_on(async move {
+    let (rpc, bulk, response) = block_on(async move {
+        let bulk = endpoint.clone().connect_lazy();
         let channel = tokio::time::timeout(timeout, endpoint.connect())
             .await
             .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
@@ -248,12 +251,12 @@ fn open_session(
             }
             err.context(format!("worker {address}"))
         })?;
-        Ok::<_, Error>((rpc, channel, response.into_inner()))
+        Ok::<_, Error>((rpc, bulk, response.into_inner()))
     })??;
     Ok((
         Opened {
             rpc,
-            channel,
+            bulk,
             authorization,
         },
         response,
@@ -295,7 +298,7 @@ impl RemoteSession {
         }
         let Opened {
             rpc,
-            channel,
+            bulk,
             authorization,
         } = opened;
         let worker = &response.software_version;
@@ -336,7 +339,7 @@ impl RemoteSession {
             .map_err(|_| Error::internal("a session id is not a header value"))?;
         let inner = Arc::new(Inner {
             rpc,
-            channel,
+            bulk,
             id,
             version: response.version,
             host,

@@ -51,9 +51,12 @@ pub struct RemoteSession {
 
 struct Inner {
     rpc: WorkerClient<Channel>,
-    /// The connection under `rpc`, for `PutBuffer`, which bypasses the
-    /// generated client (see [`bulk`](crate::transport::bulk)).
-    channel: Channel,
+    /// The connection of bulk data (`PutBuffer`, `GetBuffer`, which bypass
+    /// the generated client: see [`bulk`](crate::transport::bulk)): one of
+    /// its own, made at its first use, so that heartbeats and requests on
+    /// `rpc`'s never wait behind a transfer's bytes (on a slow link they
+    /// would outlast their deadline, and the link would look broken).
+    bulk: Channel,
     id: SessionId,
     version: u32,
     host: HostInfo,
