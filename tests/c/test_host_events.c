@@ -49,7 +49,7 @@ static colocated_host_stats stats_of(const colocated_client *client, size_t host
 
 TEST(close_tells_each_listener_lost_with_a_cancelled_error_and_counts_it) {
   test_worker worker;
-  start_test_worker(&worker, 1);
+  start_test_worker(&worker, 1, NULL);
   colocated_client *client = connect_to_worker(&worker);
   static heard_events heard, removed_before;
   uint64_t id = 0, other = 0;

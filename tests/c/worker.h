@@ -37,9 +37,9 @@ static inline void worker_temp_file(char path[64], const char *text) {
 }
 
 /* Starts `colocated worker` on 127.0.0.1 (an ephemeral port) with `devices`
- * CPU devices and a fresh token, and waits for its `listening on HOST:PORT`
- * line (at most 20 s). */
-static inline void start_test_worker(test_worker *w, int devices) {
+ * CPU devices, a fresh token and, unless NULL, the plugin library `plugin`,
+ * and waits for its `listening on HOST:PORT` line (at most 20 s). */
+static inline void start_test_worker(test_worker *w, int devices, const char *plugin) {
   unsigned char bytes[32];
   FILE *random = fopen("/dev/urandom", "rb");
   CHECK(random != NULL);
@@ -62,8 +62,13 @@ static inline void start_test_worker(test_worker *w, int devices) {
 #endif
     int out = open(w->out_file, O_WRONLY | O_TRUNC);
     if (out < 0 || dup2(out, STDOUT_FILENO) < 0) _exit(127);
-    execl(COLOCATED_WORKER_BIN, "colocated", "worker", "--listen", "127.0.0.1:0", "--cpu-devices", count,
-          "--token-file", w->token_file, (char *)NULL);
+    if (plugin == NULL) {
+      execl(COLOCATED_WORKER_BIN, "colocated", "worker", "--listen", "127.0.0.1:0", "--cpu-devices", count,
+            "--token-file", w->token_file, (char *)NULL);
+    } else {
+      execl(COLOCATED_WORKER_BIN, "colocated", "worker", "--listen", "127.0.0.1:0", "--cpu-devices", count,
+            "--token-file", w->token_file, "--plugin", plugin, (char *)NULL);
+    }
     _exit(127);
   }
   /* Once it listens it has read its token file, and its output needs no
