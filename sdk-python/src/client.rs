@@ -102,7 +102,8 @@ impl Client {
 
     /// Ends the sessions with this client's workers now: they free what they
     /// hold for it, and work in flight there and later uses fail with
-    /// `CancelledError`. Closing twice does nothing.
+    /// `CancelledError` (the `"lost"` host event of each worker carries it).
+    /// Closing twice does nothing.
     fn close(&self) -> PyResult<()> {
         self.inner.get().map_err(py_err)?.close();
         Ok(())
@@ -113,8 +114,10 @@ impl Client {
     /// lost for good, replaced by a new one), in order, on a thread of the
     /// client's own, holding the GIL for the call only. An exception the
     /// callback raises goes to `sys.unraisablehook`, and the callback keeps
-    /// listening. Returns the listener's id, for `remove_host_listener`.
-    /// Raises `InvalidArgumentError` when `callback` is not callable.
+    /// listening. Returns the listener's id, for `remove_host_listener`. The
+    /// client holds the callback until it is removed: a callback that refers
+    /// to the client keeps it alive until then. Raises
+    /// `InvalidArgumentError` when `callback` is not callable.
     fn on_host_event(&self, callback: &Bound<'_, PyAny>) -> PyResult<u64> {
         let client = self.inner.get().map_err(py_err)?;
         if !callback.is_callable() {
