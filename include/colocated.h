@@ -681,6 +681,55 @@ typedef struct {
 } colocated_connect_options;
 
 /**
+ * A listener of host events: called with `user_data`, the host's index in the
+ * client (`host`), what happened (`kind`: `"disconnected"`, `"reconnected"`,
+ * `"lost"` or `"reopened"`, NUL-terminated) and why (`error`: set for
+ * `"disconnected"` and `"lost"`, else NULL). `kind` and `error` are borrowed
+ * for the call only: copy what must outlive it, and never destroy `error`.
+ * Called in order, one event at a time, on a thread of the client's own; it
+ * may call the library (remove itself, read the counters) but should return
+ * soon, as later events wait for it.
+ */
+typedef void (*colocated_host_event_fn)(void *user_data,
+                                        size_t host,
+                                        const char *kind,
+                                        const colocated_error *error);
+
+/**
+ * Destructor of user data, called exactly once.
+ */
+typedef void (*colocated_destructor)(void *user_data);
+
+/**
+ * How often each host event happened to a host since the client started
+ * (`colocated_client_host_stats`). The caller sets `struct_size` to
+ * `sizeof(colocated_host_stats)` (or `COLOCATED_STRUCT_SIZE`); the library
+ * writes the counters that fit in it.
+ */
+typedef struct {
+  /**
+   * Size of the caller's struct (set by the caller).
+   */
+  size_t struct_size;
+  /**
+   * Links that broke (`"disconnected"` events).
+   */
+  uint64_t disconnects;
+  /**
+   * Links that came back, their session resumed (`"reconnected"`).
+   */
+  uint64_t reconnects;
+  /**
+   * Sessions lost for good (`"lost"`).
+   */
+  uint64_t sessions_lost;
+  /**
+   * Sessions opened to replace a lost one (`"reopened"`).
+   */
+  uint64_t sessions_reopened;
+} colocated_host_stats;
+
+/**
  * The spec of an array: dtype, global dims and sharding.
  */
 typedef struct {
@@ -790,11 +839,6 @@ typedef struct {
    */
   size_t num_objects;
 } colocated_function_call_args;
-
-/**
- * Destructor of user data, called exactly once.
- */
-typedef void (*colocated_destructor)(void *user_data);
 
 /**
  * Builds a host's value of a colocated object: sets `*value` (and, if it
@@ -1639,6 +1683,60 @@ colocated_error *colocated_client_cpu_devices(const colocated_client *client,
                                               const colocated_device *const *devices,
                                               size_t num_devices,
                                               const colocated_device **out);
+
+/**
+ * Calls `callback` with every event of the client's worker hosts from now on
+ * (see `colocated_host_event_fn`); `*listener_id` receives its id, for
+ * `colocated_client_remove_host_listener`. `user_data` must be usable from
+ * any thread; on success the library owns it, and `destructor` (may be NULL)
+ * runs once with it, on any thread, after the listener is removed and its
+ * last call has returned, or once the client and everything made from it are
+ * gone. On error the caller keeps it and the destructor is not called. User
+ * data that holds a handle of this client keeps the client alive, so its
+ * destructor would run only after removal. Errors: `invalid_argument` (NULL
+ * client, callback or `listener_id`), `resource_exhausted` (the client's
+ * thread of events cannot start). Since API 1.5.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_on_host_event(const colocated_client *client,
+                                                colocated_host_event_fn callback,
+                                                void *user_data,
+                                                colocated_destructor destructor,
+                                                uint64_t *listener_id);
+
+/**
+ * Stops calling listener `listener_id` of the client; a call of it already
+ * under way finishes (its destructor runs after). `*removed` (may be NULL)
+ * receives whether it was listening. Errors: `invalid_argument` (NULL
+ * client). Since API 1.5.
+ * Thread-safety: any thread, the listener's own call included.
+ */
+colocated_error *colocated_client_remove_host_listener(const colocated_client *client,
+                                                       uint64_t listener_id,
+                                                       bool *removed);
+
+/**
+ * Writes into `*out` how often each host event happened to host `host_index`
+ * (its index in `colocated_client_hosts`) since the client started: zeros
+ * for the in-process host. Errors: `invalid_argument` (NULL client or `out`,
+ * an `out->struct_size` too small, a host index out of range). Since API 1.5.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_host_stats(const colocated_client *client,
+                                             size_t host_index,
+                                             colocated_host_stats *out);
+
+/**
+ * Ends the client's sessions with its workers now, instead of when the last
+ * object of the client goes: the workers free what the sessions hold, work in
+ * flight there and every later use of a worker's device fail with
+ * `cancelled`, and listeners hear a `"lost"` event with that error for each
+ * worker host. The in-process host stays usable. Closing twice does nothing.
+ * Does not wait for the workers. Errors: `invalid_argument` (NULL client).
+ * Since API 1.5.
+ * Thread-safety: any thread.
+ */
+colocated_error *colocated_client_close(const colocated_client *client);
 
 /**
  * Creates a stream (an ordering domain) for `client`. The caller owns `*out`.

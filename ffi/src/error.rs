@@ -91,14 +91,20 @@ fn c_string(s: &str) -> CString {
 }
 
 impl colocated_error {
-    pub(crate) fn into_raw(error: Error) -> *mut colocated_error {
+    /// The C view of `error`, for a caller that lends it (a callback's
+    /// argument) rather than handing it over.
+    pub(crate) fn new(error: Error) -> colocated_error {
         let message = c_string(error.message());
         let traceback = error.remote_traceback().map(c_string);
-        Box::into_raw(Box::new(colocated_error {
+        colocated_error {
             error,
             message,
             traceback,
-        }))
+        }
+    }
+
+    pub(crate) fn into_raw(error: Error) -> *mut colocated_error {
+        Box::into_raw(Box::new(colocated_error::new(error)))
     }
 
     /// Takes back an error returned by C code (e.g. a native function).

@@ -17,10 +17,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod array;
 mod buffer;
 // cbindgen writes the header in the order of these modules: making a client,
-// then the client, then its streams, as when they were one file.
+// then the client, its host events, then its streams.
 mod connect;
 
 mod client;
+mod host_events;
 mod stream;
 
 mod colocated;
@@ -46,6 +47,7 @@ pub use event::*;
 pub use executable::*;
 pub use handle::colocated_string_view;
 pub use host_callback::*;
+pub use host_events::*;
 pub use hosted::*;
 pub use native::*;
 pub use plugin::*;

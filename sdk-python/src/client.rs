@@ -102,10 +102,55 @@ impl Client {
 
     /// Ends the sessions with this client's workers now: they free what they
     /// hold for it, and work in flight there and later uses fail with
-    /// `CancelledError`. Closing twice does nothing.
+    /// `CancelledError` (the `"lost"` host event of each worker carries it).
+    /// Closing twice does nothing.
     fn close(&self) -> PyResult<()> {
         self.inner.get().map_err(py_err)?.close();
         Ok(())
+    }
+
+    /// Calls `callback(event)` with a `HostEvent` for every event of this
+    /// client's worker hosts from now on (a link broke, came back; a session
+    /// lost for good, replaced by a new one), in order, on a thread of the
+    /// client's own, holding the GIL for the call only. An exception the
+    /// callback raises goes to `sys.unraisablehook`, and the callback keeps
+    /// listening. Returns the listener's id, for `remove_host_listener`. The
+    /// client holds the callback until it is removed: a callback that refers
+    /// to the client keeps it alive until then. Raises
+    /// `InvalidArgumentError` when `callback` is not callable.
+    fn on_host_event(&self, callback: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let client = self.inner.get().map_err(py_err)?;
+        if !callback.is_callable() {
+            return Err(py_err(core::Error::invalid_argument(format!(
+                "on_host_event takes a callable, got {}",
+                callback.get_type().name()?
+            ))));
+        }
+        crate::host_events::listen(client, callback.clone().unbind()).map_err(py_err)
+    }
+
+    /// Stops calling listener `listener_id`; False if it was not listening.
+    /// A call of it already under way finishes.
+    fn remove_host_listener(&self, listener_id: u64) -> PyResult<bool> {
+        let client = self.inner.get().map_err(py_err)?;
+        Ok(client.remove_host_listener(listener_id))
+    }
+
+    /// How often each host event happened to host `host` (its index in
+    /// `hosts()`) since the client started, as a `HostStats`: zeros for the
+    /// in-process host. Raises `InvalidArgumentError` for an index out of
+    /// range.
+    fn host_stats(&self, host: i64) -> PyResult<crate::host_events::HostStats> {
+        let client = self.inner.get().map_err(py_err)?;
+        // Python's negative ints are no index either.
+        let index = usize::try_from(host).map_err(|_| {
+            py_err(core::Error::invalid_argument(format!(
+                "host {host} is out of range ({} hosts)",
+                client.hosts().len()
+            )))
+        })?;
+        let stats = client.host_stats(index).map_err(py_err)?;
+        Ok(crate::host_events::HostStats::wrap(stats))
     }
 
     /// The hosts, in index order: the in-process host first when it is one.

@@ -5,7 +5,7 @@
 //! Python package around it; this module is private to that package.
 //!
 //! Threading: every blocking wait releases the GIL; runtime threads take it only to
-//! run Python callbacks (`Event.on_ready`).
+//! run Python callbacks (`Event.on_ready`, `Client.on_host_event`).
 
 mod array;
 mod client;
@@ -17,6 +17,7 @@ mod executor;
 mod fork;
 mod function;
 mod hooks;
+mod host_events;
 mod interpreter;
 mod remote;
 mod scalar_math;
@@ -39,6 +40,8 @@ fn _colocated(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Client>()?;
     m.add_class::<client::Device>()?;
     m.add_class::<client::Host>()?;
+    m.add_class::<host_events::HostEvent>()?;
+    m.add_class::<host_events::HostStats>()?;
     m.add_function(wrap_pyfunction!(client::colocated_cpu_devices, m)?)?;
     m.add_function(wrap_pyfunction!(client::configure_default, m)?)?;
     m.add_function(wrap_pyfunction!(client::configure_worker_client, m)?)?;

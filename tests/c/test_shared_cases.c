@@ -21,15 +21,8 @@
  */
 #include "harness.h"
 #include "helpers.h"
+#include "worker.h"
 
-#include <fcntl.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
-
-#ifndef COLOCATED_WORKER_BIN
-#error "build with -DCOLOCATED_WORKER_BIN='\"path of the colocated executable\"' (see the Makefile)"
-#endif
 #ifndef SHARED_CASES_PLUGIN
 #error "build with -DSHARED_CASES_PLUGIN='\"path of libshared_cases_plugin.so\"' (see the Makefile)"
 #endif
@@ -250,102 +243,9 @@ static colocated_error *native_reentrant(void *user_data, colocated_execution_co
   return err;
 }
 
-/* A worker process of the remote run, and what it was started with. */
-typedef struct {
-  pid_t pid;
-  char token[65];
-  char token_file[64];
-  char out_file[64];
-  char address[64];
-} case_worker;
-
-/* A temporary file only this user reads, holding `text`; its path in `path`. */
-static void temp_file(char path[64], const char *text) {
-  snprintf(path, 64, "/tmp/colocated-shared-cases-XXXXXX");
-  int fd = mkstemp(path);
-  CHECK(fd >= 0);
-  size_t n = strlen(text);
-  CHECK(write(fd, text, n) == (ssize_t)n);
-  close(fd);
-}
-
-/* Starts `colocated worker` on 127.0.0.1 (an ephemeral port) with the
- * table's devices, a fresh token and the cases' plugin, and waits for its
- * `listening on HOST:PORT` line. */
-static void start_worker(case_worker *w) {
-  unsigned char bytes[32];
-  FILE *random = fopen("/dev/urandom", "rb");
-  CHECK(random != NULL);
-  CHECK(fread(bytes, 1, sizeof bytes, random) == sizeof bytes);
-  fclose(random);
-  for (size_t i = 0; i < sizeof bytes; ++i) snprintf(w->token + 2 * i, 3, "%02x", bytes[i]);
-  temp_file(w->token_file, w->token);
-  temp_file(w->out_file, "");
-  char devices[16];
-  snprintf(devices, sizeof devices, "%d", SHARED_CASES_DEVICES);
-  fflush(NULL);
-  w->pid = fork();
-  CHECK(w->pid >= 0);
-  if (w->pid == 0) {
-#ifdef __linux__
-    /* The worker ends with this test's process, even one that crashed
-     * (or that ended before this line ran). */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1) _exit(127);
-#endif
-    int out = open(w->out_file, O_WRONLY | O_TRUNC);
-    if (out < 0 || dup2(out, STDOUT_FILENO) < 0) _exit(127);
-    execl(COLOCATED_WORKER_BIN, "colocated", "worker", "--listen", "127.0.0.1:0", "--cpu-devices", devices,
-          "--token-file", w->token_file, "--plugin", SHARED_CASES_PLUGIN, (char *)NULL);
-    _exit(127);
-  }
-  /* Its first line, within 20 s. Once it listens it has read its token
-   * file, and its output needs no name: neither file stays, whatever
-   * happens next. */
-  for (int i = 0; i < 2000; ++i) {
-    FILE *f = fopen(w->out_file, "r");
-    char line[128] = {0};
-    bool got = f != NULL && fgets(line, sizeof line, f) != NULL && strchr(line, '\n') != NULL;
-    if (f != NULL) fclose(f);
-    int status;
-    bool exited = !got && waitpid(w->pid, &status, WNOHANG) == w->pid;
-    if (got || exited || i == 1999) {
-      unlink(w->token_file);
-      unlink(w->out_file);
-    }
-    if (got) {
-      CHECK(sscanf(line, "listening on %63s", w->address) == 1);
-      return;
-    }
-    if (exited) FAIL("the worker exited before listening (%d)", status);
-    harness_sleep_ms(10);
-  }
-  FAIL("the worker did not say where it listens within 20 s");
-}
-
-/* Stops the worker (SIGTERM, then SIGKILL). */
-static void stop_worker(case_worker *w) {
-  kill(w->pid, SIGTERM);
-  int status;
-  int i = 0;
-  for (; i < 1000 && waitpid(w->pid, &status, WNOHANG) == 0; ++i) harness_sleep_ms(10);
-  if (i == 1000) {
-    kill(w->pid, SIGKILL);
-    waitpid(w->pid, &status, 0);
-  }
-}
-
 /* A client of the worker's devices alone. */
-static colocated_client *connect_to(const case_worker *w) {
-  colocated_string_view address = sv(w->address);
-  colocated_connect_options o = {sizeof o};
-  o.workers = &address;
-  o.num_workers = 1;
-  o.token = sv(w->token);
-  o.timeout_ms = 20000;
-  o.executor_threads = 2;
-  colocated_client *client = NULL;
-  CHECK_OK(colocated_client_connect(&o, &client));
+static colocated_client *connect_to(const test_worker *w) {
+  colocated_client *client = connect_to_worker(w);
   size_t n;
   const colocated_device *const *devices = client_devices(client, &n);
   CHECK(n == SHARED_CASES_DEVICES);
@@ -446,10 +346,10 @@ static colocated_array_spec spec_of(const colocated_client *client, const case_a
 }
 
 static void run_case(const shared_case *c, bool remote) {
-  case_worker worker;
+  test_worker worker;
   colocated_client *client;
   if (remote) {
-    start_worker(&worker);
+    start_test_worker(&worker, SHARED_CASES_DEVICES, SHARED_CASES_PLUGIN);
     client = connect_to(&worker);
   } else {
     client = make_client(SHARED_CASES_DEVICES, 2);
@@ -578,5 +478,5 @@ static void run_case(const shared_case *c, bool remote) {
   colocated_function_destroy(function);
   colocated_function_destroy(inner);
   colocated_client_destroy(client);
-  if (remote) stop_worker(&worker);
+  if (remote) stop_test_worker(&worker);
 }

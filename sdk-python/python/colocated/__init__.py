@@ -35,7 +35,7 @@ from ._client import (
     find_pjrt_plugin,
     local_devices,
 )
-from ._colocated import Client, Device, Host, __version__
+from ._colocated import Client, Device, Host, HostEvent, HostStats, __version__
 from ._colocated_class import colocated_python_class
 from ._colocated_python import ColocatedFunction, clear_caches, colocated_python
 from ._errors import (
@@ -83,6 +83,8 @@ __all__ = [
     "FailedPreconditionError",
     "Host",
     "HostCallback",
+    "HostEvent",
+    "HostStats",
     "InternalError",
     "InvalidArgumentError",
     "JittedFunction",

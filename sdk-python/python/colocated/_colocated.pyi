@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import ColocatedError
+
 PLATFORM_NAME: str
 TOKEN_ENV: str  # the environment variable a token is read from
 __version__: str
@@ -50,6 +52,14 @@ class Client:
     def close(self) -> None:
         """Ends the sessions with this client's workers now: they free what they hold
         for it; work in flight there and later uses fail with ``CancelledError``."""
+    def on_host_event(self, callback: Callable[[HostEvent], Any]) -> int:
+        """Calls ``callback(event)`` with every event of the client's worker hosts
+        from now on, in order, on a thread of the client's own (an exception it
+        raises goes to ``sys.unraisablehook``); returns the listener's id."""
+    def remove_host_listener(self, listener_id: int) -> bool:
+        """Stops calling listener ``listener_id``; False if it was not listening."""
+    def host_stats(self, host: int) -> HostStats:
+        """How often each host event happened to host ``host`` since the client started."""
     def hosts(self) -> list[Host]:
         """The hosts, in index order: the in-process host first when it is one."""
     @property
@@ -106,6 +116,23 @@ class Host:
     name: str
     device_ids: list[int]
     is_remote: bool
+
+class HostEvent:
+    """An event of a client's worker host: ``kind`` is ``"disconnected"``,
+    ``"reconnected"``, ``"lost"`` or ``"reopened"``; ``error`` says why for
+    ``"disconnected"`` and ``"lost"``."""
+
+    host: int
+    kind: str
+    error: ColocatedError | None
+
+class HostStats:
+    """How often each host event happened to a host since the client started."""
+
+    disconnects: int
+    reconnects: int
+    sessions_lost: int
+    sessions_reopened: int
 
 def load_plugin(client: Client, path: str) -> list[str]:
     """Loads a native-function plugin library into ``client``'s local host; returns
