@@ -93,10 +93,12 @@ const DEFAULT_SECONDS: u64 = 25;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(5);
 /// The worker's heartbeat interval.
 const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
-/// The longest partition. After a heal the controller connects again
-/// within its longest backoff (1 s) and a heartbeat interval, so the worker
-/// hears from it within this + about 1.25 s: well within the session
-/// timeout, with this margin to spare for a slow, loaded machine.
+/// The longest partition. The worker last heard from the controller at
+/// most a heartbeat interval before it began (the soak always has work in
+/// flight), and after the heal the controller connects again within its
+/// longest backoff (1 s): the worker's silence stays under this + about
+/// 1.25 s, well within the session timeout, with the rest as margin for a
+/// slow, loaded machine.
 const LONGEST_PARTITION: Duration = Duration::from_secs(2);
 const _: () = assert!(LONGEST_PARTITION.as_millis() + 2500 < SESSION_TIMEOUT.as_millis());
 /// The slowest link the soak makes, in MiB/s (with the 0.25 s heartbeat
@@ -310,7 +312,8 @@ fn spawn_work(
 }
 
 /// The resident memory of this process in bytes (`None` where the system
-/// does not say).
+/// does not say): `VmRSS` of `/proc/self/status`, the resident size that
+/// `/proc/self/statm` gives in pages, here in bytes whatever the page size.
 fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
@@ -890,14 +893,15 @@ fn random_faults_for_a_while_lose_nothing_run_nothing_twice_and_keep_memory_flat
 
     // Watch: every thread keeps finishing work (a unit takes at most a few
     // seconds, a partition and a reconnect included: PATIENCE is far more),
-    // and note the resident memory once warm.
+    // and measure the memory at a quiet point once warm.
     let warm_up = duration / 4;
-    let (mut warm, mut max_rss, mut timeline) = (None, 0, Vec::new());
+    let (mut warm, mut max_rss, mut timeline, mut samples) = (None, 0, Vec::new(), 0);
     while !soak.stopped() && soak.began.elapsed() < duration {
         std::thread::sleep(Duration::from_millis(100));
         let now = Memory::now();
         max_rss = max_rss.max(now.resident.unwrap_or(0));
-        if soak.began.elapsed() >= duration / 10 * timeline.len() as u32 {
+        if soak.began.elapsed() >= duration / 10 * samples {
+            samples += 1;
             timeline.push(format!(
                 "{:.0} s: {}",
                 soak.began.elapsed().as_secs_f64(),
