@@ -102,9 +102,9 @@ const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
 const LONGEST_PARTITION: Duration = Duration::from_secs(2);
 const _: () = assert!(LONGEST_PARTITION.as_millis() + 2500 < SESSION_TIMEOUT.as_millis());
 /// The slowest link the soak makes, in MiB/s (with the 0.25 s heartbeat
-/// interval). Slower links are left out while
-/// `a_download_through_a_link_of_8_mib_per_s_completes` fails (see there);
-/// with it fixed, this is 8.
+/// interval). Slower links are left out while faults.rs's
+/// `an_upload_and_a_download_through_a_link_of_8_mib_per_s_complete` fails
+/// (see there); with it fixed, this is 8.
 const SLOWEST_LINK: u64 = 24;
 /// The most the live heap may grow from the quiet point after the warm-up
 /// to the end (see [`check_memory_is_flat`]).
@@ -1014,31 +1014,4 @@ fn random_faults_for_a_while_lose_nothing_run_nothing_twice_and_keep_memory_flat
     );
     let warm = warm.expect("a quiet point after the warm-up");
     check_memory_is_flat(&soak, warm, end);
-}
-
-/// A product bug the soak found, reduced: on a link of 8 MiB/s each way (no
-/// other fault), an upload and then a download of 8 MiB. A controller's
-/// heartbeats travel on the connection that carries its transfers, so the
-/// answer to a heartbeat waits behind the transfer's data for longer than
-/// its deadline (twice the 0.25 s heartbeat interval): the session finds
-/// the link broken about every 0.8 s and starts the transfer again each
-/// time. The upload completes (sent twice); the download does not, and
-/// after the worker's session timeout (5 s) it fails with `unavailable:
-/// worker ...: the link broke`, about 27 MB having come down for its 8 MiB.
-/// Each should take about a second. (At 16 MiB/s and faster they do; the
-/// soak's slowest link is [`SLOWEST_LINK`] until this passes.)
-#[test]
-#[ignore = "product bug: heartbeats wait behind a download on a slow link; the download fails"]
-fn a_download_through_a_link_of_8_mib_per_s_completes() {
-    let (worker, token, proxy) = start_worker(&Arc::new(AtomicUsize::new(0)));
-    let client = controller(&proxy, &token);
-    let bytes = pseudo_random_bytes(8, 8 << 20);
-    let device = &client.devices()[0];
-    proxy.set_bandwidth(Direction::Both, Some(8 << 20));
-    let buffer = Buffer::from_bytes(&client, &bytes, DType::I32, &[2 << 20], device).unwrap();
-    buffer.ready_event().wait_timeout(PATIENCE).unwrap();
-    let back = buffer.to_host_vec().unwrap();
-    assert!(back == bytes, "the buffer came back changed");
-    assert!(!client.host_lost(0).unwrap().is_ready());
-    assert_eq!(worker.buffer_count(), 1);
 }
