@@ -609,3 +609,39 @@ fn a_worker_that_no_longer_listens_is_lost_at_once_on_a_lane_and_on_grpc() {
         linked.gate.set(Ok(())).unwrap();
     }
 }
+
+/// On a slow link (8 MiB/s each way, no other fault), an upload and then a
+/// download of 8 MiB complete, each sent once. Found by the soak
+/// (soak.rs): heartbeats travelled on the connection that carried the
+/// transfers and waited behind their bytes for longer than their deadline,
+/// so the session took the link for broken about every 0.8 s and started
+/// the transfer again; the download never completed. Bulk data now has a
+/// connection of its own.
+#[test]
+fn an_upload_and_a_download_through_a_link_of_8_mib_per_s_complete() {
+    let linked = Linked::start(|o| {
+        o.heartbeat_interval = Duration::from_millis(250);
+        o.session_timeout = Duration::from_secs(5);
+    });
+    let client = linked.controller();
+    let heard = heard_events(&client);
+    let bytes = patterned(8);
+    linked.proxy.set_bandwidth(Direction::Both, Some(8 << 20));
+    let buffer = uploaded(&client, &bytes);
+    assert!(
+        buffer.to_host_vec().unwrap() == bytes,
+        "the buffer came back changed"
+    );
+    assert!(!client.host_lost(0).unwrap().is_ready());
+    assert_eq!(linked.worker.buffer_count(), 1);
+    assert!(
+        heard.lock().unwrap().is_empty(),
+        "{:?}",
+        heard.lock().unwrap()
+    );
+    let stats = linked.proxy.stats();
+    assert!(
+        stats.bytes_up < 2 * bytes.len() as u64 && stats.bytes_down < 2 * bytes.len() as u64,
+        "a transfer went twice: {stats:?}"
+    );
+}
