@@ -58,14 +58,24 @@ impl ToNapiValue for Heard {
 /// The JavaScript function that hears a client's host events.
 type Teller = ThreadsafeFunction<Heard, Unknown<'static>, Heard, Status, false, true>;
 
-/// What core's listener holds: the way to the event loop, and, once the
-/// client closed, what is left to tell before the listener goes.
+/// What core's listener holds: the way to the event loop, and what it told.
 struct Listening {
     teller: Teller,
-    closing: Mutex<Option<Closing>>,
+    /// Held while an event is handed over, so that the events thread and
+    /// the JavaScript thread (catching up, closing) keep one order.
+    state: Mutex<Told>,
 }
 
-/// A closed client's listener waiting for the losses its close caused.
+/// What a listener told, and what it still has to tell before it goes.
+struct Told {
+    /// Per host: whether the loss of its current session was told (a
+    /// session is lost once; a new one is told by `reopened`).
+    lost: Vec<bool>,
+    /// Set once the client closed.
+    closing: Option<Closing>,
+}
+
+/// A closed client's listener waiting for the losses still to tell.
 struct Closing {
     /// The hosts whose loss is still to be told.
     hosts: Vec<usize>,
@@ -74,32 +84,59 @@ struct Closing {
 }
 
 impl Listening {
+    /// What it told, locked.
+    fn told(&self) -> std::sync::MutexGuard<'_, Told> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Runs on core's events thread: hands `event` to the event loop
     /// without waiting.
     fn tell(&self, event: &core::HostEvent) {
-        // A closed environment refuses it: nobody is left to hear it.
-        let _ = self
-            .teller
-            .call(Heard::of(event), ThreadsafeFunctionCallMode::NonBlocking);
-        if event.kind != core::HostEventKind::Lost {
-            return;
-        }
         let done = {
-            let mut closing = self.closing.lock().unwrap_or_else(|e| e.into_inner());
-            match closing.as_mut() {
-                Some(c) => {
+            let mut told = self.told();
+            let new = match event.kind {
+                core::HostEventKind::Lost => {
+                    // Told already when the listener came and caught up.
+                    let seen = told
+                        .lost
+                        .get_mut(event.host)
+                        .map(|l| std::mem::replace(l, true));
+                    seen != Some(true)
+                }
+                core::HostEventKind::Reopened => {
+                    if let Some(lost) = told.lost.get_mut(event.host) {
+                        *lost = false;
+                    }
+                    true
+                }
+                core::HostEventKind::Disconnected | core::HostEventKind::Reconnected => true,
+            };
+            if new {
+                self.hand_over(Heard::of(event));
+            }
+            let closing = told.closing.as_mut();
+            match closing {
+                Some(c) if event.kind == core::HostEventKind::Lost => {
                     c.hosts.retain(|host| *host != event.host);
                     if c.hosts.is_empty() {
-                        closing.take()
+                        told.closing.take()
                     } else {
                         None
                     }
                 }
-                None => None,
+                _ => None,
             }
         };
         // Out of the lock: this removes the listener from core.
         drop(done);
+    }
+
+    /// Hands `heard` to the event loop, without waiting.
+    fn hand_over(&self, heard: Heard) {
+        // A closed environment refuses it: nobody is left to hear it.
+        let _ = self
+            .teller
+            .call(heard, ThreadsafeFunctionCallMode::NonBlocking);
     }
 }
 
@@ -135,9 +172,13 @@ impl HostListener {
             .weak::<true>()
             .build()
             .map_err(|e| core::Error::internal(format!("cannot listen to host events: {e}")))?;
+        let hosts = client.hosts();
         let listening = Arc::new(Listening {
             teller,
-            closing: Mutex::new(None),
+            state: Mutex::new(Told {
+                lost: vec![false; hosts.len()],
+                closing: None,
+            }),
         });
         let heard = listening.clone();
         let id = client.on_host_event(move |event| heard.tell(event))?;
@@ -148,46 +189,55 @@ impl HostListener {
                 id,
             },
         };
-        for host in client.hosts().iter().filter(|h| h.is_remote()) {
-            let lost = client.host_lost(host.index())?;
-            if let Some(err) = lost.error() {
-                let _ = listener.listening.teller.call(
-                    Heard {
-                        host: u32::try_from(host.index()).unwrap_or(u32::MAX),
-                        kind: core::HostEventKind::Lost.name(),
-                        error: Some(err),
-                    },
-                    ThreadsafeFunctionCallMode::NonBlocking,
-                );
+        let mut told = listener.listening.told();
+        for host in hosts.iter().filter(|h| h.is_remote()) {
+            let index = host.index();
+            let Some(err) = client.host_lost(index)?.error() else {
+                continue;
+            };
+            if let Some(lost) = told.lost.get_mut(index).filter(|lost| !**lost) {
+                *lost = true;
+                listener.listening.hand_over(Heard {
+                    host: u32::try_from(index).unwrap_or(u32::MAX),
+                    kind: core::HostEventKind::Lost.name(),
+                    error: Some(err),
+                });
             }
         }
+        drop(told);
         Ok(listener)
     }
 
     /// Closes the client (`core::Client::close`), and removes the listener
-    /// once it has told the losses the close causes: one for each worker
-    /// host whose session was not lost already.
+    /// once it has told the loss of every worker host's session: at once if
+    /// it has, else once the losses still on their way (those the close
+    /// causes among them) are told.
     pub(crate) fn close(self, client: &core::Client) {
-        let open: Vec<usize> = client
+        let remote: Vec<usize> = client
             .hosts()
             .iter()
             .filter(|h| h.is_remote())
             .map(|h| h.index())
-            .filter(|&index| client.host_lost(index).is_ok_and(|lost| !lost.is_ready()))
             .collect();
-        if open.is_empty() {
-            client.close();
-            return;
-        }
-        *self
-            .listening
-            .closing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Closing {
-            hosts: open,
-            _registration: self.registration,
-        });
+        let now = {
+            let mut told = self.listening.told();
+            let hosts: Vec<usize> = remote
+                .into_iter()
+                .filter(|&host| told.lost.get(host) == Some(&false))
+                .collect();
+            if hosts.is_empty() {
+                Some(self.registration)
+            } else {
+                told.closing = Some(Closing {
+                    hosts,
+                    _registration: self.registration,
+                });
+                None
+            }
+        };
         client.close();
+        // Every loss was told: nothing more will come.
+        drop(now);
     }
 }
 

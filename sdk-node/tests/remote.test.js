@@ -197,6 +197,16 @@ test('close() ends the sessions: later work fails with CancelledError', async ()
   await x.ready()
   one.close()
   await assert.rejects(x.toTypedArray(), (e) => e instanceof c.CancelledError && /closed/.test(e.message))
+  // A first listener added after the loss hears it at once.
+  const told = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('hostLost was not told')), 10000)
+    one.once('hostLost', (host, error) => {
+      clearTimeout(timer)
+      resolve({ host, error })
+    })
+  })
+  assert.deepEqual([told.host.index, told.host.name], [0, w.address])
+  assert.ok(told.error instanceof c.CancelledError, String(told.error))
   await w.stop()
 })
 
