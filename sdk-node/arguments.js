@@ -375,6 +375,7 @@ const SIGNATURES = {
   },
   'Client.loadPlugin': { params: [['path', string]] },
   'Client.devices': { params: [['backend', optional(string)]] },
+  'Client.hostStats': { params: [['index', number]] },
   ...Object.fromEntries(
     ['on', 'once', 'off', 'addListener', 'removeListener'].map((method) => [
       `Client.${method}`,

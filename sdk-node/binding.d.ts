@@ -60,17 +60,28 @@ export declare class Client {
   get id(): number
   /**
    * Ends the client's sessions with its workers now (the workers free
-   * what they hold for it); work there fails with `CancelledError`. The
-   * local host stays usable.
+   * what they hold for it); work there fails with `CancelledError`, and
+   * `hostLost` tells each host whose session it ended. The local host
+   * stays usable.
    */
   close(): void
   /**
-   * Settles when host `index` is lost (a worker that stopped answering):
-   * rejects with its error (`UnavailableError`, or `CancelledError` after
-   * `close()`). Never settles for the local host, and does not keep the
-   * process alive. (`client.on('hostLost', …)` is built on it.)
+   * Calls `tell({host, kind, error})` on the event loop with each host
+   * event from now on (`kind`: `'disconnected'`, `'reconnected'`,
+   * `'lost'` or `'reopened'`; `error`, a `ColocatedError`, for the first
+   * and the third), and at once with the loss of each host lost already.
+   * It replaces the function given before, keeps nothing alive, and is
+   * let go when the client closes or is collected. (`client.on('hostLost',
+   * …)` and the other host events are built on it.)
    */
-  _hostLost(index: number): Promise<void>
+  _listenHosts(tell: (event: { host: number, kind: 'disconnected' | 'reconnected' | 'lost' | 'reopened', error?: Error }) => void): void
+  /**
+   * How often each host event happened to host `index` since the client
+   * started: `{disconnects, reconnects, sessionsLost, sessionsReopened}`
+   * (zeros for the local host). Throws `InvalidArgumentError` for an
+   * index that is not one of a host.
+   */
+  hostStats(index: number): HostStats
   /**
    * A new stream of this client: work queued on it runs in its order,
    * concurrently with other streams' (`stream.run(fn)` makes it the
@@ -730,6 +741,18 @@ export interface Host {
 export interface HostObject {
   value: number
   built: boolean
+}
+
+/** How often each event happened to a host since the client started. */
+export interface HostStats {
+  /** Links that broke (`hostDisconnected`). */
+  disconnects: number
+  /** Links that came back, their session resumed (`hostReconnected`). */
+  reconnects: number
+  /** Sessions lost for good (`hostLost`). */
+  sessionsLost: number
+  /** Sessions opened to replace a lost one (`hostReopened`). */
+  sessionsReopened: number
 }
 
 /**

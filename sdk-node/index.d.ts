@@ -10,6 +10,7 @@ export type {
   ConnectOptions,
   Execution,
   Host,
+  HostStats,
   ProgramOptions,
   PutOptions,
   Shard,
@@ -72,17 +73,38 @@ declare module './binding' {
   }
   interface Client {
     /**
-     * `'hostLost'`: a worker of the client was lost (it stopped answering,
-     * or `close()` ended its session: then with `CancelledError`). Emitted
-     * once per lost worker; listeners keep nothing alive.
+     * Host events: what happens to the client's workers, told on the event
+     * loop in the order it happened. Listeners keep nothing alive.
+     * - `'hostDisconnected'` (host, error): the link to the worker broke;
+     *   the client connects again by itself for as long as the worker keeps
+     *   the session, and work there waits.
+     * - `'hostReconnected'` (host): the link came back and the session
+     *   resumed: nothing was lost.
+     * - `'hostLost'` (host, error): the worker's session is lost for good
+     *   (it restarted, or the link stayed down past its session timeout:
+     *   `UnavailableError`; or `close()` ended it: `CancelledError`); what
+     *   the session held fails with that error. Once per lost session, and
+     *   at once to the first listener for a session lost already.
+     * - `'hostReopened'` (host): new work opened a new session with the
+     *   worker after one was lost.
      */
-    on(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
-    once(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
-    off(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
-    addListener(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
-    removeListener(event: 'hostLost', listener: (host: Host, error: ColocatedError) => void): this
+    on(event: HostErrorEvent, listener: (host: Host, error: ColocatedError) => void): this
+    on(event: HostEvent, listener: (host: Host) => void): this
+    once(event: HostErrorEvent, listener: (host: Host, error: ColocatedError) => void): this
+    once(event: HostEvent, listener: (host: Host) => void): this
+    off(event: HostErrorEvent, listener: (host: Host, error: ColocatedError) => void): this
+    off(event: HostEvent, listener: (host: Host) => void): this
+    addListener(event: HostErrorEvent, listener: (host: Host, error: ColocatedError) => void): this
+    addListener(event: HostEvent, listener: (host: Host) => void): this
+    removeListener(event: HostErrorEvent, listener: (host: Host, error: ColocatedError) => void): this
+    removeListener(event: HostEvent, listener: (host: Host) => void): this
   }
 }
+
+/** The host events of a Client that carry an error (see `Client.on`). */
+export type HostErrorEvent = 'hostDisconnected' | 'hostLost'
+/** The host events of a Client without an error (see `Client.on`). */
+export type HostEvent = 'hostReconnected' | 'hostReopened'
 
 /** A partition spec: `P('x', null)`, `P(['x', 'y'])`. */
 export declare function P(...entries: (string | string[] | null)[]): PartitionSpec

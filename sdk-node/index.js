@@ -233,31 +233,44 @@ module.exports.blockUntilReady = async function blockUntilReady(tree, options) {
   return tree
 }
 
-// `client.on('hostLost', (host, error) => …)`: a worker of the client was
-// lost (stopped answering; after close(), with CancelledError). Listeners
-// belong to the Client object they were added to; they keep nothing alive.
+// `client.on('hostLost', (host, error) => …)` and the other host events
+// (index.d.ts says what each means): core's host events of the client, by
+// their JavaScript names. Listeners belong to the Client object they were
+// added to; they keep nothing alive.
+const HOST_EVENTS = {
+  disconnected: 'hostDisconnected',
+  reconnected: 'hostReconnected',
+  lost: 'hostLost',
+  reopened: 'hostReopened',
+}
+const EVENTS = new Set(Object.values(HOST_EVENTS))
 const emitters = new WeakMap()
 function emitterOf(client) {
   let emitter = emitters.get(client)
   if (emitter === undefined) {
     emitter = new EventEmitter()
     emitters.set(client, emitter)
-    for (const host of client.hosts()) {
-      if (!host.isRemote) continue
-      client._hostLost(host.index).then(
-        () => {},
-        (error) => emitter.emit('hostLost', host, errors.translate(error)),
-      )
-    }
+    client._listenHosts(hostEventTeller(emitter, client.hosts()))
   }
   return emitter
 }
-const EVENTS = new Set(['hostLost'])
+/**
+ * The function core tells `emitter`'s host events to (`hosts`: the client's,
+ * by index). Made apart from `emitterOf`, so that what core keeps holds
+ * neither the client nor a scope that has it: the client stays collectable.
+ */
+function hostEventTeller(emitter, hosts) {
+  return ({ host, kind, error }) => {
+    if (error === undefined) emitter.emit(HOST_EVENTS[kind], hosts[host])
+    else emitter.emit(HOST_EVENTS[kind], hosts[host], errors.translate(error))
+  }
+}
 for (const method of ['on', 'once', 'off', 'addListener', 'removeListener']) {
   binding.Client.prototype[method] = function (event, listener) {
     signatures.check(`Client.${method}`, [event, listener])
     if (!EVENTS.has(event)) {
-      throw new errors.InvalidArgumentError(`a Client emits 'hostLost', not ${JSON.stringify(event)}`)
+      const names = [...EVENTS].map((name) => `'${name}'`).join(', ')
+      throw new errors.InvalidArgumentError(`a Client emits ${names}, not ${JSON.stringify(event)}`)
     }
     emitterOf(this)[method](event, listener)
     return this

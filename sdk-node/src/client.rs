@@ -1,15 +1,16 @@
 //! Clients, hosts and devices; the default client (core's), and connecting
 //! to workers.
 
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use colocated_core as core;
-use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either, Either4, Object};
+use napi::bindgen_prelude::{AsyncTask, ClassInstance, Either, Either4, Function, Unknown};
 use napi::{Env, Task};
 use napi_derive::napi;
 
-use crate::errors::{to_js, OrThrow};
-use crate::promise::settle_weak;
+use crate::errors::{invalid, to_js, OrThrow};
+use crate::host_events::{Heard, HostListener, HostStats};
 
 /// A device: where a buffer lives and a program runs.
 #[napi]
@@ -119,6 +120,25 @@ pub struct Host {
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: core::Client,
+    /// The listener of host events of this `Client` object (`index.js`
+    /// emits them), once one listens: removed from core when the client
+    /// closes or this object is collected.
+    host_listener: Arc<Mutex<Option<HostListener>>>,
+}
+
+impl Client {
+    /// The `Client` object of `inner`.
+    pub(crate) fn of(inner: core::Client) -> Client {
+        Client {
+            inner,
+            host_listener: Arc::default(),
+        }
+    }
+
+    /// This object's host listener, locked.
+    fn listener(&self) -> MutexGuard<'_, Option<HostListener>> {
+        self.host_listener.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 #[napi]
@@ -171,21 +191,56 @@ impl Client {
     }
 
     /// Ends the client's sessions with its workers now (the workers free
-    /// what they hold for it); work there fails with `CancelledError`. The
-    /// local host stays usable.
+    /// what they hold for it); work there fails with `CancelledError`, and
+    /// `hostLost` tells each host whose session it ended. The local host
+    /// stays usable.
     #[napi]
     pub fn close(&self) {
-        self.inner.close();
+        let listener = self.listener().take();
+        match listener {
+            Some(listener) => listener.close(&self.inner),
+            None => self.inner.close(),
+        }
     }
 
-    /// Settles when host `index` is lost (a worker that stopped answering):
-    /// rejects with its error (`UnavailableError`, or `CancelledError` after
-    /// `close()`). Never settles for the local host, and does not keep the
-    /// process alive. (`client.on('hostLost', …)` is built on it.)
-    #[napi(js_name = "_hostLost", ts_return_type = "Promise<void>")]
-    pub fn host_lost<'e>(&self, env: &'e Env, index: u32) -> napi::Result<Object<'e>> {
-        let lost = self.inner.host_lost(index as usize).js(env)?;
-        settle_weak(env, &lost, |_| Ok(()))
+    /// Calls `tell({host, kind, error})` on the event loop with each host
+    /// event from now on (`kind`: `'disconnected'`, `'reconnected'`,
+    /// `'lost'` or `'reopened'`; `error`, a `ColocatedError`, for the first
+    /// and the third), and at once with the loss of each host lost already.
+    /// It replaces the function given before, keeps nothing alive, and is
+    /// let go when the client closes or is collected. (`client.on('hostLost',
+    /// …)` and the other host events are built on it.)
+    #[napi(
+        js_name = "_listenHosts",
+        ts_args_type = "tell: (event: { host: number, kind: 'disconnected' | 'reconnected' | 'lost' | 'reopened', error?: Error }) => void"
+    )]
+    pub fn listen_hosts(
+        &self,
+        env: Env,
+        tell: Function<Heard, Unknown<'static>>,
+    ) -> napi::Result<()> {
+        let listener = HostListener::new(&self.inner, tell).js(&env)?;
+        let replaced = self.listener().replace(listener);
+        // Out of the lock: this removes the one before from core.
+        drop(replaced);
+        Ok(())
+    }
+
+    /// How often each host event happened to host `index` since the client
+    /// started: `{disconnects, reconnects, sessionsLost, sessionsReopened}`
+    /// (zeros for the local host). Throws `InvalidArgumentError` for an
+    /// index that is not one of a host.
+    #[napi]
+    pub fn host_stats(&self, env: Env, index: f64) -> napi::Result<HostStats> {
+        if !(index >= 0.0 && index.fract() == 0.0 && index <= u32::MAX as f64) {
+            return Err(to_js(
+                &env,
+                &invalid(format!(
+                    "hostStats: index must be a host's index, not {index}"
+                )),
+            ));
+        }
+        Ok(self.inner.host_stats(index as usize).js(&env)?.into())
     }
 
     /// A new stream of this client: work queued on it runs in its order,
@@ -298,7 +353,7 @@ fn pjrt_options(
 #[napi]
 pub fn client(env: Env) -> napi::Result<Client> {
     let inner = default_client().js(&env)?;
-    Ok(Client { inner })
+    Ok(Client::of(inner))
 }
 
 /// The devices of `backend` of the default client (default: the default
@@ -421,7 +476,7 @@ impl Task for Connect {
         if self.make_default {
             core::set_default_client(Some(inner.clone()));
         }
-        Ok(Client { inner })
+        Ok(Client::of(inner))
     }
 }
 

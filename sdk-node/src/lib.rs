@@ -4,6 +4,8 @@
 //! - core errors become `ColocatedError` subclasses (`errors`);
 //! - core events become Promises, settled from whichever thread finishes the
 //!   work, so nothing ever blocks the event loop (`promise`);
+//! - a client's host events reach the event loop through a threadsafe
+//!   function that core's events thread never waits on (`host_events`);
 //! - calls that wait in core (connecting, gathering an array) run on libuv's
 //!   thread pool (`AsyncTask`).
 
@@ -24,6 +26,7 @@ mod convert;
 mod errors;
 mod executable;
 mod function;
+mod host_events;
 mod kept;
 mod program;
 mod promise;

@@ -24,8 +24,6 @@ type Make = Box<dyn FnOnce(Env) -> napi::Result<sys::napi_value> + Send>;
 struct Settle {
     deferred: sys::napi_deferred,
     outcome: core::Result<Make>,
-    /// Whether it counts among the pending Promises that keep the loop alive.
-    keep_alive: bool,
 }
 
 // SAFETY: the deferred is only used on the JavaScript thread that made it
@@ -127,7 +125,7 @@ unsafe extern "C" fn call_js(
             }
         };
     }
-    let settler = SETTLER.with(Cell::get).filter(|_| job.keep_alive);
+    let settler = SETTLER.with(Cell::get);
     if let Some(s) = settler {
         let left = s.pending.get().saturating_sub(1);
         s.pending.set(left);
@@ -146,29 +144,6 @@ where
     T: ToNapiValue + 'static,
     F: FnOnce(Env) -> napi::Result<T> + Send + 'static,
 {
-    settle_with(env, event, value, true)
-}
-
-/// [`settle`], but the pending Promise does not keep the event loop alive:
-/// for events that may never come (a worker's loss).
-pub fn settle_weak<'e, T, F>(env: &'e Env, event: &Event, value: F) -> napi::Result<Object<'e>>
-where
-    T: ToNapiValue + 'static,
-    F: FnOnce(Env) -> napi::Result<T> + Send + 'static,
-{
-    settle_with(env, event, value, false)
-}
-
-fn settle_with<'e, T, F>(
-    env: &'e Env,
-    event: &Event,
-    value: F,
-    keep_alive: bool,
-) -> napi::Result<Object<'e>>
-where
-    T: ToNapiValue + 'static,
-    F: FnOnce(Env) -> napi::Result<T> + Send + 'static,
-{
     let settler = settler(env)?;
     let mut deferred = ptr::null_mut();
     let mut promise = ptr::null_mut();
@@ -180,15 +155,11 @@ where
             &mut promise
         ))?;
     }
-    if keep_alive {
-        if settler.pending.get() == 0 {
-            // SAFETY: on the JavaScript thread that owns the function.
-            unsafe {
-                napi::check_status!(sys::napi_ref_threadsafe_function(env.raw(), settler.tsfn))?
-            };
-        }
-        settler.pending.set(settler.pending.get() + 1);
+    if settler.pending.get() == 0 {
+        // SAFETY: on the JavaScript thread that owns the function.
+        unsafe { napi::check_status!(sys::napi_ref_threadsafe_function(env.raw(), settler.tsfn))? };
     }
+    settler.pending.set(settler.pending.get() + 1);
     let tsfn = settler.tsfn as usize;
     let closed = settler.closed.clone();
     // Carried as an address: the closure runs on another thread, which only
@@ -203,7 +174,6 @@ where
         let job = Box::new(Settle {
             deferred: deferred as sys::napi_deferred,
             outcome: status.map(|()| make),
-            keep_alive,
         });
         // The function lives until its environment finalizes it; the read
         // lock keeps that from happening during the call.

@@ -15,17 +15,21 @@ const skip = skipReason() ?? false
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 /**
- * Runs `body({client, proxy, dir, lost})` with a Node worker of two devices
- * on 127.0.0.1 (its `extra` flags added), a fault proxy in front of it, and a
- * client connected through the proxy. `dir` is a folder of this test the
- * worker's functions find in `COLOCATED_TEST_FAULTS` (their run counter and
- * gates live there); `lost` lists the client's `hostLost` events. The client,
- * the proxy and the worker are stopped after.
+ * Runs `body({client, proxy, dir, lost, events, restart})` with a Node worker
+ * of two devices on 127.0.0.1 (its `extra` flags added), a fault proxy in
+ * front of it, and a client connected through the proxy. `dir` is a folder of
+ * this test the worker's functions find in `COLOCATED_TEST_FAULTS` (their run
+ * counter and gates live there); `lost` lists the client's `hostLost` events,
+ * `events` every host event (`{event, host, error}`) in order. `restart()`
+ * kills the worker and starts a new one on the same address. The client, the
+ * proxy and the worker are stopped after.
  */
 async function linked(extra, body) {
   const token = tokenFile()
   const dir = fs.mkdtempSync(path.join(TMP, 'faults-'))
-  const worker = await startWorker({ devices: 2, token, node: true, extra, env: { COLOCATED_TEST_FAULTS: dir } })
+  const start = (listen) =>
+    startWorker({ devices: 2, token, node: true, extra, listen, env: { COLOCATED_TEST_FAULTS: dir } })
+  let worker = await start()
   let proxy
   let client
   try {
@@ -33,18 +37,53 @@ async function linked(extra, body) {
     client = await c.connect(proxy.address, { tokenFile: token.file, default: false, timeout: 5000 })
     const lost = []
     const onLost = (host, error) => lost.push({ host: host.name, code: error.code, message: error.message })
+    const events = []
+    const listeners = HOST_EVENTS.map((event) => [
+      event,
+      (host, error) => events.push({ event, host: host.name, error }),
+    ])
     client.on('hostLost', onLost)
+    for (const [event, listener] of listeners) client.on(event, listener)
+    const restart = async () => {
+      const address = worker.address
+      await worker.kill('SIGKILL')
+      // A new worker process on the same address, once the port is free.
+      const deadline = Date.now() + 30000
+      for (;;) {
+        try {
+          worker = await start(address)
+          return
+        } catch (error) {
+          if (Date.now() > deadline) throw error
+          await sleep(50)
+        }
+      }
+    }
     try {
-      await body({ client, proxy, dir, lost })
+      await body({ client, proxy, dir, lost, events, restart })
     } finally {
       // close() ends the session, which is no loss to count.
       client.off('hostLost', onLost)
+      for (const [event, listener] of listeners) client.off(event, listener)
     }
   } finally {
     client?.close()
     await proxy?.close()
     await worker.stop()
   }
+}
+
+/** The names of a client's host events. */
+const HOST_EVENTS = ['hostDisconnected', 'hostReconnected', 'hostLost', 'hostReopened']
+
+/** Resolves once `events` names `expected` in order (rejects, saying what came, after 30 s). */
+async function heard(events, expected) {
+  const deadline = Date.now() + 30000
+  while (events.length < expected.length && Date.now() < deadline) await sleep(10)
+  assert.deepEqual(
+    events.map((e) => e.event),
+    expected,
+  )
 }
 
 /**
@@ -137,7 +176,7 @@ test('calls through a link with 20 ms added each way complete with right results
 })
 
 test('a reset mid-call resumes the session: the call completes once, the host is not lost', { skip }, async () => {
-  await linked([], async ({ client, proxy, dir, lost }) => {
+  await linked([], async ({ client, proxy, dir, lost, events }) => {
     const x = c.devicePut(new Int32Array([0, 1]), client.devices()[0])
     await x.ready()
     const call = await heldCall(x)
@@ -159,6 +198,12 @@ test('a reset mid-call resumes the session: the call completes once, the host is
     assert.deepEqual(await addOne(x), [1, 2])
     assert.equal(runs(dir), 2)
     assert.deepEqual(lost, [])
+    // The client told the break and the resume, and counted them.
+    await heard(events, ['hostDisconnected', 'hostReconnected'])
+    assert.equal(events[0].host, proxy.address)
+    assert.ok(events[0].error instanceof c.ColocatedError, String(events[0].error))
+    assert.equal(events[1].error, undefined)
+    assert.deepEqual(client.hostStats(0), { disconnects: 1, reconnects: 1, sessionsLost: 0, sessionsReopened: 0 })
   })
 })
 
@@ -185,5 +230,69 @@ test('a partition shorter than the session timeout heals and the call in flight 
     assert.deepEqual(await addOne(kept), [2, 3, 4, 5])
     assert.equal(runs(dir), 2)
     assert.deepEqual(lost, [])
+    // The link broke once, and came back.
+    const stats = client.hostStats(0)
+    assert.deepEqual(stats, { disconnects: 1, reconnects: 1, sessionsLost: 0, sessionsReopened: 0 })
+  })
+})
+
+test('a worker restarted on the same address: the session is lost, new work reopens one', { skip }, async () => {
+  await linked([], async ({ client, proxy, dir, lost, events, restart }) => {
+    const kept = c.devicePut(new Int32Array([1, 2, 3, 4]), client.devices()[0])
+    assert.deepEqual(await addOne(kept), [2, 3, 4, 5])
+    // The worker crashes: its connections break, and nothing answers.
+    await proxy.refuse(true)
+    await proxy.reset()
+    await restart()
+    await proxy.refuse(false)
+    // The controller's next attempt to resume reaches the new worker, which
+    // does not know the session: lost, typed.
+    await heard(events, ['hostDisconnected', 'hostLost'])
+    const { error } = events[1]
+    assert.ok(error instanceof c.UnavailableError, String(error))
+    assert.match(error.message, /no longer has this session/)
+    assert.deepEqual(lost, [{ host: proxy.address, code: 'unavailable', message: error.message }])
+    await assert.rejects(kept.toTypedArray(), c.UnavailableError)
+    // New work opens a new session with the new worker, and its results are right.
+    const x = c.devicePut(new Int32Array([5, 6]), client.devices()[1])
+    assert.deepEqual(await addOne(x), [6, 7])
+    await heard(events, ['hostDisconnected', 'hostLost', 'hostReopened'])
+    assert.equal(events[2].error, undefined)
+    assert.equal(runs(dir), 2)
+    assert.deepEqual(client.hostStats(0), { disconnects: 1, reconnects: 0, sessionsLost: 1, sessionsReopened: 1 })
+  })
+})
+
+test('close() tells hostLost with CancelledError, once per session', { skip }, async () => {
+  await linked([], async ({ client, lost }) => {
+    await c.devicePut([1], client.devices()[0]).ready()
+    const told = new Promise((resolve) => client.once('hostLost', (host, error) => resolve({ host, error })))
+    client.close()
+    const { host, error } = await told
+    assert.equal(host.index, 0)
+    assert.ok(error instanceof c.CancelledError, String(error))
+    assert.match(error.message, /closed/)
+    assert.deepEqual(
+      lost.map((l) => l.code),
+      ['cancelled'],
+    )
+    client.close()
+    await sleep(100)
+    assert.equal(lost.length, 1)
+    assert.deepEqual(client.hostStats(0), { disconnects: 0, reconnects: 0, sessionsLost: 1, sessionsReopened: 0 })
+  })
+})
+
+test('hostStats: a host index out of range or not an index is an InvalidArgumentError', { skip }, async () => {
+  await linked([], async ({ client }) => {
+    assert.deepEqual(client.hostStats(0), { disconnects: 0, reconnects: 0, sessionsLost: 0, sessionsReopened: 0 })
+    assert.throws(
+      () => client.hostStats(1),
+      (e) => e instanceof c.InvalidArgumentError && /host 1 is out of range \(1 hosts\)/.test(e.message),
+    )
+    for (const index of [-1, 0.5, Number.NaN]) {
+      assert.throws(() => client.hostStats(index), c.InvalidArgumentError, String(index))
+    }
+    assert.throws(() => client.hostStats('0'), /Client.hostStats: index must be a number/)
   })
 })

@@ -197,7 +197,39 @@ test('close() ends the sessions: later work fails with CancelledError', async ()
   await x.ready()
   one.close()
   await assert.rejects(x.toTypedArray(), (e) => e instanceof c.CancelledError && /closed/.test(e.message))
+  // A first listener added after the loss hears it at once.
+  const told = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('hostLost was not told')), 10000)
+    one.once('hostLost', (host, error) => {
+      clearTimeout(timer)
+      resolve({ host, error })
+    })
+  })
+  assert.deepEqual([told.host.index, told.host.name], [0, w.address])
+  assert.ok(told.error instanceof c.CancelledError, String(told.error))
   await w.stop()
+})
+
+test('host event listeners do not keep the process alive', async () => {
+  // A process that connects, listens to every host event and returns: it
+  // must exit by itself, its client still open.
+  const script = `
+    const c = require(${JSON.stringify(require.resolve('..'))})
+    c.connect(process.env.WORKER, { tokenFile: process.env.TOKEN_FILE, timeout: 5000 }).then((client) => {
+      for (const event of ['hostDisconnected', 'hostReconnected', 'hostLost', 'hostReopened']) client.on(event, () => {})
+      console.log('listening')
+    })
+  `
+  const env = { ...process.env, WORKER: workers[0].address, TOKEN_FILE: token.file }
+  const { stdout } = await new Promise((resolve, reject) =>
+    require('node:child_process').execFile(
+      process.execPath,
+      ['-e', script],
+      { env, timeout: 20000 },
+      (err, stdout, stderr) => (err ? reject(new Error(`${err.message}: ${stderr}`)) : resolve({ stdout })),
+    ),
+  )
+  assert.equal(stdout.trim(), 'listening')
 })
 
 /** A port nothing listens on now. */

@@ -43,6 +43,12 @@ async function main(): Promise<void> {
     const code: c.ErrorCode = error.code
     void [index, code]
   })
+  remote.once('hostDisconnected', (host, error) => void [host.name, error.code])
+  remote.on('hostReconnected', (host) => void host.index)
+  remote.off('hostReopened', (host) => void host.index)
+  const stats: c.HostStats = remote.hostStats(0)
+  const counts: number[] = [stats.disconnects, stats.reconnects, stats.sessionsLost, stats.sessionsReopened]
+  void counts
   remote.close()
   try {
     c.devicePut([1])
