@@ -46,22 +46,8 @@ impl Linked {
         let client = client_with_threads(1, 2);
         register_add_one(&client);
         let counted = Arc::new(AtomicUsize::new(0));
-        let counter = counted.clone();
-        client
-            .register_native_function("counted", move |ctx| {
-                counter.fetch_add(1, Ordering::SeqCst);
-                common::add_one_shards(ctx)
-            })
-            .unwrap();
-        client
-            .register_native_function("ask", |ctx| {
-                let answer = ctx.call_host_callback(0, b"ping")?;
-                match answer.as_slice() {
-                    b"pong" => Ok(()),
-                    _ => Err(colocated_core::Error::internal("not a pong")),
-                }
-            })
-            .unwrap();
+        common::register_counted(&client, &counted);
+        common::register_ask(&client);
         let gate = Event::new();
         register_gate(&client, "gate", &gate);
         let token = Token::generate().unwrap();

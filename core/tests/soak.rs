@@ -679,22 +679,8 @@ fn soak_duration() -> Duration {
 /// "ping" and wants "pong"), its token, and a proxy in front of it.
 fn start_worker(counted: &Arc<AtomicUsize>) -> (Worker, Token, FaultProxy) {
     let client = client_with_threads(1, 4);
-    let counter = counted.clone();
-    client
-        .register_native_function("counted", move |ctx| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            common::add_one_shards(ctx)
-        })
-        .unwrap();
-    client
-        .register_native_function("ask", |ctx| {
-            let answer = ctx.call_host_callback(0, b"ping")?;
-            match answer.as_slice() {
-                b"pong" => Ok(()),
-                _ => Err(colocated_core::Error::internal("not a pong")),
-            }
-        })
-        .unwrap();
+    common::register_counted(&client, counted);
+    common::register_ask(&client);
     let token = Token::generate().unwrap();
     let worker = common::start_worker(client, &token, |o| {
         o.heartbeat_interval = HEARTBEAT_INTERVAL;

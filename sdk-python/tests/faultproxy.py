@@ -12,6 +12,7 @@ import json
 import os
 import select
 import subprocess
+import time
 
 import pytest
 
@@ -113,3 +114,25 @@ class FaultProxy:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def crash_and_restart(proxy: FaultProxy, worker, start, timeout: float = 30.0):
+    """A worker behind ``proxy`` crashes and a new one starts on its address:
+    the proxy refuses and resets every connection, ``worker`` is killed, and
+    ``start()`` is called until the port is free again (a new worker, which it
+    returns); then the proxy forwards again. A start that fails raises
+    ``AssertionError`` (as ``workers.Worker`` does) and is tried again, for
+    ``timeout`` seconds at most."""
+    proxy.refuse(True)
+    proxy.reset()
+    worker.kill()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            restarted = start()
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline, "the port stayed taken"
+            time.sleep(0.05)
+    proxy.refuse(False)
+    return restarted

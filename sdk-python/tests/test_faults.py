@@ -14,7 +14,7 @@ import time
 import cloudpickle
 import numpy as np
 import pytest
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, crash_and_restart
 from workers import Worker
 
 import colocated
@@ -194,18 +194,8 @@ def test_a_worker_restarted_on_the_same_address_serves_the_same_client_again(tok
                 # Large enough to be read from the worker, not from the call's answer.
                 kept = add_one(colocated.device_put(np.arange(1 << 20, dtype=np.int32), client.devices()[0]))
                 kept.block_until_ready()
-                # The worker crashes: its connections break, and nothing answers.
-                proxy.refuse(True)
-                proxy.reset()
-                first.kill()
-                deadline = time.monotonic() + 30
-                while second is None:
-                    try:
-                        second = Worker(token_file, listen=address)
-                    except AssertionError:
-                        assert time.monotonic() < deadline, "the port stayed taken"
-                        time.sleep(0.05)
-                proxy.refuse(False)
+                # The worker crashes, and a new one starts on its address.
+                second = crash_and_restart(proxy, first, lambda: Worker(token_file, listen=address))
                 # What the lost session held says so, typed.
                 with pytest.raises(colocated.UnavailableError, match="no longer has this session"):
                     np.asarray(kept)

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, crash_and_restart
 from workers import Worker
 
 import colocated
@@ -89,18 +89,8 @@ def test_a_worker_restarted_on_the_same_address_tells_lost_then_reopened_after_n
             client.on_host_event(heard)
             kept = colocated.device_put(np.arange(4, dtype=np.int32), client.devices()[0])
             kept.block_until_ready()
-            # The worker crashes: its connections break, and nothing answers.
-            proxy.refuse(True)
-            proxy.reset()
-            first.kill()
-            deadline = time.monotonic() + PATIENCE
-            while second is None:
-                try:
-                    second = Worker(token_file, listen=address)
-                except AssertionError:
-                    assert time.monotonic() < deadline, "the port stayed taken"
-                    time.sleep(0.05)
-            proxy.refuse(False)
+            # The worker crashes, and a new one starts on its address.
+            second = crash_and_restart(proxy, first, lambda: Worker(token_file, listen=address), PATIENCE)
             # The next attempt to resume reaches the new worker, which does not
             # know the session.
             _, lost = heard.expect("disconnected", "lost")

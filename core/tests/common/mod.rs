@@ -183,6 +183,32 @@ impl Drop for DropCounter {
     }
 }
 
+/// Registers `counted`: `add_one_i32` (see [`add_one_shards`]) that counts
+/// its runs in `runs`.
+pub fn register_counted(client: &Client, runs: &std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let runs = runs.clone();
+    client
+        .register_native_function("counted", move |ctx| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            add_one_shards(ctx)
+        })
+        .expect("register counted");
+}
+
+/// Registers `ask`: calls the controller's host callback 0 with "ping",
+/// and fails unless it answers "pong".
+pub fn register_ask(client: &Client) {
+    client
+        .register_native_function("ask", |ctx| {
+            let answer = ctx.call_host_callback(0, b"ping")?;
+            match answer.as_slice() {
+                b"pong" => Ok(()),
+                _ => Err(colocated_core::Error::internal("not a pong")),
+            }
+        })
+        .expect("register ask");
+}
+
 /// Registers the native function `name`: it produces nothing and returns only when
 /// `gate` is set (with the gate's result). Executions queued behind it on the same
 /// stream stay in flight until then.
