@@ -277,3 +277,39 @@ def test_a_per_session_worker_resumes_its_session_after_a_reset(token_file, tmp_
     finally:
         supervisor.terminate()
         supervisor.wait(timeout=30)
+
+
+def test_a_partition_longer_than_the_session_timeout_fails_typed_and_the_client_works_again(token_file):
+    previous = _client._current_default()
+    worker = Worker(token_file, session_timeout=1.0)
+    try:
+        with FaultProxy(worker.address) as proxy:
+            client = colocated.connect([proxy.address], token_file=token_file)
+            try:
+
+                @colocated.colocated_python
+                def slow_add_one(x):
+                    time.sleep(3)
+                    return x + 1
+
+                x = colocated.device_put(np.arange(1 << 20, dtype=np.int32), client.devices()[0])
+                x.block_until_ready()
+                y = slow_add_one(x)
+                proxy.partition(True)
+                began = time.monotonic()
+                with pytest.raises(colocated.UnavailableError):
+                    np.asarray(y)
+                # Within the session timeout since the worker was last heard,
+                # plus the heartbeat bound and a margin for a loaded machine.
+                assert time.monotonic() - began < 4.0
+                time.sleep(1.0)  # the worker has ended the session
+                proxy.partition(False)
+                with pytest.raises(colocated.UnavailableError):
+                    np.asarray(x)
+                # New work on the same client, and the function defined before, run.
+                z = colocated.device_put(np.arange(4, dtype=np.int32), client.devices()[0])
+                np.testing.assert_array_equal(np.asarray(slow_add_one(z)), [1, 2, 3, 4])
+            finally:
+                _client._set_default(previous)
+    finally:
+        worker.stop()
