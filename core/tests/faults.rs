@@ -558,6 +558,13 @@ fn a_worker_restarted_on_the_same_address_serves_the_same_client_again() {
     let err = kept.to_host_bytes().unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
     assert_new_work_runs(&client, &before);
+    // An array of the lost session, given to the executable loaded again,
+    // fails with the loss (it said `internal`: "not on worker").
+    let err = match before.execute(std::slice::from_ref(&kept), &ExecuteOptions::default()) {
+        Err(err) => err,
+        Ok(run) => run.status.wait_timeout(PATIENCE).unwrap_err(),
+    };
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
     use HostEventKind::{Disconnected, Lost, Reopened};
     expect_events(&heard, &[Disconnected, Lost, Reopened]);
     let stats = client.host_stats(0).unwrap();
@@ -629,5 +636,123 @@ fn an_upload_and_a_download_through_a_link_of_8_mib_per_s_complete() {
     assert!(
         stats.bytes_up < 2 * bytes.len() as u64 && stats.bytes_down < 2 * bytes.len() as u64,
         "a transfer went twice: {stats:?}"
+    );
+}
+
+/// An upload slower than the request timeout goes once, and the link does
+/// not look broken: bulk data has no deadline (heartbeats on the session's
+/// other connection find a broken link). It was sent again, the control
+/// stream reconnected, and the upload failed with `deadline_exceeded`.
+#[test]
+fn an_upload_slower_than_the_request_timeout_goes_once() {
+    let linked = Linked::start(|o| {
+        o.heartbeat_interval = Duration::from_millis(250);
+        o.session_timeout = Duration::from_secs(5);
+    });
+    let client = linked.controller(); // a request timeout of 5 s
+    let heard = heard_events(&client);
+    let bytes = patterned(24); // 24 MiB at 4 MiB/s: 6 s
+    linked.proxy.set_bandwidth(Direction::Both, Some(4 << 20));
+    let buffer = uploaded(&client, &bytes);
+    let stats = linked.proxy.stats();
+    assert!(stats.bytes_up < 2 * bytes.len() as u64, "{stats:?}");
+    assert!(
+        heard.lock().unwrap().is_empty(),
+        "{:?}",
+        heard.lock().unwrap()
+    );
+    assert_eq!(linked.worker.buffer_count(), 1);
+    drop(buffer);
+}
+
+/// A download that outlasts the session timeout meets two resets far
+/// apart, each healed in time: it completes. The second failed it for good
+/// (its first failure was longer ago than the session timeout).
+#[test]
+fn a_long_download_survives_two_resets_far_apart() {
+    let linked = Linked::start(|o| {
+        o.heartbeat_interval = Duration::from_millis(250);
+        o.session_timeout = Duration::from_secs(1);
+    });
+    let client = linked.controller();
+    let bytes = patterned(16);
+    let buffer = uploaded(&client, &bytes);
+    linked.proxy.set_bandwidth(Direction::Down, Some(4 << 20)); // 4 s down
+    let back = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for _ in 0..2 {
+                std::thread::sleep(Duration::from_millis(1500));
+                linked.proxy.reset();
+            }
+        });
+        buffer.to_host_vec()
+    });
+    assert!(back.unwrap() == bytes, "the buffer came back changed");
+    assert!(!client.host_lost(0).unwrap().is_ready());
+}
+
+/// Asking about an array of a lost session (is it in this process?) opens
+/// no session with the worker: it took the connect timeout while the link
+/// was down.
+#[test]
+fn asking_about_an_array_of_a_lost_session_does_not_connect() {
+    let linked = Linked::start(|o| {
+        o.heartbeat_interval = Duration::from_millis(250);
+        o.session_timeout = Duration::from_secs(1);
+    });
+    let client = linked.controller();
+    let heard = heard_events(&client);
+    let device = client.devices()[0].clone();
+    let kept = i32_array(&client, &[7], &spec_on(&[1], DType::I32, &device));
+    kept.ready_event().wait_timeout(PATIENCE).unwrap();
+    let buffer = kept.buffers()[0].clone();
+    linked.proxy.partition(true);
+    client
+        .host_lost(0)
+        .unwrap()
+        .wait_timeout(PATIENCE)
+        .unwrap_err();
+    let began = Instant::now();
+    assert!(!buffer.is_in_process());
+    assert!(
+        began.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        began.elapsed()
+    );
+    use HostEventKind::{Disconnected, Lost};
+    expect_events(&heard, &[Disconnected, Lost]);
+    linked.proxy.partition(false);
+}
+
+/// A session lost while a download is in flight tells `lost` last: the
+/// download's failure told `disconnected` after it.
+#[test]
+fn no_disconnected_event_follows_a_loss_with_a_transfer_in_flight() {
+    let linked = Linked::start(|_| {});
+    let client = linked.controller();
+    let heard = heard_events(&client);
+    let bytes = patterned(32);
+    let buffer = uploaded(&client, &bytes);
+    linked.proxy.set_bandwidth(Direction::Down, Some(8 << 20));
+    let Linked { worker, proxy, .. } = linked;
+    std::thread::scope(|scope| {
+        let read = scope.spawn(|| buffer.to_host_vec().map(|_| ()));
+        std::thread::sleep(Duration::from_millis(500));
+        drop(worker);
+        let _ = read.join().unwrap();
+    });
+    client
+        .host_lost(0)
+        .unwrap()
+        .wait_timeout(PATIENCE)
+        .unwrap_err();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = heard.lock().unwrap().clone();
+    drop(proxy);
+    let lost_at = after.iter().position(|k| *k == HostEventKind::Lost);
+    let lost_at = lost_at.unwrap_or_else(|| panic!("no loss told: {after:?}"));
+    assert!(
+        !after[lost_at..].contains(&HostEventKind::Disconnected),
+        "{after:?}"
     );
 }

@@ -1235,9 +1235,10 @@ fn a_session_runs_the_same_on_its_lane_and_on_grpc_and_closing_it_closes_the_lan
         assert_eq!(session.flush().unwrap_err().code(), ErrorCode::NotFound);
         assert!(worker.control_operations() >= operations + 52);
         session.close();
-        // The worker closes the lane with the session; the connection goes
-        // with the session's last handle.
-        assert_eq!(wait_authenticated(&worker, 1), 1, "lane: {lane}");
+        // The worker closes the lane with the session; the connections (the
+        // session's, and its bulk data's, which the load opened) go with the
+        // session's last handle.
+        assert_eq!(wait_authenticated(&worker, 2), 2, "lane: {lane}");
         let ended = session.lost().status().unwrap().unwrap_err();
         assert_eq!(
             ended.code(),

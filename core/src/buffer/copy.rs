@@ -147,17 +147,19 @@ impl Buffer {
                 return remote.copy_to_worker(&to, dst.clone(), progress, keep);
             }
         }
-        if dst.host().takes_directly(&held) {
+        let to = dst.host_for_new_data();
+        if to.takes_directly(&held) {
             drop(hold);
-            return dst.host().put(dst, held, progress);
+            return to.put(dst, held, progress);
         }
-        let (read_progress, put_progress) = match dst.host().in_process() {
+        let (read_progress, put_progress) = match to.in_process() {
             true => (progress, None),
             false => (None, progress),
         };
+        drop(to);
         let out = dst.clone();
         let put: host::Fetched = Box::new(move |data| match data {
-            Ok(data) => out.host().put(&out, data, put_progress),
+            Ok(data) => out.host_for_new_data().put(&out, data, put_progress),
             Err(e) => out.finish(Err(e)),
         });
         self.host().fetch(self, held, hold, read_progress, put);

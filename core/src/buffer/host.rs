@@ -80,6 +80,18 @@ pub(crate) fn of<'a>(client: &'a Client, device: &'a Device) -> Holder<'a> {
     }
 }
 
+/// What holds the data of `device`'s buffers that exist already: as [`of`],
+/// with a worker in its session now (never opening a new one).
+pub(crate) fn holding<'a>(client: &'a Client, device: &'a Device) -> Holder<'a> {
+    if let Some(pjrt) = &device.0.pjrt {
+        return Holder::Here(&**pjrt);
+    }
+    match client.remote_now(device.host_index()) {
+        Some(remote) => Holder::Worker(remote),
+        None => Holder::Here(&super::local::Local),
+    }
+}
+
 /// What [`of`] names: a holder in this process, or a worker host.
 pub(crate) enum Holder<'a> {
     Here(&'a dyn HostData),

@@ -337,9 +337,15 @@ impl Buffer {
             || (self.0.device.0.pjrt.is_some() && self.0.device.platform() == "cpu")
     }
 
-    /// The host that holds this buffer's data (a worker's, in its session
-    /// for new work: the buffer's own data travels with its storage).
+    /// The host that holds this buffer's data (a worker's in its session
+    /// now: asking never opens a new one; see [`host::holding`]).
     fn host(&self) -> host::Holder<'_> {
+        host::holding(&self.0.client, &self.0.device)
+    }
+
+    /// The host where new data of this (pending) buffer goes: a worker's
+    /// in its session for new work (see [`host::of`]).
+    fn host_for_new_data(&self) -> host::Holder<'_> {
         host::of(&self.0.client, &self.0.device)
     }
 

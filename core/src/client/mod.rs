@@ -195,6 +195,16 @@ impl Client {
             .map(RemoteSlot::for_work)
     }
 
+    /// The worker of host `index` as it is now (`None` for the local host):
+    /// for what exists already, which a new session would not hold.
+    pub(crate) fn remote_now(&self, index: usize) -> Option<Arc<RemoteHost>> {
+        self.0
+            .remotes
+            .get(index)
+            .and_then(Option::as_ref)
+            .map(RemoteSlot::current)
+    }
+
     /// Whether host `index` is a worker.
     pub(crate) fn is_remote(&self, index: usize) -> bool {
         self.0.remotes.get(index).is_some_and(Option::is_some)
@@ -208,7 +218,7 @@ impl Client {
     /// nothing.
     pub fn close(&self) {
         for remote in self.0.remotes.iter().flatten() {
-            remote.current().session.close();
+            remote.close();
         }
     }
 

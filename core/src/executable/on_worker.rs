@@ -122,8 +122,13 @@ fn send(
             // Ready there, or the output of work sent there before.
             Some(handle) => Ok(handle),
             None => {
-                // Why not: deleted, failed, or on another host.
-                b.storage()?;
+                // Why not: deleted, failed, in a session that was lost (the
+                // loss says so), or on another host.
+                if let Storage::Remote(remote) = &*b.storage()? {
+                    if let Some(err) = remote.host.session.lost().error() {
+                        return Err(err);
+                    }
+                }
                 Err(Error::internal(format!(
                     "input shard {i} is not on worker {}",
                     host.session.address()

@@ -133,14 +133,16 @@ impl HostEvents {
         if queue.is_none() {
             let (tx, rx) = mpsc::channel();
             let events = Arc::downgrade(self);
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("colocated-events".into())
-                .spawn(move || tell_listeners(events, rx))
-                .map_err(|e| {
-                    crate::error::Error::resource_exhausted(format!(
-                        "cannot start the thread of host events: {e}"
-                    ))
-                })?;
+                .spawn(move || tell_listeners(events, rx));
+            if let Err(e) = spawned {
+                drop(queue);
+                self.unlisten(id);
+                return Err(crate::error::Error::resource_exhausted(format!(
+                    "cannot start the thread of host events: {e}"
+                )));
+            }
             *queue = Some(tx);
         }
         Ok(id)

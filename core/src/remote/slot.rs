@@ -12,7 +12,6 @@ use super::events::{HostEvent, HostEventKind, HostEvents};
 use super::RemoteHost;
 use crate::error::{Error, Result};
 use crate::session::{ConnectOptions, RemoteSession};
-use crate::transport::lock;
 
 /// The least time between two attempts to open a new session with a
 /// worker whose session was lost: work meanwhile fails with the loss.
@@ -30,6 +29,8 @@ pub(crate) struct RemoteSlot {
     /// When the last attempt to open a new session failed; held while one
     /// is made, so that one thread makes it.
     reopening: Mutex<Option<Instant>>,
+    /// The client closed its workers: no new session opens.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl RemoteSlot {
@@ -48,7 +49,15 @@ impl RemoteSlot {
             events,
             options,
             reopening: Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Closes the session now, and keeps any new one from opening (one
+    /// being opened now is closed as it opens).
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.current().session.close();
     }
 
     /// The host as it is now, whatever its session's state.
@@ -62,11 +71,17 @@ impl RemoteSlot {
     /// The host for new work: the current one, or, when its session was
     /// lost (not closed), a new session with the worker if one opens (at
     /// most one attempt each [`REOPEN_PAUSE`]; the lost host otherwise,
-    /// whose work fails with the loss).
+    /// whose work fails with the loss). Only a thread that may block
+    /// attempts it, and never waits for another's attempt: a thread of the
+    /// network runtime (a callback of finished work) gets the lost host, as
+    /// does any thread while another attempts.
     pub fn for_work(&self) -> Arc<RemoteHost> {
         let host = self.current();
         let session = &host.session;
         if !session.lost().is_ready() || session.is_closed() {
+            return host;
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
             return host;
         }
         self.reopen(host)
@@ -74,7 +89,12 @@ impl RemoteSlot {
 
     /// Replaces `lost` with a host of a new session, if one opens.
     fn reopen(&self, lost: Arc<RemoteHost>) -> Arc<RemoteHost> {
-        let mut failed_at = lock(&self.reopening);
+        let mut failed_at = match self.reopening.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            // Another thread is opening one: this work fails with the loss.
+            Err(std::sync::TryLockError::WouldBlock) => return self.current(),
+        };
         let host = self.current();
         if !Arc::ptr_eq(&host, &lost) {
             // Another thread opened one meanwhile.
@@ -85,10 +105,20 @@ impl RemoteSlot {
         }
         match RemoteSession::connect(&self.options).and_then(|session| lost.renewed(session)) {
             Ok(host) => {
-                tracing::info!(worker = %self.options.address, "a new session replaces the lost one");
-                host.session.watch(self.events.watcher(self.index));
                 let host = Arc::new(host);
-                *self.current.write().unwrap_or_else(|e| e.into_inner()) = host.clone();
+                {
+                    // Checked under the lock `close` reads under: a close
+                    // either sees this host, or this sees the close.
+                    let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+                    if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                        drop(current);
+                        host.session.close();
+                        return lost;
+                    }
+                    host.session.watch(self.events.watcher(self.index));
+                    *current = host.clone();
+                }
+                tracing::info!(worker = %self.options.address, "a new session replaces the lost one");
                 *failed_at = None;
                 self.events.emit(HostEvent {
                     host: self.index,

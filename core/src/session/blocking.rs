@@ -39,6 +39,7 @@ impl RemoteSession {
             spec,
             total,
             data,
+            usize::MAX,
             progress,
         ))?
     }

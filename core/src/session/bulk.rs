@@ -31,7 +31,8 @@ impl RemoteSession {
     ) -> UploadStop {
         let total = data.len() as u64;
         let data = tokio_stream::iter(chunks(data));
-        self.put_stream_then(handle, spec, total, data, progress, done)
+        // Views of `data`: keeping them for a retry costs nothing.
+        self.put_stream_then(handle, spec, total, data, usize::MAX, progress, done)
     }
 
     /// Uploads buffer `handle` of `total` bytes from chunks that arrive on
@@ -51,15 +52,19 @@ impl RemoteSession {
         done: Completion,
     ) -> UploadStop {
         let data = tokio_stream::wrappers::ReceiverStream::new(chunks);
-        self.put_stream_then(handle, spec, total, data, progress, done)
+        self.put_stream_then(handle, spec, total, data, MAX_KEPT_COPIES, progress, done)
     }
 
+    /// Uploads `data`, keeping at most `kept_at_most` bytes of it to send
+    /// again after a broken link (see [`put_future`]).
+    #[allow(clippy::too_many_arguments)]
     fn put_stream_then(
         &self,
         handle: u64,
         spec: BufferSpec,
         total: u64,
         data: impl tokio_stream::Stream<Item = Bytes> + Send + 'static,
+        kept_at_most: usize,
         progress: Option<Progress>,
         done: Completion,
     ) -> UploadStop {
@@ -71,7 +76,8 @@ impl RemoteSession {
         match runtime() {
             Ok(runtime) => {
                 runtime.spawn_blocking(move || {
-                    let upload = put_future(inner, handle, spec, total, data, progress);
+                    let upload =
+                        put_future(inner, handle, spec, total, data, kept_at_most, progress);
                     let upload = async {
                         tokio::select! {
                             outcome = upload => outcome,
@@ -121,19 +127,32 @@ impl UploadStop {
     }
 }
 
+/// The most bytes of an upload of chunks copied for it (from memory the
+/// caller keeps) that the controller keeps to send again after a broken
+/// link: a larger one that breaks fails instead of holding a second copy of
+/// itself.
+const MAX_KEPT_COPIES: usize = 256 << 20;
+
 /// Uploads buffer `handle` (`total` bytes, arriving as `data` chunks: at least
 /// one, each under the message limit), reporting progress. After a broken
 /// link the upload starts again from its first chunk: a session that
-/// resumes keeps the chunks sent until the worker has the buffer whole.
+/// resumes keeps the chunks sent, up to `kept_at_most` bytes, until the
+/// worker has the buffer whole (an upload that sent more fails).
 pub(super) async fn put_future(
     inner: Arc<Inner>,
     handle: u64,
     spec: BufferSpec,
     total: u64,
     data: impl tokio_stream::Stream<Item = Bytes> + Send + 'static,
+    kept_at_most: usize,
     progress: Option<Progress>,
 ) -> Result<()> {
-    let source = Replayed::new(Box::pin(data), inner.version >= RESUME_VERSION);
+    let keeps = if inner.version >= RESUME_VERSION {
+        kept_at_most
+    } else {
+        0
+    };
+    let source = Replayed::new(Box::pin(data), keeps);
     let reported = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut attempts = inner.attempts();
     loop {
@@ -164,6 +183,12 @@ pub(super) async fn put_future(
             Ok(()) => break,
             // An upload the worker stored before its answer was lost.
             Err(failed) if retried && failed.code() == ErrorCode::AlreadyExists => break,
+            Err(failed) if failed.is_link() && !source.replayable() => {
+                return Err(failed.into_error().context(format!(
+                    "an upload of more than {} MiB copied chunk by chunk cannot start again",
+                    MAX_KEPT_COPIES >> 20
+                )));
+            }
             Err(failed) => attempts.again(failed).await?,
         }
     }
@@ -182,9 +207,15 @@ struct Replayed {
 
 struct Chunks {
     source: std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Bytes> + Send>>,
-    /// The chunks taken from `source` so far (kept only when `keeps`).
+    /// The chunks taken from `source` so far, while they come to at most
+    /// `keeps` bytes (`kept_bytes`); past that none, and the upload cannot
+    /// start again (`lost_some`).
     kept: Vec<Bytes>,
-    keeps: bool,
+    kept_bytes: usize,
+    keeps: usize,
+    lost_some: bool,
+    /// `source` ended (it is not polled again).
+    ended: bool,
     /// The attempt whose stream takes chunks: an earlier one's stream ends
     /// (its connection may go on sending a request whose answer nobody
     /// waits for), short, so the worker drops what it received.
@@ -194,17 +225,26 @@ struct Chunks {
 impl Replayed {
     fn new(
         source: std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Bytes> + Send>>,
-        keeps: bool,
+        keeps: usize,
     ) -> Replayed {
         let chunks = Chunks {
             source,
             kept: Vec::new(),
+            kept_bytes: 0,
             keeps,
+            lost_some: false,
+            ended: false,
             attempt: 0,
         };
         Replayed {
             shared: Arc::new(std::sync::Mutex::new(chunks)),
         }
+    }
+
+    /// Whether every chunk taken so far is kept: a new attempt can send
+    /// them all.
+    fn replayable(&self) -> bool {
+        !lock(&self.shared).lost_some
     }
 
     /// The chunks again, from the first, for a new attempt.
@@ -246,11 +286,25 @@ impl tokio_stream::Stream for Replay {
             self.next += 1;
             return std::task::Poll::Ready(Some(chunk));
         }
+        if chunks.ended {
+            return std::task::Poll::Ready(None);
+        }
         let polled = chunks.source.as_mut().poll_next(cx);
+        chunks.ended = matches!(polled, std::task::Poll::Ready(None));
         if let std::task::Poll::Ready(Some(chunk)) = &polled {
-            if chunks.keeps {
+            if chunks.keeps == 0 || chunks.lost_some {
+                // Keeps none.
+            } else if chunks.kept_bytes + chunk.len() <= chunks.keeps {
+                chunks.kept_bytes += chunk.len();
                 chunks.kept.push(chunk.clone());
                 self.next += 1;
+            } else {
+                // Past what it may keep: none (the next attempt could not
+                // send the chunks it lets go of).
+                chunks.lost_some = true;
+                chunks.kept = Vec::new();
+                chunks.kept_bytes = 0;
+                self.next = 0;
             }
         }
         polled

@@ -169,6 +169,27 @@ fn redirect_address(dialed: &str, redirect: &str) -> Result<String> {
 
 /// The endpoint of `address` with `options`' TLS and timeouts.
 pub(crate) fn endpoint(options: &ConnectOptions, address: &str) -> Result<Endpoint> {
+    Ok(endpoint_without_deadline(options, address)?.timeout(options.timeout))
+}
+
+/// How long a bulk connection may stay silent while it carries a transfer
+/// before a ping checks it, and how long the ping's answer may take.
+const BULK_KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// The endpoint of a session's bulk data at `address`: as [`endpoint`], but
+/// a request has no deadline (a transfer, or a compile, takes as long as it
+/// takes: heartbeats on the session's other connection find a broken link),
+/// and a connection that stops answering while it carries one is found by
+/// HTTP/2 pings.
+fn bulk_endpoint(options: &ConnectOptions, address: &str) -> Result<Endpoint> {
+    Ok(endpoint_without_deadline(options, address)?
+        .http2_keep_alive_interval(BULK_KEEPALIVE)
+        .keep_alive_timeout(BULK_KEEPALIVE)
+        .keep_alive_while_idle(false))
+}
+
+/// The endpoint of `address` with `options`' TLS and connect timeout.
+fn endpoint_without_deadline(options: &ConnectOptions, address: &str) -> Result<Endpoint> {
     let scheme = if options.tls_ca.is_some() {
         "https"
     } else {
@@ -177,7 +198,6 @@ pub(crate) fn endpoint(options: &ConnectOptions, address: &str) -> Result<Endpoi
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", address))
         .map_err(|e| Error::invalid_argument(format!("bad worker address {:?}: {e}", address)))?
         .connect_timeout(options.timeout)
-        .timeout(options.timeout)
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(crate::transport::STREAM_WINDOW_BYTES))
         .initial_connection_window_size(Some(crate::transport::CONNECTION_WINDOW_BYTES))
@@ -218,6 +238,7 @@ fn open_session(
     token: &Option<Token>,
 ) -> Result<(Opened, OpenSessionResponse)> {
     let endpoint = endpoint(options, address)?;
+    let bulk = bulk_endpoint(options, address)?;
     let authorization = authorization(token)?;
     let address = address.to_string();
     let timeout = options.timeout;
@@ -229,7 +250,7 @@ fn open_session(
     };
     let connect_authorization = authorization.clone();
     let (rpc, bulk, response) = block_on(async move {
-        let bulk = endpoint.clone().connect_lazy();
+        let bulk = bulk.connect_lazy();
         let channel = tokio::time::timeout(timeout, endpoint.connect())
             .await
             .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?

@@ -190,6 +190,10 @@ impl Inner {
     /// stream ends the stream's connection and connects again (see
     /// `control::resume`), any other ends.
     pub(super) fn lose(&self, err: Error) {
+        if self.lost.is_ready() {
+            // Lost already: nothing to reconnect, nothing more to tell.
+            return;
+        }
         let control = lock(&self.control).clone();
         if let Some(control) = control {
             if control.resumes() && !self.closed.load(Ordering::SeqCst) {

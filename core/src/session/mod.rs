@@ -259,7 +259,10 @@ impl RemoteSession {
             // answered as the first when it goes out again.
             let mut attempts = inner.attempts();
             loop {
-                let mut rpc = inner.rpc.clone();
+                // On the bulk connection: a compile takes as long as it takes.
+                let mut rpc = WorkerClient::new(inner.bulk.clone())
+                    .max_decoding_message_size(crate::transport::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(crate::transport::MAX_MESSAGE_BYTES);
                 let load = async {
                     rpc.load_executable(inner.bulk_request(request.clone()))
                         .await

@@ -8,11 +8,11 @@
 //! takes each of them twice safely: a load of a handle it has loaded from
 //! the same request answers as the first did, an upload is stored only
 //! whole (a retry of one that was stored finds its handle taken), and a
-//! download asks for the bytes it has not received. A request that keeps
-//! failing fails for good once the worker's session timeout has passed
-//! since its first failure.
+//! download asks for the bytes it has not received. A request waits out
+//! every outage the session outlives; one whose own connection keeps
+//! failing while the session's link is up fails after a few attempts.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Inner;
 use crate::error::{Error, ErrorCode, Result};
@@ -23,6 +23,10 @@ use crate::transport::from_status;
 const FIRST_PAUSE: Duration = Duration::from_millis(10);
 /// The longest pause before a request goes out again.
 const MAX_PAUSE: Duration = Duration::from_millis(500);
+/// How many times in a row a request may fail while the session's link is
+/// up (its own connection failing) before it fails for good: with the
+/// pauses between them, about 2.5 s.
+const MAX_FAILURES_WHILE_UP: u32 = 8;
 
 /// A session's link to its worker, as its control stream sees it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -45,10 +49,11 @@ impl Failed {
     /// with a local source, when the connection failed).
     pub(super) fn of(inner: &Inner, status: &tonic::Status) -> Failed {
         use std::error::Error as _;
-        Failed {
-            err: from_status(status).context(format!("worker {}", inner.address)),
-            link: status.source().is_some(),
-        }
+        let err = from_status(status).context(format!("worker {}", inner.address));
+        // A request that ran out of time is not a broken link (heartbeats
+        // find those): going out again would only repeat it.
+        let link = status.source().is_some() && err.code() != ErrorCode::DeadlineExceeded;
+        Failed { err, link }
     }
 
     /// A failure that is not the connection's (a malformed answer, a sink
@@ -84,8 +89,8 @@ pub(super) struct Attempts<'a> {
     link: tokio::sync::watch::Receiver<Link>,
     lost: tokio::sync::watch::Receiver<bool>,
     pause: Duration,
-    /// When the first attempt failed.
-    since: Option<Instant>,
+    /// Failures in a row while the session's link was up.
+    failed_while_up: u32,
     /// Attempts made so far.
     made: u32,
 }
@@ -93,6 +98,9 @@ pub(super) struct Attempts<'a> {
 impl Inner {
     /// The link broke (`why`): requests in flight end and wait for it.
     pub(super) fn link_down(&self, why: &Error) {
+        if self.lost.is_ready() {
+            return;
+        }
         let broke = self.link.send_if_modified(|link| {
             if link.down {
                 return false;
@@ -123,7 +131,7 @@ impl Inner {
             link: self.link.subscribe(),
             lost: self.lost_signal.subscribe(),
             pause: FIRST_PAUSE,
-            since: None,
+            failed_while_up: 0,
             made: 0,
         }
     }
@@ -179,9 +187,13 @@ impl Attempts<'_> {
     }
 
     /// After `failed`: `Ok` once the request may go out again (the link is
-    /// up, after a pause), or the error it fails with for good. A failure
+    /// up, after a pause), or the error it fails with for good: a failure
     /// that is not the link's, or of a session that does not resume, ends
-    /// it as before (a worker that cannot be reached is lost).
+    /// it as before (a worker that cannot be reached is lost), and so does
+    /// the session's end, or [`MAX_FAILURES_WHILE_UP`] failures in a row
+    /// while the session's link stayed up. An outage of the session's link
+    /// lasts at most the worker's session timeout (then the session is
+    /// lost), and requests wait it out.
     pub(super) async fn again(&mut self, failed: Failed) -> Result<()> {
         let inner = self.inner;
         if failed.code() == ErrorCode::Unauthenticated && inner.retries() {
@@ -197,15 +209,25 @@ impl Attempts<'_> {
             }
             return Err(failed.err);
         }
-        let since = *self.since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= inner.session_timeout {
-            inner.lose(failed.err.clone());
-            return Err(failed.err);
+        let down = self.link.borrow().down;
+        if !down {
+            // The session's link is up: this request's own connection
+            // failed (or the session has not found the break yet).
+            self.failed_while_up += 1;
+            if self.failed_while_up > MAX_FAILURES_WHILE_UP {
+                return Err(failed.err);
+            }
         }
         tracing::debug!(worker = %inner.address, error = %failed.err, "a request goes out again");
         tokio::select! {
             _ = self.link.wait_for(|link| !link.down) => {}
             _ = self.lost.wait_for(|lost| *lost) => return Err(inner.lost_error()),
+        }
+        if down {
+            // The link came back (an outage the session outlived): later
+            // failures count afresh, as a long transfer may meet several.
+            self.failed_while_up = 0;
+            self.pause = FIRST_PAUSE;
         }
         tokio::time::sleep(self.pause).await;
         self.pause = (self.pause * 2).min(MAX_PAUSE);

@@ -83,6 +83,8 @@ pub(crate) struct PendingCalls {
     /// for the connection that resumes it, and go out again on it (the
     /// controller runs each call id once).
     resumes: bool,
+    /// A control stream was attached once: a stream that resumes exists.
+    attached: bool,
 }
 
 impl PendingCalls {
@@ -107,6 +109,7 @@ impl PendingCalls {
             }
         }
         self.sink = Some(sink);
+        self.attached = true;
     }
 
     /// The control stream's connection ended: calls wait for the one that
@@ -129,7 +132,7 @@ impl PendingCalls {
                 input.len()
             )));
         }
-        if self.sink.is_none() && !self.resumes {
+        if self.sink.is_none() && !(self.resumes && self.attached) {
             return Err(Error::unavailable(
                 "the controller has no control stream open to take host callbacks",
             ));
@@ -145,7 +148,7 @@ impl PendingCalls {
             Some(sink) => sink.send(Ok(call_message(call.clone()))).is_ok(),
             None => false,
         };
-        if !sent && !self.resumes {
+        if !(sent || self.resumes && self.attached) {
             return Err(Error::unavailable("the controller's control stream closed"));
         }
         // Unsent, it goes out on the connection that resumes the stream.
