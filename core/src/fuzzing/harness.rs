@@ -9,7 +9,7 @@ use bytes::Bytes;
 use prost::Message;
 use tokio_stream::StreamExt;
 use tonic::metadata::MetadataValue;
-use tonic::{Code, Request, Status};
+use tonic::{Request, Status};
 
 use super::wire::{grpc_body, split_messages, Wire};
 use super::{local_client, Rpc, COPY_FUNCTION};
@@ -316,22 +316,36 @@ impl Harness {
         Some(message)
     }
 
-    /// A loaded executable takes its handle: the same request again fails.
+    /// A loaded executable takes its handle: the same request again (a
+    /// retry after a broken link) is answered as the first, and another
+    /// request for the handle never loads.
     async fn load_executable(&self, id: SessionId, wire: Wire) {
         let Some(load) = Self::unary::<LoadExecutableRequest>(wire).await else {
             return;
         };
         let service = self.peer.service();
-        if service
+        let Ok(first) = service
             .load_executable(self.peer.request(load.clone(), Some(id)))
             .await
-            .is_ok()
-        {
-            let again = service
-                .load_executable(self.peer.request(load, Some(id)))
-                .await;
-            assert_eq!(again.map_err(|s| s.code()).err(), Some(Code::AlreadyExists));
-        }
+        else {
+            return;
+        };
+        let again = service
+            .load_executable(self.peer.request(load.clone(), Some(id)))
+            .await;
+        assert_eq!(
+            again.map(|r| r.into_inner()).map_err(|s| s.code()),
+            Ok(first.into_inner())
+        );
+        let mut other = load;
+        other.executable = other.executable.iter().chain(&[0u8]).copied().collect();
+        let other = service
+            .load_executable(self.peer.request(other, Some(id)))
+            .await;
+        assert!(
+            other.is_err(),
+            "another request loaded under a taken handle"
+        );
     }
 
     /// A session opens only on a version both sides speak, and closes.
