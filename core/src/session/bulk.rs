@@ -172,13 +172,18 @@ pub(super) async fn put_future(
             data
         });
         let (metadata, _, ()) = inner.bulk_request(()).into_parts();
+        let bulk = inner.bulk.take()?;
         let call = put_call(
-            inner.bulk.clone(),
+            bulk.channel.clone(),
             metadata,
             PutBody::new(handle, spec.clone(), Box::pin(data)),
         );
         let retried = attempts.made() > 0;
-        let upload = async { call.await.map_err(|s| Failed::of(&inner, &s)) };
+        let upload = async {
+            let outcome = call.await.map_err(|s| Failed::of(&inner, &s));
+            drop(bulk);
+            outcome
+        };
         match attempts.run(upload).await {
             Ok(()) => break,
             // An upload the worker stored before its answer was lost.
@@ -339,7 +344,9 @@ pub(super) async fn get_future(
             failed.into_error()
         };
         let download = async {
-            let outcome = get_call(inner.bulk.clone(), metadata, request, &mut sink, fail).await;
+            let bulk = inner.bulk.take().map_err(Failed::answer)?;
+            let outcome = get_call(bulk.channel.clone(), metadata, request, &mut sink, fail).await;
+            drop(bulk);
             outcome.map_err(|err| match broke.load(Ordering::Relaxed) {
                 true => Failed::link(err),
                 false => Failed::answer(err),

@@ -144,7 +144,7 @@ struct Opened {
     rpc: WorkerClient<Channel>,
     /// A connection of its own for bulk data (made at its first use), so
     /// that heartbeats and requests never wait behind a transfer's bytes.
-    bulk: Channel,
+    bulk: Endpoint,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
 }
 
@@ -249,8 +249,11 @@ fn open_session(
         software_version: VERSION.to_string(),
     };
     let connect_authorization = authorization.clone();
-    let (rpc, bulk, response) = block_on(async move {
-        let bulk = bulk.connect_lazy();
+    // On the network runtime's threads, which live as long as the
+    // connection: what connecting allocates for good (the connection's
+    // state and buffers) stays in their heaps, not in the heap of a thread
+    // that connects and exits.
+    let connecting = runtime()?.spawn(async move {
         let channel = tokio::time::timeout(timeout, endpoint.connect())
             .await
             .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
@@ -273,7 +276,9 @@ fn open_session(
             err.context(format!("worker {address}"))
         })?;
         Ok::<_, Error>((rpc, bulk, response.into_inner()))
-    })??;
+    });
+    let (rpc, bulk, response) = block_on(connecting)?
+        .map_err(|e| Error::internal(format!("connecting to a worker failed: {e}")))??;
     Ok((
         Opened {
             rpc,
@@ -360,7 +365,7 @@ impl RemoteSession {
             .map_err(|_| Error::internal("a session id is not a header value"))?;
         let inner = Arc::new(Inner {
             rpc,
-            bulk,
+            bulk: super::bulk_link::BulkLink::new(bulk),
             id,
             version: response.version,
             host,

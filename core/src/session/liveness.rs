@@ -37,7 +37,7 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -125,6 +125,7 @@ async fn beat_all() {
                     return false;
                 }
                 tick = tick.min(inner.beat.busy / 2);
+                inner.bulk.close_if_idle(now);
                 if inner.spans.get().is_some_and(|spans| spans.due(now)) {
                     fetch.push(inner.clone());
                 }

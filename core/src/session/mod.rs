@@ -28,6 +28,7 @@ use crate::transport::{runtime, SessionId, AUTHORIZATION, SESSION};
 #[cfg(any(test, feature = "testing"))]
 mod blocking;
 mod bulk;
+mod bulk_link;
 mod connect;
 mod control;
 mod health;
@@ -52,11 +53,12 @@ pub struct RemoteSession {
 struct Inner {
     rpc: WorkerClient<Channel>,
     /// The connection of bulk data (`PutBuffer`, `GetBuffer`, which bypass
-    /// the generated client: see [`bulk`](crate::transport::bulk)): one of
-    /// its own, made at its first use, so that heartbeats and requests on
-    /// `rpc`'s never wait behind a transfer's bytes (on a slow link they
-    /// would outlast their deadline, and the link would look broken).
-    bulk: Channel,
+    /// the generated client: see [`bulk`](crate::transport::bulk)) and
+    /// loads: one of its own, so that heartbeats and requests on `rpc`'s
+    /// never wait behind a transfer's bytes (on a slow link they would
+    /// outlast their deadline, and the link would look broken). Made at its
+    /// first use, closed once idle (see [`bulk_link`]).
+    bulk: bulk_link::BulkLink,
     id: SessionId,
     version: u32,
     host: HostInfo,
@@ -260,13 +262,17 @@ impl RemoteSession {
             let mut attempts = inner.attempts();
             loop {
                 // On the bulk connection: a compile takes as long as it takes.
-                let mut rpc = WorkerClient::new(inner.bulk.clone())
+                let bulk = inner.bulk.take()?;
+                let mut rpc = WorkerClient::new(bulk.channel.clone())
                     .max_decoding_message_size(crate::transport::MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(crate::transport::MAX_MESSAGE_BYTES);
                 let load = async {
-                    rpc.load_executable(inner.bulk_request(request.clone()))
+                    let answer = rpc
+                        .load_executable(inner.bulk_request(request.clone()))
                         .await
-                        .map_err(|s| retry::Failed::of(&inner, &s))
+                        .map_err(|s| retry::Failed::of(&inner, &s));
+                    drop(bulk);
+                    answer
                 };
                 match attempts.run(load).await {
                     Ok(r) => {

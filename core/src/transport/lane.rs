@@ -39,6 +39,17 @@ pub const MAX_HELLO_BYTES: usize = 4 << 10;
 pub const MAX_FRAME_BYTES: usize = MAX_MESSAGE_BYTES;
 /// How many bytes a read of a lane asks for at most.
 const READ_BYTES: usize = 64 << 10;
+/// A lane's buffer of a message that came in parts is given back once
+/// the message is whole, when it grew past this: memory a large message
+/// needed is not kept for an idle lane (a controller holds thousands).
+const KEPT_READ_BYTES: usize = 4 << 10;
+
+thread_local! {
+    /// Where this thread reads a lane's bytes before they are parsed: one
+    /// per reading thread, not one per lane.
+    static READ_CHUNK: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; READ_BYTES].into_boxed_slice());
+}
 
 /// Appends `message`, framed, to `out`.
 pub(crate) fn encode_frame(message: &impl Message, out: &mut Vec<u8>) {
@@ -68,10 +79,13 @@ fn frame_len(buf: &[u8], limit: usize) -> Result<Option<usize>> {
 }
 
 /// Reads framed messages from a connection.
+///
+/// It holds no memory between messages: reads go through a buffer of the
+/// reading thread, and only the bytes of a message that has not arrived
+/// whole stay with the reader.
 pub(crate) struct FrameReader<R> {
     source: R,
     buf: BytesMut,
-    chunk: Box<[u8]>,
     limit: usize,
 }
 
@@ -81,7 +95,6 @@ impl<R: Read> FrameReader<R> {
         FrameReader {
             source,
             buf: BytesMut::new(),
-            chunk: vec![0u8; READ_BYTES].into_boxed_slice(),
             limit,
         }
     }
@@ -101,6 +114,13 @@ impl<R: Read> FrameReader<R> {
         }
         let _ = self.buf.split_to(4);
         let frame: Bytes = self.buf.split_to(len).freeze();
+        if self.buf.is_empty() {
+            // Nothing of the next message: the reader keeps no memory.
+            self.buf = BytesMut::new();
+        } else if self.buf.capacity() > KEPT_READ_BYTES && self.buf.len() <= KEPT_READ_BYTES {
+            // A few bytes left in the room of a large message: they move.
+            self.buf = BytesMut::from(&self.buf[..]);
+        }
         M::decode(frame)
             .map(Some)
             .map_err(|e| Error::invalid_argument(format!("a bad lane message: {e}")))
@@ -144,7 +164,7 @@ impl<R: Read> FrameReader<R> {
         match self.fill() {
             Ok(false) => Ok(Available::End),
             // A read that did not fill the chunk took all there was.
-            Ok(true) if self.buf.len() - before < self.chunk.len() => Ok(Available::All),
+            Ok(true) if self.buf.len() - before < READ_BYTES => Ok(Available::All),
             Ok(true) => Ok(Available::Some),
             Err(Filled::WouldBlock) => Ok(Available::None),
             Err(Filled::Failed(err)) => Err(err),
@@ -154,12 +174,15 @@ impl<R: Read> FrameReader<R> {
     /// Reads what has arrived (waiting for something); false at the end.
     fn fill(&mut self) -> std::result::Result<bool, Filled> {
         loop {
-            match self.source.read(&mut self.chunk) {
+            let read = READ_CHUNK.with(|chunk| {
+                let mut chunk = chunk.borrow_mut();
+                let n = self.source.read(&mut chunk[..])?;
+                self.keep(&chunk[..n]);
+                Ok::<_, io::Error>(n)
+            });
+            match read {
                 Ok(0) => return Ok(false),
-                Ok(n) => {
-                    self.buf.extend_from_slice(&self.chunk[..n]);
-                    return Ok(true);
-                }
+                Ok(_) => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Filled::WouldBlock),
                 Err(e) => {
@@ -167,6 +190,27 @@ impl<R: Read> FrameReader<R> {
                         "the lane broke: {e}"
                     ))))
                 }
+            }
+        }
+    }
+}
+
+impl<R> FrameReader<R> {
+    /// Appends `bytes` that arrived. A message that came in part gets room
+    /// for all of it at once (its length is known), and a buffer that grew
+    /// for a large one is given back once nothing of a message is left.
+    fn keep(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.buf.is_empty() && self.buf.capacity() > KEPT_READ_BYTES {
+            self.buf = BytesMut::new();
+        }
+        self.buf.extend_from_slice(bytes);
+        if let Ok(Some(len)) = frame_len(&self.buf, self.limit) {
+            let whole = 4 + len;
+            if self.buf.len() < whole {
+                self.buf.reserve(whole - self.buf.len());
             }
         }
     }
@@ -404,7 +448,7 @@ pub(crate) fn welcome_result(welcome: &LaneWelcome) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::proto::ControlRequest;
+    use crate::transport::proto::{control_request, ControlRequest};
 
     #[test]
     fn frames_read_back_whole_however_the_bytes_arrive() {
@@ -438,6 +482,47 @@ mod tests {
             assert_eq!(message.seq, seq);
         }
         assert!(reader.next::<ControlRequest>().unwrap().is_none());
+    }
+
+    /// A lane keeps no memory between messages: a large message's room is
+    /// given back once it was read (a controller holds a lane per worker).
+    #[test]
+    fn a_reader_keeps_no_memory_between_messages() {
+        use crate::transport::proto::{ControlResponse, ExecuteRequest};
+        let mut bytes = Vec::new();
+        encode_frame(
+            &ControlResponse {
+                seq: 1,
+                data: vec![7u8; 1 << 20].into(),
+                ..Default::default()
+            },
+            &mut bytes,
+        );
+        for seq in 2..=3 {
+            encode_frame(
+                &ControlRequest {
+                    seq,
+                    op: Some(control_request::Op::Execute(ExecuteRequest::default())),
+                    ..Default::default()
+                },
+                &mut bytes,
+            );
+        }
+        let mut reader = FrameReader::new(&bytes[..], MAX_FRAME_BYTES);
+        let big: ControlResponse = reader.next().unwrap().unwrap();
+        assert_eq!(big.data.len(), 1 << 20);
+        assert!(big.data.iter().all(|&b| b == 7));
+        for seq in 2..=3 {
+            let small: ControlRequest = reader.next().unwrap().unwrap();
+            assert_eq!(small.seq, seq);
+            assert!(
+                reader.buf.capacity() <= KEPT_READ_BYTES,
+                "{} bytes kept after message {seq}",
+                reader.buf.capacity()
+            );
+        }
+        assert!(reader.next::<ControlRequest>().unwrap().is_none());
+        assert_eq!(reader.buf.capacity(), 0);
     }
 
     #[test]

@@ -51,13 +51,62 @@ use colocated_core::{
     Program, Sharding,
 };
 
+mod sim;
+mod simulated;
+
+/// mimalloc (as `libcolocated` and the SDKs use), counting the bytes it
+/// holds for this process: the heap figures of the simulated table.
+struct Counting;
+
+static LIVE_BYTES: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+// SAFETY: every call goes to mimalloc as it came; the counter only adds.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let p = mimalloc::MiMalloc.alloc(layout);
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let p = mimalloc::MiMalloc.alloc_zeroed(layout);
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, layout: std::alloc::Layout) {
+        mimalloc::MiMalloc.dealloc(p, layout);
+        LIVE_BYTES.fetch_sub(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, p: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        let q = mimalloc::MiMalloc.realloc(p, layout, size);
+        if !q.is_null() {
+            LIVE_BYTES.fetch_add(
+                size as isize - layout.size() as isize,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        q
+    }
+}
+
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting = Counting;
+
+/// Bytes of heap this process holds now.
+fn heap_bytes() -> f64 {
+    LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed) as f64
+}
 
 const ROLE: &str = "COLOCATED_SCALE_ROLE";
 const TOKEN: &str = "COLOCATED_SCALE_TOKEN";
 
 fn median(mut xs: Vec<f64>) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
@@ -280,6 +329,13 @@ fn sizes() -> Vec<usize> {
 fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("worker") => return serve_worker(),
+        Ok("sim") => {
+            let workers = std::env::var("COLOCATED_SCALE_SIM_WORKERS")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .expect("COLOCATED_SCALE_SIM_WORKERS");
+            return sim::serve(workers, std::env::var(TOKEN).expect("token"));
+        }
         Ok("echo") => return serve_echo(false),
         Ok("relay") => return serve_echo(true),
         _ => {}
@@ -289,6 +345,14 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(7.0);
     let token = Token::generate().expect("token");
+    let which = std::env::var("COLOCATED_SCALE_WORKERS").unwrap_or_default();
+    if which != "real" {
+        simulated::table(&token);
+    }
+    if which == "simulated" {
+        return;
+    }
+    println!();
     println!("scale: a controller and N worker processes on loopback (1 CPU device each)");
     println!(
         "{:>4}  {:>9}  {:>9}  {:>11}  {:>9}  {:>13}  {:>10}  {:>15}  {:>6}  {:>15}  {:>6}  {:>13}  {:>13}",
