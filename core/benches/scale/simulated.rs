@@ -16,7 +16,9 @@
 //!   two take turns, a tenth of the runs at a time.
 //!
 //! `COLOCATED_SCALE_SIM_N` (comma-separated) picks the sizes; default 16,
-//! 256, 1024, 4096. A simulator process serves at most 1,024 hosts.
+//! 256, 1024, 4096. `COLOCATED_SCALE_RUNS` sets the fan-outs per size
+//! (default 20,000 / N, 20 to 500). A simulator process serves at most
+//! 1,024 hosts.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -267,7 +269,10 @@ pub fn table(token: &Token) {
             })
             .collect();
         tcp_fan_out(&mut streams, 1);
-        let runs = (20_000 / n).clamp(20, 500);
+        let runs = std::env::var("COLOCATED_SCALE_RUNS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or((20_000 / n).clamp(20, 500));
         let rounds = 10;
         let (mut fan_outs, mut tcps) = (Vec::new(), Vec::new());
         let (mut cpu, mut tcp_cpu) = (0.0, 0.0);

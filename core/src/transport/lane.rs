@@ -240,17 +240,25 @@ enum Filled {
 /// shut down (both ways) once a write fails and when the last holder drops
 /// it, which ends the reading end too.
 pub(crate) struct LaneWriter {
-    socket: std::sync::Mutex<std::net::TcpStream>,
+    /// The connection (its reader may share it: one descriptor per lane),
+    /// and the lock that keeps each message whole.
+    socket: std::sync::Arc<std::net::TcpStream>,
+    writing: std::sync::Mutex<()>,
     broken: std::sync::atomic::AtomicBool,
 }
 
 impl LaneWriter {
     /// Writes on `socket`; a write that cannot finish within `timeout` (the
     /// peer stopped reading) breaks the lane.
-    pub(crate) fn new(socket: std::net::TcpStream, timeout: std::time::Duration) -> LaneWriter {
+    pub(crate) fn new(
+        socket: impl Into<std::sync::Arc<std::net::TcpStream>>,
+        timeout: std::time::Duration,
+    ) -> LaneWriter {
+        let socket = socket.into();
         let _ = socket.set_write_timeout(Some(timeout.max(std::time::Duration::from_millis(1))));
         LaneWriter {
-            socket: std::sync::Mutex::new(socket),
+            socket,
+            writing: std::sync::Mutex::new(()),
             broken: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -260,12 +268,12 @@ impl LaneWriter {
         if self.broken.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        let mut socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
-        let written = socket.write_all(frames);
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let written = (&*self.socket).write_all(frames);
         if written.is_err() {
             // Part of a frame may have gone: nothing after it can be read.
             self.broken.store(true, std::sync::atomic::Ordering::SeqCst);
-            let _ = socket.shutdown(std::net::Shutdown::Both);
+            let _ = self.socket.shutdown(std::net::Shutdown::Both);
         }
         written
     }
@@ -278,15 +286,14 @@ impl LaneWriter {
     /// Shuts the connection down: the reading ends see it end.
     pub(crate) fn close(&self) {
         self.broken.store(true, std::sync::atomic::Ordering::SeqCst);
-        let socket = self.socket.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = socket.shutdown(std::net::Shutdown::Both);
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
     }
 }
 
 impl Drop for LaneWriter {
     fn drop(&mut self) {
-        let socket = self.socket.get_mut().unwrap_or_else(|e| e.into_inner());
-        let _ = socket.shutdown(std::net::Shutdown::Both);
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
     }
 }
 

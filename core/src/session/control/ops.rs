@@ -278,9 +278,9 @@ pub(super) fn lane_sink(
     write_timeout: Duration,
     generation: u64,
 ) -> Result<Sink> {
-    let read = socket
-        .try_clone()
-        .map_err(|e| Error::unavailable(format!("a lane: {e}")))?;
+    // One descriptor, shared by the reader and the writer.
+    let socket = Arc::new(socket);
+    let read = socket.clone();
     let (answer_state, answer_inner) = (state.clone(), Arc::downgrade(inner));
     let (end_state, end_inner) = (state.clone(), Arc::downgrade(inner));
     read_lane_answers(

@@ -27,6 +27,7 @@
 //! Without `epoll` and alarms (not Linux), or if they cannot be had, each
 //! lane gets a thread of its own, as before.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -57,7 +58,11 @@ const LINGER: Duration = Duration::from_millis(5);
 
 /// Reads `socket`'s answers from now on, calling `handlers`: with the
 /// process's other lanes, or on a thread of its own.
-pub(crate) fn read_lane_answers(socket: std::net::TcpStream, handlers: Handlers) -> Result<()> {
+pub(crate) fn read_lane_answers(
+    socket: impl Into<Arc<std::net::TcpStream>>,
+    handlers: Handlers,
+) -> Result<()> {
+    let socket = socket.into();
     #[cfg(target_os = "linux")]
     let (socket, handlers) = match pump::add(socket, handlers) {
         Ok(()) => return Ok(()),
@@ -71,10 +76,10 @@ pub(crate) fn read_lane_answers(socket: std::net::TcpStream, handlers: Handlers)
 }
 
 /// Reads `socket`'s answers on this thread until the lane ends.
-fn read_on_this_thread(socket: std::net::TcpStream, mut handlers: Handlers) {
+fn read_on_this_thread(socket: Arc<std::net::TcpStream>, mut handlers: Handlers) {
     // What answers complete may start work on the network runtime.
     let runtime = runtime().map(|runtime| runtime.enter());
-    let mut reader = FrameReader::new(&socket, MAX_FRAME_BYTES);
+    let mut reader = FrameReader::new(&*socket, MAX_FRAME_BYTES);
     let ended = loop {
         match reader.next::<ControlResponse>() {
             Ok(Some(answer)) => (handlers.answer)(answer),

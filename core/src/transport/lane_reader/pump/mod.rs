@@ -21,7 +21,7 @@ mod leader;
 
 /// Reads without waiting: `WouldBlock` when nothing has arrived. (The
 /// socket itself stays blocking: the lane's writer shares it.)
-struct DontWait(std::net::TcpStream);
+struct DontWait(Arc<std::net::TcpStream>);
 
 impl std::io::Read for DontWait {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -179,16 +179,14 @@ fn pump() -> Option<&'static Pump> {
 /// Adds `socket` to the process's lanes; gives it back when there is no
 /// pump, or it cannot be added.
 pub(super) fn add(
-    socket: std::net::TcpStream,
+    socket: Arc<std::net::TcpStream>,
     handlers: Handlers,
-) -> std::result::Result<(), (std::net::TcpStream, Handlers)> {
+) -> std::result::Result<(), (Arc<std::net::TcpStream>, Handlers)> {
     let Some(pump) = pump() else {
         return Err((socket, handlers));
     };
-    let Ok(reading) = socket.try_clone() else {
-        return Err((socket, handlers));
-    };
-    let fd = reading.as_raw_fd();
+    let fd = socket.as_raw_fd();
+    let reading = socket.clone();
     let key = pump.next_key.fetch_add(1, Ordering::Relaxed);
     let lane = Lane {
         frames: FrameReader::new(DontWait(reading), MAX_FRAME_BYTES),
