@@ -59,6 +59,7 @@ mod simulated;
 struct Counting;
 
 static LIVE_BYTES: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 // SAFETY: every call goes to mimalloc as it came; the counter only adds.
 unsafe impl std::alloc::GlobalAlloc for Counting {
@@ -66,6 +67,7 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
         let p = mimalloc::MiMalloc.alloc(layout);
         if !p.is_null() {
             LIVE_BYTES.fetch_add(layout.size() as isize, std::sync::atomic::Ordering::Relaxed);
+            ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         p
     }
@@ -94,6 +96,11 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
+
+/// Allocations this process made so far.
+fn allocations() -> u64 {
+    ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Bytes of heap this process holds now.
 fn heap_bytes() -> f64 {

@@ -32,7 +32,7 @@ use colocated_core::{
     LoadedExecutable, Program, Sharding,
 };
 
-use super::{cpu_seconds, heap_bytes, median, resident_bytes, ROLE, TOKEN};
+use super::{allocations, cpu_seconds, heap_bytes, median, resident_bytes, ROLE, TOKEN};
 
 /// Hosts one simulator process serves at most.
 const PER_PROCESS: usize = 1024;
@@ -202,7 +202,7 @@ pub fn table(token: &Token) {
     let files = raise_file_limit();
     println!("scale: a controller and N simulated workers on loopback (1 CPU device each)");
     println!(
-        "{:>5}  {:>9}  {:>20}  {:>20}  {:>9}  {:>11}  {:>6}  {:>10}  {:>10}",
+        "{:>5}  {:>9}  {:>20}  {:>20}  {:>9}  {:>11}  {:>6}  {:>10}  {:>10}  {:>11}",
         "N",
         "connect",
         "idle/host heap, RSS",
@@ -211,7 +211,8 @@ pub fn table(token: &Token) {
         "raw TCP/peer",
         "ratio",
         "fan-out",
-        "raw TCP"
+        "raw TCP",
+        "allocs/host"
     );
     for n in sizes() {
         // The controller: 3 sockets per host at most (control, lane, bulk),
@@ -275,23 +276,25 @@ pub fn table(token: &Token) {
             .unwrap_or((20_000 / n).clamp(20, 500));
         let rounds = 10;
         let (mut fan_outs, mut tcps) = (Vec::new(), Vec::new());
-        let (mut cpu, mut tcp_cpu) = (0.0, 0.0);
+        let (mut cpu, mut tcp_cpu, mut allocated) = (0.0, 0.0, 0);
         for _ in 0..rounds {
-            let before = cpu_seconds();
+            let (before, allocated_before) = (cpu_seconds(), allocations());
             fan_outs.extend((0..runs.div_ceil(rounds)).map(|_| {
                 let start = Instant::now();
                 run(&exe, &x);
                 start.elapsed().as_secs_f64()
             }));
             cpu += cpu_seconds() - before;
+            allocated += allocations() - allocated_before;
             let before = thread_cpu_seconds();
             tcps.extend(tcp_fan_out(&mut streams, runs.div_ceil(rounds)));
             tcp_cpu += thread_cpu_seconds() - before;
         }
         let cpu_per_host = cpu / (fan_outs.len() * n) as f64;
+        let allocations_per_host = allocated as f64 / (fan_outs.len() * n) as f64;
         let tcp_per_peer = tcp_cpu / (tcps.len() * n) as f64;
         println!(
-            "{n:>5}  {:>6.0} ms  {:>7.3} {:>7.3} MiB  {:>7.3} {:>7.3} MiB  {:>6.1} µs  {:>8.1} µs  {:>5.2}x  {:>7.2} ms  {:>7.2} ms",
+            "{n:>5}  {:>6.0} ms  {:>7.3} {:>7.3} MiB  {:>7.3} {:>7.3} MiB  {:>6.1} µs  {:>8.1} µs  {:>5.2}x  {:>7.2} ms  {:>7.2} ms  {:>11.1}",
             connect_secs * 1e3,
             idle.0 / MIB,
             idle.1 / MIB,
@@ -302,6 +305,7 @@ pub fn table(token: &Token) {
             cpu_per_host / tcp_per_peer,
             median(fan_outs) * 1e3,
             median(tcps) * 1e3,
+            allocations_per_host,
         );
         drop((exe, x, client, warm, streams));
         sims.stop();

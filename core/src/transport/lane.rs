@@ -22,7 +22,7 @@
 
 use std::io::{self, Read, Write};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use prost::Message;
 
 use crate::error::{Error, ErrorCode, Result};
@@ -39,9 +39,10 @@ pub const MAX_HELLO_BYTES: usize = 4 << 10;
 pub const MAX_FRAME_BYTES: usize = MAX_MESSAGE_BYTES;
 /// How many bytes a read of a lane asks for at most.
 const READ_BYTES: usize = 64 << 10;
-/// A lane's buffer of a message that came in parts is given back once
-/// the message is whole, when it grew past this: memory a large message
-/// needed is not kept for an idle lane (a controller holds thousands).
+/// A lane's buffer is given back once it holds no more than this, when it
+/// grew past it for a large message: memory a large message needed is not
+/// kept for an idle lane (a controller holds thousands). Messages up to
+/// this size are decoded where they were read.
 const KEPT_READ_BYTES: usize = 4 << 10;
 
 thread_local! {
@@ -80,9 +81,9 @@ fn frame_len(buf: &[u8], limit: usize) -> Result<Option<usize>> {
 
 /// Reads framed messages from a connection.
 ///
-/// It holds no memory between messages: reads go through a buffer of the
-/// reading thread, and only the bytes of a message that has not arrived
-/// whole stay with the reader.
+/// It holds little memory between messages: reads go through a buffer of
+/// the reading thread, and only the bytes read last (at most
+/// `KEPT_READ_BYTES` of room) stay with the reader.
 pub(crate) struct FrameReader<R> {
     source: R,
     buf: BytesMut,
@@ -112,16 +113,23 @@ impl<R: Read> FrameReader<R> {
         if self.buf.len() < 4 + len {
             return Ok(None);
         }
-        let _ = self.buf.split_to(4);
-        let frame: Bytes = self.buf.split_to(len).freeze();
-        if self.buf.is_empty() {
-            // Nothing of the next message: the reader keeps no memory.
-            self.buf = BytesMut::new();
-        } else if self.buf.capacity() > KEPT_READ_BYTES && self.buf.len() <= KEPT_READ_BYTES {
-            // A few bytes left in the room of a large message: they move.
+        let decoded = if len <= KEPT_READ_BYTES {
+            // A small message is decoded in place (its few bytes of data, if
+            // any, copied): the buffer stays the reader's, to read into next.
+            let decoded = M::decode(&self.buf[4..4 + len]);
+            self.buf.advance(4 + len);
+            decoded
+        } else {
+            // A large one's data stays where it was read, shared.
+            let _ = self.buf.split_to(4);
+            M::decode(self.buf.split_to(len).freeze())
+        };
+        if self.buf.capacity() > KEPT_READ_BYTES && self.buf.len() <= KEPT_READ_BYTES {
+            // Nothing, or a few bytes, left in the room of a large message:
+            // the reader keeps a small buffer only.
             self.buf = BytesMut::from(&self.buf[..]);
         }
-        M::decode(frame)
+        decoded
             .map(Some)
             .map_err(|e| Error::invalid_argument(format!("a bad lane message: {e}")))
     }
@@ -202,9 +210,6 @@ impl<R> FrameReader<R> {
     fn keep(&mut self, bytes: &[u8]) {
         if bytes.is_empty() {
             return;
-        }
-        if self.buf.is_empty() && self.buf.capacity() > KEPT_READ_BYTES {
-            self.buf = BytesMut::new();
         }
         self.buf.extend_from_slice(bytes);
         if let Ok(Some(len)) = frame_len(&self.buf, self.limit) {
@@ -491,10 +496,11 @@ mod tests {
         assert!(reader.next::<ControlRequest>().unwrap().is_none());
     }
 
-    /// A lane keeps no memory between messages: a large message's room is
-    /// given back once it was read (a controller holds a lane per worker).
+    /// A lane keeps no large buffer between messages: a large message's
+    /// room is given back once it was read (a controller holds a lane per
+    /// worker).
     #[test]
-    fn a_reader_keeps_no_memory_between_messages() {
+    fn a_reader_keeps_no_large_buffer_between_messages() {
         use crate::transport::proto::{ControlResponse, ExecuteRequest};
         let mut bytes = Vec::new();
         encode_frame(
@@ -529,7 +535,7 @@ mod tests {
             );
         }
         assert!(reader.next::<ControlRequest>().unwrap().is_none());
-        assert_eq!(reader.buf.capacity(), 0);
+        assert!(reader.buf.capacity() <= KEPT_READ_BYTES);
     }
 
     #[test]

@@ -71,6 +71,7 @@ const MAX_DEFER: Duration = Duration::from_millis(50);
 const MAX_DEFERRED: usize = 4096;
 
 /// Operations that go out together, in one write when the stream is idle.
+#[derive(Clone)]
 enum Outgoing {
     One(ControlRequest),
     /// A deferred deletion and the operation it rides with.
@@ -96,18 +97,23 @@ impl Sink {
     fn send(&self, outgoing: Outgoing, pipelining: bool) -> bool {
         match self {
             Sink::Stream(tx) => tx.send(outgoing).is_ok(),
-            Sink::Lane(lane) => with_frame_buffer(|bytes| {
-                match &outgoing {
-                    Outgoing::One(request) => encode_frame(request, bytes),
-                    Outgoing::Two(first, second) => {
-                        encode_frame(first, bytes);
-                        encode_frame(second, bytes);
-                    }
-                }
-                lane.send(bytes, pipelining)
-            }),
+            Sink::Lane(lane) => Sink::send_on_lane(lane, &outgoing, pipelining),
             Sink::Down => true,
         }
+    }
+
+    /// Writes `outgoing` on `lane`, in one write.
+    fn send_on_lane(lane: &Arc<LaneSender>, outgoing: &Outgoing, pipelining: bool) -> bool {
+        with_frame_buffer(|bytes| {
+            match outgoing {
+                Outgoing::One(request) => encode_frame(request, bytes),
+                Outgoing::Two(first, second) => {
+                    encode_frame(first, bytes);
+                    encode_frame(second, bytes);
+                }
+            }
+            lane.send(bytes, pipelining)
+        })
     }
 
     /// Ends the connection (a lane's socket is shut down; a gRPC stream's
@@ -284,9 +290,8 @@ impl Control {
             None => Outgoing::One(request),
         };
         let acked = self.state.acked.load(Ordering::SeqCst);
-        sender.keep(&outgoing, acked);
         let pipelining = sender.sent >= acked + PIPELINED_AFTER;
-        if !sender.tx.send(outgoing, pipelining) {
+        if !sender.send_kept(outgoing, acked, pipelining) {
             if sender.log.is_some() {
                 // The connection broke: the operation waits in the log for
                 // the one that resumes the stream (its reader sees the end).
@@ -359,9 +364,25 @@ impl Control {
 }
 
 impl ControlSender {
-    /// Keeps what `outgoing` sends for a connection that resumes the stream
-    /// (see `log`), and lets go of what the worker took (`acked`).
-    fn keep(&mut self, outgoing: &Outgoing, acked: u64) {
+    /// Sends `outgoing` (see [`Sink::send`]) and keeps it for a connection
+    /// that resumes the stream (see `log`), letting go of what the worker
+    /// took (`acked`). A lane's bytes are encoded from the operations, which
+    /// then move into the log: no copy of them.
+    fn send_kept(&mut self, outgoing: Outgoing, acked: u64, pipelining: bool) -> bool {
+        if self.log.is_none() {
+            return self.tx.send(outgoing, pipelining);
+        }
+        let sent = match &self.tx {
+            Sink::Stream(_) => self.tx.send(outgoing.clone(), pipelining),
+            Sink::Lane(lane) => Sink::send_on_lane(lane, &outgoing, pipelining),
+            Sink::Down => true,
+        };
+        self.keep(outgoing, acked);
+        sent
+    }
+
+    /// Keeps `outgoing` in the log, letting go of what the worker took.
+    fn keep(&mut self, outgoing: Outgoing, acked: u64) {
         let Some(log) = self.log.as_mut() else {
             return;
         };
@@ -369,10 +390,10 @@ impl ControlSender {
             log.pop_front();
         }
         match outgoing {
-            Outgoing::One(request) => log.push_back(request.clone()),
+            Outgoing::One(request) => log.push_back(request),
             Outgoing::Two(first, second) => {
-                log.push_back(first.clone());
-                log.push_back(second.clone());
+                log.push_back(first);
+                log.push_back(second);
             }
         }
     }
@@ -415,11 +436,10 @@ impl ControlSender {
                 op: Some(op),
                 received: Vec::new(),
             });
-            // The log's front goes with the next operation's `keep`.
-            self.keep(&outgoing, 0);
-            // A closed stream has nothing left to delete on. Written by
-            // this thread (after what is queued): nothing waits for more.
-            if self.tx.send(outgoing, false) {
+            // The log's front goes with the next operation's `keep`. A
+            // closed stream has nothing left to delete on. Written by this
+            // thread (after what is queued): nothing waits for more.
+            if self.send_kept(outgoing, 0, false) {
                 self.sent = seq;
             }
         }
