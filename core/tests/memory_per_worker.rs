@@ -1,8 +1,10 @@
 //! What a connected worker costs the controller in memory: at most 100 KiB
 //! of heap while idle, at most 256 KiB while active (its control stream
-//! used, one call in flight). A regression of the kind that once made it
-//! 1.25 MiB (a 64 KiB read buffer per lane, a second HTTP/2 connection per
-//! session, a thread per worker while connecting) breaks it.
+//! used, one call in flight). It guards the heap a session holds: a read
+//! buffer per lane (64 KiB each, once), the connections' buffers, the
+//! state of the session and of its calls. (What the allocator keeps for
+//! threads that exited, which a count of live bytes does not see, is in the
+//! resident memory that `cargo bench --bench scale` reports.)
 //!
 //! The workers are real (core's `Worker`, as `colocated worker` runs it), in
 //! a process of their own: this test's executable started again in the

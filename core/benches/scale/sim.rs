@@ -12,6 +12,14 @@
 //! `hold` line on stdin, until `release`), executions stay unanswered: the
 //! controller's calls are in flight (it says `held` and `released` once
 //! they apply). It ends when stdin closes.
+//!
+//! Where it differs from a real worker (none of which the bench's calls
+//! rely on): it answers each operation on its own where a worker answers
+//! cumulatively (so it sends a few more answers), sends no outputs' bytes
+//! with an execution's answer, keeps no answers for a stream that resumes
+//! (a lane that resumes is not answered `resumed`), and while held it holds
+//! every answer of the operations read with an execution, and reads no
+//! further.
 
 use std::io::BufRead;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,9 +2,8 @@
 //! and building its topology (hosts, devices, memory spaces) from the local
 //! host's devices and each worker's.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 use super::plugin::plugin_devices;
 use super::{
@@ -19,83 +18,6 @@ use crate::dispatch::Dispatcher;
 use crate::error::{Error, Result};
 use crate::remote::{HostEvents, RemoteHost, RemoteSlot};
 use crate::session::{ConnectOptions, RemoteSession};
-
-/// How many threads connect to a cluster's workers at once: one per
-/// [`WORKERS_PER_CONNECT_THREAD`] workers, at most this. Each session's state
-/// is partly allocated by the thread that connects it, and a thread that
-/// exits leaves its partly used heap pages behind (about half a MiB each): a
-/// thread per worker cost 1.25 MiB of resident memory per worker at 256 of
-/// them, a few threads fill their pages. (The connection itself is made on
-/// the network runtime's threads.)
-const CONNECT_THREADS: usize = 16;
-/// See [`CONNECT_THREADS`].
-const WORKERS_PER_CONNECT_THREAD: usize = 64;
-
-/// A session with the worker of `options`, retrying while it refuses
-/// connections (it has not started listening yet) until `options.timeout`
-/// has passed since `started`.
-fn connect_when_up(options: &ConnectOptions, started: Instant) -> Result<RemoteSession> {
-    let deadline = started + options.timeout;
-    loop {
-        match RemoteSession::connect(options) {
-            Err(e) if e.code() == crate::error::ErrorCode::Unavailable => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(Error::unavailable(format!(
-                        "{} (waited {:?} for it)",
-                        e.message(),
-                        options.timeout
-                    )));
-                }
-                std::thread::sleep(left.min(std::time::Duration::from_millis(100)));
-            }
-            outcome => return outcome,
-        }
-    }
-}
-
-/// A session with each of `workers`, in order: a few threads (see
-/// [`CONNECT_THREADS`]) take the workers in turn, and a worker that is not up yet waits on a
-/// thread of its own (see [`connect_when_up`]), so that the others go on.
-fn connect_all(workers: &[ConnectOptions]) -> Vec<Result<RemoteSession>> {
-    let started = Instant::now();
-    let outcomes: Vec<OnceLock<Result<RemoteSession>>> =
-        workers.iter().map(|_| OnceLock::new()).collect();
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        let threads = (workers.len() / WORKERS_PER_CONNECT_THREAD).clamp(1, CONNECT_THREADS);
-        for _ in 0..threads {
-            let spawned = std::thread::Builder::new().spawn_scoped(scope, || loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let (Some(worker), Some(outcome)) = (workers.get(i), outcomes.get(i)) else {
-                    return;
-                };
-                match RemoteSession::connect(worker) {
-                    Err(e) if e.code() == crate::error::ErrorCode::Unavailable => {
-                        scope.spawn(move || {
-                            let _ = outcome.set(connect_when_up(worker, started));
-                        });
-                    }
-                    connected => {
-                        let _ = outcome.set(connected);
-                    }
-                }
-            });
-            if spawned.is_err() {
-                // The threads already started take every worker.
-                break;
-            }
-        }
-    });
-    outcomes
-        .into_iter()
-        .map(|outcome| {
-            outcome
-                .into_inner()
-                .unwrap_or_else(|| Err(Error::internal("connecting to a worker panicked")))
-        })
-        .collect()
-}
 
 impl Client {
     /// A client whose only host is this process, with CPU devices.
@@ -124,7 +46,7 @@ impl Client {
                 "a client needs at least one host: name workers or include the local host",
             ));
         }
-        let attempts = connect_all(&options.workers);
+        let attempts = RemoteSession::connect_all(&options.workers);
         let total = attempts.len();
         let (sessions, failures): (Vec<_>, Vec<_>) = attempts.into_iter().partition(Result::is_ok);
         let mut failures: Vec<Error> = failures.into_iter().filter_map(Result::err).collect();

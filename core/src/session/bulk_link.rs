@@ -23,14 +23,22 @@ pub(super) struct BulkLink {
     /// The connection, while one is open, and its users' count (its strong
     /// count less one).
     open: Mutex<Option<(Channel, Arc<()>)>>,
-    /// When it was last taken (milliseconds of [`now_ms`]).
-    used: AtomicU64,
+    /// When a request last took it or ended (milliseconds of [`now_ms`]).
+    used: Arc<AtomicU64>,
 }
 
 /// The bulk connection for one request: keep it until the request ended.
 pub(super) struct BulkUse {
     pub(super) channel: Channel,
     _user: Arc<()>,
+    used: Arc<AtomicU64>,
+}
+
+impl Drop for BulkUse {
+    fn drop(&mut self) {
+        // Idle from the end of the request, not its start.
+        self.used.store(now_ms(), Ordering::Relaxed);
+    }
 }
 
 impl BulkLink {
@@ -39,7 +47,7 @@ impl BulkLink {
         BulkLink {
             endpoint,
             open: Mutex::new(None),
-            used: AtomicU64::new(0),
+            used: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -59,11 +67,13 @@ impl BulkLink {
         Ok(BulkUse {
             channel: channel.clone(),
             _user: users.clone(),
+            used: self.used.clone(),
         })
     }
 
-    /// Closes the connection when no request holds it and none took it for
-    /// [`BULK_IDLE`] (`now` in milliseconds of [`now_ms`]).
+    /// Closes the connection when no request holds it and none took it or
+    /// ended for [`BULK_IDLE`] (`now` in milliseconds of [`now_ms`];
+    /// `u64::MAX`: now, if no request holds it).
     pub(super) fn close_if_idle(&self, now: u64) {
         let idle = u128::from(now.saturating_sub(self.used.load(Ordering::Relaxed)));
         if idle < BULK_IDLE.as_millis() {
@@ -100,12 +110,17 @@ mod tests {
         // A request holds it: it stays, however long ago it was taken.
         link.close_if_idle(later);
         assert!(link.is_open(), "closed under a request");
+        // A long request: idle counts from its end.
+        link.used.store(0, Ordering::Relaxed);
         drop(using);
-        // Taken recently: it stays.
         link.close_if_idle(now_ms());
-        assert!(link.is_open(), "closed while in use lately");
+        assert!(link.is_open(), "closed right after a long request ended");
         link.close_if_idle(later);
         assert!(!link.is_open(), "kept while idle");
+        // A session that ends closes it at once.
+        drop(link.take().unwrap());
+        link.close_if_idle(u64::MAX);
+        assert!(!link.is_open(), "kept by an ended session");
         // The next use makes it again.
         drop(link.take().unwrap());
         assert!(link.is_open());

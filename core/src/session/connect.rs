@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
@@ -231,8 +231,8 @@ pub(super) fn authorization(
 }
 
 /// Connects to `address` with `token` (and the rest of `options`) and sends
-/// `OpenSession`.
-fn open_session(
+/// `OpenSession` (on the network runtime).
+async fn open_session(
     options: &ConnectOptions,
     address: &str,
     token: &Option<Token>,
@@ -240,7 +240,6 @@ fn open_session(
     let endpoint = endpoint(options, address)?;
     let bulk = bulk_endpoint(options, address)?;
     let authorization = authorization(token)?;
-    let address = address.to_string();
     let timeout = options.timeout;
     let request = OpenSessionRequest {
         min_version: PROTOCOL_VERSION_MIN,
@@ -248,45 +247,178 @@ fn open_session(
         client_name: options.client_name.clone(),
         software_version: VERSION.to_string(),
     };
-    let connect_authorization = authorization.clone();
-    // On the network runtime's threads, which live as long as the
-    // connection: what connecting allocates for good (the connection's
-    // state and buffers) stays in their heaps, not in the heap of a thread
-    // that connects and exits.
-    let connecting = runtime()?.spawn(async move {
-        let channel = tokio::time::timeout(timeout, endpoint.connect())
-            .await
-            .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
-            .map_err(|e| Error::unavailable(format!("cannot connect to {address}: {e}")))?;
-        let mut rpc = WorkerClient::new(channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let mut request = Request::new(request);
-        if let Some(value) = connect_authorization {
-            request.metadata_mut().insert(AUTHORIZATION, value);
+    let channel = tokio::time::timeout(timeout, endpoint.connect())
+        .await
+        .map_err(|_| Error::unavailable(format!("connecting to {address} timed out")))?
+        .map_err(|e| Error::unavailable(format!("cannot connect to {address}: {e}")))?;
+    let mut rpc = WorkerClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let mut request = Request::new(request);
+    if let Some(value) = authorization.clone() {
+        request.metadata_mut().insert(AUTHORIZATION, value);
+    }
+    let response = rpc.open_session(request).await.map_err(|s| {
+        let err = from_status(&s);
+        if err.code() == ErrorCode::DeadlineExceeded {
+            // Connected, but it never answered: as good as unreachable.
+            return Error::unavailable(format!(
+                "worker {address} did not answer within {timeout:?}"
+            ));
         }
-        let response = rpc.open_session(request).await.map_err(|s| {
-            let err = from_status(&s);
-            if err.code() == ErrorCode::DeadlineExceeded {
-                // Connected, but it never answered: as good as unreachable.
-                return Error::unavailable(format!(
-                    "worker {address} did not answer within {timeout:?}"
-                ));
-            }
-            err.context(format!("worker {address}"))
-        })?;
-        Ok::<_, Error>((rpc, bulk, response.into_inner()))
-    });
-    let (rpc, bulk, response) = block_on(connecting)?
-        .map_err(|e| Error::internal(format!("connecting to a worker failed: {e}")))??;
+        err.context(format!("worker {address}"))
+    })?;
     Ok((
         Opened {
             rpc,
             bulk,
             authorization,
         },
-        response,
+        response.into_inner(),
     ))
+}
+
+/// Opens a lane as [`open_lane`] does, on the network runtime.
+async fn open_lane_async(
+    address: &str,
+    token: Option<&Token>,
+    id: &SessionId,
+    timeout: Duration,
+) -> Result<std::net::TcpStream> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let failed = |e: std::io::Error| Error::unavailable(format!("a lane to {address}: {e}"));
+    let opening = async {
+        let mut socket =
+            tokio::net::TcpStream::connect(address)
+                .await
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::ConnectionRefused => {
+                        Error::unavailable(format!("a lane to {address}: {NOBODY_LISTENS} ({e})"))
+                    }
+                    _ => failed(e),
+                })?;
+        // Small operations must not wait for Nagle.
+        socket.set_nodelay(true).map_err(failed)?;
+        let token = token.map_or("", |t| t.expose());
+        socket
+            .write_all(&hello_bytes(token, id.as_bytes(), false))
+            .await
+            .map_err(failed)?;
+        let len = socket.read_u32_le().await.map_err(failed)? as usize;
+        if len > MAX_HELLO_BYTES {
+            return Err(Error::internal(format!(
+                "worker {address} answered a lane's hello with {len} bytes"
+            )));
+        }
+        let mut welcome = vec![0u8; len];
+        socket.read_exact(&mut welcome).await.map_err(failed)?;
+        let welcome = <LaneWelcome as prost::Message>::decode(&welcome[..])
+            .map_err(|e| Error::internal(format!("worker {address}: a bad lane welcome: {e}")))?;
+        welcome_result(&welcome)
+            .map_err(|e| e.context(format!("worker {address} refused a lane")))?;
+        let socket = socket.into_std().map_err(failed)?;
+        socket.set_nonblocking(false).map_err(failed)?;
+        Ok(socket)
+    };
+    tokio::time::timeout(timeout, opening)
+        .await
+        .map_err(|_| Error::unavailable(format!("a lane to {address}: timed out")))?
+}
+
+/// A worker reached: its session opened, not yet set up here.
+struct Reached {
+    opened: Opened,
+    response: OpenSessionResponse,
+    /// The token of the worker where the session lives.
+    session_token: Option<Token>,
+    /// Where the session lives, and the name its TLS checks.
+    reached: (String, Option<String>),
+    /// The session's lane, if the worker offers one and it could be opened
+    /// (else the control stream goes on gRPC).
+    lane: Option<std::net::TcpStream>,
+}
+
+/// Reaches the worker of `options` (on the network runtime): connects,
+/// opens the session (following a supervisor's redirect) and its lane.
+async fn reach(options: &ConnectOptions) -> Result<Reached> {
+    let (mut opened, mut response) =
+        open_session(options, &options.address, &options.token).await?;
+    // The token of the worker where the session lives.
+    let mut session_token = options.token.clone();
+    // Where the session lives, and the name its TLS checks: another
+    // worker that reads from it goes there.
+    let mut reached = (options.address.clone(), options.tls_domain.clone());
+    if !response.redirect_address.is_empty() {
+        // A supervisor: the session lives in a worker process of its own.
+        let address = redirect_address(&options.address, &response.redirect_address)?;
+        let token = Token::new(std::mem::take(&mut response.redirect_token))
+            .map_err(|e| e.context(format!("worker {}'s redirect", options.address)))?;
+        let mut redirected = options.clone();
+        redirected.tls_domain = Some(match &options.tls_domain {
+            Some(domain) => domain.clone(),
+            None => host_of(&options.address).to_string(),
+        });
+        session_token = Some(token.clone());
+        (opened, response) = open_session(&redirected, &address, &Some(token))
+            .await
+            .map_err(|e| e.context(format!("worker {}'s session worker", options.address)))?;
+        if !response.redirect_address.is_empty() {
+            return Err(Error::failed_precondition(format!(
+                "worker {}'s session worker at {address} redirected again",
+                options.address
+            )));
+        }
+        reached = (address, redirected.tls_domain);
+    }
+    let mut lane = None;
+    if response.lane
+        && response.version >= LANE_VERSION
+        && options.lane
+        && options.tls_ca.is_none()
+        && (response.software_version.is_empty()
+            || versions_compatible(VERSION, &response.software_version))
+    {
+        if let Ok(id) = SessionId::from_bytes(&response.session_id) {
+            // A lane refused or cut on the way (a proxy that speaks HTTP/2
+            // only) leaves the control stream on gRPC.
+            match open_lane_async(&reached.0, session_token.as_ref(), &id, options.timeout).await {
+                Ok(socket) => lane = Some(socket),
+                Err(err) => {
+                    tracing::warn!(worker = %options.address, error = %err, "no lane: the control stream goes on gRPC");
+                }
+            }
+        }
+    }
+    Ok(Reached {
+        opened,
+        response,
+        session_token,
+        reached,
+        lane,
+    })
+}
+
+/// [`reach`], again while the worker refuses connections or cannot be
+/// reached (it has not started listening yet), until `options.timeout` has
+/// passed since `started`.
+async fn reach_when_up(options: &ConnectOptions, started: Instant) -> Result<Reached> {
+    let deadline = started + options.timeout;
+    loop {
+        match reach(options).await {
+            Err(e) if e.code() == ErrorCode::Unavailable => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::unavailable(format!(
+                        "{} (waited {:?} for it)",
+                        e.message(),
+                        options.timeout
+                    )));
+                }
+                tokio::time::sleep(left.min(Duration::from_millis(100))).await;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 impl RemoteSession {
@@ -295,33 +427,68 @@ impl RemoteSession {
     /// reached is `unavailable`; a refused token is `unauthenticated`; no common
     /// protocol version is `failed_precondition`.
     pub fn connect(options: &ConnectOptions) -> Result<RemoteSession> {
-        let (mut opened, mut response) = open_session(options, &options.address, &options.token)?;
-        // The token of the worker where the session lives.
-        let mut session_token = options.token.clone();
-        // Where the session lives, and the name its TLS checks: another
-        // worker that reads from it goes there.
-        let mut reached = (options.address.clone(), options.tls_domain.clone());
-        if !response.redirect_address.is_empty() {
-            // A supervisor: the session lives in a worker process of its own.
-            let address = redirect_address(&options.address, &response.redirect_address)?;
-            let token = Token::new(std::mem::take(&mut response.redirect_token))
-                .map_err(|e| e.context(format!("worker {}'s redirect", options.address)))?;
-            let mut redirected = options.clone();
-            redirected.tls_domain = Some(match &options.tls_domain {
-                Some(domain) => domain.clone(),
-                None => host_of(&options.address).to_string(),
-            });
-            session_token = Some(token.clone());
-            (opened, response) = open_session(&redirected, &address, &Some(token))
-                .map_err(|e| e.context(format!("worker {}'s session worker", options.address)))?;
-            if !response.redirect_address.is_empty() {
-                return Err(Error::failed_precondition(format!(
-                    "worker {}'s session worker at {address} redirected again",
-                    options.address
-                )));
+        let owned = options.clone();
+        // On the network runtime's threads, which live as long as the
+        // connection: what connecting allocates for good (the connection's
+        // state and buffers) stays in their heaps, not in the heap of a
+        // thread that connects and exits.
+        let reaching = runtime()?.spawn(async move { reach(&owned).await });
+        let reached = block_on(reaching)?
+            .map_err(|e| Error::internal(format!("connecting to a worker failed: {e}")))??;
+        RemoteSession::set_up(options, reached)
+    }
+
+    /// A session with each of `workers`, in order, reached all at once on
+    /// the network runtime (no thread per worker); a worker that refuses
+    /// connections or cannot be reached yet (still starting, as when a
+    /// cluster manager starts it with the controller) is tried again until
+    /// its `timeout` has passed.
+    pub fn connect_all(workers: &[ConnectOptions]) -> Vec<Result<RemoteSession>> {
+        let runtime = match runtime() {
+            Ok(runtime) => runtime,
+            Err(err) => return workers.iter().map(|_| Err(err.clone())).collect(),
+        };
+        let started = Instant::now();
+        let reaching: Vec<_> = workers
+            .iter()
+            .map(|worker| {
+                let worker = worker.clone();
+                runtime.spawn(async move { reach_when_up(&worker, started).await })
+            })
+            .collect();
+        let reached = block_on(async move {
+            let mut reached = Vec::with_capacity(reaching.len());
+            for task in reaching {
+                reached.push(task.await.unwrap_or_else(|e| {
+                    Err(Error::internal(format!(
+                        "connecting to a worker failed: {e}"
+                    )))
+                }));
             }
-            reached = (address, redirected.tls_domain);
+            reached
+        });
+        match reached {
+            Ok(reached) => reached
+                .into_iter()
+                .zip(workers)
+                .map(|(reached, worker)| {
+                    reached.and_then(|reached| RemoteSession::set_up(worker, reached))
+                })
+                .collect(),
+            Err(err) => workers.iter().map(|_| Err(err.clone())).collect(),
         }
+    }
+
+    /// Sets up the session of a worker reached with `options`: checks what
+    /// it answered, and starts the session's heartbeats and control stream.
+    fn set_up(options: &ConnectOptions, reached: Reached) -> Result<RemoteSession> {
+        let Reached {
+            opened,
+            response,
+            session_token,
+            reached,
+            lane,
+        } = reached;
         let Opened {
             rpc,
             bulk,
@@ -391,34 +558,12 @@ impl RemoteSession {
         });
         super::spans::start(&inner);
         watch(&inner)?;
-        let lane = if response.lane
-            && response.version >= LANE_VERSION
-            && options.lane
-            && options.tls_ca.is_none()
-        {
-            // A lane refused or cut on the way (a proxy that speaks HTTP/2
-            // only) leaves the control stream on gRPC.
-            match open_lane(
-                &inner.session_address,
-                session_token.as_ref(),
-                &id,
-                options.timeout,
-                false,
-            ) {
-                Ok(socket) => {
-                    // A worker that stops reading for a session timeout is lost.
-                    let timeout = Duration::from_millis(u64::from(response.session_timeout_ms))
-                        .max(options.timeout);
-                    Some((socket, timeout))
-                }
-                Err(err) => {
-                    tracing::warn!(worker = %options.address, error = %err, "no lane: the control stream goes on gRPC");
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let lane = lane.map(|socket| {
+            // A worker that stops reading for a session timeout is lost.
+            let timeout =
+                Duration::from_millis(u64::from(response.session_timeout_ms)).max(options.timeout);
+            (socket, timeout)
+        });
         let session = RemoteSession { inner };
         // Open from the start: a worker that dies ends it at once, so an idle
         // session learns of it without waiting for a heartbeat.

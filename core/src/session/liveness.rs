@@ -122,6 +122,8 @@ async fn beat_all() {
                     return false;
                 };
                 if inner.closed.load(Ordering::SeqCst) || inner.lost.is_ready() {
+                    // Nothing more goes out: its bulk connection closes.
+                    inner.bulk.close_if_idle(u64::MAX);
                     return false;
                 }
                 tick = tick.min(inner.beat.busy / 2);

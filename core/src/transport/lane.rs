@@ -39,10 +39,9 @@ pub const MAX_HELLO_BYTES: usize = 4 << 10;
 pub const MAX_FRAME_BYTES: usize = MAX_MESSAGE_BYTES;
 /// How many bytes a read of a lane asks for at most.
 const READ_BYTES: usize = 64 << 10;
-/// A lane's buffer is given back once it holds no more than this, when it
-/// grew past it for a large message: memory a large message needed is not
-/// kept for an idle lane (a controller holds thousands). Messages up to
-/// this size are decoded where they were read.
+/// Messages up to this size are decoded where they were read; a larger
+/// one's data is shared with the buffer it was read into (see
+/// [`FrameReader::buffered`]).
 const KEPT_READ_BYTES: usize = 4 << 10;
 
 thread_local! {
@@ -81,9 +80,9 @@ fn frame_len(buf: &[u8], limit: usize) -> Result<Option<usize>> {
 
 /// Reads framed messages from a connection.
 ///
-/// It holds little memory between messages: reads go through a buffer of
-/// the reading thread, and only the bytes read last (at most
-/// `KEPT_READ_BYTES` of room) stay with the reader.
+/// It holds no memory between messages: reads go through a buffer of the
+/// reading thread, and only the bytes of a message that has not arrived
+/// whole stay with the reader.
 pub(crate) struct FrameReader<R> {
     source: R,
     buf: BytesMut,
@@ -115,19 +114,21 @@ impl<R: Read> FrameReader<R> {
         }
         let decoded = if len <= KEPT_READ_BYTES {
             // A small message is decoded in place (its few bytes of data, if
-            // any, copied): the buffer stays the reader's, to read into next.
+            // any, copied).
             let decoded = M::decode(&self.buf[4..4 + len]);
             self.buf.advance(4 + len);
             decoded
         } else {
-            // A large one's data stays where it was read, shared.
+            // A large one's data stays where it was read, shared; what
+            // follows it moves out, so that the reader holds none of it.
             let _ = self.buf.split_to(4);
-            M::decode(self.buf.split_to(len).freeze())
-        };
-        if self.buf.capacity() > KEPT_READ_BYTES && self.buf.len() <= KEPT_READ_BYTES {
-            // Nothing, or a few bytes, left in the room of a large message:
-            // the reader keeps a small buffer only.
+            let frame = self.buf.split_to(len).freeze();
             self.buf = BytesMut::from(&self.buf[..]);
+            M::decode(frame)
+        };
+        if self.buf.is_empty() {
+            // Nothing of the next message: the reader holds no memory.
+            self.buf = BytesMut::new();
         }
         decoded
             .map(Some)
@@ -525,17 +526,43 @@ mod tests {
         let big: ControlResponse = reader.next().unwrap().unwrap();
         assert_eq!(big.data.len(), 1 << 20);
         assert!(big.data.iter().all(|&b| b == 7));
+        // What follows the large message moved out of its memory.
+        assert!(
+            big.data.is_unique(),
+            "the reader shares the large message's memory"
+        );
         for seq in 2..=3 {
             let small: ControlRequest = reader.next().unwrap().unwrap();
             assert_eq!(small.seq, seq);
-            assert!(
-                reader.buf.capacity() <= KEPT_READ_BYTES,
-                "{} bytes kept after message {seq}",
-                reader.buf.capacity()
+        }
+        // The small messages all came in one read: none of it is kept.
+        assert!(
+            !reader.buf.try_reclaim(1),
+            "the reader keeps {} bytes after its last message",
+            reader.buf.capacity()
+        );
+        assert!(reader.next::<ControlRequest>().unwrap().is_none());
+
+        // A burst of small messages read at once: none of it is kept either.
+        let mut burst = Vec::new();
+        for seq in 1..=2000 {
+            encode_frame(
+                &ControlRequest {
+                    seq,
+                    ..Default::default()
+                },
+                &mut burst,
             );
         }
-        assert!(reader.next::<ControlRequest>().unwrap().is_none());
-        assert!(reader.buf.capacity() <= KEPT_READ_BYTES);
+        let mut reader = FrameReader::new(&burst[..], MAX_FRAME_BYTES);
+        for seq in 1..=2000 {
+            let small: ControlRequest = reader.next().unwrap().unwrap();
+            assert_eq!(small.seq, seq);
+        }
+        assert!(
+            !reader.buf.try_reclaim(1),
+            "the reader keeps the burst's memory"
+        );
     }
 
     #[test]
