@@ -17,7 +17,8 @@
 //!
 //! `COLOCATED_SCALE_SIM_N` (comma-separated) picks the sizes; default 16,
 //! 256, 1024, 4096. `COLOCATED_SCALE_RUNS` sets the fan-outs per size
-//! (default 20,000 / N, 20 to 500). A simulator process serves at most
+//! (default 20,000 / N, 20 to 500); `COLOCATED_SCALE_FLOORS=0` leaves the
+//! raw TCP client out (to profile the fan-out alone). A simulator process serves at most
 //! 1,024 hosts.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -275,6 +276,7 @@ pub fn table(token: &Token) {
             .and_then(|r| r.parse().ok())
             .unwrap_or((20_000 / n).clamp(20, 500));
         let rounds = 10;
+        let floors = std::env::var("COLOCATED_SCALE_FLOORS").as_deref() != Ok("0");
         let (mut fan_outs, mut tcps) = (Vec::new(), Vec::new());
         let (mut cpu, mut tcp_cpu, mut allocated) = (0.0, 0.0, 0);
         for _ in 0..rounds {
@@ -286,13 +288,16 @@ pub fn table(token: &Token) {
             }));
             cpu += cpu_seconds() - before;
             allocated += allocations() - allocated_before;
+            if !floors {
+                continue;
+            }
             let before = thread_cpu_seconds();
             tcps.extend(tcp_fan_out(&mut streams, runs.div_ceil(rounds)));
             tcp_cpu += thread_cpu_seconds() - before;
         }
         let cpu_per_host = cpu / (fan_outs.len() * n) as f64;
         let allocations_per_host = allocated as f64 / (fan_outs.len() * n) as f64;
-        let tcp_per_peer = tcp_cpu / (tcps.len() * n) as f64;
+        let tcp_per_peer = tcp_cpu / (tcps.len().max(1) * n) as f64;
         println!(
             "{n:>5}  {:>6.0} ms  {:>7.3} {:>7.3} MiB  {:>7.3} {:>7.3} MiB  {:>6.1} µs  {:>8.1} µs  {:>5.2}x  {:>7.2} ms  {:>7.2} ms  {:>11.1}",
             connect_secs * 1e3,

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,9 +14,10 @@ use crate::error::{Error, Result};
 use crate::future::Event;
 use crate::transport::lane::{encode_frame, with_frame_buffer, LaneSender};
 use crate::transport::proto::{control_request, ControlRequest, DeleteBuffersRequest};
-use crate::transport::{runtime, RESUME_VERSION};
+use crate::transport::RESUME_VERSION;
 
 mod answers;
+mod deletions;
 mod ops;
 mod resume;
 
@@ -332,15 +333,16 @@ impl Control {
             sender.flush_deferred();
         } else if !sender.timed {
             sender.timed = true;
+            let due = sender.deferred_since.unwrap_or_else(Instant::now) + sender.defer_for();
             drop(sender);
-            flush_later(Arc::downgrade(self));
+            deletions::flush_at(Arc::downgrade(self), due);
         }
     }
 
     /// Sends the deferred deletion if it waited long enough (see
-    /// [`ControlSender::defer_for`]): whether one still waits (younger), for
-    /// the timer to look again.
-    fn flush_deferred_if_due(&self) -> bool {
+    /// [`ControlSender::defer_for`]): when the one that still waits (younger)
+    /// is due, for the timer to look again.
+    fn flush_deferred_if_due(&self) -> Option<Instant> {
         let mut sender = lock(&self.sender);
         let wait = sender.defer_for();
         if sender
@@ -350,7 +352,11 @@ impl Control {
             sender.flush_deferred();
         }
         sender.timed = !sender.deferred.is_empty();
-        sender.timed
+        sender.timed.then(|| {
+            sender
+                .deferred_since
+                .map_or_else(|| Instant::now() + DEFER, |since| since + wait)
+        })
     }
 
     /// Whether an operation waits for the worker: not yet taken, or taken
@@ -441,70 +447,6 @@ impl ControlSender {
             // thread (after what is queued): nothing waits for more.
             if self.send_kept(outgoing, 0, false) {
                 self.sent = seq;
-            }
-        }
-    }
-}
-
-/// Control streams with deletions waiting, looked at every [`DEFER`] by one
-/// timer for the process while any has some: a deletion goes out alone
-/// only when no operation took it along in time (a steady stream of calls
-/// takes every deletion along, with no write of its own). Per process: a
-/// forked child runs its own timer.
-fn waiting_deletions() -> &'static std::sync::Mutex<Option<Vec<Weak<Control>>>> {
-    static WAITING: crate::process::PerProcess<std::sync::Mutex<Option<Vec<Weak<Control>>>>> =
-        crate::process::PerProcess::new();
-    WAITING.get_or_init(|| std::sync::Mutex::new(None))
-}
-
-/// Sends `control`'s deferred deletion once it waited long enough, unless
-/// an operation takes it first.
-fn flush_later(control: Weak<Control>) {
-    let mut waiting = lock(waiting_deletions());
-    if let Some(waiting) = waiting.as_mut() {
-        waiting.push(control);
-        return;
-    }
-    let spawned = runtime().map(|runtime| {
-        runtime.spawn(async {
-            loop {
-                tokio::time::sleep(DEFER).await;
-                // The list stays (empty): streams that defer meanwhile join
-                // it rather than start a second timer.
-                let due = match lock(waiting_deletions()).as_mut() {
-                    Some(due) => std::mem::take(due),
-                    None => return,
-                };
-                // Writes may block: off the runtime's threads.
-                let waiting = tokio::task::spawn_blocking(move || {
-                    due.into_iter()
-                        .filter(|control| {
-                            control
-                                .upgrade()
-                                .is_some_and(|control| control.flush_deferred_if_due())
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .await
-                .unwrap_or_default();
-                let mut slot = lock(waiting_deletions());
-                let all = slot.get_or_insert_with(Vec::new);
-                all.extend(waiting);
-                if all.is_empty() {
-                    *slot = None;
-                    return;
-                }
-            }
-        })
-    });
-    match spawned {
-        Ok(_) => *waiting = Some(vec![control]),
-        Err(_) => {
-            drop(waiting);
-            if let Some(control) = control.upgrade() {
-                let mut sender = lock(&control.sender);
-                sender.timed = false;
-                sender.flush_deferred();
             }
         }
     }
