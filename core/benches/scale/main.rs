@@ -300,10 +300,15 @@ fn resident_bytes() -> f64 {
 
 /// This process's CPU time (user + system), in seconds.
 fn cpu_seconds() -> f64 {
+    rusage_seconds(libc::RUSAGE_SELF)
+}
+
+/// The CPU time (user + system) `getrusage(who)` reports, in seconds.
+fn rusage_seconds(who: libc::c_int) -> f64 {
     // SAFETY: `getrusage` fills the struct it is given.
     let usage = unsafe {
         let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        libc::getrusage(who, &mut usage);
         usage
     };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;

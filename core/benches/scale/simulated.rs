@@ -33,7 +33,9 @@ use colocated_core::{
     LoadedExecutable, Program, Sharding,
 };
 
-use super::{allocations, cpu_seconds, heap_bytes, median, resident_bytes, ROLE, TOKEN};
+use super::{
+    allocations, cpu_seconds, heap_bytes, median, resident_bytes, rusage_seconds, ROLE, TOKEN,
+};
 
 /// Hosts one simulator process serves at most.
 const PER_PROCESS: usize = 1024;
@@ -108,14 +110,7 @@ impl Sims {
 
 /// The calling thread's CPU time (user + system), in seconds.
 fn thread_cpu_seconds() -> f64 {
-    // SAFETY: `getrusage` fills the struct it is given.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
-        usage
-    };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    secs(usage.ru_utime) + secs(usage.ru_stime)
+    rusage_seconds(libc::RUSAGE_THREAD)
 }
 
 /// Raises this process's limit of open files to its hard limit; the limit.
