@@ -51,7 +51,8 @@ pub struct colocated_host_stats {
 }
 
 /// Calls `callback` with every event of the client's worker hosts from now on
-/// (see `colocated_host_event_fn`); `*listener_id` receives its id, for
+/// (see `colocated_host_event_fn`), first with the loss of each host whose
+/// current session was lost before it came; `*listener_id` receives its id, for
 /// `colocated_client_remove_host_listener`. `user_data` must be usable from
 /// any thread; on success the library owns it, and `destructor` (may be NULL)
 /// runs once with it, on any thread, after the listener is removed and its

@@ -96,7 +96,7 @@ impl Listening {
             let mut told = self.told();
             let new = match event.kind {
                 core::HostEventKind::Lost => {
-                    // Told already when the listener came and caught up.
+                    // A session is lost once: told once.
                     let seen = told
                         .lost
                         .get_mut(event.host)
@@ -160,8 +160,8 @@ pub(crate) struct HostListener {
 
 impl HostListener {
     /// Registers `tell` (`({host, kind, error}) => void`) with `client`; it
-    /// hears every host event from now on and, at once, the loss of each
-    /// host whose session is lost already (told before anyone listened).
+    /// hears every host event from now on, after the loss of each host
+    /// whose session is lost already (core tells those first).
     pub(crate) fn new(
         client: &core::Client,
         tell: Function<Heard, Unknown<'static>>,
@@ -189,22 +189,6 @@ impl HostListener {
                 id,
             },
         };
-        let mut told = listener.listening.told();
-        for host in hosts.iter().filter(|h| h.is_remote()) {
-            let index = host.index();
-            let Some(err) = client.host_lost(index)?.error() else {
-                continue;
-            };
-            if let Some(lost) = told.lost.get_mut(index).filter(|lost| !**lost) {
-                *lost = true;
-                listener.listening.hand_over(Heard {
-                    host: u32::try_from(index).unwrap_or(u32::MAX),
-                    kind: core::HostEventKind::Lost.name(),
-                    error: Some(err),
-                });
-            }
-        }
-        drop(told);
         Ok(listener)
     }
 

@@ -112,7 +112,8 @@ impl Client {
     /// Calls `callback(event)` with a `HostEvent` for every event of this
     /// client's worker hosts from now on (a link broke, came back; a session
     /// lost for good, replaced by a new one), in order, on a thread of the
-    /// client's own, holding the GIL for the call only. An exception the
+    /// client's own, holding the GIL for the call only; first with the loss
+    /// of each host whose current session was lost before it came. An exception the
     /// callback raises goes to `sys.unraisablehook`, and the callback keeps
     /// listening. Returns the listener's id, for `remove_host_listener`. The
     /// client holds the callback until it is removed: a callback that refers

@@ -244,7 +244,9 @@ impl Client {
     /// Calls `listener` with every event of the client's worker hosts from
     /// now on (a link broke, came back; a session lost for good, replaced
     /// by a new one), in order, on a thread of the client's own, never while
-    /// a call of the client waits on it. Returns the listener's id, for
+    /// a call of the client waits on it. It first hears the loss of each
+    /// host whose current session was lost before it came (once). Returns
+    /// the listener's id, for
     /// [`remove_host_listener`](Self::remove_host_listener).
     pub fn on_host_event(
         &self,

@@ -66,6 +66,25 @@ pub struct HostStats {
 /// A listener of host events.
 type Listener = Arc<dyn Fn(&HostEvent) + Send + Sync>;
 
+/// What goes to the listeners' thread.
+enum Telling {
+    /// An event, for the listeners whose id is below `below` (those
+    /// listening when it happened).
+    All { event: HostEvent, below: u64 },
+    /// An event for listener `id` alone: a loss that came before it.
+    One { event: HostEvent, id: u64 },
+}
+
+/// What the listeners' thread is handed, and what a new listener catches up
+/// on, under one lock: an event told after a listener came is queued after
+/// what it caught up on.
+struct Queue {
+    /// Where events go to the listeners' thread, once one listens.
+    tx: Option<mpsc::Sender<Telling>>,
+    /// Per host: why its current session is lost, if it is.
+    lost: Vec<Option<Error>>,
+}
+
 /// A client's host events: counters, listeners, and the thread that tells
 /// the listeners.
 pub(crate) struct HostEvents {
@@ -73,8 +92,7 @@ pub(crate) struct HostEvents {
     counts: Vec<[AtomicU64; 4]>,
     listeners: Mutex<Vec<(u64, Listener)>>,
     next_id: AtomicU64,
-    /// Where events go to the listeners' thread, once one listens.
-    queue: Mutex<Option<mpsc::Sender<HostEvent>>>,
+    queue: Mutex<Queue>,
 }
 
 impl HostEvents {
@@ -84,7 +102,10 @@ impl HostEvents {
             counts: (0..hosts).map(|_| Default::default()).collect(),
             listeners: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
-            queue: Mutex::new(None),
+            queue: Mutex::new(Queue {
+                tx: None,
+                lost: vec![None; hosts],
+            }),
         })
     }
 
@@ -100,9 +121,20 @@ impl HostEvents {
             counts[index].fetch_add(1, Ordering::Relaxed);
         }
         tracing::debug!(host = event.host, kind = event.kind.name(), error = ?event.error, "host event");
-        if let Some(queue) = lock(&self.queue).as_ref() {
+        let mut queue = lock(&self.queue);
+        if let Some(lost) = queue.lost.get_mut(event.host) {
+            match event.kind {
+                HostEventKind::Lost => *lost = event.error.clone(),
+                HostEventKind::Reopened => *lost = None,
+                HostEventKind::Disconnected | HostEventKind::Reconnected => {}
+            }
+        }
+        if let Some(tx) = queue.tx.as_ref() {
+            // Ids are handed out under this lock: `below` is every listener
+            // there now.
+            let below = self.next_id.load(Ordering::Relaxed);
             // The thread ends only with the client.
-            let _ = queue.send(event);
+            let _ = tx.send(Telling::All { event, below });
         }
     }
 
@@ -120,30 +152,41 @@ impl HostEvents {
         }
     }
 
-    /// Tells `listener` every event from now on; returns its id for
+    /// Tells `listener` every event from now on, after the loss of each
+    /// host whose current session is lost already; returns its id for
     /// [`unlisten`](Self::unlisten). The first listener starts the thread
     /// that tells them (`resource_exhausted` if it cannot start).
     pub fn listen(
         self: &Arc<Self>,
         listener: impl Fn(&HostEvent) + Send + Sync + 'static,
     ) -> crate::error::Result<u64> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.listeners).push((id, Arc::new(listener)));
         let mut queue = lock(&self.queue);
-        if queue.is_none() {
+        if queue.tx.is_none() {
             let (tx, rx) = mpsc::channel();
             let events = Arc::downgrade(self);
-            let spawned = std::thread::Builder::new()
+            std::thread::Builder::new()
                 .name("colocated-events".into())
-                .spawn(move || tell_listeners(events, rx));
-            if let Err(e) = spawned {
-                drop(queue);
-                self.unlisten(id);
-                return Err(crate::error::Error::resource_exhausted(format!(
-                    "cannot start the thread of host events: {e}"
-                )));
+                .spawn(move || tell_listeners(events, rx))
+                .map_err(|e| {
+                    crate::error::Error::resource_exhausted(format!(
+                        "cannot start the thread of host events: {e}"
+                    ))
+                })?;
+            queue.tx = Some(tx);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.listeners).push((id, Arc::new(listener)));
+        if let Some(tx) = queue.tx.as_ref() {
+            for (host, lost) in queue.lost.iter().enumerate() {
+                if let Some(error) = lost {
+                    let event = HostEvent {
+                        host,
+                        kind: HostEventKind::Lost,
+                        error: Some(error.clone()),
+                    };
+                    let _ = tx.send(Telling::One { event, id });
+                }
             }
-            *queue = Some(tx);
         }
         Ok(id)
     }
@@ -173,16 +216,21 @@ impl HostEvents {
     }
 }
 
-/// The listeners' thread: tells each event to every listener, in order,
+/// The listeners' thread: tells each event to its listeners, in order,
 /// until the client's events are gone. A listener that panics is logged
 /// and kept.
-fn tell_listeners(events: Weak<HostEvents>, rx: mpsc::Receiver<HostEvent>) {
-    while let Ok(event) = rx.recv() {
+fn tell_listeners(events: Weak<HostEvents>, rx: mpsc::Receiver<Telling>) {
+    while let Ok(telling) = rx.recv() {
         let Some(events) = events.upgrade() else {
             return;
         };
+        let (event, to): (HostEvent, Box<dyn Fn(u64) -> bool>) = match telling {
+            Telling::All { event, below } => (event, Box::new(move |id| id < below)),
+            Telling::One { event, id } => (event, Box::new(move |each| each == id)),
+        };
         let listeners: Vec<Listener> = lock(&events.listeners)
             .iter()
+            .filter(|(id, _)| to(*id))
             .map(|(_, listener)| listener.clone())
             .collect();
         drop(events);
@@ -192,5 +240,61 @@ fn tell_listeners(events: Weak<HostEvents>, rx: mpsc::Receiver<HostEvent>) {
                 tracing::error!(host = event.host, "a host event listener panicked");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn event(host: usize, kind: HostEventKind) -> HostEvent {
+        let error = matches!(kind, HostEventKind::Lost | HostEventKind::Disconnected)
+            .then(|| Error::unavailable(format!("host {host} went")));
+        HostEvent { host, kind, error }
+    }
+
+    /// A listener that sends what it hears.
+    fn heard(events: &Arc<HostEvents>) -> mpsc::Receiver<(usize, HostEventKind)> {
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        events
+            .listen(move |e| {
+                let _ = lock(&tx).send((e.host, e.kind));
+            })
+            .unwrap();
+        rx
+    }
+
+    fn next(rx: &mpsc::Receiver<(usize, HostEventKind)>) -> (usize, HostEventKind) {
+        rx.recv_timeout(Duration::from_secs(10)).expect("an event")
+    }
+
+    /// A listener that comes after a host's session was lost hears that loss
+    /// first (once), then what happens from then on; a host whose session
+    /// was replaced since is not told; events before it came are not told.
+    #[test]
+    fn a_new_listener_hears_the_losses_that_came_before_it() {
+        let events = HostEvents::new(3);
+        let first = heard(&events);
+        events.emit(event(0, HostEventKind::Lost));
+        events.emit(event(1, HostEventKind::Lost));
+        events.emit(event(1, HostEventKind::Reopened));
+        events.emit(event(2, HostEventKind::Disconnected));
+        for expected in [
+            (0, HostEventKind::Lost),
+            (1, HostEventKind::Lost),
+            (1, HostEventKind::Reopened),
+            (2, HostEventKind::Disconnected),
+        ] {
+            assert_eq!(next(&first), expected);
+        }
+        let second = heard(&events);
+        events.emit(event(2, HostEventKind::Reconnected));
+        assert_eq!(next(&second), (0, HostEventKind::Lost));
+        assert_eq!(next(&second), (2, HostEventKind::Reconnected));
+        assert_eq!(next(&first), (2, HostEventKind::Reconnected));
+        assert!(second.recv_timeout(Duration::from_millis(200)).is_err());
+        assert!(first.recv_timeout(Duration::from_millis(10)).is_err());
     }
 }

@@ -55,7 +55,8 @@ class Client:
     def on_host_event(self, callback: Callable[[HostEvent], Any]) -> int:
         """Calls ``callback(event)`` with every event of the client's worker hosts
         from now on, in order, on a thread of the client's own (an exception it
-        raises goes to ``sys.unraisablehook``); returns the listener's id."""
+        raises goes to ``sys.unraisablehook``), first with the loss of each host
+        whose current session was lost before it came; returns the listener's id."""
     def remove_host_listener(self, listener_id: int) -> bool:
         """Stops calling listener ``listener_id``; False if it was not listening."""
     def host_stats(self, host: int) -> HostStats:
