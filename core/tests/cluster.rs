@@ -2101,3 +2101,54 @@ fn a_user_callback_does_not_run_on_the_thread_that_waits() {
         assert_ne!(thread, here, "the callback ran on the waiting thread");
     }
 }
+
+/// A worker that starts late does not cost the others their sessions: each
+/// session starts its heartbeats as soon as its worker is reached, though
+/// the client waits for the late one longer than the others' session
+/// timeout.
+#[test]
+fn a_worker_that_starts_late_leaves_the_others_sessions_alive() {
+    let token = Token::generate().unwrap();
+    let early = common::start_worker(client_with_threads(1, 1), &token, |o| {
+        o.heartbeat_interval = Duration::from_millis(100);
+        o.session_timeout = Duration::from_millis(500);
+    });
+    // The late worker's address: a free port, listened on later.
+    let late_address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let late_token = token.clone();
+    let starter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        common::start_worker(client_with_threads(1, 1), &late_token, |o| {
+            o.listen = late_address;
+        })
+    });
+    let mut connect = ConnectOptions::new(String::new(), Some(token.clone()));
+    connect.timeout = Duration::from_secs(20);
+    let client = Client::connect(&ClusterOptions::uniform(
+        [early.local_addr().to_string(), late_address.to_string()],
+        &connect,
+        false,
+        ClientOptions::default(),
+    ))
+    .unwrap();
+    let late = starter.join().unwrap();
+    let early_host = client
+        .hosts()
+        .iter()
+        .find(|h| h.name() == early.local_addr().to_string())
+        .map(|h| h.index())
+        .expect("the early worker's host");
+    // Past the early worker's session timeout again: its session lives.
+    std::thread::sleep(Duration::from_millis(700));
+    assert_round_trips(&client, 7, &client.devices()[0]);
+    assert_eq!(
+        client.host_stats(early_host).unwrap().sessions_lost,
+        0,
+        "the early worker's session was lost while the client waited for the late one"
+    );
+    drop(client);
+    drop(late);
+}

@@ -442,41 +442,44 @@ impl RemoteSession {
     /// the network runtime (no thread per worker); a worker that refuses
     /// connections or cannot be reached yet (still starting, as when a
     /// cluster manager starts it with the controller) is tried again until
-    /// its `timeout` has passed.
+    /// its `timeout` has passed. Each session is set up (its heartbeats
+    /// start) as soon as its worker is reached, not once all are: a worker
+    /// slow to start never leaves the others' sessions silent past their
+    /// timeout.
     pub fn connect_all(workers: &[ConnectOptions]) -> Vec<Result<RemoteSession>> {
         let runtime = match runtime() {
             Ok(runtime) => runtime,
             Err(err) => return workers.iter().map(|_| Err(err.clone())).collect(),
         };
-        let started = Instant::now();
-        let reaching: Vec<_> = workers
-            .iter()
-            .map(|worker| {
-                let worker = worker.clone();
-                runtime.spawn(async move { reach_when_up(&worker, started).await })
-            })
-            .collect();
-        let reached = block_on(async move {
-            let mut reached = Vec::with_capacity(reaching.len());
-            for task in reaching {
-                reached.push(task.await.unwrap_or_else(|e| {
-                    Err(Error::internal(format!(
-                        "connecting to a worker failed: {e}"
-                    )))
-                }));
-            }
-            reached
-        });
-        match reached {
-            Ok(reached) => reached
-                .into_iter()
-                .zip(workers)
-                .map(|(reached, worker)| {
-                    reached.and_then(|reached| RemoteSession::set_up(worker, reached))
-                })
-                .collect(),
-            Err(err) => workers.iter().map(|_| Err(err.clone())).collect(),
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let err = Error::failed_precondition(
+                "blocking colocated call made from inside an async runtime; call it from a plain thread",
+            );
+            return workers.iter().map(|_| Err(err.clone())).collect();
         }
+        let started = Instant::now();
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        for (i, worker) in workers.iter().enumerate() {
+            let (worker, reached_tx) = (worker.clone(), reached_tx.clone());
+            runtime.spawn(async move {
+                let _ = reached_tx.send((i, reach_when_up(&worker, started).await));
+            });
+        }
+        drop(reached_tx);
+        let mut sessions: Vec<Option<Result<RemoteSession>>> =
+            workers.iter().map(|_| None).collect();
+        // In the order the workers are reached; ends once every task ended.
+        for (i, outcome) in reached.iter() {
+            if let (Some(slot), Some(worker)) = (sessions.get_mut(i), workers.get(i)) {
+                *slot = Some(outcome.and_then(|reached| RemoteSession::set_up(worker, reached)));
+            }
+        }
+        sessions
+            .into_iter()
+            .map(|session| {
+                session.unwrap_or_else(|| Err(Error::internal("connecting to a worker panicked")))
+            })
+            .collect()
     }
 
     /// Sets up the session of a worker reached with `options`: checks what
