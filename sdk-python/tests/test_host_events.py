@@ -149,6 +149,23 @@ def test_a_callback_that_raises_goes_to_the_unraisable_hook_and_keeps_listening(
     assert client.remove_host_listener(raising_id)
 
 
+def test_a_listener_that_comes_after_a_loss_hears_it_first(linked):
+    client, _, _ = linked
+    first = Heard()
+    client.on_host_event(first)
+    client.close()
+    first.expect("lost")
+    late = Heard()
+    client.on_host_event(late)
+    (lost,) = late.expect("lost")
+    assert lost.host == 0
+    assert isinstance(lost.error, colocated.CancelledError), lost
+    # Told once: the first listener hears nothing more of it.
+    time.sleep(0.2)
+    assert first.kinds() == ["lost"]
+    assert late.kinds() == ["lost"]
+
+
 def test_a_removed_listener_hears_nothing_more(linked):
     client, _, _ = linked
     removed, kept = Heard(), Heard()

@@ -12,7 +12,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
 use super::liveness::{watch, Beat};
-use super::{block_on, Inner, RemoteSession};
+use super::{block_on, outside_runtime, Inner, RemoteSession};
 use crate::error::{Error, ErrorCode, Result};
 use crate::future::Event;
 use crate::transport::lane::{hello_bytes, welcome_result, MAX_HELLO_BYTES};
@@ -77,7 +77,8 @@ pub(in crate::session) const NOBODY_LISTENS: &str = "nothing listens there";
 /// Opens a lane to session `id` at `address` (see
 /// [`lane`](crate::transport::lane)): connects, sends the hello with
 /// `token`, and waits (at most `timeout`) for the worker to accept it.
-/// `resume`: the lane resumes the session's control stream.
+/// `resume`: the lane resumes the session's control stream. Blocks the
+/// calling thread (not one of an async runtime); see [`open_lane_async`].
 pub(super) fn open_lane(
     address: &str,
     token: Option<&Token>,
@@ -85,58 +86,7 @@ pub(super) fn open_lane(
     timeout: Duration,
     resume: bool,
 ) -> Result<std::net::TcpStream> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
-    let failed = |e: std::io::Error| Error::unavailable(format!("a lane to {address}: {e}"));
-    let refused = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::ConnectionRefused => {
-            Error::unavailable(format!("a lane to {address}: {NOBODY_LISTENS} ({e})"))
-        }
-        _ => failed(e),
-    };
-    let mut last = None;
-    let mut socket = None;
-    for candidate in address.to_socket_addrs().map_err(failed)? {
-        match std::net::TcpStream::connect_timeout(&candidate, timeout) {
-            Ok(connected) => {
-                socket = Some(connected);
-                break;
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    let mut socket = match (socket, last) {
-        (Some(socket), _) => socket,
-        (None, Some(e)) => return Err(refused(e)),
-        (None, None) => {
-            return Err(Error::unavailable(format!(
-                "a lane to {address}: the address names no host"
-            )))
-        }
-    };
-    // Small operations must not wait for Nagle.
-    socket.set_nodelay(true).map_err(failed)?;
-    socket.set_read_timeout(Some(timeout)).map_err(failed)?;
-    socket.set_write_timeout(Some(timeout)).map_err(failed)?;
-    let token = token.map_or("", |t| t.expose());
-    socket
-        .write_all(&hello_bytes(token, id.as_bytes(), resume))
-        .map_err(failed)?;
-    let mut len = [0u8; 4];
-    socket.read_exact(&mut len).map_err(failed)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_HELLO_BYTES {
-        return Err(Error::internal(format!(
-            "worker {address} answered a lane's hello with {len} bytes"
-        )));
-    }
-    let mut welcome = vec![0u8; len];
-    socket.read_exact(&mut welcome).map_err(failed)?;
-    let welcome = <LaneWelcome as prost::Message>::decode(&welcome[..])
-        .map_err(|e| Error::internal(format!("worker {address}: a bad lane welcome: {e}")))?;
-    welcome_result(&welcome).map_err(|e| e.context(format!("worker {address} refused a lane")))?;
-    socket.set_read_timeout(None).map_err(failed)?;
-    Ok(socket)
+    block_on(open_lane_async(address, token, id, timeout, resume))?
 }
 
 /// A connection with an opened session, before it is checked.
@@ -278,12 +228,17 @@ async fn open_session(
     ))
 }
 
-/// Opens a lane as [`open_lane`] does, on the network runtime.
+/// Opens a lane to session `id` at `address`: connects, sends the hello with
+/// `token`, and waits (at most `timeout`) for the worker to accept it; the
+/// socket comes back blocking. `resume`: the lane resumes the session's
+/// control stream. A worker that nothing listens for is `unavailable`,
+/// saying [`NOBODY_LISTENS`].
 async fn open_lane_async(
     address: &str,
     token: Option<&Token>,
     id: &SessionId,
     timeout: Duration,
+    resume: bool,
 ) -> Result<std::net::TcpStream> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let failed = |e: std::io::Error| Error::unavailable(format!("a lane to {address}: {e}"));
@@ -301,7 +256,7 @@ async fn open_lane_async(
         socket.set_nodelay(true).map_err(failed)?;
         let token = token.map_or("", |t| t.expose());
         socket
-            .write_all(&hello_bytes(token, id.as_bytes(), false))
+            .write_all(&hello_bytes(token, id.as_bytes(), resume))
             .await
             .map_err(failed)?;
         let len = socket.read_u32_le().await.map_err(failed)? as usize;
@@ -381,7 +336,8 @@ async fn reach(options: &ConnectOptions) -> Result<Reached> {
         if let Ok(id) = SessionId::from_bytes(&response.session_id) {
             // A lane refused or cut on the way (a proxy that speaks HTTP/2
             // only) leaves the control stream on gRPC.
-            match open_lane_async(&reached.0, session_token.as_ref(), &id, options.timeout).await {
+            let token = session_token.as_ref();
+            match open_lane_async(&reached.0, token, &id, options.timeout, false).await {
                 Ok(socket) => lane = Some(socket),
                 Err(err) => {
                     tracing::warn!(worker = %options.address, error = %err, "no lane: the control stream goes on gRPC");
@@ -451,10 +407,7 @@ impl RemoteSession {
             Ok(runtime) => runtime,
             Err(err) => return workers.iter().map(|_| Err(err.clone())).collect(),
         };
-        if tokio::runtime::Handle::try_current().is_ok() {
-            let err = Error::failed_precondition(
-                "blocking colocated call made from inside an async runtime; call it from a plain thread",
-            );
+        if let Err(err) = outside_runtime() {
             return workers.iter().map(|_| Err(err.clone())).collect();
         }
         let started = Instant::now();

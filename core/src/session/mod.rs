@@ -122,12 +122,19 @@ type Watcher = Box<dyn Fn(SessionEvent) + Send + Sync>;
 /// Runs `future` on the transport runtime and waits for it; a caller already
 /// on a tokio runtime gets `failed_precondition` instead of a deadlock.
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
+    outside_runtime()?;
+    Ok(runtime()?.block_on(future))
+}
+
+/// `failed_precondition` on a thread of an async runtime, which a blocking
+/// call would deadlock.
+fn outside_runtime() -> Result<()> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(Error::failed_precondition(
             "blocking colocated call made from inside an async runtime; call it from a plain thread",
         ));
     }
-    Ok(runtime()?.block_on(future))
+    Ok(())
 }
 
 /// Waits (blocking the calling thread, which must not be one of an async
