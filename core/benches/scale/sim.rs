@@ -44,6 +44,12 @@ use colocated_core::transport::{
     AUTHORIZATION, LANE_MAGIC, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, VERSION,
 };
 
+/// Where the simulators listen: a loopback address of their own, so that
+/// their listening ports (thousands of them) are not taken from the ports
+/// that the controller's and the raw TCP client's connections hold on
+/// 127.0.0.1, some still in `TIME_WAIT` from the run before (binding failed
+/// with `EADDRINUSE` when runs followed each other).
+const LISTEN: &str = "127.0.1.1:0";
 /// `ErrorCode`s as the wire carries them.
 const UNAUTHENTICATED: u32 = 16;
 const UNIMPLEMENTED: u32 = 12;
@@ -333,7 +339,7 @@ pub fn serve(workers: usize, token: String) {
         tokio::spawn(server);
         let mut addresses = Vec::new();
         for _ in 0..workers {
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let listener = TcpListener::bind(LISTEN).await.expect("bind");
             addresses.push(listener.local_addr().expect("address").to_string());
             let (sim, to_grpc) = (sim.clone(), to_grpc.clone());
             tokio::spawn(async move {
@@ -357,7 +363,7 @@ pub fn serve(workers: usize, token: String) {
         }
         let mut echoes = Vec::new();
         for _ in 0..workers {
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let listener = TcpListener::bind(LISTEN).await.expect("bind");
             echoes.push(listener.local_addr().expect("address").to_string());
             tokio::spawn(async move {
                 while let Ok((socket, _)) = listener.accept().await {

@@ -2,8 +2,7 @@
 //! (executions, reads of small buffers, deletions), the worker's answers, and
 //! waiting until the worker has taken them.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -171,18 +170,14 @@ pub(super) struct ControlState {
     pub(super) failed: std::sync::Mutex<Option<Error>>,
     /// Set when the stream ended or broke before answering everything.
     broken: std::sync::Mutex<Option<Error>>,
+    /// Whether `broken` is set: read by every operation sent, without the
+    /// lock.
+    is_broken: AtomicBool,
     changed: tokio::sync::Notify,
-    /// What to run when an execution finishes, by `seq`.
-    pending: std::sync::Mutex<HashMap<u64, Finish>>,
-    /// What to run when an operation that finishes once applied (a small
-    /// upload) is answered: by any answer for it or a later one.
-    applied: std::sync::Mutex<std::collections::BTreeMap<u64, Finish>>,
-    /// Where the progress answers of an operation go, by `seq`.
-    progress: std::sync::Mutex<HashMap<u64, Progress>>,
-    /// The operations whose final answer came since the last message told
-    /// the worker (protocol [`RESUME_VERSION`]: it keeps each until then).
-    received: std::sync::Mutex<Vec<u64>>,
-    /// Whether the worker keeps final answers until told (see `received`).
+    /// What waits for the worker's answers (see [`answers::Waiting`]).
+    waiting: std::sync::Mutex<answers::Waiting>,
+    /// Whether the worker keeps final answers until told (see
+    /// `Waiting::received`).
     acks: bool,
 }
 
@@ -198,16 +193,17 @@ impl ControlState {
     /// The final answer of operation `seq` came: the next message says so.
     pub(super) fn note_received(&self, seq: u64) {
         if self.acks {
-            lock(&self.received).push(seq);
+            lock(&self.waiting).received.push(seq);
         }
     }
 
-    /// The operations to tell the worker of (see `received`), taking them.
+    /// The operations to tell the worker of (see `Waiting::received`),
+    /// taking them.
     pub(super) fn take_received(&self) -> Vec<u64> {
         if !self.acks {
             return Vec::new();
         }
-        std::mem::take(&mut *lock(&self.received))
+        std::mem::take(&mut lock(&self.waiting).received)
     }
 }
 
@@ -268,20 +264,11 @@ impl Control {
         let deletion = sender.take_deferred();
         let seq = sender.sent + 1 + u64::from(deletion.is_some());
         let has_completion = completion.is_some();
-        if let Some(completion) = completion {
-            if when_applied {
-                lock(&self.state.applied).insert(seq, completion);
-            } else {
-                lock(&self.state.pending).insert(seq, completion);
-            }
-        }
-        if let Some(progress) = progress {
-            lock(&self.state.progress).insert(seq, progress);
-        }
+        let received = self.state.expect(seq, completion, when_applied, progress);
         let request = ControlRequest {
             seq,
             op: Some(op),
-            received: self.state.take_received(),
+            received,
         };
         let outgoing = match deletion {
             Some(op) => Outgoing::Two(
@@ -367,9 +354,7 @@ impl Control {
     /// and not finished.
     pub(super) fn waiting(&self) -> bool {
         let sent = lock(&self.sender).sent;
-        self.state.acked.load(Ordering::SeqCst) < sent
-            || !lock(&self.state.pending).is_empty()
-            || !lock(&self.state.applied).is_empty()
+        self.state.acked.load(Ordering::SeqCst) < sent || lock(&self.state.waiting).any()
     }
 }
 
@@ -458,6 +443,8 @@ impl ControlSender {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use crate::transport::proto::UnloadExecutableRequest;
 
