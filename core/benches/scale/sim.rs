@@ -50,6 +50,7 @@ use colocated_core::transport::{
 /// 127.0.0.1, some still in `TIME_WAIT` from the run before (binding failed
 /// with `EADDRINUSE` when runs followed each other).
 const LISTEN: &str = "127.0.1.1:0";
+
 /// `ErrorCode`s as the wire carries them.
 const UNAUTHENTICATED: u32 = 16;
 const UNIMPLEMENTED: u32 = 12;
