@@ -91,6 +91,12 @@ impl<T: Send + Sync + 'static> PerProcess<T> {
         }
     }
 
+    /// This process's value, if it has one already (made in this process,
+    /// not inherited from the parent of a fork).
+    pub(crate) fn get(&'static self) -> Option<&'static T> {
+        self.made_in(generation())
+    }
+
     /// The value, if it was made in `generation`.
     fn made_in(&'static self, generation: u64) -> Option<&'static T> {
         let current = self.current.load(Ordering::Acquire);

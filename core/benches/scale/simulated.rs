@@ -13,7 +13,10 @@
 //!   the simulator processes) and then reads each answer; its CPU is its
 //!   thread's (`getrusage(RUSAGE_THREAD)`), the controller's is the whole
 //!   process's (every thread that sends, reads and completes the call). The
-//!   two take turns, a tenth of the runs at a time.
+//!   two take turns, a tenth of the runs at a time. What the controller's
+//!   threads do while the raw client runs counts as the calls' too (`of it
+//!   late`: the deletions of a turn's last outputs, which go out after the
+//!   pause).
 //!
 //! `COLOCATED_SCALE_SIM_N` (comma-separated) picks the sizes; default 16,
 //! 256, 1024, 4096. `COLOCATED_SCALE_RUNS` sets the fan-outs per size
@@ -198,7 +201,7 @@ pub fn table(token: &Token) {
     let files = raise_file_limit();
     println!("scale: a controller and N simulated workers on loopback (1 CPU device each)");
     println!(
-        "{:>5}  {:>9}  {:>20}  {:>20}  {:>9}  {:>11}  {:>6}  {:>10}  {:>10}  {:>11}",
+        "{:>5}  {:>9}  {:>20}  {:>20}  {:>9}  {:>11}  {:>6}  {:>10}  {:>10}  {:>11}  {:>9}",
         "N",
         "connect",
         "idle/host heap, RSS",
@@ -208,7 +211,8 @@ pub fn table(token: &Token) {
         "ratio",
         "fan-out",
         "raw TCP",
-        "allocs/host"
+        "allocs/host",
+        "of it late"
     );
     for n in sizes() {
         // The controller: 3 sockets per host at most (control, lane, bulk),
@@ -273,7 +277,7 @@ pub fn table(token: &Token) {
         let rounds = 10;
         let floors = std::env::var("COLOCATED_SCALE_FLOORS").as_deref() != Ok("0");
         let (mut fan_outs, mut tcps) = (Vec::new(), Vec::new());
-        let (mut cpu, mut tcp_cpu, mut allocated) = (0.0, 0.0, 0);
+        let (mut cpu, mut tcp_cpu, mut background_cpu, mut allocated) = (0.0, 0.0, 0.0, 0);
         for _ in 0..rounds {
             let (before, allocated_before) = (cpu_seconds(), allocations());
             fan_outs.extend((0..runs.div_ceil(rounds)).map(|_| {
@@ -286,15 +290,22 @@ pub fn table(token: &Token) {
             if !floors {
                 continue;
             }
-            let before = thread_cpu_seconds();
+            let (before, process_before) = (thread_cpu_seconds(), cpu_seconds());
             tcps.extend(tcp_fan_out(&mut streams, runs.div_ceil(rounds)));
-            tcp_cpu += thread_cpu_seconds() - before;
+            let raw = thread_cpu_seconds() - before;
+            tcp_cpu += raw;
+            // What the controller's threads did meanwhile is the calls':
+            // the last call's deletions, which go out after a pause.
+            let background = cpu_seconds() - process_before - raw;
+            cpu += background;
+            background_cpu += background;
         }
         let cpu_per_host = cpu / (fan_outs.len() * n) as f64;
         let allocations_per_host = allocated as f64 / (fan_outs.len() * n) as f64;
         let tcp_per_peer = tcp_cpu / (tcps.len().max(1) * n) as f64;
+        let late_per_host = background_cpu / (fan_outs.len() * n) as f64;
         println!(
-            "{n:>5}  {:>6.0} ms  {:>7.3} {:>7.3} MiB  {:>7.3} {:>7.3} MiB  {:>6.1} µs  {:>8.1} µs  {:>5.2}x  {:>7.2} ms  {:>7.2} ms  {:>11.1}",
+            "{n:>5}  {:>6.0} ms  {:>7.3} {:>7.3} MiB  {:>7.3} {:>7.3} MiB  {:>6.1} µs  {:>8.1} µs  {:>5.2}x  {:>7.2} ms  {:>7.2} ms  {:>11.1}  {:>6.1} µs",
             connect_secs * 1e3,
             idle.0 / MIB,
             idle.1 / MIB,
@@ -306,6 +317,7 @@ pub fn table(token: &Token) {
             median(fan_outs) * 1e3,
             median(tcps) * 1e3,
             allocations_per_host,
+            late_per_host * 1e6,
         );
         drop((exe, x, client, warm, streams));
         sims.stop();

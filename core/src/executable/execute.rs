@@ -218,7 +218,9 @@ impl LoadedExecutable {
         // their one task unallocated.)
         let mut remote_tasks: Vec<Task> = Vec::new();
         let mixed = self.0.mixed;
+        let mut to_workers = false;
         for (h, plan) in self.0.hosts.iter().enumerate() {
+            to_workers |= !plan.run.in_process();
             let inputs: Vec<Buffer> = plan
                 .input_positions
                 .iter()
@@ -256,10 +258,14 @@ impl LoadedExecutable {
                 Ok(Array::from_parts(spec.clone(), buffers))
             })
             .collect::<Result<Vec<_>>>()?;
+        // The caller most likely waits for the workers' answers: it reads
+        // them then, once every part went out (not detached: a worker's).
+        let sending = (to_workers && !detached).then(crate::transport::lane_reader::Sending::start);
         for mut task in remote_tasks.into_iter().chain(tasks.0).chain(tasks.1) {
             task.waiter_first &= !detached;
             self.enqueue(&stream, task);
         }
+        drop(sending);
         let status = match statuses {
             (Some(only), rest) if rest.is_empty() => only,
             (first, mut rest) => {

@@ -24,6 +24,13 @@
 //! it takes that answer itself, with no thread woken to hand it over (see
 //! `pump::Pump` and [`crate::future::WaitHook`]).
 //!
+//! A thread that sends the parts of a call to many hosts keeps the leader
+//! asleep meanwhile ([`Sending`]): the answers that come wait in their
+//! sockets until it waits and reads them itself, rather than the leader
+//! taking them one by one while the caller still writes. Never while
+//! something else waits, and for [`MAX_HOLD`] at most since a reader last
+//! read.
+//!
 //! Without `epoll` and alarms (not Linux), or if they cannot be had, each
 //! lane gets a thread of its own, as before.
 
@@ -55,6 +62,12 @@ const TAKEOVER_AFTER: Duration = Duration::from_millis(2);
 /// the most an answer that nothing waits for (no thread, no callback of the
 /// user's) may wait for a reader then.
 const LINGER: Duration = Duration::from_millis(5);
+
+/// The longest a thread that sends a call's parts keeps the lanes unread
+/// ([`Sending`]): answers that nobody reads fill their worker's socket
+/// buffers, and once the worker's writes block, so would the caller's to
+/// that worker. A fan-out to 4,096 hosts takes about 70 ms to send here.
+const MAX_HOLD: Duration = Duration::from_millis(100);
 
 /// Reads `socket`'s answers from now on, calling `handlers`: with the
 /// process's other lanes, or on a thread of its own.
@@ -98,6 +111,29 @@ fn broke(err: &Error) -> Error {
 
 #[cfg(target_os = "linux")]
 mod pump;
+
+/// Held by a thread while it sends the parts of a call to many hosts, whose
+/// answers it will most likely wait for: the process's reader of lanes, if
+/// asleep for the next waiter (see [`LINGER`]), stays asleep until it is
+/// dropped, and [`LINGER`] more, so that the caller reads the answers itself
+/// once it waits, after its last send, as a raw client would: not a second
+/// thread taking them one by one while the caller still writes, each
+/// answer's state passed between the two threads. Never while something
+/// else waits (a thread asleep, a callback of the user's), and for
+/// [`MAX_HOLD`] at most since a reader last read.
+pub(crate) struct Sending {
+    #[cfg(target_os = "linux")]
+    _held: Option<pump::Sending>,
+}
+
+impl Sending {
+    pub(crate) fn start() -> Sending {
+        Sending {
+            #[cfg(target_os = "linux")]
+            _held: pump::Sending::start(),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -243,6 +279,60 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(*seen.lock().unwrap(), (1..=ANSWERS).collect::<Vec<_>>());
+        drop(writer.join().unwrap());
+    }
+
+    /// A thread that sends a call's parts keeps the lanes unread (its
+    /// [`super::Sending`]) for a bounded time only: a worker whose answers
+    /// nobody waits for, more of them than the sockets' buffers hold, gets
+    /// them all read while the hold lasts, and its writes never block for
+    /// good (had they, so would the sender's writes to it).
+    #[test]
+    fn a_thread_that_sends_never_keeps_answers_unread_for_long() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut worker = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (controller, _) = listener.accept().unwrap();
+        let read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = read.clone();
+        read_lane_answers(
+            controller,
+            Handlers {
+                answer: Box::new(move |answer| {
+                    counted.store(answer.seq, std::sync::atomic::Ordering::SeqCst);
+                }),
+                ended: Box::new(|_| {}),
+            },
+        )
+        .unwrap();
+        // 64 MiB of answers: far more than the two sockets' buffers hold.
+        const ANSWERS: u64 = 256;
+        let sending = super::Sending::start();
+        let writer = std::thread::spawn(move || {
+            for seq in 1..=ANSWERS {
+                let mut bytes = Vec::new();
+                let answer = ControlResponse {
+                    seq,
+                    finished: true,
+                    data: vec![0u8; 256 << 10].into(),
+                    ..Default::default()
+                };
+                encode_frame(&answer, &mut bytes);
+                worker.write_all(&bytes).unwrap();
+            }
+            worker
+        });
+        // The sender holds on (it does not wait for an event, which would
+        // end the hold) until every answer was read, or for long.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while read.load(std::sync::atomic::Ordering::SeqCst) < ANSWERS {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {ANSWERS} answers were read while a thread sent",
+                read.load(std::sync::atomic::Ordering::SeqCst)
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(sending);
         drop(writer.join().unwrap());
     }
 }

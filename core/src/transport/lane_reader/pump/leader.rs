@@ -6,8 +6,8 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::TAKEOVER_AFTER;
 use super::{now_nanos, read_lane, Pump, Read, Runner, KICK, TAKEN};
+use super::{MAX_HOLD_NANOS, TAKEOVER_AFTER};
 use crate::future::waited_for_elsewhere;
 use crate::transport::alarm::Alarm;
 use crate::transport::{lock, runtime};
@@ -111,9 +111,31 @@ impl Pump {
     /// (`now`: the waiter was taken over), or if something else waits
     /// for an answer (a thread asleep, a callback of the user's);
     /// otherwise [`LINGER`] from now, unless another waiter reads by
-    /// then.
+    /// then, or longer while a thread sends a call's parts (see
+    /// [`Pump::held`]).
     pub(super) fn waiter_done(&self, now: bool) {
         self.waiter_reads.store(false, Ordering::SeqCst);
+        // The waiter read what had come: a sender's hold starts again.
+        let since = match self.sending.load(Ordering::SeqCst) {
+            0 => 0,
+            _ => now_nanos(),
+        };
+        self.held_since.store(since, Ordering::SeqCst);
+        self.settle(now);
+    }
+
+    /// The last thread that sent a call's parts is done: the leader reads
+    /// again, as when a waiter stops reading (unless one reads now: it
+    /// looks after the leader once done).
+    pub(super) fn senders_done(&self) {
+        if !self.waiter_reads.load(Ordering::SeqCst) {
+            self.settle(false);
+        }
+    }
+
+    /// No waiter reads: the leader reads what is left at once, and the
+    /// rest [`LINGER`] from now unless `now` or something else waits.
+    fn settle(&self, now: bool) {
         let parked = lock(&self.parked);
         let left = !lock(&self.due).is_empty();
         if !*parked {
@@ -136,14 +158,45 @@ impl Pump {
         }
     }
 
-    /// [`LINGER`] has passed since the last waiter stopped reading, or
-    /// something else waits: the leader reads, unless a waiter does.
+    /// Whether a thread that sends the parts of a call keeps the leader
+    /// asleep now: while the caller still writes, the answers that come
+    /// wait in their sockets, and it reads them itself once it waits, as
+    /// a raw client would, rather than a second thread taking them one
+    /// by one while it writes. Never while something else waits (a
+    /// thread asleep, a callback of the user's), and for [`MAX_HOLD`] at
+    /// most since a reader last read: answers nobody reads fill their
+    /// worker's buffers, and then a write to that worker would block.
+    pub(super) fn held(&self) -> bool {
+        let since = self.held_since.load(Ordering::SeqCst);
+        since != 0
+            && self.sending.load(Ordering::SeqCst) > 0
+            && !waited_for_elsewhere()
+            && now_nanos().saturating_sub(since) < MAX_HOLD_NANOS
+    }
+
+    /// [`LINGER`] has passed since the last waiter or sender stopped, a
+    /// sender's hold is due to be looked at again, or something else
+    /// waits: the leader reads, unless a waiter does or a sender holds
+    /// it (then this runs again in [`LINGER`]).
     pub(super) fn wake_leader(&self) {
+        if self.held_since.load(Ordering::SeqCst) != 0 {
+            if let Some(linger) = self.linger.get().filter(|_| self.held()) {
+                linger.arm();
+                return;
+            }
+            self.held_since.store(0, Ordering::SeqCst);
+        }
         self.lingering.store(false, Ordering::SeqCst);
         let parked = lock(&self.parked);
         if *parked && !self.waiter_reads.load(Ordering::SeqCst) {
             self.unpark.notify_one();
         }
+    }
+
+    /// Whether the leader leaves the reading to another thread now: a
+    /// waiter reads, or a sender holds it (see [`Pump::held`]).
+    fn stands_aside(&self) -> bool {
+        self.waiter_reads.load(Ordering::SeqCst) || self.held()
     }
 
     /// Runs `due` lanes' answers as `runner` until none is left; false
@@ -173,9 +226,9 @@ impl Pump {
         // What answers complete may start work on the network runtime.
         let _runtime = runtime().map(|runtime| runtime.enter());
         loop {
-            if self.waiter_reads.load(Ordering::SeqCst) {
+            if self.stands_aside() {
                 let mut parked = lock(&self.parked);
-                while self.waiter_reads.load(Ordering::SeqCst) {
+                while self.stands_aside() {
                     *parked = true;
                     parked = self.unpark.wait(parked).unwrap_or_else(|e| e.into_inner());
                 }
@@ -187,8 +240,9 @@ impl Pump {
                     tracing::error!("the controller stopped reading lanes: {err}");
                     return;
                 }
-                if self.waiter_reads.load(Ordering::SeqCst) {
-                    // The waiter was busy: it takes these.
+                if self.stands_aside() {
+                    // The waiter was busy, or will read once it waits:
+                    // it takes these.
                     self.kick();
                     continue;
                 }

@@ -5,11 +5,11 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
-use super::{broke, Handlers, LINGER, TAKEOVER_AFTER};
+use super::{broke, Handlers, LINGER, MAX_HOLD, TAKEOVER_AFTER};
 use crate::error::{Error, Result};
 use crate::future::{install_wait_hook, Event, WaitHook};
 use crate::transport::alarm::Alarm;
@@ -51,6 +51,9 @@ struct LaneSlot {
     lane: Mutex<Lane>,
 }
 
+/// [`MAX_HOLD`] in nanoseconds.
+const MAX_HOLD_NANOS: u64 = MAX_HOLD.as_nanos() as u64;
+
 /// The key of the kick in the `epoll` set (lanes count up from 0).
 const KICK: u64 = u64::MAX;
 
@@ -90,6 +93,45 @@ struct Pump {
     linger: OnceLock<Alarm>,
     /// The leader sleeps for [`LINGER`] (until something else waits).
     lingering: AtomicBool,
+    /// Threads that send the parts of a call (see [`Sending`]).
+    sending: AtomicUsize,
+    /// Since when senders keep the leader asleep (see [`Pump::held`]),
+    /// nanoseconds; 0 while none does, or once a reader read since.
+    held_since: AtomicU64,
+}
+
+/// See [`super::Sending`].
+pub(super) struct Sending(&'static Pump);
+
+impl Sending {
+    /// `None` when the process reads no lanes yet, or this thread will not
+    /// read them when it waits.
+    pub(super) fn start() -> Option<Sending> {
+        if !may_read_here() {
+            return None;
+        }
+        let pump = (*PUMP.get()?)?;
+        pump.sending.fetch_add(1, Ordering::SeqCst);
+        if pump
+            .held_since
+            .compare_exchange(0, now_nanos(), Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            // Looks at the hold every [`LINGER`] (see `Pump::wake_leader`).
+            if let Some(linger) = pump.linger.get() {
+                linger.arm();
+            }
+        }
+        Some(Sending(pump))
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if self.0.sending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.senders_done();
+        }
+    }
 }
 
 /// When a reader began running answers (nanoseconds, never 0); 0 while
@@ -124,12 +166,12 @@ impl Runner {
     }
 }
 
+/// The process's pump (per process: a forked child starts its own).
+static PUMP: crate::process::PerProcess<Option<&'static Pump>> = crate::process::PerProcess::new();
+
 /// The process's pump, its leader started on first use; `None` if
 /// `epoll`, an alarm or a thread cannot be had.
 fn pump() -> Option<&'static Pump> {
-    // Per process: a forked child starts its own.
-    static PUMP: crate::process::PerProcess<Option<&'static Pump>> =
-        crate::process::PerProcess::new();
     *PUMP.get_or_init(|| {
         let owned = |fd: i32| {
             // SAFETY: a new descriptor nobody else owns.
@@ -151,6 +193,8 @@ fn pump() -> Option<&'static Pump> {
             unpark: Condvar::new(),
             linger: OnceLock::new(),
             lingering: AtomicBool::new(false),
+            sending: AtomicUsize::new(0),
+            held_since: AtomicU64::new(0),
         }));
         let _ = pump
             .linger
@@ -227,13 +271,24 @@ fn wake_reader() {
     }
 }
 
-/// [`WaitHook::awaited`]: the leader no longer lingers.
+/// [`WaitHook::awaited`]: the leader no longer lingers, nor is it kept
+/// asleep for a sender.
 fn reader_needed() {
     if let Some(pump) = pump() {
-        if pump.lingering.swap(false, Ordering::SeqCst) {
+        let lingering = pump.lingering.swap(false, Ordering::SeqCst);
+        if lingering || pump.held_since.load(Ordering::SeqCst) != 0 {
             pump.wake_leader();
         }
     }
+}
+
+/// Whether this thread may read lanes when it waits: not a thread of the
+/// runtime (an executor or a worker's lane running a program, which what
+/// it would run may wait for).
+fn may_read_here() -> bool {
+    !std::thread::current()
+        .name()
+        .is_some_and(|name| name.starts_with("colocated-"))
 }
 
 /// [`WaitHook::defer`]: on a thread of the transport's blocking pool.
@@ -245,14 +300,9 @@ fn run_elsewhere(callback: Box<dyn FnOnce() + Send>) {
 }
 
 /// [`WaitHook::wait`]: waits for `event` by reading lanes, unless
-/// another waiter does, or this is a thread of the runtime (an executor
-/// or a worker's lane running a program, which what it would run may
-/// wait for).
+/// another waiter does, or this thread may not (see [`may_read_here`]).
 fn wait_reading(event: &Event, deadline: Option<Instant>) -> Option<Result<()>> {
-    if std::thread::current()
-        .name()
-        .is_some_and(|name| name.starts_with("colocated-"))
-    {
+    if !may_read_here() {
         return None;
     }
     let pump = pump()?;
