@@ -229,6 +229,13 @@ impl Pump {
             if self.stands_aside() {
                 let mut parked = lock(&self.parked);
                 while self.stands_aside() {
+                    if !self.waiter_reads.load(Ordering::SeqCst) {
+                        // Asleep for a sender: the hold is looked at again
+                        // in [`LINGER`] (see `wake_leader`), however it began.
+                        if let Some(linger) = self.linger.get() {
+                            linger.arm();
+                        }
+                    }
                     *parked = true;
                     parked = self.unpark.wait(parked).unwrap_or_else(|e| e.into_inner());
                 }
