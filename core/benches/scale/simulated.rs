@@ -296,7 +296,8 @@ pub fn table(token: &Token) {
             tcp_cpu += raw;
             // What the controller's threads did meanwhile is the calls':
             // the last call's deletions, which go out after a pause.
-            let background = cpu_seconds() - process_before - raw;
+            // (Never below 0 from the clocks' rounding.)
+            let background = (cpu_seconds() - process_before - raw).max(0.0);
             cpu += background;
             background_cpu += background;
         }

@@ -127,6 +127,8 @@ pub(crate) struct Sending {
 }
 
 impl Sending {
+    /// Holds the reader for this thread's sends (nothing where the process
+    /// reads no lanes yet, or this thread would not read them as it waits).
     pub(crate) fn start() -> Sending {
         Sending {
             #[cfg(target_os = "linux")]
